@@ -1,0 +1,63 @@
+/*
+ * common.h - conventions shared by every libckpt module.
+ *
+ * Errors: every function that can fail returns a negative errno value
+ * (-EIO, -ENOENT, -EINVAL, ...) or 0/a non-negative count on success.
+ * That is the only error domain inside libckpt; the daemon converts it to
+ * a FUSE reply exactly once.  When a failure is caused by bad stored data
+ * the module that notices it logs one line naming the file/key and the
+ * reason (ckpt_log), then returns -EIO.
+ *
+ * Logging: ckpt_log() writes one line to the installed sink (stderr by
+ * default).  Thread-safe.
+ */
+#ifndef CKPT_COMMON_H
+#define CKPT_COMMON_H
+
+#include <errno.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define CKPT_MAX_RANK 32 /* highest array rank accepted anywhere */
+
+enum ckpt_log_level { CKPT_LOG_ERR = 0, CKPT_LOG_WARN = 1, CKPT_LOG_INFO = 2, CKPT_LOG_DEBUG = 3 };
+
+/* Log one line (a trailing newline is added).  Messages above the current
+ * level (ckpt_log_set_level, default INFO) are dropped. */
+void ckpt_log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+void ckpt_log_set_level(int level);
+
+/* Overflow-checked arithmetic: return -EOVERFLOW instead of wrapping. */
+static inline int ckpt_mul_u64(uint64_t a, uint64_t b, uint64_t *out)
+{
+	return __builtin_mul_overflow(a, b, out) ? -EOVERFLOW : 0;
+}
+static inline int ckpt_add_u64(uint64_t a, uint64_t b, uint64_t *out)
+{
+	return __builtin_add_overflow(a, b, out) ? -EOVERFLOW : 0;
+}
+
+/* Little-endian load/store helpers (the formats are all little-endian). */
+static inline uint64_t ckpt_le64(const uint8_t *p)
+{
+	uint64_t v = 0;
+	for (int i = 7; i >= 0; i--)
+		v = (v << 8) | p[i];
+	return v;
+}
+static inline uint32_t ckpt_le32(const uint8_t *p)
+{
+	return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+static inline void ckpt_put_le64(uint8_t *p, uint64_t v)
+{
+	for (int i = 0; i < 8; i++)
+		p[i] = (uint8_t)(v >> (8 * i));
+}
+static inline void ckpt_put_le32(uint8_t *p, uint32_t v)
+{
+	for (int i = 0; i < 4; i++)
+		p[i] = (uint8_t)(v >> (8 * i));
+}
+
+#endif

@@ -1,0 +1,28 @@
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdatomic.h>
+
+#include "common.h"
+
+static atomic_int log_level = CKPT_LOG_INFO;
+static const char *const level_name[] = {"error", "warning", "info", "debug"};
+
+void ckpt_log_set_level(int level)
+{
+	atomic_store(&log_level, level);
+}
+
+void ckpt_log(int level, const char *fmt, ...)
+{
+	if (level > atomic_load(&log_level))
+		return;
+	char line[1024];
+	int n = snprintf(line, sizeof(line), "ckptfs: %s: ", level_name[level < 0 ? 0 : level > 3 ? 3 : level]);
+	va_list ap;
+	va_start(ap, fmt);
+	if (n >= 0 && (size_t)n < sizeof(line))
+		vsnprintf(line + n, sizeof(line) - (size_t)n, fmt, ap);
+	va_end(ap);
+	/* One fputs per line so concurrent threads do not interleave. */
+	fprintf(stderr, "%s\n", line);
+}
