@@ -1,0 +1,401 @@
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "array.h"
+#include "cache.h"
+#include "pool.h"
+#include "stats.h"
+
+struct ckpt_ctx {
+	ckpt_cache *cache;
+	ckpt_pool *pool;
+	uint64_t prefetch_bytes;
+	atomic_uint_least64_t next_id;
+	atomic_int inflight; /* prefetch tasks queued or running */
+	pthread_mutex_t drain_lock;
+	pthread_cond_t drained;
+};
+
+struct ckpt_array {
+	ckpt_ctx *ctx;
+	ckpt_store *store;
+	char *prefix;
+	uint64_t id;
+	ckpt_array_meta meta;
+	atomic_int stored_known;
+	uint64_t stored;
+};
+
+/* Per-thread decode scratch, freed at thread exit. */
+static pthread_key_t scratch_key;
+static pthread_once_t scratch_once = PTHREAD_ONCE_INIT;
+
+static void scratch_free(void *p)
+{
+	ckpt_zarr_scratch_destroy(p);
+}
+
+static void scratch_init(void)
+{
+	pthread_key_create(&scratch_key, scratch_free);
+}
+
+static ckpt_zarr_scratch *scratch(void)
+{
+	pthread_once(&scratch_once, scratch_init);
+	ckpt_zarr_scratch *sc = pthread_getspecific(scratch_key);
+	if (!sc) {
+		sc = ckpt_zarr_scratch_create();
+		if (sc)
+			pthread_setspecific(scratch_key, sc);
+	}
+	return sc;
+}
+
+int ckpt_ctx_create(const ckpt_ctx_opts *opts, ckpt_ctx **out)
+{
+	ckpt_ctx *ctx = calloc(1, sizeof(*ctx));
+	if (!ctx)
+		return -ENOMEM;
+	uint64_t budget = opts && opts->cache_bytes ? opts->cache_bytes : (1ull << 30);
+	int threads = opts && opts->threads > 0 ? opts->threads : (int)sysconf(_SC_NPROCESSORS_ONLN);
+	if (threads < 1)
+		threads = 1;
+	ctx->prefetch_bytes = opts && opts->prefetch_bytes ? opts->prefetch_bytes : (8ull << 20);
+	int rc = ckpt_cache_create(budget, &ctx->cache);
+	if (rc < 0) {
+		free(ctx);
+		return rc;
+	}
+	rc = ckpt_pool_create(threads, 256, &ctx->pool);
+	if (rc < 0) {
+		ckpt_cache_destroy(ctx->cache);
+		free(ctx);
+		return rc;
+	}
+	pthread_mutex_init(&ctx->drain_lock, NULL);
+	pthread_cond_init(&ctx->drained, NULL);
+	*out = ctx;
+	return 0;
+}
+
+void ckpt_ctx_destroy(ckpt_ctx *ctx)
+{
+	if (!ctx)
+		return;
+	ckpt_pool_destroy(ctx->pool);
+	ckpt_cache_destroy(ctx->cache);
+	pthread_mutex_destroy(&ctx->drain_lock);
+	pthread_cond_destroy(&ctx->drained);
+	free(ctx);
+}
+
+int ckpt_array_open(ckpt_ctx *ctx, ckpt_store *store, const char *prefix, int format, ckpt_array **out)
+{
+	static const struct { int fmt; const char *name; } metas[] = {{3, "zarr.json"}, {2, ".zarray"}};
+	char key[4096];
+	char *json = NULL;
+	size_t len = 0;
+	int rc = -ENOENT, fmt = 0;
+	for (size_t i = 0; i < 2 && rc == -ENOENT; i++) {
+		if (format && metas[i].fmt != format)
+			continue;
+		if (snprintf(key, sizeof(key), "%s%s%s", prefix, *prefix ? "/" : "", metas[i].name) >= (int)sizeof(key))
+			return -ENAMETOOLONG;
+		rc = ckpt_store_read_all(store, key, 1 << 20, &json, &len);
+		fmt = metas[i].fmt;
+	}
+	if (rc == -EFBIG) {
+		ckpt_log(CKPT_LOG_ERR, "%s/%s: metadata larger than 1 MiB, array left out", store->root, key);
+		return -EINVAL;
+	}
+	if (rc < 0)
+		return rc;
+	ckpt_array *a = calloc(1, sizeof(*a));
+	if (!a) {
+		free(json);
+		return -ENOMEM;
+	}
+	const char *why;
+	rc = ckpt_zarr_parse(fmt, json, len, &a->meta, &why);
+	free(json);
+	if (rc < 0) {
+		ckpt_log(CKPT_LOG_ERR, "%s/%s: %s, array left out", store->root, key, why);
+		free(a);
+		return rc;
+	}
+	a->prefix = strdup(prefix);
+	if (!a->prefix) {
+		free(a);
+		return -ENOMEM;
+	}
+	a->ctx = ctx;
+	a->store = store;
+	a->id = atomic_fetch_add(&ctx->next_id, 1) + 1;
+	*out = a;
+	return 0;
+}
+
+void ckpt_array_destroy(ckpt_array *a)
+{
+	if (!a)
+		return;
+	/* Prefetch tasks may still reference arrays: wait until none runs. */
+	ckpt_ctx *ctx = a->ctx;
+	pthread_mutex_lock(&ctx->drain_lock);
+	while (atomic_load(&ctx->inflight) > 0)
+		pthread_cond_wait(&ctx->drained, &ctx->drain_lock);
+	pthread_mutex_unlock(&ctx->drain_lock);
+	free(a->prefix);
+	free(a);
+}
+
+const ckpt_array_meta *ckpt_array_meta_of(const ckpt_array *a)
+{
+	return &a->meta;
+}
+
+ckpt_store *ckpt_array_store(const ckpt_array *a)
+{
+	return a->store;
+}
+
+const char *ckpt_array_prefix(const ckpt_array *a)
+{
+	return a->prefix;
+}
+
+/* ---- chunk access ------------------------------------------------------ */
+
+struct fill_arg {
+	ckpt_array *a;
+	const uint64_t *g;
+};
+
+static int fill_chunk(void *arg, void *dst)
+{
+	struct fill_arg *f = arg;
+	ckpt_zarr_scratch *sc = scratch();
+	if (!sc)
+		return -ENOMEM;
+	return ckpt_zarr_read_unit(f->a->store, f->a->prefix, &f->a->meta, f->g, dst, sc);
+}
+
+static uint64_t linear_index(const ckpt_array_meta *m, const uint64_t *g)
+{
+	uint64_t li = 0;
+	for (int d = 0; d < m->rank; d++)
+		li = li * m->grid[d] + g[d];
+	return li;
+}
+
+static int get_chunk(ckpt_array *a, const uint64_t *g, ckpt_centry **e)
+{
+	struct fill_arg f = {a, g};
+	return ckpt_cache_get(a->ctx->cache, a->id, linear_index(&a->meta, g), (size_t)a->meta.unit_bytes,
+			      fill_chunk, &f, e);
+}
+
+struct prefetch_task {
+	ckpt_array *a;
+	uint64_t g[CKPT_MAX_RANK];
+};
+
+static void prefetch_run(void *arg)
+{
+	struct prefetch_task *t = arg;
+	ckpt_centry *e;
+	if (get_chunk(t->a, t->g, &e) == 0)
+		ckpt_cache_release(t->a->ctx->cache, e);
+	ckpt_ctx *ctx = t->a->ctx;
+	free(t);
+	if (atomic_fetch_sub(&ctx->inflight, 1) == 1) {
+		pthread_mutex_lock(&ctx->drain_lock);
+		pthread_cond_broadcast(&ctx->drained);
+		pthread_mutex_unlock(&ctx->drain_lock);
+	}
+}
+
+/* Queue the decode of chunk g unless cached/loading or the pool is busy. */
+static void prefetch(ckpt_array *a, const uint64_t *g)
+{
+	const ckpt_array_meta *m = &a->meta;
+	if (ckpt_cache_contains(a->ctx->cache, a->id, linear_index(m, g)))
+		return;
+	struct prefetch_task *t = malloc(sizeof(*t));
+	if (!t)
+		return;
+	t->a = a;
+	memcpy(t->g, g, sizeof(uint64_t) * (size_t)m->rank);
+	atomic_fetch_add(&a->ctx->inflight, 1);
+	if (ckpt_pool_try_submit(a->ctx->pool, prefetch_run, t) < 0) {
+		atomic_fetch_sub(&a->ctx->inflight, 1);
+		free(t);
+	}
+}
+
+/* Chunk-grid box [lo, hi] (inclusive) covering region box b. */
+static void grid_box(const ckpt_array_meta *m, const ckpt_region *b, uint64_t *lo, uint64_t *hi)
+{
+	for (int d = 0; d < m->rank; d++) {
+		lo[d] = b->start[d] / m->inner_shape[d];
+		hi[d] = (b->stop[d] - 1) / m->inner_shape[d];
+	}
+}
+
+static int next_index(int rank, const uint64_t *lo, const uint64_t *hi, uint64_t *g)
+{
+	for (int d = rank - 1; d >= 0; d--) {
+		if (++g[d] <= hi[d])
+			return 1;
+		g[d] = lo[d];
+	}
+	return 0;
+}
+
+/* Element-aligned core: stream positions [e0, e1) of r into dst. */
+static int read_elems(ckpt_array *a, const ckpt_region *r, uint64_t e0, uint64_t e1, uint8_t *dst)
+{
+	const ckpt_array_meta *m = &a->meta;
+	ckpt_region bbox;
+	ckpt_region_stream_bbox(r, e0, e1, &bbox);
+	uint64_t lo[CKPT_MAX_RANK], hi[CKPT_MAX_RANK], g[CKPT_MAX_RANK], origin[CKPT_MAX_RANK];
+	grid_box(m, &bbox, lo, hi);
+
+	/* Several chunks: let the pool decode the others while we do the first. */
+	uint64_t nchunks = 1;
+	for (int d = 0; d < m->rank; d++)
+		nchunks *= hi[d] - lo[d] + 1;
+	memcpy(g, lo, sizeof(uint64_t) * (size_t)m->rank);
+	if (nchunks > 1) {
+		int more = next_index(m->rank, lo, hi, g);
+		while (more) {
+			prefetch(a, g);
+			more = next_index(m->rank, lo, hi, g);
+		}
+		memcpy(g, lo, sizeof(uint64_t) * (size_t)m->rank);
+	}
+	do {
+		ckpt_centry *e;
+		int rc = get_chunk(a, g, &e);
+		if (rc < 0)
+			return rc;
+		for (int d = 0; d < m->rank; d++)
+			origin[d] = g[d] * m->inner_shape[d];
+		ckpt_copy_chunk_to_stream(r, e0, e1, dst, ckpt_centry_data(e), origin, m->inner_shape, m->itemsize);
+		ckpt_cache_release(a->ctx->cache, e);
+	} while (next_index(m->rank, lo, hi, g));
+	return 0;
+}
+
+/* Read-ahead: decode the chunks behind the next window of the stream. */
+static void read_ahead(ckpt_array *a, const ckpt_region *r, uint64_t e1, uint64_t count)
+{
+	const ckpt_array_meta *m = &a->meta;
+	if (e1 >= count || m->rank == 0)
+		return;
+	uint64_t w = a->ctx->prefetch_bytes / m->itemsize;
+	if (w < 1)
+		w = 1;
+	uint64_t end = e1 + w < count ? e1 + w : count;
+	ckpt_region bbox;
+	ckpt_region_stream_bbox(r, e1, end, &bbox);
+	uint64_t lo[CKPT_MAX_RANK], hi[CKPT_MAX_RANK], g[CKPT_MAX_RANK];
+	grid_box(m, &bbox, lo, hi);
+	memcpy(g, lo, sizeof(uint64_t) * (size_t)m->rank);
+	int budget = 64; /* bound the work queued by one read */
+	do {
+		prefetch(a, g);
+	} while (--budget > 0 && next_index(m->rank, lo, hi, g));
+}
+
+/* Per-thread bounce buffer for unaligned ranges (freed at thread exit). */
+struct bounce {
+	uint8_t *buf;
+	size_t cap;
+};
+static pthread_key_t bounce_key;
+static pthread_once_t bounce_once = PTHREAD_ONCE_INIT;
+
+static void bounce_free(void *p)
+{
+	struct bounce *b = p;
+	free(b->buf);
+	free(b);
+}
+
+static void bounce_init(void)
+{
+	pthread_key_create(&bounce_key, bounce_free);
+}
+
+static uint8_t *bounce_get(size_t need)
+{
+	pthread_once(&bounce_once, bounce_init);
+	struct bounce *b = pthread_getspecific(bounce_key);
+	if (!b) {
+		b = calloc(1, sizeof(*b));
+		if (!b)
+			return NULL;
+		pthread_setspecific(bounce_key, b);
+	}
+	if (need > b->cap) {
+		uint8_t *p = realloc(b->buf, need);
+		if (!p)
+			return NULL;
+		b->buf = p;
+		b->cap = need;
+	}
+	return b->buf;
+}
+
+ssize_t ckpt_array_read(ckpt_array *a, const ckpt_region *r, uint64_t off, size_t len, void *dst)
+{
+	const ckpt_array_meta *m = &a->meta;
+	uint64_t count;
+	if (ckpt_region_count(r, &count) < 0)
+		return -EOVERFLOW;
+	uint64_t total = count * m->itemsize;
+	if (off >= total || len == 0)
+		return 0;
+	if (len > total - off)
+		len = (size_t)(total - off);
+	uint64_t e0 = off / m->itemsize, e1 = (off + len + m->itemsize - 1) / m->itemsize;
+	int rc;
+	if (off % m->itemsize == 0 && len % m->itemsize == 0) {
+		rc = read_elems(a, r, e0, e1, dst);
+	} else {
+		/* Unaligned range: decode whole elements into a reused per-thread buffer. */
+		uint8_t *tmp = bounce_get((size_t)((e1 - e0) * m->itemsize));
+		if (!tmp)
+			return -ENOMEM;
+		rc = read_elems(a, r, e0, e1, tmp);
+		if (rc == 0)
+			memcpy(dst, tmp + (off - e0 * m->itemsize), len);
+	}
+	if (rc < 0)
+		return rc;
+	read_ahead(a, r, e1, count);
+	CKPT_STAT_ADD(bytes_served, len);
+	return (ssize_t)len;
+}
+
+int ckpt_array_stored_bytes(ckpt_array *a, uint64_t *out)
+{
+	if (atomic_load(&a->stored_known)) {
+		*out = a->stored;
+		return 0;
+	}
+	uint64_t v;
+	int rc = ckpt_zarr_stored_bytes(a->store, a->prefix, &a->meta, &v);
+	if (rc < 0)
+		return rc;
+	a->stored = v;
+	atomic_store(&a->stored_known, 1);
+	*out = v;
+	return 0;
+}

@@ -1,0 +1,57 @@
+/*
+ * array.h - reading stored arrays: the read context (decoded-chunk cache +
+ * decode threads) and array handles that serve any byte range of any
+ * region (whole array, slice, stored shard) in C order.
+ *
+ * A read decodes only the decode units (chunks) that overlap the requested
+ * bytes, through the shared cache (one decode per chunk even under
+ * concurrent misses), decoding several chunks in parallel on the context's
+ * threads, and prefetching the chunks a sequential reader needs next.
+ *
+ * Thread-safety: a context and its arrays are safe to use from many
+ * threads at once.  Arrays must be destroyed before their context.
+ */
+#ifndef CKPT_ARRAY_H
+#define CKPT_ARRAY_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "slice.h"
+#include "store.h"
+#include "zarr.h"
+
+typedef struct ckpt_ctx ckpt_ctx;
+typedef struct ckpt_array ckpt_array;
+
+typedef struct ckpt_ctx_opts {
+	uint64_t cache_bytes;   /* decoded-chunk cache budget (0: 1 GiB) */
+	int threads;            /* decode threads (0: number of CPUs) */
+	uint64_t prefetch_bytes; /* read-ahead window for sequential readers (0: 8 MiB) */
+} ckpt_ctx_opts;
+
+int ckpt_ctx_create(const ckpt_ctx_opts *opts, ckpt_ctx **out);
+void ckpt_ctx_destroy(ckpt_ctx *ctx);
+
+/* Open the array whose zarr metadata is stored under `prefix` in `store`
+ * (`prefix/zarr.json` or `prefix/.zarray`; format 0 tries v3 then v2).
+ * The store must outlive the array.  Returns -ENOENT when no metadata
+ * exists, -EINVAL/-ENOTSUP (logged with the key and reason) when it is
+ * unusable. */
+int ckpt_array_open(ckpt_ctx *ctx, ckpt_store *store, const char *prefix, int format, ckpt_array **out);
+void ckpt_array_destroy(ckpt_array *a);
+
+const ckpt_array_meta *ckpt_array_meta_of(const ckpt_array *a);
+ckpt_store *ckpt_array_store(const ckpt_array *a);
+const char *ckpt_array_prefix(const ckpt_array *a);
+
+/* Copy bytes [off, off+len) of region r's C-order byte stream into dst.
+ * r must lie inside the array.  Returns len (clipped at the end of the
+ * stream), or -EIO when a chunk it needs cannot be decoded. */
+ssize_t ckpt_array_read(ckpt_array *a, const ckpt_region *r, uint64_t off, size_t len, void *dst);
+
+/* Sum of stored bytes of the array's chunks (computed once, then cached). */
+int ckpt_array_stored_bytes(ckpt_array *a, uint64_t *out);
+
+#endif

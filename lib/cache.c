@@ -1,0 +1,318 @@
+/*
+ * Invariants (all under c->lock):
+ *  - every LOADING/READY entry is in the hash table, FAILED ones are not
+ *    (their waiters hold the last refs and free them); READY entries with refs == 0 are on
+ *    the LRU list (head = most recent), all others are off it;
+ *  - c->bytes = sum of sizes of all entries + spare buffers.
+ */
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cache.h"
+#include "common.h"
+#include "stats.h"
+
+enum { LOADING, READY, FAILED };
+
+struct ckpt_centry {
+	uint64_t owner, idx;
+	size_t size;
+	void *data;
+	int state, err;
+	unsigned refs;
+	struct ckpt_centry *hnext;
+	struct ckpt_centry *prev, *next; /* LRU */
+};
+
+struct spare {
+	void *data;
+	size_t size;
+};
+
+#define NSPARE 8
+
+struct ckpt_cache {
+	pthread_mutex_t lock;
+	pthread_cond_t loaded;
+	uint64_t budget, bytes;
+	struct ckpt_centry **table;
+	size_t nbuckets, count;
+	struct ckpt_centry lru; /* sentinel */
+	struct spare spare[NSPARE];
+	int nspare;
+};
+
+static size_t bucket(const ckpt_cache *c, uint64_t owner, uint64_t idx)
+{
+	uint64_t h = owner * 0x9E3779B97F4A7C15ull ^ (idx + 0x632BE59BD9B4E019ull) * 0xC2B2AE3D27D4EB4Full;
+	h ^= h >> 29;
+	return (size_t)(h & (c->nbuckets - 1));
+}
+
+int ckpt_cache_create(uint64_t budget, ckpt_cache **out)
+{
+	ckpt_cache *c = calloc(1, sizeof(*c));
+	if (!c)
+		return -ENOMEM;
+	c->nbuckets = 4096;
+	c->table = calloc(c->nbuckets, sizeof(*c->table));
+	if (!c->table) {
+		free(c);
+		return -ENOMEM;
+	}
+	pthread_mutex_init(&c->lock, NULL);
+	pthread_cond_init(&c->loaded, NULL);
+	c->budget = budget;
+	c->lru.prev = c->lru.next = &c->lru;
+	*out = c;
+	return 0;
+}
+
+static void lru_unlink(struct ckpt_centry *e)
+{
+	e->prev->next = e->next;
+	e->next->prev = e->prev;
+	e->prev = e->next = NULL;
+}
+
+static void lru_push(ckpt_cache *c, struct ckpt_centry *e)
+{
+	e->next = c->lru.next;
+	e->prev = &c->lru;
+	c->lru.next->prev = e;
+	c->lru.next = e;
+}
+
+static void table_remove(ckpt_cache *c, struct ckpt_centry *e)
+{
+	struct ckpt_centry **pp = &c->table[bucket(c, e->owner, e->idx)];
+	while (*pp && *pp != e)
+		pp = &(*pp)->hnext;
+	if (*pp)
+		*pp = e->hnext;
+	c->count--;
+}
+
+static void grow_table(ckpt_cache *c)
+{
+	size_t nb = c->nbuckets * 2;
+	struct ckpt_centry **t = calloc(nb, sizeof(*t));
+	if (!t)
+		return;
+	struct ckpt_centry **old = c->table;
+	size_t ob = c->nbuckets;
+	c->table = t;
+	c->nbuckets = nb;
+	for (size_t i = 0; i < ob; i++)
+		for (struct ckpt_centry *e = old[i], *n; e; e = n) {
+			n = e->hnext;
+			size_t b = bucket(c, e->owner, e->idx);
+			e->hnext = t[b];
+			t[b] = e;
+		}
+	free(old);
+}
+
+/* Keep a freed buffer for reuse, or free it.  Called with the lock held. */
+static void give_back(ckpt_cache *c, void *data, size_t size)
+{
+	if (c->nspare < NSPARE) {
+		c->spare[c->nspare].data = data;
+		c->spare[c->nspare].size = size;
+		c->nspare++;
+		return;
+	}
+	/* Replace the oldest spare. */
+	free(c->spare[0].data);
+	c->bytes -= c->spare[0].size;
+	memmove(&c->spare[0], &c->spare[1], sizeof(c->spare[0]) * (NSPARE - 1));
+	c->spare[NSPARE - 1].data = data;
+	c->spare[NSPARE - 1].size = size;
+}
+
+/* Make room for `need` more bytes: drop spares of other sizes, then LRU entries. */
+static void make_room(ckpt_cache *c, size_t need)
+{
+	for (int i = 0; i < c->nspare && c->bytes + need > c->budget;) {
+		if (c->spare[i].size != need) {
+			free(c->spare[i].data);
+			c->bytes -= c->spare[i].size;
+			c->spare[i] = c->spare[--c->nspare];
+		} else {
+			i++;
+		}
+	}
+	while (c->bytes + need > c->budget && c->lru.prev != &c->lru) {
+		struct ckpt_centry *e = c->lru.prev;
+		lru_unlink(e);
+		table_remove(c, e);
+		give_back(c, e->data, e->size);
+		free(e);
+		CKPT_STAT_ADD(cache_evictions, 1);
+		/* A spare of another size is useless here: drop it at once. */
+		if (c->spare[c->nspare - 1].size != need) {
+			c->nspare--;
+			free(c->spare[c->nspare].data);
+			c->bytes -= c->spare[c->nspare].size;
+		}
+	}
+}
+
+static void *take_buffer(ckpt_cache *c, size_t size)
+{
+	for (int i = 0; i < c->nspare; i++)
+		if (c->spare[i].size == size) {
+			void *p = c->spare[i].data;
+			c->spare[i] = c->spare[--c->nspare];
+			return p; /* its bytes stay counted: now they belong to the entry */
+		}
+	void *p = malloc(size ? size : 1);
+	if (p)
+		c->bytes += size;
+	return p;
+}
+
+int ckpt_cache_get(ckpt_cache *c, uint64_t owner, uint64_t idx, size_t size, ckpt_cache_fill_fn fill, void *arg,
+		   ckpt_centry **out)
+{
+	pthread_mutex_lock(&c->lock);
+	for (;;) {
+		struct ckpt_centry *e = c->table[bucket(c, owner, idx)];
+		while (e && !(e->owner == owner && e->idx == idx))
+			e = e->hnext;
+		if (!e)
+			break;
+		if (e->state == READY) {
+			if (e->refs++ == 0)
+				lru_unlink(e);
+			pthread_mutex_unlock(&c->lock);
+			CKPT_STAT_ADD(cache_hits, 1);
+			*out = e;
+			return 0;
+		}
+		/* LOADING: wait for it, then look again. */
+		e->refs++;
+		while (e->state == LOADING)
+			pthread_cond_wait(&c->loaded, &c->lock);
+		if (e->state == FAILED) {
+			/* Failed entries are off the table; the last waiter frees it. */
+			int err = e->err;
+			if (--e->refs == 0) {
+				give_back(c, e->data, e->size);
+				free(e);
+			}
+			pthread_mutex_unlock(&c->lock);
+			return err;
+		}
+		/* READY: we hold a ref already. */
+		pthread_mutex_unlock(&c->lock);
+		CKPT_STAT_ADD(cache_hits, 1);
+		*out = e;
+		return 0;
+	}
+	/* Miss: insert a LOADING entry, then fill without the lock. */
+	make_room(c, size);
+	struct ckpt_centry *e = calloc(1, sizeof(*e));
+	void *data = e ? take_buffer(c, size) : NULL;
+	if (!data) {
+		free(e);
+		pthread_mutex_unlock(&c->lock);
+		return -ENOMEM;
+	}
+	e->owner = owner;
+	e->idx = idx;
+	e->size = size;
+	e->data = data;
+	e->state = LOADING;
+	e->refs = 1;
+	size_t b = bucket(c, owner, idx);
+	e->hnext = c->table[b];
+	c->table[b] = e;
+	if (++c->count > c->nbuckets)
+		grow_table(c);
+	pthread_mutex_unlock(&c->lock);
+
+	CKPT_STAT_ADD(cache_misses, 1);
+	int rc = fill(arg, data);
+
+	pthread_mutex_lock(&c->lock);
+	if (rc < 0) {
+		e->state = FAILED;
+		e->err = rc;
+		/* Off the table at once (a new attempt may start); waiters hold refs. */
+		table_remove(c, e);
+		if (--e->refs == 0) {
+			give_back(c, e->data, e->size);
+			free(e);
+		}
+		pthread_cond_broadcast(&c->loaded);
+		pthread_mutex_unlock(&c->lock);
+		return rc;
+	}
+	e->state = READY;
+	pthread_cond_broadcast(&c->loaded);
+	pthread_mutex_unlock(&c->lock);
+	*out = e;
+	return 0;
+}
+
+const void *ckpt_centry_data(const ckpt_centry *e)
+{
+	return e->data;
+}
+
+void ckpt_cache_release(ckpt_cache *c, ckpt_centry *e)
+{
+	pthread_mutex_lock(&c->lock);
+	if (--e->refs == 0) {
+		if (e->size > c->budget) {
+			/* Larger than the whole budget: never kept. */
+			table_remove(c, e);
+			free(e->data);
+			c->bytes -= e->size;
+			free(e);
+		} else {
+			lru_push(c, e);
+			make_room(c, 0);
+		}
+	}
+	pthread_mutex_unlock(&c->lock);
+}
+
+int ckpt_cache_contains(ckpt_cache *c, uint64_t owner, uint64_t idx)
+{
+	pthread_mutex_lock(&c->lock);
+	struct ckpt_centry *e = c->table[bucket(c, owner, idx)];
+	while (e && !(e->owner == owner && e->idx == idx))
+		e = e->hnext;
+	int r = e && e->state != FAILED;
+	pthread_mutex_unlock(&c->lock);
+	return r;
+}
+
+uint64_t ckpt_cache_bytes(ckpt_cache *c)
+{
+	pthread_mutex_lock(&c->lock);
+	uint64_t b = c->bytes;
+	pthread_mutex_unlock(&c->lock);
+	return b;
+}
+
+void ckpt_cache_destroy(ckpt_cache *c)
+{
+	if (!c)
+		return;
+	for (size_t i = 0; i < c->nbuckets; i++)
+		for (struct ckpt_centry *e = c->table[i], *n; e; e = n) {
+			n = e->hnext;
+			free(e->data);
+			free(e);
+		}
+	for (int i = 0; i < c->nspare; i++)
+		free(c->spare[i].data);
+	free(c->table);
+	pthread_mutex_destroy(&c->lock);
+	pthread_cond_destroy(&c->loaded);
+	free(c);
+}

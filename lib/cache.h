@@ -1,0 +1,48 @@
+/*
+ * cache.h - the decoded-chunk cache: entries keyed by (owner, index), a byte
+ * budget with LRU eviction, and single-flight loading (when several threads
+ * miss on the same chunk, one decodes and the others wait for it).
+ *
+ * Buffers of evicted entries are reused for new entries of the same size,
+ * so a steady-state reader allocates no fresh memory per chunk.
+ *
+ * Thread-safety: all functions are thread-safe.  One internal mutex; the
+ * fill callback runs without it held.
+ */
+#ifndef CKPT_CACHE_H
+#define CKPT_CACHE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct ckpt_cache ckpt_cache;
+typedef struct ckpt_centry ckpt_centry;
+
+/* Fill dst (size bytes) with the chunk's decoded bytes; 0 or -errno. */
+typedef int (*ckpt_cache_fill_fn)(void *arg, void *dst);
+
+int ckpt_cache_create(uint64_t budget_bytes, ckpt_cache **out);
+/* All entries must have been released. */
+void ckpt_cache_destroy(ckpt_cache *c);
+
+/* Return a pinned entry for (owner, idx) in *out.  On a miss, allocates
+ * `size` bytes and calls fill(arg, buf) once across all threads; others
+ * wait.  A failed fill is not cached: its error is returned to the loader
+ * and to the waiters of that attempt.  Pinned entries are never evicted;
+ * the budget may be exceeded transiently while entries are pinned. */
+int ckpt_cache_get(ckpt_cache *c, uint64_t owner, uint64_t idx, size_t size, ckpt_cache_fill_fn fill, void *arg,
+		   ckpt_centry **out);
+
+/* The decoded bytes of a pinned entry. */
+const void *ckpt_centry_data(const ckpt_centry *e);
+
+/* Unpin an entry returned by ckpt_cache_get. */
+void ckpt_cache_release(ckpt_cache *c, ckpt_centry *e);
+
+/* 1 if (owner, idx) is cached or being loaded, else 0.  Never blocks on a load. */
+int ckpt_cache_contains(ckpt_cache *c, uint64_t owner, uint64_t idx);
+
+/* Bytes currently held (cached + pinned + reusable spare buffers). */
+uint64_t ckpt_cache_bytes(ckpt_cache *c);
+
+#endif
