@@ -1,0 +1,73 @@
+/*
+ * store_ocdbt.c - the OCDBT store: ckpt_store's vtable over a ckpt_ocdbt
+ * handle (ocdbt.h).  The handle is immutable after open except its own
+ * internally locked descriptor cache, so every op is thread-safe as is.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "common.h"
+#include "ocdbt.h"
+#include "store.h"
+
+struct ocdbt_store {
+	struct ckpt_store base; /* first member: ckpt_store * <-> struct ocdbt_store * */
+	ckpt_ocdbt *db;
+};
+
+static ckpt_ocdbt *db_of(ckpt_store *s)
+{
+	return ((struct ocdbt_store *)s)->db;
+}
+
+static int ocdbt_size(ckpt_store *s, const char *key, uint64_t *size)
+{
+	return ckpt_ocdbt_size(db_of(s), key, size);
+}
+
+static ssize_t ocdbt_read(ckpt_store *s, const char *key, uint64_t off, size_t len, void *dst)
+{
+	return ckpt_ocdbt_read(db_of(s), key, off, len, dst);
+}
+
+static int ocdbt_list(ckpt_store *s, const char *prefix, ckpt_store_list_cb cb, void *ctx)
+{
+	return ckpt_ocdbt_list(db_of(s), prefix ? prefix : "", cb, ctx);
+}
+
+static void ocdbt_destroy(ckpt_store *s)
+{
+	struct ocdbt_store *o = (struct ocdbt_store *)s;
+	ckpt_ocdbt_close(o->db);
+	free(o->base.root);
+	free(o);
+}
+
+static const struct ckpt_store_ops ocdbt_ops = {
+	.size = ocdbt_size,
+	.read = ocdbt_read,
+	.list = ocdbt_list,
+	.destroy = ocdbt_destroy,
+};
+
+int ckpt_store_ocdbt_open(const char *dir, ckpt_store **out)
+{
+	*out = NULL;
+	struct ocdbt_store *o = calloc(1, sizeof(*o));
+	if (!o)
+		return -ENOMEM;
+	o->base.ops = &ocdbt_ops;
+	o->base.root = strdup(dir);
+	if (!o->base.root) {
+		free(o);
+		return -ENOMEM;
+	}
+	int rc = ckpt_ocdbt_open(dir, &o->db);
+	if (rc) {
+		free(o->base.root);
+		free(o);
+		return rc;
+	}
+	*out = &o->base;
+	return 0;
+}
