@@ -118,6 +118,15 @@ static uint64_t clamp_bound(int64_t v, uint64_t n)
 	return back >= n ? 0 : n - back;
 }
 
+/*
+ * Decisions beyond slice.h: "[]" means the whole array for every rank (and
+ * is the only form rank 0 accepts); a trailing comma ("[1,]") counts as an
+ * empty component and is rejected; numbers are an optional '-' and decimal
+ * digits (leading zeros allowed, no '+'); "-0" is 0; a shape with a zero
+ * extent makes every slice, "[]" included, -ERANGE.  Integer indices out of
+ * range are reported as soon as they are seen, before later components are
+ * checked.
+ */
 int ckpt_slice_parse(const char *text, size_t len, int rank, const uint64_t *shape, ckpt_region *out,
 		     const char **why)
 {
