@@ -123,15 +123,15 @@ static uint64_t clamp_bound(int64_t v, uint64_t n)
  * is the only form rank 0 accepts); a trailing comma ("[1,]") counts as an
  * empty component and is rejected; numbers are an optional '-' and decimal
  * digits (leading zeros allowed, no '+'); "-0" is 0; a shape with a zero
- * extent makes every slice, "[]" included, -ERANGE.  Integer indices out of
- * range are reported as soon as they are seen, before later components are
- * checked.
+ * extent makes every slice, "[]" included, -ERANGE.  The whole text is
+ * checked first, so malformed text is -EINVAL even when an earlier index is
+ * out of range.
  */
 int ckpt_slice_parse(const char *text, size_t len, int rank, const uint64_t *shape, ckpt_region *out,
 		     const char **why)
 {
 	const char *p, *end;
-	int d = 0;
+	int d = 0, bad_index = 0;
 
 	if (!text || !out || rank < 0 || rank > CKPT_MAX_RANK || (rank > 0 && !shape))
 		return fail(why, "invalid arguments", -EINVAL);
@@ -179,14 +179,15 @@ int ckpt_slice_parse(const char *text, size_t len, int rank, const uint64_t *sha
 					i = (uint64_t)a;
 				} else {
 					uint64_t back = (uint64_t)(-(a + 1)) + 1;
-					if (back > n)
-						return fail(why, "index out of range", -ERANGE);
-					i = n - back;
+					i = back > n ? n : n - back;
 				}
-				if (i >= n)
-					return fail(why, "index out of range", -ERANGE);
-				out->start[d] = i;
-				out->stop[d] = i + 1;
+				if (i >= n) {
+					bad_index = 1; /* reported once the text is checked */
+					out->start[d] = out->stop[d] = 0;
+				} else {
+					out->start[d] = i;
+					out->stop[d] = i + 1;
+				}
 			} else {
 				uint64_t lo = has_a ? clamp_bound(a, n) : 0;
 				uint64_t hi = has_b ? clamp_bound(b, n) : n;
@@ -201,6 +202,8 @@ int ckpt_slice_parse(const char *text, size_t len, int rank, const uint64_t *sha
 				return fail(why, "empty index", -EINVAL);
 		}
 	}
+	if (bad_index)
+		return fail(why, "index out of range", -ERANGE);
 	for (int k = 0; k < rank; k++)
 		if (out->stop[k] <= out->start[k])
 			return fail(why, "slice selects no elements", -ERANGE);

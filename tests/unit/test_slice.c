@@ -113,6 +113,10 @@ static void test_parse(void)
 			fprintf(stderr, "accepted or misclassified: '%s' -> %d\n", bad[i], rc);
 		CHECK_EQ_INT(rc, -EINVAL);
 	}
+	/* malformed text wins over an out-of-range index before it */
+	CHECK_EQ_INT(parse("[100,x]", 2, s2, &r), -EINVAL);
+	CHECK_EQ_INT(parse("[100,1,2]", 2, s2, &r), -EINVAL);
+	CHECK_EQ_INT(parse("[100,1]", 2, s2, &r), -ERANGE);
 	/* embedded NUL inside the length */
 	CHECK_EQ_INT(ckpt_slice_parse("[0\0:1]", 6, 2, s2, &r, NULL), -EINVAL);
 	/* NULL why is allowed */
