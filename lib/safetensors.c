@@ -592,23 +592,23 @@ int ckpt_st_layout_create(const ckpt_st_tensor *tensors, size_t n, const ckpt_st
 const uint8_t *ckpt_st_layout_header(const ckpt_st_layout *l, size_t *len)
 {
 	if (len)
-		*len = l->header_len;
-	return l->header;
+		*len = l ? l->header_len : 0;
+	return l ? l->header : NULL;
 }
 
 uint64_t ckpt_st_layout_file_size(const ckpt_st_layout *l)
 {
-	return l->file_size;
+	return l ? l->file_size : 0;
 }
 
 uint64_t ckpt_st_layout_data_size(const ckpt_st_layout *l)
 {
-	return l->data_size;
+	return l ? l->data_size : 0;
 }
 
 size_t ckpt_st_layout_count(const ckpt_st_layout *l)
 {
-	return l->n;
+	return l ? l->n : 0;
 }
 
 int ckpt_st_layout_get(const ckpt_st_layout *l, size_t i, ckpt_st_info *out)
@@ -874,17 +874,17 @@ fail:
 
 size_t ckpt_st_sharded_count(const ckpt_st_sharded *s)
 {
-	return s->n;
+	return s ? s->n : 0;
 }
 
 const ckpt_st_layout *ckpt_st_sharded_layout(const ckpt_st_sharded *s, size_t i)
 {
-	return i < s->n ? s->layouts[i] : NULL;
+	return s && i < s->n ? s->layouts[i] : NULL;
 }
 
 const char *ckpt_st_sharded_name(const ckpt_st_sharded *s, size_t i)
 {
-	return i < s->n ? s->names[i] : NULL;
+	return s && i < s->n ? s->names[i] : NULL;
 }
 
 int ckpt_st_sharded_find_file(const ckpt_st_sharded *s, const char *name, size_t *i)
@@ -904,11 +904,11 @@ int ckpt_st_sharded_find_file(const ckpt_st_sharded *s, const char *name, size_t
 const char *ckpt_st_sharded_index(const ckpt_st_sharded *s, size_t *len)
 {
 	if (len)
-		*len = s->index_len;
-	return s->index;
+		*len = s ? s->index_len : 0;
+	return s ? s->index : NULL;
 }
 
 uint64_t ckpt_st_sharded_total_size(const ckpt_st_sharded *s)
 {
-	return s->total;
+	return s ? s->total : 0;
 }

@@ -47,6 +47,8 @@
  * the caller's arrays may be freed right after.  Pointers returned by the
  * accessors live as long as the layout.
  *
+ * Accessors given a NULL handle return NULL / 0 (never crash).
+ *
  * Thread-safety: a layout / sharded set is immutable after create; every
  * accessor and ckpt_st_layout_map may be called from many threads at once.
  * Destroy must not race with other calls on the same object.
