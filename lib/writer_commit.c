@@ -1,0 +1,612 @@
+/* writer_commit.c - turning a pending step into a committed Orbax step:
+ * shard indexes, zarr.json, _METADATA, _sharding, _CHECKPOINT_METADATA,
+ * commit_success.txt, fsyncs and the no-replace rename (docs/format.md). */
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cjson/cJSON.h>
+
+#include "crc32c.h"
+#include "stats.h"
+#include "writer_int.h"
+
+#define PYTREE_HANDLER "orbax.checkpoint._src.handlers.pytree_checkpoint_handler.PyTreeCheckpointHandler"
+
+/* Create/replace rel below dirfd with data, fsync it. */
+static int write_file(struct ckpt_step *st, const char *rel, const void *data, size_t len)
+{
+	int fd = openat(st->dirfd, rel, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+	int rc = fd < 0 ? -errno : w_pwrite_all(fd, data, len, 0);
+	if (!rc && fsync(fd))
+		rc = -errno;
+	if (fd >= 0 && close(fd) && !rc)
+		rc = -errno;
+	if (rc)
+		ckpt_log(CKPT_LOG_ERR, "writer: step %s: writing %s: %s", st->name, rel, strerror(-rc));
+	return rc;
+}
+
+static int fsync_dir(struct ckpt_step *st, const char *rel)
+{
+	int fd = openat(st->dirfd, rel, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	int rc = fd < 0 ? -errno : (fsync(fd) ? -errno : 0);
+	if (fd >= 0)
+		close(fd);
+	if (rc)
+		ckpt_log(CKPT_LOG_ERR, "writer: step %s: fsync of folder %s: %s", st->name, rel, strerror(-rc));
+	return rc;
+}
+
+static int write_json(struct ckpt_step *st, const char *rel, cJSON *j)
+{
+	if (!j)
+		return -ENOMEM;
+	char *s = cJSON_PrintUnformatted(j);
+	cJSON_Delete(j);
+	if (!s)
+		return -ENOMEM;
+	int rc = write_file(st, rel, s, strlen(s));
+	free(s);
+	return rc;
+}
+
+static cJSON *json_u64(uint64_t v)
+{
+	char b[24];
+	snprintf(b, sizeof(b), "%llu", (unsigned long long)v);
+	return cJSON_CreateRaw(b);
+}
+
+static cJSON *json_shape(const uint64_t *v, int n)
+{
+	cJSON *a = cJSON_CreateArray();
+	for (int i = 0; a && i < n; i++)
+		cJSON_AddItemToArray(a, json_u64(v[i]));
+	return a;
+}
+
+static cJSON *codec(const char *name, cJSON *conf)
+{
+	cJSON *c = cJSON_CreateObject();
+	if (conf)
+		cJSON_AddItemToObject(c, "configuration", conf);
+	cJSON_AddStringToObject(c, "name", name);
+	return c;
+}
+
+static cJSON *endian_little(void)
+{
+	cJSON *c = cJSON_CreateObject();
+	cJSON_AddStringToObject(c, "endian", "little");
+	return c;
+}
+
+static cJSON *fill_value(ckpt_dtype dt)
+{
+	const ckpt_dtype_info *di = ckpt_dtype_get(dt);
+	switch (di->kind) {
+	case 'b':
+		return cJSON_CreateFalse();
+	case 'i':
+	case 'u':
+		return cJSON_CreateRaw("0");
+	case 'c': {
+		cJSON *a = cJSON_CreateArray();
+		cJSON_AddItemToArray(a, cJSON_CreateRaw("0.0"));
+		cJSON_AddItemToArray(a, cJSON_CreateRaw("0.0"));
+		return a;
+	}
+	case 'V': /* ml_dtypes: floats print 0.0, int4/uint4/int2 print 0 */
+		return cJSON_CreateRaw(strncmp(di->name, "int", 3) == 0 || strncmp(di->name, "uint", 4) == 0 ? "0"
+													       : "0.0");
+	default:
+		return cJSON_CreateRaw("0.0");
+	}
+}
+
+/* zarr.json, members in the order TensorStore prints them. */
+static cJSON *zarr_json(const struct ckpt_warray *a, int level)
+{
+	cJSON *j = cJSON_CreateObject();
+	cJSON *gc = cJSON_CreateObject();
+	cJSON_AddItemToObject(gc, "chunk_shape", json_shape(a->shard, a->rank));
+	cJSON_AddItemToObject(j, "chunk_grid", codec("regular", gc));
+	cJSON_AddItemToObject(j, "chunk_key_encoding", codec("default", NULL));
+
+	cJSON *inner = cJSON_CreateArray();
+	cJSON_AddItemToArray(inner, codec("bytes", endian_little()));
+	cJSON *zc = cJSON_CreateObject();
+	cJSON_AddTrueToObject(zc, "checksum");
+	cJSON_AddNumberToObject(zc, "level", level);
+	cJSON_AddItemToArray(inner, codec("zstd", zc));
+	cJSON *ic = cJSON_CreateArray();
+	cJSON_AddItemToArray(ic, codec("bytes", endian_little()));
+	cJSON_AddItemToArray(ic, codec("crc32c", NULL));
+	cJSON *sc = cJSON_CreateObject();
+	cJSON_AddItemToObject(sc, "chunk_shape", json_shape(a->inner, a->rank));
+	cJSON_AddItemToObject(sc, "codecs", inner);
+	cJSON_AddItemToObject(sc, "index_codecs", ic);
+	cJSON_AddStringToObject(sc, "index_location", "end");
+	cJSON *codecs = cJSON_CreateArray();
+	cJSON_AddItemToArray(codecs, codec("sharding_indexed", sc));
+	cJSON_AddItemToObject(j, "codecs", codecs);
+
+	cJSON_AddStringToObject(j, "data_type", ckpt_dtype_get(a->dtype)->name);
+	cJSON_AddItemToObject(j, "fill_value", fill_value(a->dtype));
+	cJSON_AddStringToObject(j, "node_type", "array");
+	cJSON_AddItemToObject(j, "shape", json_shape(a->shape, a->rank));
+	cJSON_AddNumberToObject(j, "zarr_format", 3);
+	return j;
+}
+
+/* Write the index of every shard (at its end), fsync the shard files and
+ * the array's folders. */
+static int finish_shards(struct ckpt_step *st, struct ckpt_warray *a)
+{
+	uint64_t n = 1;
+	for (int d = 0; d < a->rank; d++)
+		n *= a->mps[d];
+	size_t isize = (size_t)(16 * n + 4);
+	uint8_t *ix = malloc(isize);
+	if (!ix)
+		return -ENOMEM;
+	int rc = 0;
+	for (uint64_t s = 0; s < a->nshards && !rc; s++) {
+		uint64_t sg[CKPT_MAX_RANK], l[CKPT_MAX_RANK] = {0}, t = s;
+		for (int d = a->rank - 1; d >= 0; d--) {
+			sg[d] = t % a->nsh[d];
+			t /= a->nsh[d];
+		}
+		for (uint64_t e = 0; e < n; e++) {
+			uint64_t lin = 0;
+			int out = 0;
+			for (int d = 0; d < a->rank; d++) {
+				uint64_t g = sg[d] * a->mps[d] + l[d];
+				out |= g >= a->nch[d];
+				lin = lin * a->nch[d] + g;
+			}
+			uint64_t off = UINT64_MAX, len = UINT64_MAX;
+			if (!out) {
+				off = a->chunks[lin].off;
+				len = a->chunks[lin].len;
+			}
+			ckpt_put_le64(ix + 16 * e, off);
+			ckpt_put_le64(ix + 16 * e + 8, len);
+			for (int d = a->rank - 1; d >= 0 && ++l[d] == a->mps[d]; d--)
+				l[d] = 0;
+		}
+		ckpt_put_le32(ix + 16 * n, ckpt_crc32c(0, ix, 16 * n));
+		uint64_t end = a->shards[s].end;
+		int fd = w_shard_open(a, s, O_WRONLY | O_CREAT);
+		rc = fd < 0 ? fd : w_pwrite_all(fd, ix, isize, end);
+		if (!rc && ftruncate(fd, (off_t)(end + isize)))
+			rc = -errno;
+		if (!rc && fsync(fd))
+			rc = -errno;
+		if (fd >= 0)
+			close(fd);
+		if (rc)
+			ckpt_log(CKPT_LOG_ERR, "writer: %s: finishing shard %llu: %s", a->relpath,
+				 (unsigned long long)s, strerror(-rc));
+		else
+			CKPT_STAT_ADD(stored_bytes_written, isize);
+	}
+	free(ix);
+	if (rc || a->nshards == 0)
+		return rc;
+	/* Folders c/<i0>/.../<i_{p-1}> for p = rank-1 .. 1, then c. */
+	char path[4096];
+	for (int p = a->rank - 1; p >= 1 && !rc; p--) {
+		uint64_t cnt = 1, g[CKPT_MAX_RANK] = {0};
+		for (int d = 0; d < p; d++)
+			cnt *= a->nsh[d];
+		for (uint64_t i = 0; i < cnt && !rc; i++) {
+			int k = snprintf(path, sizeof(path), "%s/c", a->relpath);
+			for (int d = 0; d < p && k > 0 && (size_t)k < sizeof(path); d++)
+				k += snprintf(path + k, sizeof(path) - (size_t)k, "/%llu", (unsigned long long)g[d]);
+			rc = fsync_dir(st, path);
+			for (int d = p - 1; d >= 0 && ++g[d] == a->nsh[d]; d--)
+				g[d] = 0;
+		}
+	}
+	if (!rc && a->rank > 0) {
+		snprintf(path, sizeof(path), "%s/c", a->relpath);
+		rc = fsync_dir(st, path);
+	}
+	return rc;
+}
+
+static int finish_array(struct ckpt_step *st, struct ckpt_warray *a)
+{
+	char path[4096];
+	int rc = finish_shards(st, a);
+	if (rc)
+		return rc;
+	snprintf(path, sizeof(path), "%s/zarr.json", a->relpath);
+	rc = write_json(st, path, zarr_json(a, st->opts.zstd_level));
+	if (!rc)
+		rc = fsync_dir(st, a->relpath);
+	return rc;
+}
+
+/* Python repr() of a str (single quotes unless the text has ' and no "). */
+static void py_repr(char **p, char *end, const char *s)
+{
+	char q = (strchr(s, '\'') && !strchr(s, '"')) ? '"' : '\'';
+	char *o = *p;
+#define PUT(c)                     \
+	do {                       \
+		if (o < end)       \
+			*o++ = (c); \
+	} while (0)
+	PUT(q);
+	for (const unsigned char *c = (const unsigned char *)s; *c; c++) {
+		if (*c == '\\' || *c == (unsigned char)q) {
+			PUT('\\');
+			PUT((char)*c);
+		} else if (*c == '\n') {
+			PUT('\\');
+			PUT('n');
+		} else if (*c == '\r') {
+			PUT('\\');
+			PUT('r');
+		} else if (*c == '\t') {
+			PUT('\\');
+			PUT('t');
+		} else if (*c < 0x20 || *c == 0x7f) {
+			static const char hx[] = "0123456789abcdef";
+			PUT('\\');
+			PUT('x');
+			PUT(hx[*c >> 4]);
+			PUT(hx[*c & 15]);
+		} else {
+			PUT((char)*c);
+		}
+	}
+	PUT(q);
+#undef PUT
+	*p = o;
+}
+
+/* str(tuple(keys)), e.g. "('params', 'dense', 'kernel')" or "('a',)". */
+static char *tuple_repr(const struct ckpt_warray *a)
+{
+	size_t cap = 4;
+	for (int i = 0; i < a->depth; i++)
+		cap += 4 * strlen(a->keys[i]) + 4;
+	char *b = malloc(cap + 1), *p = b, *end = b + cap;
+	if (!b)
+		return NULL;
+	*p++ = '(';
+	for (int i = 0; i < a->depth; i++) {
+		if (i) {
+			*p++ = ',';
+			*p++ = ' ';
+		}
+		py_repr(&p, end, a->keys[i]);
+	}
+	if (a->depth == 1)
+		*p++ = ',';
+	*p++ = ')';
+	*p = 0;
+	return b;
+}
+
+/* JAX flatten order: dict keys sorted, sequence keys by index. */
+static int leaf_cmp(const void *x, const void *y)
+{
+	const struct ckpt_warray *a = *(struct ckpt_warray *const *)x, *b = *(struct ckpt_warray *const *)y;
+	for (int i = 0; i < a->depth && i < b->depth; i++) {
+		int c;
+		if (a->ktypes[i] == 1 && b->ktypes[i] == 1) {
+			size_t la = strlen(a->keys[i]), lb = strlen(b->keys[i]);
+			c = la != lb ? (la < lb ? -1 : 1) : strcmp(a->keys[i], b->keys[i]);
+		} else {
+			c = strcmp(a->keys[i], b->keys[i]);
+		}
+		if (c)
+			return c;
+	}
+	return a->depth - b->depth;
+}
+
+static cJSON *metadata_json(const struct witem *it)
+{
+	cJSON *j = cJSON_CreateObject(), *tm = cJSON_CreateObject();
+	struct ckpt_warray **v = calloc(it->narrays ? it->narrays : 1, sizeof(*v));
+	if (!j || !tm || !v) {
+		cJSON_Delete(j);
+		cJSON_Delete(tm);
+		free(v);
+		return NULL;
+	}
+	size_t n = 0;
+	for (struct ckpt_warray *a = it->first; a; a = a->next)
+		v[n++] = a;
+	qsort(v, n, sizeof(*v), leaf_cmp);
+	for (size_t i = 0; i < n; i++) {
+		const struct ckpt_warray *a = v[i];
+		cJSON *e = cJSON_CreateObject(), *km = cJSON_CreateArray(), *vm = cJSON_CreateObject();
+		for (int k = 0; k < a->depth; k++) {
+			cJSON *kk = cJSON_CreateObject();
+			cJSON_AddStringToObject(kk, "key", a->keys[k]);
+			cJSON_AddNumberToObject(kk, "key_type", a->ktypes[k]);
+			cJSON_AddItemToArray(km, kk);
+		}
+		cJSON_AddStringToObject(vm, "value_type", "jax.Array");
+		cJSON_AddFalseToObject(vm, "skip_deserialize");
+		cJSON_AddItemToObject(vm, "write_shape", json_shape(a->inner, a->rank));
+		cJSON_AddItemToObject(e, "key_metadata", km);
+		cJSON_AddItemToObject(e, "value_metadata", vm);
+		char *key = tuple_repr(a);
+		if (!key) {
+			cJSON_Delete(e);
+			cJSON_Delete(tm);
+			cJSON_Delete(j);
+			free(v);
+			return NULL;
+		}
+		cJSON_AddItemToObject(tm, key, e);
+		free(key);
+	}
+	free(v);
+	cJSON_AddItemToObject(j, "tree_metadata", tm);
+	cJSON_AddFalseToObject(j, "use_ocdbt");
+	cJSON_AddTrueToObject(j, "use_zarr3");
+	cJSON_AddTrueToObject(j, "store_array_data_equal_to_fill_value");
+	cJSON_AddNullToObject(j, "custom_metadata");
+	return j;
+}
+
+/* base64 (URL-safe alphabet, '=' padding) of s. */
+static char *b64url(const char *s)
+{
+	static const char al[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
+	size_t n = strlen(s);
+	char *o = malloc(4 * ((n + 2) / 3) + 1), *p = o;
+	const unsigned char *u = (const unsigned char *)s;
+	if (!o)
+		return NULL;
+	for (size_t i = 0; i < n; i += 3) {
+		uint32_t v = (uint32_t)u[i] << 16 | (i + 1 < n ? (uint32_t)u[i + 1] << 8 : 0) |
+			     (i + 2 < n ? u[i + 2] : 0);
+		*p++ = al[v >> 18 & 63];
+		*p++ = al[v >> 12 & 63];
+		*p++ = i + 1 < n ? al[v >> 6 & 63] : '=';
+		*p++ = i + 2 < n ? al[v & 63] : '=';
+	}
+	*p = 0;
+	return o;
+}
+
+static int finish_item(struct ckpt_step *st, struct witem *it, const char *final_path)
+{
+	char path[4096];
+	int rc = 0;
+	for (struct ckpt_warray *a = it->first; a && !rc; a = a->next)
+		rc = finish_array(st, a);
+	if (rc)
+		return rc;
+	snprintf(path, sizeof(path), "%s/_METADATA", it->name);
+	rc = write_json(st, path, metadata_json(it));
+	if (rc)
+		return rc;
+	cJSON *sh = NULL;
+	for (struct ckpt_warray *a = it->first; a; a = a->next) {
+		pthread_mutex_lock(&a->mu);
+		if (a->sharding) {
+			char *k = b64url(a->name);
+			if (!sh)
+				sh = cJSON_CreateObject();
+			if (k && sh)
+				cJSON_AddItemToObject(sh, k, cJSON_CreateString(a->sharding));
+			else
+				rc = -ENOMEM;
+			free(k);
+		}
+		pthread_mutex_unlock(&a->mu);
+	}
+	snprintf(path, sizeof(path), "%s/_sharding", it->name);
+	if (sh && !rc) {
+		rc = write_json(st, path, sh);
+		sh = NULL;
+	} else if (!rc && unlinkat(st->dirfd, path, 0) && errno != ENOENT) {
+		rc = -errno; /* a _sharding from an earlier attempt must not survive */
+	}
+	cJSON_Delete(sh);
+	if (rc)
+		return rc;
+	char msg[4200];
+	int m = snprintf(msg, sizeof(msg), "Checkpoint commit was successful to %s/%s", final_path, it->name);
+	snprintf(path, sizeof(path), "%s/commit_success.txt", it->name);
+	rc = write_file(st, path, msg, (size_t)m);
+	if (!rc)
+		rc = fsync_dir(st, it->name);
+	return rc;
+}
+
+int w_write_ckpt_metadata(struct ckpt_step *st, int64_t commit_ns)
+{
+	cJSON *j = cJSON_CreateObject();
+	if (!j)
+		return -ENOMEM;
+	if (commit_ns) {
+		cJSON *ih = cJSON_CreateObject();
+		for (struct witem *it = st->items; it; it = it->next)
+			cJSON_AddStringToObject(ih, it->name, PYTREE_HANDLER);
+		cJSON_AddItemToObject(j, "item_handlers", ih);
+	} else {
+		cJSON_AddNullToObject(j, "item_handlers");
+	}
+	cJSON_AddItemToObject(j, "metrics", cJSON_CreateObject());
+	cJSON_AddItemToObject(j, "performance_metrics", cJSON_CreateObject());
+	cJSON_AddItemToObject(j, "init_timestamp_nsecs", json_u64((uint64_t)st->init_ns));
+	if (commit_ns)
+		cJSON_AddItemToObject(j, "commit_timestamp_nsecs", json_u64((uint64_t)commit_ns));
+	else
+		cJSON_AddNullToObject(j, "commit_timestamp_nsecs");
+	cJSON_AddItemToObject(j, "custom_metadata", cJSON_CreateObject());
+	return write_json(st, "_CHECKPOINT_METADATA", j);
+}
+
+/* Log the arrays with holes; returns how many. */
+static uint64_t report_holes(struct ckpt_step *st)
+{
+	uint64_t bad = 0;
+	for (struct witem *it = st->items; it; it = it->next)
+		for (struct ckpt_warray *a = it->first; a; a = a->next) {
+			if (a->have_total == a->nbytes)
+				continue;
+			if (bad++ >= 20)
+				continue;
+			uint64_t first = 0;
+			while (first < a->nchunks && a->chunks[first].have == w_chunk_need(a, first))
+				first++;
+			char box[512] = "[]";
+			if (first < a->nchunks) {
+				ckpt_region r;
+				uint64_t cg[CKPT_MAX_RANK];
+				w_chunk_coords(a, first, cg);
+				r.rank = a->rank;
+				for (int d = 0; d < a->rank; d++) {
+					r.start[d] = cg[d] * a->inner[d];
+					r.stop[d] = r.start[d] + a->inner[d];
+					if (r.stop[d] > a->shape[d])
+						r.stop[d] = a->shape[d];
+				}
+				if (ckpt_slice_format(&r, box, sizeof(box)) < 0)
+					strcpy(box, "[...]");
+			}
+			ckpt_log(CKPT_LOG_ERR,
+				 "writer: commit of step %s: %s: %llu of %llu bytes never written (first hole in %s)",
+				 st->name, a->relpath, (unsigned long long)(a->nbytes - a->have_total),
+				 (unsigned long long)a->nbytes, box);
+		}
+	if (bad > 20)
+		ckpt_log(CKPT_LOG_ERR, "writer: commit of step %s: ... and %llu more incomplete arrays", st->name,
+			 (unsigned long long)(bad - 20));
+	return bad;
+}
+
+static int commit_inner(struct ckpt_step *st, const char *final_name)
+{
+	if (!w_name_ok(final_name)) {
+		ckpt_log(CKPT_LOG_ERR, "writer: step %s: bad final name '%s'", st->name,
+			 final_name ? final_name : "(null)");
+		return -EINVAL;
+	}
+	if (st->state != CKPT_STEP_PENDING) {
+		ckpt_log(CKPT_LOG_ERR, "writer: step %s: commit: step already %s", st->name,
+			 st->state == CKPT_STEP_COMMITTED ? "committed" : "aborted");
+		return -EROFS;
+	}
+	pthread_mutex_lock(&st->mu);
+	uint64_t pins = st->pins_total;
+	pthread_mutex_unlock(&st->mu);
+	if (pins) {
+		ckpt_log(CKPT_LOG_ERR, "writer: step %s: commit while writes are in progress", st->name);
+		return -EBUSY;
+	}
+	/* Chunks whose store failed get another try. */
+	for (struct witem *it = st->items; it; it = it->next)
+		for (struct ckpt_warray *a = it->first; a; a = a->next) {
+			pthread_mutex_lock(&a->mu);
+			for (uint64_t i = 0; i < a->nchunks; i++) {
+				struct wchunk *c = &a->chunks[i];
+				if (c->state != WC_ERROR)
+					continue;
+				c->state = WC_QUEUED;
+				pthread_mutex_lock(&st->mu);
+				st->inflight += a->live_cost;
+				w_queue_push_locked(st, c->live);
+				pthread_mutex_unlock(&st->mu);
+			}
+			a->err = 0;
+			pthread_mutex_unlock(&a->mu);
+		}
+	pthread_mutex_lock(&st->mu);
+	st->io_err = 0;
+	pthread_mutex_unlock(&st->mu);
+	w_zpool_drain(st);
+
+	int rc = 0;
+	for (struct witem *it = st->items; it && !rc; it = it->next)
+		for (struct ckpt_warray *a = it->first; a && !rc; a = a->next)
+			if (a->err) {
+				rc = a->err;
+				ckpt_log(CKPT_LOG_ERR, "writer: commit of step %s: %s: storing chunks failed: %s",
+					 st->name, a->relpath, strerror(-rc));
+			}
+	if (rc)
+		return rc;
+	if (report_holes(st))
+		return -ENODATA;
+
+	char final_path[4096];
+	snprintf(final_path, sizeof(final_path), "%s/%s", st->root, final_name);
+	struct stat sb;
+	if (fstatat(st->rootfd, final_name, &sb, AT_SYMLINK_NOFOLLOW) == 0) {
+		ckpt_log(CKPT_LOG_ERR, "writer: commit of step %s: %s already exists", st->name, final_path);
+		return -EEXIST;
+	}
+	for (struct witem *it = st->items; it && !rc; it = it->next)
+		rc = finish_item(st, it, final_path);
+	if (rc)
+		return rc;
+	rc = w_write_ckpt_metadata(st, w_now_ns());
+	if (rc)
+		return rc;
+	char msg[4200];
+	int m = snprintf(msg, sizeof(msg), "Checkpoint commit was successful to %s", final_path);
+	rc = write_file(st, "commit_success.txt", msg, (size_t)m);
+	if (!rc)
+		rc = fsync_dir(st, ".");
+	if (rc)
+		return rc;
+	if (renameat2(st->rootfd, st->tmpname, st->rootfd, final_name, RENAME_NOREPLACE)) {
+		rc = -errno;
+		if (errno == EINVAL || errno == ENOSYS) {
+			/* File system without RENAME_NOREPLACE: checked above, racy. */
+			if (fstatat(st->rootfd, final_name, &sb, AT_SYMLINK_NOFOLLOW) == 0)
+				rc = -EEXIST;
+			else
+				rc = renameat(st->rootfd, st->tmpname, st->rootfd, final_name) ? -errno : 0;
+		}
+		if (rc) {
+			ckpt_log(CKPT_LOG_ERR, "writer: commit of step %s: rename to %s: %s", st->name, final_path,
+				 strerror(-rc));
+			return rc;
+		}
+	}
+	if (fsync(st->rootfd)) {
+		rc = -errno;
+		ckpt_log(CKPT_LOG_ERR, "writer: commit of step %s: fsync of %s: %s (the step is renamed)",
+			 st->name, st->root, strerror(errno));
+	}
+	/* Renamed: the step is committed whatever fsync said. */
+	st->state = CKPT_STEP_COMMITTED;
+	w_zpool_stop(st);
+	return rc;
+}
+
+int w_commit(struct ckpt_step *st, const char *final_name)
+{
+	/* Declarations wait for the commit and then see its outcome. */
+	pthread_mutex_lock(&st->decl_mu);
+	int rc = commit_inner(st, final_name);
+	pthread_mutex_unlock(&st->decl_mu);
+	if (rc)
+		CKPT_STAT_ADD(commit_failures, 1);
+	if (st->state == CKPT_STEP_COMMITTED)
+		CKPT_STAT_ADD(commits, 1);
+	return rc;
+}
+
+int ckpt_step_commit(ckpt_step *st, const char *final_name)
+{
+	return w_commit(st, final_name);
+}

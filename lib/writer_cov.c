@@ -1,0 +1,93 @@
+/* writer_cov.c - distinct-byte coverage of a chunk buffer.
+ * Invariant: interval mode holds n sorted, disjoint, non-adjacent [a, b)
+ * intervals; bitmap mode has bit i set iff byte i was written. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "writer_int.h"
+
+static uint64_t bm_set(uint64_t *bm, uint64_t a, uint64_t b)
+{
+	uint64_t added = 0;
+	while (a < b) {
+		uint64_t w = a / 64, bit = a % 64;
+		uint64_t n = 64 - bit;
+		if (n > b - a)
+			n = b - a;
+		uint64_t mask = (n == 64 ? ~0ULL : ((1ULL << n) - 1)) << bit;
+		added += (uint64_t)__builtin_popcountll(mask & ~bm[w]);
+		bm[w] |= mask;
+		a += n;
+	}
+	return added;
+}
+
+int w_cov_to_bitmap(struct wcov *c, uint64_t nbytes)
+{
+	if (c->bm)
+		return 0;
+	uint64_t *bm = calloc((nbytes + 63) / 64, 8);
+	if (!bm)
+		return -ENOMEM;
+	for (uint32_t i = 0; i < c->n; i++)
+		bm_set(bm, c->iv[i][0], c->iv[i][1]);
+	c->bm = bm;
+	c->n = 0;
+	return 0;
+}
+
+int64_t w_cov_add(struct wcov *c, uint64_t nbytes, uint64_t a, uint64_t b)
+{
+	if (a >= b)
+		return 0;
+	if (c->bm)
+		return (int64_t)bm_set(c->bm, a, b);
+	uint32_t i = 0, j;
+	while (i < c->n && c->iv[i][1] < a)
+		i++;
+	j = i;
+	uint64_t before = 0, lo = a, hi = b;
+	while (j < c->n && c->iv[j][0] <= b) {
+		uint64_t oa = c->iv[j][0] > a ? c->iv[j][0] : a;
+		uint64_t ob = c->iv[j][1] < b ? c->iv[j][1] : b;
+		if (ob > oa)
+			before += ob - oa;
+		if (c->iv[j][0] < lo)
+			lo = c->iv[j][0];
+		if (c->iv[j][1] > hi)
+			hi = c->iv[j][1];
+		j++;
+	}
+	if (j == i) { /* insert at i */
+		if (c->n == W_COV_INLINE) {
+			int rc = w_cov_to_bitmap(c, nbytes);
+			if (rc)
+				return rc;
+			return (int64_t)bm_set(c->bm, a, b);
+		}
+		memmove(c->iv[i + 1], c->iv[i], (c->n - i) * sizeof(c->iv[0]));
+		c->n++;
+	} else if (j > i + 1) {
+		memmove(c->iv[i + 1], c->iv[j], (c->n - j) * sizeof(c->iv[0]));
+		c->n -= j - i - 1;
+	}
+	c->iv[i][0] = lo;
+	c->iv[i][1] = hi;
+	return (int64_t)(b - a - before);
+}
+
+void w_cov_fill(struct wcov *c, uint64_t nbytes)
+{
+	free(c->bm);
+	c->bm = NULL;
+	c->n = 1;
+	c->iv[0][0] = 0;
+	c->iv[0][1] = nbytes;
+}
+
+void w_cov_free(struct wcov *c)
+{
+	free(c->bm);
+	c->bm = NULL;
+	c->n = 0;
+}

@@ -1,0 +1,230 @@
+/*
+ * writer_int.h - internals shared by writer.c (steps, arrays, writes),
+ * writer_geom.c (chunking, pieces), writer_zpool.c (compression threads)
+ * and writer_commit.c (commit).  Not a public header: see writer.h.
+ */
+#ifndef CKPT_WRITER_INT_H
+#define CKPT_WRITER_INT_H
+
+#include <pthread.h>
+#include <stdint.h>
+
+#include "writer.h"
+
+#define W_TMP_SUFFIX ".orbax-checkpoint-tmp"
+#define W_MAX_CHUNKS ((uint64_t)1 << 26)
+#define W_COV_INLINE 32 /* intervals kept before switching to a bitmap */
+
+/* Chunk states.  Transitions happen under array->mu.  BUSY states
+ * (COMPRESSING, SPILLING, LOADING) belong to one thread doing I/O or
+ * compression; everybody else waits on array->cond. */
+enum wc_state {
+	WC_EMPTY = 0,   /* nothing written, no memory */
+	WC_LIVE,        /* buffer in memory, not complete (or complete and pinned) */
+	WC_QUEUED,      /* complete, waiting for a compression thread */
+	WC_COMPRESSING, /* a compression thread owns the buffer */
+	WC_STORED,      /* compressed bytes at (off, len) in the shard file */
+	WC_ERROR,       /* complete, storing failed; buffer kept, retried at commit */
+	WC_SPILLING,    /* partial, being written to the spill file */
+	WC_SPILLED,     /* partial, data+coverage in the spill file, no memory */
+	WC_LOADING,     /* being re-read from the spill file or the shard file */
+};
+
+/* Distinct byte coverage of one chunk buffer: a sorted list of disjoint,
+ * non-adjacent intervals while short, else a bitmap (1 bit per byte). */
+struct wcov {
+	uint32_t n;
+	uint64_t iv[W_COV_INLINE][2];
+	uint64_t *bm; /* non-NULL: bitmap mode, ceil(nbytes/64) words */
+};
+
+/* In-memory state of a chunk that has a buffer (LIVE, QUEUED,
+ * COMPRESSING, ERROR, SPILLING, LOADING). */
+struct wlive {
+	pthread_mutex_t mu; /* buf contents and cov */
+	uint8_t *buf;       /* chunk_nbytes, C order, zero where unwritten */
+	struct wcov cov;
+	struct ckpt_warray *arr;
+	uint64_t idx;                     /* linear chunk index */
+	struct wlive *qnext;              /* compression queue, under step->mu */
+	struct wlive *lru_prev, *lru_next; /* spill candidates, under step->mu */
+	uint8_t in_queue, in_lru;
+};
+
+struct wchunk {
+	uint8_t state;
+	uint32_t pins;      /* writers/readers using the buffer */
+	uint64_t have;      /* distinct in-bounds bytes written */
+	struct wlive *live; /* non-NULL iff the chunk holds memory */
+	uint64_t spill_off; /* slot in the spill file, UINT64_MAX = none */
+	uint64_t off, len;  /* STORED: extent in the shard file */
+};
+
+struct wshard {
+	pthread_mutex_t mu; /* end */
+	uint64_t end;       /* append offset (data bytes; the index goes here at commit) */
+	uint64_t unstored;  /* in-bounds chunks not STORED, under array->mu */
+	int dirs_made;      /* under array->mu */
+};
+
+struct witem {
+	char *name;
+	struct ckpt_warray *first, *last;
+	uint64_t narrays;
+	struct witem *next;
+};
+
+struct ckpt_warray {
+	struct ckpt_step *step;
+	struct witem *item;
+	char *name;    /* param name */
+	char *relpath; /* "<item>/<name>" below the tmp folder */
+	char **keys;
+	int *ktypes;
+	int depth;
+	ckpt_dtype dtype;
+	unsigned isz;
+	int rank;
+	uint64_t shape[CKPT_MAX_RANK];
+	uint64_t inner[CKPT_MAX_RANK]; /* inner chunk shape */
+	uint64_t shard[CKPT_MAX_RANK]; /* shard shape (multiple of inner) */
+	uint64_t nch[CKPT_MAX_RANK];   /* inner chunks per dim */
+	uint64_t mps[CKPT_MAX_RANK];   /* inner chunks per shard per dim */
+	uint64_t nsh[CKPT_MAX_RANK];   /* shards per dim */
+	uint64_t nchunks, nshards;
+	uint64_t chunk_nbytes;  /* raw bytes of one (padded) inner chunk */
+	uint64_t bm_bytes;      /* bytes of a coverage bitmap */
+	uint64_t live_cost;     /* budget charged per live chunk */
+	uint64_t nbytes;        /* logical bytes */
+	struct ckpt_warray *next; /* in item */
+
+	pthread_mutex_t mu;
+	pthread_cond_t cond;
+	struct wchunk *chunks;
+	struct wshard *shards;
+	char *sharding;
+	uint64_t have_total;   /* sum of chunks[].have */
+	uint64_t stored_bytes; /* compressed bytes appended (incl. dead copies) */
+	uint64_t nstored;
+	int err;               /* last background errno (0 none) */
+};
+
+struct ckpt_step {
+	char *root;      /* root folder */
+	char *name;      /* step_name */
+	char *tmpname;   /* "<name>.orbax-checkpoint-tmp" */
+	char *tmppath;   /* root/tmpname */
+	int rootfd, dirfd;
+	int64_t init_ns;
+	ckpt_writer_opts opts;
+
+	pthread_mutex_t decl_mu;
+	struct witem *items, *items_last;
+	struct whash *nodes; /* pytree nodes and param names, see writer.c */
+	uint64_t narrays, bytes_declared;
+
+	pthread_mutex_t mu; /* leaf lock for everything below */
+	pthread_cond_t memcond;   /* memory freed / a chunk became spillable */
+	pthread_cond_t qcond;     /* work queued or stop */
+	pthread_cond_t idlecond;  /* background work finished */
+	uint64_t mem_used;        /* charged live chunks + cached buffers */
+	uint64_t inflight;        /* bytes charged to QUEUED/COMPRESSING/SPILLING/LOADING chunks */
+	uint64_t npinned;         /* live chunks with pins > 0 */
+	uint64_t pins_total;      /* all pins (commit refuses while > 0) */
+	struct wlive *qhead, *qtail;
+	struct wlive *lru_head, *lru_tail; /* oldest first */
+	struct wbuf *cache;       /* free buffers kept warm */
+	uint64_t cached_bytes, ncached;
+	int spill_fd;
+	uint64_t spill_end;
+	uint64_t nspilled;
+	uint64_t spills;           /* spill operations so far */
+	uint64_t bytes_pending;
+	uint64_t stored_bytes;
+	int io_err;               /* sticky background error since the last commit attempt */
+	int stop;
+	int state;                /* enum ckpt_step_state */
+	int nthreads;
+	pthread_t *threads;
+};
+
+/* ---- writer_geom.c ---- */
+
+/* Choose inner chunk and shard shapes and fill the derived geometry of a
+ * (shape, rank, dtype set) array.  -EFBIG when too many chunks. */
+int w_geom_init(struct ckpt_warray *a, uint64_t chunk_bytes, uint64_t shard_bytes);
+
+/* One chunk's share of a stream range: either one span, or the
+ * intersection of a box of the stream with the chunk. */
+struct wpiece {
+	uint64_t chunk;                 /* linear chunk index */
+	uint64_t cg[CKPT_MAX_RANK];     /* chunk grid coordinates */
+	int single;
+	uint64_t s_coff, s_soff, s_n;   /* single: chunk byte off, data off, bytes */
+	/* box form */
+	uint64_t ist[CKPT_MAX_RANK], isp[CKPT_MAX_RANK]; /* box ∩ chunk (global) */
+	uint64_t bst[CKPT_MAX_RANK];    /* box start (global) */
+	uint64_t bstride[CKPT_MAX_RANK]; /* box element strides */
+	uint64_t base;                  /* data byte offset of the box's first element */
+};
+
+typedef int (*w_piece_fn)(void *ctx, const struct wpiece *p);
+typedef void (*w_span_fn)(void *ctx, uint64_t coff, uint64_t soff, uint64_t n);
+
+/* Validate region against a (NULL = whole array) and fill *out. */
+int w_region_check(const struct ckpt_warray *a, const ckpt_region *region, ckpt_region *out, uint64_t *nbytes);
+
+/* Split stream bytes [b0, b1) of region r into per-chunk pieces; calls fn
+ * for each (chunk by chunk, all spans of a piece in the same chunk); data
+ * offsets are relative to b0.  Stops at and returns fn's first non-zero. */
+int w_pieces(const struct ckpt_warray *a, const ckpt_region *r, uint64_t b0, uint64_t b1, w_piece_fn fn,
+	     void *ctx);
+
+/* Enumerate a piece's spans (adjacent spans coalesced). */
+void w_piece_spans(const struct ckpt_warray *a, const struct wpiece *p, w_span_fn fn, void *ctx);
+
+/* In-bounds bytes of chunk `idx`. */
+uint64_t w_chunk_need(const struct ckpt_warray *a, uint64_t idx);
+
+/* Grid coordinates of linear chunk idx; shard index of a chunk. */
+void w_chunk_coords(const struct ckpt_warray *a, uint64_t idx, uint64_t *cg);
+uint64_t w_chunk_shard(const struct ckpt_warray *a, uint64_t idx);
+
+/* Relative path "<item>/<name>/c/<i>/<j>" of shard sidx (into buf). */
+int w_shard_path(const struct ckpt_warray *a, uint64_t sidx, char *buf, size_t cap);
+
+/* ---- writer_cov.c ---- */
+/* Add [a, b) to the coverage; returns the number of bytes not covered
+ * before, or -ENOMEM (the bitmap could not be allocated; nothing added). */
+int64_t w_cov_add(struct wcov *c, uint64_t nbytes, uint64_t a, uint64_t b);
+void w_cov_fill(struct wcov *c, uint64_t nbytes); /* everything covered */
+void w_cov_free(struct wcov *c);
+/* Serialize as a bitmap of bm_bytes (for the spill slot) / restore. */
+int w_cov_to_bitmap(struct wcov *c, uint64_t nbytes);
+
+/* ---- writer_zpool.c ---- */
+int w_zpool_start(struct ckpt_step *st);
+void w_zpool_stop(struct ckpt_step *st);
+/* Wait until nothing is queued, compressing, spilling or loading. */
+void w_zpool_drain(struct ckpt_step *st);
+/* Under step->mu: append to the compression queue and signal. */
+void w_queue_push_locked(struct ckpt_step *st, struct wlive *l);
+
+/* ---- writer.c helpers used by the others ---- */
+void w_live_free(struct ckpt_step *st, struct wlive *l, int release_mem);
+void w_lru_remove_locked(struct ckpt_step *st, struct wlive *l);
+/* Write/read whole buffers at an offset; -errno. */
+int w_pwrite_all(int fd, const void *buf, size_t len, uint64_t off);
+int w_pread_all(int fd, void *buf, size_t len, uint64_t off);
+/* Open the shard file of chunk idx for appending (creating folders). */
+int w_shard_open(struct ckpt_warray *a, uint64_t sidx, int flags);
+/* Read and decode a STORED chunk into dst (chunk_nbytes); -EIO logged. */
+int w_stored_load(struct ckpt_warray *a, uint64_t idx, uint64_t off, uint64_t len, uint8_t *dst);
+int64_t w_now_ns(void);
+
+/* ---- writer_commit.c ---- */
+int w_commit(struct ckpt_step *st, const char *final_name);
+int w_write_ckpt_metadata(struct ckpt_step *st, int64_t commit_ns);
+int w_name_ok(const char *s);
+
+#endif

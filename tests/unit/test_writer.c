@@ -1,0 +1,1034 @@
+/* test_writer.c - the write path: declare arrays, write them in many ways
+ * (random-sized stream pieces, slices from threads, rewrites, tiny memory
+ * budget), commit, then decode the files independently (cJSON + shard
+ * index + CRC-32C + ZSTD_decompress) and compare with the source bytes.
+ *
+ *   test_writer            run the tests (and print throughput figures)
+ *   test_writer --emit DIR write a small checkpoint to DIR/root/1 plus the
+ *                          expected bytes under DIR/expected (for
+ *                          tests/py/test_zarr3_verify.py)
+ */
+#include <dirent.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cjson/cJSON.h>
+#include <zstd.h>
+
+#include "check.h"
+#include "crc32c.h"
+#include "stats.h"
+#include "writer.h"
+#include "zarr.h"
+
+/* ---- helpers ---- */
+
+static uint64_t rng_state = 0x9E3779B97F4A7C15ULL;
+static uint64_t rnd(void)
+{
+	uint64_t x = rng_state;
+	x ^= x << 13;
+	x ^= x >> 7;
+	x ^= x << 17;
+	return rng_state = x;
+}
+static uint64_t rnd_r(uint64_t *s)
+{
+	uint64_t x = *s;
+	x ^= x << 13;
+	x ^= x >> 7;
+	x ^= x << 17;
+	return *s = x;
+}
+
+static double now_s(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static char *read_whole(const char *path, size_t *len)
+{
+	FILE *f = fopen(path, "rb");
+	if (!f)
+		return NULL;
+	fseek(f, 0, SEEK_END);
+	long n = ftell(f);
+	fseek(f, 0, SEEK_SET);
+	char *b = malloc((size_t)n + 1);
+	if (b && fread(b, 1, (size_t)n, f) != (size_t)n) {
+		free(b);
+		b = NULL;
+	}
+	fclose(f);
+	if (b) {
+		b[n] = 0;
+		if (len)
+			*len = (size_t)n;
+	}
+	return b;
+}
+
+static int exists(const char *path)
+{
+	struct stat sb;
+	return stat(path, &sb) == 0;
+}
+
+static void rm_rf(const char *path)
+{
+	char cmd[4200];
+	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", path);
+	if (system(cmd) != 0)
+		fprintf(stderr, "rm -rf %s failed\n", path);
+}
+
+static char *make_root(const char *tag)
+{
+	char tmpl[256];
+	snprintf(tmpl, sizeof(tmpl), "/tmp/ckpt-writer-%s-XXXXXX", tag);
+	char *d = mkdtemp(tmpl);
+	return d ? strdup(d) : NULL;
+}
+
+/* Random contents for dt: bool 0/1, everything else random bits. */
+static void fill_random(uint8_t *p, size_t n, ckpt_dtype dt)
+{
+	for (size_t i = 0; i < n; i++)
+		p[i] = (uint8_t)rnd();
+	if (dt == CKPT_DT_BOOL)
+		for (size_t i = 0; i < n; i++)
+			p[i] &= 1;
+}
+
+static uint64_t prod(const uint64_t *s, int r)
+{
+	uint64_t n = 1;
+	for (int i = 0; i < r; i++)
+		n *= s[i];
+	return n;
+}
+
+/* ---- independent decoder of what was committed ---- */
+
+static int json_shape(const cJSON *a, uint64_t *out, int max)
+{
+	if (!cJSON_IsArray(a))
+		return -1;
+	int n = 0;
+	const cJSON *e;
+	cJSON_ArrayForEach(e, a)
+	{
+		if (n >= max || !cJSON_IsNumber(e))
+			return -1;
+		out[n++] = (uint64_t)e->valuedouble;
+	}
+	return n;
+}
+
+static const cJSON *jget(const cJSON *o, const char *k)
+{
+	return cJSON_GetObjectItemCaseSensitive(o, k);
+}
+
+/* Decode array `name` of the committed item folder and compare it with
+ * `expect` (C order).  Returns the number of problems found (each printed);
+ * callers CHECK that it is 0 (or, for corrupted files, that it is not). */
+#define VOK(c)                                                                                     \
+	do {                                                                                       \
+		if (!(c)) {                                                                        \
+			fprintf(stderr, "verify %s/%s: line %d: %s\n", itemdir, name, __LINE__, #c); \
+			bad++;                                                                     \
+		}                                                                                  \
+	} while (0)
+#define VEQ(a, b)                                                                                  \
+	do {                                                                                       \
+		long long va_ = (long long)(a), vb_ = (long long)(b);                              \
+		if (va_ != vb_) {                                                                  \
+			fprintf(stderr, "verify %s/%s: line %d: %s == %s (%lld != %lld)\n", itemdir, \
+				name, __LINE__, #a, #b, va_, vb_);                                 \
+			bad++;                                                                     \
+		}                                                                                  \
+	} while (0)
+static int verify_array(const char *itemdir, const char *name, ckpt_dtype dt, int rank, const uint64_t *shape,
+			const uint8_t *expect)
+{
+	char path[4096];
+	int bad = 0;
+	unsigned isz = ckpt_dtype_get(dt)->itemsize;
+	snprintf(path, sizeof(path), "%s/%s/zarr.json", itemdir, name);
+	size_t jl;
+	char *js = read_whole(path, &jl);
+	if (!js) {
+		fprintf(stderr, "verify: cannot read %s\n", path);
+		return 1;
+	}
+	/* The project's own reader must accept it too. */
+	ckpt_array_meta meta;
+	const char *why = NULL;
+	int prc = ckpt_zarr_parse(3, js, jl, &meta, &why);
+	VEQ(prc, 0);
+	if (prc)
+		fprintf(stderr, "zarr parse of %s: %s\n", path, why ? why : "?");
+	cJSON *j = cJSON_Parse(js);
+	free(js);
+	VOK(j != NULL);
+	if (!j)
+		return bad;
+	uint64_t shp[CKPT_MAX_RANK], shard[CKPT_MAX_RANK], inner[CKPT_MAX_RANK];
+	VEQ(jget(j, "zarr_format")->valuedouble, 3);
+	VOK(strcmp(jget(j, "node_type")->valuestring, "array") == 0);
+	VOK(strcmp(jget(j, "data_type")->valuestring, ckpt_dtype_get(dt)->name) == 0);
+	VEQ(json_shape(jget(j, "shape"), shp, CKPT_MAX_RANK), rank);
+	for (int d = 0; d < rank; d++)
+		VEQ(shp[d], shape[d]);
+	const cJSON *cg = jget(j, "chunk_grid");
+	VOK(strcmp(jget(cg, "name")->valuestring, "regular") == 0);
+	VEQ(json_shape(jget(jget(cg, "configuration"), "chunk_shape"), shard, CKPT_MAX_RANK), rank);
+	VOK(strcmp(jget(jget(j, "chunk_key_encoding"), "name")->valuestring, "default") == 0);
+	const cJSON *codecs = jget(j, "codecs");
+	VEQ(cJSON_GetArraySize(codecs), 1);
+	const cJSON *sh = cJSON_GetArrayItem(codecs, 0);
+	VOK(strcmp(jget(sh, "name")->valuestring, "sharding_indexed") == 0);
+	const cJSON *shc = jget(sh, "configuration");
+	VEQ(json_shape(jget(shc, "chunk_shape"), inner, CKPT_MAX_RANK), rank);
+	const cJSON *ic = jget(shc, "codecs");
+	VOK(strcmp(jget(cJSON_GetArrayItem(ic, 0), "name")->valuestring, "bytes") == 0);
+	const cJSON *zs = cJSON_GetArrayItem(ic, 1);
+	VOK(strcmp(jget(zs, "name")->valuestring, "zstd") == 0);
+	VOK(cJSON_IsTrue(jget(jget(zs, "configuration"), "checksum")));
+	const cJSON *ixc = jget(shc, "index_codecs");
+	VOK(strcmp(jget(cJSON_GetArrayItem(ixc, 1), "name")->valuestring, "crc32c") == 0);
+	VOK(strcmp(jget(shc, "index_location")->valuestring, "end") == 0);
+	cJSON_Delete(j);
+
+	uint64_t nsh[CKPT_MAX_RANK], mps[CKPT_MAX_RANK], nshards = 1, n_in = 1;
+	for (int d = 0; d < rank; d++) {
+		VOK(inner[d] >= 1 && shard[d] % inner[d] == 0);
+		if (!inner[d] || shard[d] % inner[d])
+			return bad;
+		mps[d] = shard[d] / inner[d];
+		nsh[d] = (shape[d] + shard[d] - 1) / shard[d];
+		nshards *= nsh[d];
+		n_in *= mps[d];
+	}
+	uint64_t chunk_elems = prod(inner, rank), cbytes = chunk_elems * isz;
+	uint8_t *dec = malloc(cbytes);
+	for (uint64_t s = 0; s < nshards; s++) {
+		uint64_t sg[CKPT_MAX_RANK], t = s;
+		for (int d = rank - 1; d >= 0; d--) {
+			sg[d] = t % nsh[d];
+			t /= nsh[d];
+		}
+		int k = snprintf(path, sizeof(path), "%s/%s/c", itemdir, name);
+		for (int d = 0; d < rank; d++)
+			k += snprintf(path + k, sizeof(path) - (size_t)k, "/%llu", (unsigned long long)sg[d]);
+		size_t flen = 0;
+		uint8_t *f = (uint8_t *)read_whole(path, &flen);
+		VOK(f != NULL);
+		if (!f)
+			continue;
+		uint64_t isize = 16 * n_in + 4;
+		VOK(flen >= isize);
+		if (flen < isize) {
+			free(f);
+			continue;
+		}
+		const uint8_t *ix = f + flen - isize;
+		VEQ(ckpt_crc32c(0, ix, 16 * n_in), ckpt_le32(ix + 16 * n_in));
+		uint64_t l[CKPT_MAX_RANK] = {0};
+		for (uint64_t e = 0; e < n_in; e++) {
+			uint64_t off = ckpt_le64(ix + 16 * e), len = ckpt_le64(ix + 16 * e + 8);
+			uint64_t g0[CKPT_MAX_RANK];
+			int out = 0;
+			for (int d = 0; d < rank; d++) {
+				g0[d] = (sg[d] * mps[d] + l[d]) * inner[d];
+				out |= g0[d] >= shape[d];
+			}
+			if (out) {
+				VOK(off == UINT64_MAX && len == UINT64_MAX);
+			} else if (off == UINT64_MAX || off + len > flen - isize) {
+				VOK(!"inner chunk missing or outside the data area");
+			} else {
+				size_t zn = ZSTD_decompress(dec, cbytes, f + off, len);
+				VOK(!ZSTD_isError(zn) && zn == cbytes);
+				if (ZSTD_isError(zn))
+					fprintf(stderr, "verify: %s: %s\n", path, ZSTD_getErrorName(zn));
+				/* Frame magic, and the Content_Checksum_flag of the descriptor. */
+				VOK(len > 5 && ckpt_le32(f + off) == 0xFD2FB528u && (f[off + 4] & 4));
+				VEQ(ZSTD_findFrameCompressedSize(f + off, len), len);
+				if (!ZSTD_isError(zn) && zn == cbytes) {
+					/* Compare every element of the chunk. */
+					uint64_t mism = 0;
+					for (uint64_t ce = 0; ce < chunk_elems; ce++) {
+						uint64_t rem = ce, gi = 0, stride = 1;
+						int oob = 0;
+						uint64_t idx[CKPT_MAX_RANK];
+						for (int d = rank - 1; d >= 0; d--) {
+							idx[d] = g0[d] + rem % inner[d];
+							rem /= inner[d];
+							oob |= idx[d] >= shape[d];
+						}
+						for (int d = rank - 1; d >= 0 && !oob; d--) {
+							gi += idx[d] * stride;
+							stride *= shape[d];
+						}
+						const uint8_t *got = dec + ce * isz;
+						if (oob) {
+							for (unsigned b = 0; b < isz; b++)
+								mism += got[b] != 0;
+						} else if (memcmp(got, expect + gi * isz, isz)) {
+							mism++;
+						}
+					}
+					VEQ(mism, 0);
+				}
+			}
+			for (int d = rank - 1; d >= 0 && ++l[d] == mps[d]; d--)
+				l[d] = 0;
+		}
+		free(f);
+	}
+	free(dec);
+	return bad;
+}
+
+/* ---- 1. every dtype, ranks 0..3, random-sized stream pieces, random order ---- */
+
+static const ckpt_dtype all_dtypes[] = {CKPT_DT_BOOL,    CKPT_DT_INT8,     CKPT_DT_UINT8,   CKPT_DT_INT16,
+					CKPT_DT_UINT16,  CKPT_DT_INT32,    CKPT_DT_UINT32,  CKPT_DT_INT64,
+					CKPT_DT_UINT64,  CKPT_DT_FLOAT16,  CKPT_DT_BFLOAT16, CKPT_DT_FLOAT32,
+					CKPT_DT_FLOAT64};
+#define NDT (sizeof(all_dtypes) / sizeof(all_dtypes[0]))
+
+struct tarr {
+	ckpt_warray *a;
+	ckpt_dtype dt;
+	int rank;
+	uint64_t shape[4];
+	uint8_t *src;
+	uint64_t nbytes;
+	char name[64];
+};
+
+/* Write src as the whole-array stream in random pieces of 1..maxp bytes,
+ * in a random order. */
+static int write_stream_shuffled(ckpt_warray *a, const uint8_t *src, uint64_t n, uint64_t maxp)
+{
+	uint64_t cnt = 0, cap = n / 1 + 1;
+	uint64_t(*pc)[2] = malloc(cap * sizeof(*pc));
+	for (uint64_t off = 0; off < n;) {
+		uint64_t len = 1 + rnd() % maxp;
+		if (len > n - off)
+			len = n - off;
+		pc[cnt][0] = off;
+		pc[cnt][1] = len;
+		cnt++;
+		off += len;
+	}
+	for (uint64_t i = cnt; i > 1; i--) {
+		uint64_t k = rnd() % i, t0 = pc[i - 1][0], t1 = pc[i - 1][1];
+		pc[i - 1][0] = pc[k][0];
+		pc[i - 1][1] = pc[k][1];
+		pc[k][0] = t0;
+		pc[k][1] = t1;
+	}
+	int rc = 0;
+	for (uint64_t i = 0; i < cnt && !rc; i++)
+		rc = ckpt_warray_write(a, NULL, pc[i][0], src + pc[i][0], pc[i][1]);
+	free(pc);
+	return rc;
+}
+
+static void test_all_dtypes(void)
+{
+	char *root = make_root("dtypes");
+	ckpt_writer_opts o;
+	ckpt_writer_opts_init(&o);
+	o.chunk_bytes = 512; /* many chunks and shards even for small arrays */
+	o.shard_bytes = 4096;
+	o.threads = 2;
+	ckpt_step *st;
+	CHECK_EQ_INT(ckpt_step_begin(root, "10", &o, &st), 0);
+	static const uint64_t shapes[4][3] = {{0}, {301}, {37, 29}, {5, 13, 11}};
+	struct tarr arrs[NDT * 4];
+	int na = 0;
+	for (size_t t = 0; t < NDT; t++)
+		for (int r = 0; r <= 3; r++) {
+			struct tarr *x = &arrs[na++];
+			x->dt = all_dtypes[t];
+			x->rank = r;
+			memcpy(x->shape, shapes[r], sizeof(shapes[r]));
+			snprintf(x->name, sizeof(x->name), "%s_r%d", ckpt_dtype_get(x->dt)->name, r);
+			const char *keys[2] = {"arrays", x->name};
+			int kt[2] = {2, 2};
+			CHECK_EQ_INT(ckpt_step_add_array(st, "state", keys, kt, 2, x->dt, r, x->shape, &x->a), 0);
+			x->nbytes = prod(x->shape, r) * ckpt_dtype_get(x->dt)->itemsize;
+			x->src = malloc(x->nbytes);
+			fill_random(x->src, x->nbytes, x->dt);
+			CHECK_EQ_INT(write_stream_shuffled(x->a, x->src, x->nbytes, 97), 0);
+			ckpt_warray_info info;
+			ckpt_warray_get_info(x->a, &info);
+			CHECK_EQ_INT(info.bytes_written, x->nbytes);
+		}
+	/* Read back a pending array (mix of stored and buffered chunks). */
+	{
+		struct tarr *x = &arrs[4 * 11 + 2]; /* float32 rank 2 */
+		uint8_t *back = malloc(x->nbytes);
+		CHECK_EQ_INT(ckpt_warray_read(x->a, NULL, 0, back, x->nbytes), (long long)x->nbytes);
+		CHECK(memcmp(back, x->src, x->nbytes) == 0);
+		free(back);
+	}
+	CHECK_EQ_INT(ckpt_step_commit(st, "10"), 0);
+	char item[4200];
+	snprintf(item, sizeof(item), "%s/10/state", root);
+	for (int i = 0; i < na; i++) {
+		char nm[128];
+		snprintf(nm, sizeof(nm), "arrays.%s", arrs[i].name);
+		CHECK_EQ_INT(verify_array(item, nm, arrs[i].dt, arrs[i].rank, arrs[i].shape, arrs[i].src), 0);
+		free(arrs[i].src);
+	}
+	/* Pending reads keep working after commit (from the shard files). */
+	{
+		uint8_t b[8];
+		CHECK_EQ_INT(ckpt_warray_read(arrs[0].a, NULL, 0, b, 1), 1);
+		CHECK_EQ_INT(ckpt_warray_write(arrs[0].a, NULL, 0, b, 1), -EROFS);
+	}
+	ckpt_step_destroy(st);
+	rm_rf(root);
+	free(root);
+}
+
+/* ---- 2. column slices from 8 threads (optionally with a tiny budget) ---- */
+
+struct slice_job {
+	ckpt_warray *a;
+	ckpt_region r;
+	const uint8_t *full;
+	uint64_t cols, isz;
+	uint64_t seed;
+	int rc;
+	int overlap;
+};
+
+static void *slice_thread(void *arg)
+{
+	struct slice_job *j = arg;
+	uint64_t rows = j->r.stop[0] - j->r.start[0], w = j->r.stop[1] - j->r.start[1];
+	uint64_t n = rows * w * j->isz;
+	uint8_t *stream = malloc(n);
+	for (uint64_t i = 0; i < rows; i++)
+		memcpy(stream + i * w * j->isz, j->full + ((j->r.start[0] + i) * j->cols + j->r.start[1]) * j->isz,
+		       w * j->isz);
+	uint64_t off = 0;
+	while (off < n && !j->rc) {
+		uint64_t len = 1 + rnd_r(&j->seed) % 4099;
+		if (len > n - off)
+			len = n - off;
+		j->rc = ckpt_warray_write(j->a, &j->r, off, stream + off, len);
+		/* Rewrite a random earlier range (same bytes): distinct counting. */
+		if (j->overlap && off > 0 && rnd_r(&j->seed) % 4 == 0) {
+			uint64_t b = rnd_r(&j->seed) % off, e = b + 1 + rnd_r(&j->seed) % 1000;
+			if (e > off)
+				e = off;
+			if (!j->rc)
+				j->rc = ckpt_warray_write(j->a, &j->r, b, stream + b, e - b);
+		}
+		off += len;
+	}
+	free(stream);
+	return NULL;
+}
+
+static void run_slices(const char *tag, uint64_t budget, uint64_t chunk_bytes, int overlap)
+{
+	char *root = make_root(tag);
+	ckpt_writer_opts o;
+	ckpt_writer_opts_init(&o);
+	o.mem_budget = budget;
+	o.chunk_bytes = chunk_bytes;
+	o.shard_bytes = chunk_bytes * 16;
+	ckpt_step *st;
+	CHECK_EQ_INT(ckpt_step_begin(root, "20", &o, &st), 0);
+	uint64_t shape[2] = {256, 8 * 60};
+	const char *keys[3] = {"params", "0", "w"};
+	int kt[3] = {2, 1, 2};
+	ckpt_warray *a;
+	CHECK_EQ_INT(ckpt_step_add_array(st, "params", keys, kt, 3, CKPT_DT_FLOAT32, 2, shape, &a), 0);
+	uint64_t n = shape[0] * shape[1] * 4;
+	uint8_t *full = malloc(n);
+	fill_random(full, n, CKPT_DT_FLOAT32);
+	pthread_t th[8];
+	struct slice_job jobs[8];
+	for (int t = 0; t < 8; t++) {
+		struct slice_job *j = &jobs[t];
+		memset(j, 0, sizeof(*j));
+		j->a = a;
+		j->r.rank = 2;
+		j->r.start[0] = 0;
+		j->r.stop[0] = shape[0];
+		j->r.start[1] = (uint64_t)t * 60;
+		j->r.stop[1] = (uint64_t)(t + 1) * 60;
+		j->full = full;
+		j->cols = shape[1];
+		j->isz = 4;
+		j->seed = 1234567 + (uint64_t)t * 7919;
+		j->overlap = overlap;
+		pthread_create(&th[t], NULL, slice_thread, j);
+	}
+	for (int t = 0; t < 8; t++) {
+		pthread_join(th[t], NULL);
+		CHECK_EQ_INT(jobs[t].rc, 0);
+	}
+	ckpt_step_info si;
+	ckpt_step_get_info(st, &si);
+	CHECK_EQ_INT(si.bytes_written, n);
+	if (budget < (1u << 20)) {
+		printf("%s: budget %llu B, %llu partial-chunk spills, mem_used now %llu\n", tag,
+		       (unsigned long long)budget, (unsigned long long)si.spills, (unsigned long long)si.mem_used);
+		CHECK(si.spills > 0);
+	}
+	uint8_t *back = malloc(n);
+	CHECK_EQ_INT(ckpt_warray_read(a, NULL, 0, back, n), (long long)n);
+	CHECK(memcmp(back, full, n) == 0);
+	free(back);
+	CHECK_EQ_INT(ckpt_step_commit(st, "20"), 0);
+	char item[4200];
+	snprintf(item, sizeof(item), "%s/20/params", root);
+	CHECK_EQ_INT(verify_array(item, "params.0.w", CKPT_DT_FLOAT32, 2, shape, full), 0);
+	ckpt_step_destroy(st);
+	free(full);
+	rm_rf(root);
+	free(root);
+}
+
+/* ---- 3. rewrites of compressed chunks, holes, retry ---- */
+
+static void test_rewrite_holes(void)
+{
+	char *root = make_root("holes");
+	ckpt_writer_opts o;
+	ckpt_writer_opts_init(&o);
+	o.chunk_bytes = 1024;
+	o.shard_bytes = 8192;
+	ckpt_step *st;
+	CHECK_EQ_INT(ckpt_step_begin(root, "30", &o, &st), 0);
+	uint64_t shape[2] = {64, 40};
+	const char *k1[2] = {"opt", "mu"};
+	const char *k2[2] = {"opt", "nu"};
+	int kt[2] = {2, 2};
+	ckpt_warray *a, *b;
+	CHECK_EQ_INT(ckpt_step_add_array(st, "state", k1, kt, 2, CKPT_DT_BFLOAT16, 2, shape, &a), 0);
+	CHECK_EQ_INT(ckpt_step_add_array(st, "state", k2, kt, 2, CKPT_DT_INT16, 2, shape, &b), 0);
+	uint64_t n = 64 * 40 * 2;
+	uint8_t *va = malloc(n), *vb = malloc(n), *junk = malloc(n);
+	fill_random(va, n, CKPT_DT_BFLOAT16);
+	fill_random(vb, n, CKPT_DT_INT16);
+	fill_random(junk, n, CKPT_DT_INT16);
+	/* a: junk first, complete (chunks get compressed), then the real bytes. */
+	CHECK_EQ_INT(ckpt_warray_write(a, NULL, 0, junk, n), 0);
+	CHECK_EQ_INT(ckpt_warray_write(a, NULL, 0, va, n), 0);
+	/* b: everything but bytes [1000, 1003) and the last byte. */
+	CHECK_EQ_INT(ckpt_warray_write(b, NULL, 0, vb, 1000), 0);
+	CHECK_EQ_INT(ckpt_warray_write(b, NULL, 1003, vb + 1003, n - 1004), 0);
+	/* Reads of holes give zeros. */
+	uint8_t r8[8];
+	CHECK_EQ_INT(ckpt_warray_read(b, NULL, 998, r8, 8), 8);
+	CHECK(r8[0] == vb[998] && r8[1] == vb[999] && r8[2] == 0 && r8[4] == 0 && r8[5] == vb[1003]);
+	ckpt_warray_info ia;
+	ckpt_warray_get_info(a, &ia);
+	CHECK_EQ_INT(ia.bytes_written, n);
+	uint64_t commits0 = atomic_load(&ckpt_g_stats.commit_failures);
+	CHECK_EQ_INT(ckpt_step_commit(st, "30"), -ENODATA);
+	CHECK_EQ_INT(atomic_load(&ckpt_g_stats.commit_failures), commits0 + 1);
+	char p[4200];
+	snprintf(p, sizeof(p), "%s/30", root);
+	CHECK(!exists(p));
+	snprintf(p, sizeof(p), "%s/30.orbax-checkpoint-tmp", root);
+	CHECK(exists(p));
+	/* Fill the holes, one of them with a write splitting an element. */
+	CHECK_EQ_INT(ckpt_warray_write(b, NULL, 1001, vb + 1001, 2), 0);
+	CHECK_EQ_INT(ckpt_warray_write(b, NULL, 1000, vb + 1000, 1), 0);
+	CHECK_EQ_INT(ckpt_warray_write(b, NULL, n - 1, vb + n - 1, 1), 0);
+	/* Write past the end / bad region. */
+	CHECK_EQ_INT(ckpt_warray_write(b, NULL, n - 1, vb, 2), -EFBIG);
+	ckpt_region bad = {.rank = 2, .start = {0, 0}, .stop = {65, 40}};
+	CHECK_EQ_INT(ckpt_warray_write(b, &bad, 0, vb, 2), -EINVAL);
+	bad.rank = 1;
+	CHECK_EQ_INT(ckpt_warray_write(b, &bad, 0, vb, 2), -EINVAL);
+	CHECK_EQ_INT(ckpt_step_commit(st, "30"), 0);
+	snprintf(p, sizeof(p), "%s/30/state", root);
+	CHECK_EQ_INT(verify_array(p, "opt.mu", CKPT_DT_BFLOAT16, 2, shape, va), 0);
+	CHECK_EQ_INT(verify_array(p, "opt.nu", CKPT_DT_INT16, 2, shape, vb), 0);
+	snprintf(p, sizeof(p), "%s/30.orbax-checkpoint-tmp", root);
+	CHECK(!exists(p));
+	ckpt_step_destroy(st);
+	free(va);
+	free(vb);
+	free(junk);
+	rm_rf(root);
+	free(root);
+}
+
+/* ---- 4. declarations, names, EEXIST, EBUSY, abort, metadata files ---- */
+
+static void test_decls_and_metadata(void)
+{
+	char *root = make_root("decl");
+	ckpt_step *st, *st2;
+	CHECK_EQ_INT(ckpt_step_begin(root, "40", NULL, &st), 0);
+	CHECK_EQ_INT(ckpt_step_begin(root, "40", NULL, &st2), -EBUSY);
+	uint64_t s1[2] = {3, 4}, s2[2] = {4, 3};
+	const char *k[3] = {"params", "dense", "kernel"};
+	int kt[3] = {2, 2, 2};
+	ckpt_warray *a, *a2, *x;
+	CHECK_EQ_INT(ckpt_step_add_array(st, "state", k, kt, 3, CKPT_DT_FLOAT32, 2, s1, &a), 0);
+	CHECK_EQ_INT(ckpt_step_add_array(st, "state", k, kt, 3, CKPT_DT_FLOAT32, 2, s1, &a2), 0);
+	CHECK(a == a2);
+	CHECK_EQ_INT(ckpt_step_add_array(st, "state", k, kt, 3, CKPT_DT_FLOAT32, 2, s2, &x), -EINVAL);
+	CHECK_EQ_INT(ckpt_step_add_array(st, "state", k, kt, 3, CKPT_DT_INT32, 2, s1, &x), -EINVAL);
+	CHECK_EQ_INT(ckpt_step_add_array(st, "state", k, kt, 2, CKPT_DT_INT32, 2, s1, &x), -EINVAL); /* prefix */
+	const char *kd[4] = {"params", "dense", "kernel", "x"};
+	int ktd[4] = {2, 2, 2, 2};
+	CHECK_EQ_INT(ckpt_step_add_array(st, "state", kd, ktd, 4, CKPT_DT_INT32, 0, NULL, &x), -EINVAL);
+	const char *kdot[1] = {"params.dense.kernel"};
+	CHECK_EQ_INT(ckpt_step_add_array(st, "state", kdot, kt, 1, CKPT_DT_INT32, 0, NULL, &x), -EINVAL);
+	const char *kseq[2] = {"params", "0"};
+	int ktseq[2] = {2, 1};
+	CHECK_EQ_INT(ckpt_step_add_array(st, "state", kseq, ktseq, 2, CKPT_DT_INT32, 0, NULL, &x), -EINVAL);
+	const char *kslash[1] = {"a/b"};
+	CHECK_EQ_INT(ckpt_step_add_array(st, "state", kslash, kt, 1, CKPT_DT_INT32, 0, NULL, &x), -EINVAL);
+	const char *kres[1] = {"_METADATA"};
+	CHECK_EQ_INT(ckpt_step_add_array(st, "state", kres, kt, 1, CKPT_DT_INT32, 0, NULL, &x), -EINVAL);
+	const char *kbadseq[2] = {"layers", "01"};
+	CHECK_EQ_INT(ckpt_step_add_array(st, "state", kbadseq, ktseq, 2, CKPT_DT_INT32, 0, NULL, &x), -EINVAL);
+	CHECK_EQ_INT(ckpt_step_add_array(st, "../x", k, kt, 3, CKPT_DT_INT32, 0, NULL, &x), -EINVAL);
+	/* A list node, a quote in a key, a scalar, a sharding string. */
+	const char *kl0[3] = {"layers", "10", "b"}, *kl1[3] = {"layers", "2", "b"};
+	int ktl[3] = {2, 1, 2};
+	ckpt_warray *l0, *l1, *q, *sc;
+	uint64_t s3[1] = {5};
+	CHECK_EQ_INT(ckpt_step_add_array(st, "state", kl0, ktl, 3, CKPT_DT_UINT8, 1, s3, &l0), 0);
+	CHECK_EQ_INT(ckpt_step_add_array(st, "state", kl1, ktl, 3, CKPT_DT_UINT8, 1, s3, &l1), 0);
+	const char *kq[1] = {"it's"};
+	CHECK_EQ_INT(ckpt_step_add_array(st, "state", kq, kt, 1, CKPT_DT_UINT8, 1, s3, &q), 0);
+	const char *ks[1] = {"step"};
+	CHECK_EQ_INT(ckpt_step_add_array(st, "state", ks, kt, 1, CKPT_DT_INT64, 0, NULL, &sc), 0);
+	CHECK_EQ_INT(ckpt_warray_set_sharding(a, "{\"sharding_type\": \"SingleDeviceSharding\", \"device_str\": "
+						 "\"cpu:0\"}"),
+		     0);
+	CHECK_EQ_INT(ckpt_warray_set_sharding(a, "{not json"), -EINVAL);
+	CHECK_EQ_INT(ckpt_step_add_item(st, "empty"), 0);
+	CHECK(ckpt_step_find_array(st, "state", k, 3) == a);
+	CHECK(ckpt_step_find_array(st, "state", k, 2) == NULL);
+	float fv[12];
+	for (int i = 0; i < 12; i++)
+		fv[i] = (float)i;
+	uint8_t u5[5] = {1, 2, 3, 4, 5};
+	int64_t stepv = 1234567890123LL;
+	CHECK_EQ_INT(ckpt_warray_write(a, NULL, 0, fv, sizeof(fv)), 0);
+	CHECK_EQ_INT(ckpt_warray_write(l0, NULL, 0, u5, 5), 0);
+	CHECK_EQ_INT(ckpt_warray_write(l1, NULL, 0, u5, 5), 0);
+	CHECK_EQ_INT(ckpt_warray_write(q, NULL, 0, u5, 5), 0);
+	CHECK_EQ_INT(ckpt_warray_write(sc, NULL, 3, (uint8_t *)&stepv + 3, 5), 0);
+	CHECK_EQ_INT(ckpt_warray_write(sc, NULL, 0, &stepv, 3), 0);
+	ckpt_step_info si;
+	ckpt_step_get_info(st, &si);
+	CHECK_EQ_INT(si.arrays, 5);
+	CHECK_EQ_INT(si.bytes_written, si.bytes_declared);
+
+	/* A committed step "41" exists: commit into it fails, step stays pending. */
+	char p[4200];
+	snprintf(p, sizeof(p), "%s/41", root);
+	CHECK_EQ_INT(mkdir(p, 0755), 0);
+	CHECK_EQ_INT(ckpt_step_commit(st, "41"), -EEXIST);
+	CHECK_EQ_INT(ckpt_step_commit(st, "../x"), -EINVAL);
+	CHECK_EQ_INT(ckpt_step_commit(st, "40"), 0);
+	CHECK_EQ_INT(ckpt_step_add_item(st, "late"), -EROFS);
+	CHECK_EQ_INT(ckpt_step_commit(st, "42"), -EROFS);
+	ckpt_step_destroy(st);
+	CHECK_EQ_INT(ckpt_step_begin(root, "40", NULL, &st2), -EEXIST);
+
+	/* _CHECKPOINT_METADATA and commit_success.txt. */
+	snprintf(p, sizeof(p), "%s/40/_CHECKPOINT_METADATA", root);
+	char *s = read_whole(p, NULL);
+	cJSON *j = s ? cJSON_Parse(s) : NULL;
+	CHECK(j != NULL);
+	if (j) {
+		const cJSON *ih = jget(j, "item_handlers");
+		CHECK(cJSON_IsObject(ih));
+		CHECK(cJSON_IsString(jget(ih, "state")) &&
+		      strstr(jget(ih, "state")->valuestring, "PyTreeCheckpointHandler") != NULL);
+		CHECK(cJSON_IsString(jget(ih, "empty")));
+		CHECK(cJSON_IsObject(jget(j, "metrics")) && cJSON_IsObject(jget(j, "custom_metadata")));
+		CHECK(strstr(s, "\"commit_timestamp_nsecs\":1") != NULL ||
+		      strstr(s, "\"commit_timestamp_nsecs\":2") != NULL); /* an exact integer, not 1.7e18 */
+	}
+	cJSON_Delete(j);
+	free(s);
+	snprintf(p, sizeof(p), "%s/40/commit_success.txt", root);
+	s = read_whole(p, NULL);
+	char want[4200];
+	snprintf(want, sizeof(want), "Checkpoint commit was successful to %s/40", root);
+	CHECK(s && strcmp(s, want) == 0);
+	free(s);
+	snprintf(p, sizeof(p), "%s/40/state/commit_success.txt", root);
+	CHECK(exists(p));
+	/* _METADATA: flatten order, repr keys, key types, write_shape. */
+	snprintf(p, sizeof(p), "%s/40/state/_METADATA", root);
+	s = read_whole(p, NULL);
+	j = s ? cJSON_Parse(s) : NULL;
+	CHECK(j != NULL);
+	if (j) {
+		const cJSON *tm = jget(j, "tree_metadata");
+		const char *expect_keys[] = {"(\"it's\",)", "('layers', '2', 'b')", "('layers', '10', 'b')",
+					     "('params', 'dense', 'kernel')", "('step',)"};
+		int i = 0;
+		const cJSON *e;
+		cJSON_ArrayForEach(e, tm)
+		{
+			CHECK(i < 5 && strcmp(e->string, expect_keys[i]) == 0);
+			i++;
+		}
+		CHECK_EQ_INT(i, 5);
+		const cJSON *l = jget(tm, "('layers', '10', 'b')");
+		CHECK_EQ_INT(jget(cJSON_GetArrayItem(jget(l, "key_metadata"), 1), "key_type")->valuedouble, 1);
+		const cJSON *vm = jget(l, "value_metadata");
+		CHECK(strcmp(jget(vm, "value_type")->valuestring, "jax.Array") == 0);
+		CHECK(cJSON_IsFalse(jget(vm, "skip_deserialize")));
+		CHECK_EQ_INT(cJSON_GetArrayItem(jget(vm, "write_shape"), 0)->valuedouble, 5);
+		CHECK(cJSON_IsFalse(jget(j, "use_ocdbt")) && cJSON_IsTrue(jget(j, "use_zarr3")));
+		CHECK(cJSON_IsTrue(jget(j, "store_array_data_equal_to_fill_value")));
+		CHECK(cJSON_IsNull(jget(j, "custom_metadata")));
+	}
+	cJSON_Delete(j);
+	free(s);
+	/* _sharding: base64url(param name) -> the JSON as a string. */
+	snprintf(p, sizeof(p), "%s/40/state/_sharding", root);
+	s = read_whole(p, NULL);
+	j = s ? cJSON_Parse(s) : NULL;
+	CHECK(j && cJSON_IsString(jget(j, "cGFyYW1zLmRlbnNlLmtlcm5lbA==")));
+	cJSON_Delete(j);
+	free(s);
+	snprintf(p, sizeof(p), "%s/40/empty/_METADATA", root);
+	CHECK(exists(p));
+	snprintf(p, sizeof(p), "%s/40/state", root);
+	CHECK_EQ_INT(verify_array(p, "params.dense.kernel", CKPT_DT_FLOAT32, 2, s1, (uint8_t *)fv), 0);
+	CHECK_EQ_INT(verify_array(p, "layers.10.b", CKPT_DT_UINT8, 1, s3, u5), 0);
+	CHECK_EQ_INT(verify_array(p, "step", CKPT_DT_INT64, 0, NULL, (uint8_t *)&stepv), 0);
+	snprintf(p, sizeof(p), "%s/40/state/step/c", root);
+	CHECK(exists(p)); /* rank 0: the shard key is "c" */
+	/* The checker can fail: wrong expected values, a corrupted index CRC,
+	 * a corrupted zstd frame. */
+	fprintf(stderr, "(expected verify failures follow)\n");
+	snprintf(p, sizeof(p), "%s/40/state", root);
+	CHECK(verify_array(p, "layers.10.b", CKPT_DT_UINT8, 1, s3, (const uint8_t *)"\1\2\3\4\6") > 0);
+	snprintf(p, sizeof(p), "%s/40/state/params.dense.kernel/c/0/0", root);
+	size_t flen = 0;
+	char *fb = read_whole(p, &flen);
+	CHECK(fb != NULL && flen > 20);
+	if (fb) {
+		for (int which = 0; which < 2; which++) {
+			size_t at = which == 0 ? flen - 1 : 10; /* CRC byte / inside the frame */
+			fb[at] ^= 0x5a;
+			FILE *f = fopen(p, "wb");
+			CHECK(f && fwrite(fb, 1, flen, f) == flen);
+			fclose(f);
+			char item40[4200];
+			snprintf(item40, sizeof(item40), "%s/40/state", root);
+			CHECK(verify_array(item40, "params.dense.kernel", CKPT_DT_FLOAT32, 2, s1, (uint8_t *)fv) > 0);
+			fb[at] ^= 0x5a;
+		}
+		FILE *f = fopen(p, "wb");
+		CHECK(f && fwrite(fb, 1, flen, f) == flen);
+		fclose(f);
+		free(fb);
+	}
+	fprintf(stderr, "(end of expected verify failures)\n");
+	snprintf(p, sizeof(p), "%s/40/state", root);
+	CHECK_EQ_INT(verify_array(p, "params.dense.kernel", CKPT_DT_FLOAT32, 2, s1, (uint8_t *)fv), 0);
+
+	/* Abort removes the tmp folder. */
+	CHECK_EQ_INT(ckpt_step_begin(root, "43", NULL, &st), 0);
+	CHECK_EQ_INT(ckpt_step_add_array(st, "state", k, kt, 3, CKPT_DT_FLOAT32, 2, s1, &a), 0);
+	CHECK_EQ_INT(ckpt_warray_write(a, NULL, 0, fv, 7), 0);
+	ckpt_step_abort(st);
+	CHECK_EQ_INT(ckpt_warray_write(a, NULL, 0, fv, 7), -EROFS);
+	ckpt_step_destroy(st);
+	snprintf(p, sizeof(p), "%s/43.orbax-checkpoint-tmp", root);
+	CHECK(!exists(p));
+	rm_rf(root);
+	free(root);
+}
+
+/* ---- 5. SIGKILL mid-save leaves only a tmp folder ---- */
+
+static void test_kill(void)
+{
+	char *root = make_root("kill");
+	/* An earlier committed step. */
+	ckpt_step *st;
+	uint64_t shape[1] = {1000};
+	const char *k[1] = {"x"};
+	int kt[1] = {2};
+	ckpt_warray *a;
+	uint8_t *v = malloc(4000);
+	fill_random(v, 4000, CKPT_DT_FLOAT32);
+	CHECK_EQ_INT(ckpt_step_begin(root, "1", NULL, &st), 0);
+	CHECK_EQ_INT(ckpt_step_add_array(st, "state", k, kt, 1, CKPT_DT_FLOAT32, 1, shape, &a), 0);
+	CHECK_EQ_INT(ckpt_warray_write(a, NULL, 0, v, 4000), 0);
+	CHECK_EQ_INT(ckpt_step_commit(st, "1"), 0);
+	ckpt_step_destroy(st);
+
+	int pfd[2];
+	CHECK_EQ_INT(pipe(pfd), 0);
+	pid_t pid = fork();
+	if (pid == 0) {
+		close(pfd[0]);
+		ckpt_writer_opts o;
+		ckpt_writer_opts_init(&o);
+		o.chunk_bytes = 65536;
+		ckpt_step *cs;
+		ckpt_warray *ca;
+		uint64_t big[2] = {4096, 4096};
+		if (ckpt_step_begin(root, "2", &o, &cs) ||
+		    ckpt_step_add_array(cs, "state", k, kt, 1, CKPT_DT_FLOAT32, 2, big, &ca))
+			_exit(3);
+		uint8_t *buf = calloc(1, 1 << 20);
+		for (uint64_t off = 0; off < 64ULL << 20; off += 1 << 20) {
+			if (ckpt_warray_write(ca, NULL, off, buf, 1 << 20))
+				_exit(4);
+			if (off == 8 << 20 && write(pfd[1], "g", 1) != 1)
+				_exit(5);
+			usleep(20000);
+		}
+		ckpt_step_commit(cs, "2");
+		_exit(0);
+	}
+	close(pfd[1]);
+	char c = 0;
+	CHECK_EQ_INT(read(pfd[0], &c, 1), 1);
+	close(pfd[0]);
+	kill(pid, SIGKILL);
+	int status = 0;
+	waitpid(pid, &status, 0);
+	CHECK(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL);
+	char p[4200];
+	snprintf(p, sizeof(p), "%s/2", root);
+	CHECK(!exists(p));
+	snprintf(p, sizeof(p), "%s/2.orbax-checkpoint-tmp", root);
+	CHECK(exists(p));
+	snprintf(p, sizeof(p), "%s/1/state", root);
+	CHECK_EQ_INT(verify_array(p, "x", CKPT_DT_FLOAT32, 1, shape, v), 0);
+	/* Nothing but "1" and the tmp folder in the root. */
+	DIR *d = opendir(root);
+	int entries = 0;
+	struct dirent *de;
+	while (d && (de = readdir(d)))
+		if (de->d_name[0] != '.' || strlen(de->d_name) > 2)
+			entries++;
+	if (d)
+		closedir(d);
+	CHECK_EQ_INT(entries, 2);
+	/* The stale tmp folder is not a step: a new begin replaces it. */
+	CHECK_EQ_INT(ckpt_step_begin(root, "2", NULL, &st), 0);
+	CHECK_EQ_INT(ckpt_step_add_array(st, "state", k, kt, 1, CKPT_DT_FLOAT32, 1, shape, &a), 0);
+	CHECK_EQ_INT(ckpt_warray_write(a, NULL, 0, v, 4000), 0);
+	CHECK_EQ_INT(ckpt_step_commit(st, "2"), 0);
+	ckpt_step_destroy(st);
+	snprintf(p, sizeof(p), "%s/2/state", root);
+	CHECK_EQ_INT(verify_array(p, "x", CKPT_DT_FLOAT32, 1, shape, v), 0);
+	free(v);
+	rm_rf(root);
+	free(root);
+}
+
+/* ---- 6. throughput (printed, not asserted) ---- */
+
+struct bench_job {
+	ckpt_warray *a;
+	const uint8_t *src;
+	uint64_t lo, hi;
+	int rc;
+};
+
+static void *bench_thread(void *arg)
+{
+	struct bench_job *j = arg;
+	for (uint64_t off = j->lo; off < j->hi && !j->rc; off += 1 << 20) {
+		uint64_t n = j->hi - off < (1 << 20) ? j->hi - off : (1 << 20);
+		j->rc = ckpt_warray_write(j->a, NULL, off, j->src + off, n);
+	}
+	return NULL;
+}
+
+static void bench(int level)
+{
+	char *root = make_root("bench");
+	uint64_t shape[2] = {8192, 16384}; /* 256 MiB of bf16 */
+	uint64_t n = shape[0] * shape[1] * 2;
+	uint8_t *src = malloc(n);
+	/* bf16 of roughly normal floats: exponent bytes compress, mantissas don't. */
+	uint64_t s = 42;
+	for (uint64_t i = 0; i < n / 2; i++) {
+		uint64_t r = rnd_r(&s);
+		float f = (float)((double)(r & 0xffff) + (double)(r >> 16 & 0xffff) + (double)(r >> 32 & 0xffff) -
+				  98304.0) /
+			  20000.0f;
+		uint32_t u;
+		memcpy(&u, &f, 4);
+		src[2 * i] = (uint8_t)(u >> 16);
+		src[2 * i + 1] = (uint8_t)(u >> 24);
+	}
+	ckpt_writer_opts o;
+	ckpt_writer_opts_init(&o);
+	o.zstd_level = level;
+	ckpt_step *st;
+	ckpt_warray *a;
+	const char *k[1] = {"w"};
+	int kt[1] = {2};
+	CHECK_EQ_INT(ckpt_step_begin(root, "1", &o, &st), 0);
+	CHECK_EQ_INT(ckpt_step_add_array(st, "state", k, kt, 1, CKPT_DT_BFLOAT16, 2, shape, &a), 0);
+	double t0 = now_s();
+	pthread_t th[2];
+	struct bench_job jb[2] = {{a, src, 0, n / 2, 0}, {a, src, n / 2, n, 0}};
+	for (int i = 0; i < 2; i++)
+		pthread_create(&th[i], NULL, bench_thread, &jb[i]);
+	for (int i = 0; i < 2; i++) {
+		pthread_join(th[i], NULL);
+		CHECK_EQ_INT(jb[i].rc, 0);
+	}
+	double t1 = now_s();
+	CHECK_EQ_INT(ckpt_step_commit(st, "1"), 0);
+	double t2 = now_s();
+	ckpt_warray_info info;
+	ckpt_warray_get_info(a, &info);
+	printf("bench zstd level %d: 256 MiB bf16 from 2 threads: writes returned after %.2f s (%.0f MB/s), "
+	       "commit %.2f s, total %.0f MB/s; stored %.1f MiB (ratio %.3f), chunk [%llu,%llu] shard "
+	       "[%llu,%llu]\n",
+	       level, t1 - t0, n / (t1 - t0) / 1e6, t2 - t1, n / (t2 - t0) / 1e6, info.stored_bytes / 1048576.0,
+	       (double)n / (double)info.stored_bytes, (unsigned long long)info.chunk_shape[0],
+	       (unsigned long long)info.chunk_shape[1], (unsigned long long)info.shard_shape[0],
+	       (unsigned long long)info.shard_shape[1]);
+	ckpt_step_destroy(st);
+	free(src);
+	rm_rf(root);
+	free(root);
+}
+
+/* ---- --emit DIR ---- */
+
+static int emit(const char *dir)
+{
+	char root[4096], p[4200];
+	snprintf(root, sizeof(root), "%s/root", dir);
+	mkdir(dir, 0755);
+	if (mkdir(root, 0755) && errno != EEXIST)
+		return 2;
+	snprintf(p, sizeof(p), "%s/expected", dir);
+	mkdir(p, 0755);
+	ckpt_writer_opts o;
+	ckpt_writer_opts_init(&o);
+	o.chunk_bytes = 2048;
+	o.shard_bytes = 16384;
+	ckpt_step *st;
+	if (ckpt_step_begin(root, "1", &o, &st))
+		return 2;
+	struct {
+		const char *item;
+		int depth;
+		const char *keys[4];
+		int kt[4];
+		ckpt_dtype dt;
+		int rank;
+		uint64_t shape[4];
+	} spec[] = {
+		{"state", 3, {"params", "dense", "kernel"}, {2, 2, 2}, CKPT_DT_FLOAT32, 2, {64, 48}},
+		{"state", 3, {"params", "dense", "bias"}, {2, 2, 2}, CKPT_DT_FLOAT32, 1, {48}},
+		{"state", 2, {"params", "emb"}, {2, 2}, CKPT_DT_BFLOAT16, 2, {100, 33}},
+		{"state", 2, {"opt", "count"}, {2, 2}, CKPT_DT_INT32, 0, {0}},
+		{"state", 3, {"layers", "0", "w"}, {2, 1, 2}, CKPT_DT_FLOAT16, 3, {7, 5, 3}},
+		{"state", 3, {"layers", "1", "w"}, {2, 1, 2}, CKPT_DT_FLOAT16, 3, {7, 5, 3}},
+		{"state", 1, {"mask"}, {2}, CKPT_DT_BOOL, 1, {17}},
+		{"state", 1, {"big"}, {2}, CKPT_DT_UINT8, 2, {300, 200}},
+		{"state", 1, {"i64"}, {2}, CKPT_DT_INT64, 2, {10, 10}},
+		{"state", 1, {"r4"}, {2}, CKPT_DT_UINT16, 4, {3, 4, 5, 6}},
+		{"state", 1, {"f64"}, {2}, CKPT_DT_FLOAT64, 1, {129}},
+		{"extra", 1, {"q"}, {2}, CKPT_DT_INT8, 1, {50}},
+	};
+	cJSON *ex = cJSON_CreateArray();
+	for (size_t i = 0; i < sizeof(spec) / sizeof(spec[0]); i++) {
+		ckpt_warray *a;
+		if (ckpt_step_add_array(st, spec[i].item, spec[i].keys, spec[i].kt, spec[i].depth, spec[i].dt,
+					spec[i].rank, spec[i].shape, &a))
+			return 2;
+		uint64_t n = prod(spec[i].shape, spec[i].rank) * ckpt_dtype_get(spec[i].dt)->itemsize;
+		uint8_t *v = malloc(n);
+		fill_random(v, n, spec[i].dt);
+		if (write_stream_shuffled(a, v, n, 333))
+			return 2;
+		if (i == 0 && ckpt_warray_set_sharding(a, "{\"sharding_type\": \"SingleDeviceSharding\", "
+							  "\"device_str\": \"cpu:0\"}"))
+			return 2;
+		ckpt_warray_info info;
+		ckpt_warray_get_info(a, &info);
+		snprintf(p, sizeof(p), "%s/expected/%s.%s.bin", dir, spec[i].item, info.name);
+		FILE *f = fopen(p, "wb");
+		if (!f || fwrite(v, 1, n, f) != n)
+			return 2;
+		fclose(f);
+		free(v);
+		cJSON *e = cJSON_CreateObject();
+		cJSON_AddStringToObject(e, "item", spec[i].item);
+		cJSON_AddStringToObject(e, "name", info.name);
+		cJSON_AddStringToObject(e, "dtype", ckpt_dtype_get(spec[i].dt)->name);
+		cJSON *sh = cJSON_CreateArray();
+		for (int d = 0; d < spec[i].rank; d++)
+			cJSON_AddItemToArray(sh, cJSON_CreateNumber((double)spec[i].shape[d]));
+		cJSON_AddItemToObject(e, "shape", sh);
+		cJSON_AddStringToObject(e, "file", strrchr(p, '/') + 1);
+		cJSON_AddItemToArray(ex, e);
+	}
+	if (ckpt_step_commit(st, "1"))
+		return 2;
+	ckpt_step_destroy(st);
+	char *s = cJSON_Print(ex);
+	cJSON_Delete(ex);
+	snprintf(p, sizeof(p), "%s/expected/expected.json", dir);
+	FILE *f = fopen(p, "w");
+	if (!f || fputs(s, f) < 0)
+		return 2;
+	fclose(f);
+	free(s);
+	printf("%s/root/1\n", dir);
+	return 0;
+}
+
+int main(int argc, char **argv)
+{
+	if (argc == 3 && strcmp(argv[1], "--emit") == 0)
+		return emit(argv[2]);
+	ckpt_log_set_level(getenv("CKPT_TEST_VERBOSE") ? CKPT_LOG_DEBUG : CKPT_LOG_ERR + 0);
+	test_decls_and_metadata();
+	test_all_dtypes();
+	test_rewrite_holes();
+	run_slices("slices", 512 << 20, 4096, 0);
+	run_slices("overlap", 512 << 20, 4096, 1);
+	run_slices("tinybudget", 3 * 4096, 4096, 1);
+	run_slices("tinybudget2", 1, 8192, 0);
+	test_kill();
+	if (!getenv("CKPT_WRITER_NO_BENCH")) {
+		bench(1);
+		bench(3);
+	}
+	return CHECK_DONE();
+}
