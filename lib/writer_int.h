@@ -210,9 +210,28 @@ void w_zpool_drain(struct ckpt_step *st);
 /* Under step->mu: append to the compression queue and signal. */
 void w_queue_push_locked(struct ckpt_step *st, struct wlive *l);
 
-/* ---- writer.c helpers used by the others ---- */
+/* ---- writer_decl.c ---- */
+int w_nodes_create(struct ckpt_step *st);
+void w_nodes_free(struct ckpt_step *st);
+void w_warray_free(struct ckpt_warray *a);
+/* 0 while the step is pending, else -EROFS (logged with `what`). */
+int w_step_writable(struct ckpt_step *st, const char *what);
+
+/* ---- writer_mem.c ---- */
 void w_live_free(struct ckpt_step *st, struct wlive *l, int release_mem);
 void w_lru_remove_locked(struct ckpt_step *st, struct wlive *l);
+void w_cache_free(struct ckpt_step *st);
+/* The spill file (created on first use); fd or -errno. */
+int w_spill_fd(struct ckpt_step *st);
+/* Pin a chunk that has a live buffer (under array->mu). */
+void w_pin_locked(struct ckpt_step *st, struct wchunk *c);
+/* Drop a pin, crediting `added` newly covered bytes; queues the chunk for
+ * compression when complete, else makes it a spill candidate. */
+void w_unpin(struct ckpt_warray *a, uint64_t idx, uint64_t added);
+/* Pin chunk idx for writing, giving it a live buffer. */
+int w_pin_write(struct ckpt_warray *a, uint64_t idx, struct wlive **out);
+
+/* ---- writer.c ---- */
 /* Write/read whole buffers at an offset; -errno. */
 int w_pwrite_all(int fd, const void *buf, size_t len, uint64_t off);
 int w_pread_all(int fd, void *buf, size_t len, uint64_t off);

@@ -1,0 +1,575 @@
+/* writer_decl.c - declarations of a pending step: items, arrays and
+ * their pytree key paths (consistency and name checks), and the queries
+ * the daemon lists pending steps with. */
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include <cjson/cJSON.h>
+
+#include "writer_int.h"
+
+/* ---- hash of pytree nodes and param names ----
+ * Keys: 'N' item \0 (type key \0)*  -> node (interior or leaf)
+ *       'P' item \0 name             -> param name taken */
+struct hent {
+	struct hent *next;
+	uint64_t h;
+	size_t klen;
+	int leaf;
+	int child_type;
+	struct ckpt_warray *arr;
+	char key[];
+};
+
+struct whash {
+	struct hent **b;
+	size_t nb, n;
+};
+
+static uint64_t hash_bytes(const char *k, size_t n)
+{
+	uint64_t h = 1469598103934665603ULL;
+	for (size_t i = 0; i < n; i++)
+		h = (h ^ (uint8_t)k[i]) * 1099511628211ULL;
+	return h;
+}
+
+static struct hent *hash_find(struct whash *t, const char *k, size_t n)
+{
+	uint64_t h = hash_bytes(k, n);
+	for (struct hent *e = t->b[h & (t->nb - 1)]; e; e = e->next)
+		if (e->h == h && e->klen == n && memcmp(e->key, k, n) == 0)
+			return e;
+	return NULL;
+}
+
+static struct hent *hash_add(struct whash *t, const char *k, size_t n)
+{
+	if (t->n >= t->nb) {
+		size_t nb = t->nb * 2;
+		struct hent **b = calloc(nb, sizeof(*b));
+		if (!b)
+			return NULL;
+		for (size_t i = 0; i < t->nb; i++)
+			for (struct hent *e = t->b[i], *nx; e; e = nx) {
+				nx = e->next;
+				e->next = b[e->h & (nb - 1)];
+				b[e->h & (nb - 1)] = e;
+			}
+		free(t->b);
+		t->b = b;
+		t->nb = nb;
+	}
+	struct hent *e = calloc(1, sizeof(*e) + n);
+	if (!e)
+		return NULL;
+	e->h = hash_bytes(k, n);
+	e->klen = n;
+	memcpy(e->key, k, n);
+	e->next = t->b[e->h & (t->nb - 1)];
+	t->b[e->h & (t->nb - 1)] = e;
+	t->n++;
+	return e;
+}
+
+static void hash_free(struct whash *t)
+{
+	if (!t)
+		return;
+	for (size_t i = 0; t->b && i < t->nb; i++)
+		for (struct hent *e = t->b[i], *nx; e; e = nx) {
+			nx = e->next;
+			free(e);
+		}
+	free(t->b);
+	free(t);
+}
+
+
+int w_nodes_create(struct ckpt_step *st)
+{
+	st->nodes = calloc(1, sizeof(*st->nodes));
+	if (!st->nodes)
+		return -ENOMEM;
+	st->nodes->nb = 64;
+	st->nodes->b = calloc(64, sizeof(struct hent *));
+	return st->nodes->b ? 0 : -ENOMEM;
+}
+
+void w_nodes_free(struct ckpt_step *st)
+{
+	hash_free(st->nodes);
+	st->nodes = NULL;
+}
+
+static int item_name_ok(const char *item)
+{
+	return w_name_ok(item) && strcmp(item, "_CHECKPOINT_METADATA") != 0 &&
+	       strcmp(item, "commit_success.txt") != 0 && strcmp(item, "orbax.checkpoint") != 0;
+}
+
+/* Under decl_mu. */
+static struct witem *item_get(struct ckpt_step *st, const char *item, int create, int *rc)
+{
+	for (struct witem *it = st->items; it; it = it->next)
+		if (strcmp(it->name, item) == 0)
+			return it;
+	if (!create)
+		return NULL;
+	struct witem *it = calloc(1, sizeof(*it));
+	if (!it || !(it->name = strdup(item))) {
+		free(it);
+		*rc = -ENOMEM;
+		return NULL;
+	}
+	if (mkdirat(st->dirfd, item, 0755) && errno != EEXIST) {
+		*rc = -errno;
+		ckpt_log(CKPT_LOG_ERR, "writer: step %s: mkdir %s: %s", st->name, item, strerror(errno));
+		free(it->name);
+		free(it);
+		return NULL;
+	}
+	/* The item's root node (child_type of its top level). */
+	size_t n = strlen(item) + 2;
+	char *k = malloc(n);
+	struct hent *e = NULL;
+	if (k) {
+		k[0] = 'N';
+		memcpy(k + 1, item, n - 1);
+		e = hash_add(st->nodes, k, n);
+		free(k);
+	}
+	if (!e) {
+		free(it->name);
+		free(it);
+		*rc = -ENOMEM;
+		return NULL;
+	}
+	if (st->items_last)
+		st->items_last->next = it;
+	else
+		st->items = it;
+	st->items_last = it;
+	return it;
+}
+
+int w_step_writable(struct ckpt_step *st, const char *what)
+{
+	if (st->state == CKPT_STEP_PENDING)
+		return 0;
+	ckpt_log(CKPT_LOG_ERR, "writer: step %s: %s: step already %s", st->name, what,
+		 st->state == CKPT_STEP_COMMITTED ? "committed" : "aborted");
+	return -EROFS;
+}
+
+int ckpt_step_add_item(ckpt_step *st, const char *item)
+{
+	int rc = 0;
+	if (!item_name_ok(item)) {
+		ckpt_log(CKPT_LOG_ERR, "writer: step %s: bad item name '%s'", st->name, item ? item : "(null)");
+		return -EINVAL;
+	}
+	pthread_mutex_lock(&st->decl_mu);
+	rc = w_step_writable(st, item);
+	if (!rc)
+		item_get(st, item, 1, &rc);
+	pthread_mutex_unlock(&st->decl_mu);
+	return rc;
+}
+
+static int param_name_ok(const char *name)
+{
+	static const char *const reserved[] = {"_METADATA",     "_sharding",       "_strings.json",
+					       "commit_success.txt", "array_metadatas", "manifest.ocdbt",
+					       "_CHECKPOINT_METADATA"};
+	if (!w_name_ok(name) || strncmp(name, "ocdbt.process_", 14) == 0)
+		return 0;
+	for (size_t i = 0; i < sizeof(reserved) / sizeof(reserved[0]); i++)
+		if (strcmp(name, reserved[i]) == 0)
+			return 0;
+	return 1;
+}
+
+static int seq_key_ok(const char *k)
+{
+	if (!k[0] || (k[0] == '0' && k[1]) || strlen(k) > 19)
+		return 0;
+	for (const char *p = k; *p; p++)
+		if (*p < '0' || *p > '9')
+			return 0;
+	return 1;
+}
+
+void w_warray_free(struct ckpt_warray *a)
+{
+	if (!a)
+		return;
+	if (a->keys)
+		for (int i = 0; i < a->depth; i++)
+			free(a->keys[i]);
+	free(a->keys);
+	free(a->ktypes);
+	free(a->name);
+	free(a->relpath);
+	free(a->sharding);
+	if (a->shards)
+		for (uint64_t i = 0; i < a->nshards; i++)
+			pthread_mutex_destroy(&a->shards[i].mu);
+	free(a->shards);
+	free(a->chunks);
+	pthread_mutex_destroy(&a->mu);
+	pthread_cond_destroy(&a->cond);
+	free(a);
+}
+
+/* Build 'N' item \0 (type key \0) for the first `levels` levels. */
+static char *node_key(const char *item, const char *const *keys, const int *kt, int levels, size_t *len)
+{
+	size_t n = 1 + strlen(item) + 1;
+	for (int i = 0; i < levels; i++)
+		n += 1 + strlen(keys[i]) + 1;
+	char *k = malloc(n), *p = k;
+	if (!k)
+		return NULL;
+	*p++ = 'N';
+	p = stpcpy(p, item) + 1;
+	for (int i = 0; i < levels; i++) {
+		*p++ = (char)('0' + kt[i]);
+		p = stpcpy(p, keys[i]) + 1;
+	}
+	*len = n;
+	return k;
+}
+
+static int same_decl(const struct ckpt_warray *a, ckpt_dtype dt, int rank, const uint64_t *shape)
+{
+	if (a->dtype != dt || a->rank != rank)
+		return 0;
+	for (int d = 0; d < rank; d++)
+		if (a->shape[d] != shape[d])
+			return 0;
+	return 1;
+}
+
+int ckpt_step_add_array(ckpt_step *st, const char *item, const char *const *keypath, const int *key_types,
+			int depth, ckpt_dtype dtype, int rank, const uint64_t *shape, ckpt_warray **out)
+{
+	const ckpt_dtype_info *di = ckpt_dtype_get(dtype);
+	*out = NULL;
+	if (!item_name_ok(item)) {
+		ckpt_log(CKPT_LOG_ERR, "writer: step %s: bad item name '%s'", st->name, item ? item : "(null)");
+		return -EINVAL;
+	}
+	if (depth < 1 || depth > 256 || !keypath || !key_types) {
+		ckpt_log(CKPT_LOG_ERR, "writer: %s: an array needs a key path of 1..256 keys", item);
+		return -EINVAL;
+	}
+	/* The param name, for messages and the folder. */
+	size_t nlen = 0;
+	for (int i = 0; i < depth; i++) {
+		if (!keypath[i] || strchr(keypath[i], '/') || (key_types[i] != 1 && key_types[i] != 2) ||
+		    (key_types[i] == 1 && !seq_key_ok(keypath[i]))) {
+			ckpt_log(CKPT_LOG_ERR, "writer: %s: key %d ('%s') of the key path is invalid", item, i,
+				 keypath[i] ? keypath[i] : "(null)");
+			return -EINVAL;
+		}
+		nlen += strlen(keypath[i]) + 1;
+	}
+	char *name = malloc(nlen);
+	if (!name)
+		return -ENOMEM;
+	char *p = name;
+	for (int i = 0; i < depth; i++) {
+		if (i)
+			*p++ = '.';
+		p = stpcpy(p, keypath[i]);
+	}
+	int rc = 0;
+	if (!param_name_ok(name)) {
+		ckpt_log(CKPT_LOG_ERR, "writer: %s/%s: not usable as an array name", item, name);
+		free(name);
+		return -EINVAL;
+	}
+	if (!di || rank < 0 || rank > CKPT_MAX_RANK || (rank && !shape)) {
+		ckpt_log(CKPT_LOG_ERR, "writer: %s/%s: bad dtype or rank", item, name);
+		free(name);
+		return -EINVAL;
+	}
+
+	pthread_mutex_lock(&st->decl_mu);
+	struct ckpt_warray *a = NULL;
+	char *k = NULL;
+	size_t klen;
+	if ((rc = w_step_writable(st, name)))
+		goto out;
+	struct witem *it = item_get(st, item, 1, &rc);
+	if (!it)
+		goto out;
+	rc = -ENOMEM;
+	if (!(k = node_key(item, keypath, key_types, depth, &klen)))
+		goto out;
+	struct hent *e = hash_find(st->nodes, k, klen);
+	if (e && e->leaf) {
+		if (same_decl(e->arr, dtype, rank, shape)) {
+			*out = e->arr;
+			rc = 0;
+		} else {
+			ckpt_log(CKPT_LOG_ERR, "writer: %s/%s: declared again with a different dtype or shape", item,
+				 name);
+			rc = -EINVAL;
+		}
+		goto out;
+	}
+	if (e) {
+		ckpt_log(CKPT_LOG_ERR, "writer: %s/%s: is a pytree node holding other arrays", item, name);
+		rc = -EINVAL;
+		goto out;
+	}
+	/* Every ancestor must be an interior node whose children use this
+	 * level's key type. */
+	for (int lv = 0; lv < depth; lv++) {
+		size_t pl;
+		char *pk = node_key(item, keypath, key_types, lv, &pl);
+		if (!pk)
+			goto out;
+		struct hent *pe = hash_find(st->nodes, pk, pl);
+		free(pk);
+		if (pe && pe->leaf) {
+			ckpt_log(CKPT_LOG_ERR, "writer: %s/%s: an ancestor (%d keys) is an array", item, name, lv);
+			rc = -EINVAL;
+			goto out;
+		}
+		if (pe && pe->child_type && pe->child_type != key_types[lv]) {
+			ckpt_log(CKPT_LOG_ERR, "writer: %s/%s: key '%s' mixes sequence and dict keys in one node",
+				 item, name, keypath[lv]);
+			rc = -EINVAL;
+			goto out;
+		}
+	}
+	size_t plen = 1 + strlen(item) + 1 + strlen(name);
+	char *pn = malloc(plen + 1); /* strcpy adds a NUL not in the key */
+	if (!pn)
+		goto out;
+	pn[0] = 'P';
+	strcpy(stpcpy(pn + 1, item) + 1, name);
+	struct hent *ne = hash_find(st->nodes, pn, plen);
+	if (ne) {
+		free(pn);
+		ckpt_log(CKPT_LOG_ERR, "writer: %s/%s: another key path has the same name", item, name);
+		rc = -EINVAL;
+		goto out;
+	}
+
+	a = calloc(1, sizeof(*a));
+	if (!a) {
+		free(pn);
+		goto out;
+	}
+	pthread_mutex_init(&a->mu, NULL);
+	pthread_cond_init(&a->cond, NULL);
+	a->step = st;
+	a->item = it;
+	a->name = name;
+	name = NULL;
+	a->dtype = dtype;
+	a->isz = di->itemsize;
+	a->rank = rank;
+	a->depth = depth;
+	for (int d = 0; d < rank; d++)
+		a->shape[d] = shape[d];
+	rc = w_geom_init(a, st->opts.chunk_bytes, st->opts.shard_bytes);
+	if (rc) {
+		ckpt_log(CKPT_LOG_ERR, "writer: %s/%s: array too large (%s)", item, a->name,
+			 rc == -EFBIG ? "too many chunks or bytes" : "overflow");
+		free(pn);
+		goto out_free;
+	}
+	rc = -ENOMEM;
+	a->keys = calloc((size_t)depth, sizeof(char *));
+	a->ktypes = malloc((size_t)depth * sizeof(int));
+	a->chunks = a->nchunks ? calloc(a->nchunks, sizeof(struct wchunk)) : NULL;
+	a->shards = a->nshards ? calloc(a->nshards, sizeof(struct wshard)) : NULL;
+	if (!a->keys || !a->ktypes || (a->nchunks && !a->chunks) || (a->nshards && !a->shards) ||
+	    asprintf(&a->relpath, "%s/%s", item, a->name) < 0) {
+		a->relpath = NULL;
+		free(pn);
+		goto out_free;
+	}
+	for (int i = 0; i < depth; i++) {
+		a->ktypes[i] = key_types[i];
+		if (!(a->keys[i] = strdup(keypath[i]))) {
+			free(pn);
+			goto out_free;
+		}
+	}
+	for (uint64_t i = 0; i < a->nshards; i++)
+		pthread_mutex_init(&a->shards[i].mu, NULL);
+	for (uint64_t i = 0; i < a->nchunks; i++)
+		a->shards[w_chunk_shard(a, i)].unstored++;
+	if (mkdirat(st->dirfd, a->relpath, 0755) && errno != EEXIST) {
+		rc = -errno;
+		ckpt_log(CKPT_LOG_ERR, "writer: %s: mkdir: %s", a->relpath, strerror(errno));
+		free(pn);
+		goto out_free;
+	}
+	/* Register: ancestors, leaf, name.  Allocation failures after the
+	 * first insert leave harmless interior entries behind. */
+	for (int lv = 0; lv < depth; lv++) {
+		size_t pl;
+		char *pk = node_key(item, keypath, key_types, lv, &pl);
+		struct hent *pe = pk ? hash_find(st->nodes, pk, pl) : NULL;
+		if (pk && !pe)
+			pe = hash_add(st->nodes, pk, pl);
+		free(pk);
+		if (!pe) {
+			free(pn);
+			goto out_free;
+		}
+		pe->child_type = key_types[lv];
+	}
+	struct hent *le = hash_add(st->nodes, k, klen);
+	struct hent *pne = le ? hash_add(st->nodes, pn, plen) : NULL;
+	free(pn);
+	if (!pne) {
+		if (le)
+			le->leaf = 0; /* becomes a dangling interior node: still consistent */
+		goto out_free;
+	}
+	le->leaf = 1;
+	le->arr = a;
+	pne->leaf = 2;
+	pne->arr = a;
+	if (it->last)
+		it->last->next = a;
+	else
+		it->first = a;
+	it->last = a;
+	it->narrays++;
+	st->narrays++;
+	st->bytes_declared += a->nbytes;
+	*out = a;
+	rc = 0;
+	goto out;
+out_free:
+	w_warray_free(a);
+out:
+	pthread_mutex_unlock(&st->decl_mu);
+	free(k);
+	free(name);
+	return rc;
+}
+
+int ckpt_warray_set_sharding(ckpt_warray *a, const char *json)
+{
+	char *copy = NULL;
+	if (json) {
+		cJSON *j = strlen(json) <= (1u << 20) ? cJSON_Parse(json) : NULL;
+		if (!j) {
+			ckpt_log(CKPT_LOG_ERR, "writer: %s: sharding is not valid JSON (or over 1 MiB)", a->relpath);
+			return -EINVAL;
+		}
+		cJSON_Delete(j);
+		if (!(copy = strdup(json)))
+			return -ENOMEM;
+	}
+	pthread_mutex_lock(&a->mu);
+	free(a->sharding);
+	a->sharding = copy;
+	pthread_mutex_unlock(&a->mu);
+	return 0;
+}
+
+/* ---- queries ---- */
+
+void ckpt_warray_get_info(ckpt_warray *a, ckpt_warray_info *o)
+{
+	o->item = a->item->name;
+	o->name = a->name;
+	o->depth = a->depth;
+	o->keys = (const char *const *)a->keys;
+	o->key_types = a->ktypes;
+	o->dtype = a->dtype;
+	o->rank = a->rank;
+	o->shape = a->shape;
+	o->chunk_shape = a->inner;
+	o->shard_shape = a->shard;
+	o->nbytes = a->nbytes;
+	o->chunks = a->nchunks;
+	pthread_mutex_lock(&a->mu);
+	o->bytes_written = a->have_total;
+	o->stored_bytes = a->stored_bytes;
+	o->chunks_stored = a->nstored;
+	o->sharding = a->sharding;
+	pthread_mutex_unlock(&a->mu);
+}
+
+ckpt_warray *ckpt_step_find_array(ckpt_step *st, const char *item, const char *const *keypath, int depth)
+{
+	ckpt_warray *found = NULL;
+	pthread_mutex_lock(&st->decl_mu);
+	struct witem *it = item_get(st, item, 0, NULL);
+	for (struct ckpt_warray *a = it ? it->first : NULL; a && !found; a = a->next) {
+		if (a->depth != depth)
+			continue;
+		int i = 0;
+		while (i < depth && strcmp(a->keys[i], keypath[i]) == 0)
+			i++;
+		if (i == depth)
+			found = a;
+	}
+	pthread_mutex_unlock(&st->decl_mu);
+	return found;
+}
+
+int ckpt_step_foreach_item(ckpt_step *st, int (*cb)(void *ctx, const char *item), void *ctx)
+{
+	int rc = 0;
+	pthread_mutex_lock(&st->decl_mu);
+	for (struct witem *it = st->items; it && !rc; it = it->next)
+		rc = cb(ctx, it->name);
+	pthread_mutex_unlock(&st->decl_mu);
+	return rc;
+}
+
+int ckpt_step_foreach_array(ckpt_step *st, const char *item, int (*cb)(void *ctx, ckpt_warray *a), void *ctx)
+{
+	int rc = 0;
+	pthread_mutex_lock(&st->decl_mu);
+	for (struct witem *it = st->items; it && !rc; it = it->next) {
+		if (item && strcmp(item, it->name) != 0)
+			continue;
+		for (struct ckpt_warray *a = it->first; a && !rc; a = a->next)
+			rc = cb(ctx, a);
+	}
+	pthread_mutex_unlock(&st->decl_mu);
+	return rc;
+}
+
+void ckpt_step_get_info(ckpt_step *st, ckpt_step_info *o)
+{
+	memset(o, 0, sizeof(*o));
+	pthread_mutex_lock(&st->decl_mu);
+	o->state = st->state;
+	o->name = st->name;
+	o->tmp_path = st->tmppath;
+	o->arrays = st->narrays;
+	o->bytes_declared = st->bytes_declared;
+	for (struct witem *it = st->items; it; it = it->next)
+		for (struct ckpt_warray *a = it->first; a; a = a->next) {
+			pthread_mutex_lock(&a->mu);
+			o->bytes_written += a->have_total;
+			pthread_mutex_unlock(&a->mu);
+		}
+	pthread_mutex_unlock(&st->decl_mu);
+	pthread_mutex_lock(&st->mu);
+	o->bytes_pending = st->bytes_pending;
+	o->mem_used = st->mem_used;
+	o->spilled_chunks = st->nspilled;
+	o->spills = st->spills;
+	o->stored_bytes = st->stored_bytes;
+	pthread_mutex_unlock(&st->mu);
+}
+
