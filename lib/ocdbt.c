@@ -165,6 +165,12 @@ static int zstd_decode(struct perr *e, const uint8_t *src, size_t n, uint64_t ca
 		goto out;
 	}
 	ZSTD_initDStream(ds);
+	/* Bound the window zstd may allocate by the cap too: at least 2^24
+	 * (enough for every level <= 19), at most zstd's default 2^27. */
+	int wlog = 24;
+	while (wlog < 27 && ((uint64_t)1 << wlog) < cap)
+		wlog++;
+	ZSTD_DCtx_setParameter(ds, ZSTD_d_windowLogMax, wlog);
 	ZSTD_inBuffer in = {src, n, 0};
 	ZSTD_outBuffer ob = {buf, size, 0};
 	for (;;) {
@@ -677,12 +683,10 @@ static int parse_manifest_body(ckpt_ocdbt *db, struct perr *e, const uint8_t *bo
 	rc = rd_count(&r, e, "version count", UINT32_MAX, 16, &n);
 	if (rc)
 		goto out;
-	if (n) {
-		v = malloc(n * 8 * sizeof(uint64_t));
-		if (!v) {
-			rc = -ENOMEM;
-			goto out;
-		}
+	v = malloc((n ? n : 1) * 8 * sizeof(uint64_t));
+	if (!v) {
+		rc = -ENOMEM;
+		goto out;
 	}
 	uint64_t *gen = v, *fid = v + n, *off = v + 2 * n, *ln = v + 3 * n, *stats = v + 4 * n;
 	const uint8_t *heights = NULL, *times;

@@ -506,6 +506,15 @@ static void test_union_fixture(const char *item, const char *name)
 		CHECK(same_content(a, b));
 	ckpt_store_destroy(a);
 	ckpt_store_destroy(b);
+	/* the same database twice: duplicates collapse, content unchanged */
+	run("cp -r '%s/ocdbt.process_0' '%s/ocdbt.process_1'", dst, dst);
+	CHECK_EQ_INT(ckpt_store_ocdbt_open(item, &a), 0);
+	CHECK_EQ_INT(ckpt_store_ocdbt_open(dst, &b), 0);
+	if (a && b)
+		CHECK(same_content(a, b));
+	ckpt_store_destroy(a);
+	ckpt_store_destroy(b);
+	run("rm -rf '%s/ocdbt.process_1'", dst);
 	/* a process folder without a manifest is skipped; none at all: -ENOENT */
 	snprintf(p, sizeof(p), "%s/ocdbt.process_7", dst);
 	mkdir(p, 0755);
@@ -747,8 +756,8 @@ static struct buf manifest_body(uint64_t kind, uint64_t max_decoded, const char 
 	return b;
 }
 
-/* Leaf with inline values (n keys, values = the key text). */
-static struct buf leaf_body(const char *const *keys, size_t n)
+/* Leaf with inline values vals[i] (the key text when vals is NULL). */
+static struct buf leaf_body_kv(const char *const *keys, const char *const *vals, size_t n)
 {
 	struct buf b = {0};
 	put_u8(&b, 0);
@@ -761,12 +770,17 @@ static struct buf leaf_body(const char *const *keys, size_t n)
 	for (size_t i = 0; i < n; i++)
 		put_str(&b, keys[i]);
 	for (size_t i = 0; i < n; i++)
-		put_var(&b, strlen(keys[i]));
+		put_var(&b, strlen(vals ? vals[i] : keys[i]));
 	for (size_t i = 0; i < n; i++)
 		put_u8(&b, 0);
 	for (size_t i = 0; i < n; i++)
-		put_str(&b, keys[i]);
+		put_str(&b, vals ? vals[i] : keys[i]);
 	return b;
+}
+
+static struct buf leaf_body(const char *const *keys, size_t n)
+{
+	return leaf_body_kv(keys, NULL, n);
 }
 
 struct child {
@@ -1049,6 +1063,40 @@ static void test_crafted(void)
 	bfree(&ne);
 	bfree(&mb);
 	bfree(&me);
+
+	/* union precedence: process 9 beats process 10 (ids compare as
+	 * numbers), keys of both appear once and in order */
+	{
+		static const char *const uk9[] = {"k", "only9"}, *const uv9[] = {"nine", "x"};
+		static const char *const uk10[] = {"a10", "k"}, *const uv10[] = {"y", "ten"};
+		char sub[700];
+		run("rm -rf '%s' && mkdir -p '%s'", d, d);
+		for (int which = 0; which < 2; which++) {
+			struct buf lb = which ? leaf_body_kv(uk10, uv10, 2) : leaf_body_kv(uk9, uv9, 2);
+			struct buf lenv = envelope(0x0cdb20de, &lb, 0);
+			struct buf m = manifest_body(0, 100000000, "d/x", 0, 0, lenv.n);
+			struct buf menv = envelope(0x0cdb3a2a, &m, 0);
+			snprintf(sub, sizeof(sub), "%s/ocdbt.process_%s", d, which ? "10" : "9");
+			write_db(sub, &menv, "d/x", &lenv);
+			bfree(&lb);
+			bfree(&lenv);
+			bfree(&m);
+			bfree(&menv);
+		}
+		ckpt_store *s;
+		CHECK_EQ_INT(ckpt_store_ocdbt_open(d, &s), 0);
+		if (s) {
+			struct keylist l = {0};
+			ckpt_store_list(s, "", collect_cb, &l);
+			CHECK_EQ_INT(l.n, 3);
+			CHECK(l.n == 3 && !strcmp(l.k[0], "a10") && !strcmp(l.k[1], "k") && !strcmp(l.k[2], "only9"));
+			char v[8] = {0};
+			CHECK_EQ_INT(ckpt_store_read(s, "k", 0, sizeof(v), v), 4);
+			CHECK(!memcmp(v, "nine", 4));
+			keylist_free(&l);
+			ckpt_store_destroy(s);
+		}
+	}
 
 	/* an out-of-line value past the end of its data file: open works,
 	 * size/read fail with -EIO */
