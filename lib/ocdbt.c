@@ -299,6 +299,7 @@ struct ckpt_ocdbt {
 
 	struct ofile *files;
 	size_t nfiles, capfiles;
+	uint64_t file_bytes; /* memory held by the interned paths */
 	uint32_t *fhash;    /* open addressing: index + 1, 0 = empty */
 	size_t fhcap;
 
@@ -339,7 +340,7 @@ static int grow(void **buf, size_t *cap, size_t need, size_t elem)
 
 static uint64_t index_bytes(const ckpt_ocdbt *db)
 {
-	return (uint64_t)db->nkeys + db->nvals + (uint64_t)db->nents * sizeof(struct ent);
+	return (uint64_t)db->nkeys + db->nvals + (uint64_t)db->nents * sizeof(struct ent) + db->file_bytes;
 }
 
 static uint64_t hash_bytes(const char *s, size_t n)
@@ -379,6 +380,10 @@ static int file_intern(ckpt_ocdbt *db, struct perr *e, const char *rel, size_t n
 	}
 	if (db->nfiles >= UINT32_MAX - 1)
 		return fail(e, "too many data files");
+	uint64_t add = db->root_len + n + 2 + sizeof(struct ofile) + 2 * sizeof(uint32_t);
+	if (index_bytes(db) + add > db->lim.index_bytes)
+		return fail(e, "index exceeds %llu bytes", (unsigned long long)db->lim.index_bytes);
+	db->file_bytes += add;
 	int rc = grow((void **)&db->files, &db->capfiles, db->nfiles + 1, sizeof(*db->files));
 	if (rc)
 		return rc;
@@ -435,50 +440,65 @@ static void file_close_locked(struct ofile *f)
 	f->cached = false;
 }
 
+/* Open a data file and learn its size, outside db->mu.  A missing file is
+ * corrupt data (-EIO); other failures (EMFILE, EACCES, ...) pass through. */
+static int file_open(const struct ofile *f, int *fd, uint64_t *size)
+{
+	int nfd = open(f->abs, O_RDONLY | O_CLOEXEC);
+	struct stat st;
+	int rc = 0;
+	if (nfd < 0 || fstat(nfd, &st) != 0) {
+		rc = -errno;
+		if (nfd >= 0)
+			close(nfd);
+		ckpt_log(CKPT_LOG_ERR, "ocdbt: %s: cannot open data file: %s", f->abs, strerror(-rc));
+		return rc == -ENOENT || rc == -ENOTDIR ? -EIO : rc;
+	}
+	*fd = nfd;
+	*size = (uint64_t)st.st_size;
+	return 0;
+}
+
 /* Take a reference on file gid's descriptor; *fd, *size valid until file_put. */
 static int file_get(ckpt_ocdbt *db, uint32_t gid, int *fd, uint64_t *size)
 {
 	struct ofile *f = &db->files[gid];
-	int rc = 0;
 	pthread_mutex_lock(&db->mu);
 	if (f->fd < 0) {
-		int nfd = open(f->abs, O_RDONLY | O_CLOEXEC);
-		if (nfd < 0) {
-			rc = -errno;
-			pthread_mutex_unlock(&db->mu);
-			ckpt_log(CKPT_LOG_ERR, "ocdbt: %s: cannot open data file: %s", f->abs, strerror(-rc));
-			return -EIO;
-		}
-		if (!f->sized) {
-			struct stat st;
-			if (fstat(nfd, &st) != 0) {
-				rc = -errno;
-				close(nfd);
-				pthread_mutex_unlock(&db->mu);
-				ckpt_log(CKPT_LOG_ERR, "ocdbt: %s: fstat: %s", f->abs, strerror(-rc));
-				return -EIO;
-			}
-			f->size = (uint64_t)st.st_size;
-			f->sized = true;
-		}
-		f->fd = nfd;
-		/* Find a slot in the bounded cache; evict the least recently used
-		 * idle descriptor.  If every cached one is busy, this descriptor
-		 * stays uncached and is closed by the last file_put. */
-		if (db->nopen < FD_CACHE) {
-			db->openv[db->nopen++] = gid;
-			f->cached = true;
+		pthread_mutex_unlock(&db->mu);
+		int nfd;
+		uint64_t nsize;
+		int rc = file_open(f, &nfd, &nsize);
+		if (rc)
+			return rc;
+		pthread_mutex_lock(&db->mu);
+		if (f->fd >= 0) {
+			close(nfd); /* another thread opened it meanwhile */
 		} else {
-			int victim = -1;
-			for (unsigned i = 0; i < db->nopen; i++) {
-				struct ofile *o = &db->files[db->openv[i]];
-				if (o->refs == 0 && (victim < 0 || o->lru < db->files[db->openv[victim]].lru))
-					victim = (int)i;
+			if (!f->sized) {
+				f->size = nsize; /* files are immutable: the first size stays */
+				f->sized = true;
 			}
-			if (victim >= 0) {
-				file_close_locked(&db->files[db->openv[victim]]);
-				db->openv[victim] = gid;
+			f->fd = nfd;
+			/* Find a slot in the bounded cache; evict the least recently
+			 * used idle descriptor.  If every cached one is busy, this one
+			 * stays uncached and is closed by the last file_put. */
+			if (db->nopen < FD_CACHE) {
+				db->openv[db->nopen++] = gid;
 				f->cached = true;
+			} else {
+				int victim = -1;
+				for (unsigned i = 0; i < db->nopen; i++) {
+					struct ofile *o = &db->files[db->openv[i]];
+					if (o->refs == 0 &&
+					    (victim < 0 || o->lru < db->files[db->openv[victim]].lru))
+						victim = (int)i;
+				}
+				if (victim >= 0) {
+					file_close_locked(&db->files[db->openv[victim]]);
+					db->openv[victim] = gid;
+					f->cached = true;
+				}
 			}
 		}
 	}
@@ -901,7 +921,6 @@ static int parse_node_body(ckpt_ocdbt *db, struct perr *e, const uint8_t *body, 
 		rc = rd_varints(&r, e, "value length", nd->len, n);
 		if (rc)
 			goto out;
-		uint64_t k = 0;
 		for (uint64_t i = 0; i < n; i++) {
 			uint64_t kind;
 			rc = rd_varint(&r, e, "value kind", &kind);
@@ -913,7 +932,6 @@ static int parse_node_body(ckpt_ocdbt *db, struct perr *e, const uint8_t *body, 
 				goto out;
 			}
 			nd->fid[i] = kind ? 0 : REF_MISSING;
-			k += kind;
 		}
 		/* file ids, then offsets, of out-of-line entries in entry order */
 		for (int col = 0; col < 2; col++) {
@@ -942,7 +960,6 @@ static int parse_node_body(ckpt_ocdbt *db, struct perr *e, const uint8_t *body, 
 				}
 			}
 		}
-		(void)k;
 		for (uint64_t i = 0; i < n; i++) {
 			if (nd->fid[i] != REF_MISSING)
 				continue;

@@ -28,7 +28,7 @@
  * file, ...) is logged as one ckpt_log(CKPT_LOG_ERR) line naming the file
  * and the reason, and reported as -EIO.  Memory is bounded: a decoded node is
  * at most min(max_decoded_node_bytes, 256 MiB), and keys plus inline values
- * held by one handle are at most 2 GiB.
+ * held by one handle (with its data-file paths) are at most 2 GiB.
  *
  * Thread-safety: open/close are not concurrent with anything else on the
  * same handle; every other function may be called from many threads at once.

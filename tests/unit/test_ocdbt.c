@@ -956,6 +956,19 @@ static void test_crafted(void)
 	put_var(&big, 1);
 	CHECK_EQ_INT(build_and_open(d, &big, 1, 0, 0, 100000000, 0), -EIO);
 	bfree(&big);
+	/* counts within the maxima but larger than the bytes left: entries,
+	 * data files */
+	put_u8(&big, 0);
+	put_var(&big, 0);
+	put_var(&big, 1000);
+	put_var(&big, 1);
+	CHECK_EQ_INT(build_and_open(d, &big, 1, 0, 0, 100000000, 0), -EIO);
+	bfree(&big);
+	put_u8(&big, 0);
+	put_var(&big, 500);
+	put_var(&big, 1);
+	CHECK_EQ_INT(build_and_open(d, &big, 1, 0, 0, 100000000, 0), -EIO);
+	bfree(&big);
 	/* a node claiming a key suffix of 1 GiB */
 	put_u8(&big, 0);
 	put_var(&big, 0);
