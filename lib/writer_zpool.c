@@ -58,9 +58,10 @@ struct zworker {
 };
 
 /* Compress l's buffer and append it to its shard.  Returns 0 with the
- * extent in *off and *len, or -errno (logged). */
+ * extent in *off and *len, or -errno with the reason in why (logged by the
+ * caller once per array and commit attempt, not once per chunk). */
 static int store_chunk(struct zworker *z, struct ckpt_warray *a, struct wlive *l, uint64_t *off, uint64_t *len,
-		       int *shard_done_fd)
+		       int *shard_done_fd, char *why, size_t wcap)
 {
 	size_t bound = ZSTD_compressBound(a->chunk_nbytes);
 	if (bound > z->cap) {
@@ -72,14 +73,14 @@ static int store_chunk(struct zworker *z, struct ckpt_warray *a, struct wlive *l
 	}
 	size_t n = ZSTD_compress2(z->cc, z->out, z->cap, l->buf, a->chunk_nbytes);
 	if (ZSTD_isError(n)) {
-		ckpt_log(CKPT_LOG_ERR, "writer: %s: zstd failed: %s", a->relpath, ZSTD_getErrorName(n));
+		snprintf(why, wcap, "zstd failed: %s", ZSTD_getErrorName(n));
 		return -EIO;
 	}
 	uint64_t sidx = w_chunk_shard(a, l->idx);
 	struct wshard *sh = &a->shards[sidx];
 	int fd = w_shard_open(a, sidx, O_WRONLY | O_CREAT);
 	if (fd < 0) {
-		ckpt_log(CKPT_LOG_ERR, "writer: %s: cannot open shard %llu: %s", a->relpath,
+		snprintf(why, wcap, "cannot open shard %llu: %s",
 			 (unsigned long long)sidx, strerror(-fd));
 		return fd;
 	}
@@ -89,7 +90,7 @@ static int store_chunk(struct zworker *z, struct ckpt_warray *a, struct wlive *l
 	pthread_mutex_unlock(&sh->mu);
 	int rc = w_pwrite_all(fd, z->out, n, *off);
 	if (rc) {
-		ckpt_log(CKPT_LOG_ERR, "writer: %s: writing shard %llu: %s", a->relpath, (unsigned long long)sidx,
+		snprintf(why, wcap, "writing shard %llu: %s", (unsigned long long)sidx,
 			 strerror(-rc));
 		close(fd);
 		return rc;
@@ -148,7 +149,8 @@ static void *worker(void *arg)
 
 		uint64_t off = 0, len = 0;
 		int fd = -1;
-		int rc = z.cc ? store_chunk(&z, a, l, &off, &len, &fd) : -ENOMEM;
+		char why[256] = "no compression context";
+		int rc = z.cc ? store_chunk(&z, a, l, &off, &len, &fd, why, sizeof(why)) : -ENOMEM;
 		uint64_t need = w_chunk_need(a, l->idx);
 
 		pthread_mutex_lock(&a->mu);
@@ -165,6 +167,9 @@ static void *worker(void *arg)
 			shard_done = --a->shards[w_chunk_shard(a, l->idx)].unstored == 0;
 		} else {
 			c->state = WC_ERROR;
+			if (!a->err)
+				ckpt_log(CKPT_LOG_ERR, "writer: %s: %s (chunk kept in memory; retried at commit)",
+					 a->relpath, why);
 			a->err = rc;
 		}
 		pthread_mutex_lock(&st->mu);

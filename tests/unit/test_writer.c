@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -513,6 +514,17 @@ static void run_slices(const char *tag, uint64_t budget, uint64_t chunk_bytes, i
 
 /* ---- 3. rewrites of compressed chunks, holes, retry ---- */
 
+static void wait_idle(ckpt_step *st)
+{
+	ckpt_step_info si;
+	for (;;) {
+		ckpt_step_get_info(st, &si);
+		if (!si.bytes_pending)
+			return;
+		usleep(1000);
+	}
+}
+
 static void test_rewrite_holes(void)
 {
 	char *root = make_root("holes");
@@ -534,8 +546,14 @@ static void test_rewrite_holes(void)
 	fill_random(va, n, CKPT_DT_BFLOAT16);
 	fill_random(vb, n, CKPT_DT_INT16);
 	fill_random(junk, n, CKPT_DT_INT16);
-	/* a: junk first, complete (chunks get compressed), then the real bytes. */
+	/* a: junk first, complete; wait until it is compressed; then the real
+	 * bytes, which re-open stored chunks. */
 	CHECK_EQ_INT(ckpt_warray_write(a, NULL, 0, junk, n), 0);
+	wait_idle(st);
+	ckpt_warray_info i0;
+	ckpt_warray_get_info(a, &i0);
+	CHECK_EQ_INT(i0.chunks_stored, i0.chunks);
+	CHECK(i0.chunks > 4);
 	CHECK_EQ_INT(ckpt_warray_write(a, NULL, 0, va, n), 0);
 	/* b: everything but bytes [1000, 1003) and the last byte. */
 	CHECK_EQ_INT(ckpt_warray_write(b, NULL, 0, vb, 1000), 0);
@@ -575,6 +593,85 @@ static void test_rewrite_holes(void)
 	free(va);
 	free(vb);
 	free(junk);
+	rm_rf(root);
+	free(root);
+}
+
+/* ---- 3b. reading spilled chunks; I/O errors and commit retry ---- */
+
+static void test_spill_read_and_io_error(void)
+{
+	char *root = make_root("spillio");
+	ckpt_writer_opts o;
+	ckpt_writer_opts_init(&o);
+	o.chunk_bytes = 1024; /* [4,64] float32 chunks */
+	o.shard_bytes = 1 << 20;
+	o.mem_budget = 2 * 1024;
+	ckpt_step *st;
+	CHECK_EQ_INT(ckpt_step_begin(root, "50", &o, &st), 0);
+	uint64_t shape[2] = {64, 64};
+	const char *k[1] = {"w"};
+	int kt[1] = {2};
+	ckpt_warray *a;
+	CHECK_EQ_INT(ckpt_step_add_array(st, "state", k, kt, 1, CKPT_DT_FLOAT32, 2, shape, &a), 0);
+	uint64_t n = 64 * 64 * 4;
+	uint8_t *v = malloc(n), *back = malloc(n), *left = malloc(n / 2);
+	fill_random(v, n, CKPT_DT_FLOAT32);
+	ckpt_region lr = {.rank = 2, .start = {0, 0}, .stop = {64, 32}};
+	ckpt_region rr = {.rank = 2, .start = {0, 32}, .stop = {64, 64}};
+	for (int r = 0; r < 64; r++)
+		memcpy(left + r * 128, v + r * 256, 128);
+	/* Left half only: every chunk partial, 16 chunks for a 2-chunk budget. */
+	CHECK_EQ_INT(ckpt_warray_write(a, &lr, 0, left, n / 2), 0);
+	ckpt_step_info si;
+	ckpt_step_get_info(st, &si);
+	CHECK(si.spilled_chunks >= 13);
+	CHECK(si.mem_used <= 2 * o.mem_budget); /* one chunk over at most */
+	CHECK_EQ_INT(ckpt_warray_read(a, NULL, 0, back, n), (long long)n);
+	int ok = 1;
+	for (int r = 0; r < 64; r++)
+		for (int c = 0; c < 256; c++)
+			ok &= back[r * 256 + c] == (c < 128 ? v[r * 256 + c] : 0);
+	CHECK(ok);
+
+	uint8_t *right = malloc(n / 2);
+	for (int r = 0; r < 64; r++)
+		memcpy(right + r * 128, v + r * 256 + 128, 128);
+	CHECK_EQ_INT(ckpt_warray_write(a, &rr, 0, right, n / 2), 0);
+	CHECK_EQ_INT(ckpt_step_commit(st, "50"), 0);
+	char p[4200];
+	snprintf(p, sizeof(p), "%s/50/state", root);
+	CHECK_EQ_INT(verify_array(p, "w", CKPT_DT_FLOAT32, 2, shape, v), 0);
+	ckpt_step_destroy(st);
+
+	/* Inject write errors in the compression threads: files may not grow
+	 * past 8 KiB (the 16 KiB shard does not fit).  Commit fails with the
+	 * error and the step stays pending; once the cause is gone, the same
+	 * step commits (failed chunks are retried). */
+	o.mem_budget = 1 << 20;
+	CHECK_EQ_INT(ckpt_step_begin(root, "51", &o, &st), 0);
+	CHECK_EQ_INT(ckpt_step_add_array(st, "state", k, kt, 1, CKPT_DT_FLOAT32, 2, shape, &a), 0);
+	struct rlimit old_lim, lim;
+	getrlimit(RLIMIT_FSIZE, &old_lim);
+	signal(SIGXFSZ, SIG_IGN);
+	lim = old_lim;
+	lim.rlim_cur = 8192;
+	CHECK_EQ_INT(setrlimit(RLIMIT_FSIZE, &lim), 0);
+	CHECK_EQ_INT(ckpt_warray_write(a, NULL, 0, v, n), 0);
+	fprintf(stderr, "(expected write errors follow)\n");
+	CHECK_EQ_INT(ckpt_step_commit(st, "51"), -EFBIG);
+	snprintf(p, sizeof(p), "%s/51", root);
+	CHECK(!exists(p));
+	CHECK_EQ_INT(setrlimit(RLIMIT_FSIZE, &old_lim), 0);
+	fprintf(stderr, "(end of expected write errors)\n");
+	CHECK_EQ_INT(ckpt_step_commit(st, "51"), 0);
+	snprintf(p, sizeof(p), "%s/51/state", root);
+	CHECK_EQ_INT(verify_array(p, "w", CKPT_DT_FLOAT32, 2, shape, v), 0);
+	ckpt_step_destroy(st);
+	free(v);
+	free(back);
+	free(left);
+	free(right);
 	rm_rf(root);
 	free(root);
 }
@@ -908,14 +1005,22 @@ static void bench(int level)
 		CHECK_EQ_INT(jb[i].rc, 0);
 	}
 	double t1 = now_s();
+	ckpt_step_info si;
+	for (;;) { /* background compression still running? */
+		ckpt_step_get_info(st, &si);
+		if (!si.bytes_pending)
+			break;
+		usleep(1000);
+	}
+	double td = now_s();
 	CHECK_EQ_INT(ckpt_step_commit(st, "1"), 0);
 	double t2 = now_s();
 	ckpt_warray_info info;
 	ckpt_warray_get_info(a, &info);
 	printf("bench zstd level %d: 256 MiB bf16 from 2 threads: writes returned after %.2f s (%.0f MB/s), "
-	       "commit %.2f s, total %.0f MB/s; stored %.1f MiB (ratio %.3f), chunk [%llu,%llu] shard "
-	       "[%llu,%llu]\n",
-	       level, t1 - t0, n / (t1 - t0) / 1e6, t2 - t1, n / (t2 - t0) / 1e6, info.stored_bytes / 1048576.0,
+	       "compression done %.2f s later, commit (index+metadata+fsync+rename) %.2f s; end to end %.0f MB/s; "
+	       "stored %.1f MiB (ratio %.3f), chunk [%llu,%llu] shard [%llu,%llu]\n",
+	       level, t1 - t0, n / (t1 - t0) / 1e6, td - t1, t2 - td, n / (t2 - t0) / 1e6, info.stored_bytes / 1048576.0,
 	       (double)n / (double)info.stored_bytes, (unsigned long long)info.chunk_shape[0],
 	       (unsigned long long)info.chunk_shape[1], (unsigned long long)info.shard_shape[0],
 	       (unsigned long long)info.shard_shape[1]);
@@ -1021,6 +1126,7 @@ int main(int argc, char **argv)
 	test_decls_and_metadata();
 	test_all_dtypes();
 	test_rewrite_holes();
+	test_spill_read_and_io_error();
 	run_slices("slices", 512 << 20, 4096, 0);
 	run_slices("overlap", 512 << 20, 4096, 1);
 	run_slices("tinybudget", 3 * 4096, 4096, 1);
