@@ -122,7 +122,7 @@ int ckpt_step_add_item(ckpt_step *st, const char *item);
  * or a param name that is not a valid file name or that names one of the
  * item's metadata files, rank outside [0, CKPT_MAX_RANK], an unknown dtype.
  * -EFBIG when the array's byte size overflows 2^62 or it would need more
- * than 2^26 inner chunks.  -EROFS after commit.
+ * than 2^24 inner chunks.  -EROFS after commit.
  *
  * Chunking: inner chunk = the array split along its leading dims (each
  * chunk dim a divisor of the extent when a divisor within 2x of the target

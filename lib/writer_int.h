@@ -12,7 +12,7 @@
 #include "writer.h"
 
 #define W_TMP_SUFFIX ".orbax-checkpoint-tmp"
-#define W_MAX_CHUNKS ((uint64_t)1 << 26)
+#define W_MAX_CHUNKS ((uint64_t)1 << 24)
 #define W_COV_INLINE 32 /* intervals kept before switching to a bitmap */
 
 /* Chunk states.  Transitions happen under array->mu.  BUSY states

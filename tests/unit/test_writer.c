@@ -676,6 +676,119 @@ static void test_spill_read_and_io_error(void)
 	free(root);
 }
 
+/* ---- 3c. randomized model test of region/byte-range mapping ---- */
+
+/* Global byte offset of byte b of region r's stream. */
+static uint64_t model_off(const ckpt_region *r, const uint64_t *shape, unsigned isz, uint64_t b)
+{
+	uint64_t e = b / isz, gi = 0, st = 1;
+	for (int d = r->rank - 1; d >= 0; d--) {
+		uint64_t ext = r->stop[d] - r->start[d];
+		gi += (r->start[d] + e % ext) * st;
+		st *= shape[d];
+		e /= ext;
+	}
+	return gi * isz + b % isz;
+}
+
+static void random_region(int rank, const uint64_t *shape, ckpt_region *r)
+{
+	r->rank = rank;
+	for (int d = 0; d < rank; d++) {
+		uint64_t a = rnd() % shape[d], b = rnd() % shape[d];
+		if (a > b) {
+			uint64_t t = a;
+			a = b;
+			b = t;
+		}
+		r->start[d] = a;
+		r->stop[d] = b + 1;
+	}
+}
+
+static void test_random_regions(void)
+{
+	char *root = make_root("random");
+	static const ckpt_dtype dts[] = {CKPT_DT_UINT8, CKPT_DT_BFLOAT16, CKPT_DT_FLOAT32, CKPT_DT_INT64};
+	int bad_reads = 0, bad_commits = 0;
+	for (int it = 0; it < 150; it++) {
+		ckpt_writer_opts o;
+		ckpt_writer_opts_init(&o);
+		o.chunk_bytes = 1 + rnd() % 96;
+		o.shard_bytes = o.chunk_bytes * (1 + rnd() % 8);
+		o.mem_budget = rnd() % 2 ? 1 << 20 : 1 + rnd() % 512;
+		o.threads = 1 + (int)(rnd() % 2);
+		ckpt_dtype dt = dts[rnd() % 4];
+		unsigned isz = ckpt_dtype_get(dt)->itemsize;
+		int rank = 1 + (int)(rnd() % 4);
+		uint64_t shape[4];
+		for (int d = 0; d < rank; d++)
+			shape[d] = 1 + rnd() % (rank > 2 ? 6 : 13);
+		uint64_t n = prod(shape, rank) * isz;
+		char name[32];
+		snprintf(name, sizeof(name), "s%d", it);
+		ckpt_step *st;
+		ckpt_warray *a;
+		const char *k[1] = {"x"};
+		int kt[1] = {2};
+		if (ckpt_step_begin(root, name, &o, &st)) {
+			CHECK(!"begin");
+			continue;
+		}
+		CHECK_EQ_INT(ckpt_step_add_array(st, "state", k, kt, 1, dt, rank, shape, &a), 0);
+		uint8_t *model = calloc(1, n), *buf = malloc(n), *back = malloc(n + 8);
+		/* Overlapping random regions, each in random pieces. */
+		int nreg = 1 + (int)(rnd() % 4);
+		for (int q = 0; q < nreg; q++) {
+			ckpt_region r;
+			random_region(rank, shape, &r);
+			uint64_t rb = 0;
+			ckpt_region_count(&r, &rb);
+			rb *= isz;
+			fill_random(buf, rb, CKPT_DT_UINT8);
+			for (uint64_t off = 0; off < rb;) {
+				uint64_t len = 1 + rnd() % 23;
+				if (len > rb - off)
+					len = rb - off;
+				CHECK_EQ_INT(ckpt_warray_write(a, &r, off, buf + off, len), 0);
+				for (uint64_t b = off; b < off + len; b++)
+					model[model_off(&r, shape, isz, b)] = buf[b];
+				off += len;
+			}
+		}
+		/* Whole array and random sub-ranges of random regions read back. */
+		bad_reads += ckpt_warray_read(a, NULL, 0, back, n) != (ssize_t)n || memcmp(back, model, n) != 0;
+		for (int q = 0; q < 4; q++) {
+			ckpt_region r;
+			random_region(rank, shape, &r);
+			uint64_t rb = 0;
+			ckpt_region_count(&r, &rb);
+			rb *= isz;
+			uint64_t b0 = rnd() % rb, len = 1 + rnd() % (rb - b0);
+			uint64_t want = len + 5 < rb - b0 ? len + 5 : rb - b0; /* short only at the end */
+			ssize_t got = ckpt_warray_read(a, &r, b0, back, len + 5);
+			bad_reads += got != (ssize_t)want;
+			for (uint64_t b = 0; b < want && got == (ssize_t)want; b++)
+				bad_reads += back[b] != model[model_off(&r, shape, isz, b0 + b)];
+		}
+		/* Complete it and commit. */
+		fill_random(model, n, CKPT_DT_UINT8);
+		CHECK_EQ_INT(write_stream_shuffled(a, model, n, 1 + rnd() % 40), 0);
+		CHECK_EQ_INT(ckpt_step_commit(st, name), 0);
+		char item[4200];
+		snprintf(item, sizeof(item), "%s/%s/state", root, name);
+		bad_commits += verify_array(item, "x", dt, rank, shape, model) != 0;
+		ckpt_step_destroy(st);
+		free(model);
+		free(buf);
+		free(back);
+	}
+	CHECK_EQ_INT(bad_reads, 0);
+	CHECK_EQ_INT(bad_commits, 0);
+	rm_rf(root);
+	free(root);
+}
+
 /* ---- 4. declarations, names, EEXIST, EBUSY, abort, metadata files ---- */
 
 static void test_decls_and_metadata(void)
@@ -1123,10 +1236,13 @@ int main(int argc, char **argv)
 	if (argc == 3 && strcmp(argv[1], "--emit") == 0)
 		return emit(argv[2]);
 	ckpt_log_set_level(getenv("CKPT_TEST_VERBOSE") ? CKPT_LOG_DEBUG : CKPT_LOG_ERR + 0);
+	if (getenv("CKPT_TEST_SEED"))
+		rng_state = strtoull(getenv("CKPT_TEST_SEED"), NULL, 0) | 1;
 	test_decls_and_metadata();
 	test_all_dtypes();
 	test_rewrite_holes();
 	test_spill_read_and_io_error();
+	test_random_regions();
 	run_slices("slices", 512 << 20, 4096, 0);
 	run_slices("overlap", 512 << 20, 4096, 1);
 	run_slices("tinybudget", 3 * 4096, 4096, 1);
