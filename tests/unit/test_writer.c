@@ -1248,6 +1248,10 @@ int main(int argc, char **argv)
 	run_slices("tinybudget", 3 * 4096, 4096, 1);
 	run_slices("tinybudget2", 1, 8192, 0);
 	test_kill();
+	/* Every pending byte was stored or dropped with its step. */
+	CHECK_EQ_INT(atomic_load(&ckpt_g_stats.bytes_pending), 0);
+	CHECK(atomic_load(&ckpt_g_stats.commits) >= 150);
+	CHECK(atomic_load(&ckpt_g_stats.stored_bytes_written) > 0);
 	if (!getenv("CKPT_WRITER_NO_BENCH")) {
 		bench(1);
 		bench(3);
