@@ -508,19 +508,38 @@ void ckpt_warray_get_info(ckpt_warray *a, ckpt_warray_info *o)
 
 ckpt_warray *ckpt_step_find_array(ckpt_step *st, const char *item, const char *const *keypath, int depth)
 {
+	/* Param names are unique per item: look the name up, then compare
+	 * the keys (('a.b',) and ('a', 'b') share a name). */
+	if (!item || !keypath || depth < 1 || depth > 256)
+		return NULL;
+	size_t n = 1 + strlen(item) + 1;
+	for (int i = 0; i < depth; i++) {
+		if (!keypath[i])
+			return NULL;
+		n += strlen(keypath[i]) + 1;
+	}
+	char *k = malloc(n), *p = k;
+	if (!k)
+		return NULL;
+	*p++ = 'P';
+	p = stpcpy(p, item) + 1;
+	for (int i = 0; i < depth; i++) {
+		if (i)
+			*p++ = '.';
+		p = stpcpy(p, keypath[i]);
+	}
 	ckpt_warray *found = NULL;
 	pthread_mutex_lock(&st->decl_mu);
-	struct witem *it = item_get(st, item, 0, NULL);
-	for (struct ckpt_warray *a = it ? it->first : NULL; a && !found; a = a->next) {
-		if (a->depth != depth)
-			continue;
+	struct hent *e = hash_find(st->nodes, k, (size_t)(p - k));
+	if (e && e->arr && e->arr->depth == depth) {
 		int i = 0;
-		while (i < depth && strcmp(a->keys[i], keypath[i]) == 0)
+		while (i < depth && strcmp(e->arr->keys[i], keypath[i]) == 0)
 			i++;
 		if (i == depth)
-			found = a;
+			found = e->arr;
 	}
 	pthread_mutex_unlock(&st->decl_mu);
+	free(k);
 	return found;
 }
 

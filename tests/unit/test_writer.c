@@ -840,6 +840,9 @@ static void test_decls_and_metadata(void)
 	CHECK_EQ_INT(ckpt_step_add_item(st, "empty"), 0);
 	CHECK(ckpt_step_find_array(st, "state", k, 3) == a);
 	CHECK(ckpt_step_find_array(st, "state", k, 2) == NULL);
+	CHECK(ckpt_step_find_array(st, "state", kl0, 3) == l0);
+	CHECK(ckpt_step_find_array(st, "other", kl0, 3) == NULL);
+	CHECK(ckpt_step_find_array(st, "state", kdot, 1) == NULL);
 	float fv[12];
 	for (int i = 0; i < 12; i++)
 		fv[i] = (float)i;
