@@ -33,6 +33,11 @@
  * and nothing else can be freed, the budget is exceeded rather than
  * deadlocking (by at most one chunk per writing thread).
  *
+ * Memory outside the budget: about 48 bytes per declared inner chunk and
+ * a hash entry per pytree node (both proportional to what was declared),
+ * one ZSTD_compressBound(chunk) output buffer per compression thread, and
+ * one chunk-sized scratch buffer per ckpt_warray_read call in progress.
+ *
  * Byte accounting: coverage is tracked per chunk at byte granularity and
  * counts distinct bytes, so rewriting bytes (mmap writeback, retries) is
  * legal and never double counted.  Writes may start and end mid-element.
