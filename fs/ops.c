@@ -1,0 +1,385 @@
+/*
+ * ops.c - one handler per FUSE low-level operation.  libckpt returns
+ * negative errno; it becomes fuse_reply_err(-rc) here and nowhere else.
+ * Every handler replies exactly once on every path.
+ */
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+
+#include "ckfs.h"
+
+static struct ckfs *fs_of(fuse_req_t req)
+{
+	return fuse_req_userdata(req);
+}
+
+static void to_stat(const ckpt_attr *a, struct stat *st)
+{
+	memset(st, 0, sizeof(*st));
+	st->st_ino = a->ino;
+	st->st_mode = (a->is_dir ? S_IFDIR : S_IFREG) | a->mode;
+	st->st_nlink = a->nlink;
+	st->st_size = (off_t)a->size;
+	st->st_blksize = 1 << 20;
+	st->st_blocks = (blkcnt_t)((a->size + 511) / 512);
+	st->st_mtim.tv_sec = a->mtime_ns / 1000000000;
+	st->st_mtim.tv_nsec = a->mtime_ns % 1000000000;
+	st->st_ctim = st->st_mtim;
+	st->st_atim = st->st_mtim;
+}
+
+static double ttl(const struct ckfs *fs, const ckpt_attr *a)
+{
+	return a->immutable ? fs->ttl_immutable : 0.0;
+}
+
+static void fill_entry(const struct ckfs *fs, const ckpt_attr *a, struct fuse_entry_param *e)
+{
+	memset(e, 0, sizeof(*e));
+	e->ino = a->ino;
+	e->generation = 1;
+	to_stat(a, &e->attr);
+	e->attr_timeout = ttl(fs, a);
+	e->entry_timeout = ttl(fs, a);
+}
+
+/* Reply buffers: one per FUSE thread, grown as needed and reused, so no
+ * request allocates (fuse-guide.md B.4).  Freed at thread exit. */
+static pthread_key_t buf_key;
+static pthread_once_t buf_once = PTHREAD_ONCE_INIT;
+
+struct tbuf {
+	char *p;
+	size_t cap;
+};
+
+static void tbuf_free(void *arg)
+{
+	struct tbuf *b = arg;
+	free(b->p);
+	free(b);
+}
+
+static void tbuf_init(void)
+{
+	pthread_key_create(&buf_key, tbuf_free);
+}
+
+static char *thread_buf(size_t need)
+{
+	pthread_once(&buf_once, tbuf_init);
+	struct tbuf *b = pthread_getspecific(buf_key);
+	if (!b) {
+		b = calloc(1, sizeof(*b));
+		if (!b)
+			return NULL;
+		pthread_setspecific(buf_key, b);
+	}
+	if (need > b->cap) {
+		size_t cap = need < (1u << 20) + 4096 ? (1u << 20) + 4096 : need;
+		char *p = realloc(b->p, cap);
+		if (!p)
+			return NULL;
+		memset(p, 0, cap); /* fault the pages in once, not per request */
+		b->p = p;
+		b->cap = cap;
+	}
+	return b->p;
+}
+
+static void ckfs_op_init(void *userdata, struct fuse_conn_info *conn)
+{
+	(void)userdata;
+	conn->max_background = 64;
+	conn->congestion_threshold = 48;
+	if (conn->capable & FUSE_CAP_EXPORT_SUPPORT)
+		conn->want |= FUSE_CAP_EXPORT_SUPPORT;
+}
+
+static void ckfs_op_lookup(fuse_req_t req, fuse_ino_t parent, const char *name)
+{
+	struct ckfs *fs = fs_of(req);
+	ckpt_attr a;
+	int rc = ckpt_view_lookup(fs->view, parent, name, &a);
+	if (rc < 0) {
+		fuse_reply_err(req, -rc);
+		return;
+	}
+	struct fuse_entry_param e;
+	fill_entry(fs, &a, &e);
+	fuse_reply_entry(req, &e);
+}
+
+static void ckfs_op_forget(fuse_req_t req, fuse_ino_t ino, uint64_t nlookup)
+{
+	/* Nodes live as long as the view: nothing to free. */
+	(void)ino;
+	(void)nlookup;
+	fuse_reply_none(req);
+}
+
+static void ckfs_op_forget_multi(fuse_req_t req, size_t count, struct fuse_forget_data *forgets)
+{
+	(void)count;
+	(void)forgets;
+	fuse_reply_none(req);
+}
+
+static void ckfs_op_getattr(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
+{
+	(void)fi;
+	struct ckfs *fs = fs_of(req);
+	ckpt_attr a;
+	int rc = ckpt_view_getattr(fs->view, ino, &a);
+	if (rc < 0) {
+		fuse_reply_err(req, -rc);
+		return;
+	}
+	struct stat st;
+	to_stat(&a, &st);
+	fuse_reply_attr(req, &st, ttl(fs, &a));
+}
+
+static void ckfs_op_opendir(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
+{
+	struct ckfs *fs = fs_of(req);
+	ckpt_attr a;
+	int rc = ckpt_view_getattr(fs->view, ino, &a);
+	if (rc < 0) {
+		fuse_reply_err(req, -rc);
+		return;
+	}
+	if (!a.is_dir) {
+		fuse_reply_err(req, ENOTDIR);
+		return;
+	}
+	fi->cache_readdir = a.immutable;
+	fi->keep_cache = a.immutable;
+	fuse_reply_open(req, fi);
+}
+
+static void do_readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, int plus)
+{
+	struct ckfs *fs = fs_of(req);
+	char *buf = thread_buf(size);
+	if (!buf) {
+		fuse_reply_err(req, ENOMEM);
+		return;
+	}
+	size_t used = 0;
+	for (uint64_t i = (uint64_t)off;; i++) {
+		const char *name;
+		ckpt_attr a;
+		int rc;
+		if (i < 2) {
+			rc = ckpt_view_getattr(fs->view, ino, &a);
+			name = i == 0 ? "." : "..";
+		} else {
+			rc = ckpt_view_readdir(fs->view, ino, i - 2, &name, &a);
+		}
+		if (rc < 0) {
+			if (used) /* return what we have; the error shows next time */
+				break;
+			fuse_reply_err(req, -rc);
+			return;
+		}
+		if (rc == 0 && i >= 2)
+			break;
+		size_t n;
+		if (plus) {
+			struct fuse_entry_param e;
+			fill_entry(fs, &a, &e);
+			n = fuse_add_direntry_plus(req, buf + used, size - used, name, &e, (off_t)(i + 1));
+		} else {
+			struct stat st;
+			to_stat(&a, &st);
+			n = fuse_add_direntry(req, buf + used, size - used, name, &st, (off_t)(i + 1));
+		}
+		if (n > size - used)
+			break;
+		used += n;
+	}
+	fuse_reply_buf(req, buf, used);
+}
+
+static void ckfs_op_readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, struct fuse_file_info *fi)
+{
+	(void)fi;
+	do_readdir(req, ino, size, off, 0);
+}
+
+static void ckfs_op_readdirplus(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
+				struct fuse_file_info *fi)
+{
+	(void)fi;
+	do_readdir(req, ino, size, off, 1);
+}
+
+static void ckfs_op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
+{
+	struct ckfs *fs = fs_of(req);
+	ckpt_attr a;
+	int rc = ckpt_view_getattr(fs->view, ino, &a);
+	if (rc < 0) {
+		fuse_reply_err(req, -rc);
+		return;
+	}
+	if (a.is_dir) {
+		fuse_reply_err(req, EISDIR);
+		return;
+	}
+	if ((fi->flags & O_ACCMODE) != O_RDONLY || (fi->flags & O_TRUNC)) {
+		fuse_reply_err(req, EROFS);
+		return;
+	}
+	fi->keep_cache = a.immutable;
+	fi->direct_io = a.volatile_data;
+	fi->noflush = 1;
+	fuse_reply_open(req, fi);
+}
+
+static void ckfs_op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, struct fuse_file_info *fi)
+{
+	(void)fi;
+	struct ckfs *fs = fs_of(req);
+	char *buf = thread_buf(size);
+	if (!buf) {
+		fuse_reply_err(req, ENOMEM);
+		return;
+	}
+	ssize_t n = ckpt_view_read(fs->view, ino, (uint64_t)off, size, buf);
+	if (n < 0) {
+		fuse_reply_err(req, (int)-n);
+		return;
+	}
+	fuse_reply_buf(req, buf, (size_t)n);
+}
+
+static void ckfs_op_getxattr(fuse_req_t req, fuse_ino_t ino, const char *name, size_t size)
+{
+	struct ckfs *fs = fs_of(req);
+	char *buf = size ? thread_buf(size) : NULL;
+	if (size && !buf) {
+		fuse_reply_err(req, ENOMEM);
+		return;
+	}
+	ssize_t n = ckpt_view_getxattr(fs->view, ino, name, buf, size);
+	if (n < 0)
+		fuse_reply_err(req, (int)-n);
+	else if (size == 0)
+		fuse_reply_xattr(req, (size_t)n);
+	else
+		fuse_reply_buf(req, buf, (size_t)n);
+}
+
+static void ckfs_op_listxattr(fuse_req_t req, fuse_ino_t ino, size_t size)
+{
+	struct ckfs *fs = fs_of(req);
+	char *buf = size ? thread_buf(size) : NULL;
+	if (size && !buf) {
+		fuse_reply_err(req, ENOMEM);
+		return;
+	}
+	ssize_t n = ckpt_view_listxattr(fs->view, ino, buf, size);
+	if (n < 0)
+		fuse_reply_err(req, (int)-n);
+	else if (size == 0)
+		fuse_reply_xattr(req, (size_t)n);
+	else
+		fuse_reply_buf(req, buf, (size_t)n);
+}
+
+static void ckfs_op_statfs(fuse_req_t req, fuse_ino_t ino)
+{
+	(void)ino;
+	struct statvfs s;
+	memset(&s, 0, sizeof(s));
+	s.f_bsize = 4096;
+	s.f_frsize = 4096;
+	s.f_namemax = 255;
+	fuse_reply_statfs(req, &s);
+}
+
+/* The read-only tree refuses every change with EROFS. */
+static void ckfs_op_mkdir(fuse_req_t req, fuse_ino_t parent, const char *name, mode_t mode)
+{
+	(void)parent;
+	(void)name;
+	(void)mode;
+	fuse_reply_err(req, EROFS);
+}
+
+static void ckfs_op_create(fuse_req_t req, fuse_ino_t parent, const char *name, mode_t mode,
+			   struct fuse_file_info *fi)
+{
+	(void)parent;
+	(void)name;
+	(void)mode;
+	(void)fi;
+	fuse_reply_err(req, EROFS);
+}
+
+static void ckfs_op_unlink(fuse_req_t req, fuse_ino_t parent, const char *name)
+{
+	(void)parent;
+	(void)name;
+	fuse_reply_err(req, EROFS);
+}
+
+static void ckfs_op_rename(fuse_req_t req, fuse_ino_t parent, const char *name, fuse_ino_t newparent,
+			   const char *newname, unsigned int flags)
+{
+	(void)parent;
+	(void)name;
+	(void)newparent;
+	(void)newname;
+	(void)flags;
+	fuse_reply_err(req, EROFS);
+}
+
+static void ckfs_op_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr, int to_set,
+			    struct fuse_file_info *fi)
+{
+	(void)ino;
+	(void)attr;
+	(void)to_set;
+	(void)fi;
+	fuse_reply_err(req, EROFS);
+}
+
+static void ckfs_op_setxattr(fuse_req_t req, fuse_ino_t ino, const char *name, const char *value, size_t size,
+			     int flags)
+{
+	(void)ino;
+	(void)name;
+	(void)value;
+	(void)size;
+	(void)flags;
+	fuse_reply_err(req, EROFS);
+}
+
+const struct fuse_lowlevel_ops ckfs_ops = {
+	.init = ckfs_op_init,
+	.lookup = ckfs_op_lookup,
+	.forget = ckfs_op_forget,
+	.forget_multi = ckfs_op_forget_multi,
+	.getattr = ckfs_op_getattr,
+	.setattr = ckfs_op_setattr,
+	.opendir = ckfs_op_opendir,
+	.readdir = ckfs_op_readdir,
+	.readdirplus = ckfs_op_readdirplus,
+	.open = ckfs_op_open,
+	.read = ckfs_op_read,
+	.getxattr = ckfs_op_getxattr,
+	.listxattr = ckfs_op_listxattr,
+	.setxattr = ckfs_op_setxattr,
+	.statfs = ckfs_op_statfs,
+	.mkdir = ckfs_op_mkdir,
+	.create = ckfs_op_create,
+	.unlink = ckfs_op_unlink,
+	.rmdir = ckfs_op_unlink,
+	.rename = ckfs_op_rename,
+};

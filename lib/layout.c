@@ -1,0 +1,496 @@
+/*
+ * layout.c - detect what a source folder is (CheckpointManager root, step,
+ * item) and build the view's nodes from Orbax's layout and metadata.
+ */
+#include <cjson/cJSON.h>
+#include <dirent.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "npy.h"
+#include "view_internal.h"
+
+#define MAX_JSON (64u << 20) /* _METADATA and friends */
+
+static int exists_at(const char *dir, const char *name, int want_dir)
+{
+	char p[4096];
+	struct stat st;
+	if (snprintf(p, sizeof(p), "%s/%s", dir, name) >= (int)sizeof(p))
+		return 0;
+	if (stat(p, &st) < 0)
+		return 0;
+	return want_dir ? S_ISDIR(st.st_mode) : S_ISREG(st.st_mode);
+}
+
+static int has_ocdbt(const char *dir)
+{
+	if (exists_at(dir, "manifest.ocdbt", 0))
+		return 1;
+	DIR *d = opendir(dir);
+	if (!d)
+		return 0;
+	int found = 0;
+	struct dirent *de;
+	while (!found && (de = readdir(d)))
+		found = strncmp(de->d_name, "ocdbt.process_", 14) == 0;
+	closedir(d);
+	return found;
+}
+
+static int is_item(const char *dir)
+{
+	return exists_at(dir, "_METADATA", 0) || has_ocdbt(dir);
+}
+
+static int unfinished_name(const char *name)
+{
+	size_t n = strlen(name);
+	return strstr(name, ".orbax-checkpoint-tmp") != NULL ||
+	       (n >= 13 && strcmp(name + n - 13, ".partial_save") == 0);
+}
+
+static char *read_file(const char *path, size_t max, size_t *len)
+{
+	int fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return NULL;
+	struct stat st;
+	if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode) || (uint64_t)st.st_size > max) {
+		close(fd);
+		return NULL;
+	}
+	char *buf = malloc((size_t)st.st_size + 1);
+	size_t got = 0;
+	while (buf && got < (size_t)st.st_size) {
+		ssize_t r = read(fd, buf + got, (size_t)st.st_size - got);
+		if (r <= 0)
+			break;
+		got += (size_t)r;
+	}
+	close(fd);
+	if (!buf)
+		return NULL;
+	buf[got] = 0;
+	*len = got;
+	return buf;
+}
+
+static cJSON *read_json(const char *dir, const char *name)
+{
+	char p[4096];
+	size_t len;
+	if (snprintf(p, sizeof(p), "%s/%s", dir, name) >= (int)sizeof(p))
+		return NULL;
+	char *txt = read_file(p, MAX_JSON, &len);
+	if (!txt)
+		return NULL;
+	cJSON *j = cJSON_ParseWithLength(txt, len);
+	free(txt);
+	if (!j)
+		ckpt_log(CKPT_LOG_WARN, "%s: invalid JSON, ignored", p);
+	return j;
+}
+
+/* Commit time of a step/checkpoint folder: _CHECKPOINT_METADATA's
+ * commit_timestamp_nsecs, else the folder's mtime. */
+static int64_t commit_time(const char *dir, int64_t fallback)
+{
+	cJSON *j = read_json(dir, "_CHECKPOINT_METADATA");
+	int64_t t = 0;
+	if (j) {
+		const cJSON *c = cJSON_GetObjectItemCaseSensitive(j, "commit_timestamp_nsecs");
+		if (cJSON_IsNumber(c) && c->valuedouble > 0 && c->valuedouble < 9.2e18)
+			t = (int64_t)c->valuedouble;
+		cJSON_Delete(j);
+	}
+	if (t)
+		return t;
+	struct stat st;
+	if (stat(dir, &st) == 0)
+		return (int64_t)st.st_mtim.tv_sec * 1000000000 + st.st_mtim.tv_nsec;
+	return fallback;
+}
+
+static struct node *add_file(ckpt_view *v, struct node *dir, const char *name, const char *path, int64_t mtime)
+{
+	struct stat st;
+	if (stat(path, &st) < 0 || !S_ISREG(st.st_mode))
+		return NULL;
+	struct node *n = view_new_node(v, N_FILE, name, dir);
+	if (!n)
+		return NULL;
+	n->path = strdup(path);
+	n->size = (uint64_t)st.st_size;
+	n->mtime_ns = mtime;
+	if (!n->path || view_add_kid(dir, n) < 0)
+		return NULL;
+	return n;
+}
+
+static struct node *add_dir(ckpt_view *v, struct node *parent, const char *name, int64_t mtime)
+{
+	struct node *n = view_find_kid(parent, name);
+	if (n)
+		return n->type == N_DIR ? n : NULL;
+	n = view_new_node(v, N_DIR, name, parent);
+	if (!n)
+		return NULL;
+	n->mtime_ns = mtime;
+	if (view_add_kid(parent, n) < 0)
+		return NULL;
+	return n;
+}
+
+static int own_store(ckpt_view *v, ckpt_store *s)
+{
+	ckpt_store **p = realloc(v->stores, (v->nstores + 1) * sizeof(*p));
+	if (!p)
+		return -ENOMEM;
+	v->stores = p;
+	v->stores[v->nstores++] = s;
+	return 0;
+}
+
+static struct aref *new_aref(ckpt_view *v, ckpt_array *arr, int ocdbt)
+{
+	struct aref *ar = calloc(1, sizeof(*ar));
+	struct aref **p = realloc(v->arefs, (v->narefs + 1) * sizeof(*p));
+	if (!ar || !p) {
+		free(ar);
+		if (p)
+			v->arefs = p;
+		return NULL;
+	}
+	v->arefs = p;
+	ar->arr = arr;
+	ar->ocdbt = ocdbt;
+	v->arefs[v->narefs++] = ar;
+	return ar;
+}
+
+/* URL-safe base64 with '=' padding (the keys of _sharding). */
+static void b64url(const char *s, char *out, size_t cap)
+{
+	static const char tbl[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
+	size_t n = strlen(s), o = 0;
+	const unsigned char *p = (const unsigned char *)s;
+	for (size_t i = 0; i < n && o + 5 < cap; i += 3) {
+		uint32_t x = (uint32_t)p[i] << 16 | (i + 1 < n ? (uint32_t)p[i + 1] << 8 : 0) | (i + 2 < n ? p[i + 2] : 0);
+		out[o++] = tbl[(x >> 18) & 63];
+		out[o++] = tbl[(x >> 12) & 63];
+		out[o++] = i + 1 < n ? tbl[(x >> 6) & 63] : '=';
+		out[o++] = i + 2 < n ? tbl[x & 63] : '=';
+	}
+	out[o] = 0;
+}
+
+/* Add array `param` (store prefix) as file `fname` in dir. */
+static void add_array(ckpt_view *v, struct node *dir, ckpt_store *store, int ocdbt, const char *param,
+		      const char *fname, int format, const cJSON *sharding, int64_t mtime)
+{
+	if (view_find_kid(dir, fname)) {
+		ckpt_log(CKPT_LOG_WARN, "%s: name collision for array %s, left out", store->root, param);
+		return;
+	}
+	ckpt_array *arr;
+	int rc = ckpt_array_open(v->ctx, store, param, format, &arr);
+	if (rc == -ENOENT) {
+		ckpt_log(CKPT_LOG_ERR, "%s: array %s has no zarr metadata, left out", store->root, param);
+		return;
+	}
+	if (rc < 0)
+		return; /* logged by ckpt_array_open */
+	struct aref *ar = new_aref(v, arr, ocdbt);
+	if (!ar) {
+		ckpt_array_destroy(arr);
+		return;
+	}
+	if (sharding) {
+		char key[4096 * 2];
+		b64url(param, key, sizeof(key));
+		const cJSON *s = cJSON_GetObjectItemCaseSensitive(sharding, key);
+		if (cJSON_IsString(s))
+			ar->sharding = strdup(s->valuestring);
+	}
+	struct node *n = view_new_node(v, N_ARRAY, fname, dir);
+	if (!n)
+		return;
+	const ckpt_array_meta *m = ckpt_array_meta_of(arr);
+	ckpt_region r;
+	ckpt_region_full(&r, m->rank, m->shape);
+	if (view_init_array_node(n, ar, &r) < 0)
+		return;
+	n->mtime_ns = mtime;
+	view_add_kid(dir, n);
+}
+
+static void add_string_leaf(ckpt_view *v, struct node *dir, const char *fname, const char *value, int64_t mtime)
+{
+	struct node *n = view_new_node(v, N_FILE, fname, dir);
+	if (!n)
+		return;
+	n->content = strdup(value);
+	n->size = n->content ? strlen(n->content) : 0;
+	n->mtime_ns = mtime;
+	view_add_kid(dir, n);
+}
+
+struct scan_ctx {
+	ckpt_view *v;
+	struct node *dir;
+	ckpt_store *store;
+	int ocdbt;
+	int64_t mtime;
+};
+
+/* Fallback without usable _METADATA: every "<param>/zarr.json|.zarray" key. */
+static int scan_cb(void *arg, const char *key, uint64_t size)
+{
+	(void)size;
+	struct scan_ctx *c = arg;
+	const char *slash = strrchr(key, '/');
+	if (!slash || (strcmp(slash + 1, "zarr.json") && strcmp(slash + 1, ".zarray")))
+		return 0;
+	char param[4096], fname[4200];
+	size_t n = (size_t)(slash - key);
+	if (n == 0 || n >= sizeof(param))
+		return 0;
+	memcpy(param, key, n);
+	param[n] = 0;
+	if (strchr(param, '/'))
+		return 0; /* a chunk path, not an array */
+	char esc[4096];
+	view_escape_name(param, esc, sizeof(esc));
+	snprintf(fname, sizeof(fname), "%s.npy", esc);
+	if (!view_find_kid(c->dir, fname))
+		add_array(c->v, c->dir, c->store, c->ocdbt, param, fname, strcmp(slash + 1, "zarr.json") ? 2 : 3, NULL,
+			  c->mtime);
+	return 0;
+}
+
+static void mirror_dir(ckpt_view *v, struct node *dir, const char *path, int64_t mtime, int depth);
+
+/* A pytree item folder → dir's children. */
+static void build_item(ckpt_view *v, struct node *dir, const char *path, int64_t mtime)
+{
+	static const char *const meta_files[] = {"_CHECKPOINT_METADATA", "_METADATA", "_sharding",
+						 "commit_success.txt", "orbax.checkpoint"};
+	char p[4096];
+	for (size_t i = 0; i < sizeof(meta_files) / sizeof(meta_files[0]); i++) {
+		snprintf(p, sizeof(p), "%s/%s", path, meta_files[i]);
+		if (!view_find_kid(dir, meta_files[i]))
+			add_file(v, dir, meta_files[i], p, mtime);
+	}
+	int ocdbt = has_ocdbt(path);
+	ckpt_store *store = NULL;
+	int rc = ocdbt ? ckpt_store_ocdbt_open(path, &store) : ckpt_store_dir_open(path, &store);
+	if (rc < 0) {
+		ckpt_log(CKPT_LOG_ERR, "%s: cannot open the %s store (%s); arrays left out", path,
+			 ocdbt ? "OCDBT" : "folder", strerror(-rc));
+		return;
+	}
+	if (own_store(v, store) < 0) {
+		ckpt_store_destroy(store);
+		return;
+	}
+	cJSON *meta = read_json(path, "_METADATA");
+	cJSON *sharding = read_json(path, "_sharding");
+	cJSON *strings = NULL;
+	const cJSON *tree = meta ? cJSON_GetObjectItemCaseSensitive(meta, "tree_metadata") : NULL;
+	int format = 0;
+	if (meta) {
+		const cJSON *z3 = cJSON_GetObjectItemCaseSensitive(meta, "use_zarr3");
+		format = cJSON_IsBool(z3) ? (cJSON_IsTrue(z3) ? 3 : 2) : 0;
+	}
+	if (!cJSON_IsObject(tree)) {
+		if (meta)
+			ckpt_log(CKPT_LOG_ERR, "%s/_METADATA: no tree_metadata object; listing arrays from the store",
+				 path);
+		struct scan_ctx c = {v, dir, store, ocdbt, mtime};
+		ckpt_store_list(store, "", scan_cb, &c);
+		goto out;
+	}
+	const cJSON *leaf;
+	cJSON_ArrayForEach(leaf, tree)
+	{
+		const cJSON *keys = cJSON_GetObjectItemCaseSensitive(leaf, "key_metadata");
+		const cJSON *vm = cJSON_GetObjectItemCaseSensitive(leaf, "value_metadata");
+		const cJSON *vt = vm ? cJSON_GetObjectItemCaseSensitive(vm, "value_type") : NULL;
+		int depth = cJSON_GetArraySize(keys);
+		if (!cJSON_IsArray(keys) || depth < 1 || depth > 256 || !cJSON_IsString(vt)) {
+			ckpt_log(CKPT_LOG_ERR, "%s/_METADATA: malformed entry %s, skipped", path,
+				 leaf->string ? leaf->string : "?");
+			continue;
+		}
+		/* param name = '.'-joined keys; directories per key. */
+		char param[8192];
+		size_t plen = 0;
+		int ok = 1;
+		struct node *d = dir;
+		int i = 0;
+		const cJSON *k;
+		char esc[4096];
+		cJSON_ArrayForEach(k, keys)
+		{
+			const cJSON *key = cJSON_GetObjectItemCaseSensitive(k, "key");
+			char num[32];
+			const char *ks = NULL;
+			if (cJSON_IsString(key))
+				ks = key->valuestring;
+			else if (cJSON_IsNumber(key)) {
+				snprintf(num, sizeof(num), "%lld", (long long)key->valuedouble);
+				ks = num;
+			}
+			if (!ks || plen + strlen(ks) + 2 >= sizeof(param)) {
+				ok = 0;
+				break;
+			}
+			plen += (size_t)snprintf(param + plen, sizeof(param) - plen, "%s%s", i ? "." : "", ks);
+			view_escape_name(ks, esc, sizeof(esc));
+			if (++i < depth) {
+				d = add_dir(v, d, esc, mtime);
+				if (!d) {
+					ok = 0;
+					break;
+				}
+			}
+		}
+		if (!ok) {
+			ckpt_log(CKPT_LOG_ERR, "%s/_METADATA: bad key path in %s, skipped", path,
+				 leaf->string ? leaf->string : "?");
+			continue;
+		}
+		const char *type = vt->valuestring;
+		char fname[4200];
+		if (!strcmp(type, "jax.Array") || !strcmp(type, "np.ndarray") || !strcmp(type, "scalar")) {
+			snprintf(fname, sizeof(fname), "%s.npy", esc);
+			add_array(v, d, store, ocdbt, param, fname, format, sharding, mtime);
+		} else if (!strcmp(type, "Dict") || !strcmp(type, "List") || !strcmp(type, "Tuple") ||
+			   !strcmp(type, "NamedTuple")) {
+			add_dir(v, d, esc, mtime);
+		} else if (!strcmp(type, "string")) {
+			if (!strings)
+				strings = read_json(path, "_strings.json");
+			const cJSON *s = strings ? cJSON_GetObjectItemCaseSensitive(strings, param) : NULL;
+			snprintf(fname, sizeof(fname), "%s.txt", esc);
+			if (cJSON_IsString(s) && !view_find_kid(d, fname))
+				add_string_leaf(v, d, fname, s->valuestring, mtime);
+		}
+		/* "None", "placeholder" and unknown types carry no data. */
+	}
+out:
+	cJSON_Delete(meta);
+	cJSON_Delete(sharding);
+	cJSON_Delete(strings);
+}
+
+/* A non-pytree item (e.g. JSON `metadata/metadata`): its regular files and folders. */
+static void mirror_dir(ckpt_view *v, struct node *dir, const char *path, int64_t mtime, int depth)
+{
+	if (depth > 16)
+		return;
+	DIR *d = opendir(path);
+	if (!d)
+		return;
+	struct dirent *de;
+	char p[4096];
+	while ((de = readdir(d))) {
+		if (de->d_name[0] == '.' || unfinished_name(de->d_name))
+			continue;
+		if (snprintf(p, sizeof(p), "%s/%s", path, de->d_name) >= (int)sizeof(p))
+			continue;
+		struct stat st;
+		if (stat(p, &st) < 0)
+			continue;
+		if (S_ISREG(st.st_mode))
+			add_file(v, dir, de->d_name, p, mtime);
+		else if (S_ISDIR(st.st_mode)) {
+			struct node *sub = add_dir(v, dir, de->d_name, mtime);
+			if (sub)
+				mirror_dir(v, sub, p, mtime, depth + 1);
+		}
+	}
+	closedir(d);
+}
+
+/* A step folder → one directory per item plus its metadata files. */
+static void build_step(ckpt_view *v, struct node *dir, const char *path, int64_t mtime)
+{
+	if (is_item(path)) { /* a direct (non-composite) save: the step is the item */
+		build_item(v, dir, path, mtime);
+		return;
+	}
+	DIR *d = opendir(path);
+	if (!d)
+		return;
+	struct dirent *de;
+	char p[4096];
+	while ((de = readdir(d))) {
+		if (de->d_name[0] == '.' || unfinished_name(de->d_name))
+			continue;
+		if (snprintf(p, sizeof(p), "%s/%s", path, de->d_name) >= (int)sizeof(p))
+			continue;
+		struct stat st;
+		if (stat(p, &st) < 0)
+			continue;
+		if (S_ISREG(st.st_mode)) {
+			add_file(v, dir, de->d_name, p, mtime);
+		} else if (S_ISDIR(st.st_mode)) {
+			struct node *item = add_dir(v, dir, de->d_name, mtime);
+			if (!item)
+				continue;
+			if (is_item(p))
+				build_item(v, item, p, mtime);
+			else
+				mirror_dir(v, item, p, mtime, 0);
+		}
+	}
+	closedir(d);
+}
+
+int layout_build(ckpt_view *v, const char *source)
+{
+	struct stat st;
+	if (stat(source, &st) < 0)
+		return -errno;
+	if (!S_ISDIR(st.st_mode))
+		return -ENOTDIR;
+	struct node *root = view_node(v, CKPT_ROOT_INO);
+	int64_t now = (int64_t)st.st_mtim.tv_sec * 1000000000 + st.st_mtim.tv_nsec;
+	if (is_item(source)) {
+		v->kind = "item";
+		root->mtime_ns = commit_time(source, now);
+		build_item(v, root, source, root->mtime_ns);
+	} else if (exists_at(source, "_CHECKPOINT_METADATA", 0) || exists_at(source, "orbax.checkpoint", 0)) {
+		v->kind = "step";
+		root->mtime_ns = commit_time(source, now);
+		build_step(v, root, source, root->mtime_ns);
+	} else {
+		v->kind = "root";
+		root->mtime_ns = now;
+		DIR *d = opendir(source);
+		if (!d)
+			return -errno;
+		struct dirent *de;
+		char p[4096];
+		while ((de = readdir(d))) {
+			if (de->d_name[0] == '.' || unfinished_name(de->d_name) || !strcmp(de->d_name, "metadata"))
+				continue;
+			if (snprintf(p, sizeof(p), "%s/%s", source, de->d_name) >= (int)sizeof(p))
+				continue;
+			if (stat(p, &st) < 0 || !S_ISDIR(st.st_mode))
+				continue;
+			int64_t t = commit_time(p, now);
+			struct node *step = add_dir(v, root, de->d_name, t);
+			if (step)
+				build_step(v, step, p, t);
+		}
+		closedir(d);
+	}
+	return 0;
+}

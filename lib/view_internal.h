@@ -1,0 +1,101 @@
+/*
+ * view_internal.h - the node model shared by view.c (requests) and
+ * layout.c (building the tree from a source folder).  Not a public header.
+ *
+ * Invariants: nodes are created, never freed, until the view is destroyed;
+ * a node's fields are immutable once published (its inode number handed
+ * out), except `kids` of directories while layout.c builds them (before
+ * ckpt_view_open returns) and the lazily computed fields guarded by
+ * node->once / v->dyn_lock.
+ */
+#ifndef CKPT_VIEW_INTERNAL_H
+#define CKPT_VIEW_INTERNAL_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+
+#include "array.h"
+#include "safetensors.h"
+#include "view.h"
+
+enum node_type {
+	N_DIR,        /* step, item, pytree node, mirrored folder */
+	N_ARRAY,      /* NAME.npy, NAME[slice].npy, NAME.shards/[..].npy: region of an array */
+	N_FILE,       /* regular file copied from the source (path) or synthesized (content) */
+	N_SHARDS,     /* NAME.shards/ */
+	N_STATS,      /* .ckptfs/stats */
+	N_SAFETENSORS /* X.safetensors */
+};
+
+struct aref {          /* one stored array, shared by its .npy, slices and shards */
+	ckpt_array *arr;
+	char *sharding;    /* JSON string from _sharding, or NULL */
+	int ocdbt;
+};
+
+struct node {
+	ckpt_ino ino;
+	ckpt_ino parent;
+	enum node_type type;
+	char *name;
+	int64_t mtime_ns;
+	int hidden;              /* reachable by name, not listed */
+	/* N_DIR */
+	struct node **kids;      /* sorted by name once built */
+	size_t nkids, capkids;
+	/* N_ARRAY */
+	struct aref *ar;
+	ckpt_region region;
+	char hdr[1024];
+	size_t hdrlen;
+	uint64_t size;
+	/* N_FILE */
+	char *path;
+	char *content;
+	/* N_SHARDS: lazily listed stored units */
+	pthread_once_t once;
+	struct node **units;
+	size_t nunits;
+	/* N_SAFETENSORS */
+	struct node *stdir;      /* the directory it covers */
+	ckpt_st_layout *st;
+	struct node **st_arrays; /* tensor i of the layout is st_arrays[i] */
+	int st_err;
+};
+
+#define PAGE_BITS 12
+#define NPAGES 65536
+
+struct ckpt_view {
+	ckpt_view_opts opts;
+	const char *kind;
+	ckpt_ctx *ctx;
+	/* node table: pages of 4096 pointers; count published with release */
+	struct node **pages[NPAGES];
+	atomic_uint_least64_t count;
+	pthread_mutex_t alloc_lock;
+	/* hidden nodes created by lookup: (parent, name) -> node */
+	pthread_mutex_t dyn_lock;
+	struct node **dyn;
+	size_t ndyn_buckets, ndyn;
+	/* owned resources */
+	ckpt_store **stores;
+	size_t nstores;
+	struct aref **arefs;
+	size_t narefs;
+};
+
+struct node *view_node(ckpt_view *v, ckpt_ino ino);
+struct node *view_new_node(ckpt_view *v, enum node_type t, const char *name, struct node *parent);
+int view_add_kid(struct node *dir, struct node *kid);
+struct node *view_find_kid(struct node *dir, const char *name);
+void view_sort_kids(struct node *dir);
+int view_init_array_node(struct node *n, struct aref *ar, const ckpt_region *r);
+
+/* layout.c: fill v's root from the source folder. */
+int layout_build(ckpt_view *v, const char *source);
+
+/* Escape one pytree key as a safe file name into buf (see docs/usage.md). */
+void view_escape_name(const char *key, char *buf, size_t cap);
+
+#endif
