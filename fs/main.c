@@ -2,6 +2,7 @@
  * main.c - options, mount, readiness signal, the request loop, teardown.
  */
 #include <fcntl.h>
+#include <pthread.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -100,8 +101,10 @@ static void signal_ready(int fd, char c)
 /* Raise the mount's kernel read-ahead so buffered reads arrive as 1 MiB
  * requests (fuse-guide.md B.3).  Best effort (needs root).  The device
  * number comes from /proc/self/mountinfo: stat() of the mountpoint would
- * ask this very daemon, which is not serving requests yet. */
-static void set_read_ahead(const char *mnt, int kb)
+ * ask this very daemon.  The kernel lowers the bdi value to the INIT
+ * reply's max_readahead when INIT completes, so this runs on a helper
+ * thread shortly after the loop has answered INIT. */
+static void set_read_ahead_now(const char *mnt, int kb)
 {
 	if (kb <= 0)
 		return;
@@ -140,6 +143,39 @@ static void set_read_ahead(const char *mnt, int kb)
 	if (write(fd, val, (size_t)n) != n)
 		ckpt_log(CKPT_LOG_DEBUG, "cannot set %s", path);
 	close(fd);
+}
+
+struct ra_arg {
+	char *mnt;
+	int kb;
+};
+
+static void *read_ahead_thread(void *p)
+{
+	struct ra_arg *a = p;
+	for (int i = 0; i < 3; i++) {
+		usleep(100000);
+		set_read_ahead_now(a->mnt, a->kb);
+	}
+	free(a->mnt);
+	free(a);
+	return NULL;
+}
+
+static void set_read_ahead(const char *mnt, int kb)
+{
+	struct ra_arg *a = malloc(sizeof(*a));
+	if (!a)
+		return;
+	a->mnt = strdup(mnt);
+	a->kb = kb;
+	pthread_t t;
+	if (!a->mnt || pthread_create(&t, NULL, read_ahead_thread, a) != 0) {
+		free(a->mnt);
+		free(a);
+		return;
+	}
+	pthread_detach(t);
 }
 
 int main(int argc, char *argv[])
