@@ -20,6 +20,9 @@ struct ckfs_opts {
 	int show_companions;
 	int read_ahead_kb;
 	char *log_level;
+	char *write_buffer;
+	int zstd_level;
+	int read_only;
 	int show_help;
 	int show_version;
 };

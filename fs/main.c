@@ -23,6 +23,9 @@ static const struct fuse_opt opt_spec[] = {
 	OPT("read_ahead_kb=%d", read_ahead_kb, 0),
 	OPT("log_level=%s", log_level, 0),
 	OPT("safetensors_shard_size=%s", st_shard_size, 0),
+	OPT("zstd_level=%d", zstd_level, 0),
+	OPT("write_buffer=%s", write_buffer, 0),
+	FUSE_OPT_KEY("ro", 1000),
 	OPT("--help", show_help, 1),
 	OPT("-h", show_help, 1),
 	OPT("--version", show_version, 1),
@@ -41,6 +44,8 @@ static void usage(const char *prog)
 	       "    -o show_companions      list NAME.shards/ and X.safetensors in directories\n"
 	       "    -o read_ahead_kb=N      kernel read-ahead of the mount (default 1024; 0 keeps the kernel's)\n"
 	       "    -o safetensors_shard_size=SIZE  shard size of X.safetensors.d/ (default 5G)\n"
+	       "    -o zstd_level=N         zstd level of written chunks (default 1)\n"
+	       "    -o write_buffer=SIZE    buffered bytes per pending step before writers wait (default 512M)\n"
 	       "    -o log_level=LEVEL      error, warning, info (default) or debug\n"
 	       "    -h, --help              this help\n"
 	       "    -V, --version           print the version\n\n",
@@ -55,6 +60,10 @@ static int opt_proc(void *data, const char *arg, int key, struct fuse_args *outa
 {
 	(void)outargs;
 	struct ckfs_opts *o = data;
+	if (key == 1000) { /* -o ro: note it, and pass it on to the kernel */
+		o->read_only = 1;
+		return 1;
+	}
 	if (key == FUSE_OPT_KEY_NONOPT && !o->source) {
 		o->source = realpath(arg, NULL);
 		if (!o->source) {
@@ -221,6 +230,12 @@ int main(int argc, char *argv[])
 	ckpt_view_opts vo = {0};
 	vo.ctx.threads = fs.opts.threads;
 	vo.show_companions = fs.opts.show_companions;
+	vo.read_only = fs.opts.read_only;
+	vo.zstd_level = fs.opts.zstd_level;
+	if (fs.opts.write_buffer && parse_size(fs.opts.write_buffer, &vo.write_budget) < 0) {
+		fprintf(stderr, "ckptfs: bad write_buffer '%s'\n", fs.opts.write_buffer);
+		goto out_ready;
+	}
 	if (fs.opts.cache_size && parse_size(fs.opts.cache_size, &vo.ctx.cache_bytes) < 0) {
 		fprintf(stderr, "ckptfs: bad cache_size '%s'\n", fs.opts.cache_size);
 		goto out_ready;
@@ -276,5 +291,6 @@ out_args:
 	free(fs.opts.cache_size);
 	free(fs.opts.st_shard_size);
 	free(fs.opts.log_level);
+	free(fs.opts.write_buffer);
 	return ret;
 }

@@ -8,6 +8,8 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
+#include <stdio.h>
+#include <fcntl.h>
 
 #include "ckfs.h"
 
@@ -231,13 +233,18 @@ static void ckfs_op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *
 		fuse_reply_err(req, EISDIR);
 		return;
 	}
-	if ((fi->flags & O_ACCMODE) != O_RDONLY || (fi->flags & O_TRUNC)) {
+	int writing = (fi->flags & O_ACCMODE) != O_RDONLY || (fi->flags & O_TRUNC);
+	if (writing && !ckpt_view_is_writable(fs->view, ino)) {
 		fuse_reply_err(req, EROFS);
+		return;
+	}
+	if ((fi->flags & O_TRUNC) && (rc = ckpt_view_truncate(fs->view, ino, 0)) < 0) {
+		fuse_reply_err(req, -rc);
 		return;
 	}
 	fi->keep_cache = a.immutable;
 	fi->direct_io = a.volatile_data;
-	fi->noflush = 1;
+	fi->noflush = !writing;
 	fuse_reply_open(req, fi);
 }
 
@@ -303,51 +310,119 @@ static void ckfs_op_statfs(fuse_req_t req, fuse_ino_t ino)
 	fuse_reply_statfs(req, &s);
 }
 
-/* The read-only tree refuses every change with EROFS. */
+/* Namespace changes: libckpt decides (EROFS outside pending steps). */
+static void reply_entry_or_err(fuse_req_t req, int rc, const ckpt_attr *a)
+{
+	if (rc < 0) {
+		fuse_reply_err(req, -rc);
+		return;
+	}
+	struct fuse_entry_param e;
+	fill_entry(fs_of(req), a, &e);
+	fuse_reply_entry(req, &e);
+}
+
 static void ckfs_op_mkdir(fuse_req_t req, fuse_ino_t parent, const char *name, mode_t mode)
 {
-	(void)parent;
-	(void)name;
 	(void)mode;
-	fuse_reply_err(req, EROFS);
+	ckpt_attr a;
+	int rc = ckpt_view_mkdir(fs_of(req)->view, parent, name, &a);
+	reply_entry_or_err(req, rc, &a);
 }
 
 static void ckfs_op_create(fuse_req_t req, fuse_ino_t parent, const char *name, mode_t mode,
 			   struct fuse_file_info *fi)
 {
-	(void)parent;
-	(void)name;
 	(void)mode;
+	struct ckfs *fs = fs_of(req);
+	ckpt_attr a;
+	int rc = ckpt_view_create(fs->view, parent, name, &a);
+	if (rc < 0) {
+		fuse_reply_err(req, -rc);
+		return;
+	}
+	if ((fi->flags & O_TRUNC) && ckpt_view_is_writable(fs->view, a.ino) &&
+	    (rc = ckpt_view_truncate(fs->view, a.ino, 0)) < 0 && a.size) {
+		fuse_reply_err(req, -rc);
+		return;
+	}
+	struct fuse_entry_param e;
+	fill_entry(fs, &a, &e);
+	fi->keep_cache = a.immutable;
+	fi->direct_io = 0;
+	fuse_reply_create(req, &e, fi);
+}
+
+static void ckfs_op_write(fuse_req_t req, fuse_ino_t ino, const char *buf, size_t size, off_t off,
+			  struct fuse_file_info *fi)
+{
 	(void)fi;
-	fuse_reply_err(req, EROFS);
+	ssize_t n = ckpt_view_write(fs_of(req)->view, ino, (uint64_t)off, buf, size);
+	if (n < 0)
+		fuse_reply_err(req, (int)-n);
+	else
+		fuse_reply_write(req, (size_t)n);
 }
 
 static void ckfs_op_unlink(fuse_req_t req, fuse_ino_t parent, const char *name)
 {
-	(void)parent;
-	(void)name;
-	fuse_reply_err(req, EROFS);
+	fuse_reply_err(req, -ckpt_view_unlink(fs_of(req)->view, parent, name));
+}
+
+static void ckfs_op_rmdir(fuse_req_t req, fuse_ino_t parent, const char *name)
+{
+	fuse_reply_err(req, -ckpt_view_rmdir(fs_of(req)->view, parent, name));
 }
 
 static void ckfs_op_rename(fuse_req_t req, fuse_ino_t parent, const char *name, fuse_ino_t newparent,
 			   const char *newname, unsigned int flags)
 {
-	(void)parent;
-	(void)name;
-	(void)newparent;
-	(void)newname;
-	(void)flags;
-	fuse_reply_err(req, EROFS);
+	if (flags & ~(unsigned)RENAME_NOREPLACE) {
+		fuse_reply_err(req, EINVAL);
+		return;
+	}
+	fuse_reply_err(req, -ckpt_view_rename(fs_of(req)->view, parent, name, newparent, newname));
 }
 
+/* Only a size change of a pending file means anything; time updates are
+ * accepted and ignored (touch, cp -p), mode/owner changes refused. */
 static void ckfs_op_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr, int to_set,
 			    struct fuse_file_info *fi)
 {
-	(void)ino;
-	(void)attr;
-	(void)to_set;
 	(void)fi;
-	fuse_reply_err(req, EROFS);
+	struct ckfs *fs = fs_of(req);
+	int rc = 0;
+	if (to_set & (FUSE_SET_ATTR_MODE | FUSE_SET_ATTR_UID | FUSE_SET_ATTR_GID))
+		rc = -EPERM;
+	else if (to_set & FUSE_SET_ATTR_SIZE)
+		rc = ckpt_view_truncate(fs->view, ino, (uint64_t)attr->st_size);
+	ckpt_attr a;
+	if (rc == 0)
+		rc = ckpt_view_getattr(fs->view, ino, &a);
+	if (rc < 0) {
+		fuse_reply_err(req, -rc);
+		return;
+	}
+	struct stat st;
+	to_stat(&a, &st);
+	fuse_reply_attr(req, &st, ttl(fs, &a));
+}
+
+/* Pending data is made durable by the commit (documented); fsync and
+ * flush have nothing to add but must not claim failure. */
+static void ckfs_op_fsync(fuse_req_t req, fuse_ino_t ino, int datasync, struct fuse_file_info *fi)
+{
+	(void)ino;
+	(void)datasync;
+	(void)fi;
+	fuse_reply_err(req, 0);
+}
+
+static void ckfs_op_flush(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
+{
+	(void)ino;
+	(void)fi;
+	fuse_reply_err(req, 0);
 }
 
 static void ckfs_op_setxattr(fuse_req_t req, fuse_ino_t ino, const char *name, const char *value, size_t size,
@@ -380,6 +455,9 @@ const struct fuse_lowlevel_ops ckfs_ops = {
 	.mkdir = ckfs_op_mkdir,
 	.create = ckfs_op_create,
 	.unlink = ckfs_op_unlink,
-	.rmdir = ckfs_op_unlink,
+	.rmdir = ckfs_op_rmdir,
 	.rename = ckfs_op_rename,
+	.write = ckfs_op_write,
+	.fsync = ckfs_op_fsync,
+	.flush = ckfs_op_flush,
 };

@@ -494,3 +494,15 @@ int layout_build(ckpt_view *v, const char *source)
 	}
 	return 0;
 }
+
+struct node *layout_new_step(ckpt_view *v, const char *name, const char *path)
+{
+	struct node *root = view_node(v, CKPT_ROOT_INO);
+	int64_t t = commit_time(path, root->mtime_ns);
+	struct node *step = view_new_node(v, N_DIR, name, root);
+	if (!step)
+		return NULL;
+	step->mtime_ns = t;
+	build_step(v, step, path, t);
+	return step;
+}

@@ -17,6 +17,11 @@
 
 /* ---- node table ----------------------------------------------------------- */
 
+static int has_kids(const struct node *n)
+{
+	return n->type == N_DIR || n->type == N_PSTEP || n->type == N_PDIR;
+}
+
 struct node *view_node(ckpt_view *v, ckpt_ino ino)
 {
 	uint64_t n = atomic_load_explicit(&v->count, memory_order_acquire);
@@ -87,6 +92,16 @@ static size_t kid_pos(const struct node *dir, const char *name, int *found)
 
 /* Kids stay sorted (binary insertion); only layout.c adds kids, before the
  * view is published. */
+void view_remove_kid(struct node *dir, struct node *kid)
+{
+	int found;
+	size_t pos = kid_pos(dir, kid->name, &found);
+	if (!found || dir->kids[pos] != kid)
+		return;
+	memmove(dir->kids + pos, dir->kids + pos + 1, (dir->nkids - pos - 1) * sizeof(*dir->kids));
+	dir->nkids--;
+}
+
 int view_add_kid(struct node *dir, struct node *kid)
 {
 	int found;
@@ -184,8 +199,11 @@ int ckpt_view_open(const char *source, const ckpt_view_opts *opts, ckpt_view **o
 		v->opts = *opts;
 	pthread_mutex_init(&v->alloc_lock, NULL);
 	pthread_mutex_init(&v->dyn_lock, NULL);
-	int rc = ckpt_ctx_create(&v->opts.ctx, &v->ctx);
+	pthread_rwlock_init(&v->ns_lock, NULL);
+	v->source = strdup(source);
+	int rc = v->source ? ckpt_ctx_create(&v->opts.ctx, &v->ctx) : -ENOMEM;
 	if (rc < 0) {
+		free(v->source);
 		free(v);
 		return rc;
 	}
@@ -199,6 +217,7 @@ int ckpt_view_open(const char *source, const ckpt_view_opts *opts, ckpt_view **o
 		ckpt_view_destroy(v);
 		return rc;
 	}
+	v->writable = !strcmp(v->kind, "root") && !v->opts.read_only;
 	/* MNT/.ckptfs/stats: hidden, reachable by name. */
 	struct node *meta = view_new_node(v, N_DIR, ".ckptfs", root);
 	struct node *stats = meta ? view_new_node(v, N_STATS, "stats", meta) : NULL;
@@ -214,6 +233,7 @@ void ckpt_view_destroy(ckpt_view *v)
 {
 	if (!v)
 		return;
+	pending_destroy(v);
 	for (size_t i = 0; i < v->narefs; i++) {
 		ckpt_array_destroy(v->arefs[i]->arr);
 		free(v->arefs[i]->sharding);
@@ -230,6 +250,8 @@ void ckpt_view_destroy(ckpt_view *v)
 	for (size_t p = 0; p < NPAGES && v->pages[p]; p++)
 		free(v->pages[p]);
 	free(v->dyn);
+	free(v->source);
+	pthread_rwlock_destroy(&v->ns_lock);
 	pthread_mutex_destroy(&v->alloc_lock);
 	pthread_mutex_destroy(&v->dyn_lock);
 	free(v);
@@ -297,6 +319,19 @@ static int dyn_insert(ckpt_view *v, struct node *n)
 	int rc = dyn_insert_locked(v, n);
 	pthread_mutex_unlock(&v->dyn_lock);
 	return rc;
+}
+
+struct node *view_dyn_find(ckpt_view *v, ckpt_ino parent, const char *name)
+{
+	pthread_mutex_lock(&v->dyn_lock);
+	struct node *n = dyn_find_locked(v, parent, name);
+	pthread_mutex_unlock(&v->dyn_lock);
+	return n;
+}
+
+int view_dyn_add(ckpt_view *v, struct node *n)
+{
+	return dyn_insert(v, n);
 }
 
 static int ends_with(const char *s, const char *suffix, size_t *stem)
@@ -541,9 +576,8 @@ static int make_hidden(ckpt_view *v, struct node *dir, const char *name, struct 
 
 /* ---- requests -------------------------------------------------------------- */
 
-static void fill_attr(ckpt_view *v, struct node *n, ckpt_attr *a)
+void view_fill_attr(ckpt_view *v, struct node *n, ckpt_attr *a)
 {
-	(void)v;
 	memset(a, 0, sizeof(*a));
 	a->ino = n->ino;
 	a->mtime_ns = n->mtime_ns;
@@ -554,6 +588,16 @@ static void fill_attr(ckpt_view *v, struct node *n, ckpt_attr *a)
 		a->is_dir = 1;
 		a->mode = 0555;
 		a->nlink = 2;
+		break;
+	case N_PSTEP:
+	case N_PDIR:
+		a->is_dir = 1;
+		a->nlink = 2;
+		pending_attr(v, n, a);
+		break;
+	case N_PFILE:
+		a->nlink = 1;
+		pending_attr(v, n, a);
 		break;
 	case N_STATS:
 		a->mode = 0444;
@@ -574,18 +618,18 @@ int ckpt_view_getattr(ckpt_view *v, ckpt_ino ino, ckpt_attr *out)
 	struct node *n = view_node(v, ino);
 	if (!n)
 		return -ENOENT;
-	fill_attr(v, n, out);
+	view_fill_attr(v, n, out);
 	return 0;
 }
 
-int ckpt_view_lookup(ckpt_view *v, ckpt_ino parent, const char *name, ckpt_attr *out)
+static int lookup_locked(ckpt_view *v, ckpt_ino parent, const char *name, ckpt_attr *out)
 {
 	struct node *dir = view_node(v, parent);
 	if (!dir)
 		return -ENOENT;
-	if (dir->type != N_DIR && dir->type != N_SHARDS)
+	if (!has_kids(dir) && dir->type != N_SHARDS)
 		return -ENOTDIR;
-	struct node *n = dir->type == N_DIR ? view_find_kid(dir, name) : NULL;
+	struct node *n = has_kids(dir) ? view_find_kid(dir, name) : NULL;
 	if (!n) {
 		pthread_mutex_lock(&v->dyn_lock);
 		n = dyn_find_locked(v, parent, name);
@@ -609,8 +653,16 @@ int ckpt_view_lookup(ckpt_view *v, ckpt_ino parent, const char *name, ckpt_attr 
 		/* A racing lookup that lost keeps its node unreachable (freed at destroy). */
 		pthread_mutex_unlock(&v->dyn_lock);
 	}
-	fill_attr(v, n, out);
+	view_fill_attr(v, n, out);
 	return 0;
+}
+
+int ckpt_view_lookup(ckpt_view *v, ckpt_ino parent, const char *name, ckpt_attr *out)
+{
+	pthread_rwlock_rdlock(&v->ns_lock);
+	int rc = lookup_locked(v, parent, name, out);
+	pthread_rwlock_unlock(&v->ns_lock);
+	return rc;
 }
 
 /* Companion entry c of dir (show_companions): NAME.shards for each array,
@@ -630,14 +682,14 @@ static struct node *companion(ckpt_view *v, struct node *dir, uint64_t c)
 		else
 			snprintf(name, sizeof(name), "%s.safetensors", k->name);
 		ckpt_attr a;
-		if (ckpt_view_lookup(v, dir->ino, name, &a) < 0)
+		if (lookup_locked(v, dir->ino, name, &a) < 0)
 			return NULL;
 		return view_node(v, a.ino);
 	}
 	return NULL;
 }
 
-int ckpt_view_readdir(ckpt_view *v, ckpt_ino ino, uint64_t index, const char **name, ckpt_attr *attr)
+static int readdir_locked(ckpt_view *v, ckpt_ino ino, uint64_t index, const char **name, ckpt_attr *attr)
 {
 	struct node *dir = view_node(v, ino);
 	if (!dir)
@@ -647,10 +699,10 @@ int ckpt_view_readdir(ckpt_view *v, ckpt_ino ino, uint64_t index, const char **n
 		ensure_units(v, dir);
 		if (index < dir->nunits)
 			n = dir->units[index];
-	} else if (dir->type == N_DIR) {
+	} else if (has_kids(dir)) {
 		if (index < dir->nkids) {
 			n = dir->kids[index];
-		} else if (v->opts.show_companions) {
+		} else if (v->opts.show_companions && dir->type == N_DIR) {
 			/* A companion that cannot be built ends the listing: indexes stay stable. */
 			n = companion(v, dir, index - dir->nkids);
 		}
@@ -660,8 +712,16 @@ int ckpt_view_readdir(ckpt_view *v, ckpt_ino ino, uint64_t index, const char **n
 	if (!n)
 		return 0;
 	*name = n->name;
-	fill_attr(v, n, attr);
+	view_fill_attr(v, n, attr);
 	return 1;
+}
+
+int ckpt_view_readdir(ckpt_view *v, ckpt_ino ino, uint64_t index, const char **name, ckpt_attr *attr)
+{
+	pthread_rwlock_rdlock(&v->ns_lock);
+	int rc = readdir_locked(v, ino, index, name, attr);
+	pthread_rwlock_unlock(&v->ns_lock);
+	return rc;
 }
 
 static ssize_t read_array_node(struct node *n, uint64_t off, size_t len, uint8_t *dst)
@@ -754,6 +814,8 @@ ssize_t ckpt_view_read(ckpt_view *v, ckpt_ino ino, uint64_t off, size_t len, voi
 		return read_file_node(n, off, len, dst);
 	case N_SAFETENSORS:
 		return read_safetensors(n, off, len, dst);
+	case N_PFILE:
+		return pending_read(v, n, off, len, dst);
 	case N_STATS: {
 		char buf[4096];
 		int k = ckpt_stats_json(buf, sizeof(buf));

@@ -26,6 +26,9 @@ typedef uint64_t ckpt_ino;
 
 typedef struct ckpt_view_opts {
 	ckpt_ctx_opts ctx;          /* cache and decode threads */
+	int read_only;              /* refuse new steps even on a CheckpointManager root */
+	int zstd_level;             /* written chunks (0: the writer's default) */
+	uint64_t write_budget;      /* buffered bytes per pending step (0: default) */
 	int show_companions;        /* list NAME.shards/ and X.safetensors in readdir */
 	uint64_t st_shard_bytes;    /* X.safetensors.d/ shard size (0: 5 GB) */
 } ckpt_view_opts;
@@ -71,5 +74,45 @@ ssize_t ckpt_view_read(ckpt_view *v, ckpt_ino ino, uint64_t off, size_t len, voi
  * -ERANGE when cap is too small.  list: NUL-separated names, same rules. */
 ssize_t ckpt_view_getxattr(ckpt_view *v, ckpt_ino ino, const char *name, char *buf, size_t cap);
 ssize_t ckpt_view_listxattr(ckpt_view *v, ckpt_ino ino, char *buf, size_t cap);
+
+/*
+ * Writing a new step (only when SOURCE is a CheckpointManager root and the
+ * view is not read-only; everywhere else these return -EROFS):
+ *
+ *   mkdir ROOT/<step>                 start a pending step (Orbax and ckptfs
+ *                                     ignore its <step>.orbax-checkpoint-tmp folder)
+ *   mkdir <step>/<item>[/<node>...]   items and pytree directories
+ *   create .../NAME.npy, write        the .npy header declares the array
+ *                                     (dtype, shape); data bytes follow
+ *   create .../NAME[<slice>].npy      a slice of a declared array: a .npy of
+ *                                     the slice's shape and dtype
+ *   create <step>/commit_success.txt  commit: returns once durable, or the
+ *                                     errno of the failure (step stays pending)
+ *   rename <step> -> <new name>       commit under the new name
+ *   rmdir <step>                      abort the pending step
+ *
+ * Errors: -EROFS (committed data, read-only mount), -EEXIST, -EINVAL (bad
+ * .npy header, header that disagrees with the declaration or the slice,
+ * bad name, array file directly in a step), -EFBIG (write past the end),
+ * -ENOENT (slice of an undeclared array), -ENODATA (commit with holes),
+ * -EPERM (removing a declared array), -EIO/-ENOSPC from storage.  Each
+ * failure is logged with the array/step name and the reason.
+ */
+
+/* New directory `name` in parent; fills *out. */
+int ckpt_view_mkdir(ckpt_view *v, ckpt_ino parent, const char *name, ckpt_attr *out);
+/* New file `name` in parent (or the commit trigger); fills *out. */
+int ckpt_view_create(ckpt_view *v, ckpt_ino parent, const char *name, ckpt_attr *out);
+/* Write len bytes at off of a pending file; returns len or -errno.
+ * Blocks while the step's write buffer is full (backpressure). */
+ssize_t ckpt_view_write(ckpt_view *v, ckpt_ino ino, uint64_t off, const void *data, size_t len);
+/* Truncate a pending file to `size` (only 0 before a header, or its
+ * current size); -EROFS elsewhere. */
+int ckpt_view_truncate(ckpt_view *v, ckpt_ino ino, uint64_t size);
+int ckpt_view_rename(ckpt_view *v, ckpt_ino parent, const char *name, ckpt_ino newparent, const char *newname);
+int ckpt_view_unlink(ckpt_view *v, ckpt_ino parent, const char *name);
+int ckpt_view_rmdir(ckpt_view *v, ckpt_ino parent, const char *name);
+/* 1 when the node is writable (a pending file), else 0. */
+int ckpt_view_is_writable(ckpt_view *v, ckpt_ino ino);
 
 #endif

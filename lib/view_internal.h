@@ -24,7 +24,10 @@ enum node_type {
 	N_FILE,       /* regular file copied from the source (path) or synthesized (content) */
 	N_SHARDS,     /* NAME.shards/ */
 	N_STATS,      /* .ckptfs/stats */
-	N_SAFETENSORS /* X.safetensors */
+	N_SAFETENSORS, /* X.safetensors */
+	N_PSTEP,      /* a pending step (mkdir at the root of a writable mount) */
+	N_PDIR,       /* an item or pytree directory inside a pending step */
+	N_PFILE       /* NAME.npy or NAME[slice].npy being written */
 };
 
 struct aref {          /* one stored array, shared by its .npy, slices and shards */
@@ -61,6 +64,18 @@ struct node {
 	ckpt_st_layout *st;
 	struct node **st_arrays; /* tensor i of the layout is st_arrays[i] */
 	int st_err;
+	/* N_PSTEP / N_PDIR / N_PFILE (pending.c) */
+	struct pstep *ps;        /* the pending step this node belongs to */
+	struct pfile *pf;        /* N_PFILE state */
+	int orphan;              /* removed from its directory (committed/aborted/renamed) */
+};
+
+/* A pending step: the writer's step plus the lock that keeps commit apart
+ * from writes (writes hold it shared, commit/abort exclusive). */
+struct pstep {
+	struct ckpt_step *step;
+	pthread_rwlock_t io_lock;
+	int dead;                /* committed or aborted: no more writes */
 };
 
 #define PAGE_BITS 12
@@ -78,6 +93,14 @@ struct ckpt_view {
 	pthread_mutex_t dyn_lock;
 	struct node **dyn;
 	size_t ndyn_buckets, ndyn;
+	/* Namespace lock: held shared by lookup/readdir, exclusive by every
+	 * namespace change (mkdir, create, rename, unlink, commit).  Taken
+	 * before dyn_lock and alloc_lock. */
+	pthread_rwlock_t ns_lock;
+	char *source;            /* the folder mounted */
+	int writable;            /* a CheckpointManager root not mounted read-only */
+	struct pstep **psteps;
+	size_t npsteps;
 	/* owned resources */
 	ckpt_store **stores;
 	size_t nstores;
@@ -94,6 +117,21 @@ int view_init_array_node(struct node *n, struct aref *ar, const ckpt_region *r);
 
 /* layout.c: fill v's root from the source folder. */
 int layout_build(ckpt_view *v, const char *source);
+/* layout.c: build the committed step folder `path` as a new directory node
+ * `name` of the root (not yet linked into the root's kids). */
+struct node *layout_new_step(ckpt_view *v, const char *name, const char *path);
+
+/* view.c: the hidden-name map (takes dyn_lock itself). */
+struct node *view_dyn_find(ckpt_view *v, ckpt_ino parent, const char *name);
+int view_dyn_add(ckpt_view *v, struct node *n);
+/* view.c: remove `kid` from dir's kids (the node stays allocated). */
+void view_remove_kid(struct node *dir, struct node *kid);
+void view_fill_attr(ckpt_view *v, struct node *n, ckpt_attr *a);
+
+/* pending.c */
+void pending_attr(ckpt_view *v, struct node *n, ckpt_attr *a);
+ssize_t pending_read(ckpt_view *v, struct node *n, uint64_t off, size_t len, void *dst);
+void pending_destroy(ckpt_view *v);
 
 /* Escape one pytree key as a safe file name into buf (see docs/usage.md). */
 void view_escape_name(const char *key, char *buf, size_t cap);
