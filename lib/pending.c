@@ -106,8 +106,11 @@ void pending_destroy(ckpt_view *v)
 
 static int new_step(ckpt_view *v, struct node *root, const char *name, ckpt_attr *out)
 {
-	if (!valid_name(name))
+	if (!valid_name(name) || !strcmp(name, "metadata")) {
+		/* "metadata" is the root's metadata folder, never a step */
+		ckpt_log(CKPT_LOG_ERR, "%s: not a valid step name", name);
 		return -EINVAL;
+	}
 	if (view_find_kid(root, name))
 		return -EEXIST;
 	ckpt_writer_opts o;
