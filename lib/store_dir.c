@@ -81,7 +81,8 @@ static int walk(dir_store *d, char *path, size_t plen, size_t cap, const char *p
 {
 	if (depth > 64)
 		return 0;
-	int fd = plen ? openat(d->dirfd, path, O_RDONLY | O_DIRECTORY | O_CLOEXEC) : dup(d->dirfd);
+	/* A fresh open, not dup(): a dup shares the directory offset. */
+	int fd = openat(d->dirfd, plen ? path : ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
 	if (fd < 0)
 		return 0;
 	DIR *dir = fdopendir(fd);
