@@ -6,7 +6,8 @@
                  [--leaves-in-subdir] [--processes P] [--compress]
                  [--expect FILE]
 
-Array i is named ``layer_%06d.w`` (two pytree levels), float32, shape [4, 4]
+Array i is named ``layer_%06d.w`` (two pytree levels; zarr v2 unless --zarr3),
+float32, shape [4, 4]
 (or [32, 32] in two [16, 32] chunks when L > 0 and i % L == 0), values
 ``arange(size) + i`` in C order.  zarr v2: ``.zarray`` with compressor null,
 chunk keys ``0.0``; zarr v3: ``zarr.json`` with the ``bytes`` codec only,
