@@ -258,9 +258,10 @@ int main(int argc, char *argv[])
 		goto out_session;
 	if (fuse_session_mount(se, cl.mountpoint) != 0)
 		goto out_signals;
-	set_read_ahead(cl.mountpoint, fs.opts.read_ahead_kb);
+	/* No thread may start before this fork (the child would not have it). */
 	if (fuse_daemonize(cl.foreground) != 0)
 		goto out_unmount;
+	set_read_ahead(cl.mountpoint, fs.opts.read_ahead_kb);
 	signal_ready(fs.opts.ready_fd, 's');
 	fs.opts.ready_fd = -1;
 

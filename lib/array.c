@@ -12,7 +12,11 @@
 
 struct ckpt_ctx {
 	ckpt_cache *cache;
-	ckpt_pool *pool;
+	/* Started on first use, not at create: a daemon that forks after
+	 * building its view (fuse_daemonize) must not lose its threads. */
+	_Atomic(ckpt_pool *) pool;
+	pthread_mutex_t pool_lock;
+	int threads;
 	uint64_t prefetch_bytes;
 	atomic_uint_least64_t next_id;
 	atomic_int inflight; /* prefetch tasks queued or running */
@@ -71,12 +75,8 @@ int ckpt_ctx_create(const ckpt_ctx_opts *opts, ckpt_ctx **out)
 		free(ctx);
 		return rc;
 	}
-	rc = ckpt_pool_create(threads, 256, &ctx->pool);
-	if (rc < 0) {
-		ckpt_cache_destroy(ctx->cache);
-		free(ctx);
-		return rc;
-	}
+	ctx->threads = threads;
+	pthread_mutex_init(&ctx->pool_lock, NULL);
 	pthread_mutex_init(&ctx->drain_lock, NULL);
 	pthread_cond_init(&ctx->drained, NULL);
 	*out = ctx;
@@ -87,8 +87,9 @@ void ckpt_ctx_destroy(ckpt_ctx *ctx)
 {
 	if (!ctx)
 		return;
-	ckpt_pool_destroy(ctx->pool);
+	ckpt_pool_destroy(atomic_load(&ctx->pool));
 	ckpt_cache_destroy(ctx->cache);
+	pthread_mutex_destroy(&ctx->pool_lock);
 	pthread_mutex_destroy(&ctx->drain_lock);
 	pthread_cond_destroy(&ctx->drained);
 	free(ctx);
@@ -220,6 +221,19 @@ static void prefetch_run(void *arg)
 	}
 }
 
+static ckpt_pool *ctx_pool(ckpt_ctx *ctx)
+{
+	ckpt_pool *p = atomic_load(&ctx->pool);
+	if (p)
+		return p;
+	pthread_mutex_lock(&ctx->pool_lock);
+	p = atomic_load(&ctx->pool);
+	if (!p && ckpt_pool_create(ctx->threads, 256, &p) == 0)
+		atomic_store(&ctx->pool, p);
+	pthread_mutex_unlock(&ctx->pool_lock);
+	return p;
+}
+
 /* Queue the decode of chunk g unless cached/loading or the pool is busy. */
 static void prefetch(ckpt_array *a, const uint64_t *g)
 {
@@ -231,8 +245,9 @@ static void prefetch(ckpt_array *a, const uint64_t *g)
 		return;
 	t->a = a;
 	memcpy(t->g, g, sizeof(uint64_t) * (size_t)m->rank);
+	ckpt_pool *pool = ctx_pool(a->ctx);
 	atomic_fetch_add(&a->ctx->inflight, 1);
-	if (ckpt_pool_try_submit(a->ctx->pool, prefetch_run, t) < 0) {
+	if (!pool || ckpt_pool_try_submit(pool, prefetch_run, t) < 0) {
 		atomic_fetch_sub(&a->ctx->inflight, 1);
 		free(t);
 	}

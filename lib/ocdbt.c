@@ -259,7 +259,7 @@ static int envelope_decode(struct perr *e, const uint8_t *buf, size_t len, uint3
 	}
 	if (comp != 1)
 		return fail(e, "unknown compression format %llu", (unsigned long long)comp);
-	size_t n;
+	size_t n = 0;
 	rc = zstd_decode(e, r.p, rd_left(&r), cap, owned, &n);
 	if (rc)
 		return rc;
@@ -466,8 +466,8 @@ static int file_get(ckpt_ocdbt *db, uint32_t gid, int *fd, uint64_t *size)
 	pthread_mutex_lock(&db->mu);
 	if (f->fd < 0) {
 		pthread_mutex_unlock(&db->mu);
-		int nfd;
-		uint64_t nsize;
+		int nfd = -1;
+		uint64_t nsize = 0;
 		int rc = file_open(f, &nfd, &nsize);
 		if (rc)
 			return rc;
@@ -588,7 +588,7 @@ static int parse_table(ckpt_ocdbt *db, struct rd *r, struct perr *e, const char 
 				  (unsigned long long)i, (unsigned long long)pre[i], (unsigned long long)plen);
 			goto out;
 		}
-		const uint8_t *s;
+		const uint8_t *s = NULL;
 		rc = rd_bytes(r, e, "data file path suffix", suf[i], &s);
 		if (rc)
 			goto out;
@@ -963,7 +963,7 @@ static int parse_node_body(ckpt_ocdbt *db, struct perr *e, const uint8_t *body, 
 		for (uint64_t i = 0; i < n; i++) {
 			if (nd->fid[i] != REF_MISSING)
 				continue;
-			const uint8_t *p;
+			const uint8_t *p = NULL;
 			rc = rd_bytes(&r, e, "inline value", nd->len[i], &p);
 			if (rc)
 				goto out;
@@ -1250,7 +1250,7 @@ static int load_manifest(ckpt_ocdbt *db, const char *path, const char *trans, si
 			 struct manifest *m)
 {
 	uint8_t *buf = NULL, *owned = NULL;
-	size_t len, blen;
+	size_t len = 0, blen = 0;
 	const uint8_t *body;
 	struct perr e = {{0}};
 	int rc = read_file(path, MANIFEST_MAX_BYTES, &buf, &len);
