@@ -183,8 +183,11 @@ static void free_node(struct node *n)
 	free(n->path);
 	free(n->content);
 	free(n->units);
-	free(n->st_arrays);
-	ckpt_st_layout_destroy(n->st);
+	if (!n->st_borrowed) {
+		free(n->st_arrays);
+		ckpt_st_layout_destroy(n->st);
+	}
+	ckpt_st_sharded_destroy(n->sts);
 	free(n);
 }
 
@@ -484,6 +487,15 @@ static const char *step_of(ckpt_view *v, struct node *n)
 	return n && n->ino != CKPT_ROOT_INO ? n->name : NULL;
 }
 
+static void free_collect(struct st_collect *c)
+{
+	for (size_t i = 0; i < c->n; i++)
+		free(c->names[i]);
+	free(c->names);
+	free(c->t);
+	free(c->nodes);
+}
+
 static int build_safetensors(ckpt_view *v, struct node *stn, struct node *dir)
 {
 	struct st_collect c = {0};
@@ -499,11 +511,56 @@ static int build_safetensors(ckpt_view *v, struct node *stn, struct node *dir)
 		stn->size = ckpt_st_layout_file_size(stn->st);
 		stn->stdir = dir;
 	}
-	for (size_t i = 0; i < c.n; i++)
-		free(c.names[i]);
-	free(c.names);
-	free(c.t);
-	free(c.nodes);
+	free_collect(&c);
+	return rc;
+}
+
+/* X.safetensors.d/: the Hugging Face sharded form, offered when the
+ * subtree holds more than opts.st_shard_bytes (default 5 GB) of data. */
+static int build_safetensors_dir(ckpt_view *v, struct node *sd, struct node *dir)
+{
+	uint64_t limit = v->opts.st_shard_bytes ? v->opts.st_shard_bytes : 5000000000ull;
+	struct st_collect c = {0};
+	int rc = collect(v, dir, "", &c, 0);
+	uint64_t total = 0;
+	for (size_t i = 0; rc == 0 && i < c.n; i++)
+		total += ckpt_array_meta_of(c.nodes[i]->ar->arr)->nbytes;
+	if (rc == 0 && total <= limit)
+		rc = -ENOENT;
+	if (rc == 0) {
+		ckpt_st_meta meta[1] = {{"step", step_of(v, dir)}};
+		rc = ckpt_st_sharded_create(c.t, c.n, meta, meta[0].value ? 1 : 0, limit, CKPT_ST_SKIP_UNSUPPORTED,
+					    &sd->sts);
+	}
+	for (size_t i = 0; rc == 0 && i < ckpt_st_sharded_count(sd->sts); i++) {
+		struct node *f = view_new_node(v, N_SAFETENSORS, ckpt_st_sharded_name(sd->sts, i), sd);
+		if (!f) {
+			rc = -ENOMEM;
+			break;
+		}
+		f->st = (ckpt_st_layout *)ckpt_st_sharded_layout(sd->sts, i);
+		f->st_arrays = c.nodes;
+		f->st_borrowed = 1;
+		f->size = ckpt_st_layout_file_size(f->st);
+		f->stdir = dir;
+		rc = view_add_kid(sd, f);
+	}
+	if (rc == 0) {
+		size_t len;
+		const char *idx = ckpt_st_sharded_index(sd->sts, &len);
+		struct node *f = view_new_node(v, N_FILE, CKPT_ST_INDEX_NAME, sd);
+		if (!f || !(f->content = strdup(idx)))
+			rc = -ENOMEM;
+		else {
+			f->size = len;
+			rc = view_add_kid(sd, f);
+		}
+	}
+	if (rc == 0) {
+		sd->st_arrays = c.nodes; /* owned here, shared by the shard files */
+		c.nodes = NULL;
+	}
+	free_collect(&c);
 	return rc;
 }
 
@@ -550,7 +607,8 @@ static int make_hidden(ckpt_view *v, struct node *dir, const char *name, struct 
 		*out = n;
 		return 0;
 	}
-	if (ends_with(name, ".safetensors", &stem) && dir->type == N_DIR) {
+	int sharded = ends_with(name, ".safetensors.d", &stem);
+	if ((sharded || ends_with(name, ".safetensors", &stem)) && dir->type == N_DIR) {
 		char base[4200];
 		if (stem >= sizeof(base))
 			return -ENOENT;
@@ -559,11 +617,13 @@ static int make_hidden(ckpt_view *v, struct node *dir, const char *name, struct 
 		struct node *sub = view_find_kid(dir, base);
 		if (!sub || sub->type != N_DIR)
 			return -ENOENT;
-		struct node *n = view_new_node(v, N_SAFETENSORS, name, dir);
+		struct node *n = view_new_node(v, sharded ? N_DIR : N_SAFETENSORS, name, dir);
 		if (!n)
 			return -ENOMEM;
 		n->hidden = 1;
-		int rc = build_safetensors(v, n, sub);
+		int rc = sharded ? build_safetensors_dir(v, n, sub) : build_safetensors(v, n, sub);
+		if (rc == -ENOENT)
+			return rc;
 		if (rc < 0) {
 			ckpt_log(CKPT_LOG_ERR, "%s: cannot build the safetensors view (%s)", name, strerror(-rc));
 			return -EIO;

@@ -64,6 +64,8 @@ struct node {
 	ckpt_st_layout *st;
 	struct node **st_arrays; /* tensor i of the layout is st_arrays[i] */
 	int st_err;
+	int st_borrowed;         /* st/st_arrays belong to the X.safetensors.d/ directory */
+	ckpt_st_sharded *sts;    /* X.safetensors.d/: the shard set (owns the layouts) */
 	/* N_PSTEP / N_PDIR / N_PFILE (pending.c) */
 	struct pstep *ps;        /* the pending step this node belongs to */
 	struct pfile *pf;        /* N_PFILE state */
