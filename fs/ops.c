@@ -234,8 +234,8 @@ static void ckfs_op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *
 		return;
 	}
 	int writing = (fi->flags & O_ACCMODE) != O_RDONLY || (fi->flags & O_TRUNC);
-	if (writing && !ckpt_view_is_writable(fs->view, ino)) {
-		fuse_reply_err(req, EROFS);
+	if (writing && (rc = ckpt_view_check_writable(fs->view, ino)) < 0) {
+		fuse_reply_err(req, -rc);
 		return;
 	}
 	if ((fi->flags & O_TRUNC) && (rc = ckpt_view_truncate(fs->view, ino, 0)) < 0) {

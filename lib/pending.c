@@ -35,6 +35,14 @@ static int valid_name(const char *name)
 	       !strstr(name, ".orbax-checkpoint-tmp");
 }
 
+/* Refuse a change of committed data (or of a read-only mount), logged. */
+static int refuse(const char *name, const char *what)
+{
+	ckpt_log(CKPT_LOG_WARN, "%s: cannot %s: read-only (committed data, or a mount that takes no new steps)",
+		 name, what);
+	return -EROFS;
+}
+
 static struct node *parent_of(ckpt_view *v, struct node *n)
 {
 	return view_node(v, n->parent);
@@ -58,6 +66,16 @@ int ckpt_view_is_writable(ckpt_view *v, ckpt_ino ino)
 {
 	struct node *n = view_node(v, ino);
 	return n && n->type == N_PFILE && !n->ps->dead;
+}
+
+int ckpt_view_check_writable(ckpt_view *v, ckpt_ino ino)
+{
+	struct node *n = view_node(v, ino);
+	if (!n)
+		return -ENOENT;
+	if (n->type == N_PFILE && !n->ps->dead && !n->orphan)
+		return 0;
+	return refuse(n->name, "open for writing");
 }
 
 static struct pstep *own_pstep(ckpt_view *v, ckpt_step *step)
@@ -142,13 +160,14 @@ int ckpt_view_mkdir(ckpt_view *v, ckpt_ino parent, const char *name, ckpt_attr *
 {
 	pthread_rwlock_wrlock(&v->ns_lock);
 	struct node *dir = view_node(v, parent);
-	int rc = -EROFS;
+	int rc = 0;
 	if (!dir) {
 		rc = -ENOENT;
 	} else if (dir->ino == CKPT_ROOT_INO && v->writable) {
 		rc = new_step(v, dir, name, out);
 	} else if ((dir->type == N_PSTEP || dir->type == N_PDIR) && !dir->ps->dead && !dir->orphan) {
 		if (!valid_name(name) || strchr(name, '[')) {
+			ckpt_log(CKPT_LOG_ERR, "%s: not a valid item or pytree directory name", name);
 			rc = -EINVAL;
 		} else if (view_find_kid(dir, name)) {
 			rc = -EEXIST;
@@ -162,6 +181,8 @@ int ckpt_view_mkdir(ckpt_view *v, ckpt_ino parent, const char *name, ckpt_attr *
 				view_fill_attr(v, n, out);
 			}
 		}
+	} else {
+		rc = refuse(name, "make a directory");
 	}
 	pthread_rwlock_unlock(&v->ns_lock);
 	return rc;
@@ -171,8 +192,10 @@ int ckpt_view_mkdir(ckpt_view *v, ckpt_ino parent, const char *name, ckpt_attr *
 static int commit_step(ckpt_view *v, struct node *sn, const char *final, struct node **committed)
 {
 	struct node *root = view_node(v, CKPT_ROOT_INO);
-	if (strcmp(sn->name, final) && view_find_kid(root, final))
+	if (strcmp(sn->name, final) && view_find_kid(root, final)) {
+		ckpt_log(CKPT_LOG_ERR, "step %s: cannot commit as %s: that step exists", sn->name, final);
 		return -EEXIST;
+	}
 	struct pstep *ps = sn->ps;
 	pthread_rwlock_wrlock(&ps->io_lock);
 	int rc = ckpt_step_commit(ps->step, final);
@@ -241,6 +264,7 @@ static int new_pfile(ckpt_view *v, struct node *dir, const char *name, struct no
 		char base[4200];
 		size_t stem = len - 4;
 		if ((size_t)(br - name) + 5 > sizeof(base) || name[stem - 1] != ']') {
+			ckpt_log(CKPT_LOG_ERR, "%s: malformed slice file name (want NAME[<slice>].npy)", name);
 			free(pf);
 			return -EINVAL;
 		}
@@ -280,7 +304,7 @@ int ckpt_view_create(ckpt_view *v, ckpt_ino parent, const char *name, ckpt_attr 
 {
 	pthread_rwlock_wrlock(&v->ns_lock);
 	struct node *dir = view_node(v, parent);
-	int rc = -EROFS;
+	int rc = 0;
 	if (!dir) {
 		rc = -ENOENT;
 	} else if (dir->type == N_PSTEP && !dir->ps->dead && !dir->orphan && !strcmp(name, COMMIT_FILE)) {
@@ -316,6 +340,8 @@ int ckpt_view_create(ckpt_view *v, ckpt_ino parent, const char *name, ckpt_attr 
 		}
 		if (rc == 0)
 			view_fill_attr(v, n, out);
+	} else {
+		rc = refuse(name, "create a file");
 	}
 	pthread_rwlock_unlock(&v->ns_lock);
 	return rc;
@@ -331,12 +357,17 @@ int ckpt_view_rename(ckpt_view *v, ckpt_ino parent, const char *name, ckpt_ino n
 		rc = -ENOENT;
 	else if (n->type == N_PSTEP && parent == CKPT_ROOT_INO && newparent == CKPT_ROOT_INO && !n->ps->dead) {
 		struct node *step;
-		rc = valid_name(newname) ? commit_step(v, n, newname, &step) : -EINVAL;
+		if (valid_name(newname) && strcmp(newname, "metadata")) {
+			rc = commit_step(v, n, newname, &step);
+		} else {
+			ckpt_log(CKPT_LOG_ERR, "%s: not a valid step name", newname);
+			rc = -EINVAL;
+		}
 	} else if (n->type == N_PSTEP || n->type == N_PDIR || n->type == N_PFILE) {
 		ckpt_log(CKPT_LOG_ERR, "%s: only a whole pending step can be renamed (that commits it)", name);
 		rc = -EPERM;
 	} else {
-		rc = -EROFS;
+		rc = refuse(name, "rename");
 	}
 	pthread_rwlock_unlock(&v->ns_lock);
 	return rc;
@@ -349,9 +380,9 @@ int ckpt_view_unlink(ckpt_view *v, ckpt_ino parent, const char *name)
 	struct node *n = dir && (dir->type == N_PDIR || dir->type == N_DIR) ? view_find_kid(dir, name) : NULL;
 	int rc;
 	if (!n) {
-		rc = dir && dir->type == N_PDIR ? -ENOENT : -EROFS;
+		rc = dir && dir->type == N_PDIR ? -ENOENT : refuse(name, "remove");
 	} else if (n->type != N_PFILE) {
-		rc = n->type == N_PDIR ? -EISDIR : -EROFS;
+		rc = n->type == N_PDIR ? -EISDIR : refuse(name, "remove");
 	} else if (n->pf->arr) {
 		ckpt_log(CKPT_LOG_ERR, "%s: a declared array cannot be removed (rmdir the step to abort it)", name);
 		rc = -EPERM;
@@ -382,9 +413,11 @@ int ckpt_view_rmdir(ckpt_view *v, ckpt_ino parent, const char *name)
 		ckpt_log(CKPT_LOG_INFO, "step %s: aborted", name);
 		rc = 0;
 	} else if (n->type == N_PDIR) {
+		ckpt_log(CKPT_LOG_ERR, "%s: directories of a pending step cannot be removed (rmdir the step to abort it)",
+			 name);
 		rc = -EPERM;
 	} else {
-		rc = n->type == N_DIR ? -EROFS : -ENOTDIR;
+		rc = n->type == N_DIR ? refuse(name, "remove") : -ENOTDIR;
 	}
 	pthread_rwlock_unlock(&v->ns_lock);
 	return rc;
@@ -483,12 +516,13 @@ static ssize_t write_locked(ckpt_view *v, struct node *n, uint64_t off, const ui
 		}
 		if (rc == -EAGAIN)
 			rc = -EINVAL;
-		if (rc == 0)
-			rc = declare(v, n, &h);
+		if (rc < 0)
+			ckpt_log(CKPT_LOG_ERR, "%s: not a valid .npy header for ckptfs", n->name);
+		else
+			rc = declare(v, n, &h); /* logs its own reasons */
 		if (rc < 0) {
+			pf->have = 0; /* a refused header is forgotten: the writer may start over */
 			pthread_mutex_unlock(&pf->mu);
-			if (rc == -EINVAL)
-				ckpt_log(CKPT_LOG_ERR, "%s: not a valid .npy header for ckptfs", n->name);
 			return rc;
 		}
 		pf->data_off = (size_t)h.data_offset;
@@ -544,10 +578,10 @@ ssize_t ckpt_view_write(ckpt_view *v, ckpt_ino ino, uint64_t off, const void *da
 	if (!n)
 		return -ENOENT;
 	if (n->type != N_PFILE)
-		return n->type == N_DIR || n->type == N_PDIR || n->type == N_PSTEP ? -EISDIR : -EROFS;
+		return n->type == N_DIR || n->type == N_PDIR || n->type == N_PSTEP ? -EISDIR : refuse(n->name, "write");
 	struct pstep *ps = n->ps;
 	pthread_rwlock_rdlock(&ps->io_lock);
-	ssize_t rc = ps->dead || n->orphan ? -EROFS : write_locked(v, n, off, data, len);
+	ssize_t rc = ps->dead || n->orphan ? refuse(n->name, "write") : write_locked(v, n, off, data, len);
 	pthread_rwlock_unlock(&ps->io_lock);
 	return rc;
 }
@@ -558,16 +592,16 @@ int ckpt_view_truncate(ckpt_view *v, ckpt_ino ino, uint64_t size)
 	if (!n)
 		return -ENOENT;
 	if (n->type != N_PFILE)
-		return n->type == N_ARRAY || n->type == N_FILE ? -EROFS : -EISDIR;
+		return n->type == N_ARRAY || n->type == N_FILE ? refuse(n->name, "truncate") : -EISDIR;
 	struct pfile *pf = n->pf;
 	int rc = 0;
 	pthread_mutex_lock(&pf->mu);
 	if (n->ps->dead)
-		rc = -EROFS;
-	else if (size == pf->size)
-		rc = 0;
+		rc = refuse(n->name, "truncate");
 	else if (size == 0 && !pf->data_off)
 		pf->have = pf->size = 0;
+	else if (size == pf->size)
+		rc = 0;
 	else {
 		ckpt_log(CKPT_LOG_ERR, "%s: cannot resize to %llu bytes (the .npy header fixes the size)", n->name,
 			 (unsigned long long)size);

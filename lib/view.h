@@ -114,5 +114,7 @@ int ckpt_view_unlink(ckpt_view *v, ckpt_ino parent, const char *name);
 int ckpt_view_rmdir(ckpt_view *v, ckpt_ino parent, const char *name);
 /* 1 when the node is writable (a pending file), else 0. */
 int ckpt_view_is_writable(ckpt_view *v, ckpt_ino ino);
+/* 0 when the node may be opened for writing, else -EROFS (logged). */
+int ckpt_view_check_writable(ckpt_view *v, ckpt_ino ino);
 
 #endif
