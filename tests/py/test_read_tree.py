@@ -89,6 +89,23 @@ def test_missing_names_are_enoent(lm):
     assert U.errno_of(os.listdir, m.p(arr)) == errno.ENOTDIR
 
 
+def test_stats_file_is_hidden_but_reachable(mount, fixtures_dir, expected):
+    m = mount(fixtures_dir / "pytree_zarr2")
+    assert ".ckptfs" not in os.listdir(m.p())
+    assert U.is_dir_mode(os.stat(m.p(".ckptfs")).st_mode)
+    st = os.stat(m.p(".ckptfs/stats"))
+    assert U.is_file_mode(st.st_mode)
+    before = json.loads(U.read_all(m.p(".ckptfs/stats")))
+    assert isinstance(before, dict) and before
+    assert all(isinstance(v, int) and v >= 0 for v in before.values()), before
+    for key, exp in expected.items():
+        assert U.read_all(m.p(key.replace(".", "/") + ".npy")).endswith(exp.data)
+    after = json.loads(U.read_all(m.p(".ckptfs/stats")))
+    assert set(after) == set(before)
+    assert all(after[k] >= before[k] for k in before), (before, after)
+    assert sum(after.values()) > sum(before.values()), "reading every array changed no counter"
+
+
 # ---------------------------------------------------------------------------
 # attributes
 
@@ -295,9 +312,16 @@ def test_options_are_accepted(mount, fixtures_dir, expected, opts):
         assert U.read_all(m.p(rel)).endswith(exp.data), rel
 
 
-def test_nonexistent_source_fails(mount, tmp_path):
-    m = mount(tmp_path / "does_not_exist", expect_ready=False)
-    assert m.ready in (b"f", b""), f"readiness byte {m.ready!r} for a missing source"
+@pytest.mark.parametrize("how", ["missing_source", "bad_cache_size", "bad_log_level"])
+def test_failed_mount_reports_f(mount, fixtures_dir, tmp_path, how):
+    """ready_fd gets 'f' when the daemon cannot mount; it exits non-zero."""
+    if how == "missing_source":
+        m = mount(tmp_path / "does_not_exist", expect_ready=False)
+    elif how == "bad_cache_size":
+        m = mount(fixtures_dir / "pytree_zarr3", "cache_size=banana", expect_ready=False)
+    else:
+        m = mount(fixtures_dir / "pytree_zarr3", "log_level=loud", expect_ready=False)
     rc = m.proc.wait(timeout=U.EXIT_TIMEOUT)
+    assert m.ready == b"f", f"readiness byte {m.ready!r} (want b'f'); log:\n{m.log()}"
     assert rc != 0
     assert not U.is_mounted(m.path)
