@@ -65,7 +65,7 @@ int ckpt_ctx_create(const ckpt_ctx_opts *opts, ckpt_ctx **out)
 	ckpt_ctx *ctx = calloc(1, sizeof(*ctx));
 	if (!ctx)
 		return -ENOMEM;
-	uint64_t budget = opts && opts->cache_bytes ? opts->cache_bytes : (1ull << 30);
+	uint64_t budget = opts && opts->cache_bytes ? opts->cache_bytes : (512ull << 20);
 	int threads = opts && opts->threads > 0 ? opts->threads : (int)sysconf(_SC_NPROCESSORS_ONLN);
 	if (threads < 1)
 		threads = 1;
@@ -313,7 +313,13 @@ static void read_ahead(ckpt_array *a, const ckpt_region *r, uint64_t e1, uint64_
 	const ckpt_array_meta *m = &a->meta;
 	if (e1 >= count || m->rank == 0)
 		return;
-	uint64_t w = a->ctx->prefetch_bytes / m->itemsize;
+	/* At least one chunk per decode thread ahead, so a sequential reader
+	 * finds the next chunks decoded (or being decoded) when it gets there. */
+	uint64_t bytes = a->ctx->prefetch_bytes;
+	uint64_t per_chunks = m->unit_bytes * (uint64_t)(a->ctx->threads + 1);
+	if (bytes < per_chunks)
+		bytes = per_chunks;
+	uint64_t w = bytes / m->itemsize;
 	if (w < 1)
 		w = 1;
 	uint64_t end = e1 + w < count ? e1 + w : count;

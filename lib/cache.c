@@ -3,9 +3,15 @@
  *  - every LOADING/READY entry is in the hash table, FAILED ones are not
  *    (their waiters hold the last refs and free them); READY entries with refs == 0 are on
  *    the LRU list (head = most recent), all others are off it;
- *  - c->bytes = sum of sizes of all entries + spare buffers.
+ *  - c->bytes = sum of capacities of all entries + spare buffers.
+ *
+ * Buffers: first-touch page faults are expensive (ecosystem.md §5), so
+ * decoded chunks land in reused memory whenever possible: a buffer has a
+ * capacity rounded up to 2 MiB (huge pages where the kernel allows) and is
+ * reused for any chunk that fits it without wasting more than half.
  */
 #include <pthread.h>
+#include <sys/mman.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -17,7 +23,7 @@ enum { LOADING, READY, FAILED };
 
 struct ckpt_centry {
 	uint64_t owner, idx;
-	size_t size;
+	size_t size, cap;
 	void *data;
 	int state, err;
 	unsigned refs;
@@ -27,7 +33,7 @@ struct ckpt_centry {
 
 struct spare {
 	void *data;
-	size_t size;
+	size_t cap;
 };
 
 #define NSPARE 8
@@ -114,62 +120,104 @@ static void grow_table(ckpt_cache *c)
 	free(old);
 }
 
-/* Keep a freed buffer for reuse, or free it.  Called with the lock held. */
-static void give_back(ckpt_cache *c, void *data, size_t size)
+#define BIG (1u << 20)
+#define HUGE_ALIGN ((size_t)2 << 20)
+
+static size_t cap_for(size_t size)
 {
-	if (c->nspare < NSPARE) {
-		c->spare[c->nspare].data = data;
-		c->spare[c->nspare].size = size;
-		c->nspare++;
-		return;
-	}
-	/* Replace the oldest spare. */
-	free(c->spare[0].data);
-	c->bytes -= c->spare[0].size;
-	memmove(&c->spare[0], &c->spare[1], sizeof(c->spare[0]) * (NSPARE - 1));
-	c->spare[NSPARE - 1].data = data;
-	c->spare[NSPARE - 1].size = size;
+	if (size < BIG)
+		return size ? size : 1;
+	return (size + HUGE_ALIGN - 1) & ~(HUGE_ALIGN - 1);
 }
 
-/* Make room for `need` more bytes: drop spares of other sizes, then LRU entries. */
+static void *buf_alloc(size_t cap)
+{
+	if (cap < BIG)
+		return malloc(cap);
+	void *p = mmap(NULL, cap, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	if (p == MAP_FAILED)
+		return NULL;
+	madvise(p, cap, MADV_HUGEPAGE);
+	return p;
+}
+
+static void buf_free(void *p, size_t cap)
+{
+	if (cap < BIG)
+		free(p);
+	else
+		munmap(p, cap);
+}
+
+/* A spare of capacity `cap` can hold a chunk of `size` bytes without
+ * wasting more than half of itself. */
+static int fits(size_t cap, size_t size)
+{
+	return cap >= size && cap - size <= cap / 2;
+}
+
+static void drop_spare(ckpt_cache *c, int i)
+{
+	buf_free(c->spare[i].data, c->spare[i].cap);
+	c->bytes -= c->spare[i].cap;
+	c->spare[i] = c->spare[--c->nspare];
+}
+
+/* Keep a freed buffer for reuse (the oldest spare goes when full).
+ * Called with the lock held. */
+static void give_back(ckpt_cache *c, void *data, size_t cap)
+{
+	if (c->nspare == NSPARE)
+		drop_spare(c, 0);
+	c->spare[c->nspare].data = data;
+	c->spare[c->nspare].cap = cap;
+	c->nspare++;
+}
+
+/* Make room for a buffer of `need` bytes: drop spares that cannot hold
+ * it, then evict LRU entries (their buffers become spares). */
 static void make_room(ckpt_cache *c, size_t need)
 {
-	for (int i = 0; i < c->nspare && c->bytes + need > c->budget;) {
-		if (c->spare[i].size != need) {
-			free(c->spare[i].data);
-			c->bytes -= c->spare[i].size;
-			c->spare[i] = c->spare[--c->nspare];
-		} else {
-			i++;
-		}
+	size_t cap = need ? cap_for(need) : 0;
+	for (int i = 0; i < c->nspare && c->bytes + cap > c->budget;) {
+		if (!need || !fits(c->spare[i].cap, need))
+			drop_spare(c, i);
+		else
+			return; /* a spare will be reused: no new bytes needed */
 	}
-	while (c->bytes + need > c->budget && c->lru.prev != &c->lru) {
+	while (c->bytes + cap > c->budget && c->lru.prev != &c->lru) {
 		struct ckpt_centry *e = c->lru.prev;
+		void *data = e->data;
+		size_t ecap = e->cap;
 		lru_unlink(e);
 		table_remove(c, e);
-		give_back(c, e->data, e->size);
 		free(e);
 		CKPT_STAT_ADD(cache_evictions, 1);
-		/* A spare of another size is useless here: drop it at once. */
-		if (c->spare[c->nspare - 1].size != need) {
-			c->nspare--;
-			free(c->spare[c->nspare].data);
-			c->bytes -= c->spare[c->nspare].size;
+		if (need && fits(ecap, need)) {
+			give_back(c, data, ecap); /* take_buffer reuses it at once */
+			return;
 		}
+		buf_free(data, ecap);
+		c->bytes -= ecap;
 	}
 }
 
-static void *take_buffer(ckpt_cache *c, size_t size)
+static void *take_buffer(ckpt_cache *c, size_t size, size_t *cap)
 {
+	int best = -1;
 	for (int i = 0; i < c->nspare; i++)
-		if (c->spare[i].size == size) {
-			void *p = c->spare[i].data;
-			c->spare[i] = c->spare[--c->nspare];
-			return p; /* its bytes stay counted: now they belong to the entry */
-		}
-	void *p = malloc(size ? size : 1);
+		if (fits(c->spare[i].cap, size) && (best < 0 || c->spare[i].cap < c->spare[best].cap))
+			best = i;
+	if (best >= 0) {
+		void *p = c->spare[best].data;
+		*cap = c->spare[best].cap;
+		c->spare[best] = c->spare[--c->nspare];
+		return p; /* its bytes stay counted: now they belong to the entry */
+	}
+	*cap = cap_for(size);
+	void *p = buf_alloc(*cap);
 	if (p)
-		c->bytes += size;
+		c->bytes += *cap;
 	return p;
 }
 
@@ -199,7 +247,7 @@ int ckpt_cache_get(ckpt_cache *c, uint64_t owner, uint64_t idx, size_t size, ckp
 			/* Failed entries are off the table; the last waiter frees it. */
 			int err = e->err;
 			if (--e->refs == 0) {
-				give_back(c, e->data, e->size);
+				give_back(c, e->data, e->cap);
 				free(e);
 			}
 			pthread_mutex_unlock(&c->lock);
@@ -214,7 +262,8 @@ int ckpt_cache_get(ckpt_cache *c, uint64_t owner, uint64_t idx, size_t size, ckp
 	/* Miss: insert a LOADING entry, then fill without the lock. */
 	make_room(c, size);
 	struct ckpt_centry *e = calloc(1, sizeof(*e));
-	void *data = e ? take_buffer(c, size) : NULL;
+	size_t cap = 0;
+	void *data = e ? take_buffer(c, size, &cap) : NULL;
 	if (!data) {
 		free(e);
 		pthread_mutex_unlock(&c->lock);
@@ -223,6 +272,7 @@ int ckpt_cache_get(ckpt_cache *c, uint64_t owner, uint64_t idx, size_t size, ckp
 	e->owner = owner;
 	e->idx = idx;
 	e->size = size;
+	e->cap = cap;
 	e->data = data;
 	e->state = LOADING;
 	e->refs = 1;
@@ -243,7 +293,7 @@ int ckpt_cache_get(ckpt_cache *c, uint64_t owner, uint64_t idx, size_t size, ckp
 		/* Off the table at once (a new attempt may start); waiters hold refs. */
 		table_remove(c, e);
 		if (--e->refs == 0) {
-			give_back(c, e->data, e->size);
+			give_back(c, e->data, e->cap);
 			free(e);
 		}
 		pthread_cond_broadcast(&c->loaded);
@@ -266,11 +316,11 @@ void ckpt_cache_release(ckpt_cache *c, ckpt_centry *e)
 {
 	pthread_mutex_lock(&c->lock);
 	if (--e->refs == 0) {
-		if (e->size > c->budget) {
+		if (e->cap > c->budget) {
 			/* Larger than the whole budget: never kept. */
 			table_remove(c, e);
-			free(e->data);
-			c->bytes -= e->size;
+			buf_free(e->data, e->cap);
+			c->bytes -= e->cap;
 			free(e);
 		} else {
 			lru_push(c, e);
@@ -306,11 +356,11 @@ void ckpt_cache_destroy(ckpt_cache *c)
 	for (size_t i = 0; i < c->nbuckets; i++)
 		for (struct ckpt_centry *e = c->table[i], *n; e; e = n) {
 			n = e->hnext;
-			free(e->data);
+			buf_free(e->data, e->cap);
 			free(e);
 		}
 	for (int i = 0; i < c->nspare; i++)
-		free(c->spare[i].data);
+		buf_free(c->spare[i].data, c->spare[i].cap);
 	free(c->table);
 	pthread_mutex_destroy(&c->lock);
 	pthread_cond_destroy(&c->loaded);

@@ -20,7 +20,15 @@
 void ckpt_writer_opts_init(ckpt_writer_opts *o)
 {
 	o->zstd_level = 1;
-	o->mem_budget = (uint64_t)512 << 20;
+	/* Enough to take a typical host's share of a checkpoint without making
+	 * writers wait: RAM / 8, at least 512 MiB, at most 2 GiB. */
+	long pages = sysconf(_SC_PHYS_PAGES), psize = sysconf(_SC_PAGESIZE);
+	uint64_t ram = pages > 0 && psize > 0 ? (uint64_t)pages * (uint64_t)psize : 0;
+	o->mem_budget = ram / 8;
+	if (o->mem_budget < ((uint64_t)512 << 20))
+		o->mem_budget = (uint64_t)512 << 20;
+	if (o->mem_budget > ((uint64_t)2 << 30))
+		o->mem_budget = (uint64_t)2 << 30;
 	o->threads = 2;
 	o->chunk_bytes = (uint64_t)4 << 20;
 	o->shard_bytes = (uint64_t)1 << 30;

@@ -77,7 +77,7 @@
 
 typedef struct ckpt_writer_opts {
 	int zstd_level;        /* zstd level of inner chunks; default 1 (see docs/format.md) */
-	uint64_t mem_budget;   /* bytes of buffered chunk data (incl. coverage maps); default 512 MiB */
+	uint64_t mem_budget;   /* bytes of buffered chunk data (incl. coverage maps); default RAM/8 in [512 MiB, 2 GiB] */
 	int threads;           /* compression threads per step; default 2, 1..64 */
 	uint64_t chunk_bytes;  /* target (upper bound) raw bytes of an inner chunk; default 4 MiB */
 	uint64_t shard_bytes;  /* target raw bytes of a shard file; default 1 GiB */

@@ -6,7 +6,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <zstd.h>
@@ -104,6 +106,11 @@ static void *worker(void *arg)
 {
 	struct ckpt_step *st = arg;
 	struct zworker z = {0};
+	/* Compression yields the CPU to the threads serving writers: write()
+	 * latency is what the writers wait for; compression only has to be
+	 * done by the commit. */
+	if (setpriority(PRIO_PROCESS, (id_t)syscall(SYS_gettid), 5) < 0)
+		ckpt_log(CKPT_LOG_DEBUG, "compression thread: cannot lower its priority");
 	z.cc = ZSTD_createCCtx();
 	if (z.cc) {
 		ZSTD_CCtx_setParameter(z.cc, ZSTD_c_compressionLevel, st->opts.zstd_level);

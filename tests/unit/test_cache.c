@@ -1,0 +1,116 @@
+/* Unit tests of the decoded-chunk cache: hits and misses, single-flight
+ * loading under concurrent misses, the byte budget, failed loads, reuse. */
+#include <errno.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "cache.h"
+#include "check.h"
+
+static atomic_int fills;
+
+static int fill_pattern(void *arg, void *dst)
+{
+	size_t n = *(size_t *)arg;
+	atomic_fetch_add(&fills, 1);
+	usleep(2000); /* widen the window for concurrent misses */
+	memset(dst, 0x5a, n);
+	return 0;
+}
+
+static int fill_fail(void *arg, void *dst)
+{
+	(void)arg;
+	(void)dst;
+	atomic_fetch_add(&fills, 1);
+	return -EIO;
+}
+
+struct worker {
+	ckpt_cache *c;
+	size_t size;
+	int ok;
+};
+
+static void *miss_same(void *p)
+{
+	struct worker *w = p;
+	ckpt_centry *e;
+	if (ckpt_cache_get(w->c, 1, 42, w->size, fill_pattern, &w->size, &e) == 0) {
+		const unsigned char *d = ckpt_centry_data(e);
+		w->ok = d[0] == 0x5a && d[w->size - 1] == 0x5a;
+		ckpt_cache_release(w->c, e);
+	}
+	return NULL;
+}
+
+int main(void)
+{
+	ckpt_cache *c;
+	size_t size = 3u << 20;
+	CHECK_EQ_INT(ckpt_cache_create(16u << 20, &c), 0);
+
+	/* miss then hit */
+	ckpt_centry *e;
+	atomic_store(&fills, 0);
+	CHECK_EQ_INT(ckpt_cache_get(c, 1, 1, size, fill_pattern, &size, &e), 0);
+	ckpt_cache_release(c, e);
+	CHECK_EQ_INT(ckpt_cache_get(c, 1, 1, size, fill_pattern, &size, &e), 0);
+	ckpt_cache_release(c, e);
+	CHECK_EQ_INT(atomic_load(&fills), 1);
+	CHECK(ckpt_cache_contains(c, 1, 1));
+	CHECK(!ckpt_cache_contains(c, 2, 1));
+
+	/* 8 threads miss on one chunk: one fill, every thread sees the data */
+	atomic_store(&fills, 0);
+	pthread_t t[8];
+	struct worker w[8];
+	for (int i = 0; i < 8; i++) {
+		w[i] = (struct worker){c, size, 0};
+		pthread_create(&t[i], NULL, miss_same, &w[i]);
+	}
+	for (int i = 0; i < 8; i++) {
+		pthread_join(t[i], NULL);
+		CHECK(w[i].ok);
+	}
+	CHECK_EQ_INT(atomic_load(&fills), 1);
+
+	/* the budget holds: 40 chunks of 3 MiB (4 MiB capacity) in a 16 MiB cache */
+	for (uint64_t i = 100; i < 140; i++) {
+		CHECK_EQ_INT(ckpt_cache_get(c, 3, i, size, fill_pattern, &size, &e), 0);
+		ckpt_cache_release(c, e);
+		CHECK(ckpt_cache_bytes(c) <= (16u << 20));
+	}
+	CHECK(!ckpt_cache_contains(c, 3, 100)); /* evicted (LRU) */
+	CHECK(ckpt_cache_contains(c, 3, 139));
+
+	/* a failed fill is returned and not cached */
+	atomic_store(&fills, 0);
+	CHECK_EQ_INT(ckpt_cache_get(c, 4, 1, size, fill_fail, NULL, &e), -EIO);
+	CHECK(!ckpt_cache_contains(c, 4, 1));
+	CHECK_EQ_INT(ckpt_cache_get(c, 4, 1, size, fill_fail, NULL, &e), -EIO);
+	CHECK_EQ_INT(atomic_load(&fills), 2);
+
+	/* pinned entries survive eviction pressure */
+	ckpt_centry *pinned;
+	CHECK_EQ_INT(ckpt_cache_get(c, 5, 1, size, fill_pattern, &size, &pinned), 0);
+	for (uint64_t i = 0; i < 20; i++) {
+		CHECK_EQ_INT(ckpt_cache_get(c, 6, i, size, fill_pattern, &size, &e), 0);
+		ckpt_cache_release(c, e);
+	}
+	CHECK(ckpt_cache_contains(c, 5, 1));
+	CHECK_EQ_INT(((const unsigned char *)ckpt_centry_data(pinned))[0], 0x5a);
+	ckpt_cache_release(c, pinned);
+
+	/* a chunk larger than the budget is served, then not kept */
+	size_t huge = 20u << 20;
+	CHECK_EQ_INT(ckpt_cache_get(c, 7, 1, huge, fill_pattern, &huge, &e), 0);
+	ckpt_cache_release(c, e);
+	CHECK(!ckpt_cache_contains(c, 7, 1));
+	CHECK(ckpt_cache_bytes(c) <= (16u << 20));
+
+	ckpt_cache_destroy(c);
+	return CHECK_DONE();
+}
