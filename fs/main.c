@@ -65,12 +65,8 @@ static int opt_proc(void *data, const char *arg, int key, struct fuse_args *outa
 		return 1;
 	}
 	if (key == FUSE_OPT_KEY_NONOPT && !o->source) {
-		o->source = realpath(arg, NULL);
-		if (!o->source) {
-			fprintf(stderr, "ckptfs: %s: %s\n", arg, strerror(errno));
-			return -1;
-		}
-		return 0;
+		o->source = strdup(arg); /* resolved after parsing, when ready_fd is known */
+		return o->source ? 0 : -1;
 	}
 	return 1;
 }
@@ -198,7 +194,7 @@ int main(int argc, char *argv[])
 	int ret = 1;
 
 	if (fuse_opt_parse(&args, &fs.opts, opt_spec, opt_proc) == -1)
-		goto out_args;
+		goto out_ready;
 	if (fs.opts.show_help) {
 		usage(argv[0]);
 		ret = 0;
@@ -215,6 +211,13 @@ int main(int argc, char *argv[])
 		fprintf(stderr, "usage: %s [options] SOURCE MOUNTPOINT (see --help)\n", argv[0]);
 		goto out_ready;
 	}
+	char *real = realpath(fs.opts.source, NULL);
+	if (!real) {
+		fprintf(stderr, "ckptfs: %s: %s\n", fs.opts.source, strerror(errno));
+		goto out_ready;
+	}
+	free(fs.opts.source);
+	fs.opts.source = real;
 	if (fs.opts.log_level) {
 		static const char *const lv[] = {"error", "warning", "info", "debug"};
 		int found = -1;

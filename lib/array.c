@@ -307,19 +307,22 @@ static int read_elems(ckpt_array *a, const ckpt_region *r, uint64_t e0, uint64_t
 	return 0;
 }
 
+uint64_t ckpt_array_window(const ckpt_array *a)
+{
+	/* At least one chunk per decode thread ahead, so a sequential reader
+	 * finds the next chunks decoded (or being decoded) when it gets there. */
+	uint64_t bytes = a->ctx->prefetch_bytes;
+	uint64_t per_chunks = a->meta.unit_bytes * (uint64_t)(a->ctx->threads + 1);
+	return bytes > per_chunks ? bytes : per_chunks;
+}
+
 /* Read-ahead: decode the chunks behind the next window of the stream. */
 static void read_ahead(ckpt_array *a, const ckpt_region *r, uint64_t e1, uint64_t count)
 {
 	const ckpt_array_meta *m = &a->meta;
-	if (e1 >= count || m->rank == 0)
+	if (e1 >= count)
 		return;
-	/* At least one chunk per decode thread ahead, so a sequential reader
-	 * finds the next chunks decoded (or being decoded) when it gets there. */
-	uint64_t bytes = a->ctx->prefetch_bytes;
-	uint64_t per_chunks = m->unit_bytes * (uint64_t)(a->ctx->threads + 1);
-	if (bytes < per_chunks)
-		bytes = per_chunks;
-	uint64_t w = bytes / m->itemsize;
+	uint64_t w = ckpt_array_window(a) / m->itemsize;
 	if (w < 1)
 		w = 1;
 	uint64_t end = e1 + w < count ? e1 + w : count;
@@ -403,6 +406,28 @@ ssize_t ckpt_array_read(ckpt_array *a, const ckpt_region *r, uint64_t off, size_
 	read_ahead(a, r, e1, count);
 	CKPT_STAT_ADD(bytes_served, len);
 	return (ssize_t)len;
+}
+
+void ckpt_array_prefetch(ckpt_array *a, const ckpt_region *r, uint64_t off, uint64_t len)
+{
+	uint64_t count;
+	if (ckpt_region_count(r, &count) < 0 || count == 0)
+		return;
+	uint64_t e0 = off / a->meta.itemsize;
+	uint64_t e1 = (off + len + a->meta.itemsize - 1) / a->meta.itemsize;
+	if (e1 > count)
+		e1 = count;
+	if (e0 >= e1)
+		return;
+	ckpt_region bbox;
+	ckpt_region_stream_bbox(r, e0, e1, &bbox);
+	uint64_t lo[CKPT_MAX_RANK], hi[CKPT_MAX_RANK], g[CKPT_MAX_RANK];
+	grid_box(&a->meta, &bbox, lo, hi);
+	memcpy(g, lo, sizeof(uint64_t) * (size_t)a->meta.rank);
+	int budget = 64;
+	do {
+		prefetch(a, g);
+	} while (--budget > 0 && next_index(a->meta.rank, lo, hi, g));
 }
 
 int ckpt_array_stored_bytes(ckpt_array *a, uint64_t *out)

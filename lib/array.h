@@ -51,6 +51,14 @@ const char *ckpt_array_prefix(const ckpt_array *a);
  * stream), or -EIO when a chunk it needs cannot be decoded. */
 ssize_t ckpt_array_read(ckpt_array *a, const ckpt_region *r, uint64_t off, size_t len, void *dst);
 
+/* Queue, without waiting, the decode of the chunks behind bytes
+ * [off, off+len) of region r's stream (they land in the cache).  Used to
+ * warm the next file of a reader walking a directory. */
+void ckpt_array_prefetch(ckpt_array *a, const ckpt_region *r, uint64_t off, uint64_t len);
+
+/* Bytes a sequential reader is read ahead by (the context's window). */
+uint64_t ckpt_array_window(const ckpt_array *a);
+
 /* Sum of stored bytes of the array's chunks (computed once, then cached). */
 int ckpt_array_stored_bytes(ckpt_array *a, uint64_t *out);
 

@@ -784,6 +784,29 @@ int ckpt_view_readdir(ckpt_view *v, ckpt_ino ino, uint64_t index, const char **n
 	return rc;
 }
 
+/* A reader near the end of an array file probably goes on with the next
+ * file of the directory (cp -r, tar, a loader walking the tree): start
+ * decoding its first chunks now, once. */
+static void warm_next_file(ckpt_view *v, struct node *n)
+{
+	if (n->hidden || atomic_exchange(&n->next_warmed, 1))
+		return;
+	struct node *dir = view_node(v, n->parent);
+	if (!dir || dir->type != N_DIR)
+		return;
+	int found;
+	size_t pos = kid_pos(dir, n->name, &found);
+	if (!found)
+		return;
+	for (size_t i = pos + 1; i < dir->nkids; i++) {
+		struct node *k = dir->kids[i];
+		if (k->type == N_ARRAY) {
+			ckpt_array_prefetch(k->ar->arr, &k->region, 0, ckpt_array_window(k->ar->arr));
+			return;
+		}
+	}
+}
+
 static ssize_t read_array_node(struct node *n, uint64_t off, size_t len, uint8_t *dst)
 {
 	if (off >= n->size)
@@ -868,8 +891,12 @@ ssize_t ckpt_view_read(ckpt_view *v, ckpt_ino ino, uint64_t off, size_t len, voi
 	if (!n)
 		return -ENOENT;
 	switch (n->type) {
-	case N_ARRAY:
-		return read_array_node(n, off, len, dst);
+	case N_ARRAY: {
+		ssize_t r = read_array_node(n, off, len, dst);
+		if (r > 0 && off + (uint64_t)r + ckpt_array_window(n->ar->arr) >= n->size)
+			warm_next_file(v, n);
+		return r;
+	}
 	case N_FILE:
 		return read_file_node(n, off, len, dst);
 	case N_SAFETENSORS:
@@ -951,6 +978,11 @@ ssize_t ckpt_view_getxattr(ckpt_view *v, ckpt_ino ino, const char *name, char *b
 	struct node *n = view_node(v, ino);
 	if (!n)
 		return -ENOENT;
+	/* Only user.* exists here.  ENOTSUP (not ENODATA) for the others lets
+	 * tools such as ls remember, per file system, that there are no SELinux
+	 * labels or ACLs instead of asking for every file. */
+	if (strncmp(name, "user.", 5) != 0)
+		return -ENOTSUP;
 	if (n->type != N_ARRAY || !has_xattr(n, name))
 		return -ENODATA;
 	const ckpt_array_meta *m = ckpt_array_meta_of(n->ar->arr);

@@ -70,7 +70,8 @@ int ckpt_view_readdir(ckpt_view *v, ckpt_ino dir, uint64_t index, const char **n
 ssize_t ckpt_view_read(ckpt_view *v, ckpt_ino ino, uint64_t off, size_t len, void *dst);
 
 /* Extended attributes: value of `name` into buf (returns its length; with
- * cap 0 just the length), -ENODATA when the node has no such attribute,
+ * cap 0 just the length), -ENOTSUP outside the user.* namespace,
+ * -ENODATA when the node has no such attribute,
  * -ERANGE when cap is too small.  list: NUL-separated names, same rules. */
 ssize_t ckpt_view_getxattr(ckpt_view *v, ckpt_ino ino, const char *name, char *buf, size_t cap);
 ssize_t ckpt_view_listxattr(ckpt_view *v, ckpt_ino ino, char *buf, size_t cap);

@@ -70,6 +70,7 @@ struct node {
 	struct pstep *ps;        /* the pending step this node belongs to */
 	struct pfile *pf;        /* N_PFILE state */
 	int orphan;              /* removed from its directory (committed/aborted/renamed) */
+	atomic_int next_warmed;  /* N_ARRAY: the next file of the directory was prefetched */
 };
 
 /* A pending step: the writer's step plus the lock that keeps commit apart
