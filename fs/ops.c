@@ -38,6 +38,16 @@ static double ttl(const struct ckfs *fs, const ckpt_attr *a)
 	return a->immutable ? fs->ttl_immutable : 0.0;
 }
 
+/* Write-only handles of pending files bypass the page cache: through the
+ * cache, a write that does not start on a page boundary (every .npy write
+ * after its header) reaches the daemon as one request per 4 KiB page;
+ * direct I/O passes it on in 1 MiB requests.  Handles that may mmap the
+ * file (read-write, e.g. np.lib.format.open_memmap) keep the page cache. */
+static int write_only(const struct fuse_file_info *fi)
+{
+	return (fi->flags & O_ACCMODE) == O_WRONLY;
+}
+
 static void fill_entry(const struct ckfs *fs, const ckpt_attr *a, struct fuse_entry_param *e)
 {
 	memset(e, 0, sizeof(*e));
@@ -243,7 +253,7 @@ static void ckfs_op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *
 		return;
 	}
 	fi->keep_cache = a.immutable;
-	fi->direct_io = a.volatile_data;
+	fi->direct_io = a.volatile_data || (writing && write_only(fi));
 	fi->noflush = !writing;
 	fuse_reply_open(req, fi);
 }
@@ -349,7 +359,7 @@ static void ckfs_op_create(fuse_req_t req, fuse_ino_t parent, const char *name, 
 	struct fuse_entry_param e;
 	fill_entry(fs, &a, &e);
 	fi->keep_cache = a.immutable;
-	fi->direct_io = 0;
+	fi->direct_io = write_only(fi);
 	fuse_reply_create(req, &e, fi);
 }
 
