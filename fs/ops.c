@@ -275,15 +275,9 @@ static void ckfs_op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
 	fuse_reply_buf(req, buf, (size_t)n);
 }
 
-static void ckfs_op_getxattr(fuse_req_t req, fuse_ino_t ino, const char *name, size_t size)
+/* Reply to getxattr/listxattr: n bytes in buf, or the length when size is 0. */
+static void reply_xattr(fuse_req_t req, ssize_t n, const char *buf, size_t size)
 {
-	struct ckfs *fs = fs_of(req);
-	char *buf = size ? thread_buf(size) : NULL;
-	if (size && !buf) {
-		fuse_reply_err(req, ENOMEM);
-		return;
-	}
-	ssize_t n = ckpt_view_getxattr(fs->view, ino, name, buf, size);
 	if (n < 0)
 		fuse_reply_err(req, (int)-n);
 	else if (size == 0)
@@ -292,21 +286,24 @@ static void ckfs_op_getxattr(fuse_req_t req, fuse_ino_t ino, const char *name, s
 		fuse_reply_buf(req, buf, (size_t)n);
 }
 
-static void ckfs_op_listxattr(fuse_req_t req, fuse_ino_t ino, size_t size)
+static void ckfs_op_getxattr(fuse_req_t req, fuse_ino_t ino, const char *name, size_t size)
 {
-	struct ckfs *fs = fs_of(req);
 	char *buf = size ? thread_buf(size) : NULL;
 	if (size && !buf) {
 		fuse_reply_err(req, ENOMEM);
 		return;
 	}
-	ssize_t n = ckpt_view_listxattr(fs->view, ino, buf, size);
-	if (n < 0)
-		fuse_reply_err(req, (int)-n);
-	else if (size == 0)
-		fuse_reply_xattr(req, (size_t)n);
-	else
-		fuse_reply_buf(req, buf, (size_t)n);
+	reply_xattr(req, ckpt_view_getxattr(fs_of(req)->view, ino, name, buf, size), buf, size);
+}
+
+static void ckfs_op_listxattr(fuse_req_t req, fuse_ino_t ino, size_t size)
+{
+	char *buf = size ? thread_buf(size) : NULL;
+	if (size && !buf) {
+		fuse_reply_err(req, ENOMEM);
+		return;
+	}
+	reply_xattr(req, ckpt_view_listxattr(fs_of(req)->view, ino, buf, size), buf, size);
 }
 
 static void ckfs_op_statfs(fuse_req_t req, fuse_ino_t ino)

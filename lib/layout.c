@@ -273,8 +273,6 @@ static int scan_cb(void *arg, const char *key, uint64_t size)
 	return 0;
 }
 
-static void mirror_dir(ckpt_view *v, struct node *dir, const char *path, int64_t mtime, int depth);
-
 /* A pytree item folder → dir's children. */
 static void build_item(ckpt_view *v, struct node *dir, const char *path, int64_t mtime)
 {
@@ -389,12 +387,13 @@ out:
 	cJSON_Delete(strings);
 }
 
-/* A non-pytree item (e.g. JSON `metadata/metadata`): its regular files and folders. */
-static void mirror_dir(ckpt_view *v, struct node *dir, const char *path, int64_t mtime, int depth)
+/* Call fn(arg, name, path, is_dir) for each regular file and folder of
+ * `dir`, skipping hidden names and unfinished (tmp / partial) folders. */
+typedef void (*entry_fn)(ckpt_view *v, void *arg, const char *name, const char *path, int is_dir);
+
+static void for_each_entry(ckpt_view *v, const char *dir, entry_fn fn, void *arg)
 {
-	if (depth > 16)
-		return;
-	DIR *d = opendir(path);
+	DIR *d = opendir(dir);
 	if (!d)
 		return;
 	struct dirent *de;
@@ -402,55 +401,83 @@ static void mirror_dir(ckpt_view *v, struct node *dir, const char *path, int64_t
 	while ((de = readdir(d))) {
 		if (de->d_name[0] == '.' || unfinished_name(de->d_name))
 			continue;
-		if (snprintf(p, sizeof(p), "%s/%s", path, de->d_name) >= (int)sizeof(p))
+		if (snprintf(p, sizeof(p), "%s/%s", dir, de->d_name) >= (int)sizeof(p))
 			continue;
 		struct stat st;
 		if (stat(p, &st) < 0)
 			continue;
-		if (S_ISREG(st.st_mode))
-			add_file(v, dir, de->d_name, p, mtime);
-		else if (S_ISDIR(st.st_mode)) {
-			struct node *sub = add_dir(v, dir, de->d_name, mtime);
-			if (sub)
-				mirror_dir(v, sub, p, mtime, depth + 1);
-		}
+		if (S_ISREG(st.st_mode) || S_ISDIR(st.st_mode))
+			fn(v, arg, de->d_name, p, S_ISDIR(st.st_mode));
 	}
 	closedir(d);
 }
 
-/* A step folder → one directory per item plus its metadata files. */
+struct walk_ctx {
+	struct node *dir;
+	int64_t mtime;
+	int depth;
+};
+
+static void mirror_dir(ckpt_view *v, struct node *dir, const char *path, int64_t mtime, int depth);
+
+/* A non-pytree item (e.g. JSON `metadata/metadata`): its regular files and folders. */
+static void mirror_entry(ckpt_view *v, void *arg, const char *name, const char *path, int is_dir)
+{
+	struct walk_ctx *w = arg;
+	if (!is_dir) {
+		add_file(v, w->dir, name, path, w->mtime);
+		return;
+	}
+	struct node *sub = add_dir(v, w->dir, name, w->mtime);
+	if (sub)
+		mirror_dir(v, sub, path, w->mtime, w->depth + 1);
+}
+
+static void mirror_dir(ckpt_view *v, struct node *dir, const char *path, int64_t mtime, int depth)
+{
+	if (depth > 16)
+		return;
+	struct walk_ctx w = {dir, mtime, depth};
+	for_each_entry(v, path, mirror_entry, &w);
+}
+
+/* A step folder: one directory per item plus its metadata files. */
+static void step_entry(ckpt_view *v, void *arg, const char *name, const char *path, int is_dir)
+{
+	struct walk_ctx *w = arg;
+	if (!is_dir) {
+		add_file(v, w->dir, name, path, w->mtime);
+		return;
+	}
+	struct node *item = add_dir(v, w->dir, name, w->mtime);
+	if (!item)
+		return;
+	if (is_item(path))
+		build_item(v, item, path, w->mtime);
+	else
+		mirror_dir(v, item, path, w->mtime, 0);
+}
+
 static void build_step(ckpt_view *v, struct node *dir, const char *path, int64_t mtime)
 {
 	if (is_item(path)) { /* a direct (non-composite) save: the step is the item */
 		build_item(v, dir, path, mtime);
 		return;
 	}
-	DIR *d = opendir(path);
-	if (!d)
-		return;
-	struct dirent *de;
-	char p[4096];
-	while ((de = readdir(d))) {
-		if (de->d_name[0] == '.' || unfinished_name(de->d_name))
-			continue;
-		if (snprintf(p, sizeof(p), "%s/%s", path, de->d_name) >= (int)sizeof(p))
-			continue;
-		struct stat st;
-		if (stat(p, &st) < 0)
-			continue;
-		if (S_ISREG(st.st_mode)) {
-			add_file(v, dir, de->d_name, p, mtime);
-		} else if (S_ISDIR(st.st_mode)) {
-			struct node *item = add_dir(v, dir, de->d_name, mtime);
-			if (!item)
-				continue;
-			if (is_item(p))
-				build_item(v, item, p, mtime);
-			else
-				mirror_dir(v, item, p, mtime, 0);
-		}
-	}
-	closedir(d);
+	struct walk_ctx w = {dir, mtime, 0};
+	for_each_entry(v, path, step_entry, &w);
+}
+
+/* A CheckpointManager root: one directory per committed step. */
+static void root_entry(ckpt_view *v, void *arg, const char *name, const char *path, int is_dir)
+{
+	struct walk_ctx *w = arg;
+	if (!is_dir || !strcmp(name, "metadata"))
+		return; /* the root's metadata/ folder is not a step */
+	int64_t t = commit_time(path, w->mtime);
+	struct node *step = add_dir(v, w->dir, name, t);
+	if (step)
+		build_step(v, step, path, t);
 }
 
 int layout_build(ckpt_view *v, const char *source)
@@ -473,24 +500,10 @@ int layout_build(ckpt_view *v, const char *source)
 	} else {
 		v->kind = "root";
 		root->mtime_ns = now;
-		DIR *d = opendir(source);
-		if (!d)
+		if (access(source, R_OK | X_OK) < 0)
 			return -errno;
-		struct dirent *de;
-		char p[4096];
-		while ((de = readdir(d))) {
-			if (de->d_name[0] == '.' || unfinished_name(de->d_name) || !strcmp(de->d_name, "metadata"))
-				continue;
-			if (snprintf(p, sizeof(p), "%s/%s", source, de->d_name) >= (int)sizeof(p))
-				continue;
-			if (stat(p, &st) < 0 || !S_ISDIR(st.st_mode))
-				continue;
-			int64_t t = commit_time(p, now);
-			struct node *step = add_dir(v, root, de->d_name, t);
-			if (step)
-				build_step(v, step, p, t);
-		}
-		closedir(d);
+		struct walk_ctx w = {root, now, 0};
+		for_each_entry(v, source, root_entry, &w);
 	}
 	return 0;
 }
