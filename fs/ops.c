@@ -3,7 +3,6 @@
  * negative errno; it becomes fuse_reply_err(-rc) here and nowhere else.
  * Every handler replies exactly once on every path.
  */
-#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -12,6 +11,7 @@
 #include <fcntl.h>
 
 #include "ckfs.h"
+#include "tlsbuf.h"
 
 static struct ckfs *fs_of(fuse_req_t req)
 {
@@ -58,48 +58,11 @@ static void fill_entry(const struct ckfs *fs, const ckpt_attr *a, struct fuse_en
 	e->entry_timeout = ttl(fs, a);
 }
 
-/* Reply buffers: one per FUSE thread, grown as needed and reused, so no
- * request allocates (fuse-guide.md B.4).  Freed at thread exit. */
-static pthread_key_t buf_key;
-static pthread_once_t buf_once = PTHREAD_ONCE_INIT;
-
-struct tbuf {
-	char *p;
-	size_t cap;
-};
-
-static void tbuf_free(void *arg)
-{
-	struct tbuf *b = arg;
-	free(b->p);
-	free(b);
-}
-
-static void tbuf_init(void)
-{
-	pthread_key_create(&buf_key, tbuf_free);
-}
-
+/* Replies come from a per-thread buffer, grown as needed and reused, so no
+ * request allocates (fuse-guide.md B.4). */
 static char *thread_buf(size_t need)
 {
-	pthread_once(&buf_once, tbuf_init);
-	struct tbuf *b = pthread_getspecific(buf_key);
-	if (!b) {
-		b = calloc(1, sizeof(*b));
-		if (!b)
-			return NULL;
-		pthread_setspecific(buf_key, b);
-	}
-	if (need > b->cap) {
-		size_t cap = need < (1u << 20) + 4096 ? (1u << 20) + 4096 : need;
-		char *p = realloc(b->p, cap);
-		if (!p)
-			return NULL;
-		memset(p, 0, cap); /* fault the pages in once, not per request */
-		b->p = p;
-		b->cap = cap;
-	}
-	return b->p;
+	return ckpt_tls_buf(CKPT_TLS_REPLY, need);
 }
 
 static void ckfs_op_init(void *userdata, struct fuse_conn_info *conn)

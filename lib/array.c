@@ -9,6 +9,7 @@
 #include "cache.h"
 #include "pool.h"
 #include "stats.h"
+#include "tlsbuf.h"
 
 struct ckpt_ctx {
 	ckpt_cache *cache;
@@ -337,46 +338,6 @@ static void read_ahead(ckpt_array *a, const ckpt_region *r, uint64_t e1, uint64_
 	} while (--budget > 0 && next_index(m->rank, lo, hi, g));
 }
 
-/* Per-thread bounce buffer for unaligned ranges (freed at thread exit). */
-struct bounce {
-	uint8_t *buf;
-	size_t cap;
-};
-static pthread_key_t bounce_key;
-static pthread_once_t bounce_once = PTHREAD_ONCE_INIT;
-
-static void bounce_free(void *p)
-{
-	struct bounce *b = p;
-	free(b->buf);
-	free(b);
-}
-
-static void bounce_init(void)
-{
-	pthread_key_create(&bounce_key, bounce_free);
-}
-
-static uint8_t *bounce_get(size_t need)
-{
-	pthread_once(&bounce_once, bounce_init);
-	struct bounce *b = pthread_getspecific(bounce_key);
-	if (!b) {
-		b = calloc(1, sizeof(*b));
-		if (!b)
-			return NULL;
-		pthread_setspecific(bounce_key, b);
-	}
-	if (need > b->cap) {
-		uint8_t *p = realloc(b->buf, need);
-		if (!p)
-			return NULL;
-		b->buf = p;
-		b->cap = need;
-	}
-	return b->buf;
-}
-
 ssize_t ckpt_array_read(ckpt_array *a, const ckpt_region *r, uint64_t off, size_t len, void *dst)
 {
 	const ckpt_array_meta *m = &a->meta;
@@ -394,7 +355,7 @@ ssize_t ckpt_array_read(ckpt_array *a, const ckpt_region *r, uint64_t off, size_
 		rc = read_elems(a, r, e0, e1, dst);
 	} else {
 		/* Unaligned range: decode whole elements into a reused per-thread buffer. */
-		uint8_t *tmp = bounce_get((size_t)((e1 - e0) * m->itemsize));
+		uint8_t *tmp = ckpt_tls_buf(CKPT_TLS_BOUNCE, (size_t)((e1 - e0) * m->itemsize));
 		if (!tmp)
 			return -ENOMEM;
 		rc = read_elems(a, r, e0, e1, tmp);

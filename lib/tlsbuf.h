@@ -1,0 +1,25 @@
+/*
+ * tlsbuf.h - per-thread scratch buffers that grow and are reused, so a
+ * steady stream of requests allocates (and page-faults) nothing.
+ *
+ * Each thread has one buffer per slot; a buffer stays valid until the
+ * next call for the same slot on the same thread, and is freed when the
+ * thread exits.  Thread-safe by construction (nothing is shared).
+ */
+#ifndef CKPT_TLSBUF_H
+#define CKPT_TLSBUF_H
+
+#include <stddef.h>
+
+enum ckpt_tls_slot {
+	CKPT_TLS_REPLY = 0,  /* the daemon's reply buffer */
+	CKPT_TLS_BOUNCE = 1, /* array.c: unaligned byte ranges */
+	CKPT_TLS_NSLOTS
+};
+
+/* A buffer of at least `need` bytes for `slot`; NULL when out of memory.
+ * A new or grown buffer is pre-faulted (its first touch happens here, not
+ * in the copy that follows). */
+void *ckpt_tls_buf(enum ckpt_tls_slot slot, size_t need);
+
+#endif
