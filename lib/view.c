@@ -43,6 +43,7 @@ struct node *view_new_node(ckpt_view *v, enum node_type t, const char *name, str
 	}
 	n->type = t;
 	n->once = (pthread_once_t)PTHREAD_ONCE_INIT;
+	atomic_init(&n->st_next, UINT64_MAX);
 	n->parent = parent ? parent->ino : CKPT_ROOT_INO;
 	n->mtime_ns = parent ? parent->mtime_ns : 0;
 	pthread_mutex_lock(&v->alloc_lock);
@@ -854,6 +855,27 @@ static ssize_t read_file_node(struct node *n, uint64_t off, size_t len, uint8_t 
 	return r;
 }
 
+/* A sequential reader of the file crosses from tensor to tensor: queue the
+ * decode of whatever the next window of the file holds. */
+static void st_read_ahead(struct node *n, uint64_t off)
+{
+	ckpt_st_piece pieces[8];
+	struct node *first = NULL;
+	uint64_t window = 0;
+	ssize_t np = ckpt_st_layout_map(n->st, off, 1, pieces, 1);
+	if (np <= 0 || pieces[0].tensor == CKPT_ST_PIECE_HEADER)
+		return;
+	first = n->st_arrays[pieces[0].input];
+	window = ckpt_array_window(first->ar->arr);
+	np = ckpt_st_layout_map(n->st, off, (size_t)window, pieces, 8);
+	for (ssize_t i = 0; i < np; i++) {
+		if (pieces[i].tensor == CKPT_ST_PIECE_HEADER)
+			continue;
+		struct node *an = n->st_arrays[pieces[i].input];
+		ckpt_array_prefetch(an->ar->arr, &an->region, pieces[i].src_off, pieces[i].len);
+	}
+}
+
 static ssize_t read_safetensors(struct node *n, uint64_t off, size_t len, uint8_t *dst)
 {
 	size_t hlen;
@@ -882,6 +904,14 @@ static ssize_t read_safetensors(struct node *n, uint64_t off, size_t len, uint8_
 		}
 		done += pieces[np - 1].dst_off + pieces[np - 1].len;
 	}
+	/* Read ahead across tensors only for a reader streaming the file from
+	 * its start (cp, load_file): one that reads tensor T by its byte range
+	 * decodes T's chunks and nothing else. */
+	uint64_t expect = atomic_load(&n->st_next);
+	int streaming = off == 0 || (expect != UINT64_MAX && off + (4u << 20) >= expect && off <= expect + (4u << 20));
+	atomic_store(&n->st_next, streaming ? off + done : UINT64_MAX);
+	if (streaming)
+		st_read_ahead(n, off + done);
 	return (ssize_t)done;
 }
 

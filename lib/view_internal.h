@@ -65,6 +65,7 @@ struct node {
 	struct node **st_arrays; /* tensor i of the layout is st_arrays[i] */
 	int st_err;
 	int st_borrowed;         /* st/st_arrays belong to the X.safetensors.d/ directory */
+	atomic_uint_least64_t st_next; /* end of the last read of a file streamed from 0, else UINT64_MAX */
 	ckpt_st_sharded *sts;    /* X.safetensors.d/: the shard set (owns the layouts) */
 	/* N_PSTEP / N_PDIR / N_PFILE (pending.c) */
 	struct pstep *ps;        /* the pending step this node belongs to */
