@@ -905,10 +905,12 @@ static ssize_t read_safetensors(struct node *n, uint64_t off, size_t len, uint8_
 		done += pieces[np - 1].dst_off + pieces[np - 1].len;
 	}
 	/* Read ahead across tensors only for a reader streaming the file from
-	 * its start (cp, load_file): one that reads tensor T by its byte range
-	 * decodes T's chunks and nothing else. */
+	 * its start past the header (cp, cat): one that reads the header and
+	 * then tensor T by its byte range (safe_open) decodes T's chunks and
+	 * nothing else. */
 	uint64_t expect = atomic_load(&n->st_next);
-	int streaming = off == 0 || (expect != UINT64_MAX && off + (4u << 20) >= expect && off <= expect + (4u << 20));
+	int streaming = (off == 0 && done > hlen) ||
+			(expect != UINT64_MAX && off + (4u << 20) >= expect && off <= expect + (4u << 20));
 	atomic_store(&n->st_next, streaming ? off + done : UINT64_MAX);
 	if (streaming)
 		st_read_ahead(n, off + done);
