@@ -38,7 +38,7 @@ static void usage(const char *prog)
 	       "Mount an Orbax checkpoint (a CheckpointManager root, one step, or one item folder)\n"
 	       "read-only as a tree of .npy files.\n\n"
 	       "ckptfs options:\n"
-	       "    -o cache_size=SIZE      decoded-chunk cache budget, K/M/G suffix (default 512M)\n"
+	       "    -o cache_size=SIZE      decoded-chunk cache budget, K/M/G suffix (default 256M)\n"
 	       "    -o threads=N            decode threads (default: number of CPUs)\n"
 	       "    -o ready_fd=N           write 's' (mounted) or 'f' (failed) to fd N, then close it\n"
 	       "    -o show_companions      list NAME.shards/ and X.safetensors in directories\n"

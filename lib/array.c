@@ -66,7 +66,7 @@ int ckpt_ctx_create(const ckpt_ctx_opts *opts, ckpt_ctx **out)
 	ckpt_ctx *ctx = calloc(1, sizeof(*ctx));
 	if (!ctx)
 		return -ENOMEM;
-	uint64_t budget = opts && opts->cache_bytes ? opts->cache_bytes : (512ull << 20);
+	uint64_t budget = opts && opts->cache_bytes ? opts->cache_bytes : (256ull << 20);
 	int threads = opts && opts->threads > 0 ? opts->threads : (int)sysconf(_SC_NPROCESSORS_ONLN);
 	if (threads < 1)
 		threads = 1;
@@ -204,22 +204,27 @@ static int get_chunk(ckpt_array *a, const uint64_t *g, ckpt_centry **e)
 
 struct prefetch_task {
 	ckpt_array *a;
+	ckpt_centry *e; /* the reservation this task fills */
 	uint64_t g[CKPT_MAX_RANK];
 };
 
-static void prefetch_run(void *arg)
+static void prefetch_done(ckpt_ctx *ctx)
 {
-	struct prefetch_task *t = arg;
-	ckpt_centry *e;
-	if (get_chunk(t->a, t->g, &e) == 0)
-		ckpt_cache_release(t->a->ctx->cache, e);
-	ckpt_ctx *ctx = t->a->ctx;
-	free(t);
 	if (atomic_fetch_sub(&ctx->inflight, 1) == 1) {
 		pthread_mutex_lock(&ctx->drain_lock);
 		pthread_cond_broadcast(&ctx->drained);
 		pthread_mutex_unlock(&ctx->drain_lock);
 	}
+}
+
+static void prefetch_run(void *arg)
+{
+	struct prefetch_task *t = arg;
+	struct fill_arg f = {t->a, t->g};
+	ckpt_ctx *ctx = t->a->ctx;
+	ckpt_cache_fill_reserved(ctx->cache, t->e, fill_chunk, &f);
+	free(t);
+	prefetch_done(ctx);
 }
 
 static ckpt_pool *ctx_pool(ckpt_ctx *ctx)
@@ -235,22 +240,26 @@ static ckpt_pool *ctx_pool(ckpt_ctx *ctx)
 	return p;
 }
 
-/* Queue the decode of chunk g unless cached/loading or the pool is busy. */
+/* Queue the decode of chunk g unless it is cached, being loaded or already
+ * queued (the cache reservation makes each chunk queued once). */
 static void prefetch(ckpt_array *a, const uint64_t *g)
 {
 	const ckpt_array_meta *m = &a->meta;
-	if (ckpt_cache_contains(a->ctx->cache, a->id, linear_index(m, g)))
-		return;
-	struct prefetch_task *t = malloc(sizeof(*t));
+	ckpt_pool *pool = ctx_pool(a->ctx);
+	struct prefetch_task *t = pool ? malloc(sizeof(*t)) : NULL;
 	if (!t)
 		return;
+	if (ckpt_cache_reserve(a->ctx->cache, a->id, linear_index(m, g), (size_t)m->unit_bytes, &t->e) != 1) {
+		free(t);
+		return;
+	}
 	t->a = a;
 	memcpy(t->g, g, sizeof(uint64_t) * (size_t)m->rank);
-	ckpt_pool *pool = ctx_pool(a->ctx);
 	atomic_fetch_add(&a->ctx->inflight, 1);
-	if (!pool || ckpt_pool_try_submit(pool, prefetch_run, t) < 0) {
-		atomic_fetch_sub(&a->ctx->inflight, 1);
+	if (ckpt_pool_try_submit(pool, prefetch_run, t) < 0) {
+		ckpt_cache_cancel(a->ctx->cache, t->e);
 		free(t);
+		prefetch_done(a->ctx);
 	}
 }
 

@@ -1,7 +1,8 @@
 /*
  * Invariants (all under c->lock):
  *  - every LOADING/READY entry is in the hash table, FAILED ones are not
- *    (their waiters hold the last refs and free them); READY entries with refs == 0 are on
+ *    (their waiters hold the last refs and free them); a LOADING entry
+ *    may have no buffer yet (reserved by a prefetch); READY entries with refs == 0 are on
  *    the LRU list (head = most recent), all others are off it;
  *  - c->bytes = sum of capacities of all entries + spare buffers.
  *
@@ -26,6 +27,7 @@ struct ckpt_centry {
 	size_t size, cap;
 	void *data;
 	int state, err;
+	int claimed;  /* LOADING: someone is filling it (a reservation may not be) */
 	unsigned refs;
 	struct ckpt_centry *hnext;
 	struct ckpt_centry *prev, *next; /* LRU */
@@ -221,6 +223,126 @@ static void *take_buffer(ckpt_cache *c, size_t size, size_t *cap)
 	return p;
 }
 
+/* Drop one reference of a FAILED entry (off the table); frees it at 0. */
+static void put_failed(ckpt_cache *c, struct ckpt_centry *e)
+{
+	if (--e->refs == 0) {
+		if (e->data)
+			give_back(c, e->data, e->cap);
+		free(e);
+	}
+}
+
+/* Insert a LOADING entry with no buffer yet, pinned once.  Lock held. */
+static struct ckpt_centry *insert_loading(ckpt_cache *c, uint64_t owner, uint64_t idx, size_t size)
+{
+	struct ckpt_centry *e = calloc(1, sizeof(*e));
+	if (!e)
+		return NULL;
+	e->owner = owner;
+	e->idx = idx;
+	e->size = size;
+	e->state = LOADING;
+	e->refs = 1;
+	size_t b = bucket(c, owner, idx);
+	e->hnext = c->table[b];
+	c->table[b] = e;
+	if (++c->count > c->nbuckets)
+		grow_table(c);
+	return e;
+}
+
+/* Finish a LOADING entry: state, wake the waiters.  Lock held. */
+static void publish(ckpt_cache *c, struct ckpt_centry *e, int rc)
+{
+	if (rc < 0) {
+		e->state = FAILED;
+		e->err = rc;
+		table_remove(c, e); /* a new attempt may start; waiters hold refs */
+	} else {
+		e->state = READY;
+	}
+	pthread_cond_broadcast(&c->loaded);
+}
+
+/* Fill a LOADING entry this thread has claimed (e->claimed set under the
+ * lock), publish it.  On failure the caller's ref is dropped too. */
+static int do_fill(ckpt_cache *c, struct ckpt_centry *e, ckpt_cache_fill_fn fill, void *arg)
+{
+	pthread_mutex_lock(&c->lock);
+	make_room(c, e->size);
+	e->data = take_buffer(c, e->size, &e->cap);
+	pthread_mutex_unlock(&c->lock);
+	int rc = e->data ? 0 : -ENOMEM;
+	if (rc == 0) {
+		CKPT_STAT_ADD(cache_misses, 1);
+		rc = fill(arg, e->data);
+	}
+	pthread_mutex_lock(&c->lock);
+	publish(c, e, rc);
+	if (rc < 0)
+		put_failed(c, e);
+	pthread_mutex_unlock(&c->lock);
+	return rc;
+}
+
+/* Drop a ref whatever the entry's state.  Lock held. */
+static void put_any(ckpt_cache *c, struct ckpt_centry *e)
+{
+	if (e->state == FAILED) {
+		put_failed(c, e);
+	} else if (--e->refs == 0) {
+		/* READY (a LOADING entry is pinned by whoever fills it) */
+		lru_push(c, e);
+		make_room(c, 0);
+	}
+}
+
+int ckpt_cache_fill_reserved(ckpt_cache *c, ckpt_centry *e, ckpt_cache_fill_fn fill, void *arg)
+{
+	pthread_mutex_lock(&c->lock);
+	if (e->claimed) {
+		/* A reader needed it first and loads (or loaded) it itself. */
+		int rc = e->state == FAILED ? e->err : 0;
+		put_any(c, e);
+		pthread_mutex_unlock(&c->lock);
+		return rc;
+	}
+	e->claimed = 1;
+	pthread_mutex_unlock(&c->lock);
+	int rc = do_fill(c, e, fill, arg);
+	if (rc == 0)
+		ckpt_cache_release(c, e);
+	return rc;
+}
+
+int ckpt_cache_reserve(ckpt_cache *c, uint64_t owner, uint64_t idx, size_t size, ckpt_centry **out)
+{
+	pthread_mutex_lock(&c->lock);
+	struct ckpt_centry *e = c->table[bucket(c, owner, idx)];
+	while (e && !(e->owner == owner && e->idx == idx))
+		e = e->hnext;
+	int rc = 0;
+	if (!e) {
+		*out = insert_loading(c, owner, idx, size);
+		rc = *out ? 1 : -ENOMEM;
+	}
+	pthread_mutex_unlock(&c->lock);
+	return rc;
+}
+
+void ckpt_cache_cancel(ckpt_cache *c, ckpt_centry *e)
+{
+	pthread_mutex_lock(&c->lock);
+	if (e->claimed) {
+		put_any(c, e); /* a reader is filling (or filled) it */
+	} else {
+		publish(c, e, -ECANCELED);
+		put_failed(c, e);
+	}
+	pthread_mutex_unlock(&c->lock);
+}
+
 int ckpt_cache_get(ckpt_cache *c, uint64_t owner, uint64_t idx, size_t size, ckpt_cache_fill_fn fill, void *arg,
 		   ckpt_centry **out)
 {
@@ -229,82 +351,56 @@ int ckpt_cache_get(ckpt_cache *c, uint64_t owner, uint64_t idx, size_t size, ckp
 		struct ckpt_centry *e = c->table[bucket(c, owner, idx)];
 		while (e && !(e->owner == owner && e->idx == idx))
 			e = e->hnext;
-		if (!e)
-			break;
+		if (!e) {
+			/* Miss: insert a LOADING entry, then fill without the lock. */
+			e = insert_loading(c, owner, idx, size);
+			if (!e) {
+				pthread_mutex_unlock(&c->lock);
+				return -ENOMEM;
+			}
+			e->claimed = 1;
+			pthread_mutex_unlock(&c->lock);
+			int rc = do_fill(c, e, fill, arg);
+			if (rc == 0)
+				*out = e;
+			return rc;
+		}
+		e->refs++;
 		if (e->state == READY) {
-			if (e->refs++ == 0)
+			if (e->refs == 1)
 				lru_unlink(e);
 			pthread_mutex_unlock(&c->lock);
 			CKPT_STAT_ADD(cache_hits, 1);
 			*out = e;
 			return 0;
 		}
-		/* LOADING: wait for it, then look again. */
-		e->refs++;
+		if (e->state == LOADING && !e->claimed) {
+			/* Reserved by a prefetch still in the queue: load it now
+			 * rather than wait behind the queue. */
+			e->claimed = 1;
+			pthread_mutex_unlock(&c->lock);
+			int rc = do_fill(c, e, fill, arg);
+			if (rc == 0)
+				*out = e;
+			return rc;
+		}
+		/* LOADING by another thread: wait. */
 		while (e->state == LOADING)
 			pthread_cond_wait(&c->loaded, &c->lock);
-		if (e->state == FAILED) {
-			/* Failed entries are off the table; the last waiter frees it. */
-			int err = e->err;
-			if (--e->refs == 0) {
-				give_back(c, e->data, e->cap);
-				free(e);
-			}
+		if (e->state == READY) {
+			pthread_mutex_unlock(&c->lock);
+			CKPT_STAT_ADD(cache_hits, 1);
+			*out = e;
+			return 0;
+		}
+		int err = e->err;
+		put_failed(c, e);
+		if (err != -ECANCELED) {
 			pthread_mutex_unlock(&c->lock);
 			return err;
 		}
-		/* READY: we hold a ref already. */
-		pthread_mutex_unlock(&c->lock);
-		CKPT_STAT_ADD(cache_hits, 1);
-		*out = e;
-		return 0;
+		/* A cancelled prefetch: look again (and load it ourselves). */
 	}
-	/* Miss: insert a LOADING entry, then fill without the lock. */
-	make_room(c, size);
-	struct ckpt_centry *e = calloc(1, sizeof(*e));
-	size_t cap = 0;
-	void *data = e ? take_buffer(c, size, &cap) : NULL;
-	if (!data) {
-		free(e);
-		pthread_mutex_unlock(&c->lock);
-		return -ENOMEM;
-	}
-	e->owner = owner;
-	e->idx = idx;
-	e->size = size;
-	e->cap = cap;
-	e->data = data;
-	e->state = LOADING;
-	e->refs = 1;
-	size_t b = bucket(c, owner, idx);
-	e->hnext = c->table[b];
-	c->table[b] = e;
-	if (++c->count > c->nbuckets)
-		grow_table(c);
-	pthread_mutex_unlock(&c->lock);
-
-	CKPT_STAT_ADD(cache_misses, 1);
-	int rc = fill(arg, data);
-
-	pthread_mutex_lock(&c->lock);
-	if (rc < 0) {
-		e->state = FAILED;
-		e->err = rc;
-		/* Off the table at once (a new attempt may start); waiters hold refs. */
-		table_remove(c, e);
-		if (--e->refs == 0) {
-			give_back(c, e->data, e->cap);
-			free(e);
-		}
-		pthread_cond_broadcast(&c->loaded);
-		pthread_mutex_unlock(&c->lock);
-		return rc;
-	}
-	e->state = READY;
-	pthread_cond_broadcast(&c->loaded);
-	pthread_mutex_unlock(&c->lock);
-	*out = e;
-	return 0;
 }
 
 const void *ckpt_centry_data(const ckpt_centry *e)

@@ -33,6 +33,19 @@ void ckpt_cache_destroy(ckpt_cache *c);
 int ckpt_cache_get(ckpt_cache *c, uint64_t owner, uint64_t idx, size_t size, ckpt_cache_fill_fn fill, void *arg,
 		   ckpt_centry **out);
 
+/* Prefetch without duplicates: reserve (owner, idx) now, fill it later on
+ * a worker.  Returns 1 and a pinned LOADING entry in *out when it was
+ * absent (readers that need it meanwhile wait for the fill), 0 when it is
+ * cached or being loaded already, -ENOMEM.  A reservation must end with
+ * ckpt_cache_fill_reserved (fills it unless a reader already took it over,
+ * then unpins it; returns the fill's result) or ckpt_cache_cancel.  A
+ * reader that needs a reserved chunk before its fill started loads it
+ * itself instead of waiting behind the queue.  The buffer is taken at
+ * fill time, so reservations hold no memory. */
+int ckpt_cache_reserve(ckpt_cache *c, uint64_t owner, uint64_t idx, size_t size, ckpt_centry **out);
+int ckpt_cache_fill_reserved(ckpt_cache *c, ckpt_centry *e, ckpt_cache_fill_fn fill, void *arg);
+void ckpt_cache_cancel(ckpt_cache *c, ckpt_centry *e);
+
 /* The decoded bytes of a pinned entry. */
 const void *ckpt_centry_data(const ckpt_centry *e);
 

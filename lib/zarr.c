@@ -672,17 +672,24 @@ static int read_exact(ckpt_store *s, const char *key, uint64_t off, size_t len, 
 	return 0;
 }
 
-int ckpt_zarr_read_unit(ckpt_store *s, const char *prefix, const ckpt_array_meta *m, const uint64_t *g,
-			void *dst, ckpt_zarr_scratch *sc)
+/* Storage-grid index of decode unit g, and its C-order index in the shard. */
+static uint64_t unit_of(const ckpt_array_meta *m, const uint64_t *g, uint64_t *sg)
 {
-	char key[4096];
-	uint64_t sg[CKPT_MAX_RANK];
-	uint64_t inner = 0; /* C-order index of the inner chunk within its shard */
+	uint64_t inner = 0;
 	for (int d = 0; d < m->rank; d++) {
 		uint64_t ratio = m->chunk_shape[d] / m->inner_shape[d];
 		sg[d] = g[d] / ratio;
 		inner = inner * ratio + g[d] % ratio;
 	}
+	return inner;
+}
+
+int ckpt_zarr_read_unit(ckpt_store *s, const char *prefix, const ckpt_array_meta *m, const uint64_t *g,
+			void *dst, ckpt_zarr_scratch *sc)
+{
+	char key[4096];
+	uint64_t sg[CKPT_MAX_RANK];
+	uint64_t inner = unit_of(m, g, sg); /* C-order index of the inner chunk within its shard */
 	if (ckpt_zarr_unit_key(m, prefix, sg, key, sizeof(key)) < 0)
 		return -ENAMETOOLONG;
 	uint64_t size;

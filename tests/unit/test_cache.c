@@ -111,6 +111,38 @@ int main(void)
 	CHECK(!ckpt_cache_contains(c, 7, 1));
 	CHECK(ckpt_cache_bytes(c) <= (16u << 20));
 
+	/* reservations: one per chunk; fill later; a second reserve is refused */
+	ckpt_centry *r1, *r2;
+	atomic_store(&fills, 0);
+	CHECK_EQ_INT(ckpt_cache_reserve(c, 8, 1, size, &r1), 1);
+	CHECK_EQ_INT(ckpt_cache_reserve(c, 8, 1, size, &r2), 0);
+	CHECK(ckpt_cache_contains(c, 8, 1));
+	CHECK_EQ_INT(ckpt_cache_fill_reserved(c, r1, fill_pattern, &size), 0);
+	CHECK_EQ_INT(ckpt_cache_get(c, 8, 1, size, fill_pattern, &size, &e), 0);
+	ckpt_cache_release(c, e);
+	CHECK_EQ_INT(atomic_load(&fills), 1);
+
+	/* a reader takes over a reservation that has not started: one fill */
+	atomic_store(&fills, 0);
+	CHECK_EQ_INT(ckpt_cache_reserve(c, 8, 2, size, &r1), 1);
+	CHECK_EQ_INT(ckpt_cache_get(c, 8, 2, size, fill_pattern, &size, &e), 0);
+	CHECK_EQ_INT(((const unsigned char *)ckpt_centry_data(e))[0], 0x5a);
+	ckpt_cache_release(c, e);
+	CHECK_EQ_INT(ckpt_cache_fill_reserved(c, r1, fill_pattern, &size), 0);
+	CHECK_EQ_INT(atomic_load(&fills), 1);
+
+	/* a cancelled reservation leaves nothing behind; a reader then loads it */
+	CHECK_EQ_INT(ckpt_cache_reserve(c, 8, 3, size, &r1), 1);
+	ckpt_cache_cancel(c, r1);
+	CHECK(!ckpt_cache_contains(c, 8, 3));
+	CHECK_EQ_INT(ckpt_cache_get(c, 8, 3, size, fill_pattern, &size, &e), 0);
+	ckpt_cache_release(c, e);
+
+	/* a failed fill of a reservation is reported and not cached */
+	CHECK_EQ_INT(ckpt_cache_reserve(c, 8, 4, size, &r1), 1);
+	CHECK_EQ_INT(ckpt_cache_fill_reserved(c, r1, fill_fail, NULL), -EIO);
+	CHECK(!ckpt_cache_contains(c, 8, 4));
+
 	ckpt_cache_destroy(c);
 	return CHECK_DONE();
 }
