@@ -405,12 +405,8 @@ static void ckfs_op_flush(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info 
 static void ckfs_op_setxattr(fuse_req_t req, fuse_ino_t ino, const char *name, const char *value, size_t size,
 			     int flags)
 {
-	(void)ino;
-	(void)name;
-	(void)value;
-	(void)size;
 	(void)flags;
-	fuse_reply_err(req, EROFS);
+	fuse_reply_err(req, -ckpt_view_setxattr(fs_of(req)->view, ino, name, value, size));
 }
 
 const struct fuse_lowlevel_ops ckfs_ops = {

@@ -641,3 +641,36 @@ ssize_t pending_read(ckpt_view *v, struct node *n, uint64_t off, size_t len, voi
 	}
 	return (ssize_t)done;
 }
+
+int ckpt_view_setxattr(ckpt_view *v, ckpt_ino ino, const char *name, const char *value, size_t size)
+{
+	struct node *n = view_node(v, ino);
+	if (!n)
+		return -ENOENT;
+	if (n->type != N_PFILE || n->ps->dead || n->orphan)
+		return refuse(n->name, "set an extended attribute");
+	if (strcmp(name, "user.ckpt.sharding")) {
+		ckpt_log(CKPT_LOG_ERR, "%s: only user.ckpt.sharding can be set on a pending array", n->name);
+		return -ENOTSUP;
+	}
+	char *json = malloc(size + 1);
+	if (!json)
+		return -ENOMEM;
+	memcpy(json, value, size);
+	json[size] = 0;
+	struct pfile *pf = n->pf;
+	pthread_mutex_lock(&pf->mu);
+	ckpt_warray *arr = pf->is_slice ? pf->decl->pf->arr : pf->arr;
+	pthread_mutex_unlock(&pf->mu);
+	int rc;
+	if (!arr) {
+		ckpt_log(CKPT_LOG_ERR, "%s: write the .npy header before setting its sharding", n->name);
+		rc = -ENOENT;
+	} else {
+		rc = ckpt_warray_set_sharding(arr, json);
+		if (rc < 0)
+			ckpt_log(CKPT_LOG_ERR, "%s: user.ckpt.sharding is not valid JSON", n->name);
+	}
+	free(json);
+	return rc;
+}

@@ -113,6 +113,11 @@ int ckpt_view_truncate(ckpt_view *v, ckpt_ino ino, uint64_t size);
 int ckpt_view_rename(ckpt_view *v, ckpt_ino parent, const char *name, ckpt_ino newparent, const char *newname);
 int ckpt_view_unlink(ckpt_view *v, ckpt_ino parent, const char *name);
 int ckpt_view_rmdir(ckpt_view *v, ckpt_ino parent, const char *name);
+/* Set user.ckpt.sharding (a JSON string, e.g. {"sharding_type":
+ * "NamedSharding", ...}) on a declared pending array: it is written to the
+ * item's _sharding at commit.  -ENOTSUP for other names, -EROFS outside
+ * pending steps, -EINVAL for invalid JSON. */
+int ckpt_view_setxattr(ckpt_view *v, ckpt_ino ino, const char *name, const char *value, size_t size);
 /* 1 when the node is writable (a pending file), else 0. */
 int ckpt_view_is_writable(ckpt_view *v, ckpt_ino ino);
 /* 0 when the node may be opened for writing, else -EROFS (logged). */
