@@ -604,36 +604,36 @@ static int f_to_c(const ckpt_array_meta *m, uint8_t *p, ckpt_zarr_scratch *sc)
 }
 
 /* Undo the bytes->bytes chain of `src` (n bytes) into dst (unit_bytes). */
-static int decode_chain(const ckpt_array_meta *m, const char *key, uint8_t *src, size_t n, uint8_t *dst,
-			ckpt_zarr_scratch *sc)
+static int decode_chain(const ckpt_array_meta *m, const char *root, const char *key, uint8_t *src, size_t n,
+			uint8_t *dst, ckpt_zarr_scratch *sc)
 {
 	int done = 0;
 	for (int i = m->nb2b - 1; i >= 0; i--) {
 		if (m->b2b[i] == CKPT_B2B_CRC32C) {
 			if (n < 4) {
-				ckpt_log(CKPT_LOG_ERR, "%s: chunk too short for its crc32c", key);
+				ckpt_log(CKPT_LOG_ERR, "%s/%s: chunk too short for its crc32c", root, key);
 				return -EIO;
 			}
 			if (ckpt_crc32c(0, src, n - 4) != ckpt_le32(src + n - 4)) {
-				ckpt_log(CKPT_LOG_ERR, "%s: chunk CRC-32C mismatch", key);
+				ckpt_log(CKPT_LOG_ERR, "%s/%s: chunk CRC-32C mismatch", root, key);
 				return -EIO;
 			}
 			n -= 4;
 		} else {
 			if (i != 0 || done) {
-				ckpt_log(CKPT_LOG_ERR, "%s: unsupported codec order", key);
+				ckpt_log(CKPT_LOG_ERR, "%s/%s: unsupported codec order", root, key);
 				return -EIO;
 			}
 			unsigned long long fcs = ZSTD_getFrameContentSize(src, n);
 			if (fcs == ZSTD_CONTENTSIZE_ERROR || (fcs != ZSTD_CONTENTSIZE_UNKNOWN && fcs != m->unit_bytes)) {
-				ckpt_log(CKPT_LOG_ERR, "%s: bad zstd frame (content size %lld, expected %llu)", key,
+				ckpt_log(CKPT_LOG_ERR, "%s/%s: bad zstd frame (content size %lld, expected %llu)", root, key,
 					 fcs == ZSTD_CONTENTSIZE_ERROR ? -1LL : (long long)fcs,
 					 (unsigned long long)m->unit_bytes);
 				return -EIO;
 			}
 			size_t r = ZSTD_decompressDCtx(sc->dctx, dst, m->unit_bytes, src, n);
 			if (ZSTD_isError(r) || r != m->unit_bytes) {
-				ckpt_log(CKPT_LOG_ERR, "%s: zstd decode failed: %s", key,
+				ckpt_log(CKPT_LOG_ERR, "%s/%s: zstd decode failed: %s", root, key,
 					 ZSTD_isError(r) ? ZSTD_getErrorName(r) : "wrong decoded size");
 				return -EIO;
 			}
@@ -642,7 +642,7 @@ static int decode_chain(const ckpt_array_meta *m, const char *key, uint8_t *src,
 	}
 	if (!done) {
 		if (n != m->unit_bytes) {
-			ckpt_log(CKPT_LOG_ERR, "%s: raw chunk has %zu bytes, expected %llu", key, n,
+			ckpt_log(CKPT_LOG_ERR, "%s/%s: raw chunk has %zu bytes, expected %llu", root, key, n,
 				 (unsigned long long)m->unit_bytes);
 			return -EIO;
 		}
@@ -710,7 +710,7 @@ int ckpt_zarr_read_unit(ckpt_store *s, const char *prefix, const ckpt_array_meta
 			return -ENOMEM;
 		if ((rc = read_exact(s, key, 0, (size_t)size, sc->buf)) < 0)
 			return rc;
-		return decode_chain(m, key, sc->buf, (size_t)size, dst, sc);
+		return decode_chain(m, s->root, key, sc->buf, (size_t)size, dst, sc);
 	}
 	/* sharding_indexed: find the inner chunk through the shard index. */
 	uint64_t nidx = m->inner_per_shard;
@@ -754,12 +754,12 @@ int ckpt_zarr_read_unit(ckpt_store *s, const char *prefix, const ckpt_array_meta
 		return -EIO;
 	}
 	if (whole)
-		return decode_chain(m, key, sc->buf + off, (size_t)n, dst, sc);
+		return decode_chain(m, s->root, key, sc->buf + off, (size_t)n, dst, sc);
 	if (grow(&sc->buf, &sc->cap, (size_t)n) < 0)
 		return -ENOMEM;
 	if ((rc = read_exact(s, key, off, (size_t)n, sc->buf)) < 0)
 		return rc;
-	return decode_chain(m, key, sc->buf, (size_t)n, dst, sc);
+	return decode_chain(m, s->root, key, sc->buf, (size_t)n, dst, sc);
 }
 
 struct stored_ctx {
