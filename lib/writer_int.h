@@ -7,6 +7,7 @@
 #define CKPT_WRITER_INT_H
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdint.h>
 
 #include "writer.h"
@@ -142,6 +143,7 @@ struct ckpt_step {
 	uint64_t bytes_pending;
 	uint64_t stored_bytes;
 	int io_err;               /* sticky background error since the last commit attempt */
+	atomic_int no_direct;     /* the shard folder's file system refused O_DIRECT */
 	int stop;
 	int state;                /* enum ckpt_step_state */
 	int nthreads;
