@@ -126,6 +126,28 @@ static int rmtree_at(int dfd, const char *name, int depth)
 
 /* ---- steps ---- */
 
+/* Close the step's files (the folder fd holds the flock) and free it. */
+static void step_free(struct ckpt_step *st)
+{
+	if (st->spill_fd >= 0)
+		close(st->spill_fd);
+	if (st->dirfd >= 0)
+		close(st->dirfd);
+	if (st->rootfd >= 0)
+		close(st->rootfd);
+	w_nodes_free(st);
+	free(st->root);
+	free(st->name);
+	free(st->tmpname);
+	free(st->tmppath);
+	pthread_mutex_destroy(&st->decl_mu);
+	pthread_mutex_destroy(&st->mu);
+	pthread_cond_destroy(&st->memcond);
+	pthread_cond_destroy(&st->qcond);
+	pthread_cond_destroy(&st->idlecond);
+	free(st);
+}
+
 int ckpt_step_begin(const char *root_dir, const char *step_name, const ckpt_writer_opts *opts,
 		    ckpt_step **out)
 {
@@ -222,21 +244,7 @@ int ckpt_step_begin(const char *root_dir, const char *step_name, const ckpt_writ
 fail_dir:
 	rmtree_at(st->rootfd, st->tmpname, 0);
 fail:
-	if (st->dirfd >= 0)
-		close(st->dirfd);
-	if (st->rootfd >= 0)
-		close(st->rootfd);
-	w_nodes_free(st);
-	free(st->root);
-	free(st->name);
-	free(st->tmpname);
-	free(st->tmppath);
-	pthread_mutex_destroy(&st->decl_mu);
-	pthread_mutex_destroy(&st->mu);
-	pthread_cond_destroy(&st->memcond);
-	pthread_cond_destroy(&st->qcond);
-	pthread_cond_destroy(&st->idlecond);
-	free(st);
+	step_free(st);
 	return rc;
 }
 
@@ -431,22 +439,6 @@ void ckpt_step_destroy(ckpt_step *st)
 	w_cache_free(st);
 	if (st->bytes_pending)
 		CKPT_STAT_ADD(bytes_pending, -(int64_t)st->bytes_pending);
-	if (st->spill_fd >= 0)
-		close(st->spill_fd);
-	if (st->dirfd >= 0)
-		close(st->dirfd); /* releases the flock */
-	if (st->rootfd >= 0)
-		close(st->rootfd);
-	w_nodes_free(st);
-	free(st->root);
-	free(st->name);
-	free(st->tmpname);
-	free(st->tmppath);
-	pthread_mutex_destroy(&st->decl_mu);
-	pthread_mutex_destroy(&st->mu);
-	pthread_cond_destroy(&st->memcond);
-	pthread_cond_destroy(&st->qcond);
-	pthread_cond_destroy(&st->idlecond);
-	free(st);
+	step_free(st);
 }
 

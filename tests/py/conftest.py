@@ -43,6 +43,23 @@ def expected(fixtures_dir):
     return U.load_expected()
 
 
+# The fixture layouts every read test runs on; the OCDBT ones carry the
+# marker `ocdbt` (-m "not ocdbt" leaves them out).
+LAYOUTS = [
+    "pytree_zarr2",
+    "pytree_zarr3",
+    pytest.param("manager", marks=pytest.mark.ocdbt),
+    pytest.param("v1_checkpointables", marks=pytest.mark.ocdbt),
+]
+
+
+@pytest.fixture(scope="module", params=LAYOUTS)
+def lm(request, module_mount, fixtures_dir):
+    """(layout, mount) of each fixture layout, mounted once per module."""
+    lay = U.layout(request.param)
+    return lay, module_mount(lay.source)
+
+
 @pytest.fixture
 def mount(tmp_path):
     f = U.MountFactory(tmp_path / "mounts")

@@ -15,19 +15,7 @@ import numpy as np
 import pytest
 
 import ckfs_util as U
-
-LAYOUTS = [
-    "pytree_zarr2",
-    "pytree_zarr3",
-    pytest.param("manager", marks=pytest.mark.ocdbt),
-    pytest.param("v1_checkpointables", marks=pytest.mark.ocdbt),
-]
-
-
-@pytest.fixture(scope="module", params=LAYOUTS)
-def lm(request, module_mount, fixtures_dir):
-    lay = U.layout(request.param)
-    return lay, module_mount(lay.source)
+import conftest
 
 
 def test_expected_files_match_their_sha256(expected):
@@ -123,7 +111,7 @@ def test_random_preads(lm, expected):
 # concurrency: each test gets a fresh daemon so that all readers miss the
 # chunk cache together.
 
-@pytest.fixture(params=LAYOUTS)
+@pytest.fixture(params=conftest.LAYOUTS)
 def layout_name(request):
     return request.param
 

@@ -12,21 +12,7 @@ import pytest
 
 import ckfs_util as U
 
-LAYOUTS = [
-    "pytree_zarr2",
-    "pytree_zarr3",
-    # arrays stored in OCDBT: these need the OCDBT reader (marker `ocdbt`)
-    pytest.param("manager", marks=pytest.mark.ocdbt),
-    pytest.param("v1_checkpointables", marks=pytest.mark.ocdbt),
-]
-
 WRITE_ERRNOS = (errno.EROFS, errno.EACCES, errno.EPERM)
-
-
-@pytest.fixture(scope="module", params=LAYOUTS)
-def lm(request, module_mount, fixtures_dir):
-    lay = U.layout(request.param)
-    return lay, module_mount(lay.source)
 
 
 # ---------------------------------------------------------------------------

@@ -12,19 +12,6 @@ import pytest
 
 import ckfs_util as U
 
-LAYOUTS = [
-    "pytree_zarr2",
-    "pytree_zarr3",
-    pytest.param("manager", marks=pytest.mark.ocdbt),
-    pytest.param("v1_checkpointables", marks=pytest.mark.ocdbt),
-]
-
-
-@pytest.fixture(scope="module", params=LAYOUTS)
-def lm(request, module_mount, fixtures_dir):
-    lay = U.layout(request.param)
-    return lay, module_mount(lay.source)
-
 
 def shards_rel(rel):
     return rel[: -len(".npy")] + ".shards"

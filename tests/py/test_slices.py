@@ -22,23 +22,10 @@ import pytest
 
 import ckfs_util as U
 
-LAYOUTS = [
-    "pytree_zarr2",
-    "pytree_zarr3",
-    pytest.param("manager", marks=pytest.mark.ocdbt),
-    pytest.param("v1_checkpointables", marks=pytest.mark.ocdbt),
-]
-
 # New meshes (rows x cols of devices) to reshard the 2-d arrays onto; the
 # fixtures were saved on (4, 2).  (3, 5) and (5, 3) give uneven splits.
 MESHES_2D = [(2, 4), (8, 1), (1, 1), (1, 8), (3, 5), (5, 3)]
 PARTS_1D = [1, 2, 3, 5, 8]
-
-
-@pytest.fixture(scope="module", params=LAYOUTS)
-def lm(request, module_mount, fixtures_dir):
-    lay = U.layout(request.param)
-    return lay, module_mount(lay.source)
 
 
 # ---------------------------------------------------------------------------
