@@ -3,6 +3,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include "array.h"
@@ -376,6 +377,55 @@ ssize_t ckpt_array_read(ckpt_array *a, const ckpt_region *r, uint64_t off, size_
 	read_ahead(a, r, e1, count);
 	CKPT_STAT_ADD(bytes_served, len);
 	return (ssize_t)len;
+}
+
+int ckpt_array_map(ckpt_array *a, const ckpt_region *r, uint64_t off, size_t len, struct iovec *iov,
+		   ckpt_pin **pins, int max)
+{
+	const ckpt_array_meta *m = &a->meta;
+	if (m->rank == 0 || m->order_f)
+		return -ENOTSUP;
+	for (int d = 0; d < m->rank; d++)
+		if (r->start[d] != 0 || r->stop[d] != m->shape[d] || (d > 0 && m->inner_shape[d] != m->shape[d]))
+			return -ENOTSUP;
+	uint64_t total = m->nbytes;
+	if (off >= total || len == 0)
+		return 0;
+	if (len > total - off)
+		len = (size_t)(total - off);
+	/* Chunk k along dim 0 holds stream bytes [k*cb, (k+1)*cb) (clipped). */
+	uint64_t cb = m->unit_bytes;
+	uint64_t k0 = off / cb, k1 = (off + len - 1) / cb;
+	if (k1 - k0 + 1 > (uint64_t)max)
+		return -ENOTSUP;
+	uint64_t g[CKPT_MAX_RANK] = {0};
+	for (uint64_t k = k1; k > k0; k--) { /* queue the later ones; we take the first now */
+		g[0] = k;
+		prefetch(a, g);
+	}
+	int n = 0;
+	for (uint64_t k = k0; k <= k1; k++) {
+		g[0] = k;
+		int rc = get_chunk(a, g, &pins[n]);
+		if (rc < 0) {
+			while (n > 0)
+				ckpt_cache_release(a->ctx->cache, pins[--n]);
+			return rc;
+		}
+		uint64_t from = k == k0 ? off - k * cb : 0;
+		uint64_t to = k == k1 ? off + len - k * cb : cb;
+		iov[n].iov_base = (uint8_t *)ckpt_centry_data(pins[n]) + from;
+		iov[n].iov_len = (size_t)(to - from);
+		n++;
+	}
+	read_ahead(a, r, (off + len + m->itemsize - 1) / m->itemsize, total / m->itemsize);
+	CKPT_STAT_ADD(bytes_served, len);
+	return n;
+}
+
+void ckpt_array_unpin(ckpt_array *a, ckpt_pin *pin)
+{
+	ckpt_cache_release(a->ctx->cache, pin);
 }
 
 void ckpt_array_prefetch(ckpt_array *a, const ckpt_region *r, uint64_t off, uint64_t len)

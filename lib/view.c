@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <fcntl.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include "npy.h"
@@ -915,6 +916,45 @@ static ssize_t read_safetensors(struct node *n, uint64_t off, size_t len, uint8_
 	if (streaming)
 		st_read_ahead(n, off + done);
 	return (ssize_t)done;
+}
+
+int ckpt_view_read_iov(ckpt_view *v, ckpt_ino ino, uint64_t off, size_t len, struct iovec *iov, int max,
+		       ckpt_pin **pins, int *npins)
+{
+	struct node *n = view_node(v, ino);
+	*npins = 0;
+	if (!n || n->type != N_ARRAY || max < 3)
+		return -ENOTSUP;
+	if (off >= n->size)
+		return 0;
+	if (len > n->size - off)
+		len = (size_t)(n->size - off);
+	int k = 0;
+	size_t done = 0;
+	if (off < n->hdrlen) {
+		done = n->hdrlen - (size_t)off < len ? n->hdrlen - (size_t)off : len;
+		iov[k].iov_base = n->hdr + off;
+		iov[k].iov_len = done;
+		k++;
+	}
+	if (done < len) {
+		int m = ckpt_array_map(n->ar->arr, &n->region, off + done - n->hdrlen, len - done, iov + k, pins,
+				       max - k);
+		if (m < 0)
+			return m;
+		*npins = m;
+		k += m;
+	}
+	if (off + len + ckpt_array_window(n->ar->arr) >= n->size)
+		warm_next_file(v, n);
+	return k;
+}
+
+void ckpt_view_unpin(ckpt_view *v, ckpt_ino ino, ckpt_pin **pins, int npins)
+{
+	struct node *n = view_node(v, ino);
+	for (int i = 0; i < npins; i++)
+		ckpt_array_unpin(n->ar->arr, pins[i]);
 }
 
 ssize_t ckpt_view_read(ckpt_view *v, ckpt_ino ino, uint64_t off, size_t len, void *dst)

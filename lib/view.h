@@ -69,6 +69,16 @@ int ckpt_view_readdir(ckpt_view *v, ckpt_ino dir, uint64_t index, const char **n
  * or -EIO (logged) / -EISDIR. */
 ssize_t ckpt_view_read(ckpt_view *v, ckpt_ino ino, uint64_t off, size_t len, void *dst);
 
+/* Zero-copy read of an array file: fill iov[0..n) with pieces of the
+ * header and of pinned decoded chunks covering [off, off+len) (clipped at
+ * EOF); returns n (0 at EOF), or -ENOTSUP when the node or its chunk
+ * layout does not allow it (use ckpt_view_read), or -EIO.  pins[0..*npins)
+ * must be handed to ckpt_view_unpin once the bytes are sent.  max >= 3. */
+struct iovec;
+int ckpt_view_read_iov(ckpt_view *v, ckpt_ino ino, uint64_t off, size_t len, struct iovec *iov, int max,
+		       ckpt_pin **pins, int *npins);
+void ckpt_view_unpin(ckpt_view *v, ckpt_ino ino, ckpt_pin **pins, int npins);
+
 /* Extended attributes: value of `name` into buf (returns its length; with
  * cap 0 just the length), -ENOTSUP outside the user.* namespace,
  * -ENODATA when the node has no such attribute,
