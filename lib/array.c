@@ -423,9 +423,9 @@ int ckpt_array_map(ckpt_array *a, const ckpt_region *r, uint64_t off, size_t len
 	return n;
 }
 
-void ckpt_array_unpin(ckpt_array *a, ckpt_pin *pin)
+void ckpt_ctx_unpin(ckpt_ctx *ctx, ckpt_pin *pin)
 {
-	ckpt_cache_release(a->ctx->cache, pin);
+	ckpt_cache_release(ctx->cache, pin);
 }
 
 void ckpt_array_prefetch(ckpt_array *a, const ckpt_region *r, uint64_t off, uint64_t len)

@@ -58,13 +58,13 @@ ssize_t ckpt_array_read(ckpt_array *a, const ckpt_region *r, uint64_t off, size_
  * iov[i] points into the chunk pinned by pins[i].  Returns the number of
  * pieces (0 at the end of the stream), -ENOTSUP when the layout or the
  * range does not allow it (the caller then copies with ckpt_array_read),
- * -EIO as ckpt_array_read.  Unpin every piece with ckpt_array_unpin once
+ * -EIO as ckpt_array_read.  Unpin every piece with ckpt_ctx_unpin once
  * the bytes have been sent. */
 struct iovec;
 typedef struct ckpt_centry ckpt_pin;
 int ckpt_array_map(ckpt_array *a, const ckpt_region *r, uint64_t off, size_t len, struct iovec *iov,
 		   ckpt_pin **pins, int max);
-void ckpt_array_unpin(ckpt_array *a, ckpt_pin *pin);
+void ckpt_ctx_unpin(ckpt_ctx *ctx, ckpt_pin *pin);
 
 /* Queue, without waiting, the decode of the chunks behind bytes
  * [off, off+len) of region r's stream (they land in the cache).  Used to

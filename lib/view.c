@@ -877,6 +877,58 @@ static void st_read_ahead(struct node *n, uint64_t off)
 	}
 }
 
+/* Read ahead across tensors only for a reader streaming the file from its
+ * start past the header (cp, cat): one that reads the header and then
+ * tensor T by its byte range (safe_open) decodes T's chunks and nothing
+ * else. */
+static void st_after_read(struct node *n, uint64_t off, size_t done, size_t hlen)
+{
+	uint64_t expect = atomic_load(&n->st_next);
+	int streaming = (off == 0 && done > hlen) ||
+			(expect != UINT64_MAX && off + (4u << 20) >= expect && off <= expect + (4u << 20));
+	atomic_store(&n->st_next, streaming ? off + done : UINT64_MAX);
+	if (streaming)
+		st_read_ahead(n, off + done);
+}
+
+/* Zero-copy mapping of a safetensors byte range (see ckpt_view_read_iov). */
+static int st_read_iov(ckpt_view *v, struct node *n, uint64_t off, size_t len, struct iovec *iov, int max,
+		       ckpt_pin **pins, int *npins)
+{
+	size_t hlen;
+	const uint8_t *hdr = ckpt_st_layout_header(n->st, &hlen);
+	ckpt_st_piece pieces[8];
+	ssize_t np = ckpt_st_layout_map(n->st, off, len, pieces, max < 8 ? (size_t)max : 8);
+	if (np < 0)
+		return (int)np;
+	int k = 0;
+	size_t done = 0;
+	for (ssize_t i = 0; i < np && k < max; i++) {
+		ckpt_st_piece *p = &pieces[i];
+		if (p->tensor == CKPT_ST_PIECE_HEADER) {
+			iov[k].iov_base = (void *)(hdr + p->src_off);
+			iov[k].iov_len = p->len;
+			k++;
+		} else {
+			struct node *an = n->st_arrays[p->input];
+			int m = ckpt_array_map(an->ar->arr, &an->region, p->src_off, p->len, iov + k, pins + *npins,
+					       max - k);
+			if (m < 0) {
+				for (int j = 0; j < *npins; j++)
+					ckpt_ctx_unpin(v->ctx, pins[j]);
+				*npins = 0;
+				return m;
+			}
+			k += m;
+			*npins += m;
+		}
+		done = p->dst_off + p->len;
+	}
+	/* Out of iovec room: a short reply is fine, the kernel asks again. */
+	st_after_read(n, off, done, hlen);
+	return k;
+}
+
 static ssize_t read_safetensors(struct node *n, uint64_t off, size_t len, uint8_t *dst)
 {
 	size_t hlen;
@@ -905,16 +957,7 @@ static ssize_t read_safetensors(struct node *n, uint64_t off, size_t len, uint8_
 		}
 		done += pieces[np - 1].dst_off + pieces[np - 1].len;
 	}
-	/* Read ahead across tensors only for a reader streaming the file from
-	 * its start past the header (cp, cat): one that reads the header and
-	 * then tensor T by its byte range (safe_open) decodes T's chunks and
-	 * nothing else. */
-	uint64_t expect = atomic_load(&n->st_next);
-	int streaming = (off == 0 && done > hlen) ||
-			(expect != UINT64_MAX && off + (4u << 20) >= expect && off <= expect + (4u << 20));
-	atomic_store(&n->st_next, streaming ? off + done : UINT64_MAX);
-	if (streaming)
-		st_read_ahead(n, off + done);
+	st_after_read(n, off, done, hlen);
 	return (ssize_t)done;
 }
 
@@ -923,6 +966,8 @@ int ckpt_view_read_iov(ckpt_view *v, ckpt_ino ino, uint64_t off, size_t len, str
 {
 	struct node *n = view_node(v, ino);
 	*npins = 0;
+	if (n && n->type == N_SAFETENSORS && max >= 3)
+		return st_read_iov(v, n, off, len, iov, max, pins, npins);
 	if (!n || n->type != N_ARRAY || max < 3)
 		return -ENOTSUP;
 	if (off >= n->size)
@@ -952,9 +997,9 @@ int ckpt_view_read_iov(ckpt_view *v, ckpt_ino ino, uint64_t off, size_t len, str
 
 void ckpt_view_unpin(ckpt_view *v, ckpt_ino ino, ckpt_pin **pins, int npins)
 {
-	struct node *n = view_node(v, ino);
+	(void)ino;
 	for (int i = 0; i < npins; i++)
-		ckpt_array_unpin(n->ar->arr, pins[i]);
+		ckpt_ctx_unpin(v->ctx, pins[i]);
 }
 
 ssize_t ckpt_view_read(ckpt_view *v, ckpt_ino ino, uint64_t off, size_t len, void *dst)
