@@ -427,7 +427,7 @@ void ckpt_step_destroy(ckpt_step *st)
 				if (l) {
 					pthread_mutex_destroy(&l->mu);
 					w_cov_free(&l->cov);
-					free(l->buf);
+					w_buf_free(l->buf, a->chunk_nbytes);
 					free(l);
 				}
 			}

@@ -223,6 +223,9 @@ int w_step_writable(struct ckpt_step *st, const char *what);
 void w_live_free(struct ckpt_step *st, struct wlive *l, int release_mem);
 void w_lru_remove_locked(struct ckpt_step *st, struct wlive *l);
 void w_cache_free(struct ckpt_step *st);
+/* Chunk buffers (huge-page mappings from 2 MiB up); free with their size. */
+void *w_buf_alloc(size_t size);
+void w_buf_free(void *p, size_t size);
 /* The spill file (created on first use); fd or -errno. */
 int w_spill_fd(struct ckpt_step *st);
 /* Pin a chunk that has a live buffer (under array->mu). */
