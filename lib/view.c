@@ -165,9 +165,14 @@ int view_init_array_node(struct node *n, struct aref *ar, const ckpt_region *r)
 	uint64_t shape[CKPT_MAX_RANK];
 	for (int d = 0; d < r->rank; d++)
 		shape[d] = r->stop[d] - r->start[d];
-	int h = ckpt_npy_header(m->dtype, r->rank, shape, n->hdr, sizeof(n->hdr));
+	char hdr[CKPT_NPY_HEADER_MAX];
+	int h = ckpt_npy_header(m->dtype, r->rank, shape, hdr, sizeof(hdr));
 	if (h < 0)
 		return h;
+	n->hdr = malloc((size_t)h);
+	if (!n->hdr)
+		return -ENOMEM;
+	memcpy(n->hdr, hdr, (size_t)h);
 	n->hdrlen = (size_t)h;
 	uint64_t count;
 	if (ckpt_region_count(r, &count) < 0)
@@ -180,6 +185,7 @@ int view_init_array_node(struct node *n, struct aref *ar, const ckpt_region *r)
 
 static void free_node(struct node *n)
 {
+	free(n->hdr);
 	free(n->name);
 	free(n->kids);
 	free(n->path);

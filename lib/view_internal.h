@@ -49,7 +49,7 @@ struct node {
 	/* N_ARRAY */
 	struct aref *ar;
 	ckpt_region region;
-	char hdr[1024];
+	char *hdr;               /* the .npy header (hdrlen bytes) */
 	size_t hdrlen;
 	uint64_t size;
 	/* N_FILE */
