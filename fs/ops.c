@@ -106,12 +106,13 @@ static void ckfs_op_forget_multi(fuse_req_t req, size_t count, struct fuse_forge
 	fuse_reply_none(req);
 }
 
-static void ckfs_op_getattr(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
+/* Reply with ino's attributes, or with rc when it is an error already. */
+static void reply_attr(fuse_req_t req, fuse_ino_t ino, int rc)
 {
-	(void)fi;
 	struct ckfs *fs = fs_of(req);
 	ckpt_attr a;
-	int rc = ckpt_view_getattr(fs->view, ino, &a);
+	if (rc == 0)
+		rc = ckpt_view_getattr(fs->view, ino, &a);
 	if (rc < 0) {
 		fuse_reply_err(req, -rc);
 		return;
@@ -119,6 +120,12 @@ static void ckfs_op_getattr(fuse_req_t req, fuse_ino_t ino, struct fuse_file_inf
 	struct stat st;
 	to_stat(&a, &st);
 	fuse_reply_attr(req, &st, ttl(fs, &a));
+}
+
+static void ckfs_op_getattr(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
+{
+	(void)fi;
+	reply_attr(req, ino, 0);
 }
 
 static void ckfs_op_opendir(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
@@ -384,19 +391,10 @@ static void ckfs_op_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr, i
 	struct ckfs *fs = fs_of(req);
 	int rc = 0;
 	if (to_set & (FUSE_SET_ATTR_MODE | FUSE_SET_ATTR_UID | FUSE_SET_ATTR_GID))
-		rc = -EPERM;
+		rc = ckpt_view_is_writable(fs->view, ino) ? -EPERM : -EROFS;
 	else if (to_set & FUSE_SET_ATTR_SIZE)
 		rc = ckpt_view_truncate(fs->view, ino, (uint64_t)attr->st_size);
-	ckpt_attr a;
-	if (rc == 0)
-		rc = ckpt_view_getattr(fs->view, ino, &a);
-	if (rc < 0) {
-		fuse_reply_err(req, -rc);
-		return;
-	}
-	struct stat st;
-	to_stat(&a, &st);
-	fuse_reply_attr(req, &st, ttl(fs, &a));
+	reply_attr(req, ino, rc);
 }
 
 /* Pending data is made durable by the commit (documented); fsync and
