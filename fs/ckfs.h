@@ -31,7 +31,7 @@ struct ckfs {
 	ckpt_view *view;
 	struct ckfs_opts opts;
 	double ttl_immutable; /* entry/attr timeout of committed nodes */
-	int no_opendir;       /* the kernel opens directories without asking */
+	int no_opendir; /* the kernel opens directories without asking */
 };
 
 extern const struct fuse_lowlevel_ops ckfs_ops;

@@ -14,23 +14,25 @@
 
 #define CKPTFS_VERSION "0.1.0"
 
-#define OPT(t, p, v) {t, offsetof(struct ckfs_opts, p), v}
-static const struct fuse_opt opt_spec[] = {
-	OPT("cache_size=%s", cache_size, 0),
-	OPT("threads=%d", threads, 0),
-	OPT("ready_fd=%d", ready_fd, 0),
-	OPT("show_companions", show_companions, 1),
-	OPT("read_ahead_kb=%d", read_ahead_kb, 0),
-	OPT("log_level=%s", log_level, 0),
-	OPT("safetensors_shard_size=%s", st_shard_size, 0),
-	OPT("zstd_level=%d", zstd_level, 0),
-	OPT("write_buffer=%s", write_buffer, 0),
-	FUSE_OPT_KEY("ro", 1000),
-	OPT("--help", show_help, 1),
-	OPT("-h", show_help, 1),
-	OPT("--version", show_version, 1),
-	OPT("-V", show_version, 1),
-	FUSE_OPT_END};
+#define OPT(t, p, v)                                                                                         \
+	{                                                                                                    \
+		t, offsetof(struct ckfs_opts, p), v                                                          \
+	}
+static const struct fuse_opt opt_spec[] = { OPT("cache_size=%s", cache_size, 0),
+					    OPT("threads=%d", threads, 0),
+					    OPT("ready_fd=%d", ready_fd, 0),
+					    OPT("show_companions", show_companions, 1),
+					    OPT("read_ahead_kb=%d", read_ahead_kb, 0),
+					    OPT("log_level=%s", log_level, 0),
+					    OPT("safetensors_shard_size=%s", st_shard_size, 0),
+					    OPT("zstd_level=%d", zstd_level, 0),
+					    OPT("write_buffer=%s", write_buffer, 0),
+					    FUSE_OPT_KEY("ro", 1000),
+					    OPT("--help", show_help, 1),
+					    OPT("-h", show_help, 1),
+					    OPT("--version", show_version, 1),
+					    OPT("-V", show_version, 1),
+					    FUSE_OPT_END };
 
 static void usage(const char *prog)
 {
@@ -42,10 +44,12 @@ static void usage(const char *prog)
 	       "    -o threads=N            decode threads (default: number of CPUs)\n"
 	       "    -o ready_fd=N           write 's' (mounted) or 'f' (failed) to fd N, then close it\n"
 	       "    -o show_companions      list NAME.shards/ and X.safetensors in directories\n"
-	       "    -o read_ahead_kb=N      kernel read-ahead of the mount (default 1024; 0 keeps the kernel's)\n"
+	       "    -o read_ahead_kb=N      kernel read-ahead of the mount (default 1024; 0 keeps the "
+	       "kernel's)\n"
 	       "    -o safetensors_shard_size=SIZE  shard size of X.safetensors.d/ (default 5G)\n"
 	       "    -o zstd_level=N         zstd level of written chunks (default 1)\n"
-	       "    -o write_buffer=SIZE    buffered bytes per pending step before writers wait (default RAM/8, 512M..2G)\n"
+	       "    -o write_buffer=SIZE    buffered bytes per pending step before writers wait (default "
+	       "RAM/8, 512M..2G)\n"
 	       "    -o log_level=LEVEL      error, warning, info (default) or debug\n"
 	       "    -h, --help              this help\n"
 	       "    -V, --version           print the version\n\n",
@@ -80,11 +84,28 @@ static int parse_size(const char *s, uint64_t *out)
 		return -1;
 	uint64_t mul = 1;
 	switch (*end) {
-	case 'k': case 'K': mul = 1ull << 10; end++; break;
-	case 'm': case 'M': mul = 1ull << 20; end++; break;
-	case 'g': case 'G': mul = 1ull << 30; end++; break;
-	case 't': case 'T': mul = 1ull << 40; end++; break;
-	default: break;
+	case 'k':
+	case 'K':
+		mul = 1ull << 10;
+		end++;
+		break;
+	case 'm':
+	case 'M':
+		mul = 1ull << 20;
+		end++;
+		break;
+	case 'g':
+	case 'G':
+		mul = 1ull << 30;
+		end++;
+		break;
+	case 't':
+	case 'T':
+		mul = 1ull << 40;
+		end++;
+		break;
+	default:
+		break;
 	}
 	if (*end == 'B' || *end == 'b')
 		end++;
@@ -186,11 +207,11 @@ static void set_read_ahead(const char *mnt, int kb)
 int main(int argc, char *argv[])
 {
 	struct fuse_args args = FUSE_ARGS_INIT(argc, argv);
-	struct ckfs fs = {0};
+	struct ckfs fs = { 0 };
 	fs.opts.read_ahead_kb = 1024;
 	fs.opts.ready_fd = -1;
 	fs.ttl_immutable = 86400.0;
-	struct fuse_cmdline_opts cl = {0};
+	struct fuse_cmdline_opts cl = { 0 };
 	int ret = 1;
 
 	if (fuse_opt_parse(&args, &fs.opts, opt_spec, opt_proc) == -1)
@@ -219,7 +240,7 @@ int main(int argc, char *argv[])
 	free(fs.opts.source);
 	fs.opts.source = real;
 	if (fs.opts.log_level) {
-		static const char *const lv[] = {"error", "warning", "info", "debug"};
+		static const char *const lv[] = { "error", "warning", "info", "debug" };
 		int found = -1;
 		for (int i = 0; i < 4; i++)
 			if (!strcmp(fs.opts.log_level, lv[i]))
@@ -230,7 +251,7 @@ int main(int argc, char *argv[])
 		}
 		ckpt_log_set_level(found);
 	}
-	ckpt_view_opts vo = {0};
+	ckpt_view_opts vo = { 0 };
 	vo.ctx.threads = fs.opts.threads;
 	vo.show_companions = fs.opts.show_companions;
 	vo.read_only = fs.opts.read_only;

@@ -99,7 +99,10 @@ void ckpt_ctx_destroy(ckpt_ctx *ctx)
 
 int ckpt_array_open(ckpt_ctx *ctx, ckpt_store *store, const char *prefix, int format, ckpt_array **out)
 {
-	static const struct { int fmt; const char *name; } metas[] = {{3, "zarr.json"}, {2, ".zarray"}};
+	static const struct {
+		int fmt;
+		const char *name;
+	} metas[] = { { 3, "zarr.json" }, { 2, ".zarray" } };
 	char key[4096];
 	char *json = NULL;
 	size_t len = 0;
@@ -107,7 +110,8 @@ int ckpt_array_open(ckpt_ctx *ctx, ckpt_store *store, const char *prefix, int fo
 	for (size_t i = 0; i < 2 && rc == -ENOENT; i++) {
 		if (format && metas[i].fmt != format)
 			continue;
-		if (snprintf(key, sizeof(key), "%s%s%s", prefix, *prefix ? "/" : "", metas[i].name) >= (int)sizeof(key))
+		if (snprintf(key, sizeof(key), "%s%s%s", prefix, *prefix ? "/" : "", metas[i].name) >=
+		    (int)sizeof(key))
 			return -ENAMETOOLONG;
 		rc = ckpt_store_read_all(store, key, 1 << 20, &json, &len);
 		fmt = metas[i].fmt;
@@ -198,7 +202,7 @@ static uint64_t linear_index(const ckpt_array_meta *m, const uint64_t *g)
 
 static int get_chunk(ckpt_array *a, const uint64_t *g, ckpt_centry **e)
 {
-	struct fill_arg f = {a, g};
+	struct fill_arg f = { a, g };
 	return ckpt_cache_get(a->ctx->cache, a->id, linear_index(&a->meta, g), (size_t)a->meta.unit_bytes,
 			      fill_chunk, &f, e);
 }
@@ -221,7 +225,7 @@ static void prefetch_done(ckpt_ctx *ctx)
 static void prefetch_run(void *arg)
 {
 	struct prefetch_task *t = arg;
-	struct fill_arg f = {t->a, t->g};
+	struct fill_arg f = { t->a, t->g };
 	ckpt_ctx *ctx = t->a->ctx;
 	ckpt_cache_fill_reserved(ctx->cache, t->e, fill_chunk, &f);
 	free(t);
@@ -312,7 +316,8 @@ static int read_elems(ckpt_array *a, const ckpt_region *r, uint64_t e0, uint64_t
 			return rc;
 		for (int d = 0; d < m->rank; d++)
 			origin[d] = g[d] * m->inner_shape[d];
-		ckpt_copy_chunk_to_stream(r, e0, e1, dst, ckpt_centry_data(e), origin, m->inner_shape, m->itemsize);
+		ckpt_copy_chunk_to_stream(r, e0, e1, dst, ckpt_centry_data(e), origin, m->inner_shape,
+					  m->itemsize);
 		ckpt_cache_release(a->ctx->cache, e);
 	} while (next_index(m->rank, lo, hi, g));
 	return 0;
@@ -386,7 +391,8 @@ int ckpt_array_map(ckpt_array *a, const ckpt_region *r, uint64_t off, size_t len
 	if (m->rank == 0 || m->order_f)
 		return -ENOTSUP;
 	for (int d = 0; d < m->rank; d++)
-		if (r->start[d] != 0 || r->stop[d] != m->shape[d] || (d > 0 && m->inner_shape[d] != m->shape[d]))
+		if (r->start[d] != 0 || r->stop[d] != m->shape[d] ||
+		    (d > 0 && m->inner_shape[d] != m->shape[d]))
 			return -ENOTSUP;
 	uint64_t total = m->nbytes;
 	if (off >= total || len == 0)
@@ -398,7 +404,7 @@ int ckpt_array_map(ckpt_array *a, const ckpt_region *r, uint64_t off, size_t len
 	uint64_t k0 = off / cb, k1 = (off + len - 1) / cb;
 	if (k1 - k0 + 1 > (uint64_t)max)
 		return -ENOTSUP;
-	uint64_t g[CKPT_MAX_RANK] = {0};
+	uint64_t g[CKPT_MAX_RANK] = { 0 };
 	for (uint64_t k = k1; k > k0; k--) { /* queue the later ones; we take the first now */
 		g[0] = k;
 		prefetch(a, g);

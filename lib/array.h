@@ -26,8 +26,8 @@ typedef struct ckpt_ctx ckpt_ctx;
 typedef struct ckpt_array ckpt_array;
 
 typedef struct ckpt_ctx_opts {
-	uint64_t cache_bytes;   /* decoded-chunk cache budget (0: 256 MiB) */
-	int threads;            /* decode threads (0: number of CPUs) */
+	uint64_t cache_bytes; /* decoded-chunk cache budget (0: 256 MiB) */
+	int threads; /* decode threads (0: number of CPUs) */
 	uint64_t prefetch_bytes; /* read-ahead window for sequential readers (0: 8 MiB) */
 } ckpt_ctx_opts;
 

@@ -27,7 +27,7 @@ struct ckpt_centry {
 	size_t size, cap;
 	void *data;
 	int state, err;
-	int claimed;  /* LOADING: someone is filling it (a reservation may not be) */
+	int claimed; /* LOADING: someone is filling it (a reservation may not be) */
 	unsigned refs;
 	struct ckpt_centry *hnext;
 	struct ckpt_centry *prev, *next; /* LRU */
@@ -343,8 +343,8 @@ void ckpt_cache_cancel(ckpt_cache *c, ckpt_centry *e)
 	pthread_mutex_unlock(&c->lock);
 }
 
-int ckpt_cache_get(ckpt_cache *c, uint64_t owner, uint64_t idx, size_t size, ckpt_cache_fill_fn fill, void *arg,
-		   ckpt_centry **out)
+int ckpt_cache_get(ckpt_cache *c, uint64_t owner, uint64_t idx, size_t size, ckpt_cache_fill_fn fill,
+		   void *arg, ckpt_centry **out)
 {
 	pthread_mutex_lock(&c->lock);
 	for (;;) {

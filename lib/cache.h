@@ -30,8 +30,8 @@ void ckpt_cache_destroy(ckpt_cache *c);
  * wait.  A failed fill is not cached: its error is returned to the loader
  * and to the waiters of that attempt.  Pinned entries are never evicted;
  * the budget may be exceeded transiently while entries are pinned. */
-int ckpt_cache_get(ckpt_cache *c, uint64_t owner, uint64_t idx, size_t size, ckpt_cache_fill_fn fill, void *arg,
-		   ckpt_centry **out);
+int ckpt_cache_get(ckpt_cache *c, uint64_t owner, uint64_t idx, size_t size, ckpt_cache_fill_fn fill,
+		   void *arg, ckpt_centry **out);
 
 /* Prefetch without duplicates: reserve (owner, idx) now, fill it later on
  * a worker.  Returns 1 and a pinned LOADING entry in *out when it was

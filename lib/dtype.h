@@ -40,11 +40,11 @@ typedef enum ckpt_dtype {
 } ckpt_dtype;
 
 typedef struct ckpt_dtype_info {
-	const char *name;        /* TensorStore / zarr v3 data_type, e.g. "bfloat16" */
-	const char *npy_descr;   /* descr written in .npy headers, e.g. "<V2" */
-	const char *st_code;     /* safetensors dtype code, or NULL if none exists */
-	unsigned itemsize;       /* stored bytes per element (sub-byte types: 1) */
-	char kind;               /* 'b' bool, 'i' signed, 'u' unsigned, 'f' float, 'c' complex, 'V' ml_dtypes */
+	const char *name; /* TensorStore / zarr v3 data_type, e.g. "bfloat16" */
+	const char *npy_descr; /* descr written in .npy headers, e.g. "<V2" */
+	const char *st_code; /* safetensors dtype code, or NULL if none exists */
+	unsigned itemsize; /* stored bytes per element (sub-byte types: 1) */
+	char kind; /* 'b' bool, 'i' signed, 'u' unsigned, 'f' float, 'c' complex, 'V' ml_dtypes */
 } ckpt_dtype_info;
 
 /* Info for a valid dtype; NULL for CKPT_DT_INVALID or out of range. */

@@ -116,7 +116,8 @@ static int64_t commit_time(const char *dir, int64_t fallback)
 	return fallback;
 }
 
-static struct node *add_file(ckpt_view *v, struct node *dir, const char *name, const char *path, int64_t mtime)
+static struct node *add_file(ckpt_view *v, struct node *dir, const char *name, const char *path,
+			     int64_t mtime)
 {
 	struct stat st;
 	if (stat(path, &st) < 0 || !S_ISREG(st.st_mode))
@@ -180,7 +181,8 @@ static void b64url(const char *s, char *out, size_t cap)
 	size_t n = strlen(s), o = 0;
 	const unsigned char *p = (const unsigned char *)s;
 	for (size_t i = 0; i < n && o + 5 < cap; i += 3) {
-		uint32_t x = (uint32_t)p[i] << 16 | (i + 1 < n ? (uint32_t)p[i + 1] << 8 : 0) | (i + 2 < n ? p[i + 2] : 0);
+		uint32_t x = (uint32_t)p[i] << 16 | (i + 1 < n ? (uint32_t)p[i + 1] << 8 : 0) |
+			     (i + 2 < n ? p[i + 2] : 0);
 		out[o++] = tbl[(x >> 18) & 63];
 		out[o++] = tbl[(x >> 12) & 63];
 		out[o++] = i + 1 < n ? tbl[(x >> 6) & 63] : '=';
@@ -229,7 +231,8 @@ static void add_array(ckpt_view *v, struct node *dir, ckpt_store *store, int ocd
 	view_add_kid(dir, n);
 }
 
-static void add_string_leaf(ckpt_view *v, struct node *dir, const char *fname, const char *value, int64_t mtime)
+static void add_string_leaf(ckpt_view *v, struct node *dir, const char *fname, const char *value,
+			    int64_t mtime)
 {
 	struct node *n = view_new_node(v, N_FILE, fname, dir);
 	if (!n)
@@ -268,16 +271,16 @@ static int scan_cb(void *arg, const char *key, uint64_t size)
 	view_escape_name(param, esc, sizeof(esc));
 	snprintf(fname, sizeof(fname), "%s.npy", esc);
 	if (!view_find_kid(c->dir, fname))
-		add_array(c->v, c->dir, c->store, c->ocdbt, param, fname, strcmp(slash + 1, "zarr.json") ? 2 : 3, NULL,
-			  c->mtime);
+		add_array(c->v, c->dir, c->store, c->ocdbt, param, fname,
+			  strcmp(slash + 1, "zarr.json") ? 2 : 3, NULL, c->mtime);
 	return 0;
 }
 
 /* A pytree item folder → dir's children. */
 static void build_item(ckpt_view *v, struct node *dir, const char *path, int64_t mtime)
 {
-	static const char *const meta_files[] = {"_CHECKPOINT_METADATA", "_METADATA", "_sharding",
-						 "commit_success.txt", "orbax.checkpoint"};
+	static const char *const meta_files[] = { "_CHECKPOINT_METADATA", "_METADATA", "_sharding",
+						  "commit_success.txt", "orbax.checkpoint" };
 	char p[4096];
 	for (size_t i = 0; i < sizeof(meta_files) / sizeof(meta_files[0]); i++) {
 		snprintf(p, sizeof(p), "%s/%s", path, meta_files[i]);
@@ -307,9 +310,10 @@ static void build_item(ckpt_view *v, struct node *dir, const char *path, int64_t
 	}
 	if (!cJSON_IsObject(tree)) {
 		if (meta)
-			ckpt_log(CKPT_LOG_ERR, "%s/_METADATA: no tree_metadata object; listing arrays from the store",
+			ckpt_log(CKPT_LOG_ERR,
+				 "%s/_METADATA: no tree_metadata object; listing arrays from the store",
 				 path);
-		struct scan_ctx c = {v, dir, store, ocdbt, mtime};
+		struct scan_ctx c = { v, dir, store, ocdbt, mtime };
 		ckpt_store_list(store, "", scan_cb, &c);
 		goto out;
 	}
@@ -348,7 +352,8 @@ static void build_item(ckpt_view *v, struct node *dir, const char *path, int64_t
 				ok = 0;
 				break;
 			}
-			plen += (size_t)snprintf(param + plen, sizeof(param) - plen, "%s%s", i ? "." : "", ks);
+			plen += (size_t)snprintf(param + plen, sizeof(param) - plen, "%s%s", i ? "." : "",
+						 ks);
 			view_escape_name(ks, esc, sizeof(esc));
 			if (++i < depth) {
 				d = add_dir(v, d, esc, mtime);
@@ -437,7 +442,7 @@ static void mirror_dir(ckpt_view *v, struct node *dir, const char *path, int64_t
 {
 	if (depth > 16)
 		return;
-	struct walk_ctx w = {dir, mtime, depth};
+	struct walk_ctx w = { dir, mtime, depth };
 	for_each_entry(v, path, mirror_entry, &w);
 }
 
@@ -464,7 +469,7 @@ static void build_step(ckpt_view *v, struct node *dir, const char *path, int64_t
 		build_item(v, dir, path, mtime);
 		return;
 	}
-	struct walk_ctx w = {dir, mtime, 0};
+	struct walk_ctx w = { dir, mtime, 0 };
 	for_each_entry(v, path, step_entry, &w);
 }
 
@@ -502,7 +507,7 @@ int layout_build(ckpt_view *v, const char *source)
 		root->mtime_ns = now;
 		if (access(source, R_OK | X_OK) < 0)
 			return -errno;
-		struct walk_ctx w = {root, now, 0};
+		struct walk_ctx w = { root, now, 0 };
 		for_each_entry(v, source, root_entry, &w);
 	}
 	return 0;

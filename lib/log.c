@@ -5,7 +5,7 @@
 #include "common.h"
 
 static atomic_int log_level = CKPT_LOG_INFO;
-static const char *const level_name[] = {"error", "warning", "info", "debug"};
+static const char *const level_name[] = { "error", "warning", "info", "debug" };
 
 void ckpt_log_set_level(int level)
 {
@@ -17,7 +17,10 @@ void ckpt_log(int level, const char *fmt, ...)
 	if (level > atomic_load(&log_level))
 		return;
 	char line[1024];
-	int n = snprintf(line, sizeof(line), "ckptfs: %s: ", level_name[level < 0 ? 0 : level > 3 ? 3 : level]);
+	int n = snprintf(line, sizeof(line), "ckptfs: %s: ",
+			 level_name[level < 0	? 0
+				    : level > 3 ? 3
+						: level]);
 	va_list ap;
 	va_start(ap, fmt);
 	if (n >= 0 && (size_t)n < sizeof(line))

@@ -6,7 +6,7 @@
 
 #include "npy.h"
 
-static const uint8_t npy_magic[6] = {0x93, 'N', 'U', 'M', 'P', 'Y'};
+static const uint8_t npy_magic[6] = { 0x93, 'N', 'U', 'M', 'P', 'Y' };
 
 #define NPY_ALIGN 64
 #define NPY_GROWTH_DIGITS 21 /* numpy's GROWTH_AXIS_MAX_DIGITS */
@@ -113,7 +113,8 @@ int ckpt_npy_file_size(ckpt_dtype dt, int rank, const uint64_t *shape, uint64_t 
 	for (int d = 0; d < rank; d++)
 		if (ckpt_mul_u64(count, shape[d], &count))
 			return -EOVERFLOW;
-	if (ckpt_mul_u64(count, ckpt_dtype_get(dt)->itemsize, &bytes) || ckpt_add_u64(bytes, (uint64_t)n, &bytes))
+	if (ckpt_mul_u64(count, ckpt_dtype_get(dt)->itemsize, &bytes) ||
+	    ckpt_add_u64(bytes, (uint64_t)n, &bytes))
 		return -EOVERFLOW;
 	if (header_len)
 		*header_len = (uint64_t)n;

@@ -37,11 +37,11 @@ typedef struct ckpt_npy_info {
 	ckpt_dtype dtype;
 	int rank;
 	uint64_t shape[CKPT_MAX_RANK];
-	int fortran_order;    /* 1 only where the layout equals C order, see below */
-	int version;          /* format major version: 1, 2 or 3 */
+	int fortran_order; /* 1 only where the layout equals C order, see below */
+	int version; /* format major version: 1, 2 or 3 */
 	uint64_t data_offset; /* bytes before the array data (magic..final pad) */
-	uint64_t nelems;      /* product of shape (1 for rank 0) */
-	uint64_t nbytes;      /* nelems * itemsize */
+	uint64_t nelems; /* product of shape (1 for rank 0) */
+	uint64_t nbytes; /* nelems * itemsize */
 } ckpt_npy_info;
 
 /* Write the .npy v1.0 header for an array of dtype dt and the given shape

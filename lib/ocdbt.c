@@ -34,24 +34,24 @@
 #define MAGIC_MANIFEST 0x0cdb3a2au
 #define MAGIC_BTREE 0x0cdb20deu
 
-#define ENVELOPE_MIN 18u                          /* magic + length + 2 varints + crc */
-#define MANIFEST_MAX_BYTES ((uint64_t)64 << 20)   /* encoded and decoded manifest */
-#define NODE_MAX_BYTES ((uint64_t)256 << 20)      /* decoded node, whatever the config says */
-#define INDEX_MAX_BYTES ((uint64_t)2 << 30)       /* keys + inline values + entries */
-#define KEY_MAX 65536u                            /* longest full key accepted */
-#define FILE_PATH_MAX 4000u                       /* longest data-file path (relative) */
-#define TABLE_MAX_BYTES ((uint64_t)16 << 20)      /* materialized paths of one table */
+#define ENVELOPE_MIN 18u /* magic + length + 2 varints + crc */
+#define MANIFEST_MAX_BYTES ((uint64_t)64 << 20) /* encoded and decoded manifest */
+#define NODE_MAX_BYTES ((uint64_t)256 << 20) /* decoded node, whatever the config says */
+#define INDEX_MAX_BYTES ((uint64_t)2 << 30) /* keys + inline values + entries */
+#define KEY_MAX 65536u /* longest full key accepted */
+#define FILE_PATH_MAX 4000u /* longest data-file path (relative) */
+#define TABLE_MAX_BYTES ((uint64_t)16 << 20) /* materialized paths of one table */
 #define NODE_MAX_ENTRIES 1048576u
 #define MAX_NODES ((size_t)1 << 24)
 #define FD_CACHE 32
 
 struct lim {
-	uint64_t node_bytes;   /* hard cap on a decoded node */
-	uint64_t index_bytes;  /* cap on the whole index */
+	uint64_t node_bytes; /* hard cap on a decoded node */
+	uint64_t index_bytes; /* cap on the whole index */
 };
 
-static const struct lim default_lim = {NODE_MAX_BYTES, INDEX_MAX_BYTES};
-static const struct lim fuzz_lim = {(uint64_t)16 << 20, (uint64_t)64 << 20};
+static const struct lim default_lim = { NODE_MAX_BYTES, INDEX_MAX_BYTES };
+static const struct lim fuzz_lim = { (uint64_t)16 << 20, (uint64_t)64 << 20 };
 
 /* ---------------------------------------------------------------- errors */
 
@@ -130,7 +130,8 @@ static int rd_varints(struct rd *r, struct perr *e, const char *what, uint64_t *
 }
 
 /* Read a count and check that `min_each` bytes per element can follow. */
-static int rd_count(struct rd *r, struct perr *e, const char *what, uint64_t max, size_t min_each, uint64_t *n)
+static int rd_count(struct rd *r, struct perr *e, const char *what, uint64_t max, size_t min_each,
+		    uint64_t *n)
 {
 	int rc = rd_varint(r, e, what, n);
 	if (rc)
@@ -146,7 +147,8 @@ static int rd_count(struct rd *r, struct perr *e, const char *what, uint64_t max
 
 /* ---------------------------------------------------------------- envelope */
 
-static int zstd_decode(struct perr *e, const uint8_t *src, size_t n, uint64_t cap, uint8_t **out, size_t *out_len)
+static int zstd_decode(struct perr *e, const uint8_t *src, size_t n, uint64_t cap, uint8_t **out,
+		       size_t *out_len)
 {
 	/* Grow the output progressively so that a small frame claiming a huge
 	 * size never makes us allocate it; one byte beyond cap detects excess. */
@@ -171,12 +173,13 @@ static int zstd_decode(struct perr *e, const uint8_t *src, size_t n, uint64_t ca
 	while (wlog < 27 && ((uint64_t)1 << wlog) < cap)
 		wlog++;
 	ZSTD_DCtx_setParameter(ds, ZSTD_d_windowLogMax, wlog);
-	ZSTD_inBuffer in = {src, n, 0};
-	ZSTD_outBuffer ob = {buf, size, 0};
+	ZSTD_inBuffer in = { src, n, 0 };
+	ZSTD_outBuffer ob = { buf, size, 0 };
 	for (;;) {
 		if (ob.pos == ob.size) {
 			if (ob.size >= limit) {
-				rc = fail(e, "decoded size exceeds the limit of %llu bytes", (unsigned long long)cap);
+				rc = fail(e, "decoded size exceeds the limit of %llu bytes",
+					  (unsigned long long)cap);
 				goto out;
 			}
 			size_t ns = ob.size > limit / 2 ? limit : ob.size * 2;
@@ -240,7 +243,7 @@ static int envelope_decode(struct perr *e, const uint8_t *buf, size_t len, uint3
 	uint32_t got = ckpt_crc32c(0, buf, len - 4);
 	if (want != got)
 		return fail(e, "CRC-32C mismatch (stored 0x%08x, computed 0x%08x)", want, got);
-	struct rd r = {buf + 12, buf + len - 4};
+	struct rd r = { buf + 12, buf + len - 4 };
 	uint64_t version, comp;
 	int rc = rd_varint(&r, e, "format version", &version);
 	if (!rc)
@@ -271,24 +274,24 @@ static int envelope_decode(struct perr *e, const uint8_t *buf, size_t len, uint3
 /* ---------------------------------------------------------------- handle */
 
 struct ofile {
-	char *abs;          /* root "/" rel */
-	const char *rel;    /* points into abs */
+	char *abs; /* root "/" rel */
+	const char *rel; /* points into abs */
 	uint32_t rel_len;
 	/* descriptor cache, guarded by db->mu */
-	int fd;             /* -1 when closed */
+	int fd; /* -1 when closed */
 	int refs;
-	bool cached;        /* fd counted in db->openv */
-	bool sized;         /* size valid (files are immutable) */
+	bool cached; /* fd counted in db->openv */
+	bool sized; /* size valid (files are immutable) */
 	uint64_t size;
 	uint64_t lru;
 };
 
 struct ent {
-	uint64_t koff;      /* into db->keys */
-	uint64_t voff;      /* into db->vals (inline) or the data file */
+	uint64_t koff; /* into db->keys */
+	uint64_t voff; /* into db->vals (inline) or the data file */
 	uint64_t size;
 	uint32_t klen;
-	uint32_t file;      /* FILE_INLINE or index into db->files */
+	uint32_t file; /* FILE_INLINE or index into db->files */
 };
 #define FILE_INLINE UINT32_MAX
 
@@ -300,7 +303,7 @@ struct ckpt_ocdbt {
 	struct ofile *files;
 	size_t nfiles, capfiles;
 	uint64_t file_bytes; /* memory held by the interned paths */
-	uint32_t *fhash;    /* open addressing: index + 1, 0 = empty */
+	uint32_t *fhash; /* open addressing: index + 1, 0 = empty */
 	size_t fhcap;
 
 	struct ent *ents;
@@ -541,7 +544,7 @@ static int pread_full(int fd, void *dst, size_t len, uint64_t off, size_t *got)
 /* ---------------------------------------------------------------- data file table */
 
 struct dft_entry {
-	uint32_t gid;       /* interned full path */
+	uint32_t gid; /* interned full path */
 	uint32_t trans_len; /* transitive path length for nodes reached through it */
 };
 
@@ -584,8 +587,9 @@ static int parse_table(ckpt_ocdbt *db, struct rd *r, struct perr *e, const char 
 	uint64_t plen = 0, total = 0;
 	for (uint64_t i = 0; i < n; i++) {
 		if (pre[i] > plen) {
-			rc = fail(e, "data file %llu: prefix length %llu exceeds the previous path length %llu",
-				  (unsigned long long)i, (unsigned long long)pre[i], (unsigned long long)plen);
+			rc = fail(
+				e, "data file %llu: prefix length %llu exceeds the previous path length %llu",
+				(unsigned long long)i, (unsigned long long)pre[i], (unsigned long long)plen);
 			goto out;
 		}
 		const uint8_t *s = NULL;
@@ -599,13 +603,15 @@ static int parse_table(ckpt_ocdbt *db, struct rd *r, struct perr *e, const char 
 		plen = pre[i] + suf[i];
 		total += plen;
 		if (total > TABLE_MAX_BYTES) {
-			rc = fail(e, "data file table paths exceed %llu bytes", (unsigned long long)TABLE_MAX_BYTES);
+			rc = fail(e, "data file table paths exceed %llu bytes",
+				  (unsigned long long)TABLE_MAX_BYTES);
 			goto out;
 		}
 		memcpy(path + trans_len + pre[i], s, suf[i]);
 		if (base[i] > plen) {
 			rc = fail(e, "data file %llu: base path length %llu exceeds the path length %llu",
-				  (unsigned long long)i, (unsigned long long)base[i], (unsigned long long)plen);
+				  (unsigned long long)i, (unsigned long long)base[i],
+				  (unsigned long long)plen);
 			goto out;
 		}
 		size_t full = trans_len + plen;
@@ -639,7 +645,7 @@ struct manifest {
 	bool has_versions;
 	bool empty;
 	uint8_t height;
-	uint32_t gid;       /* root node file */
+	uint32_t gid; /* root node file */
 	uint32_t trans_len; /* its transitive path length */
 	uint64_t off, len;
 	uint64_t generation;
@@ -679,11 +685,11 @@ static int parse_config(struct rd *r, struct perr *e, struct manifest *m)
 
 /* Parse a manifest body.  `numbered_file`: the body comes from a
  * manifest.<hex> file and must carry versions whatever its kind. */
-static int parse_manifest_body(ckpt_ocdbt *db, struct perr *e, const uint8_t *body, size_t len, const char *trans,
-			       size_t trans_len, bool numbered_file, struct manifest *m)
+static int parse_manifest_body(ckpt_ocdbt *db, struct perr *e, const uint8_t *body, size_t len,
+			       const char *trans, size_t trans_len, bool numbered_file, struct manifest *m)
 {
-	struct rd r = {body, body + len};
-	struct dft t = {0, NULL};
+	struct rd r = { body, body + len };
+	struct dft t = { 0, NULL };
 	uint64_t *v = NULL;
 	memset(m, 0, sizeof(*m));
 	int rc = parse_config(&r, e, m);
@@ -754,7 +760,8 @@ static int parse_manifest_body(ckpt_ocdbt *db, struct perr *e, const uint8_t *bo
 			uint64_t x;
 			rc = rd_varint(&r, e, "version node reference", &x);
 			if (!rc && col == 1 && x >= t.n)
-				rc = fail(e, "version node data file id %llu out of range", (unsigned long long)x);
+				rc = fail(e, "version node data file id %llu out of range",
+					  (unsigned long long)x);
 		}
 	}
 	const uint8_t *skip;
@@ -798,13 +805,13 @@ struct node {
 	uint8_t height;
 	struct dft tab;
 	size_t n;
-	uint8_t *kbuf;      /* relative keys, concatenated */
-	uint64_t *koff;     /* n + 1 offsets into kbuf */
-	uint64_t *scp;      /* interior: subtree common prefix lengths */
-	uint64_t *fid;      /* leaf: local file id or REF_MISSING (inline); interior: child file */
-	uint64_t *off;      /* leaf: data file offset or offset into body; interior: child offset */
-	uint64_t *len;      /* value length / child length */
-	uint64_t *mem;      /* backing of the arrays above */
+	uint8_t *kbuf; /* relative keys, concatenated */
+	uint64_t *koff; /* n + 1 offsets into kbuf */
+	uint64_t *scp; /* interior: subtree common prefix lengths */
+	uint64_t *fid; /* leaf: local file id or REF_MISSING (inline); interior: child file */
+	uint64_t *off; /* leaf: data file offset or offset into body; interior: child offset */
+	uint64_t *len; /* value length / child length */
+	uint64_t *mem; /* backing of the arrays above */
 };
 
 static void node_free(struct node *nd)
@@ -828,10 +835,10 @@ static int key_cmp(const uint8_t *a, size_t an, const uint8_t *b, size_t bn)
  * Parse a B+tree node body.  Inline leaf values stay in `body`: off[i] is
  * their offset from body (body must outlive the use of nd).
  */
-static int parse_node_body(ckpt_ocdbt *db, struct perr *e, const uint8_t *body, size_t blen, const char *trans,
-			   size_t trans_len, uint64_t key_budget, struct node *nd)
+static int parse_node_body(ckpt_ocdbt *db, struct perr *e, const uint8_t *body, size_t blen,
+			   const char *trans, size_t trans_len, uint64_t key_budget, struct node *nd)
 {
-	struct rd r = {body, body + blen};
+	struct rd r = { body, body + blen };
 	memset(nd, 0, sizeof(*nd));
 	int rc = rd_u8(&r, e, "node height", &nd->height);
 	if (!rc)
@@ -871,8 +878,9 @@ static int parse_node_body(ckpt_ocdbt *db, struct perr *e, const uint8_t *body, 
 	uint64_t prev = 0, total = 0, suf_total = 0;
 	for (uint64_t i = 0; i < n; i++) {
 		if (pre[i] > prev) {
-			rc = fail(e, "entry %llu: key prefix length %llu exceeds the previous key length %llu",
-				  (unsigned long long)i, (unsigned long long)pre[i], (unsigned long long)prev);
+			rc = fail(
+				e, "entry %llu: key prefix length %llu exceeds the previous key length %llu",
+				(unsigned long long)i, (unsigned long long)pre[i], (unsigned long long)prev);
 			goto out;
 		}
 		if (suf[i] > KEY_MAX || pre[i] + suf[i] > KEY_MAX) {
@@ -881,8 +889,10 @@ static int parse_node_body(ckpt_ocdbt *db, struct perr *e, const uint8_t *body, 
 		}
 		prev = pre[i] + suf[i];
 		if (!leaf && nd->scp[i] > prev) {
-			rc = fail(e, "entry %llu: subtree common prefix length %llu exceeds the key length %llu",
-				  (unsigned long long)i, (unsigned long long)nd->scp[i], (unsigned long long)prev);
+			rc = fail(e,
+				  "entry %llu: subtree common prefix length %llu exceeds the key length %llu",
+				  (unsigned long long)i, (unsigned long long)nd->scp[i],
+				  (unsigned long long)prev);
 			goto out;
 		}
 		nd->koff[i] = total;
@@ -891,8 +901,8 @@ static int parse_node_body(ckpt_ocdbt *db, struct perr *e, const uint8_t *body, 
 	}
 	nd->koff[n] = total;
 	if (suf_total > rd_left(&r)) {
-		rc = fail(e, "key suffixes of %llu bytes exceed the %zu bytes left", (unsigned long long)suf_total,
-			  rd_left(&r));
+		rc = fail(e, "key suffixes of %llu bytes exceed the %zu bytes left",
+			  (unsigned long long)suf_total, rd_left(&r));
 		goto out;
 	}
 	if (total > key_budget) {
@@ -944,8 +954,11 @@ static int parse_node_body(ckpt_ocdbt *db, struct perr *e, const uint8_t *body, 
 					goto out;
 				if (col == 0) {
 					if (x >= nd->tab.n) {
-						rc = fail(e, "entry %llu: data file id %llu out of range (%zu files)",
-							  (unsigned long long)i, (unsigned long long)x, nd->tab.n);
+						rc = fail(e,
+							  "entry %llu: data file id %llu out of range (%zu "
+							  "files)",
+							  (unsigned long long)i, (unsigned long long)x,
+							  nd->tab.n);
 						goto out;
 					}
 					nd->fid[i] = x;
@@ -985,7 +998,8 @@ static int parse_node_body(ckpt_ocdbt *db, struct perr *e, const uint8_t *body, 
 				goto out;
 			}
 			if (ckpt_add_u64(nd->off[i], nd->len[i], &end)) {
-				rc = fail(e, "entry %llu: child offset + length overflows", (unsigned long long)i);
+				rc = fail(e, "entry %llu: child offset + length overflows",
+					  (unsigned long long)i);
 				goto out;
 			}
 		}
@@ -1008,8 +1022,8 @@ out:
 /* ---------------------------------------------------------------- tree walk */
 
 struct walk {
-	const char *dbname;   /* for messages: the database folder */
-	size_t first_ent;     /* first entry of this database */
+	const char *dbname; /* for messages: the database folder */
+	size_t first_ent; /* first entry of this database */
 	uint64_t node_cap;
 };
 
@@ -1110,10 +1124,10 @@ out:
  * and lie in [lo, hi) (full keys; lo/hi NULL = unbounded).
  */
 static int visit(ckpt_ocdbt *db, struct walk *w, uint32_t gid, uint32_t trans_len, uint64_t off, uint64_t len,
-		 unsigned height, const uint8_t *P, size_t plen, const uint8_t *lo, size_t lolen, const uint8_t *hi,
-		 size_t hilen)
+		 unsigned height, const uint8_t *P, size_t plen, const uint8_t *lo, size_t lolen,
+		 const uint8_t *hi, size_t hilen)
 {
-	struct perr e = {{0}};
+	struct perr e = { { 0 } };
 	uint8_t *raw = NULL, *owned = NULL, *kb = NULL, *nb = NULL;
 	const uint8_t *body;
 	size_t blen;
@@ -1164,7 +1178,8 @@ static int visit(ckpt_ocdbt *db, struct walk *w, uint32_t gid, uint32_t trans_le
 		if (height == 0) {
 			bool inl = nd.fid[i] == REF_MISSING;
 			uint32_t vfile = inl ? FILE_INLINE : nd.tab.e[nd.fid[i]].gid;
-			rc = emit(db, &e, w, kb, flen, nd.len[i], vfile, inl ? body + nd.off[i] : NULL, nd.off[i]);
+			rc = emit(db, &e, w, kb, flen, nd.len[i], vfile, inl ? body + nd.off[i] : NULL,
+				  nd.off[i]);
 			continue;
 		}
 		/* child: prefix P + rel[:scp], bounds [P + rel_i, P + rel_{i+1}) */
@@ -1176,15 +1191,15 @@ static int visit(ckpt_ocdbt *db, struct walk *w, uint32_t gid, uint32_t trans_le
 			nhi = nb;
 		}
 		const struct dft_entry *ce = &nd.tab.e[nd.fid[i]];
-		rc = visit(db, w, ce->gid, ce->trans_len, nd.off[i], nd.len[i], height - 1, kb, plen + nd.scp[i], kb,
-			   flen, nhi, nhilen);
+		rc = visit(db, w, ce->gid, ce->trans_len, nd.off[i], nd.len[i], height - 1, kb,
+			   plen + nd.scp[i], kb, flen, nhi, nhilen);
 		if (rc == -EIO)
 			e.msg[0] = '\0'; /* already logged by the child */
 	}
 out:
 	if (rc == -EIO && e.msg[0])
-		ckpt_log(CKPT_LOG_ERR, "ocdbt: %s: B+tree node at offset %llu length %llu: %s", db->files[gid].abs,
-			 (unsigned long long)off, (unsigned long long)len, e.msg);
+		ckpt_log(CKPT_LOG_ERR, "ocdbt: %s: B+tree node at offset %llu length %llu: %s",
+			 db->files[gid].abs, (unsigned long long)off, (unsigned long long)len, e.msg);
 	node_free(&nd);
 	free(kb);
 	free(nb);
@@ -1252,7 +1267,7 @@ static int load_manifest(ckpt_ocdbt *db, const char *path, const char *trans, si
 	uint8_t *buf = NULL, *owned = NULL;
 	size_t len = 0, blen = 0;
 	const uint8_t *body;
-	struct perr e = {{0}};
+	struct perr e = { { 0 } };
 	int rc = read_file(path, MANIFEST_MAX_BYTES, &buf, &len);
 	if (rc == -ENOENT)
 		return rc;
@@ -1311,8 +1326,8 @@ static int open_one(ckpt_ocdbt *db, const char *trans, bool first)
 		}
 		closedir(d);
 		if (!best[0]) {
-			ckpt_log(CKPT_LOG_ERR, "ocdbt: %s: numbered manifest kind but no manifest.<16 hex> file",
-				 path);
+			ckpt_log(CKPT_LOG_ERR,
+				 "ocdbt: %s: numbered manifest kind but no manifest.<16 hex> file", path);
 			rc = -EIO;
 			goto out;
 		}
@@ -1329,7 +1344,7 @@ static int open_one(ckpt_ocdbt *db, const char *trans, bool first)
 		db->height = m.height;
 	if (m.empty)
 		goto out;
-	struct walk w = {dir, db->nents, NODE_MAX_BYTES};
+	struct walk w = { dir, db->nents, NODE_MAX_BYTES };
 	if (m.max_decoded && m.max_decoded < w.node_cap)
 		w.node_cap = m.max_decoded;
 	if (db->lim.node_bytes < w.node_cap)
@@ -1426,8 +1441,8 @@ static int sort_cmp_r(const void *a, const void *b, void *arg)
 {
 	const ckpt_ocdbt *db = arg;
 	const struct sort_item *x = a, *y = b;
-	int c = key_cmp((const uint8_t *)db->keys + x->e.koff, x->e.klen, (const uint8_t *)db->keys + y->e.koff,
-			y->e.klen);
+	int c = key_cmp((const uint8_t *)db->keys + x->e.koff, x->e.klen,
+			(const uint8_t *)db->keys + y->e.koff, y->e.klen);
 	if (c)
 		return c;
 	return x->order < y->order ? -1 : x->order > y->order;
@@ -1495,7 +1510,8 @@ int ckpt_ocdbt_open(const char *item_dir, ckpt_ocdbt **out)
 			snprintf(trans, sizeof(trans), "%s/", names[i]);
 			rc = open_one(db, trans, opened == 0);
 			if (rc == -ENOENT) {
-				ckpt_log(CKPT_LOG_WARN, "ocdbt: %s/%s: no manifest.ocdbt, skipped", db->root, names[i]);
+				ckpt_log(CKPT_LOG_WARN, "ocdbt: %s/%s: no manifest.ocdbt, skipped", db->root,
+					 names[i]);
 				rc = 0;
 				continue;
 			}
@@ -1590,7 +1606,8 @@ static int value_file(ckpt_ocdbt *db, const struct ent *en, int *fd)
 		return rc;
 	if (en->voff + en->size > fsize) {
 		ckpt_log(CKPT_LOG_ERR,
-			 "ocdbt: %s: value of key '%s' at offset %llu length %llu lies past the end of the data "
+			 "ocdbt: %s: value of key '%s' at offset %llu length %llu lies past the end of the "
+			 "data "
 			 "file (%llu bytes)",
 			 db->files[en->file].abs, db->keys + en->koff, (unsigned long long)en->voff,
 			 (unsigned long long)en->size, (unsigned long long)fsize);
@@ -1639,8 +1656,8 @@ ssize_t ckpt_ocdbt_read(ckpt_ocdbt *db, const char *key, uint64_t off, size_t le
 	size_t got;
 	rc = pread_full(fd, dst, n, en->voff + off, &got);
 	if (rc || got != n) {
-		ckpt_log(CKPT_LOG_ERR, "ocdbt: %s: reading key '%s' at offset %llu: %s", db->files[en->file].abs,
-			 db->keys + en->koff, (unsigned long long)(en->voff + off),
+		ckpt_log(CKPT_LOG_ERR, "ocdbt: %s: reading key '%s' at offset %llu: %s",
+			 db->files[en->file].abs, db->keys + en->koff, (unsigned long long)(en->voff + off),
 			 rc ? strerror(-rc) : "short read");
 		rc = -EIO;
 	}
@@ -1675,7 +1692,7 @@ static int fuzz_one(const uint8_t *buf, size_t len)
 	for (int as_node = 0; as_node < 2; as_node++) {
 		/* 1: the envelope as given; 2: its body decoded directly */
 		for (int pass = 0; pass < 2; pass++) {
-			struct perr e = {{0}};
+			struct perr e = { { 0 } };
 			uint8_t *owned = NULL;
 			const uint8_t *body = buf;
 			size_t blen = len;

@@ -20,13 +20,13 @@
 struct pfile {
 	pthread_mutex_t mu;
 	int is_slice;
-	struct node *decl;   /* slice files: the NAME.npy node that declared the array */
-	ckpt_warray *arr;    /* NULL until the header has been parsed */
-	ckpt_region region;  /* whole array or the slice */
-	uint8_t *hdr;        /* header bytes (all bytes written before the header parsed) */
+	struct node *decl; /* slice files: the NAME.npy node that declared the array */
+	ckpt_warray *arr; /* NULL until the header has been parsed */
+	ckpt_region region; /* whole array or the slice */
+	uint8_t *hdr; /* header bytes (all bytes written before the header parsed) */
 	size_t have, cap;
-	size_t data_off;     /* header length once parsed */
-	uint64_t size;       /* apparent file size */
+	size_t data_off; /* header length once parsed */
+	uint64_t size; /* apparent file size */
 };
 
 static int valid_name(const char *name)
@@ -38,8 +38,8 @@ static int valid_name(const char *name)
 /* Refuse a change of committed data (or of a read-only mount), logged. */
 static int refuse(const char *name, const char *what)
 {
-	ckpt_log(CKPT_LOG_WARN, "%s: cannot %s: read-only (committed data, or a mount that takes no new steps)",
-		 name, what);
+	ckpt_log(CKPT_LOG_WARN,
+		 "%s: cannot %s: read-only (committed data, or a mount that takes no new steps)", name, what);
 	return -EROFS;
 }
 
@@ -102,8 +102,9 @@ void pending_destroy(ckpt_view *v)
 		ckpt_step_info info;
 		ckpt_step_get_info(st, &info);
 		if (info.state == CKPT_STEP_PENDING)
-			ckpt_log(CKPT_LOG_WARN, "step %s was not committed; its data stays in %s (not a step)",
-				 info.name, info.tmp_path);
+			ckpt_log(CKPT_LOG_WARN,
+				 "step %s was not committed; its data stays in %s (not a step)", info.name,
+				 info.tmp_path);
 		ckpt_step_destroy(st);
 		pthread_rwlock_destroy(&v->psteps[i]->io_lock);
 		free(v->psteps[i]);
@@ -203,7 +204,8 @@ static int commit_step(ckpt_view *v, struct node *sn, const char *final, struct 
 		ps->dead = 1;
 	pthread_rwlock_unlock(&ps->io_lock);
 	if (rc < 0) {
-		ckpt_log(CKPT_LOG_ERR, "step %s: commit failed: %s; the step stays pending", sn->name, strerror(-rc));
+		ckpt_log(CKPT_LOG_ERR, "step %s: commit failed: %s; the step stays pending", sn->name,
+			 strerror(-rc));
 		return rc;
 	}
 	char path[4096];
@@ -212,7 +214,8 @@ static int commit_step(ckpt_view *v, struct node *sn, const char *final, struct 
 	view_remove_kid(root, sn);
 	sn->orphan = 1;
 	if (!n || view_add_kid(root, n) < 0) {
-		ckpt_log(CKPT_LOG_ERR, "step %s: committed to %s but cannot be shown; remount to see it", final, path);
+		ckpt_log(CKPT_LOG_ERR, "step %s: committed to %s but cannot be shown; remount to see it",
+			 final, path);
 		return -EIO;
 	}
 	ckpt_log(CKPT_LOG_INFO, "step %s: committed to %s", final, path);
@@ -251,7 +254,8 @@ static int new_pfile(ckpt_view *v, struct node *dir, const char *name, struct no
 {
 	size_t len = strlen(name);
 	if (len < 5 || strcmp(name + len - 4, ".npy")) {
-		ckpt_log(CKPT_LOG_ERR, "%s: only NAME.npy arrays (or NAME[slice].npy) can be written in a pending step",
+		ckpt_log(CKPT_LOG_ERR,
+			 "%s: only NAME.npy arrays (or NAME[slice].npy) can be written in a pending step",
 			 name);
 		return -EPERM;
 	}
@@ -264,7 +268,8 @@ static int new_pfile(ckpt_view *v, struct node *dir, const char *name, struct no
 		char base[4200];
 		size_t stem = len - 4;
 		if ((size_t)(br - name) + 5 > sizeof(base) || name[stem - 1] != ']') {
-			ckpt_log(CKPT_LOG_ERR, "%s: malformed slice file name (want NAME[<slice>].npy)", name);
+			ckpt_log(CKPT_LOG_ERR, "%s: malformed slice file name (want NAME[<slice>].npy)",
+				 name);
 			free(pf);
 			return -EINVAL;
 		}
@@ -272,14 +277,16 @@ static int new_pfile(ckpt_view *v, struct node *dir, const char *name, struct no
 		memcpy(base + (br - name), ".npy", 5);
 		struct node *decl = view_find_kid(dir, base);
 		if (!decl || decl->type != N_PFILE || !decl->pf->arr) {
-			ckpt_log(CKPT_LOG_ERR, "%s: %s is not declared yet (write its .npy header first)", name, base);
+			ckpt_log(CKPT_LOG_ERR, "%s: %s is not declared yet (write its .npy header first)",
+				 name, base);
 			free(pf);
 			return -ENOENT;
 		}
 		ckpt_warray_info info;
 		ckpt_warray_get_info(decl->pf->arr, &info);
 		const char *why = "";
-		int rc = ckpt_slice_parse(br, stem - (size_t)(br - name), info.rank, info.shape, &pf->region, &why);
+		int rc = ckpt_slice_parse(br, stem - (size_t)(br - name), info.rank, info.shape, &pf->region,
+					  &why);
 		if (rc < 0) {
 			ckpt_log(CKPT_LOG_ERR, "%s: %s", name, why);
 			free(pf);
@@ -318,7 +325,8 @@ int ckpt_view_create(ckpt_view *v, ckpt_ino parent, const char *name, ckpt_attr 
 				rc = -EIO;
 		}
 	} else if (dir->type == N_PSTEP && !dir->ps->dead) {
-		ckpt_log(CKPT_LOG_ERR, "%s: files go in an item directory (mkdir %s/ITEM first)", name, dir->name);
+		ckpt_log(CKPT_LOG_ERR, "%s: files go in an item directory (mkdir %s/ITEM first)", name,
+			 dir->name);
 		rc = -EPERM;
 	} else if (dir->type == N_PDIR && !dir->ps->dead && !dir->orphan) {
 		struct node *n = view_find_kid(dir, name);
@@ -355,7 +363,8 @@ int ckpt_view_rename(ckpt_view *v, ckpt_ino parent, const char *name, ckpt_ino n
 	int rc;
 	if (!n)
 		rc = -ENOENT;
-	else if (n->type == N_PSTEP && parent == CKPT_ROOT_INO && newparent == CKPT_ROOT_INO && !n->ps->dead) {
+	else if (n->type == N_PSTEP && parent == CKPT_ROOT_INO && newparent == CKPT_ROOT_INO &&
+		 !n->ps->dead) {
 		struct node *step;
 		if (valid_name(newname) && strcmp(newname, "metadata")) {
 			rc = commit_step(v, n, newname, &step);
@@ -364,7 +373,8 @@ int ckpt_view_rename(ckpt_view *v, ckpt_ino parent, const char *name, ckpt_ino n
 			rc = -EINVAL;
 		}
 	} else if (n->type == N_PSTEP || n->type == N_PDIR || n->type == N_PFILE) {
-		ckpt_log(CKPT_LOG_ERR, "%s: only a whole pending step can be renamed (that commits it)", name);
+		ckpt_log(CKPT_LOG_ERR, "%s: only a whole pending step can be renamed (that commits it)",
+			 name);
 		rc = -EPERM;
 	} else {
 		rc = refuse(name, "rename");
@@ -384,7 +394,8 @@ int ckpt_view_unlink(ckpt_view *v, ckpt_ino parent, const char *name)
 	} else if (n->type != N_PFILE) {
 		rc = n->type == N_PDIR ? -EISDIR : refuse(name, "remove");
 	} else if (n->pf->arr) {
-		ckpt_log(CKPT_LOG_ERR, "%s: a declared array cannot be removed (rmdir the step to abort it)", name);
+		ckpt_log(CKPT_LOG_ERR, "%s: a declared array cannot be removed (rmdir the step to abort it)",
+			 name);
 		rc = -EPERM;
 	} else {
 		view_remove_kid(dir, n);
@@ -413,7 +424,8 @@ int ckpt_view_rmdir(ckpt_view *v, ckpt_ino parent, const char *name)
 		ckpt_log(CKPT_LOG_INFO, "step %s: aborted", name);
 		rc = 0;
 	} else if (n->type == N_PDIR) {
-		ckpt_log(CKPT_LOG_ERR, "%s: directories of a pending step cannot be removed (rmdir the step to abort it)",
+		ckpt_log(CKPT_LOG_ERR,
+			 "%s: directories of a pending step cannot be removed (rmdir the step to abort it)",
 			 name);
 		rc = -EPERM;
 	} else {
@@ -436,8 +448,9 @@ static int declare(ckpt_view *v, struct node *n, const ckpt_npy_info *h)
 		for (int d = 0; same && d < h->rank; d++)
 			same = h->shape[d] == pf->region.stop[d] - pf->region.start[d];
 		if (!same) {
-			ckpt_log(CKPT_LOG_ERR, "%s: the .npy header (dtype/shape) disagrees with the slice of %s",
-				 n->name, pf->decl->name);
+			ckpt_log(CKPT_LOG_ERR,
+				 "%s: the .npy header (dtype/shape) disagrees with the slice of %s", n->name,
+				 pf->decl->name);
 			return -EINVAL;
 		}
 		pf->arr = pf->decl->pf->arr;
@@ -455,7 +468,8 @@ static int declare(ckpt_view *v, struct node *n, const ckpt_npy_info *h)
 	int rc = key_path(v, dir, stem, &item, keys, types, &depth);
 	if (rc < 0)
 		return rc;
-	rc = ckpt_step_add_array(n->ps->step, item, keys, types, depth, h->dtype, h->rank, h->shape, &pf->arr);
+	rc = ckpt_step_add_array(n->ps->step, item, keys, types, depth, h->dtype, h->rank, h->shape,
+				 &pf->arr);
 	if (rc < 0)
 		return rc;
 	ckpt_region_full(&pf->region, h->rank, h->shape);
@@ -470,15 +484,16 @@ static ssize_t write_locked(ckpt_view *v, struct node *n, uint64_t off, const ui
 		/* Header phase: collect bytes from offset 0 until the header parses. */
 		if (off > pf->have) {
 			pthread_mutex_unlock(&pf->mu);
-			ckpt_log(CKPT_LOG_ERR, "%s: write at %llu before the .npy header is complete", n->name,
-				 (unsigned long long)off);
+			ckpt_log(CKPT_LOG_ERR, "%s: write at %llu before the .npy header is complete",
+				 n->name, (unsigned long long)off);
 			return -EINVAL;
 		}
 		/* Only the first CKPT_NPY_MAX_HLEN + 16 bytes can hold a header. */
 		const size_t limit = CKPT_NPY_MAX_HLEN + 16;
 		if (off >= limit) {
 			pthread_mutex_unlock(&pf->mu);
-			ckpt_log(CKPT_LOG_ERR, "%s: no valid .npy header in the first %zu bytes", n->name, limit);
+			ckpt_log(CKPT_LOG_ERR, "%s: no valid .npy header in the first %zu bytes", n->name,
+				 limit);
 			return -EINVAL;
 		}
 		size_t take = len < limit - off ? len : (size_t)(limit - off);
@@ -547,7 +562,8 @@ static ssize_t write_locked(ckpt_view *v, struct node *n, uint64_t off, const ui
 		pf->cap = pf->data_off;
 		pthread_mutex_unlock(&pf->mu);
 		if (take < len) {
-			rc = ckpt_warray_write(pf->arr, &pf->region, off + take - pf->data_off, data + take, len - take);
+			rc = ckpt_warray_write(pf->arr, &pf->region, off + take - pf->data_off, data + take,
+					       len - take);
 			if (rc < 0)
 				return rc;
 		}
@@ -578,7 +594,8 @@ ssize_t ckpt_view_write(ckpt_view *v, ckpt_ino ino, uint64_t off, const void *da
 	if (!n)
 		return -ENOENT;
 	if (n->type != N_PFILE)
-		return n->type == N_DIR || n->type == N_PDIR || n->type == N_PSTEP ? -EISDIR : refuse(n->name, "write");
+		return n->type == N_DIR || n->type == N_PDIR || n->type == N_PSTEP ? -EISDIR
+										   : refuse(n->name, "write");
 	struct pstep *ps = n->ps;
 	pthread_rwlock_rdlock(&ps->io_lock);
 	ssize_t rc = ps->dead || n->orphan ? refuse(n->name, "write") : write_locked(v, n, off, data, len);
@@ -603,8 +620,8 @@ int ckpt_view_truncate(ckpt_view *v, ckpt_ino ino, uint64_t size)
 	else if (size == pf->size)
 		rc = 0;
 	else {
-		ckpt_log(CKPT_LOG_ERR, "%s: cannot resize to %llu bytes (the .npy header fixes the size)", n->name,
-			 (unsigned long long)size);
+		ckpt_log(CKPT_LOG_ERR, "%s: cannot resize to %llu bytes (the .npy header fixes the size)",
+			 n->name, (unsigned long long)size);
 		rc = -EINVAL;
 	}
 	pthread_mutex_unlock(&pf->mu);

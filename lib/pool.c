@@ -72,7 +72,7 @@ int ckpt_pool_create(int nthreads, size_t max_queued, ckpt_pool **out)
 
 static void push(ckpt_pool *p, ckpt_task_fn fn, void *arg)
 {
-	p->q[(p->head + p->len) % p->cap] = (struct task){fn, arg};
+	p->q[(p->head + p->len) % p->cap] = (struct task){ fn, arg };
 	p->len++;
 	pthread_cond_signal(&p->nonempty);
 }

@@ -205,9 +205,9 @@ int ckpt_st_utf8_valid(const char *str)
  * declaration order = increasing alignment.  The writer sorts by this rank,
  * descending. */
 static const char *const st_dtype_order[] = {
-	"BOOL",    "F4",          "F6_E2M3",     "F6_E3M2", "U8",  "I8",  "F8_E5M2", "F8_E4M3",
-	"F8_E8M0", "F8_E4M3FNUZ", "F8_E5M2FNUZ", "I16",     "U16", "F16", "BF16",    "I32",
-	"U32",     "F32",         "C64",         "F64",     "I64", "U64",
+	"BOOL",	   "F4",	  "F6_E2M3",	 "F6_E3M2", "U8",  "I8",  "F8_E5M2", "F8_E4M3",
+	"F8_E8M0", "F8_E4M3FNUZ", "F8_E5M2FNUZ", "I16",	    "U16", "F16", "BF16",    "I32",
+	"U32",	   "F32",	  "C64",	 "F64",	    "I64", "U64",
 };
 
 static int st_dtype_rank(const char *code)
@@ -233,7 +233,7 @@ struct st_ent {
 struct ckpt_st_layout {
 	size_t n;
 	struct st_ent *ent; /* file order */
-	size_t *by_name;    /* file-order indices sorted by name */
+	size_t *by_name; /* file-order indices sorted by name */
 	char *names;
 	uint64_t *shapes;
 	uint8_t *header; /* 8 + N bytes */
@@ -359,9 +359,10 @@ static int check_tensors(const ckpt_st_tensor *t, size_t n, unsigned flags, stru
 		}
 		if (!di->st_code || st_dtype_rank(di->st_code) < 0) {
 			if (flags & CKPT_ST_SKIP_UNSUPPORTED) {
-				ckpt_log(CKPT_LOG_WARN,
-					 "safetensors: tensor '%s' left out: dtype %s has no safetensors code",
-					 t[i].name, di->name);
+				ckpt_log(
+					CKPT_LOG_WARN,
+					"safetensors: tensor '%s' left out: dtype %s has no safetensors code",
+					t[i].name, di->name);
 				continue;
 			}
 			ckpt_log(CKPT_LOG_ERR, "safetensors: tensor '%s': dtype %s has no safetensors code",
@@ -403,7 +404,8 @@ static int check_tensors(const ckpt_st_tensor *t, size_t n, unsigned flags, stru
 		qsort(sorted, k, sizeof(*sorted), cmp_in_name);
 		for (size_t i = 1; i < k; i++) {
 			if (strcmp(sorted[i - 1].name, sorted[i].name) == 0) {
-				ckpt_log(CKPT_LOG_ERR, "safetensors: duplicate tensor name '%s'", sorted[i].name);
+				ckpt_log(CKPT_LOG_ERR, "safetensors: duplicate tensor name '%s'",
+					 sorted[i].name);
 				rc = -EINVAL;
 				goto fail;
 			}
@@ -444,7 +446,7 @@ static int layout_build(struct st_in *in, size_t n, const ckpt_st_meta *meta, si
 			ckpt_st_layout **out)
 {
 	ckpt_st_layout *l;
-	struct sbuf b = {0};
+	struct sbuf b = { 0 };
 	size_t names_len = 0, shapes_len = 0, pad;
 	uint64_t off = 0;
 	char *np;
@@ -547,8 +549,9 @@ static int layout_build(struct st_in *in, size_t n, const ckpt_st_meta *meta, si
 		goto fail;
 	}
 	if (b.len - 8 > CKPT_ST_MAX_HEADER) {
-		ckpt_log(CKPT_LOG_ERR, "safetensors: header of %zu bytes exceeds the %u-byte limit of readers",
-			 b.len - 8, CKPT_ST_MAX_HEADER);
+		ckpt_log(CKPT_LOG_ERR,
+			 "safetensors: header of %zu bytes exceeds the %u-byte limit of readers", b.len - 8,
+			 CKPT_ST_MAX_HEADER);
 		rc = -EFBIG;
 		goto fail;
 	}
@@ -756,12 +759,12 @@ static int cmp_wm(const void *a, const void *b)
 int ckpt_st_sharded_create(const ckpt_st_tensor *tensors, size_t n, const ckpt_st_meta *meta, size_t n_meta,
 			   uint64_t max_shard_bytes, unsigned flags, ckpt_st_sharded **out)
 {
-	static const ckpt_st_meta shard_meta[] = {{"format", "pt"}};
+	static const ckpt_st_meta shard_meta[] = { { "format", "pt" } };
 	struct st_in *in = NULL;
 	size_t k = 0, nshards = 0, *first = NULL;
 	struct wm_ent *wm = NULL;
 	ckpt_st_sharded *s = NULL;
-	struct sbuf b = {0};
+	struct sbuf b = { 0 };
 	uint64_t cur = 0;
 	int rc;
 
@@ -790,8 +793,8 @@ int ckpt_st_sharded_create(const ckpt_st_tensor *tensors, size_t n, const ckpt_s
 	}
 	for (size_t i = 0; i < k; i++) {
 		uint64_t sz = in[i].nbytes, sum;
-		int fresh = nshards == 0           /* nothing open yet */
-			    || sz > max_shard_bytes  /* oversized: a shard of its own */
+		int fresh = nshards == 0 /* nothing open yet */
+			    || sz > max_shard_bytes /* oversized: a shard of its own */
 			    || cur > max_shard_bytes /* the open shard holds an oversized one */
 			    || ckpt_add_u64(cur, sz, &sum) || sum > max_shard_bytes;
 

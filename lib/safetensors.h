@@ -116,8 +116,8 @@ typedef struct ckpt_st_info {
 	const uint64_t *shape;
 	uint64_t data_begin; /* data_offsets[0], relative to the data buffer */
 	uint64_t file_offset; /* absolute: header length + data_begin */
-	uint64_t nbytes;      /* data_offsets[1] - data_offsets[0] */
-	size_t input;         /* index of this tensor in the caller's array */
+	uint64_t nbytes; /* data_offsets[1] - data_offsets[0] */
+	size_t input; /* index of this tensor in the caller's array */
 } ckpt_st_info;
 
 /* Fill *out for tensor i.  -ERANGE when i >= count. */
@@ -130,10 +130,10 @@ int ckpt_st_layout_find(const ckpt_st_layout *l, const char *name, size_t *idx);
  * (ckpt_st_layout_header); tensor pieces from the tensor's C-order bytes. */
 #define CKPT_ST_PIECE_HEADER ((size_t)-1)
 typedef struct ckpt_st_piece {
-	size_t dst_off;  /* where the piece goes, relative to the requested off */
-	size_t len;      /* bytes, > 0 */
-	size_t tensor;   /* file-order tensor index, or CKPT_ST_PIECE_HEADER */
-	size_t input;    /* caller's index of that tensor (CKPT_ST_PIECE_HEADER for the header) */
+	size_t dst_off; /* where the piece goes, relative to the requested off */
+	size_t len; /* bytes, > 0 */
+	size_t tensor; /* file-order tensor index, or CKPT_ST_PIECE_HEADER */
+	size_t input; /* caller's index of that tensor (CKPT_ST_PIECE_HEADER for the header) */
 	uint64_t src_off; /* offset within the header bytes / the tensor's bytes */
 } ckpt_st_piece;
 

@@ -231,12 +231,12 @@ int ckpt_slice_format(const ckpt_region *r, char *buf, size_t cap)
 
 	if (r->rank < 0 || r->rank > CKPT_MAX_RANK)
 		return -EINVAL;
-#define EMIT(s, n)                                   \
-	do {                                         \
-		if (pos + (n) >= cap)                \
-			return -ENOBUFS;             \
-		memcpy(buf + pos, (s), (n));         \
-		pos += (n);                          \
+#define EMIT(s, n)                                                                                           \
+	do {                                                                                                 \
+		if (pos + (n) >= cap)                                                                        \
+			return -ENOBUFS;                                                                     \
+		memcpy(buf + pos, (s), (n));                                                                 \
+		pos += (n);                                                                                  \
 	} while (0)
 	EMIT("[", 1);
 	for (int d = 0; d < r->rank; d++) {
@@ -309,7 +309,7 @@ void ckpt_region_stream_bbox(const ckpt_region *r, uint64_t e0, uint64_t e1, ckp
 /* ---- chunk <-> stream copies ---------------------------------------------- */
 
 struct copy_ctx {
-	int rank;                  /* reduced rank, >= 1 */
+	int rank; /* reduced rank, >= 1 */
 	uint64_t lo[CKPT_MAX_RANK]; /* region-relative index range inside the chunk */
 	uint64_t hi[CKPT_MAX_RANK];
 	uint64_t off[CKPT_MAX_RANK]; /* chunk index = region index + off (mod 2^64) */
@@ -372,7 +372,8 @@ static void copy_rec(struct copy_ctx *c, int d, uint64_t sbase, uint64_t cbase, 
 			if (x1 > rhi)
 				x1 = rhi;
 			if (x0 < x1)
-				copy_run(c, sbase + s + x0, cbase + (i + c->off[d]) * cst + x0 + eoff, x1 - x0);
+				copy_run(c, sbase + s + x0, cbase + (i + c->off[d]) * cst + x0 + eoff,
+					 x1 - x0);
 		}
 		return;
 	}
@@ -386,7 +387,8 @@ static void copy_rec(struct copy_ctx *c, int d, uint64_t sbase, uint64_t cbase, 
 }
 
 static uint64_t copy_common(const ckpt_region *r, uint64_t e0, uint64_t e1, uint8_t *stream, uint8_t *chunk,
-			    const uint64_t *origin, const uint64_t *chunk_shape, size_t itemsize, int to_chunk)
+			    const uint64_t *origin, const uint64_t *chunk_shape, size_t itemsize,
+			    int to_chunk)
 {
 	uint64_t ext[CKPT_MAX_RANK], blk[CKPT_MAX_RANK], cst[CKPT_MAX_RANK];
 	struct copy_ctx c;

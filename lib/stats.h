@@ -11,15 +11,15 @@
 
 typedef struct ckpt_stats {
 	atomic_uint_least64_t backing_bytes_read; /* bytes read from the backing store */
-	atomic_uint_least64_t backing_reads;      /* read calls on the backing store */
-	atomic_uint_least64_t chunks_decoded;     /* chunk decodes (cache misses that decoded) */
-	atomic_uint_least64_t decoded_bytes;      /* bytes produced by chunk decodes */
+	atomic_uint_least64_t backing_reads; /* read calls on the backing store */
+	atomic_uint_least64_t chunks_decoded; /* chunk decodes (cache misses that decoded) */
+	atomic_uint_least64_t decoded_bytes; /* bytes produced by chunk decodes */
 	atomic_uint_least64_t cache_hits;
 	atomic_uint_least64_t cache_misses;
 	atomic_uint_least64_t cache_evictions;
-	atomic_uint_least64_t bytes_served;       /* bytes returned to readers */
-	atomic_uint_least64_t bytes_written;      /* bytes accepted from writers */
-	atomic_int_least64_t bytes_pending;       /* accepted, not yet compressed+stored */
+	atomic_uint_least64_t bytes_served; /* bytes returned to readers */
+	atomic_uint_least64_t bytes_written; /* bytes accepted from writers */
+	atomic_int_least64_t bytes_pending; /* accepted, not yet compressed+stored */
 	atomic_uint_least64_t stored_bytes_written; /* compressed bytes written to disk */
 	atomic_uint_least64_t commits;
 	atomic_uint_least64_t commit_failures;

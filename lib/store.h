@@ -38,7 +38,7 @@ struct ckpt_store_ops {
 /* Every store implementation embeds this as its first member. */
 struct ckpt_store {
 	const struct ckpt_store_ops *ops;
-	char *root;   /* folder the store was opened on, for log messages */
+	char *root; /* folder the store was opened on, for log messages */
 };
 
 /* Folder store over `dir` (a zarr per-array item folder).  -errno on failure. */

@@ -12,7 +12,7 @@
 #include <stddef.h>
 
 enum ckpt_tls_slot {
-	CKPT_TLS_REPLY = 0,  /* the daemon's reply buffer */
+	CKPT_TLS_REPLY = 0, /* the daemon's reply buffer */
 	CKPT_TLS_BOUNCE = 1, /* array.c: unaligned byte ranges */
 	CKPT_TLS_NSLOTS
 };

@@ -391,7 +391,7 @@ static void list_units(void)
 	sd->units = calloc(total ? total : 1, sizeof(*sd->units));
 	if (!sd->units)
 		return;
-	uint64_t g[CKPT_MAX_RANK] = {0};
+	uint64_t g[CKPT_MAX_RANK] = { 0 };
 	for (uint64_t u = 0; u < total; u++) {
 		char key[4096];
 		uint64_t size;
@@ -452,7 +452,8 @@ static int collect(ckpt_view *v, struct node *dir, const char *prefix, struct st
 		char name[8192];
 		size_t stem;
 		if (k->type == N_ARRAY && ends_with(k->name, ".npy", &stem)) {
-			snprintf(name, sizeof(name), "%s%s%.*s", prefix, *prefix ? "." : "", (int)stem, k->name);
+			snprintf(name, sizeof(name), "%s%s%.*s", prefix, *prefix ? "." : "", (int)stem,
+				 k->name);
 			if (c->n == c->cap) {
 				size_t cap = c->cap ? c->cap * 2 : 16;
 				ckpt_st_tensor *t = realloc(c->t, cap * sizeof(*t));
@@ -472,7 +473,7 @@ static int collect(ckpt_view *v, struct node *dir, const char *prefix, struct st
 			c->names[c->n] = strdup(name);
 			if (!c->names[c->n])
 				return -ENOMEM;
-			c->t[c->n] = (ckpt_st_tensor){c->names[c->n], m->dtype, m->rank, m->shape};
+			c->t[c->n] = (ckpt_st_tensor){ c->names[c->n], m->dtype, m->rank, m->shape };
 			c->nodes[c->n] = k;
 			c->n++;
 		} else if (k->type == N_DIR) {
@@ -506,10 +507,10 @@ static void free_collect(struct st_collect *c)
 
 static int build_safetensors(ckpt_view *v, struct node *stn, struct node *dir)
 {
-	struct st_collect c = {0};
+	struct st_collect c = { 0 };
 	int rc = collect(v, dir, "", &c, 0);
 	if (rc == 0) {
-		ckpt_st_meta meta[2] = {{"format", "pt"}, {"step", step_of(v, dir)}};
+		ckpt_st_meta meta[2] = { { "format", "pt" }, { "step", step_of(v, dir) } };
 		size_t nmeta = meta[1].value ? 2 : 1;
 		rc = ckpt_st_layout_create(c.t, c.n, meta, nmeta, CKPT_ST_SKIP_UNSUPPORTED, &stn->st);
 	}
@@ -528,7 +529,7 @@ static int build_safetensors(ckpt_view *v, struct node *stn, struct node *dir)
 static int build_safetensors_dir(ckpt_view *v, struct node *sd, struct node *dir)
 {
 	uint64_t limit = v->opts.st_shard_bytes ? v->opts.st_shard_bytes : 5000000000ull;
-	struct st_collect c = {0};
+	struct st_collect c = { 0 };
 	int rc = collect(v, dir, "", &c, 0);
 	uint64_t total = 0;
 	for (size_t i = 0; rc == 0 && i < c.n; i++)
@@ -536,9 +537,9 @@ static int build_safetensors_dir(ckpt_view *v, struct node *sd, struct node *dir
 	if (rc == 0 && total <= limit)
 		rc = -ENOENT;
 	if (rc == 0) {
-		ckpt_st_meta meta[1] = {{"step", step_of(v, dir)}};
-		rc = ckpt_st_sharded_create(c.t, c.n, meta, meta[0].value ? 1 : 0, limit, CKPT_ST_SKIP_UNSUPPORTED,
-					    &sd->sts);
+		ckpt_st_meta meta[1] = { { "step", step_of(v, dir) } };
+		rc = ckpt_st_sharded_create(c.t, c.n, meta, meta[0].value ? 1 : 0, limit,
+					    CKPT_ST_SKIP_UNSUPPORTED, &sd->sts);
 	}
 	for (size_t i = 0; rc == 0 && i < ckpt_st_sharded_count(sd->sts); i++) {
 		struct node *f = view_new_node(v, N_SAFETENSORS, ckpt_st_sharded_name(sd->sts, i), sd);
@@ -633,7 +634,8 @@ static int make_hidden(ckpt_view *v, struct node *dir, const char *name, struct 
 		if (rc == -ENOENT)
 			return rc;
 		if (rc < 0) {
-			ckpt_log(CKPT_LOG_ERR, "%s: cannot build the safetensors view (%s)", name, strerror(-rc));
+			ckpt_log(CKPT_LOG_ERR, "%s: cannot build the safetensors view (%s)", name,
+				 strerror(-rc));
 			return -EIO;
 		}
 		*out = n;
@@ -828,7 +830,8 @@ static ssize_t read_array_node(struct node *n, uint64_t off, size_t len, uint8_t
 		done = h;
 	}
 	if (done < len) {
-		ssize_t r = ckpt_array_read(n->ar->arr, &n->region, off + done - n->hdrlen, len - done, dst + done);
+		ssize_t r = ckpt_array_read(n->ar->arr, &n->region, off + done - n->hdrlen, len - done,
+					    dst + done);
 		if (r < 0)
 			return r;
 		done += (size_t)r;
@@ -917,8 +920,8 @@ static int st_read_iov(ckpt_view *v, struct node *n, uint64_t off, size_t len, s
 			k++;
 		} else {
 			struct node *an = n->st_arrays[p->input];
-			int m = ckpt_array_map(an->ar->arr, &an->region, p->src_off, p->len, iov + k, pins + *npins,
-					       max - k);
+			int m = ckpt_array_map(an->ar->arr, &an->region, p->src_off, p->len, iov + k,
+					       pins + *npins, max - k);
 			if (m < 0) {
 				for (int j = 0; j < *npins; j++)
 					ckpt_ctx_unpin(v->ctx, pins[j]);
@@ -989,8 +992,8 @@ int ckpt_view_read_iov(ckpt_view *v, ckpt_ino ino, uint64_t off, size_t len, str
 		k++;
 	}
 	if (done < len) {
-		int m = ckpt_array_map(n->ar->arr, &n->region, off + done - n->hdrlen, len - done, iov + k, pins,
-				       max - k);
+		int m = ckpt_array_map(n->ar->arr, &n->region, off + done - n->hdrlen, len - done, iov + k,
+				       pins, max - k);
 		if (m < 0)
 			return m;
 		*npins = m;
@@ -1044,9 +1047,11 @@ ssize_t ckpt_view_read(ckpt_view *v, ckpt_ino ino, uint64_t off, size_t len, voi
 
 /* ---- xattrs ---------------------------------------------------------------- */
 
-static const char *const array_xattrs[] = {"user.ckpt.dtype",        "user.ckpt.shape",  "user.ckpt.chunks",
-					   "user.ckpt.codec",        "user.ckpt.format", "user.ckpt.stored_bytes",
-					   "user.ckpt.shards",       "user.ckpt.sharding", "user.ckpt.slice"};
+static const char *const array_xattrs[] = { "user.ckpt.dtype",	"user.ckpt.shape",
+					    "user.ckpt.chunks", "user.ckpt.codec",
+					    "user.ckpt.format", "user.ckpt.stored_bytes",
+					    "user.ckpt.shards", "user.ckpt.sharding",
+					    "user.ckpt.slice" };
 
 static int dims_str(int rank, const uint64_t *d, char *buf, size_t cap)
 {

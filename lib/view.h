@@ -25,23 +25,23 @@ typedef uint64_t ckpt_ino;
 #define CKPT_ROOT_INO 1
 
 typedef struct ckpt_view_opts {
-	ckpt_ctx_opts ctx;          /* cache and decode threads */
-	int read_only;              /* refuse new steps even on a CheckpointManager root */
-	int zstd_level;             /* written chunks (0: the writer's default) */
-	uint64_t write_budget;      /* buffered bytes per pending step (0: default) */
-	int show_companions;        /* list NAME.shards/ and X.safetensors in readdir */
-	uint64_t st_shard_bytes;    /* X.safetensors.d/ shard size (0: 5 GB) */
+	ckpt_ctx_opts ctx; /* cache and decode threads */
+	int read_only; /* refuse new steps even on a CheckpointManager root */
+	int zstd_level; /* written chunks (0: the writer's default) */
+	uint64_t write_budget; /* buffered bytes per pending step (0: default) */
+	int show_companions; /* list NAME.shards/ and X.safetensors in readdir */
+	uint64_t st_shard_bytes; /* X.safetensors.d/ shard size (0: 5 GB) */
 } ckpt_view_opts;
 
 typedef struct ckpt_attr {
 	ckpt_ino ino;
 	int is_dir;
-	unsigned mode;      /* permission bits */
+	unsigned mode; /* permission bits */
 	uint64_t size;
 	int64_t mtime_ns;
 	unsigned nlink;
-	int immutable;      /* committed data: the kernel may cache it indefinitely */
-	int volatile_data;  /* content changes (stats): serve with direct I/O */
+	int immutable; /* committed data: the kernel may cache it indefinitely */
+	int volatile_data; /* content changes (stats): serve with direct I/O */
 } ckpt_attr;
 
 /* Build the view of SOURCE (a CheckpointManager root, a step folder or an
@@ -120,7 +120,8 @@ ssize_t ckpt_view_write(ckpt_view *v, ckpt_ino ino, uint64_t off, const void *da
 /* Truncate a pending file to `size` (only 0 before a header, or its
  * current size); -EROFS elsewhere. */
 int ckpt_view_truncate(ckpt_view *v, ckpt_ino ino, uint64_t size);
-int ckpt_view_rename(ckpt_view *v, ckpt_ino parent, const char *name, ckpt_ino newparent, const char *newname);
+int ckpt_view_rename(ckpt_view *v, ckpt_ino parent, const char *name, ckpt_ino newparent,
+		     const char *newname);
 int ckpt_view_unlink(ckpt_view *v, ckpt_ino parent, const char *name);
 int ckpt_view_rmdir(ckpt_view *v, ckpt_ino parent, const char *name);
 /* Set user.ckpt.sharding (a JSON string, e.g. {"sharding_type":

@@ -19,20 +19,20 @@
 #include "view.h"
 
 enum node_type {
-	N_DIR,        /* step, item, pytree node, mirrored folder */
-	N_ARRAY,      /* NAME.npy, NAME[slice].npy, NAME.shards/[..].npy: region of an array */
-	N_FILE,       /* regular file copied from the source (path) or synthesized (content) */
-	N_SHARDS,     /* NAME.shards/ */
-	N_STATS,      /* .ckptfs/stats */
+	N_DIR, /* step, item, pytree node, mirrored folder */
+	N_ARRAY, /* NAME.npy, NAME[slice].npy, NAME.shards/[..].npy: region of an array */
+	N_FILE, /* regular file copied from the source (path) or synthesized (content) */
+	N_SHARDS, /* NAME.shards/ */
+	N_STATS, /* .ckptfs/stats */
 	N_SAFETENSORS, /* X.safetensors */
-	N_PSTEP,      /* a pending step (mkdir at the root of a writable mount) */
-	N_PDIR,       /* an item or pytree directory inside a pending step */
-	N_PFILE       /* NAME.npy or NAME[slice].npy being written */
+	N_PSTEP, /* a pending step (mkdir at the root of a writable mount) */
+	N_PDIR, /* an item or pytree directory inside a pending step */
+	N_PFILE /* NAME.npy or NAME[slice].npy being written */
 };
 
-struct aref {          /* one stored array, shared by its .npy, slices and shards */
+struct aref { /* one stored array, shared by its .npy, slices and shards */
 	ckpt_array *arr;
-	char *sharding;    /* JSON string from _sharding, or NULL */
+	char *sharding; /* JSON string from _sharding, or NULL */
 	int ocdbt;
 };
 
@@ -42,14 +42,14 @@ struct node {
 	enum node_type type;
 	char *name;
 	int64_t mtime_ns;
-	int hidden;              /* reachable by name, not listed */
+	int hidden; /* reachable by name, not listed */
 	/* N_DIR */
-	struct node **kids;      /* sorted by name once built */
+	struct node **kids; /* sorted by name once built */
 	size_t nkids, capkids;
 	/* N_ARRAY */
 	struct aref *ar;
 	ckpt_region region;
-	char *hdr;               /* the .npy header (hdrlen bytes) */
+	char *hdr; /* the .npy header (hdrlen bytes) */
 	size_t hdrlen;
 	uint64_t size;
 	/* N_FILE */
@@ -60,18 +60,18 @@ struct node {
 	struct node **units;
 	size_t nunits;
 	/* N_SAFETENSORS */
-	struct node *stdir;      /* the directory it covers */
+	struct node *stdir; /* the directory it covers */
 	ckpt_st_layout *st;
 	struct node **st_arrays; /* tensor i of the layout is st_arrays[i] */
 	int st_err;
-	int st_borrowed;         /* st/st_arrays belong to the X.safetensors.d/ directory */
+	int st_borrowed; /* st/st_arrays belong to the X.safetensors.d/ directory */
 	atomic_uint_least64_t st_next; /* end of the last read of a file streamed from 0, else UINT64_MAX */
-	ckpt_st_sharded *sts;    /* X.safetensors.d/: the shard set (owns the layouts) */
+	ckpt_st_sharded *sts; /* X.safetensors.d/: the shard set (owns the layouts) */
 	/* N_PSTEP / N_PDIR / N_PFILE (pending.c) */
-	struct pstep *ps;        /* the pending step this node belongs to */
-	struct pfile *pf;        /* N_PFILE state */
-	int orphan;              /* removed from its directory (committed/aborted/renamed) */
-	atomic_int next_warmed;  /* N_ARRAY: the next file of the directory was prefetched */
+	struct pstep *ps; /* the pending step this node belongs to */
+	struct pfile *pf; /* N_PFILE state */
+	int orphan; /* removed from its directory (committed/aborted/renamed) */
+	atomic_int next_warmed; /* N_ARRAY: the next file of the directory was prefetched */
 };
 
 /* A pending step: the writer's step plus the lock that keeps commit apart
@@ -79,7 +79,7 @@ struct node {
 struct pstep {
 	struct ckpt_step *step;
 	pthread_rwlock_t io_lock;
-	int dead;                /* committed or aborted: no more writes */
+	int dead; /* committed or aborted: no more writes */
 };
 
 #define PAGE_BITS 12
@@ -101,8 +101,8 @@ struct ckpt_view {
 	 * namespace change (mkdir, create, rename, unlink, commit).  Taken
 	 * before dyn_lock and alloc_lock. */
 	pthread_rwlock_t ns_lock;
-	char *source;            /* the folder mounted */
-	int writable;            /* a CheckpointManager root not mounted read-only */
+	char *source; /* the folder mounted */
+	int writable; /* a CheckpointManager root not mounted read-only */
 	struct pstep **psteps;
 	size_t npsteps;
 	/* owned resources */

@@ -220,7 +220,8 @@ int ckpt_step_begin(const char *root_dir, const char *step_name, const ckpt_writ
 	}
 	if (mkdirat(st->rootfd, st->tmpname, 0755)) {
 		rc = errno == EEXIST ? -EBUSY : -errno;
-		ckpt_log(CKPT_LOG_ERR, "writer: step %s: mkdir %s: %s", step_name, st->tmppath, strerror(errno));
+		ckpt_log(CKPT_LOG_ERR, "writer: step %s: mkdir %s: %s", step_name, st->tmppath,
+			 strerror(errno));
 		goto fail;
 	}
 	st->dirfd = openat(st->rootfd, st->tmpname, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
@@ -255,7 +256,7 @@ struct wctx {
 	const uint8_t *src;
 	uint8_t *dst;
 	const uint8_t *from; /* read: source chunk bytes */
-	uint8_t *tmp;        /* read: chunk scratch */
+	uint8_t *tmp; /* read: chunk scratch */
 	struct wlive *l;
 	uint64_t added;
 	int rc;
@@ -310,7 +311,7 @@ int ckpt_warray_write(ckpt_warray *a, const ckpt_region *region, uint64_t byte_o
 	}
 	if (a->step->state != CKPT_STEP_PENDING)
 		return w_step_writable(a->step, a->relpath);
-	struct wctx w = {.a = a, .src = data};
+	struct wctx w = { .a = a, .src = data };
 	int rc = w_pieces(a, &r, byte_off, end, piece_write, &w);
 	if (!rc)
 		CKPT_STAT_ADD(bytes_written, len);
@@ -391,7 +392,7 @@ ssize_t ckpt_warray_read(ckpt_warray *a, const ckpt_region *region, uint64_t byt
 		len = (size_t)(rbytes - byte_off);
 	if (len > (size_t)SSIZE_MAX)
 		len = (size_t)SSIZE_MAX;
-	struct wctx w = {.a = a, .dst = dst};
+	struct wctx w = { .a = a, .dst = dst };
 	int rc = w_pieces(a, &r, byte_off, byte_off + len, piece_read, &w);
 	free(w.tmp);
 	return rc ? rc : (ssize_t)len;
@@ -441,4 +442,3 @@ void ckpt_step_destroy(ckpt_step *st)
 		CKPT_STAT_ADD(bytes_pending, -(int64_t)st->bytes_pending);
 	step_free(st);
 }
-

@@ -76,11 +76,12 @@
 #include "slice.h"
 
 typedef struct ckpt_writer_opts {
-	int zstd_level;        /* zstd level of inner chunks; default 1 (see docs/format.md) */
-	uint64_t mem_budget;   /* bytes of buffered chunk data (incl. coverage maps); default RAM/8 in [512 MiB, 2 GiB] */
-	int threads;           /* compression threads per step; default 2, 1..64 */
-	uint64_t chunk_bytes;  /* target (upper bound) raw bytes of an inner chunk; default 4 MiB */
-	uint64_t shard_bytes;  /* target raw bytes of a shard file; default 1 GiB */
+	int zstd_level; /* zstd level of inner chunks; default 1 (see docs/format.md) */
+	uint64_t
+		mem_budget; /* bytes of buffered chunk data (incl. coverage maps); default RAM/8 in [512 MiB, 2 GiB] */
+	int threads; /* compression threads per step; default 2, 1..64 */
+	uint64_t chunk_bytes; /* target (upper bound) raw bytes of an inner chunk; default 4 MiB */
+	uint64_t shard_bytes; /* target raw bytes of a shard file; default 1 GiB */
 } ckpt_writer_opts;
 
 /* Fill *o with the defaults. */
@@ -195,21 +196,21 @@ void ckpt_step_destroy(ckpt_step *st);
 /* ---- queries (for the daemon's directory view and stats) ---- */
 
 typedef struct ckpt_warray_info {
-	const char *item;               /* owned by the step */
-	const char *name;               /* param name: keys joined with '.' */
+	const char *item; /* owned by the step */
+	const char *name; /* param name: keys joined with '.' */
 	int depth;
-	const char *const *keys;        /* depth keys, owned by the step */
+	const char *const *keys; /* depth keys, owned by the step */
 	const int *key_types;
 	ckpt_dtype dtype;
 	int rank;
-	const uint64_t *shape;          /* rank entries each, owned by the step */
-	const uint64_t *chunk_shape;    /* inner chunk */
-	const uint64_t *shard_shape;    /* zarr chunk grid (one file each) */
-	uint64_t nbytes;                /* prod(shape) * itemsize */
-	uint64_t bytes_written;         /* distinct bytes written so far */
-	uint64_t stored_bytes;          /* compressed bytes appended to shard files */
+	const uint64_t *shape; /* rank entries each, owned by the step */
+	const uint64_t *chunk_shape; /* inner chunk */
+	const uint64_t *shard_shape; /* zarr chunk grid (one file each) */
+	uint64_t nbytes; /* prod(shape) * itemsize */
+	uint64_t bytes_written; /* distinct bytes written so far */
+	uint64_t stored_bytes; /* compressed bytes appended to shard files */
 	uint64_t chunks, chunks_stored; /* inner chunks in bounds / compressed */
-	const char *sharding;           /* NULL when unset; valid until the next set_sharding */
+	const char *sharding; /* NULL when unset; valid until the next set_sharding */
 } ckpt_warray_info;
 
 /* Snapshot of an array's description and progress.  Thread-safe. */
@@ -230,17 +231,17 @@ int ckpt_step_foreach_array(ckpt_step *st, const char *item, int (*cb)(void *ctx
 enum ckpt_step_state { CKPT_STEP_PENDING = 0, CKPT_STEP_COMMITTED = 1, CKPT_STEP_ABORTED = 2 };
 
 typedef struct ckpt_step_info {
-	int state;                /* enum ckpt_step_state */
-	const char *name;         /* step_name given to begin, owned by the step */
-	const char *tmp_path;     /* <root>/<step_name>.orbax-checkpoint-tmp */
+	int state; /* enum ckpt_step_state */
+	const char *name; /* step_name given to begin, owned by the step */
+	const char *tmp_path; /* <root>/<step_name>.orbax-checkpoint-tmp */
 	uint64_t arrays;
-	uint64_t bytes_declared;  /* sum of nbytes */
-	uint64_t bytes_written;   /* distinct bytes written */
-	uint64_t bytes_pending;   /* written, not yet compressed and stored */
-	uint64_t mem_used;        /* bytes of buffers held (incl. cached free buffers) */
-	uint64_t spilled_chunks;  /* chunks currently in the spill file */
-	uint64_t spills;          /* partial chunks written to the spill file so far */
-	uint64_t stored_bytes;    /* compressed bytes written to shard files */
+	uint64_t bytes_declared; /* sum of nbytes */
+	uint64_t bytes_written; /* distinct bytes written */
+	uint64_t bytes_pending; /* written, not yet compressed and stored */
+	uint64_t mem_used; /* bytes of buffers held (incl. cached free buffers) */
+	uint64_t spilled_chunks; /* chunks currently in the spill file */
+	uint64_t spills; /* partial chunks written to the spill file so far */
+	uint64_t stored_bytes; /* compressed bytes written to shard files */
 } ckpt_step_info;
 
 void ckpt_step_get_info(ckpt_step *st, ckpt_step_info *out);

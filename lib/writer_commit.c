@@ -37,7 +37,8 @@ static int fsync_dir(struct ckpt_step *st, const char *rel)
 	if (fd >= 0)
 		close(fd);
 	if (rc)
-		ckpt_log(CKPT_LOG_ERR, "writer: step %s: fsync of folder %s: %s", st->name, rel, strerror(-rc));
+		ckpt_log(CKPT_LOG_ERR, "writer: step %s: fsync of folder %s: %s", st->name, rel,
+			 strerror(-rc));
 	return rc;
 }
 
@@ -101,8 +102,8 @@ static cJSON *fill_value(ckpt_dtype dt)
 		return a;
 	}
 	case 'V': /* ml_dtypes: floats print 0.0, int4/uint4/int2 print 0 */
-		return cJSON_CreateRaw(strncmp(di->name, "int", 3) == 0 || strncmp(di->name, "uint", 4) == 0 ? "0"
-													       : "0.0");
+		return cJSON_CreateRaw(
+			strncmp(di->name, "int", 3) == 0 || strncmp(di->name, "uint", 4) == 0 ? "0" : "0.0");
 	default:
 		return cJSON_CreateRaw("0.0");
 	}
@@ -156,7 +157,7 @@ static int finish_shards(struct ckpt_step *st, struct ckpt_warray *a)
 		return -ENOMEM;
 	int rc = 0;
 	for (uint64_t s = 0; s < a->nshards && !rc; s++) {
-		uint64_t sg[CKPT_MAX_RANK], l[CKPT_MAX_RANK] = {0}, t = s;
+		uint64_t sg[CKPT_MAX_RANK], l[CKPT_MAX_RANK] = { 0 }, t = s;
 		for (int d = a->rank - 1; d >= 0; d--) {
 			sg[d] = t % a->nsh[d];
 			t /= a->nsh[d];
@@ -201,13 +202,14 @@ static int finish_shards(struct ckpt_step *st, struct ckpt_warray *a)
 	/* Folders c/<i0>/.../<i_{p-1}> for p = rank-1 .. 1, then c. */
 	char path[4096];
 	for (int p = a->rank - 1; p >= 1 && !rc; p--) {
-		uint64_t cnt = 1, g[CKPT_MAX_RANK] = {0};
+		uint64_t cnt = 1, g[CKPT_MAX_RANK] = { 0 };
 		for (int d = 0; d < p; d++)
 			cnt *= a->nsh[d];
 		for (uint64_t i = 0; i < cnt && !rc; i++) {
 			int k = snprintf(path, sizeof(path), "%s/c", a->relpath);
 			for (int d = 0; d < p && k > 0 && (size_t)k < sizeof(path); d++)
-				k += snprintf(path + k, sizeof(path) - (size_t)k, "/%llu", (unsigned long long)g[d]);
+				k += snprintf(path + k, sizeof(path) - (size_t)k, "/%llu",
+					      (unsigned long long)g[d]);
 			rc = fsync_dir(st, path);
 			for (int d = p - 1; d >= 0 && ++g[d] == a->nsh[d]; d--)
 				g[d] = 0;
@@ -238,10 +240,10 @@ static void py_repr(char **p, char *end, const char *s)
 {
 	char q = (strchr(s, '\'') && !strchr(s, '"')) ? '"' : '\'';
 	char *o = *p;
-#define PUT(c)                     \
-	do {                       \
-		if (o < end)       \
-			*o++ = (c); \
+#define PUT(c)                                                                                               \
+	do {                                                                                                 \
+		if (o < end)                                                                                 \
+			*o++ = (c);                                                                          \
 	} while (0)
 	PUT(q);
 	for (const unsigned char *c = (const unsigned char *)s; *c; c++) {
@@ -482,13 +484,14 @@ static uint64_t report_holes(struct ckpt_step *st)
 					strcpy(box, "[...]");
 			}
 			ckpt_log(CKPT_LOG_ERR,
-				 "writer: commit of step %s: %s: %llu of %llu bytes never written (first hole in %s)",
+				 "writer: commit of step %s: %s: %llu of %llu bytes never written (first "
+				 "hole in %s)",
 				 st->name, a->relpath, (unsigned long long)(a->nbytes - a->have_total),
 				 (unsigned long long)a->nbytes, box);
 		}
 	if (bad > 20)
-		ckpt_log(CKPT_LOG_ERR, "writer: commit of step %s: ... and %llu more incomplete arrays", st->name,
-			 (unsigned long long)(bad - 20));
+		ckpt_log(CKPT_LOG_ERR, "writer: commit of step %s: ... and %llu more incomplete arrays",
+			 st->name, (unsigned long long)(bad - 20));
 	return bad;
 }
 
@@ -538,8 +541,9 @@ static int commit_inner(struct ckpt_step *st, const char *final_name)
 		for (struct ckpt_warray *a = it->first; a && !rc; a = a->next)
 			if (a->err) {
 				rc = a->err;
-				ckpt_log(CKPT_LOG_ERR, "writer: commit of step %s: %s: storing chunks failed: %s",
-					 st->name, a->relpath, strerror(-rc));
+				ckpt_log(CKPT_LOG_ERR,
+					 "writer: commit of step %s: %s: storing chunks failed: %s", st->name,
+					 a->relpath, strerror(-rc));
 			}
 	if (rc)
 		return rc;
@@ -577,8 +581,8 @@ static int commit_inner(struct ckpt_step *st, const char *final_name)
 				rc = renameat(st->rootfd, st->tmpname, st->rootfd, final_name) ? -errno : 0;
 		}
 		if (rc) {
-			ckpt_log(CKPT_LOG_ERR, "writer: commit of step %s: rename to %s: %s", st->name, final_path,
-				 strerror(-rc));
+			ckpt_log(CKPT_LOG_ERR, "writer: commit of step %s: rename to %s: %s", st->name,
+				 final_path, strerror(-rc));
 			return rc;
 		}
 	}

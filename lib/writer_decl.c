@@ -88,7 +88,6 @@ static void hash_free(struct whash *t)
 	free(t);
 }
 
-
 int w_nodes_create(struct ckpt_step *st)
 {
 	st->nodes = calloc(1, sizeof(*st->nodes));
@@ -169,7 +168,8 @@ int ckpt_step_add_item(ckpt_step *st, const char *item)
 {
 	int rc = 0;
 	if (!item_name_ok(item)) {
-		ckpt_log(CKPT_LOG_ERR, "writer: step %s: bad item name '%s'", st->name, item ? item : "(null)");
+		ckpt_log(CKPT_LOG_ERR, "writer: step %s: bad item name '%s'", st->name,
+			 item ? item : "(null)");
 		return -EINVAL;
 	}
 	pthread_mutex_lock(&st->decl_mu);
@@ -182,9 +182,9 @@ int ckpt_step_add_item(ckpt_step *st, const char *item)
 
 static int param_name_ok(const char *name)
 {
-	static const char *const reserved[] = {"_METADATA",     "_sharding",       "_strings.json",
-					       "commit_success.txt", "array_metadatas", "manifest.ocdbt",
-					       "_CHECKPOINT_METADATA"};
+	static const char *const reserved[] = { "_METADATA",	       "_sharding",	  "_strings.json",
+						"commit_success.txt",  "array_metadatas", "manifest.ocdbt",
+						"_CHECKPOINT_METADATA" };
 	if (!w_name_ok(name) || strncmp(name, "ocdbt.process_", 14) == 0)
 		return 0;
 	for (size_t i = 0; i < sizeof(reserved) / sizeof(reserved[0]); i++)
@@ -260,7 +260,8 @@ int ckpt_step_add_array(ckpt_step *st, const char *item, const char *const *keyp
 	const ckpt_dtype_info *di = ckpt_dtype_get(dtype);
 	*out = NULL;
 	if (!item_name_ok(item)) {
-		ckpt_log(CKPT_LOG_ERR, "writer: step %s: bad item name '%s'", st->name, item ? item : "(null)");
+		ckpt_log(CKPT_LOG_ERR, "writer: step %s: bad item name '%s'", st->name,
+			 item ? item : "(null)");
 		return -EINVAL;
 	}
 	if (depth < 1 || depth > 256 || !keypath || !key_types) {
@@ -272,8 +273,8 @@ int ckpt_step_add_array(ckpt_step *st, const char *item, const char *const *keyp
 	for (int i = 0; i < depth; i++) {
 		if (!keypath[i] || strchr(keypath[i], '/') || (key_types[i] != 1 && key_types[i] != 2) ||
 		    (key_types[i] == 1 && !seq_key_ok(keypath[i]))) {
-			ckpt_log(CKPT_LOG_ERR, "writer: %s: key %d ('%s') of the key path is invalid", item, i,
-				 keypath[i] ? keypath[i] : "(null)");
+			ckpt_log(CKPT_LOG_ERR, "writer: %s: key %d ('%s') of the key path is invalid", item,
+				 i, keypath[i] ? keypath[i] : "(null)");
 			return -EINVAL;
 		}
 		nlen += strlen(keypath[i]) + 1;
@@ -317,8 +318,8 @@ int ckpt_step_add_array(ckpt_step *st, const char *item, const char *const *keyp
 			*out = e->arr;
 			rc = 0;
 		} else {
-			ckpt_log(CKPT_LOG_ERR, "writer: %s/%s: declared again with a different dtype or shape", item,
-				 name);
+			ckpt_log(CKPT_LOG_ERR,
+				 "writer: %s/%s: declared again with a different dtype or shape", item, name);
 			rc = -EINVAL;
 		}
 		goto out;
@@ -338,13 +339,15 @@ int ckpt_step_add_array(ckpt_step *st, const char *item, const char *const *keyp
 		struct hent *pe = hash_find(st->nodes, pk, pl);
 		free(pk);
 		if (pe && pe->leaf) {
-			ckpt_log(CKPT_LOG_ERR, "writer: %s/%s: an ancestor (%d keys) is an array", item, name, lv);
+			ckpt_log(CKPT_LOG_ERR, "writer: %s/%s: an ancestor (%d keys) is an array", item, name,
+				 lv);
 			rc = -EINVAL;
 			goto out;
 		}
 		if (pe && pe->child_type && pe->child_type != key_types[lv]) {
-			ckpt_log(CKPT_LOG_ERR, "writer: %s/%s: key '%s' mixes sequence and dict keys in one node",
-				 item, name, keypath[lv]);
+			ckpt_log(CKPT_LOG_ERR,
+				 "writer: %s/%s: key '%s' mixes sequence and dict keys in one node", item,
+				 name, keypath[lv]);
 			rc = -EINVAL;
 			goto out;
 		}
@@ -468,7 +471,8 @@ int ckpt_warray_set_sharding(ckpt_warray *a, const char *json)
 	if (json) {
 		cJSON *j = strlen(json) <= (1u << 20) ? cJSON_Parse(json) : NULL;
 		if (!j) {
-			ckpt_log(CKPT_LOG_ERR, "writer: %s: sharding is not valid JSON (or over 1 MiB)", a->relpath);
+			ckpt_log(CKPT_LOG_ERR, "writer: %s: sharding is not valid JSON (or over 1 MiB)",
+				 a->relpath);
 			return -EINVAL;
 		}
 		cJSON_Delete(j);
@@ -591,4 +595,3 @@ void ckpt_step_get_info(ckpt_step *st, ckpt_step_info *o)
 	o->stored_bytes = st->stored_bytes;
 	pthread_mutex_unlock(&st->mu);
 }
-

@@ -174,8 +174,8 @@ static void unravel(const ckpt_region *r, uint64_t e, uint64_t *g)
 }
 
 /* A partial element: bytes [lo, hi) of stream element e. */
-static int single_elem(const struct ckpt_warray *a, const ckpt_region *r, uint64_t e, uint64_t lo, uint64_t hi,
-		       uint64_t soff, w_piece_fn fn, void *ctx)
+static int single_elem(const struct ckpt_warray *a, const ckpt_region *r, uint64_t e, uint64_t lo,
+		       uint64_t hi, uint64_t soff, w_piece_fn fn, void *ctx)
 {
 	struct wpiece p;
 	uint64_t g[CKPT_MAX_RANK], coff;

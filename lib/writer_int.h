@@ -20,15 +20,15 @@
  * (COMPRESSING, SPILLING, LOADING) belong to one thread doing I/O or
  * compression; everybody else waits on array->cond. */
 enum wc_state {
-	WC_EMPTY = 0,   /* nothing written, no memory */
-	WC_LIVE,        /* buffer in memory, not complete (or complete and pinned) */
-	WC_QUEUED,      /* complete, waiting for a compression thread */
+	WC_EMPTY = 0, /* nothing written, no memory */
+	WC_LIVE, /* buffer in memory, not complete (or complete and pinned) */
+	WC_QUEUED, /* complete, waiting for a compression thread */
 	WC_COMPRESSING, /* a compression thread owns the buffer */
-	WC_STORED,      /* compressed bytes at (off, len) in the shard file */
-	WC_ERROR,       /* complete, storing failed; buffer kept, retried at commit */
-	WC_SPILLING,    /* partial, being written to the spill file */
-	WC_SPILLED,     /* partial, data+coverage in the spill file, no memory */
-	WC_LOADING,     /* being re-read from the spill file or the shard file */
+	WC_STORED, /* compressed bytes at (off, len) in the shard file */
+	WC_ERROR, /* complete, storing failed; buffer kept, retried at commit */
+	WC_SPILLING, /* partial, being written to the spill file */
+	WC_SPILLED, /* partial, data+coverage in the spill file, no memory */
+	WC_LOADING, /* being re-read from the spill file or the shard file */
 };
 
 /* Distinct byte coverage of one chunk buffer: a sorted list of disjoint,
@@ -43,29 +43,29 @@ struct wcov {
  * COMPRESSING, ERROR, SPILLING, LOADING). */
 struct wlive {
 	pthread_mutex_t mu; /* buf contents and cov */
-	uint8_t *buf;       /* chunk_nbytes, C order, zero where unwritten */
+	uint8_t *buf; /* chunk_nbytes, C order, zero where unwritten */
 	struct wcov cov;
 	struct ckpt_warray *arr;
-	uint64_t idx;                     /* linear chunk index */
-	struct wlive *qnext;              /* compression queue, under step->mu */
+	uint64_t idx; /* linear chunk index */
+	struct wlive *qnext; /* compression queue, under step->mu */
 	struct wlive *lru_prev, *lru_next; /* spill candidates, under step->mu */
 	uint8_t in_queue, in_lru;
 };
 
 struct wchunk {
 	uint8_t state;
-	uint32_t pins;      /* writers/readers using the buffer */
-	uint64_t have;      /* distinct in-bounds bytes written */
+	uint32_t pins; /* writers/readers using the buffer */
+	uint64_t have; /* distinct in-bounds bytes written */
 	struct wlive *live; /* non-NULL iff the chunk holds memory */
 	uint64_t spill_off; /* slot in the spill file, UINT64_MAX = none */
-	uint64_t off, len;  /* STORED: extent in the shard file */
+	uint64_t off, len; /* STORED: extent in the shard file */
 };
 
 struct wshard {
 	pthread_mutex_t mu; /* end */
-	uint64_t end;       /* append offset (data bytes; the index goes here at commit) */
-	uint64_t unstored;  /* in-bounds chunks not STORED, under array->mu */
-	int dirs_made;      /* under array->mu */
+	uint64_t end; /* append offset (data bytes; the index goes here at commit) */
+	uint64_t unstored; /* in-bounds chunks not STORED, under array->mu */
+	int dirs_made; /* under array->mu */
 };
 
 struct witem {
@@ -78,7 +78,7 @@ struct witem {
 struct ckpt_warray {
 	struct ckpt_step *step;
 	struct witem *item;
-	char *name;    /* param name */
+	char *name; /* param name */
 	char *relpath; /* "<item>/<name>" below the tmp folder */
 	char **keys;
 	int *ktypes;
@@ -89,14 +89,14 @@ struct ckpt_warray {
 	uint64_t shape[CKPT_MAX_RANK];
 	uint64_t inner[CKPT_MAX_RANK]; /* inner chunk shape */
 	uint64_t shard[CKPT_MAX_RANK]; /* shard shape (multiple of inner) */
-	uint64_t nch[CKPT_MAX_RANK];   /* inner chunks per dim */
-	uint64_t mps[CKPT_MAX_RANK];   /* inner chunks per shard per dim */
-	uint64_t nsh[CKPT_MAX_RANK];   /* shards per dim */
+	uint64_t nch[CKPT_MAX_RANK]; /* inner chunks per dim */
+	uint64_t mps[CKPT_MAX_RANK]; /* inner chunks per shard per dim */
+	uint64_t nsh[CKPT_MAX_RANK]; /* shards per dim */
 	uint64_t nchunks, nshards;
-	uint64_t chunk_nbytes;  /* raw bytes of one (padded) inner chunk */
-	uint64_t bm_bytes;      /* bytes of a coverage bitmap */
-	uint64_t live_cost;     /* budget charged per live chunk */
-	uint64_t nbytes;        /* logical bytes */
+	uint64_t chunk_nbytes; /* raw bytes of one (padded) inner chunk */
+	uint64_t bm_bytes; /* bytes of a coverage bitmap */
+	uint64_t live_cost; /* budget charged per live chunk */
+	uint64_t nbytes; /* logical bytes */
 	struct ckpt_warray *next; /* in item */
 
 	pthread_mutex_t mu;
@@ -104,17 +104,17 @@ struct ckpt_warray {
 	struct wchunk *chunks;
 	struct wshard *shards;
 	char *sharding;
-	uint64_t have_total;   /* sum of chunks[].have */
+	uint64_t have_total; /* sum of chunks[].have */
 	uint64_t stored_bytes; /* compressed bytes appended (incl. dead copies) */
 	uint64_t nstored;
-	int err;               /* last background errno (0 none) */
+	int err; /* last background errno (0 none) */
 };
 
 struct ckpt_step {
-	char *root;      /* root folder */
-	char *name;      /* step_name */
-	char *tmpname;   /* "<name>.orbax-checkpoint-tmp" */
-	char *tmppath;   /* root/tmpname */
+	char *root; /* root folder */
+	char *name; /* step_name */
+	char *tmpname; /* "<name>.orbax-checkpoint-tmp" */
+	char *tmppath; /* root/tmpname */
 	int rootfd, dirfd;
 	int64_t init_ns;
 	ckpt_writer_opts opts;
@@ -125,27 +125,27 @@ struct ckpt_step {
 	uint64_t narrays, bytes_declared;
 
 	pthread_mutex_t mu; /* leaf lock for everything below */
-	pthread_cond_t memcond;   /* memory freed / a chunk became spillable */
-	pthread_cond_t qcond;     /* work queued or stop */
-	pthread_cond_t idlecond;  /* background work finished */
-	uint64_t mem_used;        /* charged live chunks + cached buffers */
-	uint64_t inflight;        /* bytes charged to QUEUED/COMPRESSING/SPILLING/LOADING chunks */
-	uint64_t npinned;         /* live chunks with pins > 0 */
-	uint64_t pins_total;      /* all pins (commit refuses while > 0) */
+	pthread_cond_t memcond; /* memory freed / a chunk became spillable */
+	pthread_cond_t qcond; /* work queued or stop */
+	pthread_cond_t idlecond; /* background work finished */
+	uint64_t mem_used; /* charged live chunks + cached buffers */
+	uint64_t inflight; /* bytes charged to QUEUED/COMPRESSING/SPILLING/LOADING chunks */
+	uint64_t npinned; /* live chunks with pins > 0 */
+	uint64_t pins_total; /* all pins (commit refuses while > 0) */
 	struct wlive *qhead, *qtail;
 	struct wlive *lru_head, *lru_tail; /* oldest first */
-	struct wbuf *cache;       /* free buffers kept warm */
+	struct wbuf *cache; /* free buffers kept warm */
 	uint64_t cached_bytes, ncached;
 	int spill_fd;
 	uint64_t spill_end;
 	uint64_t nspilled;
-	uint64_t spills;           /* spill operations so far */
+	uint64_t spills; /* spill operations so far */
 	uint64_t bytes_pending;
 	uint64_t stored_bytes;
-	int io_err;               /* sticky background error since the last commit attempt */
-	atomic_int no_direct;     /* the shard folder's file system refused O_DIRECT */
+	int io_err; /* sticky background error since the last commit attempt */
+	atomic_int no_direct; /* the shard folder's file system refused O_DIRECT */
 	int stop;
-	int state;                /* enum ckpt_step_state */
+	int state; /* enum ckpt_step_state */
 	int nthreads;
 	pthread_t *threads;
 };
@@ -159,22 +159,23 @@ int w_geom_init(struct ckpt_warray *a, uint64_t chunk_bytes, uint64_t shard_byte
 /* One chunk's share of a stream range: either one span, or the
  * intersection of a box of the stream with the chunk. */
 struct wpiece {
-	uint64_t chunk;                 /* linear chunk index */
-	uint64_t cg[CKPT_MAX_RANK];     /* chunk grid coordinates */
+	uint64_t chunk; /* linear chunk index */
+	uint64_t cg[CKPT_MAX_RANK]; /* chunk grid coordinates */
 	int single;
-	uint64_t s_coff, s_soff, s_n;   /* single: chunk byte off, data off, bytes */
+	uint64_t s_coff, s_soff, s_n; /* single: chunk byte off, data off, bytes */
 	/* box form */
 	uint64_t ist[CKPT_MAX_RANK], isp[CKPT_MAX_RANK]; /* box ∩ chunk (global) */
-	uint64_t bst[CKPT_MAX_RANK];    /* box start (global) */
+	uint64_t bst[CKPT_MAX_RANK]; /* box start (global) */
 	uint64_t bstride[CKPT_MAX_RANK]; /* box element strides */
-	uint64_t base;                  /* data byte offset of the box's first element */
+	uint64_t base; /* data byte offset of the box's first element */
 };
 
 typedef int (*w_piece_fn)(void *ctx, const struct wpiece *p);
 typedef void (*w_span_fn)(void *ctx, uint64_t coff, uint64_t soff, uint64_t n);
 
 /* Validate region against a (NULL = whole array) and fill *out. */
-int w_region_check(const struct ckpt_warray *a, const ckpt_region *region, ckpt_region *out, uint64_t *nbytes);
+int w_region_check(const struct ckpt_warray *a, const ckpt_region *region, ckpt_region *out,
+		   uint64_t *nbytes);
 
 /* Split stream bytes [b0, b1) of region r into per-chunk pieces; calls fn
  * for each (chunk by chunk, all spans of a piece in the same chunk); data

@@ -194,8 +194,8 @@ void w_live_free(struct ckpt_step *st, struct wlive *l, int release_mem)
 	pthread_mutex_lock(&st->mu);
 	if (release_mem)
 		st->mem_used -= a->live_cost;
-	if (release_mem && st->ncached < 64 && st->cached_bytes + a->chunk_nbytes <= st->opts.mem_budget / 4 &&
-	    (b = malloc(sizeof(*b)))) {
+	if (release_mem && st->ncached < 64 &&
+	    st->cached_bytes + a->chunk_nbytes <= st->opts.mem_budget / 4 && (b = malloc(sizeof(*b)))) {
 		b->p = l->buf;
 		b->size = a->chunk_nbytes;
 		b->next = st->cache;
@@ -279,7 +279,8 @@ static int spill(struct ckpt_step *st, struct ckpt_warray *a, uint64_t idx)
 	pthread_cond_broadcast(&a->cond);
 	pthread_mutex_unlock(&a->mu);
 	if (rc) {
-		ckpt_log(CKPT_LOG_ERR, "writer: %s: spilling a partial chunk failed: %s", a->relpath, strerror(-rc));
+		ckpt_log(CKPT_LOG_ERR, "writer: %s: spilling a partial chunk failed: %s", a->relpath,
+			 strerror(-rc));
 		return rc;
 	}
 	w_live_free(st, l, 1);
@@ -425,8 +426,8 @@ int w_pin_write(struct ckpt_warray *a, uint64_t idx, struct wlive **out)
 			if (!rc)
 				rc = w_pread_all(fd, fresh->cov.bm, a->bm_bytes, soff + a->chunk_nbytes);
 			if (rc)
-				ckpt_log(CKPT_LOG_ERR, "writer: %s: re-reading a spilled chunk failed: %s", a->relpath,
-					 strerror(-rc));
+				ckpt_log(CKPT_LOG_ERR, "writer: %s: re-reading a spilled chunk failed: %s",
+					 a->relpath, strerror(-rc));
 		} else {
 			rc = w_stored_load(a, idx, off, len, fresh->buf);
 			if (!rc)
@@ -467,7 +468,6 @@ int w_pin_write(struct ckpt_warray *a, uint64_t idx, struct wlive **out)
 		return 0;
 	}
 }
-
 
 void w_cache_free(struct ckpt_step *st)
 {

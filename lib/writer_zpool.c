@@ -72,8 +72,8 @@ struct zworker {
  * boundary; the gap after it is zeros that no index entry points to,
  * which sharding_indexed allows.  Without O_DIRECT (tmpfs, some network
  * file systems) chunks are packed and written through the page cache. */
-static int store_chunk(struct zworker *z, struct ckpt_warray *a, struct wlive *l, uint64_t *off, uint64_t *len,
-		       int *shard_done_fd, char *why, size_t wcap)
+static int store_chunk(struct zworker *z, struct ckpt_warray *a, struct wlive *l, uint64_t *off,
+		       uint64_t *len, int *shard_done_fd, char *why, size_t wcap)
 {
 	size_t bound = ZSTD_compressBound(a->chunk_nbytes) + DIO_ALIGN;
 	if (bound > z->cap) {
@@ -100,8 +100,7 @@ static int store_chunk(struct zworker *z, struct ckpt_warray *a, struct wlive *l
 		fd = w_shard_open(a, sidx, O_WRONLY | O_CREAT);
 	}
 	if (fd < 0) {
-		snprintf(why, wcap, "cannot open shard %llu: %s",
-			 (unsigned long long)sidx, strerror(-fd));
+		snprintf(why, wcap, "cannot open shard %llu: %s", (unsigned long long)sidx, strerror(-fd));
 		return fd;
 	}
 	size_t wlen = direct ? (n + DIO_ALIGN - 1) / DIO_ALIGN * DIO_ALIGN : n;
@@ -115,8 +114,7 @@ static int store_chunk(struct zworker *z, struct ckpt_warray *a, struct wlive *l
 	pthread_mutex_unlock(&sh->mu);
 	int rc = w_pwrite_all(fd, z->out, wlen, *off);
 	if (rc) {
-		snprintf(why, wcap, "writing shard %llu: %s", (unsigned long long)sidx,
-			 strerror(-rc));
+		snprintf(why, wcap, "writing shard %llu: %s", (unsigned long long)sidx, strerror(-rc));
 		close(fd);
 		return rc;
 	}
@@ -132,7 +130,7 @@ static int store_chunk(struct zworker *z, struct ckpt_warray *a, struct wlive *l
 static void *worker(void *arg)
 {
 	struct ckpt_step *st = arg;
-	struct zworker z = {0};
+	struct zworker z = { 0 };
 	/* Compression yields the CPU to the threads serving writers: write()
 	 * latency is what the writers wait for; compression only has to be
 	 * done by the commit. */
@@ -202,7 +200,8 @@ static void *worker(void *arg)
 		} else {
 			c->state = WC_ERROR;
 			if (!a->err)
-				ckpt_log(CKPT_LOG_ERR, "writer: %s: %s (chunk kept in memory; retried at commit)",
+				ckpt_log(CKPT_LOG_ERR,
+					 "writer: %s: %s (chunk kept in memory; retried at commit)",
 					 a->relpath, why);
 			a->err = rc;
 		}
@@ -226,8 +225,8 @@ static void *worker(void *arg)
 			CKPT_STAT_ADD(stored_bytes_written, len);
 			if (spilled && sfd >= 0) {
 				uint64_t slot = (a->chunk_nbytes + a->bm_bytes + 4095) / 4096 * 4096;
-				fallocate(sfd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, (off_t)(spilled - 1),
-					  (off_t)slot);
+				fallocate(sfd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
+					  (off_t)(spilled - 1), (off_t)slot);
 			}
 			if (shard_done) /* start writeback early; commit fsyncs */
 				sync_file_range(fd, 0, 0, SYNC_FILE_RANGE_WRITE);

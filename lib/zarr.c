@@ -183,7 +183,8 @@ static int finish_meta(ckpt_array_meta *m, const char **why)
 		}
 		m->grid[d] = (m->shape[d] + m->inner_shape[d] - 1) / m->inner_shape[d];
 		m->store_grid[d] = (m->shape[d] + m->chunk_shape[d] - 1) / m->chunk_shape[d];
-		if (ckpt_mul_u64(m->inner_per_shard, m->chunk_shape[d] / m->inner_shape[d], &m->inner_per_shard) < 0 ||
+		if (ckpt_mul_u64(m->inner_per_shard, m->chunk_shape[d] / m->inner_shape[d],
+				 &m->inner_per_shard) < 0 ||
 		    m->inner_per_shard > (1ull << 32)) {
 			*why = "too many inner chunks per shard";
 			return -EINVAL;
@@ -203,9 +204,11 @@ static int parse_v2(const cJSON *root, ckpt_array_meta *m, const char **why)
 	}
 	m->zarr_format = 2;
 	int rc, crank;
-	if ((rc = parse_shape(cJSON_GetObjectItemCaseSensitive(root, "shape"), &m->rank, m->shape, 1, why)) < 0)
+	if ((rc = parse_shape(cJSON_GetObjectItemCaseSensitive(root, "shape"), &m->rank, m->shape, 1, why)) <
+	    0)
 		return rc;
-	if ((rc = parse_shape(cJSON_GetObjectItemCaseSensitive(root, "chunks"), &crank, m->chunk_shape, 0, why)) < 0)
+	if ((rc = parse_shape(cJSON_GetObjectItemCaseSensitive(root, "chunks"), &crank, m->chunk_shape, 0,
+			      why)) < 0)
 		return rc;
 	if (crank != m->rank) {
 		*why = "chunks rank differs from shape rank";
@@ -234,7 +237,8 @@ static int parse_v2(const cJSON *root, ckpt_array_meta *m, const char **why)
 		m->b2b[m->nb2b++] = CKPT_B2B_ZSTD;
 	}
 	const cJSON *filters = cJSON_GetObjectItemCaseSensitive(root, "filters");
-	if (filters && !cJSON_IsNull(filters) && !(cJSON_IsArray(filters) && cJSON_GetArraySize(filters) == 0)) {
+	if (filters && !cJSON_IsNull(filters) &&
+	    !(cJSON_IsArray(filters) && cJSON_GetArraySize(filters) == 0)) {
 		*why = "filters are not supported";
 		return -ENOTSUP;
 	}
@@ -336,7 +340,8 @@ static int parse_v3(const cJSON *root, ckpt_array_meta *m, const char **why)
 	}
 	m->zarr_format = 3;
 	int rc, crank;
-	if ((rc = parse_shape(cJSON_GetObjectItemCaseSensitive(root, "shape"), &m->rank, m->shape, 1, why)) < 0)
+	if ((rc = parse_shape(cJSON_GetObjectItemCaseSensitive(root, "shape"), &m->rank, m->shape, 1, why)) <
+	    0)
 		return rc;
 	const cJSON *grid = cJSON_GetObjectItemCaseSensitive(root, "chunk_grid");
 	const cJSON *gname = grid ? cJSON_GetObjectItemCaseSensitive(grid, "name") : NULL;
@@ -585,7 +590,7 @@ static int f_to_c(const ckpt_array_meta *m, uint8_t *p, ckpt_zarr_scratch *sc)
 		return -ENOMEM;
 	memcpy(sc->aux, p, m->unit_bytes);
 	uint64_t n = m->unit_bytes / m->itemsize;
-	uint64_t idx[CKPT_MAX_RANK] = {0};
+	uint64_t idx[CKPT_MAX_RANK] = { 0 };
 	for (uint64_t c = 0; c < n; c++) {
 		/* idx is the C-order multi-index of element c */
 		uint64_t f = 0, stride = 1;
@@ -625,9 +630,11 @@ static int decode_chain(const ckpt_array_meta *m, const char *root, const char *
 				return -EIO;
 			}
 			unsigned long long fcs = ZSTD_getFrameContentSize(src, n);
-			if (fcs == ZSTD_CONTENTSIZE_ERROR || (fcs != ZSTD_CONTENTSIZE_UNKNOWN && fcs != m->unit_bytes)) {
-				ckpt_log(CKPT_LOG_ERR, "%s/%s: bad zstd frame (content size %lld, expected %llu)", root, key,
-					 fcs == ZSTD_CONTENTSIZE_ERROR ? -1LL : (long long)fcs,
+			if (fcs == ZSTD_CONTENTSIZE_ERROR ||
+			    (fcs != ZSTD_CONTENTSIZE_UNKNOWN && fcs != m->unit_bytes)) {
+				ckpt_log(CKPT_LOG_ERR,
+					 "%s/%s: bad zstd frame (content size %lld, expected %llu)", root,
+					 key, fcs == ZSTD_CONTENTSIZE_ERROR ? -1LL : (long long)fcs,
 					 (unsigned long long)m->unit_bytes);
 				return -EIO;
 			}
@@ -651,9 +658,9 @@ static int decode_chain(const ckpt_array_meta *m, const char *root, const char *
 	if (m->order_f && m->rank > 1 && f_to_c(m, dst, sc) < 0)
 		return -ENOMEM;
 	if (m->big_endian && m->itemsize > 1)
-		swap_bytes(dst, m->unit_bytes, m->dtype == CKPT_DT_COMPLEX64 || m->dtype == CKPT_DT_COMPLEX128
-							   ? m->itemsize / 2
-							   : m->itemsize);
+		swap_bytes(dst, m->unit_bytes,
+			   m->dtype == CKPT_DT_COMPLEX64 || m->dtype == CKPT_DT_COMPLEX128 ? m->itemsize / 2
+											   : m->itemsize);
 	CKPT_STAT_ADD(chunks_decoded, 1);
 	CKPT_STAT_ADD(decoded_bytes, m->unit_bytes);
 	return 0;
@@ -665,8 +672,8 @@ static int read_exact(ckpt_store *s, const char *key, uint64_t off, size_t len, 
 	if (r < 0)
 		return (int)r;
 	if ((size_t)r != len) {
-		ckpt_log(CKPT_LOG_ERR, "%s/%s: truncated (wanted %zu bytes at %llu, got %zd)", s->root, key, len,
-			 (unsigned long long)off, r);
+		ckpt_log(CKPT_LOG_ERR, "%s/%s: truncated (wanted %zu bytes at %llu, got %zd)", s->root, key,
+			 len, (unsigned long long)off, r);
 		return -EIO;
 	}
 	return 0;
@@ -702,7 +709,8 @@ int ckpt_zarr_read_unit(ckpt_store *s, const char *prefix, const ckpt_array_meta
 		return rc;
 	if (!m->sharded) {
 		if (size > m->unit_bytes + (m->unit_bytes >> 3) + (1u << 20)) {
-			ckpt_log(CKPT_LOG_ERR, "%s/%s: stored chunk of %llu bytes is larger than any encoding of %llu",
+			ckpt_log(CKPT_LOG_ERR,
+				 "%s/%s: stored chunk of %llu bytes is larger than any encoding of %llu",
 				 s->root, key, (unsigned long long)size, (unsigned long long)m->unit_bytes);
 			return -EIO;
 		}
@@ -716,8 +724,8 @@ int ckpt_zarr_read_unit(ckpt_store *s, const char *prefix, const ckpt_array_meta
 	uint64_t nidx = m->inner_per_shard;
 	uint64_t isize = 16 * nidx + (m->index_crc ? 4 : 0);
 	if (size < isize) {
-		ckpt_log(CKPT_LOG_ERR, "%s/%s: shard of %llu bytes is smaller than its index (%llu)", s->root, key,
-			 (unsigned long long)size, (unsigned long long)isize);
+		ckpt_log(CKPT_LOG_ERR, "%s/%s: shard of %llu bytes is smaller than its index (%llu)", s->root,
+			 key, (unsigned long long)size, (unsigned long long)isize);
 		return -EIO;
 	}
 	uint64_t ioff = m->index_at_start ? 0 : size - isize;
@@ -747,9 +755,11 @@ int ckpt_zarr_read_unit(ckpt_store *s, const char *prefix, const ckpt_array_meta
 		return 0;
 	}
 	uint64_t end;
-	if (ckpt_add_u64(off, n, &end) < 0 || end > size || n > m->unit_bytes + (m->unit_bytes >> 3) + (1u << 20)) {
-		ckpt_log(CKPT_LOG_ERR, "%s/%s: inner chunk %llu range [%llu,+%llu) outside the shard (%llu bytes)",
-			 s->root, key, (unsigned long long)inner, (unsigned long long)off, (unsigned long long)n,
+	if (ckpt_add_u64(off, n, &end) < 0 || end > size ||
+	    n > m->unit_bytes + (m->unit_bytes >> 3) + (1u << 20)) {
+		ckpt_log(CKPT_LOG_ERR,
+			 "%s/%s: inner chunk %llu range [%llu,+%llu) outside the shard (%llu bytes)", s->root,
+			 key, (unsigned long long)inner, (unsigned long long)off, (unsigned long long)n,
 			 (unsigned long long)size);
 		return -EIO;
 	}
@@ -782,7 +792,7 @@ int ckpt_zarr_stored_bytes(ckpt_store *s, const char *prefix, const ckpt_array_m
 	char p[4096];
 	if (snprintf(p, sizeof(p), "%s%s", prefix, *prefix ? "/" : "") >= (int)sizeof(p))
 		return -ENAMETOOLONG;
-	struct stored_ctx c = {0};
+	struct stored_ctx c = { 0 };
 	int rc = ckpt_store_list(s, p, stored_cb, &c);
 	if (rc < 0)
 		return rc;

@@ -31,29 +31,29 @@
 enum ckpt_b2b { CKPT_B2B_ZSTD = 1, CKPT_B2B_CRC32C = 2 };
 
 typedef struct ckpt_array_meta {
-	int zarr_format;                       /* 2 or 3 */
+	int zarr_format; /* 2 or 3 */
 	ckpt_dtype dtype;
 	unsigned itemsize;
 	int rank;
 	uint64_t shape[CKPT_MAX_RANK];
-	uint64_t chunk_shape[CKPT_MAX_RANK];   /* storage unit (v2 chunk / v3 shard) */
-	uint64_t inner_shape[CKPT_MAX_RANK];   /* decode unit (== chunk_shape unless sharded) */
-	uint64_t grid[CKPT_MAX_RANK];          /* decode units per dim */
-	uint64_t store_grid[CKPT_MAX_RANK];    /* storage units per dim */
-	uint64_t inner_per_shard;              /* decode units per storage unit */
-	uint64_t nbytes;                       /* prod(shape) * itemsize */
-	uint64_t unit_bytes;                   /* bytes of one decoded unit */
+	uint64_t chunk_shape[CKPT_MAX_RANK]; /* storage unit (v2 chunk / v3 shard) */
+	uint64_t inner_shape[CKPT_MAX_RANK]; /* decode unit (== chunk_shape unless sharded) */
+	uint64_t grid[CKPT_MAX_RANK]; /* decode units per dim */
+	uint64_t store_grid[CKPT_MAX_RANK]; /* storage units per dim */
+	uint64_t inner_per_shard; /* decode units per storage unit */
+	uint64_t nbytes; /* prod(shape) * itemsize */
+	uint64_t unit_bytes; /* bytes of one decoded unit */
 	int sharded;
 	int index_at_start;
 	int index_crc;
 	int big_endian;
-	int order_f;                           /* v2 order "F" */
-	int nb2b;                              /* bytes->bytes codecs, in encode order */
+	int order_f; /* v2 order "F" */
+	int nb2b; /* bytes->bytes codecs, in encode order */
 	uint8_t b2b[CKPT_ZARR_MAX_B2B];
-	int zstd_level;                        /* informational */
-	char sep;                              /* chunk key separator */
-	int key_c_prefix;                      /* v3 default encoding: "c/..." */
-	uint8_t fill[16];                      /* one element of the fill value */
+	int zstd_level; /* informational */
+	char sep; /* chunk key separator */
+	int key_c_prefix; /* v3 default encoding: "c/..." */
+	uint8_t fill[16]; /* one element of the fill value */
 } ckpt_array_meta;
 
 /* Parse `.zarray` (format 2) or `zarr.json` (format 3) text.  Returns 0, or
@@ -67,7 +67,8 @@ void ckpt_zarr_codec_str(const ckpt_array_meta *m, char *buf, size_t cap);
 
 /* Store key of the storage unit at storage-grid index `g`, under `prefix`
  * ("" or "name"); returns length or -ENOBUFS. */
-int ckpt_zarr_unit_key(const ckpt_array_meta *m, const char *prefix, const uint64_t *g, char *buf, size_t cap);
+int ckpt_zarr_unit_key(const ckpt_array_meta *m, const char *prefix, const uint64_t *g, char *buf,
+		       size_t cap);
 
 /* Per-thread decode scratch (one per thread; never shared). */
 typedef struct ckpt_zarr_scratch ckpt_zarr_scratch;

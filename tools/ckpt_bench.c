@@ -254,7 +254,7 @@ static void fill_normal(rng *r, ckpt_dtype dt, void *dst, uint64_t nelem)
 typedef struct garray {
 	char *keys[16];
 	int depth;
-	char name[512];   /* param name: keys joined with '.' */
+	char name[512]; /* param name: keys joined with '.' */
 	ckpt_dtype dtype;
 	unsigned itemsize;
 	int rank;
@@ -266,7 +266,7 @@ typedef struct garray {
 typedef struct gen_job {
 	garray *arr;
 	int narr;
-	uint64_t *task_arr;   /* per task: array index */
+	uint64_t *task_arr; /* per task: array index */
 	uint64_t *task_shard; /* per task: linear shard index */
 	uint64_t ntasks;
 	atomic_uint_least64_t next;
@@ -446,7 +446,7 @@ static int cmd_gen(int argc, char **argv)
 	qtab_init();
 	mkdirs(out);
 
-	gen_job j = {.arr = arr, .narr = narr, .out = out, .level = level, .seed = seed};
+	gen_job j = { .arr = arr, .narr = narr, .out = out, .level = level, .seed = seed };
 	for (int i = 0; i < narr; i++) {
 		j.ntasks += arr[i].nshards;
 		if (arr[i].chunk_bytes > j.max_chunk)
@@ -473,35 +473,39 @@ static int cmd_gen(int argc, char **argv)
 		dims_json(a1, sizeof(a1), a->rank, a->chunk);
 		dims_json(a2, sizeof(a2), a->rank, a->shape);
 		char zj[2048];
-		int n = snprintf(zj, sizeof(zj),
-				 "{\"chunk_grid\":{\"configuration\":{\"chunk_shape\":%s},\"name\":\"regular\"},"
-				 "\"chunk_key_encoding\":{\"name\":\"default\"},"
-				 "\"codecs\":[{\"configuration\":{\"chunk_shape\":%s,\"codecs\":["
-				 "{\"configuration\":{\"endian\":\"little\"},\"name\":\"bytes\"},"
-				 "{\"configuration\":{\"checksum\":false,\"level\":%d},\"name\":\"zstd\"}],"
-				 "\"index_codecs\":[{\"configuration\":{\"endian\":\"little\"},\"name\":\"bytes\"},"
-				 "{\"name\":\"crc32c\"}]},\"name\":\"sharding_indexed\"}],"
-				 "\"data_type\":\"%s\",\"fill_value\":0.0,\"node_type\":\"array\",\"shape\":%s,"
-				 "\"zarr_format\":3}",
-				 a1, a1, level, ckpt_dtype_get(a->dtype)->name, a2);
+		int n = snprintf(
+			zj, sizeof(zj),
+			"{\"chunk_grid\":{\"configuration\":{\"chunk_shape\":%s},\"name\":\"regular\"},"
+			"\"chunk_key_encoding\":{\"name\":\"default\"},"
+			"\"codecs\":[{\"configuration\":{\"chunk_shape\":%s,\"codecs\":["
+			"{\"configuration\":{\"endian\":\"little\"},\"name\":\"bytes\"},"
+			"{\"configuration\":{\"checksum\":false,\"level\":%d},\"name\":\"zstd\"}],"
+			"\"index_codecs\":[{\"configuration\":{\"endian\":\"little\"},\"name\":\"bytes\"},"
+			"{\"name\":\"crc32c\"}]},\"name\":\"sharding_indexed\"}],"
+			"\"data_type\":\"%s\",\"fill_value\":0.0,\"node_type\":\"array\",\"shape\":%s,"
+			"\"zarr_format\":3}",
+			a1, a1, level, ckpt_dtype_get(a->dtype)->name, a2);
 		snprintf(path, sizeof(path), "%s/%s/zarr.json", out, a->name);
 		write_file(path, zj, (size_t)n);
 		/* "('params', 'embed', 'embedding')": {key_metadata, value_metadata} */
 		mo += (size_t)snprintf(meta + mo, mcap - mo, "%s\"(", i ? ", " : "");
 		for (int k = 0; k < a->depth; k++)
 			mo += (size_t)snprintf(meta + mo, mcap - mo, "%s'%s'", k ? ", " : "", a->keys[k]);
-		mo += (size_t)snprintf(meta + mo, mcap - mo, "%s)\": {\"key_metadata\": [", a->depth == 1 ? "," : "");
+		mo += (size_t)snprintf(meta + mo, mcap - mo, "%s)\": {\"key_metadata\": [",
+				       a->depth == 1 ? "," : "");
 		for (int k = 0; k < a->depth; k++)
-			mo += (size_t)snprintf(meta + mo, mcap - mo, "%s{\"key\": \"%s\", \"key_type\": 2}", k ? ", " : "",
-					       a->keys[k]);
-		mo += (size_t)snprintf(meta + mo, mcap - mo,
-				       "], \"value_metadata\": {\"value_type\": \"jax.Array\", \"skip_deserialize\": false, "
-				       "\"write_shape\": %s}}",
-				       a1);
+			mo += (size_t)snprintf(meta + mo, mcap - mo, "%s{\"key\": \"%s\", \"key_type\": 2}",
+					       k ? ", " : "", a->keys[k]);
+		mo += (size_t)snprintf(
+			meta + mo, mcap - mo,
+			"], \"value_metadata\": {\"value_type\": \"jax.Array\", \"skip_deserialize\": false, "
+			"\"write_shape\": %s}}",
+			a1);
 	}
-	mo += (size_t)snprintf(meta + mo, mcap - mo,
-			       "}, \"use_ocdbt\": false, \"use_zarr3\": true, \"store_array_data_equal_to_fill_value\": "
-			       "true, \"custom_metadata\": null}");
+	mo += (size_t)snprintf(
+		meta + mo, mcap - mo,
+		"}, \"use_ocdbt\": false, \"use_zarr3\": true, \"store_array_data_equal_to_fill_value\": "
+		"true, \"custom_metadata\": null}");
 	snprintf(path, sizeof(path), "%s/_METADATA", out);
 	write_file(path, meta, mo);
 	free(meta);
@@ -520,13 +524,15 @@ static int cmd_gen(int argc, char **argv)
 
 	struct timespec ts;
 	clock_gettime(CLOCK_REALTIME, &ts);
-	unsigned long long ns = (unsigned long long)ts.tv_sec * 1000000000ull + (unsigned long long)ts.tv_nsec;
+	unsigned long long ns =
+		(unsigned long long)ts.tv_sec * 1000000000ull + (unsigned long long)ts.tv_nsec;
 	char cm[1024];
-	int n = snprintf(cm, sizeof(cm),
-			 "{\"item_handlers\": \"orbax.checkpoint._src.handlers.pytree_checkpoint_handler."
-			 "PyTreeCheckpointHandler\", \"metrics\": {}, \"performance_metrics\": {}, "
-			 "\"init_timestamp_nsecs\": %llu, \"commit_timestamp_nsecs\": %llu, \"custom_metadata\": {}}",
-			 ns - 1000000, ns);
+	int n = snprintf(
+		cm, sizeof(cm),
+		"{\"item_handlers\": \"orbax.checkpoint._src.handlers.pytree_checkpoint_handler."
+		"PyTreeCheckpointHandler\", \"metrics\": {}, \"performance_metrics\": {}, "
+		"\"init_timestamp_nsecs\": %llu, \"commit_timestamp_nsecs\": %llu, \"custom_metadata\": {}}",
+		ns - 1000000, ns);
 	snprintf(path, sizeof(path), "%s/_CHECKPOINT_METADATA", out);
 	write_file(path, cm, (size_t)n);
 	n = snprintf(cm, sizeof(cm), "Checkpoint commit was successful to %s", out);
@@ -552,7 +558,8 @@ static int cmd_gen(int argc, char **argv)
 				     cJSON_GetObjectItem(tk, "raw_bytes")->valuedouble + (double)nb);
 		cJSON_SetNumberValue(cJSON_GetObjectItem(tk, "stored_bytes"),
 				     cJSON_GetObjectItem(tk, "stored_bytes")->valuedouble + (double)st);
-		cJSON_SetNumberValue(cJSON_GetObjectItem(tk, "arrays"), cJSON_GetObjectItem(tk, "arrays")->valuedouble + 1);
+		cJSON_SetNumberValue(cJSON_GetObjectItem(tk, "arrays"),
+				     cJSON_GetObjectItem(tk, "arrays")->valuedouble + 1);
 		cJSON *e = cJSON_CreateObject();
 		cJSON_AddStringToObject(e, "name", a->name);
 		cJSON_AddStringToObject(e, "dtype", ckpt_dtype_get(a->dtype)->name);
@@ -668,7 +675,7 @@ static int cmd_decode(int argc, char **argv)
 	int rc = ocdbt ? ckpt_store_ocdbt_open(dir, &store) : ckpt_store_dir_open(dir, &store);
 	if (rc < 0)
 		die("cannot open store %s", dir);
-	ckpt_ctx_opts co = {.threads = threads};
+	ckpt_ctx_opts co = { .threads = threads };
 	ckpt_ctx *ctx;
 	if (ckpt_ctx_create(&co, &ctx) < 0)
 		die("cannot create context (%s)", dir);
@@ -682,13 +689,15 @@ static int cmd_decode(int argc, char **argv)
 		int depth = cJSON_GetArraySize(km);
 		if (depth < 1)
 			continue;
-		if (top && strcmp(cJSON_GetObjectItem(cJSON_GetArrayItem(km, 0), "key")->valuestring, top) != 0)
+		if (top &&
+		    strcmp(cJSON_GetObjectItem(cJSON_GetArrayItem(km, 0), "key")->valuestring, top) != 0)
 			continue;
 		darray *d = &arr[narr];
 		size_t o = 0;
 		for (int k = 0; k < depth; k++)
-			o += (size_t)snprintf(d->name + o, sizeof(d->name) - o, "%s%s", k ? "." : "",
-					      cJSON_GetObjectItem(cJSON_GetArrayItem(km, k), "key")->valuestring);
+			o += (size_t)snprintf(
+				d->name + o, sizeof(d->name) - o, "%s%s", k ? "." : "",
+				cJSON_GetObjectItem(cJSON_GetArrayItem(km, k), "key")->valuestring);
 		if (ckpt_array_open(ctx, store, d->name, 0, &d->a) < 0)
 			die("cannot open array %s", d->name);
 		d->m = ckpt_array_meta_of(d->a);
@@ -700,7 +709,7 @@ static int cmd_decode(int argc, char **argv)
 	}
 	cJSON_Delete(md);
 
-	dec_job j = {.store = store, .arr = arr};
+	dec_job j = { .store = store, .arr = arr };
 	uint64_t max_nbytes = 0, stored = 0, decoded = 0;
 	for (int i = 0; i < narr; i++) {
 		j.ntasks += arr[i].units;
@@ -787,7 +796,8 @@ typedef struct read_slot {
 	int err;
 } read_slot;
 
-static void read_files(char **files, const int *owner, int nfiles, int me, size_t bs, int hash, read_slot *slots)
+static void read_files(char **files, const int *owner, int nfiles, int me, size_t bs, int hash,
+		       read_slot *slots)
 {
 	uint8_t *buf = alloc_touched(bs);
 	for (int i = 0; i < nfiles; i++) {
@@ -817,7 +827,8 @@ static void read_files(char **files, const int *owner, int nfiles, int me, size_
 				if (total == 0 && m >= 10 && memcmp(buf, "\x93NUMPY", 6) == 0)
 					skip = buf[6] == 1 ? 10u + (buf[8] | ((uint64_t)buf[9] << 8))
 							   : 12u + (buf[8] | ((uint64_t)buf[9] << 8) |
-								    ((uint64_t)buf[10] << 16) | ((uint64_t)buf[11] << 24));
+								    ((uint64_t)buf[10] << 16) |
+								    ((uint64_t)buf[11] << 24));
 				if (total < skip) {
 					uint64_t k = skip - total < m ? skip - total : m;
 					p += k;
@@ -940,7 +951,7 @@ typedef struct wl_job {
 	uint64_t total;
 	size_t chunk;
 	uint64_t nchunks;
-	uint8_t *out;   /* nchunks slots of `slot` bytes */
+	uint8_t *out; /* nchunks slots of `slot` bytes */
 	size_t slot;
 	size_t *csize;
 	int level;
@@ -996,7 +1007,7 @@ static int cmd_wlimit(int argc, char **argv)
 			die("cannot stat %s", argv[i]);
 		total += (uint64_t)st.st_size;
 	}
-	wl_job j = {.total = total, .chunk = chunk, .level = level};
+	wl_job j = { .total = total, .chunk = chunk, .level = level };
 	uint8_t *src = alloc_touched(total);
 	uint64_t off = 0;
 	for (int i = optind + 1; i < argc; i++) {
@@ -1054,8 +1065,8 @@ static int cmd_wlimit(int argc, char **argv)
 	unlink(outfile);
 	printf("{\"raw_bytes\":%llu,\"compressed_bytes\":%llu,\"ratio\":%.4f,\"compress_seconds\":%.4f,"
 	       "\"write_fsync_seconds\":%.4f,\"threads\":%d,\"level\":%d,\"chunk\":%zu}\n",
-	       (unsigned long long)total, (unsigned long long)comp, comp ? (double)total / (double)comp : 0, tc, tw,
-	       threads, level, chunk);
+	       (unsigned long long)total, (unsigned long long)comp, comp ? (double)total / (double)comp : 0,
+	       tc, tw, threads, level, chunk);
 	free(src);
 	free(j.out);
 	free(j.csize);

@@ -68,7 +68,7 @@ int main(void)
 	pthread_t t[8];
 	struct worker w[8];
 	for (int i = 0; i < 8; i++) {
-		w[i] = (struct worker){c, size, 0};
+		w[i] = (struct worker){ c, size, 0 };
 		pthread_create(&t[i], NULL, miss_same, &w[i]);
 	}
 	for (int i = 0; i < 8; i++) {

@@ -187,12 +187,19 @@ static int count_lines(const char *s)
 /* ------------------------------------------------------------ fixtures */
 
 static const char *const zarr2_arrays[] = {
-	"opt_state.count", "opt_state.mu.embedding", "opt_state.nu.embedding", "params.embed.embedding",
-	"params.final_norm.scale", "params.layer_0.attn.o_proj", "params.layer_0.attn.q_proj",
-	"params.layer_0.mlp.b1", "params.layer_0.mlp.w1", "step",
+	"opt_state.count",
+	"opt_state.mu.embedding",
+	"opt_state.nu.embedding",
+	"params.embed.embedding",
+	"params.final_norm.scale",
+	"params.layer_0.attn.o_proj",
+	"params.layer_0.attn.q_proj",
+	"params.layer_0.mlp.b1",
+	"params.layer_0.mlp.w1",
+	"step",
 };
 
-static const uint8_t zstd_magic[4] = {0x28, 0xb5, 0x2f, 0xfd};
+static const uint8_t zstd_magic[4] = { 0x28, 0xb5, 0x2f, 0xfd };
 
 /* Chunk value checks: zarr2 = one zstd frame; zarr3 = shard with 1 inner
  * chunk and a 20-byte index (offset, nbytes, crc32c). */
@@ -220,7 +227,7 @@ static void check_item(const char *dir, const char *const *names, size_t nnames,
 		return;
 	}
 	CHECK(strcmp(s->root, dir) == 0);
-	struct keylist l = {0};
+	struct keylist l = { 0 };
 	CHECK_EQ_INT(ckpt_store_list(s, "", collect_cb, &l), 0);
 	CHECK_EQ_INT(l.n, nkeys);
 	CHECK(sorted_unique(&l));
@@ -301,7 +308,8 @@ static int decode_and_compare(ckpt_store *s, const char *name, const char *exp_n
 	if (!e)
 		goto out;
 	size_t isz = dtype_size(cJSON_GetObjectItemCaseSensitive(e, "dtype")->valuestring);
-	snprintf(path, sizeof(path), "%s/expected/%s", FIX, cJSON_GetObjectItemCaseSensitive(e, "file")->valuestring);
+	snprintf(path, sizeof(path), "%s/expected/%s", FIX,
+		 cJSON_GetObjectItemCaseSensitive(e, "file")->valuestring);
 	size_t exp_len;
 	expected = slurp(path, &exp_len);
 
@@ -314,12 +322,13 @@ static int decode_and_compare(ckpt_store *s, const char *name, const char *exp_n
 	int rank = json_ints(cJSON_GetObjectItemCaseSensitive(meta, "shape"), shape, 8);
 	cJSON *cj = zarr3 ? cJSON_GetObjectItemCaseSensitive(
 				    cJSON_GetObjectItemCaseSensitive(
-					    cJSON_GetObjectItemCaseSensitive(meta, "chunk_grid"), "configuration"),
+					    cJSON_GetObjectItemCaseSensitive(meta, "chunk_grid"),
+					    "configuration"),
 				    "chunk_shape")
 			  : cJSON_GetObjectItemCaseSensitive(meta, "chunks");
 	if (rank < 0 || json_ints(cj, cs, 8) != rank)
 		goto out;
-	uint64_t total = 1, cel = 1, grid[8], gi[8] = {0};
+	uint64_t total = 1, cel = 1, grid[8], gi[8] = { 0 };
 	for (int d = 0; d < rank; d++) {
 		total *= shape[d];
 		cel *= cs[d];
@@ -333,8 +342,8 @@ static int decode_and_compare(ckpt_store *s, const char *name, const char *exp_n
 		/* chunk key */
 		int kl = snprintf(key, sizeof(key), "%s/%s", name, zarr3 ? "c" : "");
 		for (int d = 0; d < rank; d++)
-			kl += snprintf(key + kl, sizeof(key) - (size_t)kl, "%s%llu", zarr3 ? "/" : (d ? "." : ""),
-				       (unsigned long long)gi[d]);
+			kl += snprintf(key + kl, sizeof(key) - (size_t)kl, "%s%llu",
+				       zarr3 ? "/" : (d ? "." : ""), (unsigned long long)gi[d]);
 		if (!zarr3 && rank == 0)
 			snprintf(key + kl, sizeof(key) - (size_t)kl, "0");
 		uint8_t *v;
@@ -398,9 +407,10 @@ out:
 
 static void test_fixtures(void)
 {
-	static const char *const v1_params[] = {"embed.embedding", "final_norm.scale", "layer_0.attn.o_proj",
-						"layer_0.attn.q_proj", "layer_0.mlp.b1", "layer_0.mlp.w1"};
-	static const char *const v1_opt[] = {"count", "mu.embedding", "nu.embedding"};
+	static const char *const v1_params[] = { "embed.embedding",	"final_norm.scale",
+						 "layer_0.attn.o_proj", "layer_0.attn.q_proj",
+						 "layer_0.mlp.b1",	"layer_0.mlp.w1" };
+	static const char *const v1_opt[] = { "count", "mu.embedding", "nu.embedding" };
 	const size_t nz = sizeof(zarr2_arrays) / sizeof(zarr2_arrays[0]);
 	check_item(FIX "/std_ocdbt_zarr3", zarr2_arrays, nz, 0, 76);
 	check_item(FIX "/pytree_ocdbt_zarr2", zarr2_arrays, nz, 0, 76);
@@ -468,7 +478,7 @@ static void test_fixtures(void)
 /* Compare two stores key by key, value by value. */
 static int same_content(ckpt_store *a, ckpt_store *b)
 {
-	struct keylist la = {0}, lb = {0};
+	struct keylist la = { 0 }, lb = { 0 };
 	ckpt_store_list(a, "", collect_cb, &la);
 	ckpt_store_list(b, "", collect_cb, &lb);
 	int ok = la.n == lb.n && la.n > 0;
@@ -690,8 +700,9 @@ static void put_str(struct buf *b, const char *s)
 /* Wrap body into an envelope (compression 0 raw, 1 zstd). */
 static struct buf envelope(uint32_t magic, const struct buf *body, int zstd)
 {
-	struct buf out = {0};
-	uint8_t m[4] = {(uint8_t)(magic >> 24), (uint8_t)(magic >> 16), (uint8_t)(magic >> 8), (uint8_t)magic};
+	struct buf out = { 0 };
+	uint8_t m[4] = { (uint8_t)(magic >> 24), (uint8_t)(magic >> 16), (uint8_t)(magic >> 8),
+			 (uint8_t)magic };
 	put(&out, m, 4);
 	put_le64(&out, 0);
 	put_var(&out, 0);
@@ -728,11 +739,11 @@ static void put_table(struct buf *b, const char *base, const char *rel)
 }
 
 /* Manifest body: config + table(1 file) + one version + no version nodes. */
-static struct buf manifest_body(uint64_t kind, uint64_t max_decoded, const char *rel, uint8_t height, uint64_t off,
-				uint64_t len)
+static struct buf manifest_body(uint64_t kind, uint64_t max_decoded, const char *rel, uint8_t height,
+				uint64_t off, uint64_t len)
 {
-	struct buf b = {0};
-	uint8_t uuid[16] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16};
+	struct buf b = { 0 };
+	uint8_t uuid[16] = { 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16 };
 	put(&b, uuid, 16);
 	put_var(&b, kind);
 	put_var(&b, 1024);
@@ -759,7 +770,7 @@ static struct buf manifest_body(uint64_t kind, uint64_t max_decoded, const char 
 /* Leaf with inline values vals[i] (the key text when vals is NULL). */
 static struct buf leaf_body_kv(const char *const *keys, const char *const *vals, size_t n)
 {
-	struct buf b = {0};
+	struct buf b = { 0 };
 	put_u8(&b, 0);
 	put_table(&b, NULL, NULL);
 	put_var(&b, n);
@@ -791,7 +802,7 @@ struct child {
 /* Interior node of height h; every child lives in file rel. */
 static struct buf interior_body(uint8_t h, const char *rel, const struct child *c, size_t n)
 {
-	struct buf b = {0};
+	struct buf b = { 0 };
 	put_u8(&b, h);
 	put_table(&b, "", rel);
 	put_var(&b, n);
@@ -837,8 +848,8 @@ static void bfree(struct buf *b)
 static int build_and_open(const char *dir, struct buf *nodes, size_t nn, size_t root, uint8_t h,
 			  uint64_t max_decoded, int zstd)
 {
-	struct buf data = {0};
-	uint64_t off[8] = {0}, len[8] = {0};
+	struct buf data = { 0 };
+	uint64_t off[8] = { 0 }, len[8] = { 0 };
 	for (size_t i = 0; i < nn; i++) {
 		struct buf e = envelope(0x0cdb20de, &nodes[i], zstd);
 		off[i] = data.n;
@@ -859,8 +870,8 @@ static void test_crafted(void)
 {
 	char d[512];
 	tmp_path(d, sizeof(d), "crafted");
-	static const char *const k2[] = {"a/.zarray", "a/0"};
-	static const char *const k3[] = {"b/.zarray", "b/0"};
+	static const char *const k2[] = { "a/.zarray", "a/0" };
+	static const char *const k3[] = { "b/.zarray", "b/0" };
 
 	/* sanity: the encoder builds valid leaves and interior trees */
 	struct buf n[4];
@@ -871,17 +882,17 @@ static void test_crafted(void)
 	/* interior root (node 2) over leaves 0 and 1: offsets are known because
 	 * raw envelopes of these bodies are 18 + body bytes */
 	uint64_t l0 = 18 + n[0].n, l1 = 18 + n[1].n;
-	struct child c[2] = {{"a/.zarray", 0, l0}, {"b/.zarray", l0, l1}};
+	struct child c[2] = { { "a/.zarray", 0, l0 }, { "b/.zarray", l0, l1 } };
 	n[2] = interior_body(1, "d/x", c, 2);
 	CHECK_EQ_INT(build_and_open(d, n, 3, 2, 1, 100000000, 0), 0);
 	{
 		ckpt_store *s;
 		CHECK_EQ_INT(ckpt_store_ocdbt_open(d, &s), 0);
-		struct keylist l = {0};
+		struct keylist l = { 0 };
 		ckpt_store_list(s, "", collect_cb, &l);
 		CHECK_EQ_INT(l.n, 4);
 		CHECK(l.n == 4 && !strcmp(l.k[0], "a/.zarray") && !strcmp(l.k[3], "b/0"));
-		char v[16] = {0};
+		char v[16] = { 0 };
 		CHECK_EQ_INT(ckpt_store_read(s, "b/0", 0, sizeof(v), v), 3);
 		CHECK(!memcmp(v, "b/0", 3));
 		CHECK_EQ_INT(ckpt_store_read(s, "b/.zarray", 2, 3, v), 3);
@@ -894,12 +905,12 @@ static void test_crafted(void)
 	CHECK_EQ_INT(build_and_open(d, n, 3, 2, 0, 100000000, 0), -EIO);
 	CHECK_EQ_INT(build_and_open(d, n, 3, 0, 1, 100000000, 0), -EIO);
 	/* interior keys out of order with their subtrees: bounds violated */
-	struct child cs[2] = {{"a/.zarray", l0, l1}, {"b/.zarray", 0, l0}};
+	struct child cs[2] = { { "a/.zarray", l0, l1 }, { "b/.zarray", 0, l0 } };
 	bfree(&n[2]);
 	n[2] = interior_body(1, "d/x", cs, 2);
 	CHECK_EQ_INT(build_and_open(d, n, 3, 2, 1, 100000000, 0), -EIO);
 	/* a DAG: both entries point at the same leaf -> keys repeat */
-	struct child cd[2] = {{"a/.zarray", 0, l0}, {"a/0", 0, l0}};
+	struct child cd[2] = { { "a/.zarray", 0, l0 }, { "a/0", 0, l0 } };
 	bfree(&n[2]);
 	n[2] = interior_body(1, "d/x", cd, 2);
 	CHECK_EQ_INT(build_and_open(d, n, 3, 2, 1, 100000000, 0), -EIO);
@@ -907,7 +918,7 @@ static void test_crafted(void)
 	 * its length is found by iterating to a fixed point) */
 	uint64_t self_len = 40;
 	for (int it = 0; it < 4; it++) {
-		struct child cc[1] = {{"a", l0 + l1, self_len}};
+		struct child cc[1] = { { "a", l0 + l1, self_len } };
 		bfree(&n[2]);
 		n[2] = interior_body(1, "d/x", cc, 1);
 		self_len = 18 + n[2].n;
@@ -917,7 +928,7 @@ static void test_crafted(void)
 	 * the valid interior node 2 (height 1) */
 	bfree(&n[2]);
 	n[2] = interior_body(1, "d/x", c, 2);
-	struct child c3[1] = {{"a/.zarray", l0 + l1, 18 + n[2].n}};
+	struct child c3[1] = { { "a/.zarray", l0 + l1, 18 + n[2].n } };
 	n[3] = interior_body(1, "d/x", c3, 1);
 	CHECK_EQ_INT(build_and_open(d, n, 4, 3, 1, 100000000, 0), -EIO);
 	/* ... and the same node 3 claiming height 2 is a valid 3-level tree */
@@ -949,7 +960,7 @@ static void test_crafted(void)
 	bfree(&le);
 	bfree(&lf);
 	/* a node claiming 2^40 entries in a few bytes */
-	struct buf big = {0};
+	struct buf big = { 0 };
 	put_u8(&big, 0);
 	put_var(&big, 0);
 	put_var(&big, (uint64_t)1 << 40);
@@ -998,15 +1009,15 @@ static void test_crafted(void)
 	CHECK_EQ_INT(build_and_open(d, &big, 1, 0, 0, 100000000, 0), -EIO);
 	bfree(&big);
 	/* keys not increasing inside a leaf */
-	static const char *const kr[] = {"b", "a"};
+	static const char *const kr[] = { "b", "a" };
 	big = leaf_body(kr, 2);
 	CHECK_EQ_INT(build_and_open(d, &big, 1, 0, 0, 100000000, 0), -EIO);
 	bfree(&big);
 
 	/* varint overflow in the manifest: 11 bytes, and 10 bytes > 64 bits */
 	for (int variant = 0; variant < 2; variant++) {
-		struct buf b = {0};
-		uint8_t uuid[16] = {0};
+		struct buf b = { 0 };
+		uint8_t uuid[16] = { 0 };
 		put(&b, uuid, 16);
 		put_var(&b, 0);
 		for (int i = 0; i < 9; i++)
@@ -1080,8 +1091,8 @@ static void test_crafted(void)
 	/* union precedence: process 9 beats process 10 (ids compare as
 	 * numbers), keys of both appear once and in order */
 	{
-		static const char *const uk9[] = {"k", "only9"}, *const uv9[] = {"nine", "x"};
-		static const char *const uk10[] = {"a10", "k"}, *const uv10[] = {"y", "ten"};
+		static const char *const uk9[] = { "k", "only9" }, *const uv9[] = { "nine", "x" };
+		static const char *const uk10[] = { "a10", "k" }, *const uv10[] = { "y", "ten" };
 		char sub[700];
 		run("rm -rf '%s' && mkdir -p '%s'", d, d);
 		for (int which = 0; which < 2; which++) {
@@ -1099,11 +1110,12 @@ static void test_crafted(void)
 		ckpt_store *s;
 		CHECK_EQ_INT(ckpt_store_ocdbt_open(d, &s), 0);
 		if (s) {
-			struct keylist l = {0};
+			struct keylist l = { 0 };
 			ckpt_store_list(s, "", collect_cb, &l);
 			CHECK_EQ_INT(l.n, 3);
-			CHECK(l.n == 3 && !strcmp(l.k[0], "a10") && !strcmp(l.k[1], "k") && !strcmp(l.k[2], "only9"));
-			char v[8] = {0};
+			CHECK(l.n == 3 && !strcmp(l.k[0], "a10") && !strcmp(l.k[1], "k") &&
+			      !strcmp(l.k[2], "only9"));
+			char v[8] = { 0 };
 			CHECK_EQ_INT(ckpt_store_read(s, "k", 0, sizeof(v), v), 4);
 			CHECK(!memcmp(v, "nine", 4));
 			keylist_free(&l);
@@ -1113,7 +1125,7 @@ static void test_crafted(void)
 
 	/* an out-of-line value past the end of its data file: open works,
 	 * size/read fail with -EIO */
-	struct buf ob = {0};
+	struct buf ob = { 0 };
 	put_u8(&ob, 0);
 	put_table(&ob, "", "d/v");
 	put_var(&ob, 2);
@@ -1121,7 +1133,7 @@ static void test_crafted(void)
 	put_var(&ob, 1);
 	put_var(&ob, 1);
 	put_str(&ob, "ab");
-	put_var(&ob, 4);   /* a: 4 bytes at offset 0 (ok) */
+	put_var(&ob, 4); /* a: 4 bytes at offset 0 (ok) */
 	put_var(&ob, 100); /* b: 100 bytes at offset 2 (past the end) */
 	put_u8(&ob, 1);
 	put_u8(&ob, 1);
@@ -1195,7 +1207,7 @@ static int check_generated(ckpt_store *s, const char *expect_path, int check_val
 		return 1;
 	int zarr3 = !strcmp(cJSON_GetObjectItemCaseSensitive(doc, "format")->valuestring, "zarr3");
 	cJSON *keys = cJSON_GetObjectItemCaseSensitive(doc, "keys");
-	struct keylist l = {0};
+	struct keylist l = { 0 };
 	ckpt_store_list(s, "", collect_cb, &l);
 	if ((size_t)cJSON_GetArraySize(keys) != l.n)
 		bad++;
@@ -1294,9 +1306,11 @@ static void test_generated(void)
 	static const char *const variants[] = {
 		/* 3+ levels, zarr2, large values out of line, leaves under
 		 * ocdbt.process_0/ reached through base_path */
-		"--arrays 30 --leaf-entries 4 --interior-entries 3 --zarr2 --large-every 7 --leaves-in-subdir",
+		"--arrays 30 --leaf-entries 4 --interior-entries 3 --zarr2 --large-every 7 "
+		"--leaves-in-subdir",
 		/* zarr3, zstd envelopes, values spread over 3 data files */
-		"--arrays 40 --leaf-entries 5 --interior-entries 2 --zarr3 --large-every 3 --compress --value-files 3",
+		"--arrays 40 --leaf-entries 5 --interior-entries 2 --zarr3 --large-every 3 --compress "
+		"--value-files 3",
 		/* one leaf (height 0) */
 		"--arrays 5 --zarr3",
 		/* height 1: one interior node over many leaves */
@@ -1378,12 +1392,14 @@ static void *reader(void *arg)
 		}
 		uint64_t el = (t->seed >> 4) % 512;
 		float f;
-		if (ckpt_store_read(t->s, key, el * 4, 4, &f) != 4 || f != gen_value(a, strchr(key, '/') + 1, el, 0))
+		if (ckpt_store_read(t->s, key, el * 4, 4, &f) != 4 ||
+		    f != gen_value(a, strchr(key, '/') + 1, el, 0))
 			t->bad++;
 		if (it % 500 == 0) {
 			size_t cnt = 0;
 			ckpt_store_list(t->s, "", count_cb, &cnt);
-			if (cnt != (size_t)cJSON_GetArraySize(cJSON_GetObjectItemCaseSensitive(t->doc, "keys")))
+			if (cnt !=
+			    (size_t)cJSON_GetArraySize(cJSON_GetObjectItemCaseSensitive(t->doc, "keys")))
 				t->bad++;
 		}
 	}
@@ -1404,7 +1420,7 @@ static void test_concurrent(void)
 		struct thr t[4];
 		pthread_t th[4];
 		for (int i = 0; i < 4; i++) {
-			t[i] = (struct thr){s, doc, (unsigned)i * 7919u + 1, 0};
+			t[i] = (struct thr){ s, doc, (unsigned)i * 7919u + 1, 0 };
 			pthread_create(&th[i], NULL, reader, &t[i]);
 		}
 		int bad = 0;
@@ -1463,7 +1479,8 @@ static void test_10k(void)
 				CHECK(0);
 		}
 		double t5 = now_s();
-		printf("10k arrays (20000 keys): generate %.2f s; open %.1f ms; list all %.2f ms; 10000 lookups %.2f ms\n",
+		printf("10k arrays (20000 keys): generate %.2f s; open %.1f ms; list all %.2f ms; 10000 "
+		       "lookups %.2f ms\n",
 		       t1 - t0, (t2 - t1) * 1e3, (t3 - t2) * 1e3, (t5 - t4) * 1e3);
 	}
 	ckpt_store_destroy(s);

@@ -55,13 +55,13 @@ static const char worked_hex[] = "9000 0000 0000 0000 7b22 5f5f 6d65 7461"
 
 static void test_worked_example(void)
 {
-	static const uint64_t sw[] = {2, 3}, sb[] = {3};
+	static const uint64_t sw[] = { 2, 3 }, sb[] = { 3 };
 	/* given in the "wrong" order on purpose: the writer reorders */
 	const ckpt_st_tensor t[] = {
-		{"b", CKPT_DT_BFLOAT16, 1, sb},
-		{"w", CKPT_DT_FLOAT32, 2, sw},
+		{ "b", CKPT_DT_BFLOAT16, 1, sb },
+		{ "w", CKPT_DT_FLOAT32, 2, sw },
 	};
-	const ckpt_st_meta m[] = {{"format", "pt"}};
+	const ckpt_st_meta m[] = { { "format", "pt" } };
 	uint8_t want[256];
 	size_t wn = unhex(worked_hex, want, sizeof(want)), hl = 0;
 	ckpt_st_layout *l = NULL;
@@ -140,9 +140,9 @@ struct fix_tensor {
 };
 
 static const char *const fixture_names[] = {
-	"opt_state.mu.embedding",    "opt_state.nu.embedding",    "params.embed.embedding",
-	"params.final_norm.scale",   "params.layer_0.attn.o_proj", "params.layer_0.attn.q_proj",
-	"params.layer_0.mlp.b1",     "params.layer_0.mlp.w1",
+	"opt_state.mu.embedding",  "opt_state.nu.embedding",	 "params.embed.embedding",
+	"params.final_norm.scale", "params.layer_0.attn.o_proj", "params.layer_0.attn.q_proj",
+	"params.layer_0.mlp.b1",   "params.layer_0.mlp.w1",
 };
 
 static size_t load_fixture_tensors(struct fix_tensor *ft)
@@ -215,7 +215,7 @@ static void test_fixture(void)
 	/* Rebuild the whole file through the range mapping, in odd-sized
 	 * reads with a small piece array, and compare byte for byte. */
 	uint8_t *re = calloc(1, flen + 1);
-	const size_t steps[] = {1, 7, 100, 4096, 5000, 65536};
+	const size_t steps[] = { 1, 7, 100, 4096, 5000, 65536 };
 	int bad = 0;
 
 	for (size_t si = 0; re && si < sizeof(steps) / sizeof(steps[0]); si++) {
@@ -268,22 +268,22 @@ out:
 
 static void test_order(void)
 {
-	static const uint64_t s1[] = {1};
+	static const uint64_t s1[] = { 1 };
 	const ckpt_st_tensor t[] = {
-		{"a_bool", CKPT_DT_BOOL, 1, s1},   {"a_u8", CKPT_DT_UINT8, 1, s1},
-		{"z_i8", CKPT_DT_INT8, 1, s1},     {"a_f64", CKPT_DT_FLOAT64, 1, s1},
-		{"b_i64", CKPT_DT_INT64, 1, s1},   {"c_u64", CKPT_DT_UINT64, 1, s1},
-		{"a_c64", CKPT_DT_COMPLEX64, 1, s1}, {"a_i32", CKPT_DT_INT32, 1, s1},
-		{"b_f32", CKPT_DT_FLOAT32, 1, s1}, {"a_u32", CKPT_DT_UINT32, 1, s1},
-		{"a_bf16", CKPT_DT_BFLOAT16, 1, s1}, {"a_f16", CKPT_DT_FLOAT16, 1, s1},
-		{"a_i16", CKPT_DT_INT16, 1, s1},   {"b_f32b", CKPT_DT_FLOAT32, 1, s1},
-		{"a_e4m3", CKPT_DT_F8_E4M3FN, 1, s1}, {"a_e5m2", CKPT_DT_F8_E5M2, 1, s1},
-		{"a_e8m0", CKPT_DT_F8_E8M0FNU, 1, s1}, {"a_e4m3fnuz", CKPT_DT_F8_E4M3FNUZ, 1, s1},
+		{ "a_bool", CKPT_DT_BOOL, 1, s1 },	 { "a_u8", CKPT_DT_UINT8, 1, s1 },
+		{ "z_i8", CKPT_DT_INT8, 1, s1 },	 { "a_f64", CKPT_DT_FLOAT64, 1, s1 },
+		{ "b_i64", CKPT_DT_INT64, 1, s1 },	 { "c_u64", CKPT_DT_UINT64, 1, s1 },
+		{ "a_c64", CKPT_DT_COMPLEX64, 1, s1 },	 { "a_i32", CKPT_DT_INT32, 1, s1 },
+		{ "b_f32", CKPT_DT_FLOAT32, 1, s1 },	 { "a_u32", CKPT_DT_UINT32, 1, s1 },
+		{ "a_bf16", CKPT_DT_BFLOAT16, 1, s1 },	 { "a_f16", CKPT_DT_FLOAT16, 1, s1 },
+		{ "a_i16", CKPT_DT_INT16, 1, s1 },	 { "b_f32b", CKPT_DT_FLOAT32, 1, s1 },
+		{ "a_e4m3", CKPT_DT_F8_E4M3FN, 1, s1 },	 { "a_e5m2", CKPT_DT_F8_E5M2, 1, s1 },
+		{ "a_e8m0", CKPT_DT_F8_E8M0FNU, 1, s1 }, { "a_e4m3fnuz", CKPT_DT_F8_E4M3FNUZ, 1, s1 },
 	};
 	/* reference Dtype enum descending, then name */
 	static const char *const want[] = {
-		"c_u64",  "b_i64",  "a_f64",  "a_c64",      "b_f32",  "b_f32b", "a_u32",  "a_i32", "a_bf16",
-		"a_f16",  "a_i16",  "a_e4m3fnuz", "a_e8m0", "a_e4m3", "a_e5m2", "z_i8",   "a_u8",  "a_bool",
+		"c_u64", "b_i64", "a_f64",	"a_c64",  "b_f32",  "b_f32b", "a_u32", "a_i32", "a_bf16",
+		"a_f16", "a_i16", "a_e4m3fnuz", "a_e8m0", "a_e4m3", "a_e5m2", "z_i8",  "a_u8",	"a_bool",
 	};
 	size_t n = sizeof(t) / sizeof(t[0]);
 	ckpt_st_layout *l = NULL;
@@ -309,12 +309,12 @@ static void test_order(void)
 /* Names of 1..24 characters cover every padding amount. */
 static void test_padding(void)
 {
-	int seen[8] = {0};
+	int seen[8] = { 0 };
 
 	for (int len = 1; len <= 24; len++) {
 		char name[32];
-		static const uint64_t s[] = {2};
-		ckpt_st_tensor t = {name, CKPT_DT_FLOAT32, 1, s};
+		static const uint64_t s[] = { 2 };
+		ckpt_st_tensor t = { name, CKPT_DT_FLOAT32, 1, s };
 		ckpt_st_layout *l = NULL;
 		size_t hl;
 
@@ -337,8 +337,8 @@ static void test_padding(void)
 		seen[hl - j]++;
 		/* the reference writer's JSON is exactly this */
 		char want[96];
-		int wl = snprintf(want, sizeof(want), "{\"%s\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}",
-				  name);
+		int wl = snprintf(want, sizeof(want),
+				  "{\"%s\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}", name);
 		CHECK_EQ_INT(wl, j - 8);
 		CHECK(memcmp(h + 8, want, (size_t)wl) == 0);
 		CHECK_EQ_INT(ckpt_st_layout_file_size(l), hl + 8);
@@ -350,11 +350,11 @@ static void test_padding(void)
 
 static void test_scalar_and_empty(void)
 {
-	static const uint64_t s0[] = {0, 5}, s3[] = {3};
+	static const uint64_t s0[] = { 0, 5 }, s3[] = { 3 };
 	const ckpt_st_tensor t[] = {
-		{"count", CKPT_DT_INT32, 0, NULL},
-		{"empty", CKPT_DT_FLOAT32, 2, s0},
-		{"v", CKPT_DT_FLOAT32, 1, s3},
+		{ "count", CKPT_DT_INT32, 0, NULL },
+		{ "empty", CKPT_DT_FLOAT32, 2, s0 },
+		{ "v", CKPT_DT_FLOAT32, 1, s3 },
 	};
 	ckpt_st_layout *l = NULL;
 	ckpt_st_info info;
@@ -408,11 +408,11 @@ static void test_scalar_and_empty(void)
 
 static void test_map_edges(void)
 {
-	static const uint64_t sa[] = {4}, sb[] = {0}, sc[] = {2, 2};
+	static const uint64_t sa[] = { 4 }, sb[] = { 0 }, sc[] = { 2, 2 };
 	const ckpt_st_tensor t[] = {
-		{"a", CKPT_DT_FLOAT32, 1, sa}, /* 16 bytes at 0 */
-		{"b", CKPT_DT_FLOAT32, 1, sb}, /* 0 bytes at 16 */
-		{"c", CKPT_DT_FLOAT32, 2, sc}, /* 16 bytes at 16 */
+		{ "a", CKPT_DT_FLOAT32, 1, sa }, /* 16 bytes at 0 */
+		{ "b", CKPT_DT_FLOAT32, 1, sb }, /* 0 bytes at 16 */
+		{ "c", CKPT_DT_FLOAT32, 2, sc }, /* 16 bytes at 16 */
 	};
 	ckpt_st_layout *l = NULL;
 	ckpt_st_piece p[8];
@@ -504,8 +504,8 @@ static uint64_t rnd(void)
 
 static void test_map_random(void)
 {
-	static const ckpt_dtype dts[] = {CKPT_DT_BOOL, CKPT_DT_INT16, CKPT_DT_FLOAT32, CKPT_DT_FLOAT64,
-					 CKPT_DT_BFLOAT16, CKPT_DT_UINT8};
+	static const ckpt_dtype dts[] = { CKPT_DT_BOOL,	   CKPT_DT_INT16,    CKPT_DT_FLOAT32,
+					  CKPT_DT_FLOAT64, CKPT_DT_BFLOAT16, CKPT_DT_UINT8 };
 	int bad = 0;
 
 	for (int round = 0; round < 200; round++) {
@@ -623,21 +623,21 @@ static void test_escape(void)
 
 	CHECK(ckpt_st_utf8_valid("plain.ascii"));
 	CHECK(ckpt_st_utf8_valid("\xc3\xa9\xe2\x82\xac\xf0\x9f\x98\x80"));
-	CHECK(!ckpt_st_utf8_valid("\xc3"));                 /* truncated */
-	CHECK(!ckpt_st_utf8_valid("\xc0\xaf"));             /* overlong */
-	CHECK(!ckpt_st_utf8_valid("\xe0\x80\xaf"));         /* overlong */
-	CHECK(!ckpt_st_utf8_valid("\xed\xa0\x80"));         /* surrogate */
-	CHECK(!ckpt_st_utf8_valid("\xf4\x90\x80\x80"));     /* > U+10FFFF */
+	CHECK(!ckpt_st_utf8_valid("\xc3")); /* truncated */
+	CHECK(!ckpt_st_utf8_valid("\xc0\xaf")); /* overlong */
+	CHECK(!ckpt_st_utf8_valid("\xe0\x80\xaf")); /* overlong */
+	CHECK(!ckpt_st_utf8_valid("\xed\xa0\x80")); /* surrogate */
+	CHECK(!ckpt_st_utf8_valid("\xf4\x90\x80\x80")); /* > U+10FFFF */
 	CHECK(!ckpt_st_utf8_valid("\xff"));
 	CHECK(!ckpt_st_utf8_valid("\x80"));
 
 	/* names and metadata go through the escaper into valid JSON */
-	static const uint64_t s[] = {1};
+	static const uint64_t s[] = { 1 };
 	const ckpt_st_tensor t[] = {
-		{"we\"ird\\na\nme\x01", CKPT_DT_FLOAT32, 1, s},
-		{"caf\xc3\xa9", CKPT_DT_FLOAT32, 1, s},
+		{ "we\"ird\\na\nme\x01", CKPT_DT_FLOAT32, 1, s },
+		{ "caf\xc3\xa9", CKPT_DT_FLOAT32, 1, s },
 	};
-	const ckpt_st_meta m[] = {{"format", "pt"}, {"no\"te", "line1\nline2\\"}};
+	const ckpt_st_meta m[] = { { "format", "pt" }, { "no\"te", "line1\nline2\\" } };
 	ckpt_st_layout *l = NULL;
 	size_t hl;
 
@@ -670,47 +670,48 @@ static void test_escape(void)
 
 static void test_errors(void)
 {
-	static const uint64_t s[] = {4}, huge[] = {1ull << 40, 1ull << 40}, big61[] = {1ull << 61},
-			      zero_then_big[] = {0, 1ull << 62, 1ull << 62}, big_then_zero[] = {1ull << 62, 8, 0};
+	static const uint64_t s[] = { 4 }, huge[] = { 1ull << 40, 1ull << 40 }, big61[] = { 1ull << 61 },
+			      zero_then_big[] = { 0, 1ull << 62, 1ull << 62 },
+			      big_then_zero[] = { 1ull << 62, 8, 0 };
 	ckpt_st_layout *l = (ckpt_st_layout *)&l; /* must stay untouched on failure */
 	ckpt_st_layout *keep = l;
-	const ckpt_st_meta m_ok[] = {{"format", "pt"}};
+	const ckpt_st_meta m_ok[] = { { "format", "pt" } };
 
-	const ckpt_st_tensor dup[] = {{"a", CKPT_DT_FLOAT32, 1, s}, {"a", CKPT_DT_INT8, 1, s}};
+	const ckpt_st_tensor dup[] = { { "a", CKPT_DT_FLOAT32, 1, s }, { "a", CKPT_DT_INT8, 1, s } };
 	CHECK_EQ_INT(ckpt_st_layout_create(dup, 2, NULL, 0, 0, &l), -EINVAL);
-	const ckpt_st_tensor reserved[] = {{"__metadata__", CKPT_DT_FLOAT32, 1, s}};
+	const ckpt_st_tensor reserved[] = { { "__metadata__", CKPT_DT_FLOAT32, 1, s } };
 	CHECK_EQ_INT(ckpt_st_layout_create(reserved, 1, NULL, 0, 0, &l), -EINVAL);
-	const ckpt_st_tensor badutf[] = {{"x\xff", CKPT_DT_FLOAT32, 1, s}};
+	const ckpt_st_tensor badutf[] = { { "x\xff", CKPT_DT_FLOAT32, 1, s } };
 	CHECK_EQ_INT(ckpt_st_layout_create(badutf, 1, NULL, 0, 0, &l), -EINVAL);
-	const ckpt_st_tensor noname[] = {{NULL, CKPT_DT_FLOAT32, 1, s}};
+	const ckpt_st_tensor noname[] = { { NULL, CKPT_DT_FLOAT32, 1, s } };
 	CHECK_EQ_INT(ckpt_st_layout_create(noname, 1, NULL, 0, 0, &l), -EINVAL);
-	const ckpt_st_tensor badrank[] = {{"r", CKPT_DT_FLOAT32, CKPT_MAX_RANK + 1, s}};
+	const ckpt_st_tensor badrank[] = { { "r", CKPT_DT_FLOAT32, CKPT_MAX_RANK + 1, s } };
 	CHECK_EQ_INT(ckpt_st_layout_create(badrank, 1, NULL, 0, 0, &l), -EINVAL);
-	const ckpt_st_tensor noshape[] = {{"r", CKPT_DT_FLOAT32, 2, NULL}};
+	const ckpt_st_tensor noshape[] = { { "r", CKPT_DT_FLOAT32, 2, NULL } };
 	CHECK_EQ_INT(ckpt_st_layout_create(noshape, 1, NULL, 0, 0, &l), -EINVAL);
-	const ckpt_st_tensor baddt[] = {{"r", CKPT_DT_INVALID, 1, s}};
+	const ckpt_st_tensor baddt[] = { { "r", CKPT_DT_INVALID, 1, s } };
 	CHECK_EQ_INT(ckpt_st_layout_create(baddt, 1, NULL, 0, 0, &l), -EINVAL);
-	const ckpt_st_tensor ov[] = {{"o", CKPT_DT_UINT8, 2, huge}};
+	const ckpt_st_tensor ov[] = { { "o", CKPT_DT_UINT8, 2, huge } };
 	CHECK_EQ_INT(ckpt_st_layout_create(ov, 1, NULL, 0, 0, &l), -EOVERFLOW);
 	/* 2^61 float32 = 2^63 bytes fits u64, but the bit count does not:
 	 * the reader fails it (ValidationOverflow), so do we */
-	const ckpt_st_tensor ov2[] = {{"o", CKPT_DT_FLOAT32, 1, big61}};
+	const ckpt_st_tensor ov2[] = { { "o", CKPT_DT_FLOAT32, 1, big61 } };
 	CHECK_EQ_INT(ckpt_st_layout_create(ov2, 1, NULL, 0, 0, &l), -EOVERFLOW);
 	/* the reader multiplies dims in order: an early 0 stops the overflow */
-	const ckpt_st_tensor ov3[] = {{"o", CKPT_DT_FLOAT32, 3, big_then_zero}};
+	const ckpt_st_tensor ov3[] = { { "o", CKPT_DT_FLOAT32, 3, big_then_zero } };
 	CHECK_EQ_INT(ckpt_st_layout_create(ov3, 1, NULL, 0, 0, &l), -EOVERFLOW);
-	const ckpt_st_tensor ok0[] = {{"o", CKPT_DT_FLOAT32, 3, zero_then_big}};
+	const ckpt_st_tensor ok0[] = { { "o", CKPT_DT_FLOAT32, 3, zero_then_big } };
 	ckpt_st_layout *l0 = NULL;
 	CHECK_EQ_INT(ckpt_st_layout_create(ok0, 1, NULL, 0, 0, &l0), 0);
 	ckpt_st_layout_destroy(l0);
 	l0 = NULL;
 	/* nine tensors of 2^61 - 1 bytes each: each fine, the sum overflows */
-	static const uint64_t b61[] = {(1ull << 61) - 1};
+	static const uint64_t b61[] = { (1ull << 61) - 1 };
 	ckpt_st_tensor nine[9];
 	char nn[9][4];
 	for (int i = 0; i < 9; i++) {
 		snprintf(nn[i], sizeof(nn[i]), "t%d", i);
-		nine[i] = (ckpt_st_tensor){nn[i], CKPT_DT_UINT8, 1, b61};
+		nine[i] = (ckpt_st_tensor){ nn[i], CKPT_DT_UINT8, 1, b61 };
 	}
 	l0 = NULL;
 	CHECK_EQ_INT(ckpt_st_layout_create(nine, 7, NULL, 0, 0, &l0), 0);
@@ -719,12 +720,12 @@ static void test_errors(void)
 	CHECK_EQ_INT(ckpt_st_layout_create(nine, 8, NULL, 0, 0, &l), -EOVERFLOW);
 	CHECK_EQ_INT(ckpt_st_layout_create(nine, 9, NULL, 0, 0, &l), -EOVERFLOW);
 
-	const ckpt_st_meta mdup[] = {{"format", "pt"}, {"format", "tf"}};
-	const ckpt_st_tensor one[] = {{"a", CKPT_DT_FLOAT32, 1, s}};
+	const ckpt_st_meta mdup[] = { { "format", "pt" }, { "format", "tf" } };
+	const ckpt_st_tensor one[] = { { "a", CKPT_DT_FLOAT32, 1, s } };
 	CHECK_EQ_INT(ckpt_st_layout_create(one, 1, mdup, 2, 0, &l), -EINVAL);
-	const ckpt_st_meta mbad[] = {{"format", "p\xc3"}};
+	const ckpt_st_meta mbad[] = { { "format", "p\xc3" } };
 	CHECK_EQ_INT(ckpt_st_layout_create(one, 1, mbad, 1, 0, &l), -EINVAL);
-	const ckpt_st_meta mnull[] = {{"format", NULL}};
+	const ckpt_st_meta mnull[] = { { "format", NULL } };
 	CHECK_EQ_INT(ckpt_st_layout_create(one, 1, mnull, 1, 0, &l), -EINVAL);
 	CHECK_EQ_INT(ckpt_st_layout_create(one, 1, NULL, 1, 0, &l), -EINVAL);
 	CHECK_EQ_INT(ckpt_st_layout_create(NULL, 1, m_ok, 1, 0, &l), -EINVAL);
@@ -732,9 +733,9 @@ static void test_errors(void)
 
 	/* dtype without a safetensors code: fail, or skip on request */
 	const ckpt_st_tensor uns[] = {
-		{"a", CKPT_DT_FLOAT32, 1, s},
-		{"q4", CKPT_DT_INT4, 1, s},
-		{"z", CKPT_DT_COMPLEX128, 1, s},
+		{ "a", CKPT_DT_FLOAT32, 1, s },
+		{ "q4", CKPT_DT_INT4, 1, s },
+		{ "z", CKPT_DT_COMPLEX128, 1, s },
 	};
 	CHECK_EQ_INT(ckpt_st_layout_create(uns, 3, NULL, 0, 0, &l), -ENOTSUP);
 	CHECK(l == keep);
@@ -756,8 +757,8 @@ static void test_errors(void)
  * bytes escape to 6 bytes each, which keeps the input small. */
 static void test_header_limit(void)
 {
-	static const uint64_t s[] = {1};
-	const ckpt_st_tensor t[] = {{"a", CKPT_DT_UINT8, 1, s}};
+	static const uint64_t s[] = { 1 };
+	const ckpt_st_tensor t[] = { { "a", CKPT_DT_UINT8, 1, s } };
 	size_t big = 16700000, small = 16600000; /* * 6 = 100.2 MB / 99.6 MB */
 	char *v = malloc(big + 1);
 	ckpt_st_layout *l = NULL;
@@ -768,7 +769,7 @@ static void test_header_limit(void)
 		return;
 	memset(v, 0x01, big);
 	v[big] = '\0';
-	ckpt_st_meta m[] = {{"format", "pt"}, {"blob", v}};
+	ckpt_st_meta m[] = { { "format", "pt" }, { "blob", v } };
 	CHECK_EQ_INT(ckpt_st_layout_create(t, 1, m, 2, 0, &l), -EFBIG);
 	CHECK(l == NULL);
 	v[small] = '\0';
@@ -785,15 +786,15 @@ static void test_header_limit(void)
 
 static void test_shards(void)
 {
-	static const uint64_t s10[] = {10}, s40[] = {40}, s0[] = {0}, s100[] = {100}, s25[] = {25};
+	static const uint64_t s10[] = { 10 }, s40[] = { 40 }, s0[] = { 0 }, s100[] = { 100 }, s25[] = { 25 };
 	/* U8 sizes: 10, 40, 100 (> S), 0, 25, 10, 40 with S = 50 */
 	const ckpt_st_tensor t[] = {
-		{"l0.w", CKPT_DT_UINT8, 1, s10},  {"l0.b", CKPT_DT_UINT8, 1, s40},
-		{"big", CKPT_DT_UINT8, 1, s100},  {"empty", CKPT_DT_UINT8, 1, s0},
-		{"l1.w", CKPT_DT_UINT8, 1, s25},  {"l1.b", CKPT_DT_UINT8, 1, s10},
-		{"l2.w", CKPT_DT_UINT8, 1, s40},
+		{ "l0.w", CKPT_DT_UINT8, 1, s10 }, { "l0.b", CKPT_DT_UINT8, 1, s40 },
+		{ "big", CKPT_DT_UINT8, 1, s100 }, { "empty", CKPT_DT_UINT8, 1, s0 },
+		{ "l1.w", CKPT_DT_UINT8, 1, s25 }, { "l1.b", CKPT_DT_UINT8, 1, s10 },
+		{ "l2.w", CKPT_DT_UINT8, 1, s40 },
 	};
-	const ckpt_st_meta m[] = {{"step", "20"}};
+	const ckpt_st_meta m[] = { { "step", "20" } };
 	ckpt_st_sharded *sh = NULL;
 	size_t xl;
 
@@ -803,8 +804,8 @@ static void test_shards(void)
 	/* {l0.w,l0.b}=50 | {big}=100 | {empty,l1.w,l1.b}=35 | {l2.w}=40 */
 	CHECK_EQ_INT(ckpt_st_sharded_count(sh), 4);
 	CHECK_EQ_INT(ckpt_st_sharded_total_size(sh), 225);
-	static const size_t want_n[] = {2, 1, 3, 1};
-	static const uint64_t want_bytes[] = {50, 100, 35, 40};
+	static const size_t want_n[] = { 2, 1, 3, 1 };
+	static const uint64_t want_bytes[] = { 50, 100, 35, 40 };
 	for (size_t i = 0; i < 4; i++) {
 		const ckpt_st_layout *l = ckpt_st_sharded_layout(sh, i);
 		char nm[64];
@@ -882,7 +883,7 @@ static void test_shards(void)
 	}
 	/* exact fit: 10 + 40 == 50 stays together; every tensor at S */
 	sh = NULL;
-	const ckpt_st_tensor eq[] = {{"a", CKPT_DT_UINT8, 1, s40}, {"b", CKPT_DT_UINT8, 1, s40}};
+	const ckpt_st_tensor eq[] = { { "a", CKPT_DT_UINT8, 1, s40 }, { "b", CKPT_DT_UINT8, 1, s40 } };
 	CHECK_EQ_INT(ckpt_st_sharded_create(eq, 2, NULL, 0, 40, 0, &sh), 0);
 	if (sh) {
 		CHECK_EQ_INT(ckpt_st_sharded_count(sh), 2);
@@ -893,16 +894,16 @@ static void test_shards(void)
 	CHECK_EQ_INT(ckpt_st_sharded_create(NULL, 0, NULL, 0, 10, 0, &sh), 0);
 	if (sh) {
 		CHECK_EQ_INT(ckpt_st_sharded_count(sh), 0);
-		CHECK(strcmp(ckpt_st_sharded_index(sh, NULL),
-			     "{\n  \"metadata\": {\n    \"total_size\": 0\n  },\n  \"weight_map\": {}\n}\n") == 0);
+		CHECK(strcmp(ckpt_st_sharded_index(sh, NULL), "{\n  \"metadata\": {\n    \"total_size\": 0\n "
+							      " },\n  \"weight_map\": {}\n}\n") == 0);
 		ckpt_st_sharded_destroy(sh);
 	}
 	/* errors */
 	sh = NULL;
-	const ckpt_st_meta mts[] = {{"total_size", "1"}};
+	const ckpt_st_meta mts[] = { { "total_size", "1" } };
 	CHECK_EQ_INT(ckpt_st_sharded_create(t, 7, mts, 1, 50, 0, &sh), -EINVAL);
 	CHECK_EQ_INT(ckpt_st_sharded_create(t, 7, NULL, 0, 0, 0, &sh), -EINVAL);
-	const ckpt_st_tensor uns[] = {{"a", CKPT_DT_UINT8, 1, s10}, {"q", CKPT_DT_UINT4, 1, s10}};
+	const ckpt_st_tensor uns[] = { { "a", CKPT_DT_UINT8, 1, s10 }, { "q", CKPT_DT_UINT4, 1, s10 } };
 	CHECK_EQ_INT(ckpt_st_sharded_create(uns, 2, NULL, 0, 50, 0, &sh), -ENOTSUP);
 	CHECK(sh == NULL);
 	CHECK_EQ_INT(ckpt_st_sharded_create(uns, 2, NULL, 0, 50, CKPT_ST_SKIP_UNSUPPORTED, &sh), 0);

@@ -46,19 +46,19 @@ static int region_is(const ckpt_region *r, int rank, const uint64_t *start, cons
 	return 1;
 }
 
-#define EXPECT_REGION(text, rank, shape, ...)                                                 \
-	do {                                                                                 \
-		ckpt_region r_;                                                              \
-		uint64_t v_[] = {__VA_ARGS__};                                               \
-		CHECK_EQ_INT(parse(text, rank, shape, &r_), 0);                              \
-		CHECK(region_is(&r_, rank, v_, v_ + (rank)));                                \
+#define EXPECT_REGION(text, rank, shape, ...)                                                                \
+	do {                                                                                                 \
+		ckpt_region r_;                                                                              \
+		uint64_t v_[] = { __VA_ARGS__ };                                                             \
+		CHECK_EQ_INT(parse(text, rank, shape, &r_), 0);                                              \
+		CHECK(region_is(&r_, rank, v_, v_ + (rank)));                                                \
 	} while (0)
 
 static void test_parse(void)
 {
-	uint64_t s2[] = {64, 128};
-	uint64_t s1[] = {100};
-	uint64_t s3[] = {4, 5, 6};
+	uint64_t s2[] = { 64, 128 };
+	uint64_t s1[] = { 100 };
+	uint64_t s3[] = { 4, 5, 6 };
 	ckpt_region r;
 
 	/* the examples of the usage doc */
@@ -89,9 +89,9 @@ static void test_parse(void)
 	EXPECT_REGION("[-0:3]", 1, s1, 0, 3);
 	EXPECT_REGION("[007:9]", 1, s1, 7, 9);
 	EXPECT_REGION("[-9223372036854775808:9223372036854775807]", 1, s1, 0, 100);
-	EXPECT_REGION("[9223372036854775806]", 1, (uint64_t[]){UINT64_MAX}, 9223372036854775806ull,
+	EXPECT_REGION("[9223372036854775806]", 1, (uint64_t[]){ UINT64_MAX }, 9223372036854775806ull,
 		      9223372036854775807ull);
-	EXPECT_REGION("[-1]", 1, (uint64_t[]){UINT64_MAX}, UINT64_MAX - 1, UINT64_MAX);
+	EXPECT_REGION("[-1]", 1, (uint64_t[]){ UINT64_MAX }, UINT64_MAX - 1, UINT64_MAX);
 
 	/* rank 0 */
 	CHECK_EQ_INT(parse("[]", 0, NULL, &r), 0);
@@ -101,11 +101,45 @@ static void test_parse(void)
 
 	/* malformed */
 	const char *bad[] = {
-		"", "[", "]", "0:16", "[0:16", "0:16]", "[,1]", "[1,]", "[,]", "[::2]", "[0:16:2]",
-		"[0::]", "[ 0:16]", "[0 :16]", "[0:16 ]", "[0:16, 32:64]", "[0:x]", "[x]", "[0:16,32:64,1]",
-		"[1,2,3]", "[99999999999999999999999:]", "[:9223372036854775808]",
-		"[-9223372036854775809]", "[-]", "[-:3]", "[+3]", "[1.5]", "[0x10]", "[...]", "[None]",
-		"[[0]]", "[0]]", "[[0]", "(0:16)", "[0:16];", "x[0:16]", "[0;16]", "[--1]", "[1-]",
+		"",
+		"[",
+		"]",
+		"0:16",
+		"[0:16",
+		"0:16]",
+		"[,1]",
+		"[1,]",
+		"[,]",
+		"[::2]",
+		"[0:16:2]",
+		"[0::]",
+		"[ 0:16]",
+		"[0 :16]",
+		"[0:16 ]",
+		"[0:16, 32:64]",
+		"[0:x]",
+		"[x]",
+		"[0:16,32:64,1]",
+		"[1,2,3]",
+		"[99999999999999999999999:]",
+		"[:9223372036854775808]",
+		"[-9223372036854775809]",
+		"[-]",
+		"[-:3]",
+		"[+3]",
+		"[1.5]",
+		"[0x10]",
+		"[...]",
+		"[None]",
+		"[[0]]",
+		"[0]]",
+		"[[0]",
+		"(0:16)",
+		"[0:16];",
+		"x[0:16]",
+		"[0;16]",
+		"[--1]",
+		"[1-]",
 	};
 	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
 		int rc = parse(bad[i], 2, s2, &r);
@@ -129,9 +163,19 @@ static void test_parse(void)
 	CHECK_EQ_INT(parse("[]", CKPT_MAX_RANK + 1, s2, &r), -EINVAL);
 
 	/* well-formed but empty */
-	const char *empty[] = {"[64]", "[-65]", "[9223372036854775807]", "[-9223372036854775808]",
-			       "[5:5]", "[10:5]", "[64:]", "[:-64]", "[-1:-2]", "[:,128:]", "[:0]",
-			       "[0,128]", "[1000:2000]"};
+	const char *empty[] = { "[64]",
+				"[-65]",
+				"[9223372036854775807]",
+				"[-9223372036854775808]",
+				"[5:5]",
+				"[10:5]",
+				"[64:]",
+				"[:-64]",
+				"[-1:-2]",
+				"[:,128:]",
+				"[:0]",
+				"[0,128]",
+				"[1000:2000]" };
 	for (size_t i = 0; i < sizeof(empty) / sizeof(empty[0]); i++) {
 		int rc = parse(empty[i], 2, s2, &r);
 		if (rc != -ERANGE)
@@ -139,7 +183,7 @@ static void test_parse(void)
 		CHECK_EQ_INT(rc, -ERANGE);
 	}
 	/* a zero-length dim: even "[]" selects nothing */
-	uint64_t z[] = {4, 0};
+	uint64_t z[] = { 4, 0 };
 	CHECK_EQ_INT(parse("[]", 2, z, &r), -ERANGE);
 	CHECK_EQ_INT(parse("[1]", 2, z, &r), -ERANGE);
 
@@ -290,7 +334,7 @@ static void test_format(void)
 static void test_region_basics(void)
 {
 	ckpt_region a, b, o;
-	uint64_t shape[] = {3, 4, 5}, n;
+	uint64_t shape[] = { 3, 4, 5 }, n;
 
 	ckpt_region_full(&a, 3, shape);
 	CHECK_EQ_INT(ckpt_region_count(&a, &n), 0);
@@ -316,7 +360,7 @@ static void test_region_basics(void)
 	b.start[1] = 4;
 	b.stop[1] = 9;
 	CHECK_EQ_INT(ckpt_region_intersect(&a, &b, &o), 1);
-	CHECK(region_is(&o, 2, (uint64_t[]){8, 4}, (uint64_t[]){10, 5}));
+	CHECK(region_is(&o, 2, (uint64_t[]){ 8, 4 }, (uint64_t[]){ 10, 5 }));
 	b.start[1] = 5;
 	CHECK_EQ_INT(ckpt_region_intersect(&a, &b, &o), 0);
 	b.rank = 1;
@@ -400,7 +444,7 @@ static void fill_random(uint8_t *p, size_t n)
 
 static void test_copy_random(void)
 {
-	static const size_t isizes[] = {1, 2, 3, 4, 8, 16};
+	static const size_t isizes[] = { 1, 2, 3, 4, 8, 16 };
 	int cases = 0, fold_cases = 0;
 
 	for (int it = 0; it < 30000; it++) {
@@ -468,8 +512,9 @@ static void test_copy_random(void)
 		if (!ok) {
 			char t[200];
 			ckpt_slice_format(&r, t, sizeof(t));
-			fprintf(stderr, "copy mismatch: rank %d region %s e0 %llu e1 %llu isz %zu origin/cshape:", rank,
-				t, (unsigned long long)e0, (unsigned long long)e1, isz);
+			fprintf(stderr,
+				"copy mismatch: rank %d region %s e0 %llu e1 %llu isz %zu origin/cshape:",
+				rank, t, (unsigned long long)e0, (unsigned long long)e1, isz);
 			for (int d = 0; d < rank; d++)
 				fprintf(stderr, " %llu/%llu", (unsigned long long)origin[d],
 					(unsigned long long)cshape[d]);
@@ -520,12 +565,13 @@ static void test_grid_coverage(void)
 			/* add 1 to every stream element the chunk covers */
 			uint16_t *tmp = malloc((e1 - e0) * 2);
 			memset(tmp, 0, (e1 - e0) * 2);
-			ckpt_copy_chunk_to_stream(&r, e0, e1, (uint8_t *)tmp, (uint8_t *)chunk, origin, cshape, 2);
+			ckpt_copy_chunk_to_stream(&r, e0, e1, (uint8_t *)tmp, (uint8_t *)chunk, origin,
+						  cshape, 2);
 			for (uint64_t i = 0; i < e1 - e0; i++)
 				stream[i] = (uint16_t)(stream[i] + tmp[i]);
 			free(tmp);
-			total += ckpt_copy_stream_to_chunk(&r, e0, e1, (uint8_t *)stream, (uint8_t *)chunk, origin,
-							   cshape, 2);
+			total += ckpt_copy_stream_to_chunk(&r, e0, e1, (uint8_t *)stream, (uint8_t *)chunk,
+							   origin, cshape, 2);
 		}
 		int ok = total == e1 - e0;
 		for (uint64_t i = 0; i < e1 - e0; i++)
@@ -540,7 +586,7 @@ static void test_copy_edges(void)
 {
 	/* rank 0: one element */
 	ckpt_region r;
-	uint8_t chunk[8] = {1, 2, 3, 4, 5, 6, 7, 8}, dst[8] = {0};
+	uint8_t chunk[8] = { 1, 2, 3, 4, 5, 6, 7, 8 }, dst[8] = { 0 };
 	r.rank = 0;
 	ckpt_copy_chunk_to_stream(&r, 0, 1, dst, chunk, NULL, NULL, 8);
 	CHECK(memcmp(dst, chunk, 8) == 0);
@@ -549,7 +595,7 @@ static void test_copy_edges(void)
 	CHECK(memcmp(dst, chunk, 8) == 0);
 
 	/* invalid ranges are no-ops */
-	uint64_t shape[] = {4}, origin[] = {0}, cs[] = {4};
+	uint64_t shape[] = { 4 }, origin[] = { 0 }, cs[] = { 4 };
 	ckpt_region_full(&r, 1, shape);
 	memset(dst, 0xAA, 8);
 	CHECK_EQ_INT(ckpt_copy_stream_to_chunk(&r, 2, 2, dst, chunk, origin, cs, 1), 0);
@@ -562,15 +608,15 @@ static void test_copy_edges(void)
 	CHECK_EQ_INT(bb.rank, 0);
 
 	/* huge coordinates: chunk near the end of a 2^64-ish dim */
-	uint64_t o2[] = {UINT64_MAX - 10}, c2[] = {8};
+	uint64_t o2[] = { UINT64_MAX - 10 }, c2[] = { 8 };
 	r.rank = 1;
 	r.start[0] = UINT64_MAX - 6;
 	r.stop[0] = UINT64_MAX - 1;
-	uint8_t big[8] = {10, 11, 12, 13, 14, 15, 16, 17}, out[5] = {0};
+	uint8_t big[8] = { 10, 11, 12, 13, 14, 15, 16, 17 }, out[5] = { 0 };
 	ckpt_copy_chunk_to_stream(&r, 0, 5, out, big, o2, c2, 1);
 	CHECK(out[0] == 14 && out[1] == 15 && out[2] == 16 && out[3] == 17 && out[4] == 0);
 	/* chunk whose end overflows uint64: ignored */
-	uint64_t o3[] = {UINT64_MAX - 2};
+	uint64_t o3[] = { UINT64_MAX - 2 };
 	CHECK_EQ_INT(ckpt_copy_stream_to_chunk(&r, 0, 5, out, big, o3, c2, 1), 0);
 
 	/* max rank: 12 unit dims, then 20 dims where the chunk has 2 and the
@@ -637,16 +683,16 @@ static void bench(void)
 	memset(dst, 1, 64u << 20);
 	memset(chunk, 2, 4u << 20);
 	ckpt_region r;
-	uint64_t a1[] = {8192, 8192}, c1[] = {1024, 1024};
+	uint64_t a1[] = { 8192, 8192 }, c1[] = { 1024, 1024 };
 	r.rank = 2;
 	r.start[0] = 0, r.stop[0] = 4096, r.start[1] = 0, r.stop[1] = 4096;
 	bench_one("f32 [0:4096,0:4096] of 8192^2, chunks 1024^2", a1, c1, &r, dst, chunk);
 	r.start[0] = 100, r.stop[0] = 4196, r.start[1] = 37, r.stop[1] = 4133;
 	bench_one("f32 [100:4196,37:4133], chunks 1024^2", a1, c1, &r, dst, chunk);
-	uint64_t a2[] = {4096, 4096}, c2[] = {256, 4096};
+	uint64_t a2[] = { 4096, 4096 }, c2[] = { 256, 4096 };
 	r.start[0] = 0, r.stop[0] = 4096, r.start[1] = 0, r.stop[1] = 4096;
 	bench_one("f32 full 4096^2, chunks 256x4096 (folded)", a2, c2, &r, dst, chunk);
-	uint64_t a3[] = {16384, 8192}, c3[] = {8192, 128};
+	uint64_t a3[] = { 16384, 8192 }, c3[] = { 8192, 128 };
 	r.start[0] = 0, r.stop[0] = 2048, r.start[1] = 0, r.stop[1] = 8192;
 	bench_one("f32 [0:2048] of 16384x8192, chunks 8192x128", a3, c3, &r, dst, chunk);
 	free(dst);

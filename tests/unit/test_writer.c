@@ -144,21 +144,21 @@ static const cJSON *jget(const cJSON *o, const char *k)
 /* Decode array `name` of the committed item folder and compare it with
  * `expect` (C order).  Returns the number of problems found (each printed);
  * callers CHECK that it is 0 (or, for corrupted files, that it is not). */
-#define VOK(c)                                                                                     \
-	do {                                                                                       \
-		if (!(c)) {                                                                        \
-			fprintf(stderr, "verify %s/%s: line %d: %s\n", itemdir, name, __LINE__, #c); \
-			bad++;                                                                     \
-		}                                                                                  \
+#define VOK(c)                                                                                               \
+	do {                                                                                                 \
+		if (!(c)) {                                                                                  \
+			fprintf(stderr, "verify %s/%s: line %d: %s\n", itemdir, name, __LINE__, #c);         \
+			bad++;                                                                               \
+		}                                                                                            \
 	} while (0)
-#define VEQ(a, b)                                                                                  \
-	do {                                                                                       \
-		long long va_ = (long long)(a), vb_ = (long long)(b);                              \
-		if (va_ != vb_) {                                                                  \
-			fprintf(stderr, "verify %s/%s: line %d: %s == %s (%lld != %lld)\n", itemdir, \
-				name, __LINE__, #a, #b, va_, vb_);                                 \
-			bad++;                                                                     \
-		}                                                                                  \
+#define VEQ(a, b)                                                                                            \
+	do {                                                                                                 \
+		long long va_ = (long long)(a), vb_ = (long long)(b);                                        \
+		if (va_ != vb_) {                                                                            \
+			fprintf(stderr, "verify %s/%s: line %d: %s == %s (%lld != %lld)\n", itemdir, name,   \
+				__LINE__, #a, #b, va_, vb_);                                                 \
+			bad++;                                                                               \
+		}                                                                                            \
 	} while (0)
 static int verify_array(const char *itemdir, const char *name, ckpt_dtype dt, int rank, const uint64_t *shape,
 			const uint8_t *expect)
@@ -246,7 +246,7 @@ static int verify_array(const char *itemdir, const char *name, ckpt_dtype dt, in
 		}
 		const uint8_t *ix = f + flen - isize;
 		VEQ(ckpt_crc32c(0, ix, 16 * n_in), ckpt_le32(ix + 16 * n_in));
-		uint64_t l[CKPT_MAX_RANK] = {0};
+		uint64_t l[CKPT_MAX_RANK] = { 0 };
 		for (uint64_t e = 0; e < n_in; e++) {
 			uint64_t off = ckpt_le64(ix + 16 * e), len = ckpt_le64(ix + 16 * e + 8);
 			uint64_t g0[CKPT_MAX_RANK];
@@ -305,10 +305,10 @@ static int verify_array(const char *itemdir, const char *name, ckpt_dtype dt, in
 
 /* ---- 1. every dtype, ranks 0..3, random-sized stream pieces, random order ---- */
 
-static const ckpt_dtype all_dtypes[] = {CKPT_DT_BOOL,    CKPT_DT_INT8,     CKPT_DT_UINT8,   CKPT_DT_INT16,
-					CKPT_DT_UINT16,  CKPT_DT_INT32,    CKPT_DT_UINT32,  CKPT_DT_INT64,
-					CKPT_DT_UINT64,  CKPT_DT_FLOAT16,  CKPT_DT_BFLOAT16, CKPT_DT_FLOAT32,
-					CKPT_DT_FLOAT64};
+static const ckpt_dtype all_dtypes[] = { CKPT_DT_BOOL,	 CKPT_DT_INT8,	  CKPT_DT_UINT8,    CKPT_DT_INT16,
+					 CKPT_DT_UINT16, CKPT_DT_INT32,	  CKPT_DT_UINT32,   CKPT_DT_INT64,
+					 CKPT_DT_UINT64, CKPT_DT_FLOAT16, CKPT_DT_BFLOAT16, CKPT_DT_FLOAT32,
+					 CKPT_DT_FLOAT64 };
 #define NDT (sizeof(all_dtypes) / sizeof(all_dtypes[0]))
 
 struct tarr {
@@ -360,7 +360,7 @@ static void test_all_dtypes(void)
 	o.threads = 2;
 	ckpt_step *st;
 	CHECK_EQ_INT(ckpt_step_begin(root, "10", &o, &st), 0);
-	static const uint64_t shapes[4][3] = {{0}, {301}, {37, 29}, {5, 13, 11}};
+	static const uint64_t shapes[4][3] = { { 0 }, { 301 }, { 37, 29 }, { 5, 13, 11 } };
 	struct tarr arrs[NDT * 4];
 	int na = 0;
 	for (size_t t = 0; t < NDT; t++)
@@ -370,9 +370,10 @@ static void test_all_dtypes(void)
 			x->rank = r;
 			memcpy(x->shape, shapes[r], sizeof(shapes[r]));
 			snprintf(x->name, sizeof(x->name), "%s_r%d", ckpt_dtype_get(x->dt)->name, r);
-			const char *keys[2] = {"arrays", x->name};
-			int kt[2] = {2, 2};
-			CHECK_EQ_INT(ckpt_step_add_array(st, "state", keys, kt, 2, x->dt, r, x->shape, &x->a), 0);
+			const char *keys[2] = { "arrays", x->name };
+			int kt[2] = { 2, 2 };
+			CHECK_EQ_INT(ckpt_step_add_array(st, "state", keys, kt, 2, x->dt, r, x->shape, &x->a),
+				     0);
 			x->nbytes = prod(x->shape, r) * ckpt_dtype_get(x->dt)->itemsize;
 			x->src = malloc(x->nbytes);
 			fill_random(x->src, x->nbytes, x->dt);
@@ -428,8 +429,8 @@ static void *slice_thread(void *arg)
 	uint64_t n = rows * w * j->isz;
 	uint8_t *stream = malloc(n);
 	for (uint64_t i = 0; i < rows; i++)
-		memcpy(stream + i * w * j->isz, j->full + ((j->r.start[0] + i) * j->cols + j->r.start[1]) * j->isz,
-		       w * j->isz);
+		memcpy(stream + i * w * j->isz,
+		       j->full + ((j->r.start[0] + i) * j->cols + j->r.start[1]) * j->isz, w * j->isz);
 	uint64_t off = 0;
 	while (off < n && !j->rc) {
 		uint64_t len = 1 + rnd_r(&j->seed) % 4099;
@@ -460,9 +461,9 @@ static void run_slices(const char *tag, uint64_t budget, uint64_t chunk_bytes, i
 	o.shard_bytes = chunk_bytes * 16;
 	ckpt_step *st;
 	CHECK_EQ_INT(ckpt_step_begin(root, "20", &o, &st), 0);
-	uint64_t shape[2] = {256, 8 * 60};
-	const char *keys[3] = {"params", "0", "w"};
-	int kt[3] = {2, 1, 2};
+	uint64_t shape[2] = { 256, 8 * 60 };
+	const char *keys[3] = { "params", "0", "w" };
+	int kt[3] = { 2, 1, 2 };
 	ckpt_warray *a;
 	CHECK_EQ_INT(ckpt_step_add_array(st, "params", keys, kt, 3, CKPT_DT_FLOAT32, 2, shape, &a), 0);
 	uint64_t n = shape[0] * shape[1] * 4;
@@ -495,7 +496,8 @@ static void run_slices(const char *tag, uint64_t budget, uint64_t chunk_bytes, i
 	CHECK_EQ_INT(si.bytes_written, n);
 	if (budget < (1u << 20)) {
 		printf("%s: budget %llu B, %llu partial-chunk spills, mem_used now %llu\n", tag,
-		       (unsigned long long)budget, (unsigned long long)si.spills, (unsigned long long)si.mem_used);
+		       (unsigned long long)budget, (unsigned long long)si.spills,
+		       (unsigned long long)si.mem_used);
 		CHECK(si.spills > 0);
 	}
 	uint8_t *back = malloc(n);
@@ -534,10 +536,10 @@ static void test_rewrite_holes(void)
 	o.shard_bytes = 8192;
 	ckpt_step *st;
 	CHECK_EQ_INT(ckpt_step_begin(root, "30", &o, &st), 0);
-	uint64_t shape[2] = {64, 40};
-	const char *k1[2] = {"opt", "mu"};
-	const char *k2[2] = {"opt", "nu"};
-	int kt[2] = {2, 2};
+	uint64_t shape[2] = { 64, 40 };
+	const char *k1[2] = { "opt", "mu" };
+	const char *k2[2] = { "opt", "nu" };
+	int kt[2] = { 2, 2 };
 	ckpt_warray *a, *b;
 	CHECK_EQ_INT(ckpt_step_add_array(st, "state", k1, kt, 2, CKPT_DT_BFLOAT16, 2, shape, &a), 0);
 	CHECK_EQ_INT(ckpt_step_add_array(st, "state", k2, kt, 2, CKPT_DT_INT16, 2, shape, &b), 0);
@@ -579,7 +581,7 @@ static void test_rewrite_holes(void)
 	CHECK_EQ_INT(ckpt_warray_write(b, NULL, n - 1, vb + n - 1, 1), 0);
 	/* Write past the end / bad region. */
 	CHECK_EQ_INT(ckpt_warray_write(b, NULL, n - 1, vb, 2), -EFBIG);
-	ckpt_region bad = {.rank = 2, .start = {0, 0}, .stop = {65, 40}};
+	ckpt_region bad = { .rank = 2, .start = { 0, 0 }, .stop = { 65, 40 } };
 	CHECK_EQ_INT(ckpt_warray_write(b, &bad, 0, vb, 2), -EINVAL);
 	bad.rank = 1;
 	CHECK_EQ_INT(ckpt_warray_write(b, &bad, 0, vb, 2), -EINVAL);
@@ -609,16 +611,16 @@ static void test_spill_read_and_io_error(void)
 	o.mem_budget = 2 * 1024;
 	ckpt_step *st;
 	CHECK_EQ_INT(ckpt_step_begin(root, "50", &o, &st), 0);
-	uint64_t shape[2] = {64, 64};
-	const char *k[1] = {"w"};
-	int kt[1] = {2};
+	uint64_t shape[2] = { 64, 64 };
+	const char *k[1] = { "w" };
+	int kt[1] = { 2 };
 	ckpt_warray *a;
 	CHECK_EQ_INT(ckpt_step_add_array(st, "state", k, kt, 1, CKPT_DT_FLOAT32, 2, shape, &a), 0);
 	uint64_t n = 64 * 64 * 4;
 	uint8_t *v = malloc(n), *back = malloc(n), *left = malloc(n / 2);
 	fill_random(v, n, CKPT_DT_FLOAT32);
-	ckpt_region lr = {.rank = 2, .start = {0, 0}, .stop = {64, 32}};
-	ckpt_region rr = {.rank = 2, .start = {0, 32}, .stop = {64, 64}};
+	ckpt_region lr = { .rank = 2, .start = { 0, 0 }, .stop = { 64, 32 } };
+	ckpt_region rr = { .rank = 2, .start = { 0, 32 }, .stop = { 64, 64 } };
 	for (int r = 0; r < 64; r++)
 		memcpy(left + r * 128, v + r * 256, 128);
 	/* Left half only: every chunk partial, 16 chunks for a 2-chunk budget. */
@@ -709,7 +711,7 @@ static void random_region(int rank, const uint64_t *shape, ckpt_region *r)
 static void test_random_regions(void)
 {
 	char *root = make_root("random");
-	static const ckpt_dtype dts[] = {CKPT_DT_UINT8, CKPT_DT_BFLOAT16, CKPT_DT_FLOAT32, CKPT_DT_INT64};
+	static const ckpt_dtype dts[] = { CKPT_DT_UINT8, CKPT_DT_BFLOAT16, CKPT_DT_FLOAT32, CKPT_DT_INT64 };
 	int bad_reads = 0, bad_commits = 0;
 	for (int it = 0; it < 150; it++) {
 		ckpt_writer_opts o;
@@ -729,8 +731,8 @@ static void test_random_regions(void)
 		snprintf(name, sizeof(name), "s%d", it);
 		ckpt_step *st;
 		ckpt_warray *a;
-		const char *k[1] = {"x"};
-		int kt[1] = {2};
+		const char *k[1] = { "x" };
+		int kt[1] = { 2 };
 		if (ckpt_step_begin(root, name, &o, &st)) {
 			CHECK(!"begin");
 			continue;
@@ -757,7 +759,8 @@ static void test_random_regions(void)
 			}
 		}
 		/* Whole array and random sub-ranges of random regions read back. */
-		bad_reads += ckpt_warray_read(a, NULL, 0, back, n) != (ssize_t)n || memcmp(back, model, n) != 0;
+		bad_reads +=
+			ckpt_warray_read(a, NULL, 0, back, n) != (ssize_t)n || memcmp(back, model, n) != 0;
 		for (int q = 0; q < 4; q++) {
 			ckpt_region r;
 			random_region(rank, shape, &r);
@@ -797,44 +800,47 @@ static void test_decls_and_metadata(void)
 	ckpt_step *st, *st2;
 	CHECK_EQ_INT(ckpt_step_begin(root, "40", NULL, &st), 0);
 	CHECK_EQ_INT(ckpt_step_begin(root, "40", NULL, &st2), -EBUSY);
-	uint64_t s1[2] = {3, 4}, s2[2] = {4, 3};
-	const char *k[3] = {"params", "dense", "kernel"};
-	int kt[3] = {2, 2, 2};
+	uint64_t s1[2] = { 3, 4 }, s2[2] = { 4, 3 };
+	const char *k[3] = { "params", "dense", "kernel" };
+	int kt[3] = { 2, 2, 2 };
 	ckpt_warray *a, *a2, *x;
 	CHECK_EQ_INT(ckpt_step_add_array(st, "state", k, kt, 3, CKPT_DT_FLOAT32, 2, s1, &a), 0);
 	CHECK_EQ_INT(ckpt_step_add_array(st, "state", k, kt, 3, CKPT_DT_FLOAT32, 2, s1, &a2), 0);
 	CHECK(a == a2);
 	CHECK_EQ_INT(ckpt_step_add_array(st, "state", k, kt, 3, CKPT_DT_FLOAT32, 2, s2, &x), -EINVAL);
 	CHECK_EQ_INT(ckpt_step_add_array(st, "state", k, kt, 3, CKPT_DT_INT32, 2, s1, &x), -EINVAL);
-	CHECK_EQ_INT(ckpt_step_add_array(st, "state", k, kt, 2, CKPT_DT_INT32, 2, s1, &x), -EINVAL); /* prefix */
-	const char *kd[4] = {"params", "dense", "kernel", "x"};
-	int ktd[4] = {2, 2, 2, 2};
+	CHECK_EQ_INT(ckpt_step_add_array(st, "state", k, kt, 2, CKPT_DT_INT32, 2, s1, &x),
+		     -EINVAL); /* prefix */
+	const char *kd[4] = { "params", "dense", "kernel", "x" };
+	int ktd[4] = { 2, 2, 2, 2 };
 	CHECK_EQ_INT(ckpt_step_add_array(st, "state", kd, ktd, 4, CKPT_DT_INT32, 0, NULL, &x), -EINVAL);
-	const char *kdot[1] = {"params.dense.kernel"};
+	const char *kdot[1] = { "params.dense.kernel" };
 	CHECK_EQ_INT(ckpt_step_add_array(st, "state", kdot, kt, 1, CKPT_DT_INT32, 0, NULL, &x), -EINVAL);
-	const char *kseq[2] = {"params", "0"};
-	int ktseq[2] = {2, 1};
+	const char *kseq[2] = { "params", "0" };
+	int ktseq[2] = { 2, 1 };
 	CHECK_EQ_INT(ckpt_step_add_array(st, "state", kseq, ktseq, 2, CKPT_DT_INT32, 0, NULL, &x), -EINVAL);
-	const char *kslash[1] = {"a/b"};
+	const char *kslash[1] = { "a/b" };
 	CHECK_EQ_INT(ckpt_step_add_array(st, "state", kslash, kt, 1, CKPT_DT_INT32, 0, NULL, &x), -EINVAL);
-	const char *kres[1] = {"_METADATA"};
+	const char *kres[1] = { "_METADATA" };
 	CHECK_EQ_INT(ckpt_step_add_array(st, "state", kres, kt, 1, CKPT_DT_INT32, 0, NULL, &x), -EINVAL);
-	const char *kbadseq[2] = {"layers", "01"};
-	CHECK_EQ_INT(ckpt_step_add_array(st, "state", kbadseq, ktseq, 2, CKPT_DT_INT32, 0, NULL, &x), -EINVAL);
+	const char *kbadseq[2] = { "layers", "01" };
+	CHECK_EQ_INT(ckpt_step_add_array(st, "state", kbadseq, ktseq, 2, CKPT_DT_INT32, 0, NULL, &x),
+		     -EINVAL);
 	CHECK_EQ_INT(ckpt_step_add_array(st, "../x", k, kt, 3, CKPT_DT_INT32, 0, NULL, &x), -EINVAL);
 	/* A list node, a quote in a key, a scalar, a sharding string. */
-	const char *kl0[3] = {"layers", "10", "b"}, *kl1[3] = {"layers", "2", "b"};
-	int ktl[3] = {2, 1, 2};
+	const char *kl0[3] = { "layers", "10", "b" }, *kl1[3] = { "layers", "2", "b" };
+	int ktl[3] = { 2, 1, 2 };
 	ckpt_warray *l0, *l1, *q, *sc;
-	uint64_t s3[1] = {5};
+	uint64_t s3[1] = { 5 };
 	CHECK_EQ_INT(ckpt_step_add_array(st, "state", kl0, ktl, 3, CKPT_DT_UINT8, 1, s3, &l0), 0);
 	CHECK_EQ_INT(ckpt_step_add_array(st, "state", kl1, ktl, 3, CKPT_DT_UINT8, 1, s3, &l1), 0);
-	const char *kq[1] = {"it's"};
+	const char *kq[1] = { "it's" };
 	CHECK_EQ_INT(ckpt_step_add_array(st, "state", kq, kt, 1, CKPT_DT_UINT8, 1, s3, &q), 0);
-	const char *ks[1] = {"step"};
+	const char *ks[1] = { "step" };
 	CHECK_EQ_INT(ckpt_step_add_array(st, "state", ks, kt, 1, CKPT_DT_INT64, 0, NULL, &sc), 0);
-	CHECK_EQ_INT(ckpt_warray_set_sharding(a, "{\"sharding_type\": \"SingleDeviceSharding\", \"device_str\": "
-						 "\"cpu:0\"}"),
+	CHECK_EQ_INT(ckpt_warray_set_sharding(a,
+					      "{\"sharding_type\": \"SingleDeviceSharding\", \"device_str\": "
+					      "\"cpu:0\"}"),
 		     0);
 	CHECK_EQ_INT(ckpt_warray_set_sharding(a, "{not json"), -EINVAL);
 	CHECK_EQ_INT(ckpt_step_add_item(st, "empty"), 0);
@@ -846,7 +852,7 @@ static void test_decls_and_metadata(void)
 	float fv[12];
 	for (int i = 0; i < 12; i++)
 		fv[i] = (float)i;
-	uint8_t u5[5] = {1, 2, 3, 4, 5};
+	uint8_t u5[5] = { 1, 2, 3, 4, 5 };
 	int64_t stepv = 1234567890123LL;
 	CHECK_EQ_INT(ckpt_warray_write(a, NULL, 0, fv, sizeof(fv)), 0);
 	CHECK_EQ_INT(ckpt_warray_write(l0, NULL, 0, u5, 5), 0);
@@ -903,8 +909,8 @@ static void test_decls_and_metadata(void)
 	CHECK(j != NULL);
 	if (j) {
 		const cJSON *tm = jget(j, "tree_metadata");
-		const char *expect_keys[] = {"(\"it's\",)", "('layers', '2', 'b')", "('layers', '10', 'b')",
-					     "('params', 'dense', 'kernel')", "('step',)"};
+		const char *expect_keys[] = { "(\"it's\",)", "('layers', '2', 'b')", "('layers', '10', 'b')",
+					      "('params', 'dense', 'kernel')", "('step',)" };
 		int i = 0;
 		const cJSON *e;
 		cJSON_ArrayForEach(e, tm)
@@ -914,7 +920,8 @@ static void test_decls_and_metadata(void)
 		}
 		CHECK_EQ_INT(i, 5);
 		const cJSON *l = jget(tm, "('layers', '10', 'b')");
-		CHECK_EQ_INT(jget(cJSON_GetArrayItem(jget(l, "key_metadata"), 1), "key_type")->valuedouble, 1);
+		CHECK_EQ_INT(jget(cJSON_GetArrayItem(jget(l, "key_metadata"), 1), "key_type")->valuedouble,
+			     1);
 		const cJSON *vm = jget(l, "value_metadata");
 		CHECK(strcmp(jget(vm, "value_type")->valuestring, "jax.Array") == 0);
 		CHECK(cJSON_IsFalse(jget(vm, "skip_deserialize")));
@@ -958,7 +965,8 @@ static void test_decls_and_metadata(void)
 			fclose(f);
 			char item40[4200];
 			snprintf(item40, sizeof(item40), "%s/40/state", root);
-			CHECK(verify_array(item40, "params.dense.kernel", CKPT_DT_FLOAT32, 2, s1, (uint8_t *)fv) > 0);
+			CHECK(verify_array(item40, "params.dense.kernel", CKPT_DT_FLOAT32, 2, s1,
+					   (uint8_t *)fv) > 0);
 			fb[at] ^= 0x5a;
 		}
 		FILE *f = fopen(p, "wb");
@@ -990,9 +998,9 @@ static void test_kill(void)
 	char *root = make_root("kill");
 	/* An earlier committed step. */
 	ckpt_step *st;
-	uint64_t shape[1] = {1000};
-	const char *k[1] = {"x"};
-	int kt[1] = {2};
+	uint64_t shape[1] = { 1000 };
+	const char *k[1] = { "x" };
+	int kt[1] = { 2 };
 	ckpt_warray *a;
 	uint8_t *v = malloc(4000);
 	fill_random(v, 4000, CKPT_DT_FLOAT32);
@@ -1012,7 +1020,7 @@ static void test_kill(void)
 		o.chunk_bytes = 65536;
 		ckpt_step *cs;
 		ckpt_warray *ca;
-		uint64_t big[2] = {4096, 4096};
+		uint64_t big[2] = { 4096, 4096 };
 		if (ckpt_step_begin(root, "2", &o, &cs) ||
 		    ckpt_step_add_array(cs, "state", k, kt, 1, CKPT_DT_FLOAT32, 2, big, &ca))
 			_exit(3);
@@ -1087,15 +1095,15 @@ static void *bench_thread(void *arg)
 static void bench(int level)
 {
 	char *root = make_root("bench");
-	uint64_t shape[2] = {8192, 16384}; /* 256 MiB of bf16 */
+	uint64_t shape[2] = { 8192, 16384 }; /* 256 MiB of bf16 */
 	uint64_t n = shape[0] * shape[1] * 2;
 	uint8_t *src = malloc(n);
 	/* bf16 of roughly normal floats: exponent bytes compress, mantissas don't. */
 	uint64_t s = 42;
 	for (uint64_t i = 0; i < n / 2; i++) {
 		uint64_t r = rnd_r(&s);
-		float f = (float)((double)(r & 0xffff) + (double)(r >> 16 & 0xffff) + (double)(r >> 32 & 0xffff) -
-				  98304.0) /
+		float f = (float)((double)(r & 0xffff) + (double)(r >> 16 & 0xffff) +
+				  (double)(r >> 32 & 0xffff) - 98304.0) /
 			  20000.0f;
 		uint32_t u;
 		memcpy(&u, &f, 4);
@@ -1107,13 +1115,13 @@ static void bench(int level)
 	o.zstd_level = level;
 	ckpt_step *st;
 	ckpt_warray *a;
-	const char *k[1] = {"w"};
-	int kt[1] = {2};
+	const char *k[1] = { "w" };
+	int kt[1] = { 2 };
 	CHECK_EQ_INT(ckpt_step_begin(root, "1", &o, &st), 0);
 	CHECK_EQ_INT(ckpt_step_add_array(st, "state", k, kt, 1, CKPT_DT_BFLOAT16, 2, shape, &a), 0);
 	double t0 = now_s();
 	pthread_t th[2];
-	struct bench_job jb[2] = {{a, src, 0, n / 2, 0}, {a, src, n / 2, n, 0}};
+	struct bench_job jb[2] = { { a, src, 0, n / 2, 0 }, { a, src, n / 2, n, 0 } };
 	for (int i = 0; i < 2; i++)
 		pthread_create(&th[i], NULL, bench_thread, &jb[i]);
 	for (int i = 0; i < 2; i++) {
@@ -1134,12 +1142,13 @@ static void bench(int level)
 	ckpt_warray_info info;
 	ckpt_warray_get_info(a, &info);
 	printf("bench zstd level %d: 256 MiB bf16 from 2 threads: writes returned after %.2f s (%.0f MB/s), "
-	       "compression done %.2f s later, commit (index+metadata+fsync+rename) %.2f s; end to end %.0f MB/s; "
+	       "compression done %.2f s later, commit (index+metadata+fsync+rename) %.2f s; end to end %.0f "
+	       "MB/s; "
 	       "stored %.1f MiB (ratio %.3f), chunk [%llu,%llu] shard [%llu,%llu]\n",
-	       level, t1 - t0, n / (t1 - t0) / 1e6, td - t1, t2 - td, n / (t2 - t0) / 1e6, info.stored_bytes / 1048576.0,
-	       (double)n / (double)info.stored_bytes, (unsigned long long)info.chunk_shape[0],
-	       (unsigned long long)info.chunk_shape[1], (unsigned long long)info.shard_shape[0],
-	       (unsigned long long)info.shard_shape[1]);
+	       level, t1 - t0, n / (t1 - t0) / 1e6, td - t1, t2 - td, n / (t2 - t0) / 1e6,
+	       info.stored_bytes / 1048576.0, (double)n / (double)info.stored_bytes,
+	       (unsigned long long)info.chunk_shape[0], (unsigned long long)info.chunk_shape[1],
+	       (unsigned long long)info.shard_shape[0], (unsigned long long)info.shard_shape[1]);
 	ckpt_step_destroy(st);
 	free(src);
 	rm_rf(root);
@@ -1173,18 +1182,18 @@ static int emit(const char *dir)
 		int rank;
 		uint64_t shape[4];
 	} spec[] = {
-		{"state", 3, {"params", "dense", "kernel"}, {2, 2, 2}, CKPT_DT_FLOAT32, 2, {64, 48}},
-		{"state", 3, {"params", "dense", "bias"}, {2, 2, 2}, CKPT_DT_FLOAT32, 1, {48}},
-		{"state", 2, {"params", "emb"}, {2, 2}, CKPT_DT_BFLOAT16, 2, {100, 33}},
-		{"state", 2, {"opt", "count"}, {2, 2}, CKPT_DT_INT32, 0, {0}},
-		{"state", 3, {"layers", "0", "w"}, {2, 1, 2}, CKPT_DT_FLOAT16, 3, {7, 5, 3}},
-		{"state", 3, {"layers", "1", "w"}, {2, 1, 2}, CKPT_DT_FLOAT16, 3, {7, 5, 3}},
-		{"state", 1, {"mask"}, {2}, CKPT_DT_BOOL, 1, {17}},
-		{"state", 1, {"big"}, {2}, CKPT_DT_UINT8, 2, {300, 200}},
-		{"state", 1, {"i64"}, {2}, CKPT_DT_INT64, 2, {10, 10}},
-		{"state", 1, {"r4"}, {2}, CKPT_DT_UINT16, 4, {3, 4, 5, 6}},
-		{"state", 1, {"f64"}, {2}, CKPT_DT_FLOAT64, 1, {129}},
-		{"extra", 1, {"q"}, {2}, CKPT_DT_INT8, 1, {50}},
+		{ "state", 3, { "params", "dense", "kernel" }, { 2, 2, 2 }, CKPT_DT_FLOAT32, 2, { 64, 48 } },
+		{ "state", 3, { "params", "dense", "bias" }, { 2, 2, 2 }, CKPT_DT_FLOAT32, 1, { 48 } },
+		{ "state", 2, { "params", "emb" }, { 2, 2 }, CKPT_DT_BFLOAT16, 2, { 100, 33 } },
+		{ "state", 2, { "opt", "count" }, { 2, 2 }, CKPT_DT_INT32, 0, { 0 } },
+		{ "state", 3, { "layers", "0", "w" }, { 2, 1, 2 }, CKPT_DT_FLOAT16, 3, { 7, 5, 3 } },
+		{ "state", 3, { "layers", "1", "w" }, { 2, 1, 2 }, CKPT_DT_FLOAT16, 3, { 7, 5, 3 } },
+		{ "state", 1, { "mask" }, { 2 }, CKPT_DT_BOOL, 1, { 17 } },
+		{ "state", 1, { "big" }, { 2 }, CKPT_DT_UINT8, 2, { 300, 200 } },
+		{ "state", 1, { "i64" }, { 2 }, CKPT_DT_INT64, 2, { 10, 10 } },
+		{ "state", 1, { "r4" }, { 2 }, CKPT_DT_UINT16, 4, { 3, 4, 5, 6 } },
+		{ "state", 1, { "f64" }, { 2 }, CKPT_DT_FLOAT64, 1, { 129 } },
+		{ "extra", 1, { "q" }, { 2 }, CKPT_DT_INT8, 1, { 50 } },
 	};
 	cJSON *ex = cJSON_CreateArray();
 	for (size_t i = 0; i < sizeof(spec) / sizeof(spec[0]); i++) {

@@ -42,13 +42,16 @@ static int parse(int fmt, const char *json, ckpt_array_meta *m)
  * of shard (0,0) empty; element (i,j) = 100*i + j. */
 static void test_sharded_start(ckpt_store *s)
 {
-	const char *json = "{\"zarr_format\":3,\"node_type\":\"array\",\"shape\":[6,4],\"data_type\":\"int32\","
-			   "\"chunk_grid\":{\"name\":\"regular\",\"configuration\":{\"chunk_shape\":[4,4]}},"
-			   "\"chunk_key_encoding\":{\"name\":\"default\"},\"fill_value\":-1,"
-			   "\"codecs\":[{\"name\":\"sharding_indexed\",\"configuration\":{\"chunk_shape\":[2,2],"
-			   "\"codecs\":[{\"name\":\"bytes\",\"configuration\":{\"endian\":\"little\"}},{\"name\":\"zstd\"}],"
-			   "\"index_codecs\":[{\"name\":\"bytes\",\"configuration\":{\"endian\":\"little\"}},{\"name\":\"crc32c\"}],"
-			   "\"index_location\":\"start\"}}]}";
+	const char *json =
+		"{\"zarr_format\":3,\"node_type\":\"array\",\"shape\":[6,4],\"data_type\":\"int32\","
+		"\"chunk_grid\":{\"name\":\"regular\",\"configuration\":{\"chunk_shape\":[4,4]}},"
+		"\"chunk_key_encoding\":{\"name\":\"default\"},\"fill_value\":-1,"
+		"\"codecs\":[{\"name\":\"sharding_indexed\",\"configuration\":{\"chunk_shape\":[2,2],"
+		"\"codecs\":[{\"name\":\"bytes\",\"configuration\":{\"endian\":\"little\"}},{\"name\":"
+		"\"zstd\"}],"
+		"\"index_codecs\":[{\"name\":\"bytes\",\"configuration\":{\"endian\":\"little\"}},{\"name\":"
+		"\"crc32c\"}],"
+		"\"index_location\":\"start\"}}]}";
 	put_file("a/zarr.json", json, strlen(json));
 	for (int sr = 0; sr < 2; sr++) { /* shard rows 0..1 (rows 0-3, 4-7 clipped at 6) */
 		uint8_t buf[4096];
@@ -85,10 +88,12 @@ static void test_sharded_start(ckpt_store *s)
 	for (uint64_t gi = 0; gi < 3; gi++)
 		for (uint64_t gj = 0; gj < 2; gj++) {
 			int32_t v[4];
-			uint64_t g[2] = {gi, gj};
+			uint64_t g[2] = { gi, gj };
 			CHECK_EQ_INT(ckpt_zarr_read_unit(s, "a", &m, g, v, sc), 0);
 			for (int k = 0; k < 4; k++) {
-				int32_t want = (gi == 0 && gj == 1) ? -1 : (int32_t)(100 * (gi * 2 + k / 2) + gj * 2 + k % 2);
+				int32_t want = (gi == 0 && gj == 1)
+						       ? -1
+						       : (int32_t)(100 * (gi * 2 + k / 2) + gj * 2 + k % 2);
 				CHECK_EQ_INT(v[k], want);
 			}
 		}
@@ -102,7 +107,7 @@ static void test_sharded_start(ckpt_store *s)
 	fputc(byte ^ 0xff, f);
 	fclose(f);
 	int32_t v[4];
-	uint64_t g[2] = {2, 0};
+	uint64_t g[2] = { 2, 0 };
 	CHECK_EQ_INT(ckpt_zarr_read_unit(s, "a", &m, g, v, sc), -EIO);
 	ckpt_zarr_scratch_destroy(sc);
 }
@@ -110,19 +115,21 @@ static void test_sharded_start(ckpt_store *s)
 /* v3 without sharding: uint16 [3] big-endian bytes, then crc32c. */
 static void test_big_endian_crc(ckpt_store *s)
 {
-	const char *json = "{\"zarr_format\":3,\"node_type\":\"array\",\"shape\":[3],\"data_type\":\"uint16\","
-			   "\"chunk_grid\":{\"name\":\"regular\",\"configuration\":{\"chunk_shape\":[3]}},"
-			   "\"chunk_key_encoding\":{\"name\":\"v2\"},\"fill_value\":0,"
-			   "\"codecs\":[{\"name\":\"bytes\",\"configuration\":{\"endian\":\"big\"}},{\"name\":\"crc32c\"}]}";
+	const char *json =
+		"{\"zarr_format\":3,\"node_type\":\"array\",\"shape\":[3],\"data_type\":\"uint16\","
+		"\"chunk_grid\":{\"name\":\"regular\",\"configuration\":{\"chunk_shape\":[3]}},"
+		"\"chunk_key_encoding\":{\"name\":\"v2\"},\"fill_value\":0,"
+		"\"codecs\":[{\"name\":\"bytes\",\"configuration\":{\"endian\":\"big\"}},{\"name\":"
+		"\"crc32c\"}]}";
 	put_file("b/zarr.json", json, strlen(json));
-	uint8_t raw[6 + 4] = {0x01, 0x02, 0x03, 0x04, 0x05, 0x06};
+	uint8_t raw[6 + 4] = { 0x01, 0x02, 0x03, 0x04, 0x05, 0x06 };
 	ckpt_put_le32(raw + 6, ckpt_crc32c(0, raw, 6));
 	put_file("b/0", raw, sizeof(raw));
 	ckpt_array_meta m;
 	CHECK_EQ_INT(parse(3, json, &m), 0);
 	ckpt_zarr_scratch *sc = ckpt_zarr_scratch_create();
 	uint16_t v[3];
-	uint64_t g[1] = {0};
+	uint64_t g[1] = { 0 };
 	CHECK_EQ_INT(ckpt_zarr_read_unit(s, "b", &m, g, v, sc), 0);
 	CHECK_EQ_INT(v[0], 0x0102);
 	CHECK_EQ_INT(v[2], 0x0506);
@@ -135,16 +142,17 @@ static void test_big_endian_crc(ckpt_store *s)
 /* v2: float32 [2,3], one chunk, F order, '/' separator, no compressor. */
 static void test_v2_fortran(ckpt_store *s)
 {
-	const char *json = "{\"zarr_format\":2,\"shape\":[2,3],\"chunks\":[2,3],\"dtype\":\"<f4\",\"compressor\":null,"
-			   "\"fill_value\":null,\"filters\":null,\"order\":\"F\",\"dimension_separator\":\"/\"}";
+	const char *json =
+		"{\"zarr_format\":2,\"shape\":[2,3],\"chunks\":[2,3],\"dtype\":\"<f4\",\"compressor\":null,"
+		"\"fill_value\":null,\"filters\":null,\"order\":\"F\",\"dimension_separator\":\"/\"}";
 	put_file("c/.zarray", json, strlen(json));
-	float f[6] = {0, 3, 1, 4, 2, 5}; /* column-major of [[0,1,2],[3,4,5]] */
+	float f[6] = { 0, 3, 1, 4, 2, 5 }; /* column-major of [[0,1,2],[3,4,5]] */
 	put_file("c/0/0", f, sizeof(f));
 	ckpt_array_meta m;
 	CHECK_EQ_INT(parse(2, json, &m), 0);
 	CHECK_EQ_INT(m.sep, '/');
 	char key[64];
-	uint64_t g[2] = {0, 0};
+	uint64_t g[2] = { 0, 0 };
 	CHECK(ckpt_zarr_unit_key(&m, "c", g, key, sizeof(key)) > 0);
 	CHECK(strcmp(key, "c/0/0") == 0);
 	ckpt_zarr_scratch *sc = ckpt_zarr_scratch_create();
@@ -159,22 +167,25 @@ static void test_refused(void)
 {
 	ckpt_array_meta m;
 	const char *why;
-	const char *gzip = "{\"zarr_format\":2,\"shape\":[4],\"chunks\":[4],\"dtype\":\"<f4\","
-			   "\"compressor\":{\"id\":\"gzip\"},\"fill_value\":0,\"filters\":null,\"order\":\"C\"}";
+	const char *gzip =
+		"{\"zarr_format\":2,\"shape\":[4],\"chunks\":[4],\"dtype\":\"<f4\","
+		"\"compressor\":{\"id\":\"gzip\"},\"fill_value\":0,\"filters\":null,\"order\":\"C\"}";
 	CHECK_EQ_INT(ckpt_zarr_parse(2, gzip, strlen(gzip), &m, &why), -ENOTSUP);
-	const char *huge = "{\"zarr_format\":2,\"shape\":[4611686018427387904,4611686018427387904],\"chunks\":[1,1],"
-			   "\"dtype\":\"<f4\",\"compressor\":null,\"fill_value\":0,\"filters\":null,\"order\":\"C\"}";
+	const char *huge =
+		"{\"zarr_format\":2,\"shape\":[4611686018427387904,4611686018427387904],\"chunks\":[1,1],"
+		"\"dtype\":\"<f4\",\"compressor\":null,\"fill_value\":0,\"filters\":null,\"order\":\"C\"}";
 	CHECK_EQ_INT(ckpt_zarr_parse(2, huge, strlen(huge), &m, &why), -EINVAL);
 	const char *zero = "{\"zarr_format\":2,\"shape\":[4],\"chunks\":[0],\"dtype\":\"<f4\","
 			   "\"compressor\":null,\"fill_value\":0,\"filters\":null,\"order\":\"C\"}";
 	CHECK_EQ_INT(ckpt_zarr_parse(2, zero, strlen(zero), &m, &why), -EINVAL);
 	CHECK_EQ_INT(ckpt_zarr_parse(3, "[1,2]", 5, &m, &why), -EINVAL);
 	CHECK_EQ_INT(ckpt_zarr_parse(3, "{\"zarr_format\":3", 16, &m, &why), -EINVAL);
-	const char *badshard = "{\"zarr_format\":3,\"node_type\":\"array\",\"shape\":[8],\"data_type\":\"int8\","
-			       "\"chunk_grid\":{\"name\":\"regular\",\"configuration\":{\"chunk_shape\":[4]}},"
-			       "\"chunk_key_encoding\":{\"name\":\"default\"},\"fill_value\":0,"
-			       "\"codecs\":[{\"name\":\"sharding_indexed\",\"configuration\":{\"chunk_shape\":[3],"
-			       "\"codecs\":[{\"name\":\"bytes\"}]}}]}";
+	const char *badshard =
+		"{\"zarr_format\":3,\"node_type\":\"array\",\"shape\":[8],\"data_type\":\"int8\","
+		"\"chunk_grid\":{\"name\":\"regular\",\"configuration\":{\"chunk_shape\":[4]}},"
+		"\"chunk_key_encoding\":{\"name\":\"default\"},\"fill_value\":0,"
+		"\"codecs\":[{\"name\":\"sharding_indexed\",\"configuration\":{\"chunk_shape\":[3],"
+		"\"codecs\":[{\"name\":\"bytes\"}]}}]}";
 	CHECK_EQ_INT(ckpt_zarr_parse(3, badshard, strlen(badshard), &m, &why), -EINVAL);
 }
 
