@@ -16,7 +16,6 @@ mounted again by a fresh daemon.  Then:
 """
 
 import errno
-import hashlib
 import io
 import multiprocessing
 import os
@@ -31,6 +30,7 @@ import numpy as np
 import pytest
 
 import ckfs_util as U
+from test_write import commit, tree_files
 import zarr3_verify as V
 
 TMP = ".orbax-checkpoint-tmp"
@@ -52,20 +52,6 @@ def npy_of(a):
     return npy_bytes(np.lib.format.dtype_to_descr(a.dtype), a.shape, a.tobytes())
 
 
-def commit(step_dir):
-    open(Path(step_dir) / "commit_success.txt", "w").close()
-
-
-def tree_files(d):
-    out = {}
-    for dirpath, dirnames, filenames in os.walk(d):
-        for fn in filenames:
-            p = Path(dirpath) / fn
-            st = p.stat()
-            out[str(p.relative_to(d))] = (st.st_size, st.st_mtime_ns, hashlib.sha256(p.read_bytes()).hexdigest())
-        for dn in dirnames:
-            out[str((Path(dirpath) / dn).relative_to(d)) + "/"] = None
-    return out
 
 
 def read_bytes(path):
