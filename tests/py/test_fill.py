@@ -3,7 +3,6 @@ zarr v3 fill_value 0.0), and only the missing box does."""
 
 import json
 import os
-import shutil
 
 import numpy as np
 

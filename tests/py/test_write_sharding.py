@@ -9,7 +9,6 @@ import json
 import os
 
 import numpy as np
-import pytest
 
 import ckfs_util as U
 
