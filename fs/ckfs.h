@@ -9,7 +9,7 @@
 #define FUSE_USE_VERSION 312
 #include <fuse_lowlevel.h>
 
-#include "view.h"
+#include "ckpt.h"
 
 struct ckfs_opts {
 	char *source;

@@ -11,7 +11,6 @@
 #include <fcntl.h>
 
 #include "ckfs.h"
-#include "tlsbuf.h"
 
 static struct ckfs *fs_of(fuse_req_t req)
 {

@@ -6,7 +6,7 @@ mount through ordinary system calls, and unmounts with fusermount3.
 
 Environment:
   CKPT_BIN       the daemon binary (default: <repo>/build/ckptfs)
-  CKPT_FIXTURES  the Orbax fixtures (default: <repo>/../shared/fixtures/orbax-0.12.4)
+  CKPT_FIXTURES  the Orbax fixtures (default: <repo>/tests/fixtures/orbax-0.12.4)
 """
 
 import base64
@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 REPO = Path(__file__).resolve().parents[2]
-FIXTURES = Path(os.environ.get("CKPT_FIXTURES", REPO.parent / "shared" / "fixtures" / "orbax-0.12.4"))
+FIXTURES = Path(os.environ.get("CKPT_FIXTURES", REPO / "tests" / "fixtures" / "orbax-0.12.4"))
 BIN = Path(os.environ.get("CKPT_BIN", REPO / "build" / "ckptfs"))
 
 READY_TIMEOUT = 60.0  # seconds to wait for the readiness byte (ASan builds start slower)

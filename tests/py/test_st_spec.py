@@ -19,7 +19,7 @@ from st_spec import SpecError, load, parse, writer_deviations
 
 HERE = Path(__file__).resolve().parent
 FIXTURES = Path(
-    os.environ.get("CKPT_FIXTURES", HERE.parents[2] / "shared" / "fixtures" / "orbax-0.12.4")
+    os.environ.get("CKPT_FIXTURES", HERE.parent / "fixtures" / "orbax-0.12.4")
 )
 TS_TO_ST = {"float32": "F32", "bfloat16": "BF16", "int32": "I32", "float64": "F64", "int64": "I64"}
 

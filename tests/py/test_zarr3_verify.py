@@ -26,7 +26,7 @@ sys.path.insert(0, str(HERE))
 import zarr3_verify as V  # noqa: E402
 
 REPO = HERE.parent.parent
-FIXTURES = Path(os.environ.get("CKPT_FIXTURES", REPO.parent / "shared" / "fixtures" / "orbax-0.12.4"))
+FIXTURES = Path(os.environ.get("CKPT_FIXTURES", REPO / "tests" / "fixtures" / "orbax-0.12.4"))
 
 
 def find_test_writer():
