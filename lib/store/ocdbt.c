@@ -85,6 +85,7 @@ static size_t rd_left(const struct rd *r)
 static int rd_varint(struct rd *r, struct perr *e, const char *what, uint64_t *v)
 {
 	uint64_t x = 0;
+	*v = 0; /* defined on failure too (gcc -O2 cannot see that fail() never returns 0) */
 	for (unsigned i = 0; i < 10; i++) {
 		if (r->p >= r->end)
 			return fail(e, "truncated %s", what);

@@ -452,8 +452,10 @@ static int collect(ckpt_view *v, struct node *dir, const char *prefix, struct st
 		char name[8192];
 		size_t stem;
 		if (k->type == N_ARRAY && ends_with(k->name, ".npy", &stem)) {
-			snprintf(name, sizeof(name), "%s%s%.*s", prefix, *prefix ? "." : "", (int)stem,
-				 k->name);
+			int w = snprintf(name, sizeof(name), "%s%s%.*s", prefix, *prefix ? "." : "", (int)stem,
+					 k->name);
+			if (w < 0 || (size_t)w >= sizeof(name))
+				return -ENAMETOOLONG;
 			if (c->n == c->cap) {
 				size_t cap = c->cap ? c->cap * 2 : 16;
 				ckpt_st_tensor *t = realloc(c->t, cap * sizeof(*t));
@@ -477,7 +479,9 @@ static int collect(ckpt_view *v, struct node *dir, const char *prefix, struct st
 			c->nodes[c->n] = k;
 			c->n++;
 		} else if (k->type == N_DIR) {
-			snprintf(name, sizeof(name), "%s%s%s", prefix, *prefix ? "." : "", k->name);
+			int w = snprintf(name, sizeof(name), "%s%s%s", prefix, *prefix ? "." : "", k->name);
+			if (w < 0 || (size_t)w >= sizeof(name))
+				return -ENAMETOOLONG;
 			int rc = collect(v, k, name, c, depth + 1);
 			if (rc < 0)
 				return rc;

@@ -132,6 +132,8 @@ static int sorted_unique(const struct keylist *l)
 
 static int read_value(ckpt_store *s, const char *key, uint8_t **out, size_t *len)
 {
+	*out = NULL; /* defined on failure too: gcc -O2 cannot prove (int)n != 0 below */
+	*len = 0;
 	uint64_t size;
 	int rc = ckpt_store_size(s, key, &size);
 	if (rc)
