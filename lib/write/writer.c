@@ -2,7 +2,6 @@
  * read-back paths.  Declarations: writer_decl.c; chunk memory, spill and
  * pins: writer_mem.c; compression: writer_zpool.c; commit:
  * writer_commit.c; shapes and piece enumeration: writer_geom.c. */
-#include <dirent.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -14,7 +13,9 @@
 
 #include <zstd.h>
 
+#include "hugebuf.h"
 #include "stats.h"
+#include "sysio.h"
 #include "writer_int.h"
 
 void ckpt_writer_opts_init(ckpt_writer_opts *o)
@@ -34,51 +35,6 @@ void ckpt_writer_opts_init(ckpt_writer_opts *o)
 	o->shard_bytes = (uint64_t)1 << 30;
 }
 
-int64_t w_now_ns(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_REALTIME, &ts);
-	return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
-}
-
-int w_pwrite_all(int fd, const void *buf, size_t len, uint64_t off)
-{
-	const uint8_t *p = buf;
-	while (len) {
-		ssize_t n = pwrite(fd, p, len, (off_t)off);
-		if (n < 0) {
-			if (errno == EINTR)
-				continue;
-			return -errno;
-		}
-		if (n == 0)
-			return -EIO;
-		p += n;
-		len -= (size_t)n;
-		off += (uint64_t)n;
-	}
-	return 0;
-}
-
-int w_pread_all(int fd, void *buf, size_t len, uint64_t off)
-{
-	uint8_t *p = buf;
-	while (len) {
-		ssize_t n = pread(fd, p, len, (off_t)off);
-		if (n < 0) {
-			if (errno == EINTR)
-				continue;
-			return -errno;
-		}
-		if (n == 0)
-			return -EIO; /* short file */
-		p += n;
-		len -= (size_t)n;
-		off += (uint64_t)n;
-	}
-	return 0;
-}
-
 /* One path component we are willing to create. */
 int w_name_ok(const char *s)
 {
@@ -86,42 +42,6 @@ int w_name_ok(const char *s)
 	if (n == 0 || n > 255 || strchr(s, '/') || strcmp(s, ".") == 0 || strcmp(s, "..") == 0)
 		return 0;
 	return strstr(s, W_TMP_SUFFIX) == NULL && strstr(s, ".partial_save") == NULL;
-}
-
-/* ---- removing folders ---- */
-
-static int rmtree_at(int dfd, const char *name, int depth)
-{
-	if (depth > 64)
-		return -ELOOP;
-	int fd = openat(dfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-	if (fd < 0) {
-		if (errno == ENOTDIR || errno == ELOOP)
-			return unlinkat(dfd, name, 0) ? -errno : 0;
-		return errno == ENOENT ? 0 : -errno;
-	}
-	DIR *d = fdopendir(fd);
-	if (!d) {
-		close(fd);
-		return -errno;
-	}
-	int rc = 0;
-	struct dirent *de;
-	while ((de = readdir(d))) {
-		if (strcmp(de->d_name, ".") == 0 || strcmp(de->d_name, "..") == 0)
-			continue;
-		int r;
-		if (de->d_type == DT_DIR || de->d_type == DT_UNKNOWN)
-			r = rmtree_at(dirfd(d), de->d_name, depth + 1);
-		else
-			r = unlinkat(dirfd(d), de->d_name, 0) ? -errno : 0;
-		if (r && !rc)
-			rc = r;
-	}
-	closedir(d);
-	if (unlinkat(dfd, name, AT_REMOVEDIR) && !rc && errno != ENOENT)
-		rc = -errno;
-	return rc;
 }
 
 /* ---- steps ---- */
@@ -210,7 +130,7 @@ int ckpt_step_begin(const char *root_dir, const char *step_name, const ckpt_writ
 			goto fail;
 		}
 		ckpt_log(CKPT_LOG_WARN, "writer: removing stale %s", st->tmppath);
-		rc = rmtree_at(st->rootfd, st->tmpname, 0);
+		rc = ckpt_rmtree_at(st->rootfd, st->tmpname);
 		close(old);
 		if (rc) {
 			ckpt_log(CKPT_LOG_ERR, "writer: step %s: cannot remove stale %s: %s", step_name,
@@ -231,7 +151,7 @@ int ckpt_step_begin(const char *root_dir, const char *step_name, const ckpt_writ
 			 strerror(errno));
 		goto fail;
 	}
-	st->init_ns = w_now_ns();
+	st->init_ns = ckpt_wall_ns();
 	rc = w_write_ckpt_metadata(st, 0);
 	if (rc)
 		goto fail_dir;
@@ -243,7 +163,7 @@ int ckpt_step_begin(const char *root_dir, const char *step_name, const ckpt_writ
 	*out = st;
 	return 0;
 fail_dir:
-	rmtree_at(st->rootfd, st->tmpname, 0);
+	ckpt_rmtree_at(st->rootfd, st->tmpname);
 fail:
 	step_free(st);
 	return rc;
@@ -365,7 +285,7 @@ static int piece_read(void *ctx, const struct wpiece *p)
 		rc = w_stored_load(a, p->chunk, off, len, w->tmp);
 	} else { /* SPILLED */
 		int fd = w_spill_fd(st);
-		rc = fd < 0 ? fd : w_pread_all(fd, w->tmp, a->chunk_nbytes, soff);
+		rc = fd < 0 ? fd : ckpt_pread_all(fd, w->tmp, a->chunk_nbytes, soff);
 		if (rc)
 			ckpt_log(CKPT_LOG_ERR, "writer: %s: reading a spilled chunk failed: %s", a->relpath,
 				 strerror(-rc));
@@ -406,7 +326,7 @@ void ckpt_step_abort(ckpt_step *st)
 		return;
 	w_zpool_stop(st);
 	if (st->state == CKPT_STEP_PENDING) {
-		int rc = rmtree_at(st->rootfd, st->tmpname, 0);
+		int rc = ckpt_rmtree_at(st->rootfd, st->tmpname);
 		if (rc)
 			ckpt_log(CKPT_LOG_ERR, "writer: step %s: removing %s: %s", st->name, st->tmppath,
 				 strerror(-rc));
@@ -428,7 +348,7 @@ void ckpt_step_destroy(ckpt_step *st)
 				if (l) {
 					pthread_mutex_destroy(&l->mu);
 					w_cov_free(&l->cov);
-					w_buf_free(l->buf, a->chunk_nbytes);
+					ckpt_hugebuf_free(l->buf, l->bufcap);
 					free(l);
 				}
 			}

@@ -12,6 +12,7 @@
 
 #include "crc32c.h"
 #include "stats.h"
+#include "sysio.h"
 #include "writer_int.h"
 
 #define PYTREE_HANDLER "orbax.checkpoint._src.handlers.pytree_checkpoint_handler.PyTreeCheckpointHandler"
@@ -19,12 +20,7 @@
 /* Create/replace rel below dirfd with data, fsync it. */
 static int write_file(struct ckpt_step *st, const char *rel, const void *data, size_t len)
 {
-	int fd = openat(st->dirfd, rel, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-	int rc = fd < 0 ? -errno : w_pwrite_all(fd, data, len, 0);
-	if (!rc && fsync(fd))
-		rc = -errno;
-	if (fd >= 0 && close(fd) && !rc)
-		rc = -errno;
+	int rc = ckpt_write_file_sync_at(st->dirfd, rel, data, len);
 	if (rc)
 		ckpt_log(CKPT_LOG_ERR, "writer: step %s: writing %s: %s", st->name, rel, strerror(-rc));
 	return rc;
@@ -32,10 +28,7 @@ static int write_file(struct ckpt_step *st, const char *rel, const void *data, s
 
 static int fsync_dir(struct ckpt_step *st, const char *rel)
 {
-	int fd = openat(st->dirfd, rel, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-	int rc = fd < 0 ? -errno : (fsync(fd) ? -errno : 0);
-	if (fd >= 0)
-		close(fd);
+	int rc = ckpt_fsync_dir_at(st->dirfd, rel);
 	if (rc)
 		ckpt_log(CKPT_LOG_ERR, "writer: step %s: fsync of folder %s: %s", st->name, rel,
 			 strerror(-rc));
@@ -183,7 +176,7 @@ static int finish_shards(struct ckpt_step *st, struct ckpt_warray *a)
 		ckpt_put_le32(ix + 16 * n, ckpt_crc32c(0, ix, 16 * n));
 		uint64_t end = a->shards[s].end;
 		int fd = w_shard_open(a, s, O_WRONLY | O_CREAT);
-		rc = fd < 0 ? fd : w_pwrite_all(fd, ix, isize, end);
+		rc = fd < 0 ? fd : ckpt_pwrite_all(fd, ix, isize, end);
 		if (!rc && ftruncate(fd, (off_t)(end + isize)))
 			rc = -errno;
 		if (!rc && fsync(fd))
@@ -561,7 +554,7 @@ static int commit_inner(struct ckpt_step *st, const char *final_name)
 		rc = finish_item(st, it, final_path);
 	if (rc)
 		return rc;
-	rc = w_write_ckpt_metadata(st, w_now_ns());
+	rc = w_write_ckpt_metadata(st, ckpt_wall_ns());
 	if (rc)
 		return rc;
 	char msg[4200];

@@ -9,6 +9,7 @@
 
 #include <cjson/cJSON.h>
 
+#include "hash.h"
 #include "writer_int.h"
 
 /* ---- hash of pytree nodes and param names ----
@@ -31,10 +32,7 @@ struct whash {
 
 static uint64_t hash_bytes(const char *k, size_t n)
 {
-	uint64_t h = 1469598103934665603ULL;
-	for (size_t i = 0; i < n; i++)
-		h = (h ^ (uint8_t)k[i]) * 1099511628211ULL;
-	return h;
+	return ckpt_fnv1a(k, n, CKPT_FNV1A_INIT);
 }
 
 static struct hent *hash_find(struct whash *t, const char *k, size_t n)

@@ -44,6 +44,7 @@ struct wcov {
 struct wlive {
 	pthread_mutex_t mu; /* buf contents and cov */
 	uint8_t *buf; /* chunk_nbytes, C order, zero where unwritten */
+	size_t bufcap; /* buf's capacity (ckpt_hugebuf_alloc) */
 	struct wcov cov;
 	struct ckpt_warray *arr;
 	uint64_t idx; /* linear chunk index */
@@ -224,9 +225,6 @@ int w_step_writable(struct ckpt_step *st, const char *what);
 void w_live_free(struct ckpt_step *st, struct wlive *l, int release_mem);
 void w_lru_remove_locked(struct ckpt_step *st, struct wlive *l);
 void w_cache_free(struct ckpt_step *st);
-/* Chunk buffers (huge-page mappings from 2 MiB up); free with their size. */
-void *w_buf_alloc(size_t size);
-void w_buf_free(void *p, size_t size);
 /* The spill file (created on first use); fd or -errno. */
 int w_spill_fd(struct ckpt_step *st);
 /* Pin a chunk that has a live buffer (under array->mu). */
@@ -238,14 +236,10 @@ void w_unpin(struct ckpt_warray *a, uint64_t idx, uint64_t added);
 int w_pin_write(struct ckpt_warray *a, uint64_t idx, struct wlive **out);
 
 /* ---- writer.c ---- */
-/* Write/read whole buffers at an offset; -errno. */
-int w_pwrite_all(int fd, const void *buf, size_t len, uint64_t off);
-int w_pread_all(int fd, void *buf, size_t len, uint64_t off);
 /* Open the shard file of chunk idx for appending (creating folders). */
 int w_shard_open(struct ckpt_warray *a, uint64_t sidx, int flags);
 /* Read and decode a STORED chunk into dst (chunk_nbytes); -EIO logged. */
 int w_stored_load(struct ckpt_warray *a, uint64_t idx, uint64_t off, uint64_t len, uint8_t *dst);
-int64_t w_now_ns(void);
 
 /* ---- writer_commit.c ---- */
 int w_commit(struct ckpt_step *st, const char *final_name);

@@ -6,45 +6,21 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <unistd.h>
 
 #include <zstd.h>
 
+#include "hugebuf.h"
 #include "stats.h"
+#include "sysio.h"
 #include "writer_int.h"
-
-/* Chunk buffers of 2 MiB and more come from their own mapping with
- * transparent huge pages: a fresh buffer is then faulted in 2 MiB at a
- * time instead of 4 KiB (first touch is the expensive part on this VM). */
-#define W_BIG ((size_t)2 << 20)
-
-void *w_buf_alloc(size_t size)
-{
-	if (size < W_BIG)
-		return malloc(size ? size : 1);
-	void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-	if (p == MAP_FAILED)
-		return NULL;
-	madvise(p, size, MADV_HUGEPAGE);
-	return p;
-}
-
-void w_buf_free(void *p, size_t size)
-{
-	if (!p)
-		return;
-	if (size < W_BIG)
-		free(p);
-	else
-		munmap(p, size);
-}
 
 #define SPILL_NONE 0 /* chunks[].spill_off stores offset + 1 */
 
 struct wbuf {
 	struct wbuf *next;
-	uint64_t size;
+	uint64_t size; /* the chunk size it was allocated for */
+	size_t cap; /* ckpt_hugebuf_alloc's capacity */
 	uint8_t *p;
 };
 
@@ -84,9 +60,10 @@ static int spill(struct ckpt_step *st, struct ckpt_warray *a, uint64_t idx);
  * return a zeroed buffer.  Waits for compression, spills partial chunks,
  * and exceeds the budget only when nothing else can free memory.  Called
  * with no lock held. */
-static int mem_acquire(struct ckpt_step *st, uint64_t cost, uint64_t size, uint8_t **out)
+static int mem_acquire(struct ckpt_step *st, uint64_t cost, uint64_t size, uint8_t **out, size_t *outcap)
 {
 	uint8_t *buf = NULL;
+	size_t cap = 0;
 	int rc = 0;
 	pthread_mutex_lock(&st->mu);
 	for (struct wbuf **pp = &st->cache; *pp; pp = &(*pp)->next) {
@@ -94,6 +71,7 @@ static int mem_acquire(struct ckpt_step *st, uint64_t cost, uint64_t size, uint8
 			struct wbuf *b = *pp;
 			*pp = b->next;
 			buf = b->p;
+			cap = b->cap;
 			free(b);
 			st->cached_bytes -= size;
 			st->ncached--;
@@ -110,7 +88,7 @@ static int mem_acquire(struct ckpt_step *st, uint64_t cost, uint64_t size, uint8
 			st->cached_bytes -= b->size;
 			st->ncached--;
 			st->mem_used -= b->size;
-			w_buf_free(b->p, b->size);
+			ckpt_hugebuf_free(b->p, b->cap);
 			free(b);
 			continue;
 		}
@@ -146,7 +124,7 @@ static int mem_acquire(struct ckpt_step *st, uint64_t cost, uint64_t size, uint8
 		st->mem_used += cost;
 	pthread_mutex_unlock(&st->mu);
 	int fresh = !buf;
-	if (!rc && !buf && !(buf = w_buf_alloc(size))) {
+	if (!rc && !buf && !(buf = ckpt_hugebuf_alloc(size, &cap))) {
 		rc = -ENOMEM;
 		pthread_mutex_lock(&st->mu);
 		st->mem_used -= cost;
@@ -154,12 +132,13 @@ static int mem_acquire(struct ckpt_step *st, uint64_t cost, uint64_t size, uint8
 		pthread_mutex_unlock(&st->mu);
 	}
 	if (rc) {
-		w_buf_free(buf, size);
+		ckpt_hugebuf_free(buf, cap);
 		return rc;
 	}
-	if (!fresh || size < W_BIG)
-		memset(buf, 0, size); /* a fresh mapping is zero already */
+	if (!fresh)
+		memset(buf, 0, size); /* a fresh buffer is zero already */
 	*out = buf;
+	*outcap = cap;
 	return 0;
 }
 
@@ -168,7 +147,7 @@ static int live_new(struct ckpt_warray *a, uint64_t idx, struct wlive **out)
 	struct wlive *l = calloc(1, sizeof(*l));
 	if (!l)
 		return -ENOMEM;
-	int rc = mem_acquire(a->step, a->live_cost, a->chunk_nbytes, &l->buf);
+	int rc = mem_acquire(a->step, a->live_cost, a->chunk_nbytes, &l->buf, &l->bufcap);
 	if (rc) {
 		free(l);
 		if (rc == -ENOMEM)
@@ -197,6 +176,7 @@ void w_live_free(struct ckpt_step *st, struct wlive *l, int release_mem)
 	if (release_mem && st->ncached < 64 &&
 	    st->cached_bytes + a->chunk_nbytes <= st->opts.mem_budget / 4 && (b = malloc(sizeof(*b)))) {
 		b->p = l->buf;
+		b->cap = l->bufcap;
 		b->size = a->chunk_nbytes;
 		b->next = st->cache;
 		st->cache = b;
@@ -207,7 +187,7 @@ void w_live_free(struct ckpt_step *st, struct wlive *l, int release_mem)
 	}
 	pthread_cond_broadcast(&st->memcond);
 	pthread_mutex_unlock(&st->mu);
-	w_buf_free(l->buf, a->chunk_nbytes);
+	ckpt_hugebuf_free(l->buf, l->bufcap);
 	free(l);
 }
 
@@ -257,9 +237,9 @@ static int spill(struct ckpt_step *st, struct ckpt_warray *a, uint64_t idx)
 	if (!rc)
 		rc = w_cov_to_bitmap(&l->cov, a->chunk_nbytes);
 	if (!rc)
-		rc = w_pwrite_all(fd, l->buf, a->chunk_nbytes, off);
+		rc = ckpt_pwrite_all(fd, l->buf, a->chunk_nbytes, off);
 	if (!rc)
-		rc = w_pwrite_all(fd, l->cov.bm, a->bm_bytes, off + a->chunk_nbytes);
+		rc = ckpt_pwrite_all(fd, l->cov.bm, a->bm_bytes, off + a->chunk_nbytes);
 
 	pthread_mutex_lock(&a->mu);
 	pthread_mutex_lock(&st->mu);
@@ -345,7 +325,7 @@ int w_stored_load(struct ckpt_warray *a, uint64_t idx, uint64_t off, uint64_t le
 	if (!z)
 		return -ENOMEM;
 	int fd = openat(a->step->dirfd, path, O_RDONLY | O_CLOEXEC);
-	rc = fd < 0 ? -errno : w_pread_all(fd, z, len, off);
+	rc = fd < 0 ? -errno : ckpt_pread_all(fd, z, len, off);
 	if (fd >= 0)
 		close(fd);
 	if (!rc) {
@@ -422,9 +402,9 @@ int w_pin_write(struct ckpt_warray *a, uint64_t idx, struct wlive **out)
 			int fd = w_spill_fd(st);
 			rc = w_cov_to_bitmap(&fresh->cov, a->chunk_nbytes);
 			if (!rc)
-				rc = fd < 0 ? fd : w_pread_all(fd, fresh->buf, a->chunk_nbytes, soff);
+				rc = fd < 0 ? fd : ckpt_pread_all(fd, fresh->buf, a->chunk_nbytes, soff);
 			if (!rc)
-				rc = w_pread_all(fd, fresh->cov.bm, a->bm_bytes, soff + a->chunk_nbytes);
+				rc = ckpt_pread_all(fd, fresh->cov.bm, a->bm_bytes, soff + a->chunk_nbytes);
 			if (rc)
 				ckpt_log(CKPT_LOG_ERR, "writer: %s: re-reading a spilled chunk failed: %s",
 					 a->relpath, strerror(-rc));
@@ -473,7 +453,7 @@ void w_cache_free(struct ckpt_step *st)
 {
 	for (struct wbuf *b = st->cache, *nb; b; b = nb) {
 		nb = b->next;
-		w_buf_free(b->p, b->size);
+		ckpt_hugebuf_free(b->p, b->cap);
 		free(b);
 	}
 	st->cache = NULL;

@@ -14,6 +14,7 @@
 #include <zstd.h>
 
 #include "stats.h"
+#include "sysio.h"
 #include "writer_int.h"
 
 void w_queue_push_locked(struct ckpt_step *st, struct wlive *l)
@@ -112,7 +113,7 @@ static int store_chunk(struct zworker *z, struct ckpt_warray *a, struct wlive *l
 	*off = sh->end;
 	sh->end += direct ? wlen : n;
 	pthread_mutex_unlock(&sh->mu);
-	int rc = w_pwrite_all(fd, z->out, wlen, *off);
+	int rc = ckpt_pwrite_all(fd, z->out, wlen, *off);
 	if (rc) {
 		snprintf(why, wcap, "writing shard %llu: %s", (unsigned long long)sidx, strerror(-rc));
 		close(fd);

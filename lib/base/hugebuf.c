@@ -1,0 +1,40 @@
+/* hugebuf.c - see hugebuf.h. */
+#include <stdlib.h>
+#include <sys/mman.h>
+
+#include "hugebuf.h"
+
+#define HUGE_ALIGN ((size_t)2 << 20)
+
+void *ckpt_hugebuf_alloc(size_t len, size_t *cap)
+{
+	if (len < CKPT_HUGEBUF_MIN) {
+		size_t n = len ? len : 1;
+		void *p = calloc(1, n);
+		*cap = p ? n : 0;
+		return p;
+	}
+	size_t n = (len + HUGE_ALIGN - 1) & ~(HUGE_ALIGN - 1);
+	if (n < len) { /* overflow */
+		*cap = 0;
+		return NULL;
+	}
+	void *p = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	if (p == MAP_FAILED) {
+		*cap = 0;
+		return NULL;
+	}
+	madvise(p, n, MADV_HUGEPAGE); /* advice only: without THP it is plain memory */
+	*cap = n;
+	return p;
+}
+
+void ckpt_hugebuf_free(void *p, size_t cap)
+{
+	if (!p)
+		return;
+	if (cap < CKPT_HUGEBUF_MIN)
+		free(p);
+	else
+		munmap(p, cap);
+}

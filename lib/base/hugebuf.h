@@ -1,0 +1,30 @@
+/*
+ * hugebuf.h - large, zero-filled buffers backed by transparent huge pages.
+ *
+ * A buffer of CKPT_HUGEBUF_MIN bytes or more is its own anonymous mapping,
+ * rounded up to a multiple of 2 MiB and advised MADV_HUGEPAGE, so its
+ * first touch faults 2 MiB at a time instead of 4 KiB, and freeing it
+ * returns the memory to the system at once.  Smaller buffers come from
+ * calloc.  Either way the memory is zero-filled.
+ *
+ * Ownership: the caller keeps *cap and passes it back to
+ * ckpt_hugebuf_free; a buffer may be reused for any len <= cap.
+ * Thread-safety: both functions may be called from any thread.
+ */
+#ifndef CKPT_HUGEBUF_H
+#define CKPT_HUGEBUF_H
+
+#include <stddef.h>
+
+#define CKPT_HUGEBUF_MIN ((size_t)2 << 20)
+
+/* A zero-filled buffer of at least len bytes (len 0 gives a valid
+ * 1-byte buffer); *cap = its usable size (>= len).  NULL when out of
+ * memory. */
+void *ckpt_hugebuf_alloc(size_t len, size_t *cap);
+
+/* Free a buffer from ckpt_hugebuf_alloc; cap is the *cap it returned.
+ * NULL is allowed. */
+void ckpt_hugebuf_free(void *p, size_t cap);
+
+#endif
