@@ -1,6 +1,7 @@
 /*
  * pool.h - a fixed set of worker threads running queued tasks (chunk
- * decodes ahead of readers, compression for writers).
+ * decodes ahead of readers).  The writer does not use it: each pending
+ * step runs its own compression threads (lib/write/writer_zpool.c).
  *
  * Thread-safety: submit may be called from any thread.  destroy drains
  * nothing: queued tasks are run to completion first, then threads join.
