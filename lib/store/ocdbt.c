@@ -2,9 +2,11 @@
  * ocdbt.c - read-only OCDBT decoder (see ocdbt.h; format: orbax-format.md §3).
  *
  * Invariants:
- *  - After ckpt_ocdbt_open() returns, everything but the descriptor cache
- *    (struct ofile.fd/refs/lru/cached, db->openv, db->nopen, db->tick) is
- *    immutable; those fields are guarded by db->mu.  No other lock exists.
+ *  - Every byte comes through db->base (a ckpt_store whose root is the item
+ *    folder): a folder store locally, an object store for s3:// and gs://.
+ *  - After ckpt_ocdbt_open_store() returns, everything but the data-file size
+ *    cache (struct ofile.sized/size) is immutable; those fields are guarded
+ *    by db->mu.  No other lock exists.
  *  - db->ents is sorted by key (unsigned bytes) with no duplicates; every key
  *    is NUL-terminated in db->keys and contains no NUL.
  *  - A B+tree child is visited with expected height = parent height - 1, so
@@ -14,22 +16,19 @@
  *  - Every count read from input is checked against the bytes left before
  *    anything is allocated for it.
  */
-#include <dirent.h>
-#include <fcntl.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
-#include <unistd.h>
 #include <zstd.h>
 
 #include "common.h"
 #include "crc32c.h"
 #include "ocdbt.h"
 #include "stats.h"
+#include "store.h"
 
 #define MAGIC_MANIFEST 0x0cdb3a2au
 #define MAGIC_BTREE 0x0cdb20deu
@@ -43,7 +42,6 @@
 #define TABLE_MAX_BYTES ((uint64_t)16 << 20) /* materialized paths of one table */
 #define NODE_MAX_ENTRIES 1048576u
 #define MAX_NODES ((size_t)1 << 24)
-#define FD_CACHE 32
 
 struct lim {
 	uint64_t node_bytes; /* hard cap on a decoded node */
@@ -275,16 +273,12 @@ static int envelope_decode(struct perr *e, const uint8_t *buf, size_t len, uint3
 /* ---------------------------------------------------------------- handle */
 
 struct ofile {
-	char *abs; /* root "/" rel */
-	const char *rel; /* points into abs */
+	char *abs; /* root "/" rel, for messages */
+	const char *rel; /* points into abs: the key in db->base */
 	uint32_t rel_len;
-	/* descriptor cache, guarded by db->mu */
-	int fd; /* -1 when closed */
-	int refs;
-	bool cached; /* fd counted in db->openv */
+	/* size cache, guarded by db->mu */
 	bool sized; /* size valid (files are immutable) */
 	uint64_t size;
-	uint64_t lru;
 };
 
 struct ent {
@@ -297,9 +291,10 @@ struct ent {
 #define FILE_INLINE UINT32_MAX
 
 struct ckpt_ocdbt {
-	char *root;
+	char *root; /* for messages */
 	size_t root_len;
 	struct lim lim;
+	ckpt_store *base; /* one reference; NULL only for the fuzzing entry */
 
 	struct ofile *files;
 	size_t nfiles, capfiles;
@@ -319,9 +314,6 @@ struct ckpt_ocdbt {
 	size_t skipped_nul;
 
 	pthread_mutex_t mu;
-	uint32_t openv[FD_CACHE];
-	unsigned nopen;
-	uint64_t tick;
 };
 
 static int grow(void **buf, size_t *cap, size_t need, size_t elem)
@@ -403,7 +395,6 @@ static int file_intern(ckpt_ocdbt *db, struct perr *e, const char *rel, size_t n
 	f->abs = abs;
 	f->rel = abs + db->root_len + 1;
 	f->rel_len = (uint32_t)n;
-	f->fd = -1;
 	db->fhash[h] = (uint32_t)db->nfiles + 1;
 	*gid = (uint32_t)db->nfiles++;
 	return 0;
@@ -434,105 +425,47 @@ static int check_rel_path(struct perr *e, const char *p, size_t n)
 	return 0;
 }
 
-/* ---------------------------------------------------------------- descriptor cache */
+/* ---------------------------------------------------------------- data files */
 
-static void file_close_locked(struct ofile *f)
-{
-	if (f->fd >= 0)
-		close(f->fd);
-	f->fd = -1;
-	f->cached = false;
-}
-
-/* Open a data file and learn its size, outside db->mu.  A missing file is
- * corrupt data (-EIO); other failures (EMFILE, EACCES, ...) pass through. */
-static int file_open(const struct ofile *f, int *fd, uint64_t *size)
-{
-	int nfd = open(f->abs, O_RDONLY | O_CLOEXEC);
-	struct stat st;
-	int rc = 0;
-	if (nfd < 0 || fstat(nfd, &st) != 0) {
-		rc = -errno;
-		if (nfd >= 0)
-			close(nfd);
-		ckpt_log(CKPT_LOG_ERR, "ocdbt: %s: cannot open data file: %s", f->abs, strerror(-rc));
-		return rc == -ENOENT || rc == -ENOTDIR ? -EIO : rc;
-	}
-	*fd = nfd;
-	*size = (uint64_t)st.st_size;
-	return 0;
-}
-
-/* Take a reference on file gid's descriptor; *fd, *size valid until file_put. */
-static int file_get(ckpt_ocdbt *db, uint32_t gid, int *fd, uint64_t *size)
+/* Size of data file gid (cached: files are immutable).  A missing file is
+ * corrupt data (-EIO); other failures pass through. */
+static int file_size(ckpt_ocdbt *db, uint32_t gid, uint64_t *size)
 {
 	struct ofile *f = &db->files[gid];
 	pthread_mutex_lock(&db->mu);
-	if (f->fd < 0) {
-		pthread_mutex_unlock(&db->mu);
-		int nfd = -1;
-		uint64_t nsize = 0;
-		int rc = file_open(f, &nfd, &nsize);
-		if (rc)
-			return rc;
-		pthread_mutex_lock(&db->mu);
-		if (f->fd >= 0) {
-			close(nfd); /* another thread opened it meanwhile */
-		} else {
-			if (!f->sized) {
-				f->size = nsize; /* files are immutable: the first size stays */
-				f->sized = true;
-			}
-			f->fd = nfd;
-			/* Find a slot in the bounded cache; evict the least recently
-			 * used idle descriptor.  If every cached one is busy, this one
-			 * stays uncached and is closed by the last file_put. */
-			if (db->nopen < FD_CACHE) {
-				db->openv[db->nopen++] = gid;
-				f->cached = true;
-			} else {
-				int victim = -1;
-				for (unsigned i = 0; i < db->nopen; i++) {
-					struct ofile *o = &db->files[db->openv[i]];
-					if (o->refs == 0 &&
-					    (victim < 0 || o->lru < db->files[db->openv[victim]].lru))
-						victim = (int)i;
-				}
-				if (victim >= 0) {
-					file_close_locked(&db->files[db->openv[victim]]);
-					db->openv[victim] = gid;
-					f->cached = true;
-				}
-			}
-		}
+	bool sized = f->sized;
+	*size = f->size;
+	pthread_mutex_unlock(&db->mu);
+	if (sized)
+		return 0;
+	uint64_t n = 0;
+	int rc = db->base->ops->size(db->base, f->rel, &n);
+	if (rc) {
+		ckpt_log(CKPT_LOG_ERR, "ocdbt: %s: cannot open data file: %s", f->abs, strerror(-rc));
+		return rc == -ENOENT || rc == -ENOTDIR ? -EIO : rc;
 	}
-	f->refs++;
-	f->lru = ++db->tick;
-	*fd = f->fd;
+	pthread_mutex_lock(&db->mu);
+	if (!f->sized) {
+		f->size = n;
+		f->sized = true;
+	}
 	*size = f->size;
 	pthread_mutex_unlock(&db->mu);
 	return 0;
 }
 
-static void file_put(ckpt_ocdbt *db, uint32_t gid)
+/* Read exactly len bytes at off of data file gid (no stats counted). */
+static int file_read(ckpt_ocdbt *db, uint32_t gid, void *dst, size_t len, uint64_t off, size_t *got)
 {
-	struct ofile *f = &db->files[gid];
-	pthread_mutex_lock(&db->mu);
-	if (--f->refs == 0 && !f->cached)
-		file_close_locked(f);
-	pthread_mutex_unlock(&db->mu);
-}
-
-static int pread_full(int fd, void *dst, size_t len, uint64_t off, size_t *got)
-{
+	const struct ofile *f = &db->files[gid];
 	size_t done = 0;
+	*got = 0;
 	while (done < len) {
-		ssize_t n = pread(fd, (uint8_t *)dst + done, len - done, (off_t)(off + done));
+		ssize_t n =
+			db->base->ops->read(db->base, f->rel, off + done, len - done, (uint8_t *)dst + done);
 		if (n < 0) {
-			if (errno == EINTR)
-				continue;
 			*got = done;
-			return -errno;
+			return (int)n;
 		}
 		if (n == 0)
 			break;
@@ -1075,13 +1008,12 @@ static int emit(ckpt_ocdbt *db, struct perr *e, struct walk *w, const uint8_t *k
 static int read_node(ckpt_ocdbt *db, struct perr *e, uint32_t gid, uint64_t off, uint64_t len, uint64_t cap,
 		     uint8_t **raw, uint8_t **owned, const uint8_t **body, size_t *blen)
 {
-	int fd;
 	uint64_t fsize;
 	*raw = NULL;
 	*owned = NULL;
 	if (db->nodes >= MAX_NODES)
 		return fail(e, "more than %zu B+tree nodes", MAX_NODES);
-	int rc = file_get(db, gid, &fd, &fsize);
+	int rc = file_size(db, gid, &fsize);
 	if (rc)
 		return rc;
 	uint64_t end = off + len; /* overflow excluded by the parsers */
@@ -1102,7 +1034,7 @@ static int read_node(ckpt_ocdbt *db, struct perr *e, uint32_t gid, uint64_t off,
 		goto out;
 	}
 	size_t got;
-	rc = pread_full(fd, *raw, len, off, &got);
+	rc = file_read(db, gid, *raw, len, off, &got);
 	if (rc) {
 		rc = fail(e, "read: %s", strerror(-rc));
 		goto out;
@@ -1116,7 +1048,6 @@ static int read_node(ckpt_ocdbt *db, struct perr *e, uint32_t gid, uint64_t off,
 	db->nodes++;
 	rc = envelope_decode(e, *raw, len, MAGIC_BTREE, cap, owned, body, blen);
 out:
-	file_put(db, gid);
 	return rc;
 }
 
@@ -1211,46 +1142,38 @@ out:
 
 /* ---------------------------------------------------------------- open */
 
-static int read_file(const char *path, uint64_t max, uint8_t **out, size_t *len)
+/* A whole small file of the database, by key relative to the item folder. */
+static int read_file(ckpt_ocdbt *db, const char *key, uint64_t max, uint8_t **out, size_t *len)
 {
-	int fd = open(path, O_RDONLY | O_CLOEXEC);
-	if (fd < 0)
-		return -errno;
-	struct stat st;
-	int rc = 0;
-	uint8_t *buf = NULL;
-	if (fstat(fd, &st) != 0) {
-		rc = -errno;
-		goto out;
+	uint64_t size;
+	int rc = db->base->ops->size(db->base, key, &size);
+	if (rc)
+		return rc;
+	if (size > max)
+		return -EFBIG;
+	uint8_t *buf = malloc((size_t)size + 1);
+	if (!buf)
+		return -ENOMEM;
+	size_t done = 0;
+	while (done < size) {
+		ssize_t n = db->base->ops->read(db->base, key, done, (size_t)size - done, buf + done);
+		if (n < 0) {
+			free(buf);
+			return (int)n;
+		}
+		if (n == 0)
+			break;
+		done += (size_t)n;
 	}
-	if (!S_ISREG(st.st_mode)) {
-		rc = -EISDIR;
-		goto out;
+	if (done != size) {
+		free(buf);
+		return -EIO;
 	}
-	if ((uint64_t)st.st_size > max) {
-		rc = -EFBIG;
-		goto out;
-	}
-	buf = malloc((size_t)st.st_size + 1);
-	if (!buf) {
-		rc = -ENOMEM;
-		goto out;
-	}
-	size_t got;
-	rc = pread_full(fd, buf, (size_t)st.st_size, 0, &got);
-	if (!rc && got != (size_t)st.st_size)
-		rc = -EIO;
-	if (!rc) {
-		*out = buf;
-		*len = got;
-		buf = NULL;
-		CKPT_STAT_ADD(backing_bytes_read, got);
-		CKPT_STAT_ADD(backing_reads, 1);
-	}
-out:
-	free(buf);
-	close(fd);
-	return rc;
+	*out = buf;
+	*len = done;
+	CKPT_STAT_ADD(backing_bytes_read, done);
+	CKPT_STAT_ADD(backing_reads, 1);
+	return 0;
 }
 
 static int is_hex16(const char *s)
@@ -1262,14 +1185,14 @@ static int is_hex16(const char *s)
 }
 
 /* Load and parse one manifest file of the database at dbdir. */
-static int load_manifest(ckpt_ocdbt *db, const char *path, const char *trans, size_t trans_len, bool numbered,
-			 struct manifest *m)
+static int load_manifest(ckpt_ocdbt *db, const char *key, const char *path, const char *trans,
+			 size_t trans_len, bool numbered, struct manifest *m)
 {
 	uint8_t *buf = NULL, *owned = NULL;
 	size_t len = 0, blen = 0;
 	const uint8_t *body;
 	struct perr e = { { 0 } };
-	int rc = read_file(path, MANIFEST_MAX_BYTES, &buf, &len);
+	int rc = read_file(db, key, MANIFEST_MAX_BYTES, &buf, &len);
 	if (rc == -ENOENT)
 		return rc;
 	if (rc == -EFBIG)
@@ -1287,53 +1210,61 @@ static int load_manifest(ckpt_ocdbt *db, const char *path, const char *trans, si
 	return rc;
 }
 
+struct best_ctx {
+	char best[17];
+};
+
+static int best_cb(void *ctx, const char *name, const struct ckpt_store_stat *st)
+{
+	struct best_ctx *c = ctx;
+	if (!st->is_dir && strncmp(name, "manifest.", 9) == 0 && is_hex16(name + 9) &&
+	    strcmp(name + 9, c->best) > 0)
+		memcpy(c->best, name + 9, 17);
+	return 0;
+}
+
 /*
- * Open one database whose root is <db->root>/<trans> (trans "" or
+ * Open one database whose root is <item>/<trans> (trans "" or
  * "ocdbt.process_<id>/") and append its keys to the index.
  */
 static int open_one(ckpt_ocdbt *db, const char *trans, bool first)
 {
 	size_t tl = strlen(trans);
 	char *dir = malloc(db->root_len + 1 + tl + 40);
-	if (!dir)
-		return -ENOMEM;
-	sprintf(dir, "%s/%s", db->root, trans);
-	size_t dl = strlen(dir);
-	char *path = malloc(dl + 32);
-	if (!path) {
-		free(dir);
-		return -ENOMEM;
+	char *key = malloc(tl + 40);
+	char *path = malloc(db->root_len + 1 + tl + 40);
+	int rc = 0;
+	if (!dir || !key || !path) {
+		rc = -ENOMEM;
+		goto out;
 	}
-	sprintf(path, "%smanifest.ocdbt", dir);
+	sprintf(dir, "%s/%s", db->root, trans);
+	sprintf(key, "%smanifest.ocdbt", trans);
+	sprintf(path, "%s/%s", db->root, key);
 	struct manifest m;
-	int rc = load_manifest(db, path, trans, tl, false, &m);
+	rc = load_manifest(db, key, path, trans, tl, false, &m);
 	if (rc)
 		goto out;
 	if (m.kind == 1) {
 		/* numbered: newest manifest.<16 hex> */
-		DIR *d = opendir(dir);
-		char best[17] = "";
-		if (!d) {
-			rc = -errno;
+		struct best_ctx bc = { "" };
+		char sub[256];
+		snprintf(sub, sizeof(sub), "%.*s", tl ? (int)tl - 1 : 0, trans);
+		rc = ckpt_store_listdir(db->base, sub, best_cb, &bc);
+		if (rc) {
 			ckpt_log(CKPT_LOG_ERR, "ocdbt: %s: cannot list: %s", dir, strerror(-rc));
 			rc = -EIO;
 			goto out;
 		}
-		struct dirent *de;
-		while ((de = readdir(d)) != NULL) {
-			if (strncmp(de->d_name, "manifest.", 9) == 0 && is_hex16(de->d_name + 9) &&
-			    strcmp(de->d_name + 9, best) > 0)
-				memcpy(best, de->d_name + 9, 17);
-		}
-		closedir(d);
-		if (!best[0]) {
+		if (!bc.best[0]) {
 			ckpt_log(CKPT_LOG_ERR,
 				 "ocdbt: %s: numbered manifest kind but no manifest.<16 hex> file", path);
 			rc = -EIO;
 			goto out;
 		}
-		sprintf(path, "%smanifest.%s", dir, best);
-		rc = load_manifest(db, path, trans, tl, true, &m);
+		sprintf(key, "%smanifest.%s", trans, bc.best);
+		sprintf(path, "%s/%s", db->root, key);
+		rc = load_manifest(db, key, path, trans, tl, true, &m);
 		if (rc == -ENOENT) {
 			ckpt_log(CKPT_LOG_ERR, "ocdbt: %s: vanished", path);
 			rc = -EIO;
@@ -1353,6 +1284,7 @@ static int open_one(ckpt_ocdbt *db, const char *trans, bool first)
 	rc = visit(db, &w, m.gid, m.trans_len, m.off, m.len, m.height, NULL, 0, NULL, 0, NULL, 0);
 out:
 	free(path);
+	free(key);
 	free(dir);
 	return rc;
 }
@@ -1379,11 +1311,9 @@ void ckpt_ocdbt_close(ckpt_ocdbt *db)
 {
 	if (!db)
 		return;
-	for (size_t i = 0; i < db->nfiles; i++) {
-		if (db->files[i].fd >= 0)
-			close(db->files[i].fd);
+	for (size_t i = 0; i < db->nfiles; i++)
 		free(db->files[i].abs);
-	}
+	ckpt_store_destroy(db->base);
 	free(db->files);
 	free(db->fhash);
 	free(db->ents);
@@ -1472,37 +1402,48 @@ static int sort_union(ckpt_ocdbt *db)
 	return 0;
 }
 
-int ckpt_ocdbt_open(const char *item_dir, ckpt_ocdbt **out)
+struct proc_ctx {
+	char **names;
+	size_t nn, cap;
+	int rc;
+};
+
+static int proc_cb(void *ctx, const char *name, const struct ckpt_store_stat *st)
+{
+	struct proc_ctx *c = ctx;
+	if (!st->is_dir || !is_proc_name(name) || strlen(name) > 200)
+		return 0;
+	if (grow((void **)&c->names, &c->cap, c->nn + 1, sizeof(*c->names)) ||
+	    !(c->names[c->nn] = strdup(name))) {
+		c->rc = -ENOMEM;
+		return 1;
+	}
+	c->nn++;
+	return 0;
+}
+
+int ckpt_ocdbt_open_store(ckpt_store *base, const char *dir, ckpt_ocdbt **out)
 {
 	*out = NULL;
-	if (!item_dir || !*item_dir)
-		return -EINVAL;
-	ckpt_ocdbt *db = db_new(item_dir, default_lim);
-	if (!db)
+	ckpt_store *item;
+	int rc = ckpt_store_sub(base, dir, &item);
+	if (rc)
+		return rc;
+	ckpt_ocdbt *db = db_new(item->root, default_lim);
+	if (!db) {
+		ckpt_store_destroy(item);
 		return -ENOMEM;
-	int rc = open_one(db, "", true);
+	}
+	db->base = item;
+	rc = open_one(db, "", true);
 	if (rc == -ENOENT) {
 		/* No merged root: the union of ocdbt.process_<id>/ databases. */
-		DIR *d = opendir(db->root);
-		if (!d) {
-			rc = -errno;
-			goto fail;
-		}
-		char **names = NULL;
-		size_t nn = 0, cap = 0;
-		struct dirent *de;
-		rc = 0;
-		while ((de = readdir(d)) != NULL) {
-			if (!is_proc_name(de->d_name) || strlen(de->d_name) > 200)
-				continue;
-			if (grow((void **)&names, &cap, nn + 1, sizeof(*names)) ||
-			    !(names[nn] = strdup(de->d_name))) {
-				rc = -ENOMEM;
-				break;
-			}
-			nn++;
-		}
-		closedir(d);
+		struct proc_ctx pc = { NULL, 0, 0, 0 };
+		rc = ckpt_store_listdir(item, "", proc_cb, &pc);
+		if (rc == 1)
+			rc = pc.rc;
+		char **names = pc.names;
+		size_t nn = pc.nn;
 		if (!rc && nn > 1)
 			qsort(names, nn, sizeof(*names), proc_cmp);
 		size_t opened = 0;
@@ -1536,6 +1477,20 @@ int ckpt_ocdbt_open(const char *item_dir, ckpt_ocdbt **out)
 	return 0;
 fail:
 	ckpt_ocdbt_close(db);
+	return rc;
+}
+
+int ckpt_ocdbt_open(const char *item_dir, ckpt_ocdbt **out)
+{
+	*out = NULL;
+	if (!item_dir || !*item_dir)
+		return -EINVAL;
+	ckpt_store *base;
+	int rc = ckpt_store_dir_open(item_dir, &base);
+	if (rc)
+		return rc;
+	rc = ckpt_ocdbt_open_store(base, "", out);
+	ckpt_store_destroy(base);
 	return rc;
 }
 
@@ -1598,11 +1553,11 @@ int ckpt_ocdbt_lookup(const ckpt_ocdbt *db, const char *key, struct ckpt_ocdbt_v
 	return 0;
 }
 
-/* Check an out-of-line value against its data file; takes a file reference on success. */
-static int value_file(ckpt_ocdbt *db, const struct ent *en, int *fd)
+/* Check an out-of-line value against its data file. */
+static int value_file(ckpt_ocdbt *db, const struct ent *en)
 {
 	uint64_t fsize;
-	int rc = file_get(db, en->file, fd, &fsize);
+	int rc = file_size(db, en->file, &fsize);
 	if (rc)
 		return rc;
 	if (en->voff + en->size > fsize) {
@@ -1612,7 +1567,6 @@ static int value_file(ckpt_ocdbt *db, const struct ent *en, int *fd)
 			 "file (%llu bytes)",
 			 db->files[en->file].abs, db->keys + en->koff, (unsigned long long)en->voff,
 			 (unsigned long long)en->size, (unsigned long long)fsize);
-		file_put(db, en->file);
 		return -EIO;
 	}
 	return 0;
@@ -1624,11 +1578,9 @@ int ckpt_ocdbt_size(ckpt_ocdbt *db, const char *key, uint64_t *size)
 	if (!en)
 		return -ENOENT;
 	if (en->file != FILE_INLINE) {
-		int fd;
-		int rc = value_file(db, en, &fd);
+		int rc = value_file(db, en);
 		if (rc)
 			return rc;
-		file_put(db, en->file);
 	}
 	*size = en->size;
 	return 0;
@@ -1650,19 +1602,19 @@ ssize_t ckpt_ocdbt_read(ckpt_ocdbt *db, const char *key, uint64_t off, size_t le
 		memcpy(dst, db->vals + en->voff + off, n);
 		return (ssize_t)n;
 	}
-	int fd;
-	int rc = value_file(db, en, &fd);
+	int rc = value_file(db, en);
 	if (rc)
 		return rc;
 	size_t got;
-	rc = pread_full(fd, dst, n, en->voff + off, &got);
+	rc = file_read(db, en->file, dst, n, en->voff + off, &got);
+	if (rc == -ESTALE || rc == -ENOMEM)
+		return rc;
 	if (rc || got != n) {
 		ckpt_log(CKPT_LOG_ERR, "ocdbt: %s: reading key '%s' at offset %llu: %s",
 			 db->files[en->file].abs, db->keys + en->koff, (unsigned long long)(en->voff + off),
 			 rc ? strerror(-rc) : "short read");
 		rc = -EIO;
 	}
-	file_put(db, en->file);
 	return rc ? rc : (ssize_t)n;
 }
 

@@ -15,8 +15,9 @@
  * latest version (never a whole data file) and builds an in-memory sorted
  * index of (key -> inline bytes | data-file byte range).  After that, a
  * lookup is a binary search, a listing is a range scan in byte order, and
- * an out-of-line value is read with pread() on its data file; data-file
- * descriptors are kept in a small bounded LRU cache.
+ * an out-of-line value is read as one byte range of its data file through
+ * the base store (ckpt_store: a folder, or an object store where each read
+ * is one ranged GET); data-file sizes are looked up once and cached.
  *
  * Keys are OCDBT keys verbatim (e.g. "params.w/.zarray", "w/c/0/1").  Keys
  * that contain a NUL byte cannot be named through this API and are skipped
@@ -49,7 +50,13 @@ typedef struct ckpt_ocdbt ckpt_ocdbt;
  * the file system. */
 int ckpt_ocdbt_open(const char *item_dir, ckpt_ocdbt **out);
 
-/* Free the handle, its index and its cached descriptors.  NULL is a no-op. */
+struct ckpt_store;
+/* The same over folder `dir` ("" = its root) of any store: every manifest,
+ * node and value byte is read through `base` (the handle holds a reference
+ * on it, so the caller may destroy its own). */
+int ckpt_ocdbt_open_store(struct ckpt_store *base, const char *dir, ckpt_ocdbt **out);
+
+/* Free the handle, its index and its reference on the base store.  NULL is a no-op. */
 void ckpt_ocdbt_close(ckpt_ocdbt *db);
 
 /* Number of keys in the index. */

@@ -1,8 +1,16 @@
+/*
+ * store.c - the dispatchers, reference counting, sub-stores (a view of a
+ * store below a folder), SOURCE parsing, and listdir/stat derived from a
+ * flat key listing (for stores, like OCDBT, that only have keys).
+ */
+#include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "common.h"
 #include "stats.h"
 #include "store.h"
+#include "store_int.h"
 
 int ckpt_store_size(ckpt_store *s, const char *key, uint64_t *size)
 {
@@ -24,10 +32,31 @@ int ckpt_store_list(ckpt_store *s, const char *prefix, ckpt_store_list_cb cb, vo
 	return s->ops->list(s, prefix, cb, ctx);
 }
 
+int ckpt_store_listdir(ckpt_store *s, const char *dir, ckpt_store_dir_cb cb, void *ctx)
+{
+	return s->ops->listdir(s, dir ? dir : "", cb, ctx);
+}
+
+int ckpt_store_stat(ckpt_store *s, const char *key, struct ckpt_store_stat *st)
+{
+	memset(st, 0, sizeof(*st));
+	return s->ops->stat(s, key ? key : "", st);
+}
+
+ckpt_store *ckpt_store_ref(ckpt_store *s)
+{
+	__atomic_add_fetch(&s->extra_refs, 1, __ATOMIC_RELAXED);
+	return s;
+}
+
 void ckpt_store_destroy(ckpt_store *s)
 {
-	if (s)
-		s->ops->destroy(s);
+	if (!s)
+		return;
+	if (__atomic_load_n(&s->extra_refs, __ATOMIC_ACQUIRE) > 0 &&
+	    __atomic_sub_fetch(&s->extra_refs, 1, __ATOMIC_ACQ_REL) >= 0)
+		return;
+	s->ops->destroy(s);
 }
 
 int ckpt_store_read_all(ckpt_store *s, const char *key, size_t max, char **out, size_t *len)
@@ -41,7 +70,7 @@ int ckpt_store_read_all(ckpt_store *s, const char *key, size_t max, char **out, 
 	char *buf = malloc((size_t)size + 1);
 	if (!buf)
 		return -ENOMEM;
-	ssize_t n = ckpt_store_read(s, key, 0, (size_t)size, buf);
+	ssize_t n = size ? ckpt_store_read(s, key, 0, (size_t)size, buf) : 0;
 	if (n < 0) {
 		free(buf);
 		return (int)n;
@@ -56,4 +85,301 @@ int ckpt_store_read_all(ckpt_store *s, const char *key, size_t max, char **out, 
 	*out = buf;
 	*len = (size_t)n;
 	return 0;
+}
+
+int ckpt_store_read_small(ckpt_store *s, const char *key, size_t max, char **out, size_t *len)
+{
+	return ckpt_store_read_all(s, key, max, out, len);
+}
+
+int ckpt_store_key_ok(const char *key)
+{
+	if (!key || !*key || key[0] == '/')
+		return 0;
+	for (const char *p = key; *p;) {
+		const char *e = strchr(p, '/');
+		size_t n = e ? (size_t)(e - p) : strlen(p);
+		if (n == 0 || (n == 1 && p[0] == '.') || (n == 2 && p[0] == '.' && p[1] == '.'))
+			return 0;
+		p += n;
+		if (*p == '/') {
+			p++;
+			if (!*p)
+				return 0; /* trailing '/' */
+		}
+	}
+	return 1;
+}
+
+char *ckpt_store_join(const char *a, const char *b)
+{
+	size_t an = a ? strlen(a) : 0, bn = b ? strlen(b) : 0;
+	char *r = malloc(an + bn + 2);
+	if (!r)
+		return NULL;
+	if (an)
+		memcpy(r, a, an);
+	size_t n = an;
+	if (an && bn)
+		r[n++] = '/';
+	if (bn)
+		memcpy(r + n, b, bn);
+	r[n + bn] = 0;
+	return r;
+}
+
+/* ---------------------------------------------------------------- sub-store */
+
+struct sub_store {
+	struct ckpt_store base;
+	ckpt_store *parent;
+	char *prefix; /* well-formed key, no trailing '/' */
+	size_t plen;
+};
+
+static char *sub_key(struct sub_store *u, const char *key)
+{
+	return ckpt_store_join(u->prefix, key);
+}
+
+static int sub_size(ckpt_store *s, const char *key, uint64_t *size)
+{
+	struct sub_store *u = (struct sub_store *)s;
+	if (!ckpt_store_key_ok(key))
+		return -ENOENT;
+	char *k = sub_key(u, key);
+	if (!k)
+		return -ENOMEM;
+	int rc = u->parent->ops->size(u->parent, k, size);
+	free(k);
+	return rc;
+}
+
+static ssize_t sub_read(ckpt_store *s, const char *key, uint64_t off, size_t len, void *dst)
+{
+	struct sub_store *u = (struct sub_store *)s;
+	if (!ckpt_store_key_ok(key))
+		return -ENOENT;
+	char *k = sub_key(u, key);
+	if (!k)
+		return -ENOMEM;
+	ssize_t rc = u->parent->ops->read(u->parent, k, off, len, dst);
+	free(k);
+	return rc;
+}
+
+struct sub_list_ctx {
+	size_t strip;
+	ckpt_store_list_cb cb;
+	void *ctx;
+};
+
+static int sub_list_cb(void *ctx, const char *key, uint64_t size)
+{
+	struct sub_list_ctx *c = ctx;
+	if (strlen(key) <= c->strip)
+		return 0;
+	return c->cb(c->ctx, key + c->strip, size);
+}
+
+static int sub_list(ckpt_store *s, const char *prefix, ckpt_store_list_cb cb, void *ctx)
+{
+	struct sub_store *u = (struct sub_store *)s;
+	size_t pn = prefix ? strlen(prefix) : 0;
+	char *k = malloc(u->plen + 1 + pn + 1);
+	if (!k)
+		return -ENOMEM;
+	memcpy(k, u->prefix, u->plen);
+	k[u->plen] = '/';
+	if (pn)
+		memcpy(k + u->plen + 1, prefix, pn);
+	k[u->plen + 1 + pn] = 0;
+	struct sub_list_ctx c = { u->plen + 1, cb, ctx };
+	int rc = u->parent->ops->list(u->parent, k, sub_list_cb, &c);
+	free(k);
+	return rc;
+}
+
+static int sub_listdir(ckpt_store *s, const char *dir, ckpt_store_dir_cb cb, void *ctx)
+{
+	struct sub_store *u = (struct sub_store *)s;
+	if (*dir && !ckpt_store_key_ok(dir))
+		return -ENOENT;
+	char *k = sub_key(u, dir);
+	if (!k)
+		return -ENOMEM;
+	int rc = u->parent->ops->listdir(u->parent, k, cb, ctx);
+	free(k);
+	return rc;
+}
+
+static int sub_stat(ckpt_store *s, const char *key, struct ckpt_store_stat *st)
+{
+	struct sub_store *u = (struct sub_store *)s;
+	if (*key && !ckpt_store_key_ok(key))
+		return -ENOENT;
+	char *k = sub_key(u, key);
+	if (!k)
+		return -ENOMEM;
+	int rc = u->parent->ops->stat(u->parent, k, st);
+	free(k);
+	return rc;
+}
+
+static void sub_destroy(ckpt_store *s)
+{
+	struct sub_store *u = (struct sub_store *)s;
+	ckpt_store_destroy(u->parent);
+	free(u->prefix);
+	free(u->base.root);
+	free(u);
+}
+
+static const struct ckpt_store_ops sub_ops = {
+	.size = sub_size,
+	.read = sub_read,
+	.list = sub_list,
+	.listdir = sub_listdir,
+	.stat = sub_stat,
+	.destroy = sub_destroy,
+};
+
+int ckpt_store_sub(ckpt_store *parent, const char *prefix, ckpt_store **out)
+{
+	*out = NULL;
+	if (!prefix || !*prefix) {
+		*out = ckpt_store_ref(parent);
+		return 0;
+	}
+	if (!ckpt_store_key_ok(prefix))
+		return -EINVAL;
+	struct sub_store *u = calloc(1, sizeof(*u));
+	if (!u)
+		return -ENOMEM;
+	u->base.ops = &sub_ops;
+	u->prefix = strdup(prefix);
+	u->plen = strlen(prefix);
+	u->base.root = ckpt_store_join(parent->root, prefix);
+	if (!u->prefix || !u->base.root) {
+		free(u->prefix);
+		free(u->base.root);
+		free(u);
+		return -ENOMEM;
+	}
+	u->parent = ckpt_store_ref(parent);
+	*out = &u->base;
+	return 0;
+}
+
+/* ---------------------------------------------------------------- listdir/stat from list */
+
+struct kl_ctx {
+	size_t strip; /* length of "dir/" */
+	char last[4096]; /* last child folder reported */
+	ckpt_store_dir_cb cb;
+	void *ctx;
+	int any;
+};
+
+static int kl_cb(void *ctx, const char *key, uint64_t size)
+{
+	struct kl_ctx *c = ctx;
+	const char *rest = key + c->strip;
+	c->any = 1;
+	const char *slash = strchr(rest, '/');
+	struct ckpt_store_stat st = { 0, size, 0 };
+	if (!slash)
+		return *rest ? c->cb(c->ctx, rest, &st) : 0;
+	size_t n = (size_t)(slash - rest);
+	if (n == 0 || n >= sizeof(c->last))
+		return 0;
+	/* Keys come in byte order: one folder's keys are adjacent. */
+	if (strncmp(c->last, rest, n) == 0 && c->last[n] == 0)
+		return 0;
+	memcpy(c->last, rest, n);
+	c->last[n] = 0;
+	st.is_dir = 1;
+	st.size = 0;
+	return c->cb(c->ctx, c->last, &st);
+}
+
+int ckpt_store_listdir_from_keys(ckpt_store *s, const char *dir, ckpt_store_dir_cb cb, void *ctx)
+{
+	if (*dir && !ckpt_store_key_ok(dir))
+		return -ENOENT;
+	size_t dn = strlen(dir);
+	char *p = malloc(dn + 2);
+	if (!p)
+		return -ENOMEM;
+	memcpy(p, dir, dn);
+	if (dn)
+		p[dn++] = '/';
+	p[dn] = 0;
+	struct kl_ctx *c = calloc(1, sizeof(*c));
+	if (!c) {
+		free(p);
+		return -ENOMEM;
+	}
+	c->strip = dn;
+	c->cb = cb;
+	c->ctx = ctx;
+	int rc = s->ops->list(s, p, kl_cb, c);
+	if (rc == 0 && !c->any && dn)
+		rc = -ENOENT;
+	free(c);
+	free(p);
+	return rc;
+}
+
+static int any_cb(void *ctx, const char *key, uint64_t size)
+{
+	(void)ctx;
+	(void)key;
+	(void)size;
+	return 1;
+}
+
+int ckpt_store_stat_from_keys(ckpt_store *s, const char *key, struct ckpt_store_stat *st)
+{
+	memset(st, 0, sizeof(*st));
+	if (!*key) {
+		st->is_dir = 1;
+		return 0;
+	}
+	if (!ckpt_store_key_ok(key))
+		return -ENOENT;
+	uint64_t size;
+	int rc = s->ops->size(s, key, &size);
+	if (rc == 0) {
+		st->size = size;
+		return 0;
+	}
+	if (rc != -ENOENT)
+		return rc;
+	size_t n = strlen(key);
+	char *q = malloc(n + 2);
+	if (!q)
+		return -ENOMEM;
+	memcpy(q, key, n);
+	q[n] = '/';
+	q[n + 1] = 0;
+	rc = s->ops->list(s, q, any_cb, NULL);
+	free(q);
+	if (rc == 1) {
+		st->is_dir = 1;
+		return 0;
+	}
+	return rc < 0 ? rc : -ENOENT;
+}
+
+/* ---------------------------------------------------------------- SOURCE */
+
+int ckpt_store_open_source(const char *source, const struct ckpt_store_opts *o, ckpt_store **out)
+{
+	*out = NULL;
+	if (!source || !*source)
+		return -EINVAL;
+	if (strncmp(source, "s3://", 5) == 0 || strncmp(source, "gs://", 5) == 0)
+		return ckpt_store_s3_open(source, o, out);
+	return ckpt_store_dir_open(source, out);
 }

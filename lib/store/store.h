@@ -1,13 +1,41 @@
 /*
  * store.h - where stored bytes come from: one interface over a plain folder
- * (zarr per-array layout: key = relative file path) and an OCDBT key-value
- * store (key = OCDBT key).  Keys are '/'-separated, never start with '/'.
+ * (zarr per-array layout: key = relative file path), an object store
+ * (s3:// or gs://: key = object name below the mounted prefix) and an OCDBT
+ * key-value database read through either of them (key = OCDBT key).
+ *
+ * Keys are '/'-separated, never start or end with '/', never contain an
+ * empty, "." or ".." component (such keys are simply absent: -ENOENT).  The
+ * empty key "" names the root of the store (a folder).
+ *
+ * Discovery (what tree/layout.c uses, and all it may use, so that every
+ * backend works without tree/ knowing which one it has):
+ *   - ckpt_store_listdir(): the immediate children of a folder;
+ *   - ckpt_store_stat(): one name, file or folder;
+ *   - ckpt_store_read_small(): a whole small file (metadata, JSON);
+ *   - ckpt_store_sub(): a store for a folder of another store (a step, an
+ *     item) sharing its connections and caches;
+ *   - ckpt_store_ocdbt_open_on(): the OCDBT database of an item folder,
+ *     read through any base store.
+ *
+ * Folder store safety contract (hostile SOURCE trees):
+ *   - No symbolic link below the root is ever followed, in any component of
+ *     a key (openat2 RESOLVE_NO_SYMLINKS, or an O_NOFOLLOW walk where the
+ *     kernel lacks openat2).  Naming one is -EIO with one log line; listdir
+ *     does not report symlinks at all.  The root itself may be a symlink (the
+ *     path the user gave is resolved once, at open).
+ *   - Only regular files are read: files are opened O_NONBLOCK and checked
+ *     with fstat(); a FIFO, socket or device is -EIO with a log line, never a
+ *     blocking open or read.  listdir reports only regular files and folders.
  *
  * Thread-safety: every operation may be called from many threads at once
- * on the same store.  A store is immutable once opened (read-only view).
+ * on the same store.  A store is a read-only view.
  *
- * Ownership: ckpt_store_destroy() frees the store; keys and buffers passed
- * in stay owned by the caller.
+ * Ownership: stores are reference counted.  Every open/sub call returns one
+ * reference; ckpt_store_destroy() drops one and frees the store with the
+ * last.  A store made by ckpt_store_sub() or ckpt_store_ocdbt_open_on()
+ * holds a reference on its parent, so the caller may destroy the parent
+ * right away.  Keys and buffers passed in stay owned by the caller.
  */
 #ifndef CKPT_STORE_H
 #define CKPT_STORE_H
@@ -22,42 +50,112 @@ typedef struct ckpt_store ckpt_store;
  * returned by list).  `key` is NUL-terminated and valid only during the call. */
 typedef int (*ckpt_store_list_cb)(void *ctx, const char *key, uint64_t size);
 
+/* What stat and listdir report about one name. */
+struct ckpt_store_stat {
+	int is_dir; /* 1 folder (object stores: a common prefix), 0 file */
+	uint64_t size; /* bytes of a file; 0 for a folder */
+	int64_t mtime_ns; /* modification time (ns since the epoch), 0 when unknown */
+};
+
+/* listdir callback: `name` is one path component (no '/'), valid only
+ * during the call.  Return 0 to continue, non-zero to stop (returned). */
+typedef int (*ckpt_store_dir_cb)(void *ctx, const char *name, const struct ckpt_store_stat *st);
+
 struct ckpt_store_ops {
-	/* Size of the value stored under key; -ENOENT when absent. */
+	/* Size of the value stored under key; -ENOENT when absent (or a folder). */
 	int (*size)(ckpt_store *s, const char *key, uint64_t *size);
 	/* Copy up to len bytes of key's value starting at off into dst.
 	 * Returns bytes copied (short only at the end of the value), -ENOENT
-	 * when absent, -EIO on a read error (logged). */
+	 * when absent, -EIO on a read error (logged), -ESTALE when an object
+	 * store's object changed since it was first seen. */
 	ssize_t (*read)(ckpt_store *s, const char *key, uint64_t off, size_t len, void *dst);
 	/* Call cb for every key that starts with prefix (all keys for ""),
 	 * in byte order for OCDBT, unspecified order for folders. */
 	int (*list)(ckpt_store *s, const char *prefix, ckpt_store_list_cb cb, void *ctx);
+	/* Immediate children of folder `dir` ("" = the root), in unspecified
+	 * order, each name once.  -ENOENT when dir is not a folder. */
+	int (*listdir)(ckpt_store *s, const char *dir, ckpt_store_dir_cb cb, void *ctx);
+	/* File or folder `key` ("" = the root, always a folder); -ENOENT when
+	 * absent.  A name that is both a file and a prefix of other keys (object
+	 * stores allow it) is reported as the file. */
+	int (*stat)(ckpt_store *s, const char *key, struct ckpt_store_stat *st);
 	void (*destroy)(ckpt_store *s);
 };
 
-/* Every store implementation embeds this as its first member. */
+/* Every store implementation embeds this as its first member (zeroed, then
+ * ops and root set). */
 struct ckpt_store {
 	const struct ckpt_store_ops *ops;
-	char *root; /* folder the store was opened on, for log messages */
+	char *root; /* where the store reads, for log messages (no secrets) */
+	int extra_refs; /* references beyond the first; atomic, 0 when fresh */
 };
 
-/* Folder store over `dir` (a zarr per-array item folder).  -errno on failure. */
+/*
+ * Options of object stores (ignored by folder stores).  Every string is
+ * borrowed for the duration of ckpt_store_open_source() only (copied).
+ * A zeroed struct (or NULL) means: every default below.
+ */
+struct ckpt_store_opts {
+	const char *endpoint; /* "http://127.0.0.1:4568" (path-style URLs); NULL: AWS_ENDPOINT_URL_S3,
+				 AWS_ENDPOINT_URL, else https://s3.REGION.amazonaws.com (S3) or
+				 https://storage.googleapis.com (GCS) */
+	const char *region; /* NULL: AWS_REGION, AWS_DEFAULT_REGION, profile, "us-east-1"; "auto" for gs:// */
+	const char *profile; /* NULL: AWS_PROFILE, AWS_DEFAULT_PROFILE, "default" */
+	const char *token_file; /* gs://: file holding an OAuth2 bearer token (re-read when it changes) */
+	int anonymous; /* 1: send no credentials even when some are found */
+	unsigned connections; /* concurrent HTTP requests; 0 = 8 */
+	unsigned retries; /* attempts after the first on transient failures; 0 = 5 */
+	unsigned timeout_ms; /* per attempt (connect + stall detection); 0 = 30000 */
+	unsigned retry_base_ms; /* first backoff (doubles, full jitter, capped at 5 s); 0 = 100 */
+};
+
+/* Folder store over `dir` (a zarr per-array item folder, a step, a root).
+ * -errno on failure. */
 int ckpt_store_dir_open(const char *dir, ckpt_store **out);
 
 /* OCDBT store over an item folder: the root manifest.ocdbt if present,
  * else the union of ocdbt.process_<i>/ databases.  -ENOENT when the folder
- * holds no OCDBT database, -EIO (logged) when it is corrupt. */
+ * holds no OCDBT database, -EIO (logged) when it is corrupt.
+ * = ckpt_store_dir_open(dir) + ckpt_store_ocdbt_open_on(that, ""). */
 int ckpt_store_ocdbt_open(const char *dir, ckpt_store **out);
+
+/*
+ * SOURCE as the user wrote it: "s3://BUCKET[/PREFIX]" or "gs://BUCKET[/PREFIX]"
+ * opens an object store (no request is made before the first operation
+ * except credential discovery; -EINVAL for a malformed URL, -ENOTSUP when
+ * built without libcurl); anything else is a folder store.  `o` may be NULL.
+ */
+int ckpt_store_open_source(const char *source, const struct ckpt_store_opts *o, ckpt_store **out);
+
+/* A view of `parent` below folder `prefix` ("a/b": key "k" of the view is
+ * key "a/b/k" of the parent).  Holds a reference on parent.  Does not check
+ * that the folder exists. */
+int ckpt_store_sub(ckpt_store *parent, const char *prefix, ckpt_store **out);
+
+/* The OCDBT database of item folder `dir` of `base` ("" = base's root),
+ * reading manifests, B+tree nodes and data-file ranges through base only.
+ * Same errors as ckpt_store_ocdbt_open(); holds a reference on base. */
+int ckpt_store_ocdbt_open_on(ckpt_store *base, const char *dir, ckpt_store **out);
 
 /* Dispatchers; read() also counts backing_bytes_read in ckpt_g_stats. */
 int ckpt_store_size(ckpt_store *s, const char *key, uint64_t *size);
 ssize_t ckpt_store_read(ckpt_store *s, const char *key, uint64_t off, size_t len, void *dst);
 int ckpt_store_list(ckpt_store *s, const char *prefix, ckpt_store_list_cb cb, void *ctx);
+int ckpt_store_listdir(ckpt_store *s, const char *dir, ckpt_store_dir_cb cb, void *ctx);
+int ckpt_store_stat(ckpt_store *s, const char *key, struct ckpt_store_stat *st);
+/* Take one more reference (returns s). */
+ckpt_store *ckpt_store_ref(ckpt_store *s);
+/* Drop one reference; the last frees the store.  NULL is a no-op. */
 void ckpt_store_destroy(ckpt_store *s);
 
 /* Read a whole value of at most `max` bytes into a fresh NUL-terminated
  * malloc'd buffer (*out, caller frees; *len excludes the NUL).
- * -EFBIG when larger than max. */
+ * -EFBIG when larger than max, -ENOENT when absent. */
 int ckpt_store_read_all(ckpt_store *s, const char *key, size_t max, char **out, size_t *len);
+/* The same (the name the discovery API uses). */
+int ckpt_store_read_small(ckpt_store *s, const char *key, size_t max, char **out, size_t *len);
+
+/* 1 when key is well formed (see above; "" is not a key of a value). */
+int ckpt_store_key_ok(const char *key);
 
 #endif

@@ -1,7 +1,8 @@
 /*
  * store_ocdbt.c - the OCDBT store: ckpt_store's vtable over a ckpt_ocdbt
- * handle (ocdbt.h).  The handle is immutable after open except its own
- * internally locked descriptor cache, so every op is thread-safe as is.
+ * handle (ocdbt.h), which reads through a base store.  The handle is
+ * immutable after open except its own internally locked size cache, so
+ * every op is thread-safe as is.  Folders are '/'-prefixes of keys.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -9,6 +10,7 @@
 #include "common.h"
 #include "ocdbt.h"
 #include "store.h"
+#include "store_int.h"
 
 struct ocdbt_store {
 	struct ckpt_store base; /* first member: ckpt_store * <-> struct ocdbt_store * */
@@ -47,22 +49,24 @@ static const struct ckpt_store_ops ocdbt_ops = {
 	.size = ocdbt_size,
 	.read = ocdbt_read,
 	.list = ocdbt_list,
+	.listdir = ckpt_store_listdir_from_keys,
+	.stat = ckpt_store_stat_from_keys,
 	.destroy = ocdbt_destroy,
 };
 
-int ckpt_store_ocdbt_open(const char *dir, ckpt_store **out)
+int ckpt_store_ocdbt_open_on(ckpt_store *base, const char *dir, ckpt_store **out)
 {
 	*out = NULL;
 	struct ocdbt_store *o = calloc(1, sizeof(*o));
 	if (!o)
 		return -ENOMEM;
 	o->base.ops = &ocdbt_ops;
-	o->base.root = strdup(dir);
+	o->base.root = ckpt_store_join(base->root, dir);
 	if (!o->base.root) {
 		free(o);
 		return -ENOMEM;
 	}
-	int rc = ckpt_ocdbt_open(dir, &o->db);
+	int rc = ckpt_ocdbt_open_store(base, dir ? dir : "", &o->db);
 	if (rc) {
 		free(o->base.root);
 		free(o);
@@ -70,4 +74,16 @@ int ckpt_store_ocdbt_open(const char *dir, ckpt_store **out)
 	}
 	*out = &o->base;
 	return 0;
+}
+
+int ckpt_store_ocdbt_open(const char *dir, ckpt_store **out)
+{
+	*out = NULL;
+	ckpt_store *base;
+	int rc = ckpt_store_dir_open(dir, &base);
+	if (rc)
+		return rc;
+	rc = ckpt_store_ocdbt_open_on(base, "", out);
+	ckpt_store_destroy(base);
+	return rc;
 }

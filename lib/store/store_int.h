@@ -1,0 +1,21 @@
+/*
+ * store_int.h - helpers shared by the store implementations (not for
+ * other layers).
+ */
+#ifndef CKPT_STORE_INT_H
+#define CKPT_STORE_INT_H
+
+#include "store.h"
+
+/* "a" + "/" + "b" (either may be "" or NULL: no separator), malloc'd. */
+char *ckpt_store_join(const char *a, const char *b);
+
+/* listdir / stat derived from ops->list and ops->size, for stores whose
+ * keys are flat (OCDBT): a folder is any proper '/'-prefix of a key. */
+int ckpt_store_listdir_from_keys(ckpt_store *s, const char *dir, ckpt_store_dir_cb cb, void *ctx);
+int ckpt_store_stat_from_keys(ckpt_store *s, const char *key, struct ckpt_store_stat *st);
+
+/* Object store (store_s3.c): source is "s3://..." or "gs://...". */
+int ckpt_store_s3_open(const char *source, const struct ckpt_store_opts *o, ckpt_store **out);
+
+#endif

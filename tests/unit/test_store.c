@@ -1,0 +1,286 @@
+/*
+ * test_store.c - the store discovery API (listdir, stat, read_small, sub,
+ * ocdbt_open_on) and the folder store's safety contract: no symlink is
+ * followed, special files are -EIO without blocking.
+ */
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "check.h"
+#include "common.h"
+#include "store.h"
+
+#define FIX CKPT_FIXTURES
+
+static char tmp[256];
+
+static void put(const char *rel, const char *text)
+{
+	char p[512];
+	snprintf(p, sizeof(p), "%s/%s", tmp, rel);
+	FILE *f = fopen(p, "w");
+	if (!f) {
+		perror(p);
+		exit(2);
+	}
+	fputs(text, f);
+	fclose(f);
+}
+
+static void sh(const char *fmt, const char *arg)
+{
+	char cmd[1024];
+	snprintf(cmd, sizeof(cmd), fmt, arg, arg, arg);
+	if (system(cmd) != 0) {
+		fprintf(stderr, "failed: %s\n", cmd);
+		exit(2);
+	}
+}
+
+struct seen {
+	char names[16][64];
+	int dirs[16];
+	uint64_t sizes[16];
+	int n;
+};
+
+static int seen_cb(void *ctx, const char *name, const struct ckpt_store_stat *st)
+{
+	struct seen *s = ctx;
+	if (s->n < 16) {
+		snprintf(s->names[s->n], 64, "%s", name);
+		s->dirs[s->n] = st->is_dir;
+		s->sizes[s->n] = st->size;
+		s->n++;
+	}
+	return 0;
+}
+
+static int find(const struct seen *s, const char *name)
+{
+	for (int i = 0; i < s->n; i++)
+		if (strcmp(s->names[i], name) == 0)
+			return i;
+	return -1;
+}
+
+static void on_alarm(int sig)
+{
+	(void)sig;
+	static const char m[] = "test_store: a store call blocked (FIFO?)\n";
+	if (write(2, m, sizeof(m) - 1) < 0)
+		_exit(3);
+	_exit(3);
+}
+
+static void test_folder(void)
+{
+	/* root: a.txt, sub/b.bin, sub/deep/c, outside link, dir link, FIFO */
+	put("a.txt", "hello");
+	sh("mkdir -p %s/sub/deep", tmp);
+	put("sub/b.bin", "0123456789");
+	put("sub/deep/c", "c");
+	char outside[300];
+	snprintf(outside, sizeof(outside), "%s.secret", tmp);
+	FILE *f = fopen(outside, "w");
+	fputs("SECRET", f);
+	fclose(f);
+	char p[512];
+	snprintf(p, sizeof(p), "%s/link_out", tmp);
+	CHECK(symlink(outside, p) == 0);
+	snprintf(p, sizeof(p), "%s/link_in", tmp);
+	CHECK(symlink("a.txt", p) == 0);
+	snprintf(p, sizeof(p), "%s/dirlink", tmp);
+	CHECK(symlink("/etc", p) == 0);
+	snprintf(p, sizeof(p), "%s/sub/up", tmp);
+	CHECK(symlink("..", p) == 0);
+	snprintf(p, sizeof(p), "%s/fifo", tmp);
+	CHECK(mkfifo(p, 0600) == 0);
+	snprintf(p, sizeof(p), "%s/manifest.ocdbt", tmp);
+	CHECK(mkfifo(p, 0600) == 0);
+
+	ckpt_store *s;
+	CHECK_EQ_INT(ckpt_store_open_source(tmp, NULL, &s), 0);
+	char buf[64];
+	CHECK_EQ_INT(ckpt_store_read(s, "a.txt", 0, sizeof(buf), buf), 5);
+	CHECK(memcmp(buf, "hello", 5) == 0);
+	CHECK_EQ_INT(ckpt_store_read(s, "sub/b.bin", 3, 4, buf), 4);
+	CHECK(memcmp(buf, "3456", 4) == 0);
+
+	/* Symlinks: never followed, whatever they point at. */
+	CHECK_EQ_INT(ckpt_store_read(s, "link_out", 0, sizeof(buf), buf), -EIO);
+	CHECK_EQ_INT(ckpt_store_read(s, "link_in", 0, sizeof(buf), buf), -EIO);
+	CHECK_EQ_INT(ckpt_store_read(s, "dirlink/hostname", 0, sizeof(buf), buf), -EIO);
+	CHECK_EQ_INT(ckpt_store_read(s, "sub/up/a.txt", 0, sizeof(buf), buf), -EIO);
+	uint64_t size = 0;
+	CHECK_EQ_INT(ckpt_store_size(s, "link_out", &size), -EIO);
+	struct ckpt_store_stat st;
+	CHECK_EQ_INT(ckpt_store_stat(s, "dirlink", &st), -EIO);
+	struct seen ls = { 0 };
+	CHECK_EQ_INT(ckpt_store_listdir(s, "dirlink", seen_cb, &ls), -EIO);
+	CHECK_EQ_INT(ls.n, 0);
+
+	/* FIFOs: -EIO at once, never a blocking open. */
+	alarm(10);
+	CHECK_EQ_INT(ckpt_store_read(s, "fifo", 0, sizeof(buf), buf), -EIO);
+	CHECK_EQ_INT(ckpt_store_size(s, "fifo", &size), -EIO);
+	char *txt = NULL;
+	size_t len = 0;
+	CHECK_EQ_INT(ckpt_store_read_small(s, "fifo", 100, &txt, &len), -EIO);
+	ckpt_store *o = NULL;
+	CHECK_EQ_INT(ckpt_store_ocdbt_open_on(s, "", &o), -EIO);
+	CHECK(o == NULL);
+	alarm(0);
+
+	/* Keys that could leave the root are simply absent. */
+	CHECK_EQ_INT(ckpt_store_read(s, "../x", 0, 1, buf), -ENOENT);
+	CHECK_EQ_INT(ckpt_store_read(s, "/etc/passwd", 0, 1, buf), -ENOENT);
+	CHECK_EQ_INT(ckpt_store_stat(s, "sub/../a.txt", &st), -ENOENT);
+	CHECK_EQ_INT(ckpt_store_stat(s, "nope", &st), -ENOENT);
+	CHECK_EQ_INT(ckpt_store_size(s, "sub", &size), -ENOENT);
+
+	/* stat */
+	CHECK_EQ_INT(ckpt_store_stat(s, "", &st), 0);
+	CHECK_EQ_INT(st.is_dir, 1);
+	CHECK_EQ_INT(ckpt_store_stat(s, "sub/deep", &st), 0);
+	CHECK_EQ_INT(st.is_dir, 1);
+	CHECK_EQ_INT(ckpt_store_stat(s, "sub/b.bin", &st), 0);
+	CHECK_EQ_INT(st.is_dir, 0);
+	CHECK_EQ_INT(st.size, 10);
+	CHECK(st.mtime_ns > 0);
+
+	/* listdir: regular files and folders only. */
+	CHECK_EQ_INT(ckpt_store_listdir(s, "", seen_cb, &ls), 0);
+	CHECK_EQ_INT(ls.n, 2);
+	CHECK(find(&ls, "a.txt") >= 0 && ls.sizes[find(&ls, "a.txt")] == 5);
+	CHECK(find(&ls, "sub") >= 0 && ls.dirs[find(&ls, "sub")] == 1);
+	memset(&ls, 0, sizeof(ls));
+	CHECK_EQ_INT(ckpt_store_listdir(s, "sub", seen_cb, &ls), 0);
+	CHECK_EQ_INT(ls.n, 2);
+	CHECK(find(&ls, "b.bin") >= 0 && find(&ls, "deep") >= 0);
+	CHECK_EQ_INT(ckpt_store_listdir(s, "a.txt", seen_cb, &ls), -ENOENT);
+	CHECK_EQ_INT(ckpt_store_listdir(s, "missing", seen_cb, &ls), -ENOENT);
+
+	/* read_small */
+	CHECK_EQ_INT(ckpt_store_read_small(s, "sub/b.bin", 100, &txt, &len), 0);
+	CHECK_EQ_INT(len, 10);
+	CHECK(txt && strcmp(txt, "0123456789") == 0);
+	free(txt);
+	CHECK_EQ_INT(ckpt_store_read_small(s, "sub/b.bin", 9, &txt, &len), -EFBIG);
+	CHECK_EQ_INT(ckpt_store_read_small(s, "nope", 9, &txt, &len), -ENOENT);
+
+	/* sub: outlives the parent's handle, sees keys below the prefix. */
+	ckpt_store *u;
+	CHECK_EQ_INT(ckpt_store_sub(s, "sub", &u), 0);
+	CHECK_EQ_INT(ckpt_store_sub(s, "../x", &o), -EINVAL);
+	ckpt_store_destroy(s);
+	CHECK_EQ_INT(ckpt_store_read(u, "b.bin", 0, 2, buf), 2);
+	CHECK(memcmp(buf, "01", 2) == 0);
+	CHECK_EQ_INT(ckpt_store_read(u, "deep/c", 0, 2, buf), 1);
+	CHECK_EQ_INT(ckpt_store_read(u, "up/a.txt", 0, 2, buf), -EIO);
+	CHECK_EQ_INT(ckpt_store_read(u, "../a.txt", 0, 2, buf), -ENOENT);
+	memset(&ls, 0, sizeof(ls));
+	CHECK_EQ_INT(ckpt_store_listdir(u, "", seen_cb, &ls), 0);
+	CHECK_EQ_INT(ls.n, 2);
+	CHECK_EQ_INT(ckpt_store_stat(u, "deep", &st), 0);
+	CHECK_EQ_INT(st.is_dir, 1);
+	ckpt_store *uu;
+	CHECK_EQ_INT(ckpt_store_sub(u, "deep", &uu), 0);
+	CHECK_EQ_INT(ckpt_store_read(uu, "c", 0, 2, buf), 1);
+	CHECK(strstr(uu->root, "/sub/deep") != NULL);
+	ckpt_store_destroy(u);
+	CHECK_EQ_INT(ckpt_store_read(uu, "c", 0, 2, buf), 1);
+	ckpt_store_destroy(uu);
+	unlink(outside);
+}
+
+struct keys {
+	char *all;
+	size_t len;
+	uint64_t sum;
+	int n;
+};
+
+static int key_cb(void *ctx, const char *key, uint64_t size)
+{
+	struct keys *k = ctx;
+	size_t n = strlen(key);
+	k->all = realloc(k->all, k->len + n + 2);
+	memcpy(k->all + k->len, key, n);
+	k->all[k->len + n] = '\n';
+	k->len += n + 1;
+	k->all[k->len] = 0;
+	k->sum += size;
+	k->n++;
+	return 0;
+}
+
+static void test_ocdbt_on(void)
+{
+	const char *items[] = { "std_ocdbt_zarr3", "v1_pytree/state", "v1_checkpointables/params" };
+	ckpt_store *root;
+	CHECK_EQ_INT(ckpt_store_dir_open(FIX, &root), 0);
+	for (size_t i = 0; i < sizeof(items) / sizeof(items[0]); i++) {
+		char dir[512];
+		snprintf(dir, sizeof(dir), "%s/%s", FIX, items[i]);
+		ckpt_store *a, *b;
+		CHECK_EQ_INT(ckpt_store_ocdbt_open(dir, &a), 0);
+		CHECK_EQ_INT(ckpt_store_ocdbt_open_on(root, items[i], &b), 0);
+		struct keys ka = { 0 }, kb = { 0 };
+		CHECK_EQ_INT(ckpt_store_list(a, "", key_cb, &ka), 0);
+		CHECK_EQ_INT(ckpt_store_list(b, "", key_cb, &kb), 0);
+		CHECK(ka.n > 0 && ka.n == kb.n && ka.sum == kb.sum);
+		CHECK(ka.all && kb.all && strcmp(ka.all, kb.all) == 0);
+		/* every value byte-exact through both */
+		for (char *k = ka.all; k && *k;) {
+			char *nl = strchr(k, '\n');
+			*nl = 0;
+			char *va = NULL, *vb = NULL;
+			size_t la = 0, lb = 0;
+			CHECK_EQ_INT(ckpt_store_read_small(a, k, 1 << 26, &va, &la), 0);
+			CHECK_EQ_INT(ckpt_store_read_small(b, k, 1 << 26, &vb, &lb), 0);
+			CHECK(la == lb && va && vb && memcmp(va, vb, la) == 0);
+			free(va);
+			free(vb);
+			k = nl + 1;
+		}
+		/* folders of an OCDBT store are key prefixes */
+		struct seen ls = { 0 };
+		CHECK_EQ_INT(ckpt_store_listdir(b, "", seen_cb, &ls), 0);
+		CHECK(ls.n > 0);
+		for (int j = 0; j < ls.n; j++) {
+			struct ckpt_store_stat st;
+			CHECK_EQ_INT(ckpt_store_stat(b, ls.names[j], &st), 0);
+			CHECK_EQ_INT(st.is_dir, ls.dirs[j]);
+		}
+		struct ckpt_store_stat st;
+		CHECK_EQ_INT(ckpt_store_stat(b, "no/such/key", &st), -ENOENT);
+		CHECK_EQ_INT(ckpt_store_stat(b, "", &st), 0);
+		CHECK_EQ_INT(st.is_dir, 1);
+		free(ka.all);
+		free(kb.all);
+		ckpt_store_destroy(a);
+		ckpt_store_destroy(b);
+	}
+	ckpt_store *none;
+	CHECK_EQ_INT(ckpt_store_ocdbt_open_on(root, "pytree_zarr3", &none), -ENOENT);
+	ckpt_store_destroy(root);
+}
+
+int main(void)
+{
+	signal(SIGALRM, on_alarm);
+	snprintf(tmp, sizeof(tmp), "/tmp/test_store.XXXXXX");
+	if (!mkdtemp(tmp))
+		return 2;
+	ckpt_log_set_level(CKPT_LOG_ERR);
+	test_folder();
+	test_ocdbt_on();
+	sh("rm -rf %s", tmp);
+	return CHECK_DONE();
+}
