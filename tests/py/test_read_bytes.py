@@ -135,6 +135,7 @@ def _read_in_pieces(path, rng):
         os.close(fd)
 
 
+@pytest.mark.concurrent
 @pytest.mark.parametrize("opts", sorted(CONCURRENT_OPTS))
 def test_concurrent_threads(layout_name, mount, expected, opts):
     lay = U.layout(layout_name)
@@ -191,6 +192,7 @@ print(json.dumps(out))
 """
 
 
+@pytest.mark.concurrent
 def test_concurrent_processes(layout_name, mount, expected):
     lay = U.layout(layout_name)
     m = mount(lay.source, "cache_size=16K")

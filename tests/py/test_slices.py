@@ -241,6 +241,7 @@ print(hashlib.sha256(arr.tobytes()).hexdigest(), ",".join(map(str, arr.shape)))
 """
 
 
+@pytest.mark.concurrent
 def test_eight_concurrent_readers(mount, expected):
     """8 processes, each reading its own slice of a (2,4) mesh of the same
     array, on a fresh mount: all get the right bytes, and each stored

@@ -30,6 +30,10 @@ import pytest
 import ckfs_util as U
 import zarr3_verify as V
 
+# Every test here writes through the writer's compression threads, and step 30
+# is filled by several processes at once.
+pytestmark = pytest.mark.concurrent
+
 TMP = ".orbax-checkpoint-tmp"
 FORK = multiprocessing.get_context("fork")
 

@@ -227,6 +227,7 @@ def _paused_writer(jobs, pause_at, ready_w, go_r):
     os._exit(code)
 
 
+@pytest.mark.concurrent
 def test_kill_mid_slice_writes(root):
     # a small write buffer: column slices of multi-MiB chunks force spills
     m = root.mount(root.src, "write_buffer=2M")
@@ -321,6 +322,7 @@ TRIGGERS = [("delay", 0.0), ("delay", 0.02), ("file", "zarr.json"), ("file", "_M
             ("file", "commit_success.txt"), ("delay", 0.1), ("delay", 0.3)]
 
 
+@pytest.mark.concurrent
 def test_kill_during_commit(root, capsys):
     outcomes = []
     seed = 40
