@@ -13,7 +13,6 @@
 
 #include <zstd.h>
 
-#include "hugebuf.h"
 #include "stats.h"
 #include "sysio.h"
 #include "writer_int.h"
@@ -173,11 +172,13 @@ fail:
 
 struct wctx {
 	struct ckpt_warray *a;
-	const uint8_t *src;
-	uint8_t *dst;
-	const uint8_t *from; /* read: source chunk bytes */
-	uint8_t *tmp; /* read: chunk scratch */
-	struct wlive *l;
+	const struct wpiece *p;
+	const uint8_t *src; /* write: the caller's bytes */
+	uint8_t *dst; /* read: the caller's buffer */
+	const uint8_t *from; /* read: the chunk's bytes, NULL = all zero */
+	uint8_t *chunk; /* write: the chunk buffer */
+	struct wcov *cov;
+	uint8_t *scratch; /* read: a chunk-sized copy for stored/spilled chunks */
 	uint64_t added;
 	int rc;
 };
@@ -185,31 +186,34 @@ struct wctx {
 static void span_write(void *ctx, uint64_t coff, uint64_t soff, uint64_t n)
 {
 	struct wctx *w = ctx;
-	memcpy(w->l->buf + coff, w->src + soff, n);
-	int64_t r = w_cov_add(&w->l->cov, w->a->chunk_nbytes, coff, coff + n);
+	memcpy(w->chunk + coff, w->src + soff, n);
+	int64_t r = w_cov_add(w->cov, w->a->chunk_nbytes, coff, coff + n);
 	if (r < 0)
 		w->rc = (int)r;
 	else
 		w->added += (uint64_t)r;
 }
 
+/* Under the chunk buffer's lock (writer_chunk.c). */
+static int fill_piece(void *ctx, uint8_t *buf, struct wcov *cov, uint64_t *added)
+{
+	struct wctx *w = ctx;
+	w->chunk = buf;
+	w->cov = cov;
+	w->added = 0;
+	w_piece_spans(w->a, w->p, span_write, w);
+	*added = w->added;
+	return w->rc;
+}
+
 static int piece_write(void *ctx, const struct wpiece *p)
 {
 	struct wctx *w = ctx;
-	struct wlive *l;
-	int rc = w_pin_write(w->a, p->chunk, &l);
-	if (rc)
-		return rc;
-	pthread_mutex_lock(&l->mu);
-	w->l = l;
-	w->added = 0;
-	w_piece_spans(w->a, p, span_write, w);
-	uint64_t added = w->added;
-	pthread_mutex_unlock(&l->mu);
-	w_unpin(w->a, p->chunk, added);
-	if (w->rc)
+	w->p = p;
+	int rc = w_chunk_write(w->a, p->chunk, fill_piece, w);
+	if (rc && w->rc)
 		ckpt_log(CKPT_LOG_ERR, "writer: %s: out of memory for a coverage map", w->a->relpath);
-	return w->rc;
+	return rc;
 }
 
 int ckpt_warray_write(ckpt_warray *a, const ckpt_region *region, uint64_t byte_off, const void *data,
@@ -229,7 +233,7 @@ int ckpt_warray_write(ckpt_warray *a, const ckpt_region *region, uint64_t byte_o
 			 a->relpath, len, (unsigned long long)byte_off, (unsigned long long)rbytes);
 		return -EFBIG;
 	}
-	if (a->step->state != CKPT_STEP_PENDING)
+	if (atomic_load(&a->step->state) != CKPT_STEP_PENDING)
 		return w_step_writable(a->step, a->relpath);
 	struct wctx w = { .a = a, .src = data };
 	int rc = w_pieces(a, &r, byte_off, end, piece_write, &w);
@@ -249,52 +253,18 @@ static void span_read(void *ctx, uint64_t coff, uint64_t soff, uint64_t n)
 		memset(w->dst + soff, 0, n);
 }
 
+static void copy_piece(void *ctx, const uint8_t *bytes)
+{
+	struct wctx *w = ctx;
+	w->from = bytes;
+	w_piece_spans(w->a, w->p, span_read, w);
+}
+
 static int piece_read(void *ctx, const struct wpiece *p)
 {
 	struct wctx *w = ctx;
-	struct ckpt_warray *a = w->a;
-	struct ckpt_step *st = a->step;
-	struct wchunk *c = &a->chunks[p->chunk];
-	int rc = 0;
-	pthread_mutex_lock(&a->mu);
-	while (c->state == WC_COMPRESSING || c->state == WC_SPILLING || c->state == WC_LOADING)
-		pthread_cond_wait(&a->cond, &a->mu);
-	int state = c->state;
-	uint64_t off = c->off, len = c->len, soff = c->spill_off - 1;
-	struct wlive *l = c->live;
-	if (state == WC_LIVE || state == WC_QUEUED || state == WC_ERROR)
-		w_pin_locked(st, c);
-	pthread_mutex_unlock(&a->mu);
-
-	if (state == WC_EMPTY) {
-		w->from = NULL;
-		w_piece_spans(a, p, span_read, w);
-		return 0;
-	}
-	if (state == WC_LIVE || state == WC_QUEUED || state == WC_ERROR) {
-		pthread_mutex_lock(&l->mu);
-		w->from = l->buf;
-		w_piece_spans(a, p, span_read, w);
-		pthread_mutex_unlock(&l->mu);
-		w_unpin(a, p->chunk, 0);
-		return 0;
-	}
-	if (!w->tmp && !(w->tmp = malloc(a->chunk_nbytes)))
-		return -ENOMEM;
-	if (state == WC_STORED) {
-		rc = w_stored_load(a, p->chunk, off, len, w->tmp);
-	} else { /* SPILLED */
-		int fd = w_spill_fd(st);
-		rc = fd < 0 ? fd : ckpt_pread_all(fd, w->tmp, a->chunk_nbytes, soff);
-		if (rc)
-			ckpt_log(CKPT_LOG_ERR, "writer: %s: reading a spilled chunk failed: %s", a->relpath,
-				 strerror(-rc));
-	}
-	if (rc)
-		return rc == -ENOMEM ? rc : -EIO;
-	w->from = w->tmp;
-	w_piece_spans(a, p, span_read, w);
-	return 0;
+	w->p = p;
+	return w_chunk_read(w->a, p->chunk, &w->scratch, copy_piece, w);
 }
 
 ssize_t ckpt_warray_read(ckpt_warray *a, const ckpt_region *region, uint64_t byte_off, void *dst, size_t len)
@@ -314,7 +284,7 @@ ssize_t ckpt_warray_read(ckpt_warray *a, const ckpt_region *region, uint64_t byt
 		len = (size_t)SSIZE_MAX;
 	struct wctx w = { .a = a, .dst = dst };
 	int rc = w_pieces(a, &r, byte_off, byte_off + len, piece_read, &w);
-	free(w.tmp);
+	free(w.scratch);
 	return rc ? rc : (ssize_t)len;
 }
 
@@ -343,21 +313,13 @@ void ckpt_step_destroy(ckpt_step *st)
 		nit = it->next;
 		for (struct ckpt_warray *a = it->first, *na; a; a = na) {
 			na = a->next;
-			for (uint64_t i = 0; i < a->nchunks; i++) {
-				struct wlive *l = a->chunks[i].live;
-				if (l) {
-					pthread_mutex_destroy(&l->mu);
-					w_cov_free(&l->cov);
-					ckpt_hugebuf_free(l->buf, l->bufcap);
-					free(l);
-				}
-			}
+			w_chunk_free_all(st, a);
 			w_warray_free(a);
 		}
 		free(it->name);
 		free(it);
 	}
-	w_cache_free(st);
+	w_chunk_cache_free(st);
 	if (st->bytes_pending)
 		CKPT_STAT_ADD(bytes_pending, -(int64_t)st->bytes_pending);
 	step_free(st);

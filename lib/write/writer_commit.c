@@ -137,88 +137,10 @@ static cJSON *zarr_json(const struct ckpt_warray *a, int level)
 	return j;
 }
 
-/* Write the index of every shard (at its end), fsync the shard files and
- * the array's folders. */
-static int finish_shards(struct ckpt_step *st, struct ckpt_warray *a)
-{
-	uint64_t n = 1;
-	for (int d = 0; d < a->rank; d++)
-		n *= a->mps[d];
-	size_t isize = (size_t)(16 * n + 4);
-	uint8_t *ix = malloc(isize);
-	if (!ix)
-		return -ENOMEM;
-	int rc = 0;
-	for (uint64_t s = 0; s < a->nshards && !rc; s++) {
-		uint64_t sg[CKPT_MAX_RANK], l[CKPT_MAX_RANK] = { 0 }, t = s;
-		for (int d = a->rank - 1; d >= 0; d--) {
-			sg[d] = t % a->nsh[d];
-			t /= a->nsh[d];
-		}
-		for (uint64_t e = 0; e < n; e++) {
-			uint64_t lin = 0;
-			int out = 0;
-			for (int d = 0; d < a->rank; d++) {
-				uint64_t g = sg[d] * a->mps[d] + l[d];
-				out |= g >= a->nch[d];
-				lin = lin * a->nch[d] + g;
-			}
-			uint64_t off = UINT64_MAX, len = UINT64_MAX;
-			if (!out) {
-				off = a->chunks[lin].off;
-				len = a->chunks[lin].len;
-			}
-			ckpt_put_le64(ix + 16 * e, off);
-			ckpt_put_le64(ix + 16 * e + 8, len);
-			for (int d = a->rank - 1; d >= 0 && ++l[d] == a->mps[d]; d--)
-				l[d] = 0;
-		}
-		ckpt_put_le32(ix + 16 * n, ckpt_crc32c(0, ix, 16 * n));
-		uint64_t end = a->shards[s].end;
-		int fd = w_shard_open(a, s, O_WRONLY | O_CREAT);
-		rc = fd < 0 ? fd : ckpt_pwrite_all(fd, ix, isize, end);
-		if (!rc && ftruncate(fd, (off_t)(end + isize)))
-			rc = -errno;
-		if (!rc && fsync(fd))
-			rc = -errno;
-		if (fd >= 0)
-			close(fd);
-		if (rc)
-			ckpt_log(CKPT_LOG_ERR, "writer: %s: finishing shard %llu: %s", a->relpath,
-				 (unsigned long long)s, strerror(-rc));
-		else
-			CKPT_STAT_ADD(stored_bytes_written, isize);
-	}
-	free(ix);
-	if (rc || a->nshards == 0)
-		return rc;
-	/* Folders c/<i0>/.../<i_{p-1}> for p = rank-1 .. 1, then c. */
-	char path[4096];
-	for (int p = a->rank - 1; p >= 1 && !rc; p--) {
-		uint64_t cnt = 1, g[CKPT_MAX_RANK] = { 0 };
-		for (int d = 0; d < p; d++)
-			cnt *= a->nsh[d];
-		for (uint64_t i = 0; i < cnt && !rc; i++) {
-			int k = snprintf(path, sizeof(path), "%s/c", a->relpath);
-			for (int d = 0; d < p && k > 0 && (size_t)k < sizeof(path); d++)
-				k += snprintf(path + k, sizeof(path) - (size_t)k, "/%llu",
-					      (unsigned long long)g[d]);
-			rc = fsync_dir(st, path);
-			for (int d = p - 1; d >= 0 && ++g[d] == a->nsh[d]; d--)
-				g[d] = 0;
-		}
-	}
-	if (!rc && a->rank > 0) {
-		snprintf(path, sizeof(path), "%s/c", a->relpath);
-		rc = fsync_dir(st, path);
-	}
-	return rc;
-}
-
 static int finish_array(struct ckpt_step *st, struct ckpt_warray *a)
 {
 	char path[4096];
-	int rc = finish_shards(st, a);
+	int rc = w_shard_finish_all(st, a);
 	if (rc)
 		return rc;
 	snprintf(path, sizeof(path), "%s/zarr.json", a->relpath);
@@ -508,32 +430,14 @@ static int commit_inner(struct ckpt_step *st, const char *final_name)
 		return -EBUSY;
 	}
 	/* Chunks whose store failed get another try. */
-	for (struct witem *it = st->items; it; it = it->next)
-		for (struct ckpt_warray *a = it->first; a; a = a->next) {
-			pthread_mutex_lock(&a->mu);
-			for (uint64_t i = 0; i < a->nchunks; i++) {
-				struct wchunk *c = &a->chunks[i];
-				if (c->state != WC_ERROR)
-					continue;
-				c->state = WC_QUEUED;
-				pthread_mutex_lock(&st->mu);
-				st->inflight += a->live_cost;
-				w_queue_push_locked(st, c->live);
-				pthread_mutex_unlock(&st->mu);
-			}
-			a->err = 0;
-			pthread_mutex_unlock(&a->mu);
-		}
-	pthread_mutex_lock(&st->mu);
-	st->io_err = 0;
-	pthread_mutex_unlock(&st->mu);
-	w_zpool_drain(st);
+	w_chunk_retry_errors(st);
+	w_chunk_wait_idle(st);
 
 	int rc = 0;
 	for (struct witem *it = st->items; it && !rc; it = it->next)
 		for (struct ckpt_warray *a = it->first; a && !rc; a = a->next)
-			if (a->err) {
-				rc = a->err;
+			if (atomic_load(&a->err)) {
+				rc = atomic_load(&a->err);
 				ckpt_log(CKPT_LOG_ERR,
 					 "writer: commit of step %s: %s: storing chunks failed: %s", st->name,
 					 a->relpath, strerror(-rc));

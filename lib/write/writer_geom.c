@@ -133,21 +133,6 @@ uint64_t w_chunk_shard(const struct ckpt_warray *a, uint64_t idx)
 	return s;
 }
 
-int w_shard_path(const struct ckpt_warray *a, uint64_t sidx, char *buf, size_t cap)
-{
-	uint64_t g[CKPT_MAX_RANK];
-	for (int d = a->rank - 1; d >= 0; d--) {
-		g[d] = sidx % a->nsh[d];
-		sidx /= a->nsh[d];
-	}
-	int n = snprintf(buf, cap, "%s/c", a->relpath);
-	for (int d = 0; d < a->rank && n >= 0 && (size_t)n < cap; d++)
-		n += snprintf(buf + n, cap - (size_t)n, "/%llu", (unsigned long long)g[d]);
-	if (n < 0 || (size_t)n >= cap)
-		return -ENAMETOOLONG;
-	return n;
-}
-
 /* Byte offset in its chunk buffer, and chunk, of the element at global
  * coordinates g. */
 static void elem_locate(const struct ckpt_warray *a, const uint64_t *g, struct wpiece *p, uint64_t *coff)

@@ -1,11 +1,23 @@
 /*
- * writer_int.h - internals shared by writer.c (steps, arrays, writes),
- * writer_geom.c (chunking, pieces), writer_zpool.c (compression threads)
- * and writer_commit.c (commit).  Not a public header: see writer.h.
+ * writer_int.h - internals of the writer, shared by its files.  Not a public
+ * header: see writer.h for the API and its contracts.
+ *
+ * Files, top to bottom (each calls only files below it, never one above):
+ *   writer.c         begin, write, read back, abort, destroy (the API entry points)
+ *   writer_commit.c  the commit protocol: holes report, metadata files, rename
+ *   writer_decl.c    items, arrays, pytree key-path consistency, queries
+ *   writer_zpool.c   compression threads: take a job, compress, append, report
+ *   writer_chunk.c   every chunk state transition: budget, buffers, pins, queue,
+ *                    spill, reload, stored/error/retry (the state table is there)
+ *   writer_shard.c   shard files: path, O_DIRECT append, read-back, index + fsync
+ *   writer_geom.c    chunk and shard shapes, stream range -> chunk pieces
+ *   writer_cov.c     byte coverage of a chunk buffer
+ * writer_geom.c and writer_cov.c are leaves (base/ and format/ only).
  */
 #ifndef CKPT_WRITER_INT_H
 #define CKPT_WRITER_INT_H
 
+#include <assert.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdint.h>
@@ -15,10 +27,12 @@
 #define W_TMP_SUFFIX ".orbax-checkpoint-tmp"
 #define W_MAX_CHUNKS ((uint64_t)1 << 24)
 #define W_COV_INLINE 32 /* intervals kept before switching to a bitmap */
+#define W_DIO_ALIGN 4096 /* O_DIRECT appends: offset, length and buffer alignment */
 
-/* Chunk states.  Transitions happen under array->mu.  BUSY states
- * (COMPRESSING, SPILLING, LOADING) belong to one thread doing I/O or
- * compression; everybody else waits on array->cond. */
+/* Chunk states.  writer_chunk.c owns every transition (its header has the
+ * transition table and the fields each state implies); all happen under
+ * array->mu.  BUSY states (COMPRESSING, SPILLING, LOADING) belong to one
+ * thread doing I/O or compression; everybody else waits on array->cond. */
 enum wc_state {
 	WC_EMPTY = 0, /* nothing written, no memory */
 	WC_LIVE, /* buffer in memory, not complete (or complete and pinned) */
@@ -53,12 +67,14 @@ struct wlive {
 	uint8_t in_queue, in_lru;
 };
 
+/* One inner chunk.  Under array->mu; written only by writer_chunk.c. */
 struct wchunk {
-	uint8_t state;
+	uint8_t state; /* enum wc_state */
 	uint32_t pins; /* writers/readers using the buffer */
 	uint64_t have; /* distinct in-bounds bytes written */
 	struct wlive *live; /* non-NULL iff the chunk holds memory */
-	uint64_t spill_off; /* slot in the spill file, UINT64_MAX = none */
+	uint64_t spill_slot; /* spill slot, encoded: 0 = none, else file offset + 1
+			      * (read/written only by writer_chunk.c's spill_slot_* helpers) */
 	uint64_t off, len; /* STORED: extent in the shard file */
 };
 
@@ -108,7 +124,8 @@ struct ckpt_warray {
 	uint64_t have_total; /* sum of chunks[].have */
 	uint64_t stored_bytes; /* compressed bytes appended (incl. dead copies) */
 	uint64_t nstored;
-	int err; /* last background errno (0 none) */
+	atomic_int err; /* last background errno (0 none); set by compression threads,
+			 * read by commit */
 };
 
 struct ckpt_step {
@@ -145,8 +162,8 @@ struct ckpt_step {
 	uint64_t stored_bytes;
 	int io_err; /* sticky background error since the last commit attempt */
 	atomic_int no_direct; /* the shard folder's file system refused O_DIRECT */
-	int stop;
-	int state; /* enum ckpt_step_state */
+	int stop; /* compression threads exit; under mu */
+	atomic_int state; /* enum ckpt_step_state; read by writes without a lock */
 	int nthreads;
 	pthread_t *threads;
 };
@@ -194,9 +211,6 @@ uint64_t w_chunk_need(const struct ckpt_warray *a, uint64_t idx);
 void w_chunk_coords(const struct ckpt_warray *a, uint64_t idx, uint64_t *cg);
 uint64_t w_chunk_shard(const struct ckpt_warray *a, uint64_t idx);
 
-/* Relative path "<item>/<name>/c/<i>/<j>" of shard sidx (into buf). */
-int w_shard_path(const struct ckpt_warray *a, uint64_t sidx, char *buf, size_t cap);
-
 /* ---- writer_cov.c ---- */
 /* Add [a, b) to the coverage; returns the number of bytes not covered
  * before, or -ENOMEM (the bitmap could not be allocated; nothing added). */
@@ -206,13 +220,61 @@ void w_cov_free(struct wcov *c);
 /* Serialize as a bitmap of bm_bytes (for the spill slot) / restore. */
 int w_cov_to_bitmap(struct wcov *c, uint64_t nbytes);
 
+/* ---- writer_shard.c ---- */
+
+/* Relative path "<item>/<name>/c/<i>/<j>" of shard sidx (into buf); its
+ * length or -ENAMETOOLONG. */
+int w_shard_path(const struct ckpt_warray *a, uint64_t sidx, char *buf, size_t cap);
+/* Append n compressed bytes z (buffer of zcap bytes, W_DIO_ALIGN-aligned,
+ * zcap >= n rounded up to W_DIO_ALIGN) to shard sidx, creating it and its
+ * folders.  0 with the offset in *off and the open fd in *fd (hand it to
+ * w_shard_append_done), or -errno with the reason in why. */
+int w_shard_append(struct ckpt_warray *a, uint64_t sidx, uint8_t *z, size_t n, size_t zcap, uint64_t *off,
+		   int *fd, char *why, size_t wcap);
+/* Close the fd of an append; shard_complete: start writeback of the file. */
+void w_shard_append_done(int fd, int shard_complete);
+/* Read and decode a STORED chunk (extent off, len) into dst (chunk_nbytes);
+ * -EIO/-ENOMEM, logged. */
+int w_shard_load_chunk(struct ckpt_warray *a, uint64_t idx, uint64_t off, uint64_t len, uint8_t *dst);
+/* Commit: write every shard's index at its end, fsync the shard files and
+ * the array's c/ folders.  Every in-bounds chunk must be STORED. */
+int w_shard_finish_all(struct ckpt_step *st, struct ckpt_warray *a);
+
+/* ---- writer_chunk.c ---- */
+
+/* Called under the chunk buffer's lock with the pinned buffer and its
+ * coverage; sets *added to the newly covered bytes (also on failure). */
+typedef int (*w_chunk_fill_fn)(void *ctx, uint8_t *buf, struct wcov *cov, uint64_t *added);
+/* Called with the chunk's bytes (chunk_nbytes), NULL = all zero. */
+typedef void (*w_chunk_copy_fn)(void *ctx, const uint8_t *bytes);
+
+/* Write into chunk idx: pin it with a buffer (allocating within the budget,
+ * or re-reading a spilled or stored chunk), run fill, unpin (queueing the
+ * chunk for compression once complete).  fill's error or -errno. */
+int w_chunk_write(struct ckpt_warray *a, uint64_t idx, w_chunk_fill_fn fill, void *ctx);
+/* Read chunk idx: copy(ctx, bytes) with its live buffer (pinned, under its
+ * lock), a copy read into *scratch (chunk_nbytes, allocated on first need,
+ * the caller frees it), or NULL when never written.  0, -ENOMEM or -EIO. */
+int w_chunk_read(struct ckpt_warray *a, uint64_t idx, uint8_t **scratch, w_chunk_copy_fn copy, void *ctx);
+/* Compression threads: wait for a queued chunk and make it COMPRESSING
+ * (0, the chunk's array, index and buffer), or -ECANCELED once st->stop. */
+int w_chunk_take_job(struct ckpt_step *st, struct ckpt_warray **a, uint64_t *idx, struct wlive **l);
+/* The outcome of a job: rc 0 = stored at (off, len) -> STORED and the
+ * buffer freed; else ERROR (why logged once per array).  Returns 1 when
+ * that was the last unstored chunk of its shard. */
+int w_chunk_store_done(struct ckpt_warray *a, uint64_t idx, int rc, uint64_t off, uint64_t len, const char *why);
+/* Commit: queue every ERROR chunk again and clear the sticky errors. */
+void w_chunk_retry_errors(struct ckpt_step *st);
+/* Wait until nothing is queued, compressing, spilling or loading. */
+void w_chunk_wait_idle(struct ckpt_step *st);
+/* Destroy: free every buffer of a (no thread may use it any more) / the
+ * warm free buffers of st. */
+void w_chunk_free_all(struct ckpt_step *st, struct ckpt_warray *a);
+void w_chunk_cache_free(struct ckpt_step *st);
+
 /* ---- writer_zpool.c ---- */
 int w_zpool_start(struct ckpt_step *st);
 void w_zpool_stop(struct ckpt_step *st);
-/* Wait until nothing is queued, compressing, spilling or loading. */
-void w_zpool_drain(struct ckpt_step *st);
-/* Under step->mu: append to the compression queue and signal. */
-void w_queue_push_locked(struct ckpt_step *st, struct wlive *l);
 
 /* ---- writer_decl.c ---- */
 int w_nodes_create(struct ckpt_step *st);
@@ -221,28 +283,9 @@ void w_warray_free(struct ckpt_warray *a);
 /* 0 while the step is pending, else -EROFS (logged with `what`). */
 int w_step_writable(struct ckpt_step *st, const char *what);
 
-/* ---- writer_mem.c ---- */
-void w_live_free(struct ckpt_step *st, struct wlive *l, int release_mem);
-void w_lru_remove_locked(struct ckpt_step *st, struct wlive *l);
-void w_cache_free(struct ckpt_step *st);
-/* The spill file (created on first use); fd or -errno. */
-int w_spill_fd(struct ckpt_step *st);
-/* Pin a chunk that has a live buffer (under array->mu). */
-void w_pin_locked(struct ckpt_step *st, struct wchunk *c);
-/* Drop a pin, crediting `added` newly covered bytes; queues the chunk for
- * compression when complete, else makes it a spill candidate. */
-void w_unpin(struct ckpt_warray *a, uint64_t idx, uint64_t added);
-/* Pin chunk idx for writing, giving it a live buffer. */
-int w_pin_write(struct ckpt_warray *a, uint64_t idx, struct wlive **out);
-
-/* ---- writer.c ---- */
-/* Open the shard file of chunk idx for appending (creating folders). */
-int w_shard_open(struct ckpt_warray *a, uint64_t sidx, int flags);
-/* Read and decode a STORED chunk into dst (chunk_nbytes); -EIO logged. */
-int w_stored_load(struct ckpt_warray *a, uint64_t idx, uint64_t off, uint64_t len, uint8_t *dst);
-
 /* ---- writer_commit.c ---- */
 int w_commit(struct ckpt_step *st, const char *final_name);
+/* _CHECKPOINT_METADATA: provisional at begin (commit_ns 0), final at commit. */
 int w_write_ckpt_metadata(struct ckpt_step *st, int64_t commit_ns);
 int w_name_ok(const char *s);
 

@@ -1,0 +1,888 @@
+/*
+ * writer_chunk.c - the life of one inner chunk of a pending array: the memory
+ * budget, chunk buffers (and warm free ones), pins, the compression queue,
+ * the spill file for partial chunks, reloading a spilled or stored chunk,
+ * and the outcome of compression (stored, error, retry).
+ *
+ * Every change of chunks[i].state happens in this file and goes through
+ * chunk_set_state(), which asserts that the transition is one of the table
+ * below and that the chunk's fields agree with its new state
+ * (assert_chunk_state()).  Nothing else in the writer writes c->state,
+ * c->live, c->pins, c->have or c->spill_slot.
+ *
+ * States (enum wc_state, writer_int.h):
+ *
+ *   EMPTY        never written; no memory.
+ *   LIVE         a buffer (c->live) being written, or partial and idle (then
+ *                it is a spill candidate, in the step's LRU list).
+ *   QUEUED       complete; in the compression queue (or about to be put back
+ *                there by its last unpin).
+ *   COMPRESSING  BUSY: a compression thread owns the buffer.
+ *   STORED       compressed bytes at (c->off, c->len) in the shard file; no
+ *                memory.
+ *   ERROR        complete, storing failed; buffer kept, queued again at commit.
+ *   SPILLING     BUSY: partial, being written to its spill slot.
+ *   SPILLED      partial; bytes + coverage bitmap in the spill slot; no memory.
+ *   LOADING      BUSY: being re-read from the spill slot or the shard file
+ *                into a fresh buffer, because it is written again.
+ *
+ * The thread that moves a chunk into a BUSY state owns it until it moves it
+ * out; it drops array->mu while it does I/O or compression, and every other
+ * thread that needs the chunk waits on array->cond.
+ *
+ *   EMPTY --> LIVE --(complete, last unpin)--> QUEUED --> COMPRESSING --> STORED
+ *              ^ |                               ^             |            |
+ *              | +--> SPILLING --> SPILLED       +--- ERROR <--+            |
+ *              |         |            |                                     |
+ *              +---------+ (failed)   +--> LOADING <------------------------+
+ *              +-------------------------------+      (written again)
+ *
+ * Transitions (all under array->mu; "+st" = step->mu taken inside as well):
+ *
+ *   from         to           function                 when
+ *   EMPTY        LIVE         w_chunk_write            first write; buffer from the budget
+ *   LIVE         QUEUED       unpin_locked (+st)       last pin dropped and have == need
+ *   LIVE         SPILLING     spill                    budget full, chunk partial and unpinned
+ *   SPILLING     SPILLED      spill (+st)              slot written; buffer freed
+ *   SPILLING     LIVE         spill (+st)              slot write failed; back in the LRU
+ *   SPILLED      LOADING      pin_write_locked (+st)   written again
+ *   STORED       LOADING      pin_write_locked (+st)   written again (rare: rewrite)
+ *   LOADING      LIVE         pin_write_locked (+st)   re-read done (pinned by the writer)
+ *   LOADING      SPILLED      pin_write_locked (+st)   re-read failed: as before
+ *   LOADING      STORED       pin_write_locked (+st)   re-read failed: as before
+ *   QUEUED       COMPRESSING  w_chunk_take_job         popped, unpinned, not queued again
+ *   COMPRESSING  STORED       w_chunk_store_done (+st) appended to the shard file
+ *   COMPRESSING  ERROR        w_chunk_store_done (+st) compression or append failed
+ *   ERROR        QUEUED       w_chunk_retry_errors(+st) commit
+ *
+ * Pins (c->pins, step->npinned, step->pins_total) keep a LIVE, QUEUED or
+ * ERROR buffer in memory while a writer copies into it or a reader copies
+ * out of it; they do not change the state.  A pinned chunk is never spilled
+ * and never compressed.
+ *
+ * Fields per state (assert_chunk_state; need = in-bounds bytes of the chunk):
+ *
+ *   state        live   pins   have         spill slot
+ *   EMPTY        NULL   0      0            none
+ *   LIVE         set    any    <= need      any      (pins == 0 => have < need)
+ *   QUEUED       set    any    == need      any
+ *   COMPRESSING  set    0      == need      any
+ *   STORED       NULL   0      == need      none     ((off, len) valid)
+ *   ERROR        set    any    == need      any
+ *   SPILLING     set    0      < need       set
+ *   SPILLED      NULL   0      < need       set
+ *   LOADING      set    0      any          any
+ *
+ * Budget (step->mu): mem_used = live_cost per chunk holding a buffer + the
+ * bytes of warm free buffers; inflight = live_cost per chunk in QUEUED,
+ * COMPRESSING, SPILLING or LOADING (memory that will be freed or become
+ * usable without help).  Neither ever goes below zero (budget_sub asserts).
+ */
+#include <assert.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "hugebuf.h"
+#include "stats.h"
+#include "sysio.h"
+#include "writer_int.h"
+
+/* ---- spill slots ----
+ * c->spill_slot holds the slot's byte offset in the spill file plus one, so
+ * that the zeroed chunk table means "no slot" (offset 0 is a valid slot).
+ * Only these helpers read or write the encoding. */
+#define SPILL_NONE 0
+
+static int spill_has_slot(const struct wchunk *c)
+{
+	return c->spill_slot != SPILL_NONE;
+}
+
+static uint64_t spill_slot_off(const struct wchunk *c)
+{
+	assert(spill_has_slot(c));
+	return c->spill_slot - 1;
+}
+
+static void spill_slot_set(struct wchunk *c, uint64_t off)
+{
+	c->spill_slot = off + 1;
+}
+
+/* Bytes of one spill slot of array a: the chunk buffer, then its coverage
+ * bitmap, rounded up to 4 KiB so that slots can be punched out one by one. */
+static uint64_t spill_slot_bytes(const struct ckpt_warray *a)
+{
+	return (a->chunk_nbytes + a->bm_bytes + 4095) / 4096 * 4096;
+}
+
+/* ---- invariants ---- */
+
+static void budget_sub(uint64_t *v, uint64_t n)
+{
+	assert(*v >= n);
+	*v -= n;
+}
+
+#ifndef NDEBUG
+static void assert_chunk_state(const struct ckpt_warray *a, uint64_t idx)
+{
+	const struct wchunk *c = &a->chunks[idx];
+	uint64_t need = w_chunk_need(a, idx);
+	assert(c->have <= need);
+	switch (c->state) {
+	case WC_EMPTY:
+		assert(!c->live && !c->pins && c->have == 0 && !spill_has_slot(c));
+		break;
+	case WC_LIVE:
+		assert(c->live && (c->pins > 0 || c->have < need));
+		break;
+	case WC_QUEUED:
+	case WC_ERROR:
+		assert(c->live && c->have == need);
+		break;
+	case WC_COMPRESSING:
+		assert(c->live && !c->pins && c->have == need);
+		break;
+	case WC_STORED:
+		assert(!c->live && !c->pins && c->have == need && !spill_has_slot(c));
+		break;
+	case WC_SPILLING:
+		assert(c->live && !c->pins && c->have < need && spill_has_slot(c));
+		break;
+	case WC_SPILLED:
+		assert(!c->live && !c->pins && c->have < need && spill_has_slot(c));
+		break;
+	case WC_LOADING:
+		assert(c->live && !c->pins);
+		break;
+	default:
+		assert(!"unknown chunk state");
+	}
+	if (c->live)
+		assert(c->live->arr == a && c->live->idx == idx);
+}
+
+static int transition_ok(int from, int to)
+{
+	static const uint16_t ok[] = {
+		[WC_EMPTY] = 1u << WC_LIVE,
+		[WC_LIVE] = 1u << WC_QUEUED | 1u << WC_SPILLING,
+		[WC_QUEUED] = 1u << WC_COMPRESSING,
+		[WC_COMPRESSING] = 1u << WC_STORED | 1u << WC_ERROR,
+		[WC_STORED] = 1u << WC_LOADING,
+		[WC_ERROR] = 1u << WC_QUEUED,
+		[WC_SPILLING] = 1u << WC_SPILLED | 1u << WC_LIVE,
+		[WC_SPILLED] = 1u << WC_LOADING,
+		[WC_LOADING] = 1u << WC_LIVE | 1u << WC_SPILLED | 1u << WC_STORED,
+	};
+	return from >= 0 && from <= WC_LOADING && (ok[from] >> to & 1);
+}
+
+static void assert_chunk_transition(int from, int to)
+{
+	assert(transition_ok(from, to));
+	(void)from;
+	(void)to;
+}
+#else
+#define assert_chunk_state(a, idx) ((void)0)
+#define assert_chunk_transition(from, to) ((void)0)
+#endif
+
+/* The one place c->state changes.  Under a->mu; the caller has already made
+ * the fields agree with `to`. */
+static void chunk_set_state(struct ckpt_warray *a, uint64_t idx, enum wc_state to)
+{
+	struct wchunk *c = &a->chunks[idx];
+	assert_chunk_transition(c->state, to);
+	c->state = (uint8_t)to;
+	assert_chunk_state(a, idx);
+}
+
+/* ---- lists under step->mu: spill candidates (LRU) and the queue ---- */
+
+static void lru_remove_locked(struct ckpt_step *st, struct wlive *l)
+{
+	if (!l->in_lru)
+		return;
+	if (l->lru_prev)
+		l->lru_prev->lru_next = l->lru_next;
+	else
+		st->lru_head = l->lru_next;
+	if (l->lru_next)
+		l->lru_next->lru_prev = l->lru_prev;
+	else
+		st->lru_tail = l->lru_prev;
+	l->lru_prev = l->lru_next = NULL;
+	l->in_lru = 0;
+}
+
+static void lru_add_locked(struct ckpt_step *st, struct wlive *l)
+{
+	if (l->in_lru)
+		return;
+	l->lru_next = NULL;
+	l->lru_prev = st->lru_tail;
+	if (st->lru_tail)
+		st->lru_tail->lru_next = l;
+	else
+		st->lru_head = l;
+	st->lru_tail = l;
+	l->in_lru = 1;
+}
+
+static void queue_push_locked(struct ckpt_step *st, struct wlive *l)
+{
+	if (l->in_queue)
+		return;
+	l->in_queue = 1;
+	l->qnext = NULL;
+	if (st->qtail)
+		st->qtail->qnext = l;
+	else
+		st->qhead = l;
+	st->qtail = l;
+	pthread_cond_signal(&st->qcond);
+}
+
+/* ---- buffers and the budget ---- */
+
+struct wbuf {
+	struct wbuf *next;
+	uint64_t size; /* the chunk size it was allocated for */
+	size_t cap; /* ckpt_hugebuf_alloc's capacity */
+	uint8_t *p;
+};
+
+static int spill(struct ckpt_step *st, struct ckpt_warray *a, uint64_t idx);
+
+/* Charge `cost` bytes for a live chunk whose buffer has `size` bytes and
+ * return a zeroed buffer.  Waits for compression, spills partial chunks,
+ * and exceeds the budget only when nothing else can free memory.  Called
+ * with no lock held. */
+static int mem_acquire(struct ckpt_step *st, uint64_t cost, uint64_t size, uint8_t **out, size_t *outcap)
+{
+	uint8_t *buf = NULL;
+	size_t cap = 0;
+	int rc = 0;
+	pthread_mutex_lock(&st->mu);
+	for (struct wbuf **pp = &st->cache; *pp; pp = &(*pp)->next) {
+		if ((*pp)->size == size) {
+			struct wbuf *b = *pp;
+			*pp = b->next;
+			buf = b->p;
+			cap = b->cap;
+			free(b);
+			budget_sub(&st->cached_bytes, size);
+			st->ncached--;
+			budget_sub(&st->mem_used, size);
+			break;
+		}
+	}
+	for (;;) {
+		if (st->mem_used + cost <= st->opts.mem_budget || st->mem_used == 0)
+			break;
+		if (st->cache) {
+			struct wbuf *b = st->cache;
+			st->cache = b->next;
+			budget_sub(&st->cached_bytes, b->size);
+			st->ncached--;
+			budget_sub(&st->mem_used, b->size);
+			ckpt_hugebuf_free(b->p, b->cap);
+			free(b);
+			continue;
+		}
+		if (st->inflight > 0) {
+			pthread_cond_wait(&st->memcond, &st->mu);
+			continue;
+		}
+		if (st->lru_head) {
+			/* Only (array, idx) stay valid once st->mu is dropped. */
+			struct wlive *v = st->lru_head;
+			struct ckpt_warray *va = v->arr;
+			uint64_t vidx = v->idx;
+			lru_remove_locked(st, v);
+			pthread_mutex_unlock(&st->mu);
+			rc = spill(st, va, vidx);
+			pthread_mutex_lock(&st->mu);
+			if (rc && rc != -EAGAIN)
+				break;
+			rc = 0;
+			continue;
+		}
+		if (st->npinned > 0) {
+			pthread_cond_wait(&st->memcond, &st->mu);
+			continue;
+		}
+		if (st->io_err) {
+			rc = st->io_err;
+			break;
+		}
+		break; /* nothing can be freed: exceed the budget */
+	}
+	if (!rc)
+		st->mem_used += cost;
+	pthread_mutex_unlock(&st->mu);
+	int fresh = !buf;
+	if (!rc && !buf && !(buf = ckpt_hugebuf_alloc(size, &cap))) {
+		rc = -ENOMEM;
+		pthread_mutex_lock(&st->mu);
+		budget_sub(&st->mem_used, cost);
+		pthread_cond_broadcast(&st->memcond);
+		pthread_mutex_unlock(&st->mu);
+	}
+	if (rc) {
+		ckpt_hugebuf_free(buf, cap);
+		return rc;
+	}
+	if (!fresh)
+		memset(buf, 0, size); /* a fresh buffer is zero already */
+	*out = buf;
+	*outcap = cap;
+	return 0;
+}
+
+static int live_new(struct ckpt_warray *a, uint64_t idx, struct wlive **out)
+{
+	struct wlive *l = calloc(1, sizeof(*l));
+	if (!l)
+		return -ENOMEM;
+	int rc = mem_acquire(a->step, a->live_cost, a->chunk_nbytes, &l->buf, &l->bufcap);
+	if (rc) {
+		free(l);
+		if (rc == -ENOMEM)
+			ckpt_log(CKPT_LOG_ERR, "writer: %s: out of memory for a chunk buffer", a->relpath);
+		else
+			ckpt_log(CKPT_LOG_ERR, "writer: %s: no chunk memory can be freed: %s", a->relpath,
+				 strerror(-rc));
+		return rc;
+	}
+	pthread_mutex_init(&l->mu, NULL);
+	l->arr = a;
+	l->idx = idx;
+	*out = l;
+	return 0;
+}
+
+/* Free a buffer that no chunk points to any more, returning its charge to
+ * the budget; keeps the buffer warm for the next chunk when there is room. */
+static void live_free(struct ckpt_step *st, struct wlive *l)
+{
+	struct ckpt_warray *a = l->arr;
+	struct wbuf *b = NULL;
+	assert(!l->in_queue && !l->in_lru);
+	pthread_mutex_destroy(&l->mu);
+	w_cov_free(&l->cov);
+	pthread_mutex_lock(&st->mu);
+	budget_sub(&st->mem_used, a->live_cost);
+	if (st->ncached < 64 && st->cached_bytes + a->chunk_nbytes <= st->opts.mem_budget / 4 &&
+	    (b = malloc(sizeof(*b)))) {
+		b->p = l->buf;
+		b->cap = l->bufcap;
+		b->size = a->chunk_nbytes;
+		b->next = st->cache;
+		st->cache = b;
+		st->ncached++;
+		st->cached_bytes += b->size;
+		st->mem_used += b->size;
+		l->buf = NULL;
+	}
+	pthread_cond_broadcast(&st->memcond);
+	pthread_mutex_unlock(&st->mu);
+	ckpt_hugebuf_free(l->buf, l->bufcap);
+	free(l);
+}
+
+/* ---- the spill file ---- */
+
+static int spill_fd(struct ckpt_step *st)
+{
+	int fd;
+	pthread_mutex_lock(&st->mu);
+	if (st->spill_fd < 0) {
+		fd = openat(st->dirfd, ".", O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
+		if (fd < 0) {
+			fd = openat(st->dirfd, ".ckptfs-spill", O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
+			if (fd >= 0)
+				unlinkat(st->dirfd, ".ckptfs-spill", 0);
+		}
+		st->spill_fd = fd < 0 ? -errno : fd;
+	}
+	fd = st->spill_fd;
+	pthread_mutex_unlock(&st->mu);
+	return fd;
+}
+
+/* Write partial chunk idx of a to its spill slot and free its memory.
+ * -EAGAIN when the chunk is no longer a spill candidate. */
+static int spill(struct ckpt_step *st, struct ckpt_warray *a, uint64_t idx)
+{
+	struct wchunk *c = &a->chunks[idx];
+	pthread_mutex_lock(&a->mu);
+	struct wlive *l = c->live;
+	if (!l || c->state != WC_LIVE || c->pins || c->have == w_chunk_need(a, idx)) {
+		pthread_mutex_unlock(&a->mu);
+		return -EAGAIN;
+	}
+	pthread_mutex_lock(&st->mu);
+	lru_remove_locked(st, l); /* may be a newer live than the victim taken */
+	st->inflight += a->live_cost;
+	if (!spill_has_slot(c)) {
+		spill_slot_set(c, st->spill_end);
+		st->spill_end += spill_slot_bytes(a);
+	}
+	uint64_t off = spill_slot_off(c);
+	pthread_mutex_unlock(&st->mu);
+	chunk_set_state(a, idx, WC_SPILLING);
+	pthread_mutex_unlock(&a->mu);
+
+	int fd = spill_fd(st), rc = fd < 0 ? fd : 0;
+	if (!rc)
+		rc = w_cov_to_bitmap(&l->cov, a->chunk_nbytes);
+	if (!rc)
+		rc = ckpt_pwrite_all(fd, l->buf, a->chunk_nbytes, off);
+	if (!rc)
+		rc = ckpt_pwrite_all(fd, l->cov.bm, a->bm_bytes, off + a->chunk_nbytes);
+
+	pthread_mutex_lock(&a->mu);
+	if (!rc)
+		c->live = NULL;
+	chunk_set_state(a, idx, rc ? WC_LIVE : WC_SPILLED); /* before inflight drops */
+	pthread_mutex_lock(&st->mu);
+	budget_sub(&st->inflight, a->live_cost);
+	if (rc) {
+		lru_add_locked(st, l);
+	} else {
+		st->nspilled++;
+		st->spills++;
+	}
+	pthread_cond_broadcast(&st->memcond);
+	pthread_cond_broadcast(&st->idlecond);
+	pthread_mutex_unlock(&st->mu);
+	pthread_cond_broadcast(&a->cond);
+	pthread_mutex_unlock(&a->mu);
+	if (rc) {
+		ckpt_log(CKPT_LOG_ERR, "writer: %s: spilling a partial chunk failed: %s", a->relpath,
+			 strerror(-rc));
+		return rc;
+	}
+	live_free(st, l);
+	return 0;
+}
+
+/* Read spilled chunk c's slot into buf (chunk_nbytes) and, when cov is not
+ * NULL, its coverage (cov must be in bitmap mode). */
+static int spill_read(struct ckpt_warray *a, uint64_t off, uint8_t *buf, struct wcov *cov)
+{
+	int fd = spill_fd(a->step);
+	int rc = fd < 0 ? fd : ckpt_pread_all(fd, buf, a->chunk_nbytes, off);
+	if (!rc && cov)
+		rc = ckpt_pread_all(fd, cov->bm, a->bm_bytes, off + a->chunk_nbytes);
+	return rc;
+}
+
+/* ---- pins ---- */
+
+/* Under a->mu; the chunk has a live buffer. */
+static void pin_locked(struct ckpt_step *st, struct wchunk *c)
+{
+	assert(c->live);
+	pthread_mutex_lock(&st->mu);
+	if (c->pins++ == 0) {
+		lru_remove_locked(st, c->live);
+		st->npinned++;
+	}
+	st->pins_total++;
+	pthread_mutex_unlock(&st->mu);
+}
+
+/* Under a->mu: drop a pin, crediting `added` newly covered bytes; queues the
+ * chunk for compression when it is complete, else makes it a spill
+ * candidate. */
+static void unpin_locked(struct ckpt_warray *a, uint64_t idx, uint64_t added)
+{
+	struct ckpt_step *st = a->step;
+	struct wchunk *c = &a->chunks[idx];
+	assert(c->pins > 0 && c->live);
+	c->have += added;
+	a->have_total += added;
+	c->pins--;
+	pthread_mutex_lock(&st->mu);
+	budget_sub(&st->pins_total, 1);
+	st->bytes_pending += added;
+	int queue = 0;
+	if (c->pins == 0) {
+		budget_sub(&st->npinned, 1);
+		if (c->state == WC_LIVE) {
+			if (c->have == w_chunk_need(a, idx)) {
+				st->inflight += a->live_cost;
+				queue_push_locked(st, c->live);
+				queue = 1;
+			} else {
+				lru_add_locked(st, c->live);
+			}
+		} else if (c->state == WC_QUEUED && !c->live->in_queue) {
+			queue_push_locked(st, c->live);
+		}
+		pthread_cond_broadcast(&st->memcond);
+	}
+	if (st->pins_total == 0)
+		pthread_cond_broadcast(&st->idlecond);
+	pthread_mutex_unlock(&st->mu);
+	if (queue)
+		chunk_set_state(a, idx, WC_QUEUED);
+	else
+		assert_chunk_state(a, idx);
+	if (added)
+		CKPT_STAT_ADD(bytes_pending, (int64_t)added);
+}
+
+/* Under a->mu, state SPILLED or STORED, `fresh` a new buffer charged to the
+ * budget: LOADING, re-read (a->mu dropped meanwhile), then LIVE and pinned,
+ * or back to the old state on failure (fresh is then freed). */
+static int reload_locked(struct ckpt_warray *a, uint64_t idx, struct wlive *fresh)
+{
+	struct ckpt_step *st = a->step;
+	struct wchunk *c = &a->chunks[idx];
+	enum wc_state prev = c->state;
+	uint64_t off = c->off, len = c->len, soff = prev == WC_SPILLED ? spill_slot_off(c) : 0;
+	int rc;
+	assert(prev == WC_SPILLED || prev == WC_STORED);
+	c->live = fresh;
+	pthread_mutex_lock(&st->mu);
+	st->inflight += a->live_cost;
+	pthread_mutex_unlock(&st->mu);
+	chunk_set_state(a, idx, WC_LOADING);
+	pthread_mutex_unlock(&a->mu);
+	if (prev == WC_SPILLED) {
+		rc = w_cov_to_bitmap(&fresh->cov, a->chunk_nbytes);
+		if (!rc)
+			rc = spill_read(a, soff, fresh->buf, &fresh->cov);
+		if (rc)
+			ckpt_log(CKPT_LOG_ERR, "writer: %s: re-reading a spilled chunk failed: %s", a->relpath,
+				 strerror(-rc));
+	} else {
+		rc = w_shard_load_chunk(a, idx, off, len, fresh->buf);
+		if (!rc)
+			w_cov_fill(&fresh->cov, a->chunk_nbytes);
+	}
+	pthread_mutex_lock(&a->mu);
+	/* The new state is visible before inflight drops (w_chunk_wait_idle). */
+	if (rc) {
+		c->live = NULL;
+		chunk_set_state(a, idx, prev);
+	} else {
+		pin_locked(st, c);
+		chunk_set_state(a, idx, WC_LIVE);
+	}
+	uint64_t need = w_chunk_need(a, idx);
+	pthread_mutex_lock(&st->mu);
+	budget_sub(&st->inflight, a->live_cost);
+	if (!rc && prev == WC_SPILLED) {
+		budget_sub(&st->nspilled, 1);
+	} else if (!rc) {
+		/* A stored chunk is written again: it is pending again. */
+		budget_sub(&a->nstored, 1);
+		a->shards[w_chunk_shard(a, idx)].unstored++;
+		st->bytes_pending += need;
+	}
+	pthread_cond_broadcast(&st->memcond);
+	pthread_cond_broadcast(&st->idlecond);
+	pthread_mutex_unlock(&st->mu);
+	pthread_cond_broadcast(&a->cond);
+	if (rc) {
+		pthread_mutex_unlock(&a->mu);
+		live_free(st, fresh);
+		pthread_mutex_lock(&a->mu);
+		return rc;
+	}
+	if (prev == WC_STORED)
+		CKPT_STAT_ADD(bytes_pending, (int64_t)need);
+	return 0;
+}
+
+/* Under a->mu (dropped and retaken while allocating or loading): pin chunk
+ * idx for writing, giving it a live buffer (a new one, or re-read from the
+ * spill file or the shard file). */
+static int pin_write_locked(struct ckpt_warray *a, uint64_t idx)
+{
+	struct ckpt_step *st = a->step;
+	struct wchunk *c = &a->chunks[idx];
+	struct wlive *fresh = NULL;
+	int rc;
+	for (;;) {
+		switch (c->state) {
+		case WC_LIVE:
+		case WC_QUEUED:
+		case WC_ERROR:
+			pin_locked(st, c);
+			if (fresh) {
+				pthread_mutex_unlock(&a->mu);
+				live_free(st, fresh);
+				pthread_mutex_lock(&a->mu);
+			}
+			return 0;
+		case WC_COMPRESSING:
+		case WC_SPILLING:
+		case WC_LOADING:
+			pthread_cond_wait(&a->cond, &a->mu);
+			continue;
+		default:
+			break;
+		}
+		if (!fresh) {
+			pthread_mutex_unlock(&a->mu);
+			rc = live_new(a, idx, &fresh);
+			pthread_mutex_lock(&a->mu);
+			if (rc)
+				return rc;
+			continue;
+		}
+		if (c->state == WC_EMPTY) {
+			c->live = fresh;
+			pin_locked(st, c);
+			chunk_set_state(a, idx, WC_LIVE);
+			return 0;
+		}
+		return reload_locked(a, idx, fresh);
+	}
+}
+
+int w_chunk_write(struct ckpt_warray *a, uint64_t idx, w_chunk_fill_fn fill, void *ctx)
+{
+	pthread_mutex_lock(&a->mu);
+	int rc = pin_write_locked(a, idx);
+	if (rc) {
+		pthread_mutex_unlock(&a->mu);
+		return rc;
+	}
+	/* The pin keeps the buffer; its contents are under l->mu. */
+	struct wlive *l = a->chunks[idx].live;
+	pthread_mutex_unlock(&a->mu);
+	uint64_t added = 0;
+	pthread_mutex_lock(&l->mu);
+	rc = fill(ctx, l->buf, &l->cov, &added);
+	pthread_mutex_unlock(&l->mu);
+	pthread_mutex_lock(&a->mu);
+	unpin_locked(a, idx, added);
+	pthread_mutex_unlock(&a->mu);
+	return rc;
+}
+
+int w_chunk_read(struct ckpt_warray *a, uint64_t idx, uint8_t **scratch, w_chunk_copy_fn copy, void *ctx)
+{
+	struct ckpt_step *st = a->step;
+	struct wchunk *c = &a->chunks[idx];
+	int rc = 0;
+	pthread_mutex_lock(&a->mu);
+	while (c->state == WC_COMPRESSING || c->state == WC_SPILLING || c->state == WC_LOADING)
+		pthread_cond_wait(&a->cond, &a->mu);
+	enum wc_state state = c->state;
+	uint64_t off = c->off, len = c->len, soff = state == WC_SPILLED ? spill_slot_off(c) : 0;
+	struct wlive *l = c->live;
+	if (state == WC_LIVE || state == WC_QUEUED || state == WC_ERROR)
+		pin_locked(st, c);
+	pthread_mutex_unlock(&a->mu);
+
+	if (state == WC_EMPTY) {
+		copy(ctx, NULL);
+		return 0;
+	}
+	if (state == WC_LIVE || state == WC_QUEUED || state == WC_ERROR) {
+		pthread_mutex_lock(&l->mu);
+		copy(ctx, l->buf);
+		pthread_mutex_unlock(&l->mu);
+		pthread_mutex_lock(&a->mu);
+		unpin_locked(a, idx, 0);
+		pthread_mutex_unlock(&a->mu);
+		return 0;
+	}
+	/* STORED or SPILLED: a copy, read outside the budget. */
+	if (!*scratch && !(*scratch = malloc(a->chunk_nbytes)))
+		return -ENOMEM;
+	if (state == WC_STORED) {
+		rc = w_shard_load_chunk(a, idx, off, len, *scratch);
+	} else {
+		rc = spill_read(a, soff, *scratch, NULL);
+		if (rc)
+			ckpt_log(CKPT_LOG_ERR, "writer: %s: reading a spilled chunk failed: %s", a->relpath,
+				 strerror(-rc));
+	}
+	if (rc)
+		return rc == -ENOMEM ? rc : -EIO;
+	copy(ctx, *scratch);
+	return 0;
+}
+
+/* ---- compression jobs ---- */
+
+int w_chunk_take_job(struct ckpt_step *st, struct ckpt_warray **aout, uint64_t *idxout, struct wlive **lout)
+{
+	pthread_mutex_lock(&st->mu);
+	for (;;) {
+		while (!st->qhead && !st->stop)
+			pthread_cond_wait(&st->qcond, &st->mu);
+		if (st->stop) {
+			pthread_mutex_unlock(&st->mu);
+			return -ECANCELED;
+		}
+		/* A queued live is alive while in the queue; once st->mu is
+		 * dropped only (array, idx) may be used: look the chunk up again. */
+		struct wlive *l = st->qhead;
+		st->qhead = l->qnext;
+		if (!st->qhead)
+			st->qtail = NULL;
+		l->in_queue = 0;
+		struct ckpt_warray *a = l->arr;
+		uint64_t idx = l->idx;
+		pthread_mutex_unlock(&st->mu);
+
+		struct wchunk *c = &a->chunks[idx];
+		pthread_mutex_lock(&a->mu);
+		l = c->live;
+		int requeued = 0;
+		if (l) {
+			pthread_mutex_lock(&st->mu);
+			requeued = l->in_queue;
+			pthread_mutex_unlock(&st->mu);
+		}
+		if (l && c->state == WC_QUEUED && !c->pins && !requeued) {
+			chunk_set_state(a, idx, WC_COMPRESSING);
+			pthread_mutex_unlock(&a->mu);
+			*aout = a;
+			*idxout = idx;
+			*lout = l;
+			return 0;
+		}
+		/* Pinned: the last unpin queues it again.  Requeued (an unpin came
+		 * between our pop and here): that entry is its turn. */
+		pthread_mutex_unlock(&a->mu);
+		pthread_mutex_lock(&st->mu);
+		pthread_cond_broadcast(&st->idlecond);
+	}
+}
+
+int w_chunk_store_done(struct ckpt_warray *a, uint64_t idx, int rc, uint64_t off, uint64_t len, const char *why)
+{
+	struct ckpt_step *st = a->step;
+	struct wchunk *c = &a->chunks[idx];
+	uint64_t need = w_chunk_need(a, idx);
+	int shard_done = 0, spilled = 0;
+	uint64_t spilled_off = 0;
+
+	pthread_mutex_lock(&a->mu);
+	struct wlive *l = c->live;
+	assert(c->state == WC_COMPRESSING && l);
+	if (!rc) {
+		if (spill_has_slot(c)) {
+			spilled = 1;
+			spilled_off = spill_slot_off(c);
+			c->spill_slot = SPILL_NONE;
+		}
+		c->off = off;
+		c->len = len;
+		c->live = NULL;
+		a->nstored++;
+		a->stored_bytes += len;
+		struct wshard *sh = &a->shards[w_chunk_shard(a, idx)];
+		budget_sub(&sh->unstored, 1);
+		shard_done = sh->unstored == 0;
+	} else {
+		if (!atomic_load(&a->err))
+			ckpt_log(CKPT_LOG_ERR, "writer: %s: %s (chunk kept in memory; retried at commit)",
+				 a->relpath, why);
+		atomic_store(&a->err, rc);
+	}
+	/* The new state is visible before inflight drops: w_chunk_wait_idle
+	 * returns on inflight == 0 and the commit then reads the states. */
+	chunk_set_state(a, idx, rc ? WC_ERROR : WC_STORED);
+	pthread_mutex_lock(&st->mu);
+	budget_sub(&st->inflight, a->live_cost);
+	if (!rc) {
+		budget_sub(&st->bytes_pending, need);
+		st->stored_bytes += len;
+	} else {
+		st->io_err = rc;
+	}
+	int sfd = st->spill_fd;
+	pthread_cond_broadcast(&st->memcond);
+	pthread_cond_broadcast(&st->idlecond);
+	pthread_mutex_unlock(&st->mu);
+	pthread_cond_broadcast(&a->cond);
+	pthread_mutex_unlock(&a->mu);
+
+	if (!rc) {
+		CKPT_STAT_ADD(bytes_pending, -(int64_t)need);
+		CKPT_STAT_ADD(stored_bytes_written, len);
+		if (spilled && sfd >= 0) /* the stale slot: give its blocks back */
+			fallocate(sfd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, (off_t)spilled_off,
+				  (off_t)spill_slot_bytes(a));
+		live_free(st, l);
+	}
+	return shard_done;
+}
+
+void w_chunk_retry_errors(struct ckpt_step *st)
+{
+	for (struct witem *it = st->items; it; it = it->next)
+		for (struct ckpt_warray *a = it->first; a; a = a->next) {
+			pthread_mutex_lock(&a->mu);
+			for (uint64_t i = 0; i < a->nchunks; i++) {
+				struct wchunk *c = &a->chunks[i];
+				if (c->state != WC_ERROR)
+					continue;
+				pthread_mutex_lock(&st->mu);
+				st->inflight += a->live_cost;
+				queue_push_locked(st, c->live);
+				pthread_mutex_unlock(&st->mu);
+				chunk_set_state(a, i, WC_QUEUED);
+			}
+			atomic_store(&a->err, 0);
+			pthread_mutex_unlock(&a->mu);
+		}
+	pthread_mutex_lock(&st->mu);
+	st->io_err = 0;
+	pthread_mutex_unlock(&st->mu);
+}
+
+void w_chunk_wait_idle(struct ckpt_step *st)
+{
+	pthread_mutex_lock(&st->mu);
+	while (st->qhead || st->inflight)
+		pthread_cond_wait(&st->idlecond, &st->mu);
+	pthread_mutex_unlock(&st->mu);
+}
+
+/* ---- end of life ---- */
+
+void w_chunk_free_all(struct ckpt_step *st, struct ckpt_warray *a)
+{
+	for (uint64_t i = 0; i < a->nchunks; i++) {
+		struct wlive *l = a->chunks[i].live;
+		if (l) {
+			pthread_mutex_destroy(&l->mu);
+			w_cov_free(&l->cov);
+			ckpt_hugebuf_free(l->buf, l->bufcap);
+			free(l);
+			a->chunks[i].live = NULL;
+		}
+	}
+	(void)st;
+}
+
+void w_chunk_cache_free(struct ckpt_step *st)
+{
+	for (struct wbuf *b = st->cache, *nb; b; b = nb) {
+		nb = b->next;
+		ckpt_hugebuf_free(b->p, b->cap);
+		free(b);
+	}
+	st->cache = NULL;
+	budget_sub(&st->mem_used, st->cached_bytes);
+	st->cached_bytes = 0;
+	st->ncached = 0;
+}
