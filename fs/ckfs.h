@@ -25,6 +25,12 @@ struct ckfs_opts {
 	int read_only;
 	int show_help;
 	int show_version;
+	char *log_file; /* log here (also in the foreground) */
+	char *ready_file; /* written (PID) once the mount serves requests */
+	int uid, gid; /* owner shown for every node (-1: the daemon's) */
+	char *umask; /* octal; when set, modes are 0777/0666 & ~umask */
+	int allow_other_writes; /* other uids may write (allow_other) */
+	int has_fsname, has_subtype;
 };
 
 struct ckfs {
@@ -32,8 +38,32 @@ struct ckfs {
 	struct ckfs_opts opts;
 	double ttl_immutable; /* entry/attr timeout of committed nodes */
 	int no_opendir; /* the kernel opens directories without asking */
+	uid_t owner_uid; /* the mounting user: the only uid that may write */
+	uid_t show_uid;
+	gid_t show_gid;
+	int have_umask;
+	unsigned umask_bits;
+	int writable; /* a CheckpointManager root mounted read-write */
 };
 
 extern const struct fuse_lowlevel_ops ckfs_ops;
+
+/* ---- shared by the daemon and the subcommands (walk.c) ---- */
+
+/* Called for every node under the walked directory, depth first, in
+ * readdir order; `path` is relative to the view root ("10/state/w.npy").
+ * Return non-zero to stop the walk (returned by ckfs_walk). */
+typedef int (*ckfs_walk_fn)(void *ctx, const char *path, int depth, const ckpt_attr *a);
+int ckfs_walk(ckpt_view *v, ckpt_ino dir, const char *prefix, int depth, ckfs_walk_fn fn, void *ctx);
+
+/* Resolve a '/'-separated path inside the view (""= the root). */
+int ckfs_resolve(ckpt_view *v, const char *path, ckpt_attr *out);
+
+/* getxattr into a NUL-terminated buffer; the length or -errno. */
+ssize_t ckfs_xattr(ckpt_view *v, ckpt_ino ino, const char *name, char *buf, size_t cap);
+
+/* The subcommands (no mount). */
+int ckfs_cmd_info(int argc, char **argv);
+int ckfs_cmd_verify(int argc, char **argv);
 
 #endif

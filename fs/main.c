@@ -8,6 +8,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <syslog.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "ckfs.h"
@@ -27,6 +30,14 @@ static const struct fuse_opt opt_spec[] = { OPT("cache_size=%s", cache_size, 0),
 					    OPT("safetensors_shard_size=%s", st_shard_size, 0),
 					    OPT("zstd_level=%d", zstd_level, 0),
 					    OPT("write_buffer=%s", write_buffer, 0),
+					    OPT("log_file=%s", log_file, 0),
+					    OPT("ready_file=%s", ready_file, 0),
+					    OPT("uid=%d", uid, 0),
+					    OPT("gid=%d", gid, 0),
+					    OPT("umask=%s", umask, 0),
+					    OPT("allow_other_writes", allow_other_writes, 1),
+					    FUSE_OPT_KEY("fsname=", 1001),
+					    FUSE_OPT_KEY("subtype=", 1002),
 					    FUSE_OPT_KEY("ro", 1000),
 					    OPT("--help", show_help, 1),
 					    OPT("-h", show_help, 1),
@@ -36,13 +47,29 @@ static const struct fuse_opt opt_spec[] = { OPT("cache_size=%s", cache_size, 0),
 
 static void usage(const char *prog)
 {
-	printf("usage: %s [options] SOURCE MOUNTPOINT\n\n"
-	       "Mount an Orbax checkpoint (a CheckpointManager root, one step, or one item folder)\n"
-	       "read-only as a tree of .npy files.\n\n"
+	printf("usage: %s [options] SOURCE MOUNTPOINT\n"
+	       "       %s info [--json] SOURCE [PATH]\n"
+	       "       %s verify SOURCE [STEP...]\n\n"
+	       "Mount an Orbax checkpoint (a CheckpointManager root, one step folder or one item\n"
+	       "folder) as a tree of .npy files: STEP/ITEM/KEY/.../NAME.npy.  A CheckpointManager root\n"
+	       "is writable: mkdir a new step, write .npy files into it, then create\n"
+	       "STEP/commit_success.txt to commit it atomically (-o ro to refuse).  Committed steps\n"
+	       "are read-only.\n\n"
+	       "Hidden names (looked up by name, not listed unless -o show_companions):\n"
+	       "    NAME[0:8,:].npy         a slice of an array as its own .npy (quote it in zsh)\n"
+	       "    NAME.shards/            one .npy per stored shard or chunk\n"
+	       "    DIR.safetensors         every array under DIR as one safetensors file\n"
+	       "    DIR.safetensors.d/      the same, in shards (-o safetensors_shard_size)\n"
+	       "    .ckptfs/stats           counters as JSON (cache, bytes, commits, errors)\n"
+	       "Array files carry user.ckpt.* xattrs (dtype, shape, chunks, codec, stored_bytes).\n\n"
+	       "Subcommands (no mount):\n"
+	       "    info [--json] SOURCE [PATH]   steps, items and a table of arrays (metadata only)\n"
+	       "    verify SOURCE [STEP...]       decode every chunk and check every checksum;\n"
+	       "                                  exit status 1 when an array has a problem\n\n"
 	       "ckptfs options:\n"
+	       "    -o ro                   read-only: refuse new steps\n"
 	       "    -o cache_size=SIZE      decoded-chunk cache budget, K/M/G suffix (default 256M)\n"
 	       "    -o threads=N            decode threads (default: number of CPUs)\n"
-	       "    -o ready_fd=N           write 's' (mounted) or 'f' (failed) to fd N, then close it\n"
 	       "    -o show_companions      list NAME.shards/ and X.safetensors in directories\n"
 	       "    -o read_ahead_kb=N      kernel read-ahead of the mount (default 1024; 0 keeps the "
 	       "kernel's)\n"
@@ -50,10 +77,21 @@ static void usage(const char *prog)
 	       "    -o zstd_level=N         zstd level of written chunks (default 1)\n"
 	       "    -o write_buffer=SIZE    buffered bytes per pending step before writers wait (default "
 	       "RAM/8, 512M..2G)\n"
+	       "    -o uid=N,gid=N          owner shown for every file (default: the mounting user)\n"
+	       "    -o umask=OCT            show modes 0777/0666 & ~OCT (e.g. 022: copies stay writable)\n"
+	       "    -o allow_other_writes   with allow_other: let other users write and commit steps\n"
+	       "                            (default: EACCES for any uid but the mounting user's)\n"
 	       "    -o log_level=LEVEL      error, warning, info (default) or debug\n"
+	       "    -o log_file=PATH        log to PATH (default: stderr in the foreground, syslog\n"
+	       "                            with ident ckptfs once daemonized)\n"
+	       "    -o ready_file=PATH      write the daemon's PID to PATH once the mount is ready\n"
+	       "    -o ready_fd=N           write 's' (mounted) or 'f' (failed) to fd N, then close it\n"
 	       "    -h, --help              this help\n"
-	       "    -V, --version           print the version\n\n",
-	       prog);
+	       "    -V, --version           print the version\n\n"
+	       "fsname=SOURCE and subtype=ckptfs are set unless given.  mount -t fuse.ckptfs and\n"
+	       "/etc/fstab work through mount.fuse3.  Exit status: 0 success, 1 failure.\n"
+	       "See ckptfs(1).\n\n",
+	       prog, prog, prog);
 	printf("FUSE options:\n");
 	fuse_cmdline_help();
 	fuse_lowlevel_help();
@@ -66,6 +104,10 @@ static int opt_proc(void *data, const char *arg, int key, struct fuse_args *outa
 	struct ckfs_opts *o = data;
 	if (key == 1000) { /* -o ro: note it, and pass it on to the kernel */
 		o->read_only = 1;
+		return 1;
+	}
+	if (key == 1001 || key == 1002) { /* the user's own: keep them */
+		*(key == 1001 ? &o->has_fsname : &o->has_subtype) = 1;
 		return 1;
 	}
 	if (key == FUSE_OPT_KEY_NONOPT && !o->source) {
@@ -204,14 +246,167 @@ static void set_read_ahead(const char *mnt, int kb)
 	pthread_detach(t);
 }
 
+/* ---- log sinks: a file (log_file=) or syslog once daemonized ---- */
+
+static int log_fd = -1;
+
+static void file_sink(int level, const char *msg)
+{
+	char line[1200];
+	struct timespec ts;
+	struct tm tm;
+	clock_gettime(CLOCK_REALTIME, &ts);
+	gmtime_r(&ts.tv_sec, &tm);
+	int n = snprintf(line, sizeof(line), "%04d-%02d-%02dT%02d:%02d:%02d.%03ldZ ckptfs[%d]: %s: %s\n",
+			 tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec,
+			 ts.tv_nsec / 1000000, (int)getpid(), ckpt_log_level_name(level), msg);
+	if (n < 0)
+		return;
+	if ((size_t)n >= sizeof(line)) {
+		n = sizeof(line) - 1;
+		line[n - 1] = '\n';
+	}
+	/* O_APPEND: one write per line, whole lines from concurrent threads. */
+	if (write(log_fd, line, (size_t)n) < 0)
+		return;
+}
+
+static int log_foreground;
+
+static void file_and_stderr_sink(int level, const char *msg)
+{
+	file_sink(level, msg);
+	if (log_foreground)
+		fprintf(stderr, "ckptfs: %s: %s\n", ckpt_log_level_name(level), msg);
+}
+
+static void syslog_sink(int level, const char *msg)
+{
+	static const int prio[] = { LOG_ERR, LOG_WARNING, LOG_INFO, LOG_DEBUG };
+	syslog(prio[level < 0 ? 0 : level > 3 ? 3 : level], "%s", msg);
+}
+
+/* Absolute form of a path given on the command line (the daemon changes
+ * to / when it goes to the background). */
+static char *abs_path(const char *p)
+{
+	if (p[0] == '/')
+		return strdup(p);
+	char cwd[4096];
+	if (!getcwd(cwd, sizeof(cwd)))
+		return NULL;
+	size_t len = strlen(cwd) + strlen(p) + 2;
+	char *out = malloc(len);
+	if (out)
+		snprintf(out, len, "%s/%s", cwd, p);
+	return out;
+}
+
+/* ready_file: written to PATH.tmp then renamed, so whoever waits for PATH
+ * never sees it half written. */
+static int write_ready_file(const char *path)
+{
+	size_t len = strlen(path) + 8;
+	char *tmp = malloc(len);
+	if (!tmp)
+		return -ENOMEM;
+	snprintf(tmp, len, "%s.tmp", path);
+	int rc = 0;
+	FILE *f = fopen(tmp, "we");
+	if (!f || fprintf(f, "%d\n", (int)getpid()) < 0)
+		rc = -errno;
+	if (f && fclose(f) != 0 && rc == 0)
+		rc = -errno;
+	if (rc == 0 && rename(tmp, path) != 0)
+		rc = -errno;
+	if (rc < 0) {
+		ckpt_log(CKPT_LOG_ERR, "ready_file %s: %s", path, strerror(-rc));
+		unlink(tmp);
+	}
+	free(tmp);
+	return rc;
+}
+
+static int parse_options(struct ckfs *fs, struct fuse_args *args)
+{
+	struct ckfs_opts *o = &fs->opts;
+	fs->owner_uid = getuid();
+	fs->show_uid = o->uid >= 0 ? (uid_t)o->uid : getuid();
+	fs->show_gid = o->gid >= 0 ? (gid_t)o->gid : getgid();
+	if (o->umask) {
+		char *end;
+		errno = 0;
+		unsigned long m = strtoul(o->umask, &end, 8);
+		if (errno || end == o->umask || *end || m > 0777) {
+			fprintf(stderr, "ckptfs: bad umask '%s' (octal, e.g. 022)\n", o->umask);
+			return -1;
+		}
+		fs->have_umask = 1;
+		fs->umask_bits = (unsigned)m;
+	}
+	if (o->log_level) {
+		static const char *const lv[] = { "error", "warning", "info", "debug" };
+		int found = -1;
+		for (int i = 0; i < 4; i++)
+			if (!strcmp(o->log_level, lv[i]))
+				found = i;
+		if (found < 0) {
+			fprintf(stderr, "ckptfs: bad log_level '%s'\n", o->log_level);
+			return -1;
+		}
+		ckpt_log_set_level(found);
+	}
+	if (o->ready_file) {
+		char *a = abs_path(o->ready_file);
+		if (!a)
+			return -1;
+		free(o->ready_file);
+		o->ready_file = a;
+	}
+	if (o->log_file) {
+		log_fd = open(o->log_file, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
+		if (log_fd < 0) {
+			fprintf(stderr, "ckptfs: log_file %s: %s\n", o->log_file, strerror(errno));
+			return -1;
+		}
+	}
+	/* fsname=SOURCE, subtype=ckptfs: findmnt and df name the checkpoint. */
+	if (!o->has_fsname) {
+		char *opt = NULL;
+		size_t len = strlen(o->source) + 8;
+		char *kv = malloc(len);
+		if (!kv)
+			return -1;
+		snprintf(kv, len, "fsname=%s", o->source);
+		int rc = fuse_opt_add_opt_escaped(&opt, kv);
+		free(kv);
+		if (rc == -1 || fuse_opt_add_arg(args, "-o") == -1 || fuse_opt_add_arg(args, opt) == -1) {
+			free(opt);
+			return -1;
+		}
+		free(opt);
+	}
+	if (!o->has_subtype && fuse_opt_add_arg(args, "-osubtype=ckptfs") == -1)
+		return -1;
+	return 0;
+}
+
 int main(int argc, char *argv[])
 {
+	if (argc >= 2 && !strcmp(argv[1], "info"))
+		return ckfs_cmd_info(argc - 1, argv + 1);
+	if (argc >= 2 && !strcmp(argv[1], "verify"))
+		return ckfs_cmd_verify(argc - 1, argv + 1);
+
 	struct fuse_args args = FUSE_ARGS_INIT(argc, argv);
 	struct ckfs fs = { 0 };
 	fs.opts.read_ahead_kb = 1024;
 	fs.opts.ready_fd = -1;
+	fs.opts.uid = -1;
+	fs.opts.gid = -1;
 	fs.ttl_immutable = 86400.0;
 	struct fuse_cmdline_opts cl = { 0 };
+	struct fuse_session *se = NULL;
 	int ret = 1;
 
 	if (fuse_opt_parse(&args, &fs.opts, opt_spec, opt_proc) == -1)
@@ -239,18 +434,8 @@ int main(int argc, char *argv[])
 	}
 	free(fs.opts.source);
 	fs.opts.source = real;
-	if (fs.opts.log_level) {
-		static const char *const lv[] = { "error", "warning", "info", "debug" };
-		int found = -1;
-		for (int i = 0; i < 4; i++)
-			if (!strcmp(fs.opts.log_level, lv[i]))
-				found = i;
-		if (found < 0) {
-			fprintf(stderr, "ckptfs: bad log_level '%s'\n", fs.opts.log_level);
-			goto out_ready;
-		}
-		ckpt_log_set_level(found);
-	}
+	if (parse_options(&fs, &args) < 0)
+		goto out_ready;
 	ckpt_view_opts vo = { 0 };
 	vo.ctx.threads = fs.opts.threads;
 	vo.show_companions = fs.opts.show_companions;
@@ -268,24 +453,36 @@ int main(int argc, char *argv[])
 		fprintf(stderr, "ckptfs: bad safetensors_shard_size '%s'\n", fs.opts.st_shard_size);
 		goto out_ready;
 	}
+	/* The session first: it refuses unknown options before any work. */
+	se = fuse_session_new(&args, &ckfs_ops, sizeof(ckfs_ops), &fs);
+	if (!se)
+		goto out_ready;
 	int rc = ckpt_view_open(fs.opts.source, &vo, &fs.view);
 	if (rc < 0) {
 		fprintf(stderr, "ckptfs: %s: %s\n", fs.opts.source, strerror(-rc));
-		goto out_ready;
-	}
-	ckpt_log(CKPT_LOG_INFO, "%s: mounted as a checkpoint %s", fs.opts.source, ckpt_view_kind(fs.view));
-
-	struct fuse_session *se = fuse_session_new(&args, &ckfs_ops, sizeof(ckfs_ops), &fs);
-	if (!se)
-		goto out_view;
-	if (fuse_set_signal_handlers(se) != 0)
 		goto out_session;
+	}
+	fs.writable = !fs.opts.read_only && !strcmp(ckpt_view_kind(fs.view), "root");
+	if (fuse_set_signal_handlers(se) != 0)
+		goto out_view;
 	if (fuse_session_mount(se, cl.mountpoint) != 0)
 		goto out_signals;
 	/* No thread may start before this fork (the child would not have it). */
 	if (fuse_daemonize(cl.foreground) != 0)
 		goto out_unmount;
+	/* stderr is /dev/null from here on unless in the foreground. */
+	log_foreground = cl.foreground;
+	if (log_fd >= 0) {
+		ckpt_log_set_sink(file_and_stderr_sink);
+	} else if (!cl.foreground) {
+		openlog("ckptfs", LOG_PID | LOG_NDELAY, LOG_DAEMON);
+		ckpt_log_set_sink(syslog_sink);
+	}
+	ckpt_log(CKPT_LOG_INFO, "%s: mounted on %s as a checkpoint %s%s", fs.opts.source, cl.mountpoint,
+		 ckpt_view_kind(fs.view), fs.writable ? " (writable)" : " (read-only)");
 	set_read_ahead(cl.mountpoint, fs.opts.read_ahead_kb);
+	if (fs.opts.ready_file)
+		write_ready_file(fs.opts.ready_file);
 	signal_ready(fs.opts.ready_fd, 's');
 	fs.opts.ready_fd = -1;
 
@@ -299,23 +496,32 @@ int main(int argc, char *argv[])
 		fuse_loop_cfg_destroy(lc);
 	}
 	ret = ret < 0 ? 1 : 0;
+	ckpt_log(CKPT_LOG_INFO, "%s: unmounted from %s", fs.opts.source, cl.mountpoint);
+	if (fs.opts.ready_file)
+		unlink(fs.opts.ready_file);
 out_unmount:
 	fuse_session_unmount(se);
 out_signals:
 	fuse_remove_signal_handlers(se);
-out_session:
-	fuse_session_destroy(se);
 out_view:
 	ckpt_view_destroy(fs.view);
+out_session:
+	fuse_session_destroy(se);
 out_ready:
 	signal_ready(fs.opts.ready_fd, 'f');
 	free(cl.mountpoint);
 out_args:
+	ckpt_log_set_sink(NULL);
+	if (log_fd >= 0)
+		close(log_fd);
 	fuse_opt_free_args(&args);
 	free(fs.opts.source);
 	free(fs.opts.cache_size);
 	free(fs.opts.st_shard_size);
 	free(fs.opts.log_level);
 	free(fs.opts.write_buffer);
+	free(fs.opts.log_file);
+	free(fs.opts.ready_file);
+	free(fs.opts.umask);
 	return ret;
 }

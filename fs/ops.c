@@ -9,6 +9,7 @@
 #include <sys/statvfs.h>
 #include <stdio.h>
 #include <fcntl.h>
+#include <pthread.h>
 
 #include "ckfs.h"
 
@@ -17,11 +18,19 @@ static struct ckfs *fs_of(fuse_req_t req)
 	return fuse_req_userdata(req);
 }
 
-static void to_stat(const ckpt_attr *a, struct stat *st)
+/* Every attribute reply goes through here: owner from -o uid=,gid= (else
+ * the mounting user), modes from the view or, with -o umask=, 0777 for
+ * directories and 0666 for files less the umask. */
+static void to_stat(const struct ckfs *fs, const ckpt_attr *a, struct stat *st)
 {
 	memset(st, 0, sizeof(*st));
 	st->st_ino = a->ino;
-	st->st_mode = (a->is_dir ? S_IFDIR : S_IFREG) | a->mode;
+	unsigned mode = a->mode;
+	if (fs->have_umask)
+		mode = (a->is_dir ? 0777u : 0666u) & ~fs->umask_bits;
+	st->st_mode = (a->is_dir ? S_IFDIR : S_IFREG) | mode;
+	st->st_uid = fs->show_uid;
+	st->st_gid = fs->show_gid;
 	st->st_nlink = a->nlink;
 	st->st_size = (off_t)a->size;
 	st->st_blksize = 1 << 20;
@@ -30,6 +39,22 @@ static void to_stat(const ckpt_attr *a, struct stat *st)
 	st->st_mtim.tv_nsec = a->mtime_ns % 1000000000;
 	st->st_ctim = st->st_mtim;
 	st->st_atim = st->st_mtim;
+}
+
+/* Under allow_other, only the mounting user may change anything (create
+ * or commit steps, write arrays, set xattrs) unless -o allow_other_writes:
+ * otherwise any local user could commit a step a training job restores. */
+static int may_write(fuse_req_t req)
+{
+	const struct ckfs *fs = fuse_req_userdata(req);
+	const struct fuse_ctx *c = fuse_req_ctx(req);
+	if (fs->opts.allow_other_writes || c->uid == fs->owner_uid)
+		return 1;
+	ckpt_log(CKPT_LOG_WARN,
+		 "%s: write request from uid %u refused (only uid %u writes; see allow_other_writes)",
+		 fs->opts.source, (unsigned)c->uid, (unsigned)fs->owner_uid);
+	fuse_reply_err(req, EACCES);
+	return 0;
 }
 
 static double ttl(const struct ckfs *fs, const ckpt_attr *a)
@@ -52,7 +77,7 @@ static void fill_entry(const struct ckfs *fs, const ckpt_attr *a, struct fuse_en
 	memset(e, 0, sizeof(*e));
 	e->ino = a->ino;
 	e->generation = 1;
-	to_stat(a, &e->attr);
+	to_stat(fs, a, &e->attr);
 	e->attr_timeout = ttl(fs, a);
 	e->entry_timeout = ttl(fs, a);
 }
@@ -117,7 +142,7 @@ static void reply_attr(fuse_req_t req, fuse_ino_t ino, int rc)
 		return;
 	}
 	struct stat st;
-	to_stat(&a, &st);
+	to_stat(fs, &a, &st);
 	fuse_reply_attr(req, &st, ttl(fs, &a));
 }
 
@@ -183,7 +208,7 @@ static void do_readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, i
 			n = fuse_add_direntry_plus(req, buf + used, size - used, name, &e, (off_t)(i + 1));
 		} else {
 			struct stat st;
-			to_stat(&a, &st);
+			to_stat(fs, &a, &st);
 			n = fuse_add_direntry(req, buf + used, size - used, name, &st, (off_t)(i + 1));
 		}
 		if (n > size - used)
@@ -220,6 +245,8 @@ static void ckfs_op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *
 		return;
 	}
 	int writing = (fi->flags & O_ACCMODE) != O_RDONLY || (fi->flags & O_TRUNC);
+	if (writing && !may_write(req))
+		return;
 	if (writing && (rc = ckpt_view_check_writable(fs->view, ino)) < 0) {
 		fuse_reply_err(req, -rc);
 		return;
@@ -296,13 +323,51 @@ static void ckfs_op_listxattr(fuse_req_t req, fuse_ino_t ino, size_t size)
 	reply_xattr(req, ckpt_view_listxattr(fs_of(req)->view, ino, buf, size), buf, size);
 }
 
+/* statfs: a writable mount reports the file system SOURCE lives on (a
+ * writer checking free space sees the truth); a read-only one reports the
+ * checkpoint itself: its files' total size as used, nothing free. */
+struct ro_size {
+	uint64_t bytes, files;
+};
+
+static int add_size(void *ctx, const char *path, int depth, const ckpt_attr *a)
+{
+	(void)path;
+	(void)depth;
+	struct ro_size *t = ctx;
+	t->files++;
+	if (!a->is_dir)
+		t->bytes += a->size;
+	return 0;
+}
+
+static struct ckfs *ro_fs;
+static struct ro_size ro_total;
+
+static void ro_size_once(void)
+{
+	ckfs_walk(ro_fs->view, CKPT_ROOT_INO, "", 0, add_size, &ro_total);
+}
+
 static void ckfs_op_statfs(fuse_req_t req, fuse_ino_t ino)
 {
 	(void)ino;
+	struct ckfs *fs = fs_of(req);
 	struct statvfs s;
+	memset(&s, 0, sizeof(s));
+	if (fs->writable && statvfs(fs->opts.source, &s) == 0) {
+		s.f_namemax = 255;
+		fuse_reply_statfs(req, &s);
+		return;
+	}
+	static pthread_once_t once = PTHREAD_ONCE_INIT;
+	ro_fs = fs;
+	pthread_once(&once, ro_size_once);
 	memset(&s, 0, sizeof(s));
 	s.f_bsize = 4096;
 	s.f_frsize = 4096;
+	s.f_blocks = (ro_total.bytes + 4095) / 4096;
+	s.f_files = ro_total.files;
 	s.f_namemax = 255;
 	fuse_reply_statfs(req, &s);
 }
@@ -322,6 +387,8 @@ static void reply_entry_or_err(fuse_req_t req, int rc, const ckpt_attr *a)
 static void ckfs_op_mkdir(fuse_req_t req, fuse_ino_t parent, const char *name, mode_t mode)
 {
 	(void)mode;
+	if (!may_write(req))
+		return;
 	ckpt_attr a;
 	int rc = ckpt_view_mkdir(fs_of(req)->view, parent, name, &a);
 	reply_entry_or_err(req, rc, &a);
@@ -332,6 +399,8 @@ static void ckfs_op_create(fuse_req_t req, fuse_ino_t parent, const char *name, 
 {
 	(void)mode;
 	struct ckfs *fs = fs_of(req);
+	if (!may_write(req))
+		return;
 	ckpt_attr a;
 	int rc = ckpt_view_create(fs->view, parent, name, &a);
 	if (rc < 0) {
@@ -354,6 +423,8 @@ static void ckfs_op_write(fuse_req_t req, fuse_ino_t ino, const char *buf, size_
 			  struct fuse_file_info *fi)
 {
 	(void)fi;
+	if (!may_write(req))
+		return;
 	ssize_t n = ckpt_view_write(fs_of(req)->view, ino, (uint64_t)off, buf, size);
 	if (n < 0)
 		fuse_reply_err(req, (int)-n);
@@ -363,12 +434,14 @@ static void ckfs_op_write(fuse_req_t req, fuse_ino_t ino, const char *buf, size_
 
 static void ckfs_op_unlink(fuse_req_t req, fuse_ino_t parent, const char *name)
 {
-	fuse_reply_err(req, -ckpt_view_unlink(fs_of(req)->view, parent, name));
+	if (may_write(req))
+		fuse_reply_err(req, -ckpt_view_unlink(fs_of(req)->view, parent, name));
 }
 
 static void ckfs_op_rmdir(fuse_req_t req, fuse_ino_t parent, const char *name)
 {
-	fuse_reply_err(req, -ckpt_view_rmdir(fs_of(req)->view, parent, name));
+	if (may_write(req))
+		fuse_reply_err(req, -ckpt_view_rmdir(fs_of(req)->view, parent, name));
 }
 
 static void ckfs_op_rename(fuse_req_t req, fuse_ino_t parent, const char *name, fuse_ino_t newparent,
@@ -378,7 +451,8 @@ static void ckfs_op_rename(fuse_req_t req, fuse_ino_t parent, const char *name, 
 		fuse_reply_err(req, EINVAL);
 		return;
 	}
-	fuse_reply_err(req, -ckpt_view_rename(fs_of(req)->view, parent, name, newparent, newname));
+	if (may_write(req))
+		fuse_reply_err(req, -ckpt_view_rename(fs_of(req)->view, parent, name, newparent, newname));
 }
 
 /* Only a size change of a pending file means anything; time updates are
@@ -389,6 +463,9 @@ static void ckfs_op_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr, i
 	(void)fi;
 	struct ckfs *fs = fs_of(req);
 	int rc = 0;
+	if ((to_set & (FUSE_SET_ATTR_MODE | FUSE_SET_ATTR_UID | FUSE_SET_ATTR_GID | FUSE_SET_ATTR_SIZE)) &&
+	    !may_write(req))
+		return;
 	if (to_set & (FUSE_SET_ATTR_MODE | FUSE_SET_ATTR_UID | FUSE_SET_ATTR_GID))
 		rc = ckpt_view_is_writable(fs->view, ino) ? -EPERM : -EROFS;
 	else if (to_set & FUSE_SET_ATTR_SIZE)
@@ -417,7 +494,8 @@ static void ckfs_op_setxattr(fuse_req_t req, fuse_ino_t ino, const char *name, c
 			     int flags)
 {
 	(void)flags;
-	fuse_reply_err(req, -ckpt_view_setxattr(fs_of(req)->view, ino, name, value, size));
+	if (may_write(req))
+		fuse_reply_err(req, -ckpt_view_setxattr(fs_of(req)->view, ino, name, value, size));
 }
 
 const struct fuse_lowlevel_ops ckfs_ops = {

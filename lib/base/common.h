@@ -26,6 +26,13 @@ enum ckpt_log_level { CKPT_LOG_ERR = 0, CKPT_LOG_WARN = 1, CKPT_LOG_INFO = 2, CK
  * level (ckpt_log_set_level, default INFO) are dropped. */
 void ckpt_log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 void ckpt_log_set_level(int level);
+/* Send log lines to `sink` (NULL: back to stderr).  The sink gets the
+ * level and the message without the "ckptfs: <level>: " prefix; it may be
+ * called from any thread at once.  Every error line also counts in
+ * ckpt_g_stats.errors_logged, whatever the level filter. */
+typedef void (*ckpt_log_sink_fn)(int level, const char *msg);
+void ckpt_log_set_sink(ckpt_log_sink_fn sink);
+const char *ckpt_log_level_name(int level); /* "error", "warning", "info", "debug" */
 
 /* Overflow-checked arithmetic: return -EOVERFLOW instead of wrapping. */
 static inline int ckpt_mul_u64(uint64_t a, uint64_t b, uint64_t *out)

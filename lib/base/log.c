@@ -3,9 +3,21 @@
 #include <stdatomic.h>
 
 #include "common.h"
+#include "stats.h"
 
 static atomic_int log_level = CKPT_LOG_INFO;
 static const char *const level_name[] = { "error", "warning", "info", "debug" };
+static _Atomic(ckpt_log_sink_fn) log_sink;
+
+void ckpt_log_set_sink(ckpt_log_sink_fn sink)
+{
+	atomic_store(&log_sink, sink);
+}
+
+const char *ckpt_log_level_name(int level)
+{
+	return level_name[level < 0 ? 0 : level > 3 ? 3 : level];
+}
 
 void ckpt_log_set_level(int level)
 {
@@ -14,6 +26,8 @@ void ckpt_log_set_level(int level)
 
 void ckpt_log(int level, const char *fmt, ...)
 {
+	if (level <= CKPT_LOG_ERR)
+		CKPT_STAT_ADD(errors_logged, 1);
 	if (level > atomic_load(&log_level))
 		return;
 	char line[1024];
@@ -26,6 +40,11 @@ void ckpt_log(int level, const char *fmt, ...)
 	if (n >= 0 && (size_t)n < sizeof(line))
 		vsnprintf(line + n, sizeof(line) - (size_t)n, fmt, ap);
 	va_end(ap);
+	ckpt_log_sink_fn sink = atomic_load(&log_sink);
+	if (sink) {
+		sink(level, n >= 0 && (size_t)n < sizeof(line) ? line + n : line);
+		return;
+	}
 	/* One fputs per line so concurrent threads do not interleave. */
 	fprintf(stderr, "%s\n", line);
 }

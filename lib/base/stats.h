@@ -23,6 +23,7 @@ typedef struct ckpt_stats {
 	atomic_uint_least64_t stored_bytes_written; /* compressed bytes written to disk */
 	atomic_uint_least64_t commits;
 	atomic_uint_least64_t commit_failures;
+	atomic_uint_least64_t errors_logged; /* error lines logged (ckpt_log at CKPT_LOG_ERR) */
 } ckpt_stats;
 
 extern ckpt_stats ckpt_g_stats;
