@@ -13,6 +13,7 @@
 
 #include <zstd.h>
 
+#include "orbax.h"
 #include "stats.h"
 #include "sysio.h"
 #include "writer_int.h"
@@ -32,15 +33,6 @@ void ckpt_writer_opts_init(ckpt_writer_opts *o)
 	o->threads = 2;
 	o->chunk_bytes = (uint64_t)4 << 20;
 	o->shard_bytes = (uint64_t)1 << 30;
-}
-
-/* One path component we are willing to create. */
-int w_name_ok(const char *s)
-{
-	size_t n = s ? strlen(s) : 0;
-	if (n == 0 || n > 255 || strchr(s, '/') || strcmp(s, ".") == 0 || strcmp(s, "..") == 0)
-		return 0;
-	return strstr(s, W_TMP_SUFFIX) == NULL && strstr(s, ".partial_save") == NULL;
 }
 
 /* ---- steps ---- */
@@ -76,8 +68,9 @@ int ckpt_step_begin(const char *root_dir, const char *step_name, const ckpt_writ
 		o = *opts;
 	else
 		ckpt_writer_opts_init(&o);
-	if (!root_dir || !w_name_ok(step_name) || strlen(step_name) > 200) {
-		ckpt_log(CKPT_LOG_ERR, "writer: bad step name '%s'", step_name ? step_name : "(null)");
+	const char *why = "no root folder";
+	if (!root_dir || !ckpt_orbax_name_ok(CKPT_NAME_PENDING_STEP, step_name, &why)) {
+		ckpt_log(CKPT_LOG_ERR, "writer: bad step name '%s': %s", step_name ? step_name : "(null)", why);
 		return -EINVAL;
 	}
 	if (o.threads < 1 || o.threads > 64 || o.chunk_bytes < 1 || o.shard_bytes < 1 || o.mem_budget < 1 ||
@@ -100,7 +93,7 @@ int ckpt_step_begin(const char *root_dir, const char *step_name, const ckpt_writ
 	st->name = strdup(step_name);
 	if (!st->root || !st->name || w_nodes_create(st))
 		goto fail;
-	if (asprintf(&st->tmpname, "%s%s", step_name, W_TMP_SUFFIX) < 0 ||
+	if (asprintf(&st->tmpname, "%s%s", step_name, CKPT_ORBAX_TMP_INFIX) < 0 ||
 	    asprintf(&st->tmppath, "%s/%s", root_dir, st->tmpname) < 0) {
 		st->tmpname = st->tmppath = NULL;
 		goto fail;

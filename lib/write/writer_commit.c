@@ -10,7 +10,7 @@
 
 #include <cjson/cJSON.h>
 
-#include "crc32c.h"
+#include "orbax.h"
 #include "stats.h"
 #include "sysio.h"
 #include "writer_int.h"
@@ -143,92 +143,19 @@ static int finish_array(struct ckpt_step *st, struct ckpt_warray *a)
 	int rc = w_shard_finish_all(st, a);
 	if (rc)
 		return rc;
-	snprintf(path, sizeof(path), "%s/zarr.json", a->relpath);
+	snprintf(path, sizeof(path), "%s/" CKPT_ORBAX_ZARR3_META, a->relpath);
 	rc = write_json(st, path, zarr_json(a, st->opts.zstd_level));
 	if (!rc)
 		rc = fsync_dir(st, a->relpath);
 	return rc;
 }
 
-/* Python repr() of a str (single quotes unless the text has ' and no "). */
-static void py_repr(char **p, char *end, const char *s)
-{
-	char q = (strchr(s, '\'') && !strchr(s, '"')) ? '"' : '\'';
-	char *o = *p;
-#define PUT(c)                                                                                               \
-	do {                                                                                                 \
-		if (o < end)                                                                                 \
-			*o++ = (c);                                                                          \
-	} while (0)
-	PUT(q);
-	for (const unsigned char *c = (const unsigned char *)s; *c; c++) {
-		if (*c == '\\' || *c == (unsigned char)q) {
-			PUT('\\');
-			PUT((char)*c);
-		} else if (*c == '\n') {
-			PUT('\\');
-			PUT('n');
-		} else if (*c == '\r') {
-			PUT('\\');
-			PUT('r');
-		} else if (*c == '\t') {
-			PUT('\\');
-			PUT('t');
-		} else if (*c < 0x20 || *c == 0x7f) {
-			static const char hx[] = "0123456789abcdef";
-			PUT('\\');
-			PUT('x');
-			PUT(hx[*c >> 4]);
-			PUT(hx[*c & 15]);
-		} else {
-			PUT((char)*c);
-		}
-	}
-	PUT(q);
-#undef PUT
-	*p = o;
-}
-
-/* str(tuple(keys)), e.g. "('params', 'dense', 'kernel')" or "('a',)". */
-static char *tuple_repr(const struct ckpt_warray *a)
-{
-	size_t cap = 4;
-	for (int i = 0; i < a->depth; i++)
-		cap += 4 * strlen(a->keys[i]) + 4;
-	char *b = malloc(cap + 1), *p = b, *end = b + cap;
-	if (!b)
-		return NULL;
-	*p++ = '(';
-	for (int i = 0; i < a->depth; i++) {
-		if (i) {
-			*p++ = ',';
-			*p++ = ' ';
-		}
-		py_repr(&p, end, a->keys[i]);
-	}
-	if (a->depth == 1)
-		*p++ = ',';
-	*p++ = ')';
-	*p = 0;
-	return b;
-}
-
-/* JAX flatten order: dict keys sorted, sequence keys by index. */
+/* JAX flatten order of two arrays' key paths (qsort comparator). */
 static int leaf_cmp(const void *x, const void *y)
 {
 	const struct ckpt_warray *a = *(struct ckpt_warray *const *)x, *b = *(struct ckpt_warray *const *)y;
-	for (int i = 0; i < a->depth && i < b->depth; i++) {
-		int c;
-		if (a->ktypes[i] == 1 && b->ktypes[i] == 1) {
-			size_t la = strlen(a->keys[i]), lb = strlen(b->keys[i]);
-			c = la != lb ? (la < lb ? -1 : 1) : strcmp(a->keys[i], b->keys[i]);
-		} else {
-			c = strcmp(a->keys[i], b->keys[i]);
-		}
-		if (c)
-			return c;
-	}
-	return a->depth - b->depth;
+	return ckpt_orbax_keypath_cmp((const char *const *)a->keys, a->ktypes, a->depth,
+				      (const char *const *)b->keys, b->ktypes, b->depth);
 }
 
 static cJSON *metadata_json(const struct witem *it)
@@ -259,7 +186,7 @@ static cJSON *metadata_json(const struct witem *it)
 		cJSON_AddItemToObject(vm, "write_shape", json_shape(a->inner, a->rank));
 		cJSON_AddItemToObject(e, "key_metadata", km);
 		cJSON_AddItemToObject(e, "value_metadata", vm);
-		char *key = tuple_repr(a);
+		char *key = ckpt_orbax_keypath_repr((const char *const *)a->keys, a->depth);
 		if (!key) {
 			cJSON_Delete(e);
 			cJSON_Delete(tm);
@@ -279,27 +206,6 @@ static cJSON *metadata_json(const struct witem *it)
 	return j;
 }
 
-/* base64 (URL-safe alphabet, '=' padding) of s. */
-static char *b64url(const char *s)
-{
-	static const char al[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
-	size_t n = strlen(s);
-	char *o = malloc(4 * ((n + 2) / 3) + 1), *p = o;
-	const unsigned char *u = (const unsigned char *)s;
-	if (!o)
-		return NULL;
-	for (size_t i = 0; i < n; i += 3) {
-		uint32_t v = (uint32_t)u[i] << 16 | (i + 1 < n ? (uint32_t)u[i + 1] << 8 : 0) |
-			     (i + 2 < n ? u[i + 2] : 0);
-		*p++ = al[v >> 18 & 63];
-		*p++ = al[v >> 12 & 63];
-		*p++ = i + 1 < n ? al[v >> 6 & 63] : '=';
-		*p++ = i + 2 < n ? al[v & 63] : '=';
-	}
-	*p = 0;
-	return o;
-}
-
 static int finish_item(struct ckpt_step *st, struct witem *it, const char *final_path)
 {
 	char path[4096];
@@ -308,7 +214,7 @@ static int finish_item(struct ckpt_step *st, struct witem *it, const char *final
 		rc = finish_array(st, a);
 	if (rc)
 		return rc;
-	snprintf(path, sizeof(path), "%s/_METADATA", it->name);
+	snprintf(path, sizeof(path), "%s/" CKPT_ORBAX_METADATA, it->name);
 	rc = write_json(st, path, metadata_json(it));
 	if (rc)
 		return rc;
@@ -316,7 +222,7 @@ static int finish_item(struct ckpt_step *st, struct witem *it, const char *final
 	for (struct ckpt_warray *a = it->first; a; a = a->next) {
 		pthread_mutex_lock(&a->mu);
 		if (a->sharding) {
-			char *k = b64url(a->name);
+			char *k = ckpt_orbax_sharding_key(a->name);
 			if (!sh)
 				sh = cJSON_CreateObject();
 			if (k && sh)
@@ -327,7 +233,7 @@ static int finish_item(struct ckpt_step *st, struct witem *it, const char *final
 		}
 		pthread_mutex_unlock(&a->mu);
 	}
-	snprintf(path, sizeof(path), "%s/_sharding", it->name);
+	snprintf(path, sizeof(path), "%s/" CKPT_ORBAX_SHARDING, it->name);
 	if (sh && !rc) {
 		rc = write_json(st, path, sh);
 		sh = NULL;
@@ -339,7 +245,7 @@ static int finish_item(struct ckpt_step *st, struct witem *it, const char *final
 		return rc;
 	char msg[4200];
 	int m = snprintf(msg, sizeof(msg), "Checkpoint commit was successful to %s/%s", final_path, it->name);
-	snprintf(path, sizeof(path), "%s/commit_success.txt", it->name);
+	snprintf(path, sizeof(path), "%s/" CKPT_ORBAX_COMMIT_SUCCESS, it->name);
 	rc = write_file(st, path, msg, (size_t)m);
 	if (!rc)
 		rc = fsync_dir(st, it->name);
@@ -367,7 +273,7 @@ int w_write_ckpt_metadata(struct ckpt_step *st, int64_t commit_ns)
 	else
 		cJSON_AddNullToObject(j, "commit_timestamp_nsecs");
 	cJSON_AddItemToObject(j, "custom_metadata", cJSON_CreateObject());
-	return write_json(st, "_CHECKPOINT_METADATA", j);
+	return write_json(st, CKPT_ORBAX_CKPT_METADATA, j);
 }
 
 /* Log the arrays with holes; returns how many. */
@@ -412,9 +318,10 @@ static uint64_t report_holes(struct ckpt_step *st)
 
 static int commit_inner(struct ckpt_step *st, const char *final_name)
 {
-	if (!w_name_ok(final_name)) {
-		ckpt_log(CKPT_LOG_ERR, "writer: step %s: bad final name '%s'", st->name,
-			 final_name ? final_name : "(null)");
+	const char *why;
+	if (!ckpt_orbax_name_ok(CKPT_NAME_PENDING_STEP, final_name, &why)) {
+		ckpt_log(CKPT_LOG_ERR, "writer: step %s: bad final name '%s': %s", st->name,
+			 final_name ? final_name : "(null)", why);
 		return -EINVAL;
 	}
 	if (st->state != CKPT_STEP_PENDING) {
@@ -463,7 +370,7 @@ static int commit_inner(struct ckpt_step *st, const char *final_name)
 		return rc;
 	char msg[4200];
 	int m = snprintf(msg, sizeof(msg), "Checkpoint commit was successful to %s", final_path);
-	rc = write_file(st, "commit_success.txt", msg, (size_t)m);
+	rc = write_file(st, CKPT_ORBAX_COMMIT_SUCCESS, msg, (size_t)m);
 	if (!rc)
 		rc = fsync_dir(st, ".");
 	if (rc)

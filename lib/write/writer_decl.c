@@ -10,6 +10,7 @@
 #include <cjson/cJSON.h>
 
 #include "hash.h"
+#include "orbax.h"
 #include "writer_int.h"
 
 /* ---- hash of pytree nodes and param names ----
@@ -102,12 +103,6 @@ void w_nodes_free(struct ckpt_step *st)
 	st->nodes = NULL;
 }
 
-static int item_name_ok(const char *item)
-{
-	return w_name_ok(item) && strcmp(item, "_CHECKPOINT_METADATA") != 0 &&
-	       strcmp(item, "commit_success.txt") != 0 && strcmp(item, "orbax.checkpoint") != 0;
-}
-
 /* Under decl_mu. */
 static struct witem *item_get(struct ckpt_step *st, const char *item, int create, int *rc)
 {
@@ -165,9 +160,10 @@ int w_step_writable(struct ckpt_step *st, const char *what)
 int ckpt_step_add_item(ckpt_step *st, const char *item)
 {
 	int rc = 0;
-	if (!item_name_ok(item)) {
-		ckpt_log(CKPT_LOG_ERR, "writer: step %s: bad item name '%s'", st->name,
-			 item ? item : "(null)");
+	const char *why;
+	if (!ckpt_orbax_name_ok(CKPT_NAME_ITEM, item, &why)) {
+		ckpt_log(CKPT_LOG_ERR, "writer: step %s: bad item name '%s': %s", st->name,
+			 item ? item : "(null)", why);
 		return -EINVAL;
 	}
 	pthread_mutex_lock(&st->decl_mu);
@@ -176,29 +172,6 @@ int ckpt_step_add_item(ckpt_step *st, const char *item)
 		item_get(st, item, 1, &rc);
 	pthread_mutex_unlock(&st->decl_mu);
 	return rc;
-}
-
-static int param_name_ok(const char *name)
-{
-	static const char *const reserved[] = { "_METADATA",	       "_sharding",	  "_strings.json",
-						"commit_success.txt",  "array_metadatas", "manifest.ocdbt",
-						"_CHECKPOINT_METADATA" };
-	if (!w_name_ok(name) || strncmp(name, "ocdbt.process_", 14) == 0)
-		return 0;
-	for (size_t i = 0; i < sizeof(reserved) / sizeof(reserved[0]); i++)
-		if (strcmp(name, reserved[i]) == 0)
-			return 0;
-	return 1;
-}
-
-static int seq_key_ok(const char *k)
-{
-	if (!k[0] || (k[0] == '0' && k[1]) || strlen(k) > 19)
-		return 0;
-	for (const char *p = k; *p; p++)
-		if (*p < '0' || *p > '9')
-			return 0;
-	return 1;
 }
 
 void w_warray_free(struct ckpt_warray *a)
@@ -252,80 +225,76 @@ static int same_decl(const struct ckpt_warray *a, ckpt_dtype dt, int rank, const
 	return 1;
 }
 
-int ckpt_step_add_array(ckpt_step *st, const char *item, const char *const *keypath, const int *key_types,
-			int depth, ckpt_dtype dtype, int rank, const uint64_t *shape, ckpt_warray **out)
+/* Build 'P' item \0 name: the key of a param name in st->nodes. */
+static char *param_key(const char *item, const char *name, size_t *len)
 {
-	const ckpt_dtype_info *di = ckpt_dtype_get(dtype);
-	*out = NULL;
-	if (!item_name_ok(item)) {
-		ckpt_log(CKPT_LOG_ERR, "writer: step %s: bad item name '%s'", st->name,
-			 item ? item : "(null)");
+	size_t n = 1 + strlen(item) + 1 + strlen(name);
+	char *k = malloc(n + 1); /* strcpy adds a NUL not in the key */
+	if (!k)
+		return NULL;
+	k[0] = 'P';
+	strcpy(stpcpy(k + 1, item) + 1, name);
+	*len = n;
+	return k;
+}
+
+/* Step 1 of a declaration, no lock: the item name, the key path (keys, key
+ * types, the param name they join to), dtype and rank.  0 with *name the
+ * malloc'd param name, or -EINVAL / -ENOMEM (logged). */
+static int decl_validate(ckpt_step *st, const char *item, const char *const *keypath, const int *key_types,
+			 int depth, ckpt_dtype dtype, int rank, const uint64_t *shape, char **name)
+{
+	const char *why;
+	*name = NULL;
+	if (!ckpt_orbax_name_ok(CKPT_NAME_ITEM, item, &why)) {
+		ckpt_log(CKPT_LOG_ERR, "writer: step %s: bad item name '%s': %s", st->name,
+			 item ? item : "(null)", why);
 		return -EINVAL;
 	}
-	if (depth < 1 || depth > 256 || !keypath || !key_types) {
-		ckpt_log(CKPT_LOG_ERR, "writer: %s: an array needs a key path of 1..256 keys", item);
+	if (!ckpt_orbax_keypath_ok(keypath, key_types, depth, &why)) {
+		ckpt_log(CKPT_LOG_ERR, "writer: %s: the key path is not usable: %s", item, why);
 		return -EINVAL;
 	}
-	/* The param name, for messages and the folder. */
 	size_t nlen = 0;
-	for (int i = 0; i < depth; i++) {
-		if (!keypath[i] || strchr(keypath[i], '/') || (key_types[i] != 1 && key_types[i] != 2) ||
-		    (key_types[i] == 1 && !seq_key_ok(keypath[i]))) {
-			ckpt_log(CKPT_LOG_ERR, "writer: %s: key %d ('%s') of the key path is invalid", item,
-				 i, keypath[i] ? keypath[i] : "(null)");
-			return -EINVAL;
-		}
+	for (int i = 0; i < depth; i++)
 		nlen += strlen(keypath[i]) + 1;
-	}
-	char *name = malloc(nlen);
-	if (!name)
+	char *p = *name = malloc(nlen);
+	if (!p)
 		return -ENOMEM;
-	char *p = name;
 	for (int i = 0; i < depth; i++) {
 		if (i)
 			*p++ = '.';
 		p = stpcpy(p, keypath[i]);
 	}
-	int rc = 0;
-	if (!param_name_ok(name)) {
-		ckpt_log(CKPT_LOG_ERR, "writer: %s/%s: not usable as an array name", item, name);
-		free(name);
+	if (!ckpt_dtype_get(dtype) || rank < 0 || rank > CKPT_MAX_RANK || (rank && !shape)) {
+		ckpt_log(CKPT_LOG_ERR, "writer: %s/%s: bad dtype or rank", item, *name);
+		free(*name);
+		*name = NULL;
 		return -EINVAL;
 	}
-	if (!di || rank < 0 || rank > CKPT_MAX_RANK || (rank && !shape)) {
-		ckpt_log(CKPT_LOG_ERR, "writer: %s/%s: bad dtype or rank", item, name);
-		free(name);
-		return -EINVAL;
-	}
+	return 0;
+}
 
-	pthread_mutex_lock(&st->decl_mu);
-	struct ckpt_warray *a = NULL;
-	char *k = NULL;
-	size_t klen;
-	if ((rc = w_step_writable(st, name)))
-		goto out;
-	struct witem *it = item_get(st, item, 1, &rc);
-	if (!it)
-		goto out;
-	rc = -ENOMEM;
-	if (!(k = node_key(item, keypath, key_types, depth, &klen)))
-		goto out;
+/* Step 2, under decl_mu: where the key path (node key k) fits in the item's
+ * pytree.  0: a new leaf may be added; 1: the same array was declared before
+ * (*out set); -EINVAL (logged) or -ENOMEM. */
+static int tree_check_locked(ckpt_step *st, const char *item, const char *const *keypath, const int *key_types,
+			     int depth, const char *name, ckpt_dtype dtype, int rank, const uint64_t *shape,
+			     const char *k, size_t klen, ckpt_warray **out)
+{
 	struct hent *e = hash_find(st->nodes, k, klen);
 	if (e && e->leaf) {
 		if (same_decl(e->arr, dtype, rank, shape)) {
 			*out = e->arr;
-			rc = 0;
-		} else {
-			ckpt_log(CKPT_LOG_ERR,
-				 "writer: %s/%s: declared again with a different dtype or shape", item, name);
-			rc = -EINVAL;
+			return 1;
 		}
-		goto out;
+		ckpt_log(CKPT_LOG_ERR, "writer: %s/%s: declared again with a different dtype or shape", item,
+			 name);
+		return -EINVAL;
 	}
 	if (e) {
 		ckpt_log(CKPT_LOG_ERR, "writer: %s/%s: is a pytree node holding other arrays", item, name);
-		rc = -EINVAL;
-		goto out;
+		return -EINVAL;
 	}
 	/* Every ancestor must be an interior node whose children use this
 	 * level's key type. */
@@ -333,60 +302,62 @@ int ckpt_step_add_array(ckpt_step *st, const char *item, const char *const *keyp
 		size_t pl;
 		char *pk = node_key(item, keypath, key_types, lv, &pl);
 		if (!pk)
-			goto out;
+			return -ENOMEM;
 		struct hent *pe = hash_find(st->nodes, pk, pl);
 		free(pk);
 		if (pe && pe->leaf) {
 			ckpt_log(CKPT_LOG_ERR, "writer: %s/%s: an ancestor (%d keys) is an array", item, name,
 				 lv);
-			rc = -EINVAL;
-			goto out;
+			return -EINVAL;
 		}
 		if (pe && pe->child_type && pe->child_type != key_types[lv]) {
 			ckpt_log(CKPT_LOG_ERR,
 				 "writer: %s/%s: key '%s' mixes sequence and dict keys in one node", item,
 				 name, keypath[lv]);
-			rc = -EINVAL;
-			goto out;
+			return -EINVAL;
 		}
 	}
-	size_t plen = 1 + strlen(item) + 1 + strlen(name);
-	char *pn = malloc(plen + 1); /* strcpy adds a NUL not in the key */
+	size_t plen;
+	char *pn = param_key(item, name, &plen);
 	if (!pn)
-		goto out;
-	pn[0] = 'P';
-	strcpy(stpcpy(pn + 1, item) + 1, name);
+		return -ENOMEM;
 	struct hent *ne = hash_find(st->nodes, pn, plen);
+	free(pn);
 	if (ne) {
-		free(pn);
 		ckpt_log(CKPT_LOG_ERR, "writer: %s/%s: another key path has the same name", item, name);
-		rc = -EINVAL;
-		goto out;
+		return -EINVAL;
 	}
+	return 0;
+}
 
-	a = calloc(1, sizeof(*a));
+/* Step 3: a new array of item it (not yet linked anywhere): geometry, key
+ * copies, chunk and shard tables, its folder.  Takes ownership of name.
+ * 0 with *out, or -errno (logged where the cause is not -ENOMEM). */
+static int array_alloc(ckpt_step *st, struct witem *it, char *name, const char *const *keypath,
+		       const int *key_types, int depth, ckpt_dtype dtype, int rank, const uint64_t *shape,
+		       struct ckpt_warray **out)
+{
+	struct ckpt_warray *a = calloc(1, sizeof(*a));
 	if (!a) {
-		free(pn);
-		goto out;
+		free(name);
+		return -ENOMEM;
 	}
 	pthread_mutex_init(&a->mu, NULL);
 	pthread_cond_init(&a->cond, NULL);
 	a->step = st;
 	a->item = it;
 	a->name = name;
-	name = NULL;
 	a->dtype = dtype;
-	a->isz = di->itemsize;
+	a->isz = ckpt_dtype_get(dtype)->itemsize;
 	a->rank = rank;
 	a->depth = depth;
 	for (int d = 0; d < rank; d++)
 		a->shape[d] = shape[d];
-	rc = w_geom_init(a, st->opts.chunk_bytes, st->opts.shard_bytes);
+	int rc = w_geom_init(a, st->opts.chunk_bytes, st->opts.shard_bytes);
 	if (rc) {
-		ckpt_log(CKPT_LOG_ERR, "writer: %s/%s: array too large (%s)", item, a->name,
+		ckpt_log(CKPT_LOG_ERR, "writer: %s/%s: array too large (%s)", it->name, a->name,
 			 rc == -EFBIG ? "too many chunks or bytes" : "overflow");
-		free(pn);
-		goto out_free;
+		goto fail;
 	}
 	rc = -ENOMEM;
 	a->keys = calloc((size_t)depth, sizeof(char *));
@@ -394,17 +365,14 @@ int ckpt_step_add_array(ckpt_step *st, const char *item, const char *const *keyp
 	a->chunks = a->nchunks ? calloc(a->nchunks, sizeof(struct wchunk)) : NULL;
 	a->shards = a->nshards ? calloc(a->nshards, sizeof(struct wshard)) : NULL;
 	if (!a->keys || !a->ktypes || (a->nchunks && !a->chunks) || (a->nshards && !a->shards) ||
-	    asprintf(&a->relpath, "%s/%s", item, a->name) < 0) {
+	    asprintf(&a->relpath, "%s/%s", it->name, a->name) < 0) {
 		a->relpath = NULL;
-		free(pn);
-		goto out_free;
+		goto fail;
 	}
 	for (int i = 0; i < depth; i++) {
 		a->ktypes[i] = key_types[i];
-		if (!(a->keys[i] = strdup(keypath[i]))) {
-			free(pn);
-			goto out_free;
-		}
+		if (!(a->keys[i] = strdup(keypath[i])))
+			goto fail;
 	}
 	for (uint64_t i = 0; i < a->nshards; i++)
 		pthread_mutex_init(&a->shards[i].mu, NULL);
@@ -413,36 +381,48 @@ int ckpt_step_add_array(ckpt_step *st, const char *item, const char *const *keyp
 	if (mkdirat(st->dirfd, a->relpath, 0755) && errno != EEXIST) {
 		rc = -errno;
 		ckpt_log(CKPT_LOG_ERR, "writer: %s: mkdir: %s", a->relpath, strerror(errno));
-		free(pn);
-		goto out_free;
+		goto fail;
 	}
-	/* Register: ancestors, leaf, name.  Allocation failures after the
-	 * first insert leave harmless interior entries behind. */
-	for (int lv = 0; lv < depth; lv++) {
+	*out = a;
+	return 0;
+fail:
+	w_warray_free(a);
+	return rc;
+}
+
+/* Step 4, under decl_mu: enter a into the pytree (ancestors, the leaf at
+ * node key k, its param name) and link it into its item.  An allocation
+ * failure after the first insert leaves harmless interior entries behind
+ * (a node with no leaf below is never visible). */
+static int tree_register_locked(ckpt_step *st, struct ckpt_warray *a, const char *k, size_t klen)
+{
+	const char *item = a->item->name;
+	for (int lv = 0; lv < a->depth; lv++) {
 		size_t pl;
-		char *pk = node_key(item, keypath, key_types, lv, &pl);
+		char *pk = node_key(item, (const char *const *)a->keys, a->ktypes, lv, &pl);
 		struct hent *pe = pk ? hash_find(st->nodes, pk, pl) : NULL;
 		if (pk && !pe)
 			pe = hash_add(st->nodes, pk, pl);
 		free(pk);
-		if (!pe) {
-			free(pn);
-			goto out_free;
-		}
-		pe->child_type = key_types[lv];
+		if (!pe)
+			return -ENOMEM;
+		pe->child_type = a->ktypes[lv];
 	}
-	struct hent *le = hash_add(st->nodes, k, klen);
+	size_t plen;
+	char *pn = param_key(item, a->name, &plen);
+	struct hent *le = pn ? hash_add(st->nodes, k, klen) : NULL;
 	struct hent *pne = le ? hash_add(st->nodes, pn, plen) : NULL;
 	free(pn);
 	if (!pne) {
 		if (le)
 			le->leaf = 0; /* becomes a dangling interior node: still consistent */
-		goto out_free;
+		return -ENOMEM;
 	}
 	le->leaf = 1;
 	le->arr = a;
 	pne->leaf = 2;
 	pne->arr = a;
+	struct witem *it = a->item;
 	if (it->last)
 		it->last->next = a;
 	else
@@ -451,11 +431,43 @@ int ckpt_step_add_array(ckpt_step *st, const char *item, const char *const *keyp
 	it->narrays++;
 	st->narrays++;
 	st->bytes_declared += a->nbytes;
-	*out = a;
-	rc = 0;
-	goto out;
-out_free:
-	w_warray_free(a);
+	return 0;
+}
+
+int ckpt_step_add_array(ckpt_step *st, const char *item, const char *const *keypath, const int *key_types,
+			int depth, ckpt_dtype dtype, int rank, const uint64_t *shape, ckpt_warray **out)
+{
+	char *name, *k = NULL;
+	size_t klen;
+	*out = NULL;
+	int rc = decl_validate(st, item, keypath, key_types, depth, dtype, rank, shape, &name);
+	if (rc)
+		return rc;
+	pthread_mutex_lock(&st->decl_mu);
+	struct witem *it = NULL;
+	struct ckpt_warray *a = NULL;
+	if ((rc = w_step_writable(st, name)))
+		goto out;
+	if (!(it = item_get(st, item, 1, &rc)))
+		goto out;
+	rc = -ENOMEM;
+	if (!(k = node_key(item, keypath, key_types, depth, &klen)))
+		goto out;
+	rc = tree_check_locked(st, item, keypath, key_types, depth, name, dtype, rank, shape, k, klen, out);
+	if (rc) {
+		if (rc == 1)
+			rc = 0; /* declared before: *out is that array */
+		goto out;
+	}
+	rc = array_alloc(st, it, name, keypath, key_types, depth, dtype, rank, shape, &a);
+	name = NULL; /* owned by a, or freed */
+	if (rc)
+		goto out;
+	rc = tree_register_locked(st, a, k, klen);
+	if (rc)
+		w_warray_free(a);
+	else
+		*out = a;
 out:
 	pthread_mutex_unlock(&st->decl_mu);
 	free(k);
@@ -512,7 +524,7 @@ ckpt_warray *ckpt_step_find_array(ckpt_step *st, const char *item, const char *c
 {
 	/* Param names are unique per item: look the name up, then compare
 	 * the keys (('a.b',) and ('a', 'b') share a name). */
-	if (!item || !keypath || depth < 1 || depth > 256)
+	if (!item || !keypath || depth < 1 || depth > CKPT_ORBAX_MAX_DEPTH)
 		return NULL;
 	size_t n = 1 + strlen(item) + 1;
 	for (int i = 0; i < depth; i++) {

@@ -24,7 +24,6 @@
 
 #include "writer.h"
 
-#define W_TMP_SUFFIX ".orbax-checkpoint-tmp"
 #define W_MAX_CHUNKS ((uint64_t)1 << 24)
 #define W_COV_INLINE 32 /* intervals kept before switching to a bitmap */
 #define W_DIO_ALIGN 4096 /* O_DIRECT appends: offset, length and buffer alignment */
@@ -287,6 +286,5 @@ int w_step_writable(struct ckpt_step *st, const char *what);
 int w_commit(struct ckpt_step *st, const char *final_name);
 /* _CHECKPOINT_METADATA: provisional at begin (commit_ns 0), final at commit. */
 int w_write_ckpt_metadata(struct ckpt_step *st, int64_t commit_ns);
-int w_name_ok(const char *s);
 
 #endif

@@ -42,7 +42,8 @@ def _writable_copy(src, dst):
 # ---------------------------------------------------------------------------
 # step names
 
-CONTROL_NAMES = ["a\x01b", "line\nbreak", "tab\there", "esc\x1b[31m", "del\x7f", "cr\r"]
+# (no '[' in these: the name rules refuse it already, for being slice syntax)
+CONTROL_NAMES = ["a\x01b", "line\nbreak", "tab\there", "esc\x1bc", "del\x7f", "cr\r"]
 
 
 @pytest.mark.xfail(strict=True, reason="issue 11 item 4: step names with control characters are accepted")
