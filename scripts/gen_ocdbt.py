@@ -30,7 +30,8 @@ never ran).  --compress zstd-compresses the envelopes with the ``zstd`` CLI.
 out-of-line keys, and per array its shape, chunk shape, value offset and
 chunk keys, so that a test can check what the decoder returns.
 
-The encoding follows reference/orbax-format.md §3 (TensorStore OCDBT).
+The encoding is TensorStore's OCDBT format as docs/format.md ("What ckptfs
+reads", OCDBT) describes it.
 """
 import argparse
 import hashlib

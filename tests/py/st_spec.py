@@ -1,6 +1,8 @@
 #!/usr/bin/env python3
-"""An independent safetensors parser and validator, written from the format
-description (ecosystem.md §2) and NOT from ckptfs' C code, so that the tests
+"""An independent safetensors parser and validator, written from the public
+format description (the "Format" section of huggingface/safetensors' README:
+8-byte little-endian header length N, N bytes of JSON header, then the data)
+and NOT from ckptfs' C code, so that the tests
 can check the daemon's safetensors view against the format itself.
 
 It applies every check of the reference reader (huggingface/safetensors,

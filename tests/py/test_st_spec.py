@@ -1,5 +1,5 @@
 """Self-test of st_spec, the independent safetensors validator: the shipped
-fixture and the worked example of ecosystem.md §2.1 pass and decode to the
+fixture and a small hand-checked example pass and decode to the
 expected values; deliberately broken files fail with the reference
 reader's error.  No mount needed."""
 
@@ -98,7 +98,7 @@ def test_fixture_follows_writer_conventions():
 
 
 def test_worked_example():
-    # ecosystem.md §2.1: w = F32 [2,3] = 0..5, b = BF16 [3] = 1.0, -2.0, 0.5
+    # w = F32 [2,3] = 0..5, b = BF16 [3] = 1.0, -2.0, 0.5 (bf16 bits 3f80, c000, 3f00)
     w = np.arange(6, dtype="<f4").tobytes()
     b = bytes.fromhex("803f00c0003f")
     blob = build(GOOD, metadata={"format": "pt"}, data=w + b)
