@@ -20,7 +20,7 @@
 
 #include "slice.h"
 #include "store.h"
-#include "zarr.h"
+#include "zarr_chunk.h"
 
 typedef struct ckpt_ctx ckpt_ctx;
 typedef struct ckpt_array ckpt_array;

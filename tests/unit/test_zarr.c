@@ -12,7 +12,7 @@
 
 #include "check.h"
 #include "crc32c.h"
-#include "zarr.h"
+#include "zarr_chunk.h"
 
 static char dir[256];
 

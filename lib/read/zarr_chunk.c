@@ -1,5 +1,8 @@
-#include <cjson/cJSON.h>
-#include <math.h>
+/*
+ * zarr_chunk.c - decoding zarr storage units through a store (see zarr_chunk.h);
+ * the metadata text itself is parsed by format/zarr_meta.c.
+ */
+#include <assert.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -7,155 +10,59 @@
 
 #include "crc32c.h"
 #include "stats.h"
-#include "zarr.h"
+#include "zarr_chunk.h"
 
 #define MAX_TOTAL_BYTES (1ull << 62)
 #define MAX_UNIT_BYTES (1ull << 34) /* 16 GiB decoded per unit: beyond this is absurd */
 
-/* ---- metadata ---------------------------------------------------------- */
+/* ---- metadata: the decode plan of a parsed model ------------------------ */
 
-static int json_u64(const cJSON *v, uint64_t *out)
+/*
+ * What this decoder supports of the zarr_meta model: an optional
+ * sharding_indexed codec (not nested, nothing before or after it; index
+ * bytes little-endian, optionally + crc32c), and a data chain of an optional
+ * transpose that reverses the dimensions (F order), bytes (either endian),
+ * and zstd / crc32c bytes->bytes codecs.
+ */
+static int plan_chain(const struct ckpt_zarr_chain *ch, ckpt_array_meta *m, const char **why)
 {
-	if (!cJSON_IsNumber(v))
-		return -1;
-	double d = v->valuedouble;
-	if (!(d >= 0) || d > 9007199254740992.0 || floor(d) != d)
-		return -1;
-	*out = (uint64_t)d;
-	return 0;
-}
-
-static int parse_shape(const cJSON *a, int *rank, uint64_t *dims, int allow_zero, const char **why)
-{
-	if (!cJSON_IsArray(a)) {
-		*why = "shape/chunks is not a list";
-		return -EINVAL;
-	}
-	int n = cJSON_GetArraySize(a);
-	if (n > CKPT_MAX_RANK) {
-		*why = "rank too large";
-		return -EINVAL;
-	}
-	int i = 0;
-	const cJSON *e;
-	cJSON_ArrayForEach(e, a)
-	{
-		if (json_u64(e, &dims[i]) < 0 || (!allow_zero && dims[i] == 0)) {
-			*why = "bad dimension";
-			return -EINVAL;
+	if (ch->na2a > 1)
+		goto a2a;
+	if (ch->na2a == 1) {
+		const struct ckpt_zarr_codec *t = &ch->a2a[0];
+		int rev = 1, id = 1;
+		for (int d = 0; d < m->rank; d++) {
+			rev &= t->order[d] == m->rank - 1 - d;
+			id &= t->order[d] == d;
 		}
-		i++;
+		if (!rev && !id)
+			goto a2a;
+		m->order_f = rev && !id;
 	}
-	*rank = n;
-	return 0;
-}
-
-static uint16_t f32_to_bf16(float f)
-{
-	uint32_t u;
-	memcpy(&u, &f, 4);
-	if ((u & 0x7fffffff) > 0x7f800000)
-		return (uint16_t)((u >> 16) | 0x40);
-	u += 0x7fff + ((u >> 16) & 1);
-	return (uint16_t)(u >> 16);
-}
-
-static uint16_t f32_to_f16(float f)
-{
-	uint32_t u;
-	memcpy(&u, &f, 4);
-	uint32_t sign = (u >> 16) & 0x8000;
-	int32_t exp = (int32_t)((u >> 23) & 0xff) - 127 + 15;
-	uint32_t man = u & 0x7fffff;
-	if (((u >> 23) & 0xff) == 0xff)
-		return (uint16_t)(sign | 0x7c00 | (man ? 0x200 : 0));
-	if (exp >= 31)
-		return (uint16_t)(sign | 0x7c00);
-	if (exp <= 0) {
-		if (exp < -10)
-			return (uint16_t)sign;
-		man |= 0x800000;
-		uint32_t shift = (uint32_t)(14 - exp);
-		uint32_t half = man >> shift;
-		uint32_t rem = man & ((1u << shift) - 1);
-		uint32_t mid = 1u << (shift - 1);
-		if (rem > mid || (rem == mid && (half & 1)))
-			half++;
-		return (uint16_t)(sign | half);
+	if (ch->a2b.id != CKPT_CODEC_BYTES) {
+		*why = ch->a2b.id == CKPT_CODEC_SHARDING ? "nested sharding_indexed is not supported"
+							 : "unsupported array->bytes codec";
+		return -ENOTSUP;
 	}
-	uint32_t h = sign | ((uint32_t)exp << 10) | (man >> 13);
-	uint32_t rem = man & 0x1fff;
-	if (rem > 0x1000 || (rem == 0x1000 && (h & 1)))
-		h++;
-	return (uint16_t)h;
-}
-
-/* Encode a JSON fill value as one element of m->dtype.  Zero for null. */
-static int parse_fill(const cJSON *v, ckpt_array_meta *m, const char **why)
-{
-	memset(m->fill, 0, sizeof(m->fill));
-	if (!v || cJSON_IsNull(v))
-		return 0;
-	const ckpt_dtype_info *di = ckpt_dtype_get(m->dtype);
-	double d = 0;
-	if (cJSON_IsBool(v)) {
-		d = cJSON_IsTrue(v) ? 1 : 0;
-	} else if (cJSON_IsNumber(v)) {
-		d = v->valuedouble;
-	} else if (cJSON_IsString(v)) {
-		const char *s = v->valuestring;
-		if (strcmp(s, "NaN") == 0)
-			d = NAN;
-		else if (strcmp(s, "Infinity") == 0)
-			d = INFINITY;
-		else if (strcmp(s, "-Infinity") == 0)
-			d = -INFINITY;
-		else if (s[0] == '0' && s[1] == 'x') {
-			uint64_t bits = strtoull(s + 2, NULL, 16);
-			for (unsigned i = 0; i < di->itemsize && i < 8; i++)
-				m->fill[i] = (uint8_t)(bits >> (8 * i));
-			return 0;
+	m->big_endian = ch->a2b.endian == CKPT_ENDIAN_BIG;
+	m->nb2b = 0;
+	for (int i = 0; i < ch->nb2b; i++) {
+		const struct ckpt_zarr_codec *c = &ch->b2b[i];
+		if (c->id == CKPT_CODEC_ZSTD) {
+			m->zstd_level = c->level;
+			m->b2b[m->nb2b++] = CKPT_B2B_ZSTD;
+		} else if (c->id == CKPT_CODEC_CRC32C) {
+			m->b2b[m->nb2b++] = CKPT_B2B_CRC32C;
 		} else {
-			*why = "unsupported fill_value string";
+			*why = m->zarr_format == 2 ? "unsupported compressor (only zstd or null)"
+						   : "unsupported bytes->bytes codec";
 			return -ENOTSUP;
 		}
-	} else if (cJSON_IsArray(v)) {
-		return 0; /* complex [re, im]: zeros are the only case seen */
-	} else {
-		*why = "bad fill_value";
-		return -EINVAL;
-	}
-	if (d == 0 && !signbit(d))
-		return 0;
-	switch (m->dtype) {
-	case CKPT_DT_FLOAT32: {
-		float f = (float)d;
-		memcpy(m->fill, &f, 4);
-		break;
-	}
-	case CKPT_DT_FLOAT64:
-		memcpy(m->fill, &d, 8);
-		break;
-	case CKPT_DT_BFLOAT16: {
-		uint16_t h = f32_to_bf16((float)d);
-		memcpy(m->fill, &h, 2);
-		break;
-	}
-	case CKPT_DT_FLOAT16: {
-		uint16_t h = f32_to_f16((float)d);
-		memcpy(m->fill, &h, 2);
-		break;
-	}
-	default:
-		if (di->kind == 'i' || di->kind == 'u' || di->kind == 'b') {
-			int64_t iv = (int64_t)d;
-			for (unsigned i = 0; i < di->itemsize && i < 8; i++)
-				m->fill[i] = (uint8_t)((uint64_t)iv >> (8 * i));
-		} else {
-			ckpt_log(CKPT_LOG_WARN, "non-zero fill_value for %s read as zeros", di->name);
-		}
 	}
 	return 0;
+a2a:
+	*why = "unsupported array->array codec (only a transpose to F order)";
+	return -ENOTSUP;
 }
 
 static int finish_meta(ckpt_array_meta *m, const char **why)
@@ -165,14 +72,7 @@ static int finish_meta(ckpt_array_meta *m, const char **why)
 	uint64_t n = m->itemsize, u = m->itemsize;
 	m->inner_per_shard = 1;
 	for (int d = 0; d < m->rank; d++) {
-		if (m->chunk_shape[d] == 0 || m->inner_shape[d] == 0) {
-			*why = "zero chunk dimension";
-			return -EINVAL;
-		}
-		if (m->chunk_shape[d] % m->inner_shape[d]) {
-			*why = "shard shape not a multiple of the inner chunk shape";
-			return -EINVAL;
-		}
+		assert(m->chunk_shape[d] && m->inner_shape[d] && m->chunk_shape[d] % m->inner_shape[d] == 0);
 		if (ckpt_mul_u64(n, m->shape[d], &n) < 0 || n > MAX_TOTAL_BYTES) {
 			*why = "array byte size overflows";
 			return -EINVAL;
@@ -195,257 +95,59 @@ static int finish_meta(ckpt_array_meta *m, const char **why)
 	return 0;
 }
 
-static int parse_v2(const cJSON *root, ckpt_array_meta *m, const char **why)
+static int plan(const struct ckpt_zarr_meta *zm, ckpt_array_meta *m, const char **why)
 {
-	const cJSON *fmt = cJSON_GetObjectItemCaseSensitive(root, "zarr_format");
-	if (!cJSON_IsNumber(fmt) || fmt->valuedouble != 2) {
-		*why = "zarr_format is not 2";
-		return -EINVAL;
-	}
-	m->zarr_format = 2;
-	int rc, crank;
-	if ((rc = parse_shape(cJSON_GetObjectItemCaseSensitive(root, "shape"), &m->rank, m->shape, 1, why)) <
-	    0)
-		return rc;
-	if ((rc = parse_shape(cJSON_GetObjectItemCaseSensitive(root, "chunks"), &crank, m->chunk_shape, 0,
-			      why)) < 0)
-		return rc;
-	if (crank != m->rank) {
-		*why = "chunks rank differs from shape rank";
-		return -EINVAL;
-	}
-	memcpy(m->inner_shape, m->chunk_shape, sizeof(m->chunk_shape));
-	const cJSON *dt = cJSON_GetObjectItemCaseSensitive(root, "dtype");
-	if (!cJSON_IsString(dt)) {
-		*why = "dtype missing or structured";
-		return -ENOTSUP;
-	}
-	m->dtype = ckpt_dtype_from_zarr2(dt->valuestring, &m->big_endian);
-	if (m->dtype == CKPT_DT_INVALID) {
-		*why = "unsupported dtype";
-		return -ENOTSUP;
-	}
-	const cJSON *comp = cJSON_GetObjectItemCaseSensitive(root, "compressor");
-	if (comp && !cJSON_IsNull(comp)) {
-		const cJSON *id = cJSON_GetObjectItemCaseSensitive(comp, "id");
-		if (!cJSON_IsString(id) || strcmp(id->valuestring, "zstd") != 0) {
-			*why = "unsupported compressor (only zstd or null)";
+	m->zarr_format = zm->zarr_format;
+	m->dtype = zm->dtype;
+	m->rank = zm->rank;
+	memcpy(m->shape, zm->shape, sizeof(m->shape));
+	memcpy(m->chunk_shape, zm->chunk_shape, sizeof(m->chunk_shape));
+	memcpy(m->inner_shape, zm->chunk_shape, sizeof(m->inner_shape));
+	m->key_c_prefix = zm->key_encoding == CKPT_ZARR_KEYS_DEFAULT;
+	m->sep = zm->sep;
+	const struct ckpt_zarr_chain *data = &zm->codecs;
+	int rc;
+	if (zm->codecs.a2b.id == CKPT_CODEC_SHARDING) {
+		const struct ckpt_zarr_sharding *sh = zm->codecs.a2b.sharding;
+		if (zm->codecs.na2a || zm->codecs.nb2b) {
+			*why = zm->codecs.nb2b ? "codecs after sharding_indexed are not supported"
+					       : "codecs before sharding_indexed are not supported";
 			return -ENOTSUP;
 		}
-		const cJSON *lvl = cJSON_GetObjectItemCaseSensitive(comp, "level");
-		m->zstd_level = cJSON_IsNumber(lvl) ? (int)lvl->valuedouble : 0;
-		m->b2b[m->nb2b++] = CKPT_B2B_ZSTD;
-	}
-	const cJSON *filters = cJSON_GetObjectItemCaseSensitive(root, "filters");
-	if (filters && !cJSON_IsNull(filters) &&
-	    !(cJSON_IsArray(filters) && cJSON_GetArraySize(filters) == 0)) {
-		*why = "filters are not supported";
-		return -ENOTSUP;
-	}
-	const cJSON *order = cJSON_GetObjectItemCaseSensitive(root, "order");
-	if (cJSON_IsString(order) && strcmp(order->valuestring, "F") == 0)
-		m->order_f = 1;
-	else if (order && !(cJSON_IsString(order) && strcmp(order->valuestring, "C") == 0)) {
-		*why = "bad order";
-		return -EINVAL;
-	}
-	m->sep = '.';
-	const cJSON *sep = cJSON_GetObjectItemCaseSensitive(root, "dimension_separator");
-	if (cJSON_IsString(sep)) {
-		if (strcmp(sep->valuestring, "/") == 0)
-			m->sep = '/';
-		else if (strcmp(sep->valuestring, ".") != 0) {
-			*why = "bad dimension_separator";
-			return -EINVAL;
-		}
-	}
-	if ((rc = finish_meta(m, why)) < 0)
-		return rc;
-	return parse_fill(cJSON_GetObjectItemCaseSensitive(root, "fill_value"), m, why);
-}
-
-static const char *cname(const cJSON *codec)
-{
-	const cJSON *n = cJSON_GetObjectItemCaseSensitive(codec, "name");
-	return cJSON_IsString(n) ? n->valuestring : NULL;
-}
-
-static const cJSON *cconf(const cJSON *codec, const char *key)
-{
-	const cJSON *c = cJSON_GetObjectItemCaseSensitive(codec, "configuration");
-	return c ? cJSON_GetObjectItemCaseSensitive(c, key) : NULL;
-}
-
-/* Parse [bytes, b2b...]; sets big_endian (if non-NULL) and the b2b list. */
-static int parse_chain(const cJSON *codecs, ckpt_array_meta *m, int inner, int *big_endian, uint8_t *b2b,
-		       int *nb2b, const char **why)
-{
-	if (!cJSON_IsArray(codecs) || cJSON_GetArraySize(codecs) < 1) {
-		*why = "codecs is not a non-empty list";
-		return -EINVAL;
-	}
-	int i = 0;
-	*nb2b = 0;
-	const cJSON *c;
-	cJSON_ArrayForEach(c, codecs)
-	{
-		const char *n = cname(c);
-		if (!n) {
-			*why = "codec without a name";
-			return -EINVAL;
-		}
-		if (i == 0) {
-			if (strcmp(n, "sharding_indexed") == 0 && !inner) {
-				m->sharded = 1;
-			} else if (strcmp(n, "bytes") == 0) {
-				const cJSON *e = cconf(c, "endian");
-				if (big_endian)
-					*big_endian = cJSON_IsString(e) && strcmp(e->valuestring, "big") == 0;
-			} else {
-				*why = "unsupported array->bytes codec";
-				return -ENOTSUP;
-			}
-		} else {
-			if (*nb2b >= CKPT_ZARR_MAX_B2B) {
-				*why = "too many codecs";
-				return -ENOTSUP;
-			}
-			if (strcmp(n, "zstd") == 0) {
-				const cJSON *l = cconf(c, "level");
-				m->zstd_level = cJSON_IsNumber(l) ? (int)l->valuedouble : 0;
-				b2b[(*nb2b)++] = CKPT_B2B_ZSTD;
-			} else if (strcmp(n, "crc32c") == 0) {
-				b2b[(*nb2b)++] = CKPT_B2B_CRC32C;
-			} else {
-				*why = "unsupported bytes->bytes codec";
-				return -ENOTSUP;
-			}
-		}
-		i++;
-	}
-	return 0;
-}
-
-static int parse_v3(const cJSON *root, ckpt_array_meta *m, const char **why)
-{
-	const cJSON *fmt = cJSON_GetObjectItemCaseSensitive(root, "zarr_format");
-	if (!cJSON_IsNumber(fmt) || fmt->valuedouble != 3) {
-		*why = "zarr_format is not 3";
-		return -EINVAL;
-	}
-	const cJSON *nt = cJSON_GetObjectItemCaseSensitive(root, "node_type");
-	if (!cJSON_IsString(nt) || strcmp(nt->valuestring, "array") != 0) {
-		*why = "node_type is not array";
-		return -EINVAL;
-	}
-	m->zarr_format = 3;
-	int rc, crank;
-	if ((rc = parse_shape(cJSON_GetObjectItemCaseSensitive(root, "shape"), &m->rank, m->shape, 1, why)) <
-	    0)
-		return rc;
-	const cJSON *grid = cJSON_GetObjectItemCaseSensitive(root, "chunk_grid");
-	const cJSON *gname = grid ? cJSON_GetObjectItemCaseSensitive(grid, "name") : NULL;
-	if (!cJSON_IsString(gname) || strcmp(gname->valuestring, "regular") != 0) {
-		*why = "chunk_grid is not regular";
-		return -ENOTSUP;
-	}
-	if ((rc = parse_shape(cconf(grid, "chunk_shape"), &crank, m->chunk_shape, 0, why)) < 0)
-		return rc;
-	if (crank != m->rank) {
-		*why = "chunk_shape rank differs from shape rank";
-		return -EINVAL;
-	}
-	const cJSON *dt = cJSON_GetObjectItemCaseSensitive(root, "data_type");
-	m->dtype = cJSON_IsString(dt) ? ckpt_dtype_from_name(dt->valuestring) : CKPT_DT_INVALID;
-	if (m->dtype == CKPT_DT_INVALID) {
-		*why = "unsupported data_type";
-		return -ENOTSUP;
-	}
-	const cJSON *enc = cJSON_GetObjectItemCaseSensitive(root, "chunk_key_encoding");
-	const cJSON *ename = enc ? cJSON_GetObjectItemCaseSensitive(enc, "name") : NULL;
-	if (!cJSON_IsString(ename)) {
-		*why = "chunk_key_encoding missing";
-		return -EINVAL;
-	}
-	const cJSON *sep = cconf(enc, "separator");
-	if (strcmp(ename->valuestring, "default") == 0) {
-		m->key_c_prefix = 1;
-		m->sep = '/';
-	} else if (strcmp(ename->valuestring, "v2") == 0) {
-		m->sep = '.';
-	} else {
-		*why = "unsupported chunk_key_encoding";
-		return -ENOTSUP;
-	}
-	if (cJSON_IsString(sep)) {
-		if (strcmp(sep->valuestring, "/") == 0 || strcmp(sep->valuestring, ".") == 0)
-			m->sep = sep->valuestring[0];
-		else {
-			*why = "bad chunk key separator";
-			return -EINVAL;
-		}
-	}
-	const cJSON *codecs = cJSON_GetObjectItemCaseSensitive(root, "codecs");
-	if ((rc = parse_chain(codecs, m, 0, &m->big_endian, m->b2b, &m->nb2b, why)) < 0)
-		return rc;
-	memcpy(m->inner_shape, m->chunk_shape, sizeof(m->chunk_shape));
-	if (m->sharded) {
-		if (m->nb2b) {
-			*why = "codecs after sharding_indexed are not supported";
-			return -ENOTSUP;
-		}
-		const cJSON *sh = cJSON_GetArrayItem(codecs, 0);
-		int irank;
-		if ((rc = parse_shape(cconf(sh, "chunk_shape"), &irank, m->inner_shape, 0, why)) < 0)
-			return rc;
-		if (irank != m->rank) {
-			*why = "inner chunk_shape rank differs";
-			return -EINVAL;
-		}
-		if ((rc = parse_chain(cconf(sh, "codecs"), m, 1, &m->big_endian, m->b2b, &m->nb2b, why)) < 0)
-			return rc;
-		uint8_t ib[CKPT_ZARR_MAX_B2B];
-		int nib = 0, ibe = 0;
-		const cJSON *ic = cconf(sh, "index_codecs");
-		if (ic) {
-			if ((rc = parse_chain(ic, m, 1, &ibe, ib, &nib, why)) < 0)
-				return rc;
-			if (ibe || nib > 1 || (nib == 1 && ib[0] != CKPT_B2B_CRC32C)) {
+		m->sharded = 1;
+		memcpy(m->inner_shape, sh->chunk_shape, sizeof(m->inner_shape));
+		data = &sh->codecs;
+		const struct ckpt_zarr_chain *ic = &sh->index_codecs;
+		if (ic->a2b.id != CKPT_CODEC_NONE) {
+			if (ic->na2a || ic->a2b.id != CKPT_CODEC_BYTES || ic->a2b.endian == CKPT_ENDIAN_BIG ||
+			    ic->nb2b > 1 || (ic->nb2b == 1 && ic->b2b[0].id != CKPT_CODEC_CRC32C)) {
 				*why = "unsupported index_codecs";
 				return -ENOTSUP;
 			}
-			m->index_crc = nib == 1;
+			m->index_crc = ic->nb2b == 1;
 		}
-		const cJSON *loc = cconf(sh, "index_location");
-		if (cJSON_IsString(loc) && strcmp(loc->valuestring, "start") == 0)
-			m->index_at_start = 1;
-		else if (loc && !(cJSON_IsString(loc) && strcmp(loc->valuestring, "end") == 0)) {
-			*why = "bad index_location";
-			return -EINVAL;
-		}
+		m->index_at_start = sh->index_at_start;
 	}
-	const cJSON *st = cJSON_GetObjectItemCaseSensitive(root, "storage_transformers");
-	if (st && !(cJSON_IsArray(st) && cJSON_GetArraySize(st) == 0)) {
-		*why = "storage_transformers are not supported";
-		return -ENOTSUP;
-	}
+	if ((rc = plan_chain(data, m, why)) < 0)
+		return rc;
 	if ((rc = finish_meta(m, why)) < 0)
 		return rc;
-	return parse_fill(cJSON_GetObjectItemCaseSensitive(root, "fill_value"), m, why);
+	memcpy(m->fill, zm->fill, sizeof(m->fill));
+	if (zm->fill_lossy)
+		ckpt_log(CKPT_LOG_WARN, "non-zero fill_value for %s read as zeros",
+			 ckpt_dtype_get(m->dtype)->name);
+	return 0;
 }
 
 int ckpt_zarr_parse(int format, const char *json, size_t len, ckpt_array_meta *out, const char **why)
 {
+	struct ckpt_zarr_meta zm;
 	memset(out, 0, sizeof(*out));
 	*why = "";
-	cJSON *root = cJSON_ParseWithLength(json, len);
-	if (!root || !cJSON_IsObject(root)) {
-		cJSON_Delete(root);
-		*why = "invalid JSON";
-		return -EINVAL;
-	}
-	int rc = format == 2 ? parse_v2(root, out, why) : parse_v3(root, out, why);
-	cJSON_Delete(root);
+	int rc = ckpt_zarr_meta_parse(json, len, format, &zm, why);
+	if (rc == 0)
+		rc = plan(&zm, out, why);
+	ckpt_zarr_meta_free(&zm);
 	return rc;
 }
 
