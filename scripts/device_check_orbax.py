@@ -12,17 +12,23 @@ development machines, which have no PyPI).  Typical use, from the repo root:
 
 The script writes step 30 through the mount (item `state`, the pytree of the
 fixtures: bf16/f32/int32 arrays of several ranks, a 0-d scalar, list
-indices), commits it by creating commit_success.txt, then restores
-SRC/30/state with
-  - ocp.PyTreeCheckpointer().restore(path)                (numpy restore),
-  - ocp.StandardCheckpointer().restore(path, target)      (abstract target,
-    single-device sharding), and
-  - ocp.StandardCheckpointer().restore(path, target)      with a
-    NamedSharding over every local device where shapes allow,
-and prints one line per check and a final "N passed, N failed" line.
-Exit status 1 when anything differs.
+indices, plus a JSON item `metadata`), commits it by creating
+commit_success.txt, then restores it
+  - without a target:  ocp.PyTreeCheckpointer().restore(SRC/30/state) and
+    ocp.CheckpointManager(SRC).restore(30) (every item, by item_handlers;
+    needs a _sharding entry for every array),
+  - with a target:     ocp.StandardCheckpointer().restore(path, abstract) with
+    single-device shardings, and again with a NamedSharding over every local
+    device where the shape allows,
+  - partially:         ocp.PyTreeCheckpointer().restore(path,
+    args=PyTreeRestore(item={'params': ...}, partial_restore=True)), which
+    must return params only,
+and compares every value, dtype and shape, and the set of leaves, with what
+was written.  It prints one line per check and a final "N passed, N failed"
+line; exit status 1 when anything differs.
 """
 import argparse
+import json
 import os
 import sys
 
@@ -58,7 +64,7 @@ def leaves(tree, path=()):
             yield from leaves(v, path + (str(i),))
 
 
-def write_through_mount(mnt, step, tree):
+def write_through_mount(mnt, step, tree, commit=True):
     base = os.path.join(mnt, step)
     os.mkdir(base)
     os.mkdir(os.path.join(base, "state"))
@@ -71,7 +77,29 @@ def write_through_mount(mnt, step, tree):
             np.save(f, arr.view(np.dtype("V2")))
         else:
             np.save(f, arr)
-    open(os.path.join(base, "commit_success.txt"), "w").close()
+    if commit:
+        open(os.path.join(base, "commit_success.txt"), "w").close()
+
+
+def flatten(tree, path=()):
+    """{path tuple of str: leaf} of a restored tree (dicts, lists, tuples)."""
+    out = {}
+    if isinstance(tree, dict):
+        for k, v in tree.items():
+            out.update(flatten(v, path + (str(k),)))
+    elif isinstance(tree, (list, tuple)):
+        for i, v in enumerate(tree):
+            out.update(flatten(v, path + (str(i),)))
+    else:
+        out[path] = tree
+    return out
+
+
+def write_json_item(mnt, step, doc):
+    d = os.path.join(mnt, step, "metadata")
+    os.mkdir(d)
+    with open(os.path.join(d, "metadata"), "w") as f:
+        json.dump(doc, f)
 
 
 def main():
@@ -87,63 +115,119 @@ def main():
     import orbax.checkpoint as ocp
 
     tree = build_tree(np.random.default_rng(0))
-    write_through_mount(args.mount, args.step, tree)
-    path = os.path.abspath(os.path.join(args.root, args.step, "state"))
+    want = {p: v for p, v in leaves(tree)}
+    meta_doc = {"step": int(args.step), "note": "written through ckptfs"}
     passed = failed = 0
 
-    def check(label, got, dtype, want):
+    def report(ok, label, detail=""):
         nonlocal passed, failed
-        got = np.asarray(got)
-        if dtype == "bfloat16":
-            ok = got.dtype == ml_dtypes.bfloat16 and np.array_equal(got.view(np.uint16), want)
-        else:
-            ok = got.dtype == np.dtype(dtype) and np.array_equal(got, want)
-        print(("ok   " if ok else "FAIL ") + label)
+        print(("ok   " if ok else "FAIL ") + label + (f": {detail}" if detail and not ok else ""))
         if ok:
             passed += 1
         else:
             failed += 1
+        return ok
 
-    def compare(tag, restored):
-        for p, (dtype, want) in leaves(tree):
-            node = restored
-            for k in p:
-                node = node[int(k)] if isinstance(node, (list, tuple)) else node[k]
-            check(f"{tag} {'.'.join(p)}", node, dtype, want)
+    # Write the step: arrays, the JSON item, then the commit.
+    base = os.path.join(args.mount, args.step)
+    write_through_mount(args.mount, args.step, tree, commit=False)
+    try:
+        write_json_item(args.mount, args.step, meta_doc)
+        have_json = report(True, "JSON item metadata/metadata written")
+    except OSError as e:
+        have_json = report(False, "JSON item metadata/metadata written", str(e))
+        try:
+            os.rmdir(os.path.join(base, "metadata"))  # an empty item would block the commit
+        except OSError:
+            pass
+    open(os.path.join(base, "commit_success.txt"), "w").close()
+    path = os.path.abspath(os.path.join(args.root, args.step, "state"))
 
-    compare("PyTreeCheckpointer", ocp.PyTreeCheckpointer().restore(path))
+    def check_leaf(label, got, dtype, value):
+        got = np.asarray(got)
+        if dtype == "bfloat16":
+            ok = got.dtype == ml_dtypes.bfloat16 and got.shape == value.shape and \
+                np.array_equal(got.view(np.uint16), value)
+        else:
+            ok = got.dtype == np.dtype(dtype) and got.shape == value.shape and np.array_equal(got, value)
+        report(ok, label, f"got {got.dtype} {got.shape}")
 
-    def abstract(sharding_for):
-        out = {}
+    def compare(tag, restored, only=None):
+        """Every written leaf (under `only`, a top-level key) is restored
+        with its dtype, shape and value, and nothing else is restored."""
+        try:
+            flat = flatten(restored)
+        except Exception as e:  # noqa: BLE001
+            report(False, f"{tag}: tree", repr(e))
+            return
+        exp = {p: v for p, v in want.items() if only is None or p[0] == only}
+        report(set(flat) == set(exp), f"{tag}: leaf set",
+               f"extra {sorted(set(flat) - set(exp))}, missing {sorted(set(exp) - set(flat))}")
+        for p, (dtype, value) in exp.items():
+            if p in flat:
+                check_leaf(f"{tag} {'.'.join(p)}", flat[p], dtype, value)
 
-        def conv(p, dtype, arr):
-            dt = jnp.bfloat16 if dtype == "bfloat16" else arr.dtype
-            return jax.ShapeDtypeStruct(arr.shape, dt, sharding=sharding_for(arr.shape))
+    def attempt(tag, fn, *a, **kw):
+        try:
+            return fn(*a, **kw)
+        except Exception as e:  # noqa: BLE001 - every failure is a FAIL line
+            report(False, f"{tag}: restore", f"{type(e).__name__}: {e}")
+            return None
 
-        def rebuild(t, p=()):
+    # 1. without a target
+    r = attempt("PyTreeCheckpointer (no target)", ocp.PyTreeCheckpointer().restore, path)
+    if r is not None:
+        compare("PyTreeCheckpointer (no target)", r)
+    mngr = attempt("CheckpointManager(root)", ocp.CheckpointManager, os.path.abspath(args.root))
+    if mngr is not None:
+        report(int(args.step) in mngr.all_steps(), "CheckpointManager lists the step", str(mngr.all_steps()))
+        r = attempt("CheckpointManager.restore (no args)", mngr.restore, int(args.step))
+        if r is not None:
+            compare("CheckpointManager.restore state", r["state"])
+            if have_json:
+                report(dict(r["metadata"]) == meta_doc, "CheckpointManager.restore metadata", str(r["metadata"]))
+
+    # 2. with a target
+    def abstract(sharding_for, subtree=None):
+        def rebuild(t):
             if isinstance(t, tuple):
-                return conv(p, *t)
+                dtype, arr = t
+                dt = jnp.bfloat16 if dtype == "bfloat16" else arr.dtype
+                return jax.ShapeDtypeStruct(arr.shape, dt, sharding=sharding_for(arr.shape))
             if isinstance(t, dict):
-                return {k: rebuild(v, p + (k,)) for k, v in t.items()}
-            return [rebuild(v, p + (str(i),)) for i, v in enumerate(t)]
-
-        out = rebuild(tree)
-        return out
+                return {k: rebuild(v) for k, v in t.items()}
+            return [rebuild(v) for v in t]
+        return rebuild(tree if subtree is None else subtree)
 
     dev = jax.devices()[0]
     single = jax.sharding.SingleDeviceSharding(dev)
-    compare("StandardCheckpointer(single)", ocp.StandardCheckpointer().restore(path, abstract(lambda s: single)))
+    r = attempt("StandardCheckpointer (target, single device)", ocp.StandardCheckpointer().restore, path,
+                abstract(lambda s: single))
+    if r is not None:
+        compare("StandardCheckpointer (target, single device)", r)
 
-    mesh = jax.sharding.Mesh(np.array(jax.devices()), ("x",))
     n = len(jax.devices())
+    mesh = jax.sharding.Mesh(np.array(jax.devices()), ("x",))
 
     def named(shape):
         if shape and shape[0] % n == 0:
             return jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("x"))
         return jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
 
-    compare(f"StandardCheckpointer(named, {n} devices)",
-            ocp.StandardCheckpointer().restore(path, abstract(named)))
+    tag = f"StandardCheckpointer (target, named over {n} devices)"
+    r = attempt(tag, ocp.StandardCheckpointer().restore, path, abstract(named))
+    if r is not None:
+        compare(tag, r)
+
+    # 3. partially: params only
+    target = {"params": abstract(lambda s: single, tree["params"])}
+    restore_args = jax.tree_util.tree_map(lambda x: ocp.ArrayRestoreArgs(sharding=x.sharding), target)
+    tag = "PyTreeCheckpointer (partial, params only)"
+    r = attempt(tag, ocp.PyTreeCheckpointer().restore, path,
+                args=ocp.args.PyTreeRestore(item=target, restore_args=restore_args, partial_restore=True))
+    if r is not None:
+        compare(tag, r, only="params")
+
     print(f"{passed} passed, {failed} failed")
     return 1 if failed else 0
 
