@@ -12,13 +12,15 @@
 #include <unistd.h>
 
 #include "npy.h"
+#include "orbax.h"
+#include "sysio.h"
 #include "view_internal.h"
 
 #define MAX_JSON (64u << 20) /* _METADATA and friends */
 
 static int exists_at(const char *dir, const char *name, int want_dir)
 {
-	char p[4096];
+	char p[VIEW_PATH_MAX];
 	struct stat st;
 	if (snprintf(p, sizeof(p), "%s/%s", dir, name) >= (int)sizeof(p))
 		return 0;
@@ -29,7 +31,7 @@ static int exists_at(const char *dir, const char *name, int want_dir)
 
 static int has_ocdbt(const char *dir)
 {
-	if (exists_at(dir, "manifest.ocdbt", 0))
+	if (exists_at(dir, CKPT_ORBAX_OCDBT_MANIFEST, 0))
 		return 1;
 	DIR *d = opendir(dir);
 	if (!d)
@@ -37,57 +39,25 @@ static int has_ocdbt(const char *dir)
 	int found = 0;
 	struct dirent *de;
 	while (!found && (de = readdir(d)))
-		found = strncmp(de->d_name, "ocdbt.process_", 14) == 0;
+		found = strncmp(de->d_name, CKPT_ORBAX_OCDBT_PROCESS_PREFIX,
+				strlen(CKPT_ORBAX_OCDBT_PROCESS_PREFIX)) == 0;
 	closedir(d);
 	return found;
 }
 
 static int is_item(const char *dir)
 {
-	return exists_at(dir, "_METADATA", 0) || has_ocdbt(dir);
-}
-
-static int unfinished_name(const char *name)
-{
-	size_t n = strlen(name);
-	return strstr(name, ".orbax-checkpoint-tmp") != NULL ||
-	       (n >= 13 && strcmp(name + n - 13, ".partial_save") == 0);
-}
-
-static char *read_file(const char *path, size_t max, size_t *len)
-{
-	int fd = open(path, O_RDONLY | O_CLOEXEC);
-	if (fd < 0)
-		return NULL;
-	struct stat st;
-	if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode) || (uint64_t)st.st_size > max) {
-		close(fd);
-		return NULL;
-	}
-	char *buf = malloc((size_t)st.st_size + 1);
-	size_t got = 0;
-	while (buf && got < (size_t)st.st_size) {
-		ssize_t r = read(fd, buf + got, (size_t)st.st_size - got);
-		if (r <= 0)
-			break;
-		got += (size_t)r;
-	}
-	close(fd);
-	if (!buf)
-		return NULL;
-	buf[got] = 0;
-	*len = got;
-	return buf;
+	return exists_at(dir, CKPT_ORBAX_METADATA, 0) || has_ocdbt(dir);
 }
 
 static cJSON *read_json(const char *dir, const char *name)
 {
-	char p[4096];
+	char p[VIEW_PATH_MAX];
 	size_t len;
 	if (snprintf(p, sizeof(p), "%s/%s", dir, name) >= (int)sizeof(p))
 		return NULL;
-	char *txt = read_file(p, MAX_JSON, &len);
-	if (!txt)
+	char *txt;
+	if (ckpt_read_small_file(AT_FDCWD, p, MAX_JSON, &txt, &len) < 0)
 		return NULL;
 	cJSON *j = cJSON_ParseWithLength(txt, len);
 	free(txt);
@@ -100,7 +70,7 @@ static cJSON *read_json(const char *dir, const char *name)
  * commit_timestamp_nsecs, else the folder's mtime. */
 static int64_t commit_time(const char *dir, int64_t fallback)
 {
-	cJSON *j = read_json(dir, "_CHECKPOINT_METADATA");
+	cJSON *j = read_json(dir, CKPT_ORBAX_CKPT_METADATA);
 	int64_t t = 0;
 	if (j) {
 		const cJSON *c = cJSON_GetObjectItemCaseSensitive(j, "commit_timestamp_nsecs");
@@ -122,13 +92,14 @@ static struct node *add_file(ckpt_view *v, struct node *dir, const char *name, c
 	struct stat st;
 	if (stat(path, &st) < 0 || !S_ISREG(st.st_mode))
 		return NULL;
-	struct node *n = view_new_node(v, N_FILE, name, dir);
+	struct node *n = node_new(v, &file_ops, name, dir);
 	if (!n)
 		return NULL;
-	n->path = strdup(path);
-	n->size = (uint64_t)st.st_size;
+	struct file_node *f = to_file(n);
+	f->path = strdup(path);
+	f->size = (uint64_t)st.st_size;
 	n->mtime_ns = mtime;
-	if (!n->path || view_add_kid(dir, n) < 0)
+	if (!f->path || view_add_kid(dir, n) < 0)
 		return NULL;
 	return n;
 }
@@ -137,58 +108,14 @@ static struct node *add_dir(ckpt_view *v, struct node *parent, const char *name,
 {
 	struct node *n = view_find_kid(parent, name);
 	if (n)
-		return n->type == N_DIR ? n : NULL;
-	n = view_new_node(v, N_DIR, name, parent);
+		return n->kind == N_DIR ? n : NULL;
+	n = node_new(v, &dir_ops, name, parent);
 	if (!n)
 		return NULL;
 	n->mtime_ns = mtime;
 	if (view_add_kid(parent, n) < 0)
 		return NULL;
 	return n;
-}
-
-static int own_store(ckpt_view *v, ckpt_store *s)
-{
-	ckpt_store **p = realloc(v->stores, (v->nstores + 1) * sizeof(*p));
-	if (!p)
-		return -ENOMEM;
-	v->stores = p;
-	v->stores[v->nstores++] = s;
-	return 0;
-}
-
-static struct aref *new_aref(ckpt_view *v, ckpt_array *arr, int ocdbt)
-{
-	struct aref *ar = calloc(1, sizeof(*ar));
-	struct aref **p = realloc(v->arefs, (v->narefs + 1) * sizeof(*p));
-	if (!ar || !p) {
-		free(ar);
-		if (p)
-			v->arefs = p;
-		return NULL;
-	}
-	v->arefs = p;
-	ar->arr = arr;
-	ar->ocdbt = ocdbt;
-	v->arefs[v->narefs++] = ar;
-	return ar;
-}
-
-/* URL-safe base64 with '=' padding (the keys of _sharding). */
-static void b64url(const char *s, char *out, size_t cap)
-{
-	static const char tbl[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
-	size_t n = strlen(s), o = 0;
-	const unsigned char *p = (const unsigned char *)s;
-	for (size_t i = 0; i < n && o + 5 < cap; i += 3) {
-		uint32_t x = (uint32_t)p[i] << 16 | (i + 1 < n ? (uint32_t)p[i + 1] << 8 : 0) |
-			     (i + 2 < n ? p[i + 2] : 0);
-		out[o++] = tbl[(x >> 18) & 63];
-		out[o++] = tbl[(x >> 12) & 63];
-		out[o++] = i + 1 < n ? tbl[(x >> 6) & 63] : '=';
-		out[o++] = i + 2 < n ? tbl[x & 63] : '=';
-	}
-	out[o] = 0;
 }
 
 /* Add array `param` (store prefix) as file `fname` in dir. */
@@ -207,25 +134,25 @@ static void add_array(ckpt_view *v, struct node *dir, ckpt_store *store, int ocd
 	}
 	if (rc < 0)
 		return; /* logged by ckpt_array_open */
-	struct aref *ar = new_aref(v, arr, ocdbt);
+	struct aref *ar = view_new_aref(v, arr, ocdbt);
 	if (!ar) {
 		ckpt_array_destroy(arr);
 		return;
 	}
 	if (sharding) {
-		char key[4096 * 2];
-		b64url(param, key, sizeof(key));
-		const cJSON *s = cJSON_GetObjectItemCaseSensitive(sharding, key);
+		char *key = ckpt_orbax_sharding_key(param);
+		const cJSON *s = key ? cJSON_GetObjectItemCaseSensitive(sharding, key) : NULL;
 		if (cJSON_IsString(s))
 			ar->sharding = strdup(s->valuestring);
+		free(key);
 	}
-	struct node *n = view_new_node(v, N_ARRAY, fname, dir);
+	struct node *n = node_new(v, &array_ops, fname, dir);
 	if (!n)
 		return;
 	const ckpt_array_meta *m = ckpt_array_meta_of(arr);
 	ckpt_region r;
 	ckpt_region_full(&r, m->rank, m->shape);
-	if (view_init_array_node(n, ar, &r) < 0)
+	if (array_node_init(n, ar, &r) < 0)
 		return;
 	n->mtime_ns = mtime;
 	view_add_kid(dir, n);
@@ -234,11 +161,12 @@ static void add_array(ckpt_view *v, struct node *dir, ckpt_store *store, int ocd
 static void add_string_leaf(ckpt_view *v, struct node *dir, const char *fname, const char *value,
 			    int64_t mtime)
 {
-	struct node *n = view_new_node(v, N_FILE, fname, dir);
+	struct node *n = node_new(v, &file_ops, fname, dir);
 	if (!n)
 		return;
-	n->content = strdup(value);
-	n->size = n->content ? strlen(n->content) : 0;
+	struct file_node *f = to_file(n);
+	f->content = strdup(value);
+	f->size = f->content ? strlen(f->content) : 0;
 	n->mtime_ns = mtime;
 	view_add_kid(dir, n);
 }
@@ -257,9 +185,9 @@ static int scan_cb(void *arg, const char *key, uint64_t size)
 	(void)size;
 	struct scan_ctx *c = arg;
 	const char *slash = strrchr(key, '/');
-	if (!slash || (strcmp(slash + 1, "zarr.json") && strcmp(slash + 1, ".zarray")))
+	if (!slash || (strcmp(slash + 1, CKPT_ORBAX_ZARR3_META) && strcmp(slash + 1, CKPT_ORBAX_ZARR2_META)))
 		return 0;
-	char param[4096], fname[4200];
+	char param[VIEW_PATH_MAX], fname[VIEW_NAME_BUF];
 	size_t n = (size_t)(slash - key);
 	if (n == 0 || n >= sizeof(param))
 		return 0;
@@ -267,21 +195,22 @@ static int scan_cb(void *arg, const char *key, uint64_t size)
 	param[n] = 0;
 	if (strchr(param, '/'))
 		return 0; /* a chunk path, not an array */
-	char esc[4096];
-	view_escape_name(param, esc, sizeof(esc));
+	char esc[VIEW_PATH_MAX];
+	ckpt_orbax_key_escape(param, esc, sizeof(esc)); /* too long: truncated, still unique enough to show */
 	snprintf(fname, sizeof(fname), "%s.npy", esc);
 	if (!view_find_kid(c->dir, fname))
 		add_array(c->v, c->dir, c->store, c->ocdbt, param, fname,
-			  strcmp(slash + 1, "zarr.json") ? 2 : 3, NULL, c->mtime);
+			  strcmp(slash + 1, CKPT_ORBAX_ZARR3_META) ? 2 : 3, NULL, c->mtime);
 	return 0;
 }
 
 /* A pytree item folder → dir's children. */
 static void build_item(ckpt_view *v, struct node *dir, const char *path, int64_t mtime)
 {
-	static const char *const meta_files[] = { "_CHECKPOINT_METADATA", "_METADATA", "_sharding",
-						  "commit_success.txt", "orbax.checkpoint" };
-	char p[4096];
+	static const char *const meta_files[] = { CKPT_ORBAX_CKPT_METADATA, CKPT_ORBAX_METADATA,
+						  CKPT_ORBAX_SHARDING, CKPT_ORBAX_COMMIT_SUCCESS,
+						  CKPT_ORBAX_MARKER_FILE };
+	char p[VIEW_PATH_MAX];
 	for (size_t i = 0; i < sizeof(meta_files) / sizeof(meta_files[0]); i++) {
 		snprintf(p, sizeof(p), "%s/%s", path, meta_files[i]);
 		if (!view_find_kid(dir, meta_files[i]))
@@ -295,12 +224,12 @@ static void build_item(ckpt_view *v, struct node *dir, const char *path, int64_t
 			 ocdbt ? "OCDBT" : "folder", strerror(-rc));
 		return;
 	}
-	if (own_store(v, store) < 0) {
+	if (view_own_store(v, store) < 0) {
 		ckpt_store_destroy(store);
 		return;
 	}
-	cJSON *meta = read_json(path, "_METADATA");
-	cJSON *sharding = read_json(path, "_sharding");
+	cJSON *meta = read_json(path, CKPT_ORBAX_METADATA);
+	cJSON *sharding = read_json(path, CKPT_ORBAX_SHARDING);
 	cJSON *strings = NULL;
 	const cJSON *tree = meta ? cJSON_GetObjectItemCaseSensitive(meta, "tree_metadata") : NULL;
 	int format = 0;
@@ -324,19 +253,20 @@ static void build_item(ckpt_view *v, struct node *dir, const char *path, int64_t
 		const cJSON *vm = cJSON_GetObjectItemCaseSensitive(leaf, "value_metadata");
 		const cJSON *vt = vm ? cJSON_GetObjectItemCaseSensitive(vm, "value_type") : NULL;
 		int depth = cJSON_GetArraySize(keys);
-		if (!cJSON_IsArray(keys) || depth < 1 || depth > 256 || !cJSON_IsString(vt)) {
+		if (!cJSON_IsArray(keys) || depth < 1 || depth > CKPT_ORBAX_MAX_DEPTH ||
+		    !cJSON_IsString(vt)) {
 			ckpt_log(CKPT_LOG_ERR, "%s/_METADATA: malformed entry %s, skipped", path,
 				 leaf->string ? leaf->string : "?");
 			continue;
 		}
 		/* param name = '.'-joined keys; directories per key. */
-		char param[8192];
+		char param[VIEW_KEYPATH_MAX];
 		size_t plen = 0;
 		int ok = 1;
 		struct node *d = dir;
 		int i = 0;
 		const cJSON *k;
-		char esc[4096];
+		char esc[VIEW_PATH_MAX];
 		cJSON_ArrayForEach(k, keys)
 		{
 			const cJSON *key = cJSON_GetObjectItemCaseSensitive(k, "key");
@@ -354,7 +284,7 @@ static void build_item(ckpt_view *v, struct node *dir, const char *path, int64_t
 			}
 			plen += (size_t)snprintf(param + plen, sizeof(param) - plen, "%s%s", i ? "." : "",
 						 ks);
-			view_escape_name(ks, esc, sizeof(esc));
+			ckpt_orbax_key_escape(ks, esc, sizeof(esc)); /* too long: truncated */
 			if (++i < depth) {
 				d = add_dir(v, d, esc, mtime);
 				if (!d) {
@@ -369,7 +299,7 @@ static void build_item(ckpt_view *v, struct node *dir, const char *path, int64_t
 			continue;
 		}
 		const char *type = vt->valuestring;
-		char fname[4200];
+		char fname[VIEW_NAME_BUF];
 		if (!strcmp(type, "jax.Array") || !strcmp(type, "np.ndarray") || !strcmp(type, "scalar")) {
 			snprintf(fname, sizeof(fname), "%s.npy", esc);
 			add_array(v, d, store, ocdbt, param, fname, format, sharding, mtime);
@@ -378,7 +308,7 @@ static void build_item(ckpt_view *v, struct node *dir, const char *path, int64_t
 			add_dir(v, d, esc, mtime);
 		} else if (!strcmp(type, "string")) {
 			if (!strings)
-				strings = read_json(path, "_strings.json");
+				strings = read_json(path, CKPT_ORBAX_STRINGS);
 			const cJSON *s = strings ? cJSON_GetObjectItemCaseSensitive(strings, param) : NULL;
 			snprintf(fname, sizeof(fname), "%s.txt", esc);
 			if (cJSON_IsString(s) && !view_find_kid(d, fname))
@@ -402,9 +332,9 @@ static void for_each_entry(ckpt_view *v, const char *dir, entry_fn fn, void *arg
 	if (!d)
 		return;
 	struct dirent *de;
-	char p[4096];
+	char p[VIEW_PATH_MAX];
 	while ((de = readdir(d))) {
-		if (de->d_name[0] == '.' || unfinished_name(de->d_name))
+		if (de->d_name[0] == '.' || ckpt_orbax_is_unfinished(de->d_name))
 			continue;
 		if (snprintf(p, sizeof(p), "%s/%s", dir, de->d_name) >= (int)sizeof(p))
 			continue;
@@ -477,7 +407,7 @@ static void build_step(ckpt_view *v, struct node *dir, const char *path, int64_t
 static void root_entry(ckpt_view *v, void *arg, const char *name, const char *path, int is_dir)
 {
 	struct walk_ctx *w = arg;
-	if (!is_dir || !strcmp(name, "metadata"))
+	if (!is_dir || !strcmp(name, CKPT_ORBAX_ROOT_METADATA_DIR))
 		return; /* the root's metadata/ folder is not a step */
 	int64_t t = commit_time(path, w->mtime);
 	struct node *step = add_dir(v, w->dir, name, t);
@@ -485,7 +415,7 @@ static void root_entry(ckpt_view *v, void *arg, const char *name, const char *pa
 		build_step(v, step, path, t);
 }
 
-int layout_build(ckpt_view *v, const char *source)
+int layout_build_view(ckpt_view *v, const char *source)
 {
 	struct stat st;
 	if (stat(source, &st) < 0)
@@ -498,7 +428,8 @@ int layout_build(ckpt_view *v, const char *source)
 		v->kind = "item";
 		root->mtime_ns = commit_time(source, now);
 		build_item(v, root, source, root->mtime_ns);
-	} else if (exists_at(source, "_CHECKPOINT_METADATA", 0) || exists_at(source, "orbax.checkpoint", 0)) {
+	} else if (exists_at(source, CKPT_ORBAX_CKPT_METADATA, 0) ||
+		   exists_at(source, CKPT_ORBAX_MARKER_FILE, 0)) {
 		v->kind = "step";
 		root->mtime_ns = commit_time(source, now);
 		build_step(v, root, source, root->mtime_ns);
@@ -517,7 +448,7 @@ struct node *layout_new_step(ckpt_view *v, const char *name, const char *path)
 {
 	struct node *root = view_node(v, CKPT_ROOT_INO);
 	int64_t t = commit_time(path, root->mtime_ns);
-	struct node *step = view_new_node(v, N_DIR, name, root);
+	struct node *step = node_new(v, &dir_ops, name, root);
 	if (!step)
 		return NULL;
 	step->mtime_ns = t;

@@ -1,38 +1,76 @@
 /*
  * pending.c - writing new steps through the view: pending steps, items,
- * pytree directories and array files map onto the writer (writer.h).
+ * pytree directories and array files map onto the writer (writer.h).  The
+ * pending node kinds (N_PSTEP, N_PDIR, N_PFILE) and their ops live here.
  *
- * Locks, in order: v->ns_lock (namespace) -> pstep->io_lock (writes shared,
- * commit/abort exclusive) -> pfile->mu (header state of one file).
- * ckpt_warray_write runs with only io_lock held (shared), so writers of
- * different files never wait for each other here.
+ * Locks (the whole order is in view_internal.h): ns_lock -> ps->io_lock
+ * (writes, reads and setxattr of the step shared; commit/abort exclusive)
+ * -> pf->mu (header state of one file).  ckpt_warray_write runs with only
+ * io_lock held (shared), so writers of different files never wait for each
+ * other here.  A commit holds io_lock exclusive but NOT ns_lock: the step
+ * is marked committing under ns_lock, committed, then its node is swapped
+ * for the committed step's under ns_lock again.
  */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "npy.h"
+#include "orbax.h"
 #include "writer.h"
 #include "view_internal.h"
 
-#define COMMIT_FILE "commit_success.txt"
+/* A pending step: the writer's step plus the lock that keeps commit apart
+ * from writes.  Owned by its N_PSTEP node. */
+struct pstep {
+	struct ckpt_step *step;
+	pthread_rwlock_t io_lock;
+	atomic_bool dead; /* committed or aborted: no more writes (set under io_lock exclusive) */
+	atomic_bool committing; /* a commit runs without ns_lock (set and cleared under ns_lock exclusive) */
+	const char *final; /* while committing: the name it commits to (under ns_lock) */
+};
+
+/* N_PSTEP and N_PDIR */
+struct pdir_node {
+	struct dir_node d;
+	struct pstep *ps; /* owned by the N_PSTEP node, borrowed by the others */
+};
 
 struct pfile {
 	pthread_mutex_t mu;
 	int is_slice;
-	struct node *decl; /* slice files: the NAME.npy node that declared the array */
+	struct pfile_node *decl; /* slice files: the NAME.npy node that declared the array */
 	ckpt_warray *arr; /* NULL until the header has been parsed */
 	ckpt_region region; /* whole array or the slice */
 	uint8_t *hdr; /* header bytes (all bytes written before the header parsed) */
 	size_t have, cap;
-	size_t data_off; /* header length once parsed */
+	size_t data_off; /* header length once parsed (then never changes) */
 	uint64_t size; /* apparent file size */
 };
 
-static int valid_name(const char *name)
+/* N_PFILE */
+struct pfile_node {
+	struct node n;
+	struct pstep *ps;
+	struct pfile pf;
+};
+
+static struct pdir_node *to_pdir(struct node *n)
 {
-	return name[0] && name[0] != '.' && !strchr(name, '/') && strlen(name) <= 200 &&
-	       !strstr(name, ".orbax-checkpoint-tmp");
+	assert(n->kind == N_PSTEP || n->kind == N_PDIR);
+	return container_of(to_dir(n), struct pdir_node, d);
+}
+
+static struct pfile_node *to_pfile(struct node *n)
+{
+	assert(n->kind == N_PFILE);
+	return container_of(n, struct pfile_node, n);
+}
+
+/* No namespace change on the step: committed, aborted or committing. */
+static int frozen(struct pstep *ps)
+{
+	return atomic_load(&ps->dead) || atomic_load(&ps->committing);
 }
 
 /* Refuse a change of committed data (or of a read-only mount), logged. */
@@ -48,24 +86,82 @@ static struct node *parent_of(ckpt_view *v, struct node *n)
 	return view_node(v, n->parent);
 }
 
-void pending_attr(ckpt_view *v, struct node *n, ckpt_attr *a)
+/* ---- the pending kinds ------------------------------------------------- */
+
+static void pdir_attr(ckpt_view *v, struct node *n, ckpt_attr *a)
 {
 	(void)v;
+	(void)n;
+	a->is_dir = 1;
+	a->nlink = 2;
 	a->immutable = 0;
-	if (n->type == N_PFILE) {
-		a->mode = 0644;
-		pthread_mutex_lock(&n->pf->mu);
-		a->size = n->pf->size;
-		pthread_mutex_unlock(&n->pf->mu);
-	} else {
-		a->mode = 0755;
-	}
+	a->mode = 0755;
 }
+
+static void pfile_attr(ckpt_view *v, struct node *n, ckpt_attr *a)
+{
+	(void)v;
+	struct pfile *pf = &to_pfile(n)->pf;
+	a->immutable = 0;
+	a->mode = 0644;
+	pthread_mutex_lock(&pf->mu);
+	a->size = pf->size;
+	pthread_mutex_unlock(&pf->mu);
+}
+
+static void pstep_destroy(ckpt_view *v, struct node *n)
+{
+	(void)v;
+	struct pstep *ps = to_pdir(n)->ps;
+	if (!ps)
+		return;
+	ckpt_step_info info;
+	ckpt_step_get_info(ps->step, &info);
+	if (info.state == CKPT_STEP_PENDING)
+		ckpt_log(CKPT_LOG_WARN, "step %s was not committed; its data stays in %s (not a step)",
+			 info.name, info.tmp_path);
+	ckpt_step_destroy(ps->step);
+	pthread_rwlock_destroy(&ps->io_lock);
+	free(ps);
+}
+
+static void pfile_destroy(ckpt_view *v, struct node *n)
+{
+	(void)v;
+	struct pfile *pf = &to_pfile(n)->pf;
+	pthread_mutex_destroy(&pf->mu);
+	free(pf->hdr);
+}
+
+static ssize_t pending_read(ckpt_view *v, struct node *n, uint64_t off, size_t len, void *dst);
+
+static const struct node_ops pstep_ops = {
+	.kind = N_PSTEP,
+	.size = sizeof(struct pdir_node),
+	.getattr = pdir_attr,
+	.readdir = node_readdir_kids,
+	.destroy = pstep_destroy,
+};
+
+static const struct node_ops pdir_ops = {
+	.kind = N_PDIR,
+	.size = sizeof(struct pdir_node),
+	.getattr = pdir_attr,
+	.readdir = node_readdir_kids,
+};
+
+static const struct node_ops pfile_ops = {
+	.kind = N_PFILE,
+	.size = sizeof(struct pfile_node),
+	.getattr = pfile_attr,
+	.read = pending_read,
+	.destroy = pfile_destroy,
+};
 
 int ckpt_view_is_writable(ckpt_view *v, ckpt_ino ino)
 {
 	struct node *n = view_node(v, ino);
-	return n && n->type == N_PFILE && !n->ps->dead;
+	return n && n->kind == N_PFILE && !atomic_load(&to_pfile(n)->ps->dead);
 }
 
 int ckpt_view_check_writable(ckpt_view *v, ckpt_ino ino)
@@ -73,64 +169,34 @@ int ckpt_view_check_writable(ckpt_view *v, ckpt_ino ino)
 	struct node *n = view_node(v, ino);
 	if (!n)
 		return -ENOENT;
-	if (n->type == N_PFILE && !n->ps->dead && !n->orphan)
+	if (n->kind == N_PFILE && !atomic_load(&to_pfile(n)->ps->dead) && !atomic_load(&n->orphan))
 		return 0;
 	return refuse(n->name, "open for writing");
 }
 
-static struct pstep *own_pstep(ckpt_view *v, ckpt_step *step)
-{
-	struct pstep *ps = calloc(1, sizeof(*ps));
-	struct pstep **arr = realloc(v->psteps, (v->npsteps + 1) * sizeof(*arr));
-	if (!ps || !arr) {
-		free(ps);
-		if (arr)
-			v->psteps = arr;
-		return NULL;
-	}
-	v->psteps = arr;
-	ps->step = step;
-	pthread_rwlock_init(&ps->io_lock, NULL);
-	v->psteps[v->npsteps++] = ps;
-	return ps;
-}
-
-void pending_destroy(ckpt_view *v)
-{
-	for (size_t i = 0; i < v->npsteps; i++) {
-		struct ckpt_step *st = v->psteps[i]->step;
-		ckpt_step_info info;
-		ckpt_step_get_info(st, &info);
-		if (info.state == CKPT_STEP_PENDING)
-			ckpt_log(CKPT_LOG_WARN,
-				 "step %s was not committed; its data stays in %s (not a step)", info.name,
-				 info.tmp_path);
-		ckpt_step_destroy(st);
-		pthread_rwlock_destroy(&v->psteps[i]->io_lock);
-		free(v->psteps[i]);
-	}
-	free(v->psteps);
-	uint64_t n = atomic_load(&v->count);
-	for (uint64_t i = 1; i <= n; i++) {
-		struct node *x = view_node(v, i);
-		if (x && x->pf) {
-			pthread_mutex_destroy(&x->pf->mu);
-			free(x->pf->hdr);
-			free(x->pf);
-		}
-	}
-}
-
 /* ---- namespace -------------------------------------------------------- */
+
+/* A committing step of the root takes `name` (ns_lock held). */
+static int name_reserved(struct node *root, const char *name)
+{
+	struct dir_node *d = to_dir(root);
+	for (size_t i = 0; i < d->nkids; i++) {
+		struct node *k = d->kids[i];
+		if (k->kind == N_PSTEP && atomic_load(&to_pdir(k)->ps->committing) && to_pdir(k)->ps->final &&
+		    !strcmp(to_pdir(k)->ps->final, name))
+			return 1;
+	}
+	return 0;
+}
 
 static int new_step(ckpt_view *v, struct node *root, const char *name, ckpt_attr *out)
 {
-	if (!valid_name(name) || !strcmp(name, "metadata")) {
-		/* "metadata" is the root's metadata folder, never a step */
-		ckpt_log(CKPT_LOG_ERR, "%s: not a valid step name", name);
+	const char *why = "";
+	if (!ckpt_orbax_name_ok(CKPT_NAME_PENDING_STEP, name, &why)) {
+		ckpt_log(CKPT_LOG_ERR, "%s: not a valid step name (%s)", name, why);
 		return -EINVAL;
 	}
-	if (view_find_kid(root, name))
+	if (view_find_kid(root, name) || name_reserved(root, name))
 		return -EEXIST;
 	ckpt_writer_opts o;
 	ckpt_writer_opts_init(&o);
@@ -144,15 +210,24 @@ static int new_step(ckpt_view *v, struct node *root, const char *name, ckpt_attr
 		ckpt_log(CKPT_LOG_ERR, "step %s: cannot start a pending step: %s", name, strerror(-rc));
 		return rc;
 	}
-	struct pstep *ps = own_pstep(v, st);
-	struct node *n = ps ? view_new_node(v, N_PSTEP, name, root) : NULL;
-	if (!n || view_add_kid(root, n) < 0) {
+	struct pstep *ps = calloc(1, sizeof(*ps));
+	struct node *n = ps ? node_new(v, &pstep_ops, name, root) : NULL;
+	if (!n) {
 		ckpt_step_abort(st);
-		if (!ps)
-			ckpt_step_destroy(st);
+		ckpt_step_destroy(st);
+		free(ps);
 		return -ENOMEM;
 	}
-	n->ps = ps;
+	ps->step = st;
+	pthread_rwlock_init(&ps->io_lock, NULL);
+	atomic_init(&ps->dead, false);
+	atomic_init(&ps->committing, false);
+	to_pdir(n)->ps = ps; /* the node owns it from here on */
+	if (view_add_kid(root, n) < 0) {
+		ckpt_step_abort(st);
+		atomic_store(&ps->dead, true);
+		return -ENOMEM;
+	}
 	view_fill_attr(v, n, out);
 	return 0;
 }
@@ -166,19 +241,23 @@ int ckpt_view_mkdir(ckpt_view *v, ckpt_ino parent, const char *name, ckpt_attr *
 		rc = -ENOENT;
 	} else if (dir->ino == CKPT_ROOT_INO && v->writable) {
 		rc = new_step(v, dir, name, out);
-	} else if ((dir->type == N_PSTEP || dir->type == N_PDIR) && !dir->ps->dead && !dir->orphan) {
-		if (!valid_name(name) || strchr(name, '[')) {
-			ckpt_log(CKPT_LOG_ERR, "%s: not a valid item or pytree directory name", name);
+	} else if ((dir->kind == N_PSTEP || dir->kind == N_PDIR) && !frozen(to_pdir(dir)->ps) &&
+		   !atomic_load(&dir->orphan)) {
+		struct pstep *ps = to_pdir(dir)->ps;
+		const char *why = "";
+		if (!ckpt_orbax_name_ok(dir->kind == N_PSTEP ? CKPT_NAME_ITEM : CKPT_NAME_KEY, name, &why)) {
+			ckpt_log(CKPT_LOG_ERR, "%s: not a valid item or pytree directory name (%s)", name,
+				 why);
 			rc = -EINVAL;
 		} else if (view_find_kid(dir, name)) {
 			rc = -EEXIST;
 		} else {
-			rc = dir->type == N_PSTEP ? ckpt_step_add_item(dir->ps->step, name) : 0;
-			struct node *n = rc == 0 ? view_new_node(v, N_PDIR, name, dir) : NULL;
+			rc = dir->kind == N_PSTEP ? ckpt_step_add_item(ps->step, name) : 0;
+			struct node *n = rc == 0 ? node_new(v, &pdir_ops, name, dir) : NULL;
 			if (rc == 0 && (!n || view_add_kid(dir, n) < 0))
 				rc = -ENOMEM;
 			if (rc == 0) {
-				n->ps = dir->ps;
+				to_pdir(n)->ps = ps;
 				view_fill_attr(v, n, out);
 			}
 		}
@@ -189,30 +268,46 @@ int ckpt_view_mkdir(ckpt_view *v, ckpt_ino parent, const char *name, ckpt_attr *
 	return rc;
 }
 
-/* Commit pending step node `sn` as `final`; replaces it in the root. */
+/*
+ * Commit pending step node `sn` as `final`; replaces it in the root.
+ * Called with ns_lock exclusive; drops it while the writer commits (under
+ * the step's io_lock) and the committed folder is read back, and holds it
+ * again on return.
+ */
 static int commit_step(ckpt_view *v, struct node *sn, const char *final, struct node **committed)
 {
 	struct node *root = view_node(v, CKPT_ROOT_INO);
-	if (strcmp(sn->name, final) && view_find_kid(root, final)) {
+	struct pstep *ps = to_pdir(sn)->ps;
+	assert(sn->kind == N_PSTEP && sn->parent == CKPT_ROOT_INO && !frozen(ps) &&
+	       !atomic_load(&sn->orphan));
+	if ((strcmp(sn->name, final) && view_find_kid(root, final)) || name_reserved(root, final)) {
 		ckpt_log(CKPT_LOG_ERR, "step %s: cannot commit as %s: that step exists", sn->name, final);
 		return -EEXIST;
 	}
-	struct pstep *ps = sn->ps;
+	ps->final = final;
+	atomic_store(&ps->committing, true);
+	pthread_rwlock_unlock(&v->ns_lock);
+
 	pthread_rwlock_wrlock(&ps->io_lock);
 	int rc = ckpt_step_commit(ps->step, final);
 	if (rc == 0)
-		ps->dead = 1;
+		atomic_store(&ps->dead, true);
 	pthread_rwlock_unlock(&ps->io_lock);
+	char path[VIEW_PATH_MAX];
+	snprintf(path, sizeof(path), "%s/%s", v->source, final);
+	/* Read the committed step back (not linked yet: nobody sees it). */
+	struct node *n = rc == 0 ? layout_new_step(v, final, path) : NULL;
+
+	pthread_rwlock_wrlock(&v->ns_lock);
+	ps->final = NULL;
+	atomic_store(&ps->committing, false);
 	if (rc < 0) {
 		ckpt_log(CKPT_LOG_ERR, "step %s: commit failed: %s; the step stays pending", sn->name,
 			 strerror(-rc));
 		return rc;
 	}
-	char path[4096];
-	snprintf(path, sizeof(path), "%s/%s", v->source, final);
-	struct node *n = layout_new_step(v, final, path);
 	view_remove_kid(root, sn);
-	sn->orphan = 1;
+	atomic_store(&sn->orphan, true);
 	if (!n || view_add_kid(root, n) < 0) {
 		ckpt_log(CKPT_LOG_ERR, "step %s: committed to %s but cannot be shown; remount to see it",
 			 final, path);
@@ -228,15 +323,15 @@ static int commit_step(ckpt_view *v, struct node *sn, const char *final, struct 
 static int key_path(ckpt_view *v, struct node *dir, const char *stem, const char **item, const char **keys,
 		    int *types, int *depth)
 {
-	const char *rev[256];
+	const char *rev[CKPT_ORBAX_MAX_DEPTH];
 	int n = 0;
 	rev[n++] = stem;
 	struct node *d = dir;
-	while (d && d->type == N_PDIR && n < 256) {
+	while (d && d->kind == N_PDIR && n < CKPT_ORBAX_MAX_DEPTH) {
 		rev[n++] = d->name;
 		d = parent_of(v, d);
 	}
-	if (!d || d->type != N_PSTEP || n < 2)
+	if (!d || d->kind != N_PSTEP || n < 2)
 		return -EINVAL;
 	*item = rev[n - 1];
 	*depth = n - 1;
@@ -245,7 +340,7 @@ static int key_path(ckpt_view *v, struct node *dir, const char *stem, const char
 		int digits = keys[i][0] != 0;
 		for (const char *p = keys[i]; *p; p++)
 			digits &= *p >= '0' && *p <= '9';
-		types[i] = digits ? 1 : 2;
+		types[i] = digits ? CKPT_KEY_SEQ : CKPT_KEY_DICT;
 	}
 	return 0;
 }
@@ -260,49 +355,54 @@ static int new_pfile(ckpt_view *v, struct node *dir, const char *name, struct no
 		return -EPERM;
 	}
 	const char *br = strchr(name, '[');
-	struct pfile *pf = calloc(1, sizeof(*pf));
-	if (!pf)
-		return -ENOMEM;
-	pthread_mutex_init(&pf->mu, NULL);
+	struct pfile_node *decl = NULL;
+	ckpt_region region = { 0 };
 	if (br) {
-		char base[4200];
+		char base[VIEW_NAME_BUF];
 		size_t stem = len - 4;
 		if ((size_t)(br - name) + 5 > sizeof(base) || name[stem - 1] != ']') {
 			ckpt_log(CKPT_LOG_ERR, "%s: malformed slice file name (want NAME[<slice>].npy)",
 				 name);
-			free(pf);
 			return -EINVAL;
 		}
 		memcpy(base, name, (size_t)(br - name));
 		memcpy(base + (br - name), ".npy", 5);
-		struct node *decl = view_find_kid(dir, base);
-		if (!decl || decl->type != N_PFILE || !decl->pf->arr) {
+		struct node *dn = view_find_kid(dir, base);
+		decl = dn && dn->kind == N_PFILE ? to_pfile(dn) : NULL;
+		ckpt_warray *darr = NULL;
+		if (decl) {
+			pthread_mutex_lock(&decl->pf.mu);
+			darr = decl->pf.arr;
+			pthread_mutex_unlock(&decl->pf.mu);
+		}
+		if (!darr) {
 			ckpt_log(CKPT_LOG_ERR, "%s: %s is not declared yet (write its .npy header first)",
 				 name, base);
-			free(pf);
 			return -ENOENT;
 		}
 		ckpt_warray_info info;
-		ckpt_warray_get_info(decl->pf->arr, &info);
+		ckpt_warray_get_info(darr, &info);
 		const char *why = "";
-		int rc = ckpt_slice_parse(br, stem - (size_t)(br - name), info.rank, info.shape, &pf->region,
+		int rc = ckpt_slice_parse(br, stem - (size_t)(br - name), info.rank, info.shape, &region,
 					  &why);
 		if (rc < 0) {
 			ckpt_log(CKPT_LOG_ERR, "%s: %s", name, why);
-			free(pf);
 			return rc == -ERANGE ? -EINVAL : rc;
 		}
-		pf->is_slice = 1;
-		pf->decl = decl;
-		pf->arr = NULL; /* set when this file's own header has been checked */
 	}
-	struct node *n = view_new_node(v, N_PFILE, name, dir);
-	if (!n) {
-		free(pf);
+	struct node *n = node_new(v, &pfile_ops, name, dir);
+	if (!n)
 		return -ENOMEM;
+	struct pfile_node *f = to_pfile(n);
+	f->ps = to_pdir(dir)->ps;
+	pthread_mutex_init(&f->pf.mu, NULL);
+	if (decl) {
+		f->pf.is_slice = 1;
+		f->pf.decl = decl;
+		f->pf.region = region;
+		f->pf.arr = NULL; /* set when this file's own header has been checked */
+		n->hidden = 1; /* slice files are hidden names */
 	}
-	n->ps = dir->ps;
-	n->pf = pf;
 	*out = n;
 	return 0;
 }
@@ -312,39 +412,34 @@ int ckpt_view_create(ckpt_view *v, ckpt_ino parent, const char *name, ckpt_attr 
 	pthread_rwlock_wrlock(&v->ns_lock);
 	struct node *dir = view_node(v, parent);
 	int rc = 0;
+	int live = dir && (dir->kind == N_PSTEP || dir->kind == N_PDIR) && !frozen(to_pdir(dir)->ps) &&
+		   !atomic_load(&dir->orphan);
 	if (!dir) {
 		rc = -ENOENT;
-	} else if (dir->type == N_PSTEP && !dir->ps->dead && !dir->orphan && !strcmp(name, COMMIT_FILE)) {
+	} else if (dir->kind == N_PSTEP && live && !strcmp(name, CKPT_ORBAX_COMMIT_SUCCESS)) {
 		struct node *step;
 		rc = commit_step(v, dir, dir->name, &step);
 		if (rc == 0) {
-			struct node *f = view_find_kid(step, COMMIT_FILE);
+			struct node *f = view_find_kid(step, CKPT_ORBAX_COMMIT_SUCCESS);
 			if (f)
 				view_fill_attr(v, f, out);
 			else
 				rc = -EIO;
 		}
-	} else if (dir->type == N_PSTEP && !dir->ps->dead) {
+	} else if (dir->kind == N_PSTEP && live) {
 		ckpt_log(CKPT_LOG_ERR, "%s: files go in an item directory (mkdir %s/ITEM first)", name,
 			 dir->name);
 		rc = -EPERM;
-	} else if (dir->type == N_PDIR && !dir->ps->dead && !dir->orphan) {
+	} else if (dir->kind == N_PDIR && live) {
 		struct node *n = view_find_kid(dir, name);
-		if (!n) {
+		if (!n)
 			n = view_dyn_find(v, dir->ino, name); /* slice files are hidden names */
-		}
 		if (n) {
-			rc = n->type == N_PFILE ? 0 : -EISDIR;
+			rc = n->kind == N_PFILE ? 0 : -EISDIR;
 		} else {
 			rc = new_pfile(v, dir, name, &n);
-			if (rc == 0) {
-				if (n->pf->is_slice) {
-					n->hidden = 1;
-					rc = view_dyn_add(v, n);
-				} else {
-					rc = view_add_kid(dir, n);
-				}
-			}
+			if (rc == 0)
+				rc = n->hidden ? view_dyn_add(v, n) : view_add_kid(dir, n);
 		}
 		if (rc == 0)
 			view_fill_attr(v, n, out);
@@ -359,20 +454,23 @@ int ckpt_view_rename(ckpt_view *v, ckpt_ino parent, const char *name, ckpt_ino n
 {
 	pthread_rwlock_wrlock(&v->ns_lock);
 	struct node *dir = view_node(v, parent);
-	struct node *n = dir && dir->type != N_SHARDS ? view_find_kid(dir, name) : NULL;
+	struct node *n = dir && node_has_kids(dir) ? view_find_kid(dir, name) : NULL;
 	int rc;
+	const char *why = "";
 	if (!n)
 		rc = -ENOENT;
-	else if (n->type == N_PSTEP && parent == CKPT_ROOT_INO && newparent == CKPT_ROOT_INO &&
-		 !n->ps->dead) {
+	else if (n->kind == N_PSTEP && parent == CKPT_ROOT_INO && newparent == CKPT_ROOT_INO &&
+		 !atomic_load(&to_pdir(n)->ps->dead)) {
 		struct node *step;
-		if (valid_name(newname) && strcmp(newname, "metadata")) {
+		if (atomic_load(&to_pdir(n)->ps->committing)) {
+			rc = refuse(name, "rename (the step is committing)");
+		} else if (ckpt_orbax_name_ok(CKPT_NAME_PENDING_STEP, newname, &why)) {
 			rc = commit_step(v, n, newname, &step);
 		} else {
-			ckpt_log(CKPT_LOG_ERR, "%s: not a valid step name", newname);
+			ckpt_log(CKPT_LOG_ERR, "%s: not a valid step name (%s)", newname, why);
 			rc = -EINVAL;
 		}
-	} else if (n->type == N_PSTEP || n->type == N_PDIR || n->type == N_PFILE) {
+	} else if (n->kind == N_PSTEP || n->kind == N_PDIR || n->kind == N_PFILE) {
 		ckpt_log(CKPT_LOG_ERR, "%s: only a whole pending step can be renamed (that commits it)",
 			 name);
 		rc = -EPERM;
@@ -387,20 +485,26 @@ int ckpt_view_unlink(ckpt_view *v, ckpt_ino parent, const char *name)
 {
 	pthread_rwlock_wrlock(&v->ns_lock);
 	struct node *dir = view_node(v, parent);
-	struct node *n = dir && (dir->type == N_PDIR || dir->type == N_DIR) ? view_find_kid(dir, name) : NULL;
+	struct node *n = dir && (dir->kind == N_PDIR || dir->kind == N_DIR) ? view_find_kid(dir, name) : NULL;
 	int rc;
 	if (!n) {
-		rc = dir && dir->type == N_PDIR ? -ENOENT : refuse(name, "remove");
-	} else if (n->type != N_PFILE) {
-		rc = n->type == N_PDIR ? -EISDIR : refuse(name, "remove");
-	} else if (n->pf->arr) {
-		ckpt_log(CKPT_LOG_ERR, "%s: a declared array cannot be removed (rmdir the step to abort it)",
-			 name);
-		rc = -EPERM;
+		rc = dir && dir->kind == N_PDIR ? -ENOENT : refuse(name, "remove");
+	} else if (n->kind != N_PFILE) {
+		rc = n->kind == N_PDIR ? -EISDIR : refuse(name, "remove");
 	} else {
-		view_remove_kid(dir, n);
-		n->orphan = 1;
-		rc = 0;
+		struct pfile *pf = &to_pfile(n)->pf;
+		pthread_mutex_lock(&pf->mu);
+		int declared = pf->arr != NULL;
+		pthread_mutex_unlock(&pf->mu);
+		if (declared) {
+			ckpt_log(CKPT_LOG_ERR,
+				 "%s: a declared array cannot be removed (rmdir the step to abort it)", name);
+			rc = -EPERM;
+		} else {
+			view_remove_kid(dir, n);
+			atomic_store(&n->orphan, true);
+			rc = 0;
+		}
 	}
 	pthread_rwlock_unlock(&v->ns_lock);
 	return rc;
@@ -410,26 +514,32 @@ int ckpt_view_rmdir(ckpt_view *v, ckpt_ino parent, const char *name)
 {
 	pthread_rwlock_wrlock(&v->ns_lock);
 	struct node *dir = view_node(v, parent);
-	struct node *n = dir ? view_find_kid(dir, name) : NULL;
+	struct node *n = dir && node_has_kids(dir) ? view_find_kid(dir, name) : NULL;
 	int rc;
 	if (!n) {
 		rc = -ENOENT;
-	} else if (n->type == N_PSTEP && !n->ps->dead) {
-		pthread_rwlock_wrlock(&n->ps->io_lock);
-		ckpt_step_abort(n->ps->step);
-		n->ps->dead = 1;
-		pthread_rwlock_unlock(&n->ps->io_lock);
-		view_remove_kid(dir, n);
-		n->orphan = 1;
-		ckpt_log(CKPT_LOG_INFO, "step %s: aborted", name);
-		rc = 0;
-	} else if (n->type == N_PDIR) {
+	} else if (n->kind == N_PSTEP && !atomic_load(&to_pdir(n)->ps->dead)) {
+		struct pstep *ps = to_pdir(n)->ps;
+		if (atomic_load(&ps->committing)) {
+			/* never wait for io_lock here: the commit needs ns_lock to finish */
+			rc = refuse(name, "remove (the step is committing)");
+		} else {
+			pthread_rwlock_wrlock(&ps->io_lock);
+			ckpt_step_abort(ps->step);
+			atomic_store(&ps->dead, true);
+			pthread_rwlock_unlock(&ps->io_lock);
+			view_remove_kid(dir, n);
+			atomic_store(&n->orphan, true);
+			ckpt_log(CKPT_LOG_INFO, "step %s: aborted", name);
+			rc = 0;
+		}
+	} else if (n->kind == N_PDIR) {
 		ckpt_log(CKPT_LOG_ERR,
 			 "%s: directories of a pending step cannot be removed (rmdir the step to abort it)",
 			 name);
 		rc = -EPERM;
 	} else {
-		rc = n->type == N_DIR ? refuse(name, "remove") : -ENOTDIR;
+		rc = n->kind == N_DIR ? refuse(name, "remove") : -ENOTDIR;
 	}
 	pthread_rwlock_unlock(&v->ns_lock);
 	return rc;
@@ -438,33 +548,34 @@ int ckpt_view_rmdir(ckpt_view *v, ckpt_ino parent, const char *name)
 /* ---- data -------------------------------------------------------------- */
 
 /* Declare the array from the parsed header (pf->mu held). */
-static int declare(ckpt_view *v, struct node *n, const ckpt_npy_info *h)
+static int declare(ckpt_view *v, struct pfile_node *n, const ckpt_npy_info *h)
 {
-	struct pfile *pf = n->pf;
+	struct pfile *pf = &n->pf;
 	if (pf->is_slice) {
+		/* decl->pf.arr is set once and never changes: no need for its mutex */
 		ckpt_warray_info info;
-		ckpt_warray_get_info(pf->decl->pf->arr, &info);
+		ckpt_warray_get_info(pf->decl->pf.arr, &info);
 		int same = h->dtype == info.dtype && h->rank == pf->region.rank;
 		for (int d = 0; same && d < h->rank; d++)
 			same = h->shape[d] == pf->region.stop[d] - pf->region.start[d];
 		if (!same) {
 			ckpt_log(CKPT_LOG_ERR,
-				 "%s: the .npy header (dtype/shape) disagrees with the slice of %s", n->name,
-				 pf->decl->name);
+				 "%s: the .npy header (dtype/shape) disagrees with the slice of %s",
+				 n->n.name, pf->decl->n.name);
 			return -EINVAL;
 		}
-		pf->arr = pf->decl->pf->arr;
+		pf->arr = pf->decl->pf.arr;
 		return 0;
 	}
-	const char *item, *keys[256];
-	int types[256], depth;
-	char stem[4200];
-	size_t sl = strlen(n->name) - 4;
+	const char *item, *keys[CKPT_ORBAX_MAX_DEPTH];
+	int types[CKPT_ORBAX_MAX_DEPTH], depth;
+	char stem[VIEW_NAME_BUF];
+	size_t sl = strlen(n->n.name) - 4;
 	if (sl >= sizeof(stem))
 		return -ENAMETOOLONG;
-	memcpy(stem, n->name, sl);
+	memcpy(stem, n->n.name, sl);
 	stem[sl] = 0;
-	struct node *dir = parent_of(v, n);
+	struct node *dir = parent_of(v, &n->n);
 	int rc = key_path(v, dir, stem, &item, keys, types, &depth);
 	if (rc < 0)
 		return rc;
@@ -476,106 +587,101 @@ static int declare(ckpt_view *v, struct node *n, const ckpt_npy_info *h)
 	return 0;
 }
 
-static ssize_t write_locked(ckpt_view *v, struct node *n, uint64_t off, const uint8_t *data, size_t len)
+/*
+ * Header phase (pf->mu held, no header parsed yet): collect the bytes from
+ * offset 0 until the .npy header parses, then declare the array and hand
+ * the bytes collected past the header to the writer.  Returns 0 when all
+ * len bytes were taken and the header is still incomplete, 1 when the
+ * array is declared and the first *take bytes of data were consumed (the
+ * rest is array data for the caller), or -errno.
+ */
+static int collect_header(ckpt_view *v, struct pfile_node *n, uint64_t off, const uint8_t *data, size_t len,
+			  size_t *take)
 {
-	struct pfile *pf = n->pf;
-	pthread_mutex_lock(&pf->mu);
-	if (!pf->data_off) {
-		/* Header phase: collect bytes from offset 0 until the header parses. */
-		if (off > pf->have) {
-			pthread_mutex_unlock(&pf->mu);
-			ckpt_log(CKPT_LOG_ERR, "%s: write at %llu before the .npy header is complete",
-				 n->name, (unsigned long long)off);
-			return -EINVAL;
-		}
-		/* Only the first CKPT_NPY_MAX_HLEN + 16 bytes can hold a header. */
-		const size_t limit = CKPT_NPY_MAX_HLEN + 16;
-		if (off >= limit) {
-			pthread_mutex_unlock(&pf->mu);
-			ckpt_log(CKPT_LOG_ERR, "%s: no valid .npy header in the first %zu bytes", n->name,
-				 limit);
-			return -EINVAL;
-		}
-		size_t take = len < limit - off ? len : (size_t)(limit - off);
-		if (off + take > pf->cap) {
-			uint8_t *p = realloc(pf->hdr, (size_t)(off + take));
-			if (!p) {
-				pthread_mutex_unlock(&pf->mu);
-				return -ENOMEM;
-			}
-			pf->hdr = p;
-			pf->cap = (size_t)(off + take);
-		}
-		memcpy(pf->hdr + off, data, take);
-		if (off + take > pf->have)
-			pf->have = (size_t)(off + take);
-		ckpt_npy_info h;
-		size_t need = 0;
-		/* Void descrs: '<V2' is bfloat16, '<V1' the 8-bit float e4m3fn; a
-		 * slice must use its array's dtype.  Named descrs ("float8_e5m2")
-		 * pick any other ml_dtypes type. */
-		ckpt_dtype hint = CKPT_DT_BFLOAT16;
-		if (pf->is_slice) {
-			ckpt_warray_info info;
-			ckpt_warray_get_info(pf->decl->pf->arr, &info);
-			hint = info.dtype;
-		}
-		int rc = ckpt_npy_parse(pf->hdr, pf->have, hint, &h, &need);
-		if (rc == -EINVAL && !pf->is_slice)
-			rc = ckpt_npy_parse(pf->hdr, pf->have, CKPT_DT_F8_E4M3FN, &h, &need);
-		if (rc == -EAGAIN && take == len) {
-			if (pf->size < pf->have)
-				pf->size = pf->have;
-			pthread_mutex_unlock(&pf->mu);
-			return (ssize_t)len;
-		}
-		if (rc == -EAGAIN)
-			rc = -EINVAL;
-		if (rc < 0)
-			ckpt_log(CKPT_LOG_ERR, "%s: not a valid .npy header for ckptfs", n->name);
-		else
-			rc = declare(v, n, &h); /* logs its own reasons */
-		if (rc < 0) {
-			pf->have = 0; /* a refused header is forgotten: the writer may start over */
-			pthread_mutex_unlock(&pf->mu);
-			return rc;
-		}
-		pf->data_off = (size_t)h.data_offset;
-		uint64_t count;
-		ckpt_region_count(&pf->region, &count);
-		pf->size = pf->data_off + count * (h.nbytes / (h.nelems ? h.nelems : 1));
-		if (!h.nelems)
-			pf->size = pf->data_off;
-		/* Bytes already collected past the header are data. */
-		size_t extra = pf->have > pf->data_off ? pf->have - pf->data_off : 0;
-		if (extra) {
-			rc = ckpt_warray_write(pf->arr, &pf->region, 0, pf->hdr + pf->data_off, extra);
-			if (rc < 0) {
-				pthread_mutex_unlock(&pf->mu);
-				return rc;
-			}
-		}
-		pf->have = pf->data_off;
-		uint8_t *shrunk = realloc(pf->hdr, pf->data_off);
-		if (shrunk)
-			pf->hdr = shrunk;
-		pf->cap = pf->data_off;
-		pthread_mutex_unlock(&pf->mu);
-		if (take < len) {
-			rc = ckpt_warray_write(pf->arr, &pf->region, off + take - pf->data_off, data + take,
-					       len - take);
-			if (rc < 0)
-				return rc;
-		}
-		return (ssize_t)len;
+	struct pfile *pf = &n->pf;
+	if (off > pf->have) {
+		ckpt_log(CKPT_LOG_ERR, "%s: write at %llu before the .npy header is complete", n->n.name,
+			 (unsigned long long)off);
+		return -EINVAL;
 	}
-	/* Declared: header bytes must not change; the rest is array data. */
+	/* Only the first CKPT_NPY_MAX_HLEN + 16 bytes can hold a header. */
+	const size_t limit = CKPT_NPY_MAX_HLEN + 16;
+	if (off >= limit) {
+		ckpt_log(CKPT_LOG_ERR, "%s: no valid .npy header in the first %zu bytes", n->n.name, limit);
+		return -EINVAL;
+	}
+	*take = len < limit - off ? len : (size_t)(limit - off);
+	if (off + *take > pf->cap) {
+		uint8_t *p = realloc(pf->hdr, (size_t)(off + *take));
+		if (!p)
+			return -ENOMEM;
+		pf->hdr = p;
+		pf->cap = (size_t)(off + *take);
+	}
+	memcpy(pf->hdr + off, data, *take);
+	if (off + *take > pf->have)
+		pf->have = (size_t)(off + *take);
+	ckpt_npy_info h;
+	size_t need = 0;
+	/* Void descrs: '<V2' is bfloat16, '<V1' the 8-bit float e4m3fn; a
+	 * slice must use its array's dtype.  Named descrs ("float8_e5m2")
+	 * pick any other ml_dtypes type. */
+	ckpt_dtype hint = CKPT_DT_BFLOAT16;
+	if (pf->is_slice) {
+		ckpt_warray_info info;
+		ckpt_warray_get_info(pf->decl->pf.arr, &info);
+		hint = info.dtype;
+	}
+	int rc = ckpt_npy_parse(pf->hdr, pf->have, hint, &h, &need);
+	if (rc == -EINVAL && !pf->is_slice)
+		rc = ckpt_npy_parse(pf->hdr, pf->have, CKPT_DT_F8_E4M3FN, &h, &need);
+	if (rc == -EAGAIN && *take == len) {
+		if (pf->size < pf->have)
+			pf->size = pf->have;
+		return 0;
+	}
+	if (rc == -EAGAIN)
+		rc = -EINVAL;
+	if (rc < 0)
+		ckpt_log(CKPT_LOG_ERR, "%s: not a valid .npy header for ckptfs", n->n.name);
+	else
+		rc = declare(v, n, &h); /* logs its own reasons */
+	if (rc < 0) {
+		pf->have = 0; /* a refused header is forgotten: the writer may start over */
+		return rc;
+	}
+	pf->data_off = (size_t)h.data_offset;
+	uint64_t count;
+	ckpt_region_count(&pf->region, &count);
+	pf->size = pf->data_off + count * (h.nbytes / (h.nelems ? h.nelems : 1));
+	if (!h.nelems)
+		pf->size = pf->data_off;
+	/* Bytes already collected past the header are data. */
+	size_t extra = pf->have > pf->data_off ? pf->have - pf->data_off : 0;
+	if (extra) {
+		rc = ckpt_warray_write(pf->arr, &pf->region, 0, pf->hdr + pf->data_off, extra);
+		if (rc < 0)
+			return rc;
+	}
+	pf->have = pf->data_off;
+	uint8_t *shrunk = realloc(pf->hdr, pf->data_off);
+	if (shrunk)
+		pf->hdr = shrunk;
+	pf->cap = pf->data_off;
+	return 1;
+}
+
+/* Declared (pf->mu held, released here): header bytes must not change;
+ * the rest is array data, written without pf->mu. */
+static ssize_t write_data(struct pfile_node *n, uint64_t off, const uint8_t *data, size_t len)
+{
+	struct pfile *pf = &n->pf;
 	size_t hdr_part = off < pf->data_off ? (size_t)(pf->data_off - off) : 0;
 	if (hdr_part > len)
 		hdr_part = len;
 	if (hdr_part && memcmp(pf->hdr + off, data, hdr_part)) {
 		pthread_mutex_unlock(&pf->mu);
-		ckpt_log(CKPT_LOG_ERR, "%s: the .npy header cannot change once written", n->name);
+		ckpt_log(CKPT_LOG_ERR, "%s: the .npy header cannot change once written", n->n.name);
 		return -EINVAL;
 	}
 	uint64_t doff = off + hdr_part - pf->data_off;
@@ -588,17 +694,40 @@ static ssize_t write_locked(ckpt_view *v, struct node *n, uint64_t off, const ui
 	return (ssize_t)len;
 }
 
+/* A write of a pending file (io_lock held shared). */
+static ssize_t write_locked(ckpt_view *v, struct pfile_node *n, uint64_t off, const uint8_t *data, size_t len)
+{
+	struct pfile *pf = &n->pf;
+	pthread_mutex_lock(&pf->mu);
+	if (pf->data_off)
+		return write_data(n, off, data, len);
+	size_t take = 0;
+	int rc = collect_header(v, n, off, data, len, &take);
+	size_t data_off = pf->data_off;
+	pthread_mutex_unlock(&pf->mu);
+	if (rc < 0)
+		return rc;
+	if (rc == 1 && take < len) {
+		/* pf->arr and pf->region are fixed once data_off is set */
+		rc = ckpt_warray_write(pf->arr, &pf->region, off + take - data_off, data + take, len - take);
+		if (rc < 0)
+			return rc;
+	}
+	return (ssize_t)len;
+}
+
 ssize_t ckpt_view_write(ckpt_view *v, ckpt_ino ino, uint64_t off, const void *data, size_t len)
 {
 	struct node *n = view_node(v, ino);
 	if (!n)
 		return -ENOENT;
-	if (n->type != N_PFILE)
-		return n->type == N_DIR || n->type == N_PDIR || n->type == N_PSTEP ? -EISDIR
-										   : refuse(n->name, "write");
-	struct pstep *ps = n->ps;
+	if (n->kind != N_PFILE)
+		return node_has_kids(n) ? -EISDIR : refuse(n->name, "write");
+	struct pfile_node *f = to_pfile(n);
+	struct pstep *ps = f->ps;
 	pthread_rwlock_rdlock(&ps->io_lock);
-	ssize_t rc = ps->dead || n->orphan ? refuse(n->name, "write") : write_locked(v, n, off, data, len);
+	ssize_t rc = atomic_load(&ps->dead) || atomic_load(&n->orphan) ? refuse(n->name, "write")
+								       : write_locked(v, f, off, data, len);
 	pthread_rwlock_unlock(&ps->io_lock);
 	return rc;
 }
@@ -608,12 +737,12 @@ int ckpt_view_truncate(ckpt_view *v, ckpt_ino ino, uint64_t size)
 	struct node *n = view_node(v, ino);
 	if (!n)
 		return -ENOENT;
-	if (n->type != N_PFILE)
-		return n->type == N_ARRAY || n->type == N_FILE ? refuse(n->name, "truncate") : -EISDIR;
-	struct pfile *pf = n->pf;
+	if (n->kind != N_PFILE)
+		return n->kind == N_ARRAY || n->kind == N_FILE ? refuse(n->name, "truncate") : -EISDIR;
+	struct pfile *pf = &to_pfile(n)->pf;
 	int rc = 0;
 	pthread_mutex_lock(&pf->mu);
-	if (n->ps->dead)
+	if (atomic_load(&to_pfile(n)->ps->dead))
 		rc = refuse(n->name, "truncate");
 	else if (size == 0 && !pf->data_off)
 		pf->have = pf->size = 0;
@@ -628,15 +757,20 @@ int ckpt_view_truncate(ckpt_view *v, ckpt_ino ino, uint64_t size)
 	return rc;
 }
 
-ssize_t pending_read(ckpt_view *v, struct node *n, uint64_t off, size_t len, void *dst)
+/* Read back a pending file: the header bytes, then what the writer holds
+ * (io_lock shared: never concurrent with the step's commit or abort). */
+static ssize_t pending_read(ckpt_view *v, struct node *node, uint64_t off, size_t len, void *dst)
 {
 	(void)v;
-	struct pfile *pf = n->pf;
+	struct pfile_node *n = to_pfile(node);
+	struct pfile *pf = &n->pf;
+	pthread_rwlock_rdlock(&n->ps->io_lock);
 	pthread_mutex_lock(&pf->mu);
 	uint64_t size = pf->size;
 	size_t hl = pf->data_off ? pf->data_off : pf->have;
 	if (off >= size) {
 		pthread_mutex_unlock(&pf->mu);
+		pthread_rwlock_unlock(&n->ps->io_lock);
 		return 0;
 	}
 	if (len > size - off)
@@ -650,13 +784,14 @@ ssize_t pending_read(ckpt_view *v, struct node *n, uint64_t off, size_t len, voi
 	ckpt_region r = pf->region;
 	size_t doff = pf->data_off;
 	pthread_mutex_unlock(&pf->mu);
+	ssize_t rc = 0;
 	if (done < len && arr) {
-		ssize_t r2 = ckpt_warray_read(arr, &r, off + done - doff, (uint8_t *)dst + done, len - done);
-		if (r2 < 0)
-			return r2;
-		done += (size_t)r2;
+		rc = ckpt_warray_read(arr, &r, off + done - doff, (uint8_t *)dst + done, len - done);
+		if (rc >= 0)
+			done += (size_t)rc;
 	}
-	return (ssize_t)done;
+	pthread_rwlock_unlock(&n->ps->io_lock);
+	return rc < 0 ? rc : (ssize_t)done;
 }
 
 int ckpt_view_setxattr(ckpt_view *v, ckpt_ino ino, const char *name, const char *value, size_t size)
@@ -664,7 +799,7 @@ int ckpt_view_setxattr(ckpt_view *v, ckpt_ino ino, const char *name, const char 
 	struct node *n = view_node(v, ino);
 	if (!n)
 		return -ENOENT;
-	if (n->type != N_PFILE || n->ps->dead || n->orphan)
+	if (n->kind != N_PFILE || atomic_load(&to_pfile(n)->ps->dead) || atomic_load(&n->orphan))
 		return refuse(n->name, "set an extended attribute");
 	if (strcmp(name, "user.ckpt.sharding")) {
 		ckpt_log(CKPT_LOG_ERR, "%s: only user.ckpt.sharding can be set on a pending array", n->name);
@@ -675,12 +810,16 @@ int ckpt_view_setxattr(ckpt_view *v, ckpt_ino ino, const char *name, const char 
 		return -ENOMEM;
 	memcpy(json, value, size);
 	json[size] = 0;
-	struct pfile *pf = n->pf;
-	pthread_mutex_lock(&pf->mu);
-	ckpt_warray *arr = pf->is_slice ? pf->decl->pf->arr : pf->arr;
-	pthread_mutex_unlock(&pf->mu);
+	struct pfile_node *f = to_pfile(n);
+	struct pfile *pf = &f->pf;
 	int rc;
-	if (!arr) {
+	pthread_rwlock_rdlock(&f->ps->io_lock);
+	pthread_mutex_lock(&pf->mu);
+	ckpt_warray *arr = pf->is_slice ? pf->decl->pf.arr : pf->arr;
+	pthread_mutex_unlock(&pf->mu);
+	if (atomic_load(&f->ps->dead)) {
+		rc = refuse(n->name, "set an extended attribute");
+	} else if (!arr) {
 		ckpt_log(CKPT_LOG_ERR, "%s: write the .npy header before setting its sharding", n->name);
 		rc = -ENOENT;
 	} else {
@@ -688,6 +827,7 @@ int ckpt_view_setxattr(ckpt_view *v, ckpt_ino ino, const char *name, const char 
 		if (rc < 0)
 			ckpt_log(CKPT_LOG_ERR, "%s: user.ckpt.sharding is not valid JSON", n->name);
 	}
+	pthread_rwlock_unlock(&f->ps->io_lock);
 	free(json);
 	return rc;
 }

@@ -1,33 +1,159 @@
 /*
- * view_internal.h - the node model shared by view.c (requests) and
- * layout.c (building the tree from a source folder).  Not a public header.
+ * view_internal.h - the node model of the mounted tree, shared by the files
+ * of lib/tree/.  Not a public header.
  *
- * Invariants: nodes are created, never freed, until the view is destroyed;
- * a node's fields are immutable once published (its inode number handed
- * out), except `kids` of directories while layout.c builds them (before
- * ckpt_view_open returns) and the lazily computed fields guarded by
- * node->once / v->dyn_lock.
+ * Files, from the bottom up (each calls only the ones above it in this
+ * list; calls the other way go through a node's ops table):
+ *   node.c        node table, kids, hidden-name map, generic lookup/readdir/attr
+ *   view_xattr.c  user.ckpt.* xattrs of array files
+ *   view_read.c   reads, zero-copy map, read-ahead / next-file warming; the
+ *                 ops of the committed file kinds (array, file, safetensors, stats)
+ *   companions.c  hidden names made on lookup: NAME[slice].npy, NAME.shards/,
+ *                 X.safetensors, X.safetensors.d/; the ops of committed directories
+ *   layout.c      source folder -> nodes (root/step/item detection, _METADATA walk)
+ *   pending.c     the write protocol on the namespace; the ops of pending kinds
+ *   view.c        open/destroy, lookup, readdir, getattr, read, xattr: dispatch
+ *
+ * Nodes: a common head (struct node) embedded first in a per-kind struct
+ * (container_of), with a per-kind ops table.  Nodes are created, never
+ * freed, until the view is destroyed, so a node pointer stays valid for the
+ * life of the view.  A node is published when its inode number is handed
+ * out; from then on its name, kind, ops and parent never change.  What
+ * changes after publication, and under which lock:
+ *   - the kids of the root (pending steps and committed steps are added and
+ *     removed) and of pending directories: ns_lock exclusive to change,
+ *     ns_lock shared to read.  Kids of committed directories other than the
+ *     root are built before the directory is linked and never change.
+ *   - the hidden-name map: dyn_lock.
+ *   - a shards directory's unit list: made once, under its own mutex.
+ *   - node->orphan, pstep->dead/committing: atomics (read without locks).
+ *   - a pending file's header state: its pfile mutex (pending.c).
+ *
+ * ---- Lock order of libckpt ---------------------------------------------------
+ * Outer first: a lock may be taken while holding the locks above it on its
+ * path, never the other way round.
+ *
+ *   v->ns_lock  (rwlock. Shared: lookup, readdir, the user.ckpt.shards xattr.
+ *   |            Exclusive: mkdir, create, rename, unlink, rmdir, and the two
+ *   |            short sections of a commit, see below)
+ *   |-> sd->units_mu      (one NAME.shards/ listing its units, once)
+ *   |     |-> v->alloc_lock
+ *   |     '-> read path   (store size calls)
+ *   |-> v->dyn_lock       (hidden-name map; leaf)
+ *   |-> v->alloc_lock     (node table appends; leaf)
+ *   |-> pf->mu            (a pending file's size, for its attributes)
+ *   |-> writer: step->decl_mu   (mkdir of an item: ckpt_step_add_item)
+ *   '-> ps->io_lock (rwlock. Shared: write, read-back and setxattr of a
+ *       |            pending file. Exclusive: commit (without ns_lock), abort)
+ *       |-> pf->mu        (header state of one pending file)
+ *       |     '-> writer locks  (declare(), bytes that came with the header)
+ *       '-> writer locks:
+ *             step->decl_mu -> array->mu -> step->mu (leaf)
+ *             wlive->mu (chunk buffer), wshard->mu (shard append): leaves,
+ *             taken with no other writer lock held
+ *   v->res_lock           (the view's store and array lists; leaf)
+ *
+ *   Read path (under ns_lock shared, units_mu, or nothing):
+ *     cache->lock (entry table; the fill callback runs WITHOUT it)
+ *     fill -> store -> OCDBT db->mu (node cache; leaf)
+ *     ctx->pool_lock (starting the decode pool), ctx->drain_lock, pool->lock: leaves
+ *
+ *   A commit: ns_lock exclusive { checks; ps->committing = 1 }; then, with no
+ *   view lock, io_lock exclusive { ckpt_step_commit: drain, fsync, rename };
+ *   the committed folder is read back into unlinked nodes (res_lock,
+ *   alloc_lock, read path); then ns_lock exclusive { swap the step's node
+ *   for the committed one; committing = 0 }.  So lookups and readdirs of
+ *   the whole mount go on while a step drains and fsyncs.  A namespace call
+ *   never waits for io_lock of a committing step (the commit needs ns_lock
+ *   to finish): it refuses it with -EROFS, as it would once committed.
  */
 #ifndef CKPT_VIEW_INTERNAL_H
 #define CKPT_VIEW_INTERNAL_H
 
+#include <assert.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
 
 #include "array.h"
 #include "safetensors.h"
 #include "view.h"
 
-enum node_type {
-	N_DIR, /* step, item, pytree node, mirrored folder */
+/* A path in the source folder, and a file name plus a suffix. */
+#define VIEW_PATH_MAX 4096
+#define VIEW_NAME_BUF (VIEW_PATH_MAX + 104)
+/* A '.'-joined key path (param name) built from a tree walk. */
+#define VIEW_KEYPATH_MAX 8192
+
+enum node_kind {
+	N_DIR, /* step, item, pytree node, mirrored folder (committed) */
 	N_ARRAY, /* NAME.npy, NAME[slice].npy, NAME.shards/[..].npy: region of an array */
 	N_FILE, /* regular file copied from the source (path) or synthesized (content) */
 	N_SHARDS, /* NAME.shards/ */
 	N_STATS, /* .ckptfs/stats */
-	N_SAFETENSORS, /* X.safetensors */
+	N_SAFETENSORS, /* X.safetensors, and the shard files of X.safetensors.d/ */
+	N_STDIR, /* X.safetensors.d/ */
 	N_PSTEP, /* a pending step (mkdir at the root of a writable mount) */
 	N_PDIR, /* an item or pytree directory inside a pending step */
-	N_PFILE /* NAME.npy or NAME[slice].npy being written */
+	N_PFILE, /* NAME.npy or NAME[slice].npy being written */
+	N_KINDS
+};
+
+struct node;
+struct iovec;
+
+/*
+ * What a kind does.  Every function gets the node of its kind.  NULL
+ * entries give the default named on each line.
+ */
+struct node_ops {
+	enum node_kind kind;
+	size_t size; /* bytes of the per-kind struct (node_new allocates it) */
+	/* a is filled with ino, mtime, nlink 1, immutable 1; the kind adds the rest */
+	void (*getattr)(ckpt_view *v, struct node *n, ckpt_attr *a); /* required */
+	ssize_t (*read)(ckpt_view *v, struct node *n, uint64_t off, size_t len, void *dst); /* -EISDIR */
+	int (*read_iov)(ckpt_view *v, struct node *n, uint64_t off, size_t len, struct iovec *iov, int max,
+			ckpt_pin **pins, int *npins); /* -ENOTSUP */
+	ssize_t (*getxattr)(ckpt_view *v, struct node *n, const char *name, char *buf,
+			    size_t cap); /* -ENODATA */
+	ssize_t (*listxattr)(ckpt_view *v, struct node *n, char *buf, size_t cap); /* 0 */
+	/* Directories: entry `index` (1 and *out, 0 past the end, -errno);
+	 * called with ns_lock shared.  NULL: not a directory (-ENOTDIR). */
+	int (*readdir)(ckpt_view *v, struct node *dir, uint64_t index, struct node **out);
+	/* A name that is neither a kid nor in the hidden-name map: 0 and a new
+	 * hidden node (the caller publishes it in the map), 1 and a node the
+	 * directory keeps itself (not put in the map), or -errno.  Called with
+	 * ns_lock shared.  NULL: -ENOENT. */
+	int (*lookup)(ckpt_view *v, struct node *dir, const char *name, struct node **out);
+	/* Number of readdir entries, for directories that make them lazily. */
+	int (*nentries)(ckpt_view *v, struct node *dir, uint64_t *count);
+	/* Release what the kind owns; runs at view destroy before the view's
+	 * arrays, stores and context go.  NULL: nothing. */
+	void (*destroy)(ckpt_view *v, struct node *n);
+};
+
+/* The head of every node. */
+struct node {
+	ckpt_ino ino;
+	ckpt_ino parent;
+	enum node_kind kind;
+	const struct node_ops *ops;
+	char *name;
+	int64_t mtime_ns;
+	int hidden; /* reachable by name (hidden-name map), not listed; set before publication */
+	atomic_bool orphan; /* removed from its directory (committed/aborted/renamed/unlinked) */
+};
+
+#ifndef container_of
+#define container_of(p, type, member) ((type *)((char *)(p)-offsetof(type, member)))
+#endif
+
+/* N_DIR, N_STDIR, N_PSTEP, N_PDIR */
+struct dir_node {
+	struct node n;
+	struct node **kids; /* sorted by name */
+	size_t nkids, capkids;
 };
 
 struct aref { /* one stored array, shared by its .npy, slices and shards */
@@ -36,50 +162,50 @@ struct aref { /* one stored array, shared by its .npy, slices and shards */
 	int ocdbt;
 };
 
-struct node {
-	ckpt_ino ino;
-	ckpt_ino parent;
-	enum node_type type;
-	char *name;
-	int64_t mtime_ns;
-	int hidden; /* reachable by name, not listed */
-	/* N_DIR */
-	struct node **kids; /* sorted by name once built */
-	size_t nkids, capkids;
-	/* N_ARRAY */
+/* N_ARRAY */
+struct array_node {
+	struct node n;
 	struct aref *ar;
 	ckpt_region region;
 	char *hdr; /* the .npy header (hdrlen bytes) */
 	size_t hdrlen;
 	uint64_t size;
-	/* N_FILE */
-	char *path;
-	char *content;
-	/* N_SHARDS: lazily listed stored units */
-	pthread_once_t once;
-	struct node **units;
-	size_t nunits;
-	/* N_SAFETENSORS */
-	struct node *stdir; /* the directory it covers */
-	ckpt_st_layout *st;
-	struct node **st_arrays; /* tensor i of the layout is st_arrays[i] */
-	int st_err;
-	int st_borrowed; /* st/st_arrays belong to the X.safetensors.d/ directory */
-	atomic_uint_least64_t st_next; /* end of the last read of a file streamed from 0, else UINT64_MAX */
-	ckpt_st_sharded *sts; /* X.safetensors.d/: the shard set (owns the layouts) */
-	/* N_PSTEP / N_PDIR / N_PFILE (pending.c) */
-	struct pstep *ps; /* the pending step this node belongs to */
-	struct pfile *pf; /* N_PFILE state */
-	int orphan; /* removed from its directory (committed/aborted/renamed) */
-	atomic_int next_warmed; /* N_ARRAY: the next file of the directory was prefetched */
+	atomic_int next_warmed; /* the next file of the directory was prefetched */
 };
 
-/* A pending step: the writer's step plus the lock that keeps commit apart
- * from writes (writes hold it shared, commit/abort exclusive). */
-struct pstep {
-	struct ckpt_step *step;
-	pthread_rwlock_t io_lock;
-	int dead; /* committed or aborted: no more writes */
+/* N_FILE */
+struct file_node {
+	struct node n;
+	char *path; /* a source file, or */
+	char *content; /* the bytes themselves */
+	uint64_t size;
+};
+
+/* N_SHARDS */
+struct shards_node {
+	struct node n;
+	pthread_mutex_t units_mu;
+	int listed; /* under units_mu; units/nunits are fixed once set */
+	struct node **units;
+	size_t nunits;
+};
+
+/* N_SAFETENSORS */
+struct st_node {
+	struct node n;
+	struct node *stdir; /* the directory it covers */
+	ckpt_st_layout *st;
+	struct node **st_arrays; /* tensor i of the layout is st_arrays[i] (N_ARRAY nodes) */
+	int st_borrowed; /* st/st_arrays belong to the X.safetensors.d/ directory */
+	uint64_t size;
+	atomic_uint_least64_t st_next; /* end of the last read of a file streamed from 0, else UINT64_MAX */
+};
+
+/* N_STDIR */
+struct stdir_node {
+	struct dir_node d;
+	ckpt_st_sharded *sts; /* the shard set (owns the layouts) */
+	struct node **st_arrays; /* shared by the shard files */
 };
 
 #define PAGE_BITS 12
@@ -97,47 +223,109 @@ struct ckpt_view {
 	pthread_mutex_t dyn_lock;
 	struct node **dyn;
 	size_t ndyn_buckets, ndyn;
-	/* Namespace lock: held shared by lookup/readdir, exclusive by every
-	 * namespace change (mkdir, create, rename, unlink, commit).  Taken
-	 * before dyn_lock and alloc_lock. */
-	pthread_rwlock_t ns_lock;
+	pthread_rwlock_t ns_lock; /* see the lock order above */
 	char *source; /* the folder mounted */
 	int writable; /* a CheckpointManager root not mounted read-only */
-	struct pstep **psteps;
-	size_t npsteps;
-	/* owned resources */
+	/* owned resources, appended under res_lock */
+	pthread_mutex_t res_lock;
 	ckpt_store **stores;
 	size_t nstores;
 	struct aref **arefs;
 	size_t narefs;
 };
 
+/* ---- node.c ---------------------------------------------------------------- */
+
+static inline int node_has_kids(const struct node *n)
+{
+	return n->kind == N_DIR || n->kind == N_STDIR || n->kind == N_PSTEP || n->kind == N_PDIR;
+}
+
+static inline struct dir_node *to_dir(struct node *n)
+{
+	assert(node_has_kids(n));
+	return container_of(n, struct dir_node, n);
+}
+
+static inline struct array_node *to_array(struct node *n)
+{
+	assert(n->kind == N_ARRAY);
+	return container_of(n, struct array_node, n);
+}
+
+static inline struct file_node *to_file(struct node *n)
+{
+	assert(n->kind == N_FILE);
+	return container_of(n, struct file_node, n);
+}
+
+static inline struct shards_node *to_shards(struct node *n)
+{
+	assert(n->kind == N_SHARDS);
+	return container_of(n, struct shards_node, n);
+}
+
+static inline struct st_node *to_st(struct node *n)
+{
+	assert(n->kind == N_SAFETENSORS);
+	return container_of(n, struct st_node, n);
+}
+
+static inline struct stdir_node *to_stdir(struct node *n)
+{
+	assert(n->kind == N_STDIR);
+	return container_of(to_dir(n), struct stdir_node, d);
+}
+
+/* The node of inode ino, or NULL (lock-free). */
 struct node *view_node(ckpt_view *v, ckpt_ino ino);
-struct node *view_new_node(ckpt_view *v, enum node_type t, const char *name, struct node *parent);
+/* A new node of ops->kind, zeroed past the head, in the node table (not yet
+ * linked anywhere); mtime from the parent.  NULL on out of memory. */
+struct node *node_new(ckpt_view *v, const struct node_ops *ops, const char *name, struct node *parent);
+/* Kids (dir: a node with kids; callers hold ns_lock exclusive once dir is reachable). */
 int view_add_kid(struct node *dir, struct node *kid);
+void view_remove_kid(struct node *dir, struct node *kid);
 struct node *view_find_kid(struct node *dir, const char *name);
-void view_sort_kids(struct node *dir);
-int view_init_array_node(struct node *n, struct aref *ar, const ckpt_region *r);
-
-/* layout.c: fill v's root from the source folder. */
-int layout_build(ckpt_view *v, const char *source);
-/* layout.c: build the committed step folder `path` as a new directory node
- * `name` of the root (not yet linked into the root's kids). */
-struct node *layout_new_step(ckpt_view *v, const char *name, const char *path);
-
-/* view.c: the hidden-name map (takes dyn_lock itself). */
+/* Position of kid `name` in dir's kids: 1 and *pos when found. */
+int node_kid_index(struct node *dir, const char *name, size_t *pos);
+/* Generic readdir of a node with kids. */
+int node_readdir_kids(ckpt_view *v, struct node *dir, uint64_t index, struct node **out);
+/* The hidden-name map (takes dyn_lock itself). */
 struct node *view_dyn_find(ckpt_view *v, ckpt_ino parent, const char *name);
 int view_dyn_add(ckpt_view *v, struct node *n);
-/* view.c: remove `kid` from dir's kids (the node stays allocated). */
-void view_remove_kid(struct node *dir, struct node *kid);
+/* Name lookup in dir: kids, hidden-name map, then dir->ops->lookup (the
+ * result published in the map).  Caller holds ns_lock shared. */
+int node_lookup_locked(ckpt_view *v, struct node *dir, const char *name, struct node **out);
 void view_fill_attr(ckpt_view *v, struct node *n, ckpt_attr *a);
+/* Free every node (ops->destroy first, for all of them, when `release`). */
+void node_release_all(ckpt_view *v);
+void node_free_all(ckpt_view *v);
+/* The views's owned stores and arrays (take res_lock). */
+int view_own_store(ckpt_view *v, ckpt_store *s);
+struct aref *view_new_aref(ckpt_view *v, ckpt_array *arr, int ocdbt);
+/* 1 when s ends with suffix (and is longer), *stem = its length without it. */
+int node_ends_with(const char *s, const char *suffix, size_t *stem);
 
-/* pending.c */
-void pending_attr(ckpt_view *v, struct node *n, ckpt_attr *a);
-ssize_t pending_read(ckpt_view *v, struct node *n, uint64_t off, size_t len, void *dst);
-void pending_destroy(ckpt_view *v);
+/* ---- view_read.c / view_xattr.c -------------------------------------------- */
 
-/* Escape one pytree key as a safe file name into buf (see docs/usage.md). */
-void view_escape_name(const char *key, char *buf, size_t cap);
+extern const struct node_ops array_ops, file_ops, st_ops, stats_ops;
+/* Set up array node n (made with array_ops) as region r of ar. */
+int array_node_init(struct node *n, struct aref *ar, const ckpt_region *r);
+ssize_t array_getxattr(ckpt_view *v, struct node *n, const char *name, char *buf, size_t cap);
+ssize_t array_listxattr(ckpt_view *v, struct node *n, char *buf, size_t cap);
+
+/* ---- companions.c ---------------------------------------------------------- */
+
+/* Committed directories: kids, then (show_companions) NAME.shards and
+ * X.safetensors entries; hidden companions made on lookup. */
+extern const struct node_ops dir_ops;
+
+/* ---- layout.c -------------------------------------------------------------- */
+
+/* Fill v's root from the source folder. */
+int layout_build_view(ckpt_view *v, const char *source);
+/* Build the committed step folder `path` as a new directory node `name` of
+ * the root (not yet linked into the root's kids). */
+struct node *layout_new_step(ckpt_view *v, const char *name, const char *path);
 
 #endif

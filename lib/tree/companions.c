@@ -1,0 +1,442 @@
+/*
+ * companions.c - committed directories and the hidden names they make on
+ * lookup: NAME[slice].npy (a region of array NAME.npy), NAME.shards/ (one
+ * file per stored unit), X.safetensors (directory X as one safetensors
+ * file) and X.safetensors.d/ (the Hugging Face sharded form).
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "orbax.h"
+#include "view_internal.h"
+
+/* Most stored units a NAME.shards/ directory lists. */
+#define SHARDS_MAX_UNITS (1u << 20)
+/* Default X.safetensors.d/ shard size (the Hugging Face default, 5 GB). */
+#define ST_SHARD_BYTES_DEFAULT 5000000000ull
+
+static void dir_attr(ckpt_view *v, struct node *n, ckpt_attr *a)
+{
+	(void)v;
+	(void)n;
+	a->is_dir = 1;
+	a->mode = 0555;
+	a->nlink = 2;
+}
+
+/* The static array file "<stem>.npy" in dir, or NULL. */
+static struct array_node *array_kid(struct node *dir, const char *name, size_t stem)
+{
+	char buf[VIEW_NAME_BUF];
+	if (stem + 5 > sizeof(buf))
+		return NULL;
+	memcpy(buf, name, stem);
+	memcpy(buf + stem, ".npy", 5);
+	struct node *k = view_find_kid(dir, buf);
+	return k && k->kind == N_ARRAY ? to_array(k) : NULL;
+}
+
+/* ---- NAME.shards/ ---------------------------------------------------------- */
+
+/* The stored units of the array, as array nodes of sd (units_mu held; the
+ * store size calls run without any view-wide lock). */
+static void list_units(ckpt_view *v, struct shards_node *sd)
+{
+	struct node *an = view_node(v, sd->n.parent);
+	struct array_node *arr =
+		an ? array_kid(an, sd->n.name, strlen(sd->n.name) - strlen(".shards")) : NULL;
+	if (!arr)
+		return;
+	const ckpt_array_meta *m = ckpt_array_meta_of(arr->ar->arr);
+	ckpt_store *s = ckpt_array_store(arr->ar->arr);
+	uint64_t total = 1;
+	for (int d = 0; d < m->rank; d++)
+		total *= m->store_grid[d];
+	if (total > SHARDS_MAX_UNITS) {
+		ckpt_log(CKPT_LOG_WARN, "%s: %llu stored units: too many to list", arr->n.name,
+			 (unsigned long long)total);
+		return;
+	}
+	sd->units = calloc(total ? total : 1, sizeof(*sd->units));
+	if (!sd->units)
+		return;
+	uint64_t g[CKPT_MAX_RANK] = { 0 };
+	for (uint64_t u = 0; u < total; u++) {
+		char key[VIEW_PATH_MAX];
+		uint64_t size;
+		if (ckpt_zarr_unit_key(m, ckpt_array_prefix(arr->ar->arr), g, key, sizeof(key)) >= 0 &&
+		    ckpt_store_size(s, key, &size) == 0) {
+			ckpt_region r;
+			r.rank = m->rank;
+			for (int d = 0; d < m->rank; d++) {
+				r.start[d] = g[d] * m->chunk_shape[d];
+				r.stop[d] = r.start[d] + m->chunk_shape[d];
+				if (r.stop[d] > m->shape[d])
+					r.stop[d] = m->shape[d];
+			}
+			char name[CKPT_MAX_RANK * 44 + 8];
+			int len = ckpt_slice_format(&r, name, sizeof(name) - 4);
+			int empty = 0;
+			for (int d = 0; d < m->rank; d++)
+				empty |= r.start[d] >= r.stop[d];
+			if (len > 0 && !empty) {
+				memcpy(name + len, ".npy", 5);
+				struct node *n = node_new(v, &array_ops, name, &sd->n);
+				if (n && array_node_init(n, arr->ar, &r) == 0)
+					sd->units[sd->nunits++] = n;
+			}
+		}
+		for (int d = m->rank - 1; d >= 0; d--) {
+			if (++g[d] < m->store_grid[d])
+				break;
+			g[d] = 0;
+		}
+	}
+}
+
+/* List the units once; afterwards units/nunits never change. */
+static struct shards_node *ensure_units(ckpt_view *v, struct node *n)
+{
+	struct shards_node *sd = to_shards(n);
+	pthread_mutex_lock(&sd->units_mu);
+	if (!sd->listed) {
+		list_units(v, sd);
+		sd->listed = 1;
+	}
+	pthread_mutex_unlock(&sd->units_mu);
+	return sd;
+}
+
+static int shards_readdir(ckpt_view *v, struct node *dir, uint64_t index, struct node **out)
+{
+	struct shards_node *sd = ensure_units(v, dir);
+	if (index >= sd->nunits)
+		return 0;
+	*out = sd->units[index];
+	return 1;
+}
+
+static int shards_lookup(ckpt_view *v, struct node *dir, const char *name, struct node **out)
+{
+	struct shards_node *sd = ensure_units(v, dir);
+	for (size_t i = 0; i < sd->nunits; i++)
+		if (!strcmp(sd->units[i]->name, name)) {
+			*out = sd->units[i];
+			return 1; /* shard files belong to their directory's unit list */
+		}
+	return -ENOENT;
+}
+
+static int shards_nentries(ckpt_view *v, struct node *dir, uint64_t *count)
+{
+	*count = ensure_units(v, dir)->nunits;
+	return 0;
+}
+
+static void shards_destroy(ckpt_view *v, struct node *n)
+{
+	(void)v;
+	struct shards_node *sd = to_shards(n);
+	free(sd->units);
+	pthread_mutex_destroy(&sd->units_mu);
+}
+
+static const struct node_ops shards_ops = {
+	.kind = N_SHARDS,
+	.size = sizeof(struct shards_node),
+	.getattr = dir_attr,
+	.readdir = shards_readdir,
+	.lookup = shards_lookup,
+	.nentries = shards_nentries,
+	.destroy = shards_destroy,
+};
+
+/* ---- X.safetensors and X.safetensors.d/ ------------------------------------ */
+
+static void stdir_destroy(ckpt_view *v, struct node *n)
+{
+	(void)v;
+	struct stdir_node *sd = to_stdir(n);
+	free(sd->st_arrays);
+	ckpt_st_sharded_destroy(sd->sts);
+}
+
+static const struct node_ops stdir_ops = {
+	.kind = N_STDIR,
+	.size = sizeof(struct stdir_node),
+	.getattr = dir_attr,
+	.readdir = node_readdir_kids,
+	.destroy = stdir_destroy,
+};
+
+/* Arrays under dir (recursively), as tensors named by their key path. */
+struct st_collect {
+	ckpt_st_tensor *t;
+	struct node **nodes;
+	char **names;
+	size_t n, cap;
+};
+
+static int collect(ckpt_view *v, struct node *dir, const char *prefix, struct st_collect *c, int depth)
+{
+	if (depth > CKPT_ORBAX_MAX_DEPTH)
+		return 0;
+	struct dir_node *dn = to_dir(dir);
+	for (size_t i = 0; i < dn->nkids; i++) {
+		struct node *k = dn->kids[i];
+		char name[VIEW_KEYPATH_MAX];
+		size_t stem;
+		if (k->kind == N_ARRAY && node_ends_with(k->name, ".npy", &stem)) {
+			snprintf(name, sizeof(name), "%s%s%.*s", prefix, *prefix ? "." : "", (int)stem,
+				 k->name);
+			if (c->n == c->cap) {
+				size_t cap = c->cap ? c->cap * 2 : 16;
+				ckpt_st_tensor *t = realloc(c->t, cap * sizeof(*t));
+				if (t)
+					c->t = t;
+				struct node **nn = realloc(c->nodes, cap * sizeof(*nn));
+				if (nn)
+					c->nodes = nn;
+				char **nm = realloc(c->names, cap * sizeof(*nm));
+				if (nm)
+					c->names = nm;
+				if (!t || !nn || !nm)
+					return -ENOMEM;
+				c->cap = cap;
+			}
+			const ckpt_array_meta *m = ckpt_array_meta_of(to_array(k)->ar->arr);
+			c->names[c->n] = strdup(name);
+			if (!c->names[c->n])
+				return -ENOMEM;
+			c->t[c->n] = (ckpt_st_tensor){ c->names[c->n], m->dtype, m->rank, m->shape };
+			c->nodes[c->n] = k;
+			c->n++;
+		} else if (k->kind == N_DIR) {
+			snprintf(name, sizeof(name), "%s%s%s", prefix, *prefix ? "." : "", k->name);
+			int rc = collect(v, k, name, c, depth + 1);
+			if (rc < 0)
+				return rc;
+		}
+	}
+	return 0;
+}
+
+/* The step name a node lives under (root mounts), or NULL. */
+static const char *step_of(ckpt_view *v, struct node *n)
+{
+	if (strcmp(v->kind, "root"))
+		return NULL;
+	while (n && n->parent != CKPT_ROOT_INO)
+		n = view_node(v, n->parent);
+	return n && n->ino != CKPT_ROOT_INO ? n->name : NULL;
+}
+
+static void free_collect(struct st_collect *c)
+{
+	for (size_t i = 0; i < c->n; i++)
+		free(c->names[i]);
+	free(c->names);
+	free(c->t);
+	free(c->nodes);
+}
+
+static int build_safetensors(ckpt_view *v, struct st_node *stn, struct node *dir)
+{
+	struct st_collect c = { 0 };
+	int rc = collect(v, dir, "", &c, 0);
+	if (rc == 0) {
+		ckpt_st_meta meta[2] = { { "format", "pt" }, { "step", step_of(v, dir) } };
+		size_t nmeta = meta[1].value ? 2 : 1;
+		rc = ckpt_st_layout_create(c.t, c.n, meta, nmeta, CKPT_ST_SKIP_UNSUPPORTED, &stn->st);
+	}
+	if (rc == 0) {
+		stn->st_arrays = c.nodes;
+		c.nodes = NULL;
+		stn->size = ckpt_st_layout_file_size(stn->st);
+		stn->stdir = dir;
+	}
+	free_collect(&c);
+	return rc;
+}
+
+/* X.safetensors.d/: the Hugging Face sharded form, offered when the
+ * subtree holds more than opts.st_shard_bytes of data. */
+static int build_safetensors_dir(ckpt_view *v, struct stdir_node *sd, struct node *dir)
+{
+	uint64_t limit = v->opts.st_shard_bytes ? v->opts.st_shard_bytes : ST_SHARD_BYTES_DEFAULT;
+	struct st_collect c = { 0 };
+	int rc = collect(v, dir, "", &c, 0);
+	uint64_t total = 0;
+	for (size_t i = 0; rc == 0 && i < c.n; i++)
+		total += ckpt_array_meta_of(to_array(c.nodes[i])->ar->arr)->nbytes;
+	if (rc == 0 && total <= limit)
+		rc = -ENOENT;
+	if (rc == 0) {
+		ckpt_st_meta meta[1] = { { "step", step_of(v, dir) } };
+		rc = ckpt_st_sharded_create(c.t, c.n, meta, meta[0].value ? 1 : 0, limit,
+					    CKPT_ST_SKIP_UNSUPPORTED, &sd->sts);
+	}
+	for (size_t i = 0; rc == 0 && i < ckpt_st_sharded_count(sd->sts); i++) {
+		struct node *fn = node_new(v, &st_ops, ckpt_st_sharded_name(sd->sts, i), &sd->d.n);
+		if (!fn) {
+			rc = -ENOMEM;
+			break;
+		}
+		struct st_node *f = to_st(fn);
+		f->st = (ckpt_st_layout *)ckpt_st_sharded_layout(sd->sts, i);
+		f->st_arrays = c.nodes;
+		f->st_borrowed = 1;
+		f->size = ckpt_st_layout_file_size(f->st);
+		f->stdir = dir;
+		atomic_init(&f->st_next, UINT64_MAX);
+		rc = view_add_kid(&sd->d.n, fn);
+	}
+	if (rc == 0) {
+		size_t len;
+		const char *idx = ckpt_st_sharded_index(sd->sts, &len);
+		struct node *f = node_new(v, &file_ops, CKPT_ST_INDEX_NAME, &sd->d.n);
+		if (!f || !(to_file(f)->content = strdup(idx)))
+			rc = -ENOMEM;
+		else {
+			to_file(f)->size = len;
+			rc = view_add_kid(&sd->d.n, f);
+		}
+	}
+	if (rc == 0) {
+		sd->st_arrays = c.nodes; /* owned here, shared by the shard files */
+		c.nodes = NULL;
+	}
+	free_collect(&c);
+	return rc;
+}
+
+/* ---- committed directories ------------------------------------------------- */
+
+/* NAME[<slice>].npy of array NAME.npy in dir. */
+static int make_slice(ckpt_view *v, struct node *dir, const char *name, const char *br, size_t stem,
+		      struct node **out)
+{
+	struct array_node *arr = array_kid(dir, name, (size_t)(br - name));
+	if (!arr)
+		return -ENOENT;
+	const ckpt_array_meta *m = ckpt_array_meta_of(arr->ar->arr);
+	ckpt_region r;
+	const char *why = "";
+	int rc = ckpt_slice_parse(br, stem - (size_t)(br - name), m->rank, m->shape, &r, &why);
+	if (rc < 0) {
+		ckpt_log(CKPT_LOG_WARN, "%s: %s", name, why);
+		return rc == -ERANGE ? -ENOENT : -EINVAL;
+	}
+	struct node *n = node_new(v, &array_ops, name, dir);
+	if (!n)
+		return -ENOMEM;
+	n->hidden = 1;
+	if ((rc = array_node_init(n, arr->ar, &r)) < 0)
+		return rc;
+	*out = n;
+	return 0;
+}
+
+/* X.safetensors or X.safetensors.d/ of sub-directory X of dir. */
+static int make_safetensors(ckpt_view *v, struct node *dir, const char *name, size_t stem, int sharded,
+			    struct node **out)
+{
+	char base[VIEW_NAME_BUF];
+	if (stem >= sizeof(base))
+		return -ENOENT;
+	memcpy(base, name, stem);
+	base[stem] = 0;
+	struct node *sub = view_find_kid(dir, base);
+	if (!sub || sub->kind != N_DIR)
+		return -ENOENT;
+	struct node *n = node_new(v, sharded ? &stdir_ops : &st_ops, name, dir);
+	if (!n)
+		return -ENOMEM;
+	n->hidden = 1;
+	int rc;
+	if (sharded) {
+		rc = build_safetensors_dir(v, to_stdir(n), sub);
+	} else {
+		atomic_init(&to_st(n)->st_next, UINT64_MAX);
+		rc = build_safetensors(v, to_st(n), sub);
+	}
+	if (rc == -ENOENT)
+		return rc;
+	if (rc < 0) {
+		ckpt_log(CKPT_LOG_ERR, "%s: cannot build the safetensors view (%s)", name, strerror(-rc));
+		return -EIO;
+	}
+	*out = n;
+	return 0;
+}
+
+/* The hidden companion `name` of committed directory dir, or -ENOENT/-EINVAL. */
+static int dir_lookup(ckpt_view *v, struct node *dir, const char *name, struct node **out)
+{
+	size_t stem;
+	const char *br = strchr(name, '[');
+	if (br && node_ends_with(name, ".npy", &stem) && name[stem - 1] == ']')
+		return make_slice(v, dir, name, br, stem, out);
+	if (node_ends_with(name, ".shards", &stem) && array_kid(dir, name, stem)) {
+		struct node *n = node_new(v, &shards_ops, name, dir);
+		if (!n)
+			return -ENOMEM;
+		pthread_mutex_init(&to_shards(n)->units_mu, NULL);
+		n->hidden = 1;
+		*out = n;
+		return 0;
+	}
+	if (node_ends_with(name, ".safetensors.d", &stem))
+		return make_safetensors(v, dir, name, stem, 1, out);
+	if (node_ends_with(name, ".safetensors", &stem))
+		return make_safetensors(v, dir, name, stem, 0, out);
+	return -ENOENT;
+}
+
+/* Companion entry c of dir (show_companions): NAME.shards for each array,
+ * X.safetensors for each sub-directory, in kid order. */
+static struct node *companion(ckpt_view *v, struct node *dir, uint64_t c)
+{
+	struct dir_node *d = to_dir(dir);
+	for (size_t i = 0; i < d->nkids; i++) {
+		struct node *k = d->kids[i];
+		if (k->kind != N_ARRAY && k->kind != N_DIR)
+			continue;
+		if (c-- > 0)
+			continue;
+		char name[VIEW_NAME_BUF];
+		size_t stem;
+		if (k->kind == N_ARRAY && node_ends_with(k->name, ".npy", &stem))
+			snprintf(name, sizeof(name), "%.*s.shards", (int)stem, k->name);
+		else
+			snprintf(name, sizeof(name), "%s.safetensors", k->name);
+		struct node *n;
+		if (node_lookup_locked(v, dir, name, &n) < 0)
+			return NULL;
+		return n;
+	}
+	return NULL;
+}
+
+static int dir_readdir(ckpt_view *v, struct node *dir, uint64_t index, struct node **out)
+{
+	struct dir_node *d = to_dir(dir);
+	if (index < d->nkids) {
+		*out = d->kids[index];
+		return 1;
+	}
+	if (!v->opts.show_companions)
+		return 0;
+	/* A companion that cannot be built ends the listing: indexes stay stable. */
+	*out = companion(v, dir, index - d->nkids);
+	return *out != NULL;
+}
+
+const struct node_ops dir_ops = {
+	.kind = N_DIR,
+	.size = sizeof(struct dir_node),
+	.getattr = dir_attr,
+	.readdir = dir_readdir,
+	.lookup = dir_lookup,
+};

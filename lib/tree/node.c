@@ -1,0 +1,331 @@
+/*
+ * node.c - the node table (inode number -> node), kids of directories, the
+ * hidden-name map, and the kind-independent parts of lookup, readdir and
+ * attributes.  The node model, its invariants and the lock order of
+ * libckpt are described in view_internal.h.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "hash.h"
+#include "view_internal.h"
+
+/* ---- node table ----------------------------------------------------------- */
+
+struct node *view_node(ckpt_view *v, ckpt_ino ino)
+{
+	uint64_t n = atomic_load_explicit(&v->count, memory_order_acquire);
+	if (ino == 0 || ino > n)
+		return NULL;
+	uint64_t i = ino - 1;
+	struct node *x = v->pages[i >> PAGE_BITS][i & ((1u << PAGE_BITS) - 1)];
+	assert(x && x->ino == ino && x->ops && x->ops->kind == x->kind);
+	return x;
+}
+
+struct node *node_new(ckpt_view *v, const struct node_ops *ops, const char *name, struct node *parent)
+{
+	assert(ops && ops->getattr && ops->size >= sizeof(struct node));
+	assert(!parent || node_has_kids(parent) || parent->kind == N_SHARDS);
+	struct node *n = calloc(1, ops->size);
+	if (!n)
+		return NULL;
+	n->name = strdup(name);
+	if (!n->name) {
+		free(n);
+		return NULL;
+	}
+	n->kind = ops->kind;
+	n->ops = ops;
+	atomic_init(&n->orphan, false);
+	n->parent = parent ? parent->ino : CKPT_ROOT_INO;
+	n->mtime_ns = parent ? parent->mtime_ns : 0;
+	pthread_mutex_lock(&v->alloc_lock);
+	uint64_t i = atomic_load_explicit(&v->count, memory_order_relaxed);
+	size_t pg = (size_t)(i >> PAGE_BITS);
+	if (pg >= NPAGES) {
+		pthread_mutex_unlock(&v->alloc_lock);
+		free(n->name);
+		free(n);
+		ckpt_log(CKPT_LOG_ERR, "too many nodes in the view");
+		return NULL;
+	}
+	if (!v->pages[pg]) {
+		v->pages[pg] = calloc((size_t)1 << PAGE_BITS, sizeof(struct node *));
+		if (!v->pages[pg]) {
+			pthread_mutex_unlock(&v->alloc_lock);
+			free(n->name);
+			free(n);
+			return NULL;
+		}
+	}
+	n->ino = i + 1;
+	v->pages[pg][i & ((1u << PAGE_BITS) - 1)] = n;
+	atomic_store_explicit(&v->count, i + 1, memory_order_release);
+	pthread_mutex_unlock(&v->alloc_lock);
+	return n;
+}
+
+void node_release_all(ckpt_view *v)
+{
+	uint64_t n = atomic_load(&v->count);
+	for (uint64_t i = 1; i <= n; i++) {
+		struct node *x = view_node(v, i);
+		if (x->ops->destroy)
+			x->ops->destroy(v, x);
+	}
+}
+
+void node_free_all(ckpt_view *v)
+{
+	uint64_t n = atomic_load(&v->count);
+	for (uint64_t i = 1; i <= n; i++) {
+		struct node *x = view_node(v, i);
+		if (node_has_kids(x))
+			free(to_dir(x)->kids);
+		free(x->name);
+		free(x);
+	}
+	for (size_t p = 0; p < NPAGES && v->pages[p]; p++)
+		free(v->pages[p]);
+}
+
+/* ---- kids ------------------------------------------------------------------ */
+
+static size_t kid_pos(const struct dir_node *dir, const char *name, int *found)
+{
+	size_t lo = 0, hi = dir->nkids;
+	while (lo < hi) {
+		size_t mid = (lo + hi) / 2;
+		int c = strcmp(dir->kids[mid]->name, name);
+		if (c == 0) {
+			*found = 1;
+			return mid;
+		}
+		if (c < 0)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	*found = 0;
+	return lo;
+}
+
+int node_kid_index(struct node *dir, const char *name, size_t *pos)
+{
+	int found;
+	*pos = kid_pos(to_dir(dir), name, &found);
+	return found;
+}
+
+/* Kids stay sorted (binary insertion).  layout.c fills directories before
+ * they are linked; pending.c adds and removes kids of the root and of
+ * pending directories at run time, under ns_lock exclusive. */
+void view_remove_kid(struct node *dir, struct node *kid)
+{
+	struct dir_node *d = to_dir(dir);
+	int found;
+	size_t pos = kid_pos(d, kid->name, &found);
+	if (!found || d->kids[pos] != kid)
+		return;
+	memmove(d->kids + pos, d->kids + pos + 1, (d->nkids - pos - 1) * sizeof(*d->kids));
+	d->nkids--;
+}
+
+int view_add_kid(struct node *dir, struct node *kid)
+{
+	struct dir_node *d = to_dir(dir);
+	assert(!kid->hidden && kid->parent == dir->ino);
+	int found;
+	size_t pos = kid_pos(d, kid->name, &found);
+	if (found)
+		return -EEXIST;
+	if (d->nkids == d->capkids) {
+		size_t cap = d->capkids ? d->capkids * 2 : 8;
+		struct node **k = realloc(d->kids, cap * sizeof(*k));
+		if (!k)
+			return -ENOMEM;
+		d->kids = k;
+		d->capkids = cap;
+	}
+	memmove(d->kids + pos + 1, d->kids + pos, (d->nkids - pos) * sizeof(*d->kids));
+	d->kids[pos] = kid;
+	d->nkids++;
+	return 0;
+}
+
+struct node *view_find_kid(struct node *dir, const char *name)
+{
+	struct dir_node *d = to_dir(dir);
+	int found;
+	size_t pos = kid_pos(d, name, &found);
+	return found ? d->kids[pos] : NULL;
+}
+
+int node_readdir_kids(ckpt_view *v, struct node *dir, uint64_t index, struct node **out)
+{
+	(void)v;
+	struct dir_node *d = to_dir(dir);
+	if (index >= d->nkids)
+		return 0;
+	*out = d->kids[index];
+	return 1;
+}
+
+int node_ends_with(const char *s, const char *suffix, size_t *stem)
+{
+	size_t n = strlen(s), k = strlen(suffix);
+	if (n <= k || strcmp(s + n - k, suffix))
+		return 0;
+	*stem = n - k;
+	return 1;
+}
+
+/* ---- hidden names ---------------------------------------------------------- */
+
+static uint64_t dyn_hash(ckpt_ino parent, const char *name)
+{
+	return ckpt_fnv1a(name, strlen(name), CKPT_FNV1A_INIT ^ parent);
+}
+
+static struct node *dyn_find_locked(ckpt_view *v, ckpt_ino parent, const char *name)
+{
+	if (!v->ndyn_buckets)
+		return NULL;
+	size_t mask = v->ndyn_buckets - 1;
+	for (size_t i = dyn_hash(parent, name) & mask;; i = (i + 1) & mask) {
+		struct node *n = v->dyn[i];
+		if (!n)
+			return NULL;
+		if (n->parent == parent && !strcmp(n->name, name))
+			return n;
+	}
+}
+
+static int dyn_insert_locked(ckpt_view *v, struct node *n)
+{
+	assert(n->hidden);
+	if ((v->ndyn + 1) * 2 > v->ndyn_buckets) {
+		size_t nb = v->ndyn_buckets ? v->ndyn_buckets * 2 : 256;
+		struct node **t = calloc(nb, sizeof(*t));
+		if (!t)
+			return -ENOMEM;
+		for (size_t i = 0; i < v->ndyn_buckets; i++)
+			if (v->dyn[i]) {
+				size_t j = dyn_hash(v->dyn[i]->parent, v->dyn[i]->name) & (nb - 1);
+				while (t[j])
+					j = (j + 1) & (nb - 1);
+				t[j] = v->dyn[i];
+			}
+		free(v->dyn);
+		v->dyn = t;
+		v->ndyn_buckets = nb;
+	}
+	size_t mask = v->ndyn_buckets - 1;
+	size_t i = dyn_hash(n->parent, n->name) & mask;
+	while (v->dyn[i])
+		i = (i + 1) & mask;
+	v->dyn[i] = n;
+	v->ndyn++;
+	return 0;
+}
+
+struct node *view_dyn_find(ckpt_view *v, ckpt_ino parent, const char *name)
+{
+	pthread_mutex_lock(&v->dyn_lock);
+	struct node *n = dyn_find_locked(v, parent, name);
+	pthread_mutex_unlock(&v->dyn_lock);
+	return n;
+}
+
+int view_dyn_add(ckpt_view *v, struct node *n)
+{
+	pthread_mutex_lock(&v->dyn_lock);
+	int rc = dyn_insert_locked(v, n);
+	pthread_mutex_unlock(&v->dyn_lock);
+	return rc;
+}
+
+/* ---- lookup and attributes ------------------------------------------------- */
+
+int node_lookup_locked(ckpt_view *v, struct node *dir, const char *name, struct node **out)
+{
+	if (!dir->ops->readdir)
+		return -ENOTDIR;
+	struct node *n = node_has_kids(dir) ? view_find_kid(dir, name) : NULL;
+	if (!n)
+		n = view_dyn_find(v, dir->ino, name);
+	if (!n) {
+		if (!dir->ops->lookup)
+			return -ENOENT;
+		struct node *made = NULL;
+		int rc = dir->ops->lookup(v, dir, name, &made);
+		if (rc < 0)
+			return rc;
+		assert(made && made->parent == dir->ino);
+		if (rc == 1) {
+			n = made; /* the directory keeps it (shard files) */
+		} else {
+			pthread_mutex_lock(&v->dyn_lock);
+			n = dyn_find_locked(v, dir->ino, name);
+			if (!n) {
+				if (dyn_insert_locked(v, made) < 0) {
+					pthread_mutex_unlock(&v->dyn_lock);
+					return -ENOMEM;
+				}
+				n = made;
+			}
+			/* A racing lookup that lost keeps its node unreachable (freed at destroy). */
+			pthread_mutex_unlock(&v->dyn_lock);
+		}
+	}
+	*out = n;
+	return 0;
+}
+
+void view_fill_attr(ckpt_view *v, struct node *n, ckpt_attr *a)
+{
+	memset(a, 0, sizeof(*a));
+	a->ino = n->ino;
+	a->mtime_ns = n->mtime_ns;
+	a->immutable = 1;
+	a->nlink = 1;
+	n->ops->getattr(v, n, a);
+	assert(!a->is_dir == !n->ops->readdir);
+}
+
+/* ---- owned resources ------------------------------------------------------- */
+
+int view_own_store(ckpt_view *v, ckpt_store *s)
+{
+	pthread_mutex_lock(&v->res_lock);
+	ckpt_store **p = realloc(v->stores, (v->nstores + 1) * sizeof(*p));
+	if (p) {
+		v->stores = p;
+		v->stores[v->nstores++] = s;
+	}
+	pthread_mutex_unlock(&v->res_lock);
+	return p ? 0 : -ENOMEM;
+}
+
+struct aref *view_new_aref(ckpt_view *v, ckpt_array *arr, int ocdbt)
+{
+	struct aref *ar = calloc(1, sizeof(*ar));
+	if (!ar)
+		return NULL;
+	ar->arr = arr;
+	ar->ocdbt = ocdbt;
+	pthread_mutex_lock(&v->res_lock);
+	struct aref **p = realloc(v->arefs, (v->narefs + 1) * sizeof(*p));
+	if (p) {
+		v->arefs = p;
+		v->arefs[v->narefs++] = ar;
+	}
+	pthread_mutex_unlock(&v->res_lock);
+	if (!p) {
+		free(ar);
+		return NULL;
+	}
+	return ar;
+}

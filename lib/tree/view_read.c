@@ -1,0 +1,386 @@
+/*
+ * view_read.c - the committed file kinds and their reads: array files
+ * (.npy of a region of a stored array), files copied from the source or
+ * synthesized, safetensors files and .ckptfs/stats.  Zero-copy mapping of
+ * decoded chunks, read-ahead across safetensors tensors, and warming of the
+ * next file of a directory.
+ */
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include "npy.h"
+#include "stats.h"
+#include "view_internal.h"
+
+/* A streaming reader is one whose next read starts within this distance of
+ * where the last one ended. */
+#define ST_STREAM_SLACK (4u << 20)
+/* Pieces of a safetensors byte range mapped per call. */
+#define ST_PIECES 16
+#define ST_IOV_PIECES 8
+/* Size reported for .ckptfs/stats (served with direct I/O). */
+#define STATS_SIZE 4096
+
+static void file_attr(ckpt_view *v, struct node *n, ckpt_attr *a, uint64_t size)
+{
+	(void)v;
+	(void)n;
+	a->mode = 0444;
+	a->size = size;
+}
+
+/* ---- array files ----------------------------------------------------------- */
+
+int array_node_init(struct node *node, struct aref *ar, const ckpt_region *r)
+{
+	struct array_node *n = to_array(node);
+	const ckpt_array_meta *m = ckpt_array_meta_of(ar->arr);
+	n->ar = ar;
+	n->region = *r;
+	uint64_t shape[CKPT_MAX_RANK];
+	for (int d = 0; d < r->rank; d++)
+		shape[d] = r->stop[d] - r->start[d];
+	char hdr[CKPT_NPY_HEADER_MAX];
+	int h = ckpt_npy_header(m->dtype, r->rank, shape, hdr, sizeof(hdr));
+	if (h < 0)
+		return h;
+	n->hdr = malloc((size_t)h);
+	if (!n->hdr)
+		return -ENOMEM;
+	memcpy(n->hdr, hdr, (size_t)h);
+	n->hdrlen = (size_t)h;
+	uint64_t count;
+	if (ckpt_region_count(r, &count) < 0)
+		return -EOVERFLOW;
+	n->size = n->hdrlen + count * m->itemsize;
+	return 0;
+}
+
+static void array_attr(ckpt_view *v, struct node *n, ckpt_attr *a)
+{
+	file_attr(v, n, a, to_array(n)->size);
+}
+
+static void array_destroy(ckpt_view *v, struct node *n)
+{
+	(void)v;
+	free(to_array(n)->hdr);
+}
+
+/* A reader near the end of an array file probably goes on with the next
+ * file of the directory (cp -r, tar, a loader walking the tree): start
+ * decoding its first chunks now, once.  The kids of a directory that holds
+ * array files never change (only the root of a step mount and pending
+ * directories change, and those hold no N_ARRAY), so no lock is needed. */
+static void warm_next_file(ckpt_view *v, struct array_node *n)
+{
+	if (n->n.hidden || atomic_exchange(&n->next_warmed, 1))
+		return;
+	struct node *dir = view_node(v, n->n.parent);
+	if (!dir || dir->kind != N_DIR)
+		return;
+	size_t pos;
+	if (!node_kid_index(dir, n->n.name, &pos))
+		return;
+	struct dir_node *d = to_dir(dir);
+	for (size_t i = pos + 1; i < d->nkids; i++) {
+		struct node *k = d->kids[i];
+		if (k->kind == N_ARRAY) {
+			struct array_node *an = to_array(k);
+			ckpt_array_prefetch(an->ar->arr, &an->region, 0, ckpt_array_window(an->ar->arr));
+			return;
+		}
+	}
+}
+
+static ssize_t array_read(ckpt_view *v, struct node *node, uint64_t off, size_t len, void *dst8)
+{
+	struct array_node *n = to_array(node);
+	uint8_t *dst = dst8;
+	if (off >= n->size)
+		return 0;
+	if (len > n->size - off)
+		len = (size_t)(n->size - off);
+	size_t done = 0;
+	if (off < n->hdrlen) {
+		size_t h = n->hdrlen - (size_t)off < len ? n->hdrlen - (size_t)off : len;
+		memcpy(dst, n->hdr + off, h);
+		done = h;
+	}
+	if (done < len) {
+		ssize_t r = ckpt_array_read(n->ar->arr, &n->region, off + done - n->hdrlen, len - done,
+					    dst + done);
+		if (r < 0)
+			return r;
+		done += (size_t)r;
+	}
+	if (done > 0 && off + (uint64_t)done + ckpt_array_window(n->ar->arr) >= n->size)
+		warm_next_file(v, n);
+	return (ssize_t)done;
+}
+
+static int array_read_iov(ckpt_view *v, struct node *node, uint64_t off, size_t len, struct iovec *iov,
+			  int max, ckpt_pin **pins, int *npins)
+{
+	struct array_node *n = to_array(node);
+	if (off >= n->size)
+		return 0;
+	if (len > n->size - off)
+		len = (size_t)(n->size - off);
+	int k = 0;
+	size_t done = 0;
+	if (off < n->hdrlen) {
+		done = n->hdrlen - (size_t)off < len ? n->hdrlen - (size_t)off : len;
+		iov[k].iov_base = n->hdr + off;
+		iov[k].iov_len = done;
+		k++;
+	}
+	if (done < len) {
+		int m = ckpt_array_map(n->ar->arr, &n->region, off + done - n->hdrlen, len - done, iov + k,
+				       pins, max - k);
+		if (m < 0)
+			return m;
+		*npins = m;
+		k += m;
+	}
+	if (off + len + ckpt_array_window(n->ar->arr) >= n->size)
+		warm_next_file(v, n);
+	return k;
+}
+
+const struct node_ops array_ops = {
+	.kind = N_ARRAY,
+	.size = sizeof(struct array_node),
+	.getattr = array_attr,
+	.read = array_read,
+	.read_iov = array_read_iov,
+	.getxattr = array_getxattr,
+	.listxattr = array_listxattr,
+	.destroy = array_destroy,
+};
+
+/* ---- copied and synthesized files ------------------------------------------ */
+
+static void plain_file_attr(ckpt_view *v, struct node *n, ckpt_attr *a)
+{
+	file_attr(v, n, a, to_file(n)->size);
+}
+
+static ssize_t file_read(ckpt_view *v, struct node *node, uint64_t off, size_t len, void *dst)
+{
+	(void)v;
+	struct file_node *n = to_file(node);
+	if (off >= n->size)
+		return 0;
+	if (len > n->size - off)
+		len = (size_t)(n->size - off);
+	if (n->content) {
+		memcpy(dst, n->content + off, len);
+		return (ssize_t)len;
+	}
+	int fd = open(n->path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0) {
+		ckpt_log(CKPT_LOG_ERR, "%s: %s", n->path, strerror(errno));
+		return -EIO;
+	}
+	ssize_t r = pread(fd, dst, len, (off_t)off);
+	int err = errno;
+	close(fd);
+	if (r < 0) {
+		ckpt_log(CKPT_LOG_ERR, "%s: read failed: %s", n->path, strerror(err));
+		return -EIO;
+	}
+	CKPT_STAT_ADD(backing_bytes_read, (uint64_t)r);
+	return r;
+}
+
+static void file_destroy(ckpt_view *v, struct node *node)
+{
+	(void)v;
+	struct file_node *n = to_file(node);
+	free(n->path);
+	free(n->content);
+}
+
+const struct node_ops file_ops = {
+	.kind = N_FILE,
+	.size = sizeof(struct file_node),
+	.getattr = plain_file_attr,
+	.read = file_read,
+	.destroy = file_destroy,
+};
+
+/* ---- safetensors files ----------------------------------------------------- */
+
+static struct array_node *st_array(struct st_node *n, size_t input)
+{
+	return to_array(n->st_arrays[input]);
+}
+
+/* A sequential reader of the file crosses from tensor to tensor: queue the
+ * decode of whatever the next window of the file holds. */
+static void st_read_ahead(struct st_node *n, uint64_t off)
+{
+	ckpt_st_piece pieces[ST_IOV_PIECES];
+	ssize_t np = ckpt_st_layout_map(n->st, off, 1, pieces, 1);
+	if (np <= 0 || pieces[0].tensor == CKPT_ST_PIECE_HEADER)
+		return;
+	struct array_node *first = st_array(n, pieces[0].input);
+	uint64_t window = ckpt_array_window(first->ar->arr);
+	np = ckpt_st_layout_map(n->st, off, (size_t)window, pieces, ST_IOV_PIECES);
+	for (ssize_t i = 0; i < np; i++) {
+		if (pieces[i].tensor == CKPT_ST_PIECE_HEADER)
+			continue;
+		struct array_node *an = st_array(n, pieces[i].input);
+		ckpt_array_prefetch(an->ar->arr, &an->region, pieces[i].src_off, pieces[i].len);
+	}
+}
+
+/* Read ahead across tensors only for a reader streaming the file from its
+ * start past the header (cp, cat): one that reads the header and then
+ * tensor T by its byte range (safe_open) decodes T's chunks and nothing
+ * else. */
+static void st_after_read(struct st_node *n, uint64_t off, size_t done, size_t hlen)
+{
+	uint64_t expect = atomic_load(&n->st_next);
+	int streaming =
+		(off == 0 && done > hlen) ||
+		(expect != UINT64_MAX && off + ST_STREAM_SLACK >= expect && off <= expect + ST_STREAM_SLACK);
+	atomic_store(&n->st_next, streaming ? off + done : UINT64_MAX);
+	if (streaming)
+		st_read_ahead(n, off + done);
+}
+
+/* Zero-copy mapping of a safetensors byte range (see ckpt_view_read_iov). */
+static int st_read_iov(ckpt_view *v, struct node *node, uint64_t off, size_t len, struct iovec *iov, int max,
+		       ckpt_pin **pins, int *npins)
+{
+	struct st_node *n = to_st(node);
+	size_t hlen;
+	const uint8_t *hdr = ckpt_st_layout_header(n->st, &hlen);
+	ckpt_st_piece pieces[ST_IOV_PIECES];
+	ssize_t np = ckpt_st_layout_map(n->st, off, len, pieces,
+					max < ST_IOV_PIECES ? (size_t)max : ST_IOV_PIECES);
+	if (np < 0)
+		return (int)np;
+	int k = 0;
+	size_t done = 0;
+	for (ssize_t i = 0; i < np && k < max; i++) {
+		ckpt_st_piece *p = &pieces[i];
+		if (p->tensor == CKPT_ST_PIECE_HEADER) {
+			iov[k].iov_base = (void *)(hdr + p->src_off);
+			iov[k].iov_len = p->len;
+			k++;
+		} else {
+			struct array_node *an = st_array(n, p->input);
+			int m = ckpt_array_map(an->ar->arr, &an->region, p->src_off, p->len, iov + k,
+					       pins + *npins, max - k);
+			if (m < 0) {
+				for (int j = 0; j < *npins; j++)
+					ckpt_ctx_unpin(v->ctx, pins[j]);
+				*npins = 0;
+				return m;
+			}
+			k += m;
+			*npins += m;
+		}
+		done = p->dst_off + p->len;
+	}
+	/* Out of iovec room: a short reply is fine, the kernel asks again. */
+	st_after_read(n, off, done, hlen);
+	return k;
+}
+
+static ssize_t st_read(ckpt_view *v, struct node *node, uint64_t off, size_t len, void *dst8)
+{
+	(void)v;
+	struct st_node *n = to_st(node);
+	uint8_t *dst = dst8;
+	size_t hlen;
+	const uint8_t *hdr = ckpt_st_layout_header(n->st, &hlen);
+	size_t done = 0;
+	while (done < len) {
+		ckpt_st_piece pieces[ST_PIECES];
+		ssize_t np = ckpt_st_layout_map(n->st, off + done, len - done, pieces, ST_PIECES);
+		if (np < 0)
+			return np;
+		if (np == 0)
+			break;
+		for (ssize_t i = 0; i < np; i++) {
+			ckpt_st_piece *p = &pieces[i];
+			if (p->tensor == CKPT_ST_PIECE_HEADER) {
+				memcpy(dst + done + p->dst_off, hdr + p->src_off, p->len);
+			} else {
+				struct array_node *an = st_array(n, p->input);
+				ssize_t r = ckpt_array_read(an->ar->arr, &an->region, p->src_off, p->len,
+							    dst + done + p->dst_off);
+				if (r < 0)
+					return r;
+				if ((size_t)r != p->len)
+					return -EIO;
+			}
+		}
+		done += pieces[np - 1].dst_off + pieces[np - 1].len;
+	}
+	st_after_read(n, off, done, hlen);
+	return (ssize_t)done;
+}
+
+static void st_attr(ckpt_view *v, struct node *n, ckpt_attr *a)
+{
+	file_attr(v, n, a, to_st(n)->size);
+}
+
+static void st_destroy(ckpt_view *v, struct node *node)
+{
+	(void)v;
+	struct st_node *n = to_st(node);
+	if (!n->st_borrowed) {
+		free(n->st_arrays);
+		ckpt_st_layout_destroy(n->st);
+	}
+}
+
+const struct node_ops st_ops = {
+	.kind = N_SAFETENSORS,
+	.size = sizeof(struct st_node),
+	.getattr = st_attr,
+	.read = st_read,
+	.read_iov = st_read_iov,
+	.destroy = st_destroy,
+};
+
+/* ---- .ckptfs/stats ---------------------------------------------------------- */
+
+static void stats_attr(ckpt_view *v, struct node *n, ckpt_attr *a)
+{
+	file_attr(v, n, a, STATS_SIZE);
+	a->immutable = 0;
+	a->volatile_data = 1;
+}
+
+static ssize_t stats_read(ckpt_view *v, struct node *n, uint64_t off, size_t len, void *dst)
+{
+	(void)v;
+	(void)n;
+	char buf[STATS_SIZE];
+	int k = ckpt_stats_json(buf, sizeof(buf));
+	if (k < 0)
+		return k;
+	if (off >= (uint64_t)k)
+		return 0;
+	size_t m = (size_t)k - (size_t)off < len ? (size_t)k - (size_t)off : len;
+	memcpy(dst, buf + off, m);
+	return (ssize_t)m;
+}
+
+const struct node_ops stats_ops = {
+	.kind = N_STATS,
+	.size = sizeof(struct node),
+	.getattr = stats_attr,
+	.read = stats_read,
+};
