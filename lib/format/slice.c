@@ -465,3 +465,225 @@ uint64_t ckpt_copy_stream_to_chunk(const ckpt_region *r, uint64_t e0, uint64_t e
 {
 	return copy_common(r, e0, e1, (uint8_t *)(uintptr_t)src, chunk, origin, chunk_shape, itemsize, 1);
 }
+
+/* ---- byte ranges of a region's stream over a chunk grid ---- */
+
+/* Chunk, grid coordinates and byte offset in the chunk of the element at
+ * global coordinates gc. */
+static void piece_locate(const ckpt_chunk_grid *g, const uint64_t *gc, ckpt_stream_piece *p, uint64_t *coff)
+{
+	uint64_t lin = 0, off = 0;
+	for (int d = 0; d < g->rank; d++) {
+		uint64_t c = gc[d] / g->chunk_shape[d];
+		p->cg[d] = c;
+		lin = lin * g->grid[d] + c;
+		off = off * g->chunk_shape[d] + (gc[d] - c * g->chunk_shape[d]);
+	}
+	p->chunk = lin;
+	*coff = off * g->itemsize;
+}
+
+/* Global coordinates of stream element e of region r. */
+static void piece_unravel(const ckpt_region *r, uint64_t e, uint64_t *gc)
+{
+	for (int d = r->rank - 1; d >= 0; d--) {
+		uint64_t ext = r->stop[d] - r->start[d];
+		gc[d] = r->start[d] + e % ext;
+		e /= ext;
+	}
+}
+
+/* A partial element: bytes [lo, hi) of stream element e, at data offset soff. */
+static int piece_single(const ckpt_chunk_grid *g, const ckpt_region *r, uint64_t e, uint64_t lo, uint64_t hi,
+			uint64_t soff, ckpt_stream_piece_fn fn, void *ctx)
+{
+	ckpt_stream_piece p;
+	uint64_t gc[CKPT_MAX_RANK], coff;
+	memset(&p, 0, sizeof(p));
+	piece_unravel(r, e, gc);
+	piece_locate(g, gc, &p, &coff);
+	p.single = 1;
+	p.s_coff = coff + lo;
+	p.s_soff = soff;
+	p.s_n = hi - lo;
+	return fn(ctx, &p);
+}
+
+/* One piece per chunk meeting the box [bst, bsp), whose first element is at
+ * data offset base. */
+static int piece_box(const ckpt_chunk_grid *g, const uint64_t *bst, const uint64_t *bsp, uint64_t base,
+		     ckpt_stream_piece_fn fn, void *ctx)
+{
+	int n = g->rank;
+	ckpt_stream_piece p;
+	uint64_t lo[CKPT_MAX_RANK], hi[CKPT_MAX_RANK];
+	memset(&p, 0, sizeof(p));
+	p.base = base;
+	uint64_t st = 1;
+	for (int d = n - 1; d >= 0; d--) {
+		p.bst[d] = bst[d];
+		p.bstride[d] = st;
+		st *= bsp[d] - bst[d];
+		lo[d] = bst[d] / g->chunk_shape[d];
+		hi[d] = (bsp[d] - 1) / g->chunk_shape[d];
+		p.cg[d] = lo[d];
+	}
+	for (;;) {
+		uint64_t lin = 0;
+		for (int d = 0; d < n; d++) {
+			uint64_t c0 = p.cg[d] * g->chunk_shape[d], c1 = c0 + g->chunk_shape[d];
+			p.ist[d] = bst[d] > c0 ? bst[d] : c0;
+			p.isp[d] = bsp[d] < c1 ? bsp[d] : c1;
+			lin = lin * g->grid[d] + p.cg[d];
+		}
+		p.chunk = lin;
+		int rc = fn(ctx, &p);
+		if (rc)
+			return rc;
+		int d = n - 1;
+		while (d >= 0 && p.cg[d] == hi[d]) {
+			p.cg[d] = lo[d];
+			d--;
+		}
+		if (d < 0)
+			return 0;
+		p.cg[d]++;
+	}
+}
+
+/* Whole stream elements [E0, E1) of r (rank >= 1) as at most 2 * rank boxes:
+ * from E0 up to the next boundary of the smallest block it is not aligned
+ * to, then ever larger aligned blocks, then ever smaller ones up to E1.
+ * B[j] is the element count of a block of the last j dims. */
+static int piece_boxes(const ckpt_chunk_grid *g, const ckpt_region *r, uint64_t E0, uint64_t E1, uint64_t orig,
+		       ckpt_stream_piece_fn fn, void *ctx)
+{
+	int n = r->rank;
+	uint64_t s = g->itemsize, ext[CKPT_MAX_RANK], B[CKPT_MAX_RANK + 1];
+	for (int d = 0; d < n; d++)
+		ext[d] = r->stop[d] - r->start[d];
+	B[0] = 1;
+	for (int j = 1; j <= n; j++)
+		B[j] = B[j - 1] * ext[n - j];
+	uint64_t p = E0;
+	while (p < E1) {
+		uint64_t idx[CKPT_MAX_RANK], q = p;
+		for (int d = n - 1; d >= 0; d--) {
+			idx[d] = q % ext[d];
+			q /= ext[d];
+		}
+		int j = n - 1;
+		while (j > 0 && p % B[j])
+			j--;
+		uint64_t m;
+		for (;;) {
+			int k = n - 1 - j;
+			m = ext[k] - idx[k];
+			if ((E1 - p) / B[j] < m)
+				m = (E1 - p) / B[j];
+			if (m > 0 || j == 0)
+				break;
+			j--;
+		}
+		int k = n - 1 - j;
+		uint64_t bst[CKPT_MAX_RANK], bsp[CKPT_MAX_RANK];
+		for (int d = 0; d < n; d++) {
+			if (d < k) {
+				bst[d] = r->start[d] + idx[d];
+				bsp[d] = bst[d] + 1;
+			} else if (d == k) {
+				bst[d] = r->start[d] + idx[d];
+				bsp[d] = bst[d] + m;
+			} else {
+				bst[d] = r->start[d];
+				bsp[d] = r->stop[d];
+			}
+		}
+		int rc = piece_box(g, bst, bsp, p * s - orig, fn, ctx);
+		if (rc)
+			return rc;
+		p += m * B[j];
+	}
+	return 0;
+}
+
+int ckpt_stream_pieces(const ckpt_chunk_grid *g, const ckpt_region *r, uint64_t b0, uint64_t b1,
+		       ckpt_stream_piece_fn fn, void *ctx)
+{
+	uint64_t s = g->itemsize, orig = b0;
+	int rc;
+	if (b0 >= b1 || s == 0)
+		return 0;
+	if (b0 % s) { /* head: part of one element */
+		uint64_t e = b0 / s, lo = b0 % s, hi = (b1 - e * s) < s ? b1 - e * s : s;
+		rc = piece_single(g, r, e, lo, hi, 0, fn, ctx);
+		if (rc)
+			return rc;
+		b0 = e * s + hi;
+	}
+	uint64_t E0 = b0 / s, E1 = b1 / s;
+	if (b0 < b1 && E1 > E0) {
+		if (r->rank == 0) {
+			ckpt_stream_piece p;
+			memset(&p, 0, sizeof(p));
+			p.single = 1;
+			p.s_soff = b0 - orig;
+			p.s_n = s;
+			rc = fn(ctx, &p);
+		} else {
+			rc = piece_boxes(g, r, E0, E1, orig, fn, ctx);
+		}
+		if (rc)
+			return rc;
+		b0 = E1 * s;
+	}
+	if (b0 < b1) /* tail: first bytes of one element */
+		return piece_single(g, r, b0 / s, 0, b1 - b0, b0 - orig, fn, ctx);
+	return 0;
+}
+
+void ckpt_stream_piece_spans(const ckpt_chunk_grid *g, const ckpt_stream_piece *p, ckpt_stream_span_fn fn,
+			     void *ctx)
+{
+	if (p->single) {
+		fn(ctx, p->s_coff, p->s_soff, p->s_n);
+		return;
+	}
+	int n = g->rank;
+	uint64_t s = g->itemsize, cst[CKPT_MAX_RANK], i[CKPT_MAX_RANK], st = 1;
+	for (int d = n - 1; d >= 0; d--) {
+		cst[d] = st;
+		st *= g->chunk_shape[d];
+		i[d] = p->ist[d];
+	}
+	uint64_t run = (p->isp[n - 1] - p->ist[n - 1]) * s;
+	uint64_t pc = 0, ps = 0, pn = 0; /* pending merged span */
+	for (;;) {
+		uint64_t co = 0, so = 0;
+		for (int d = 0; d < n; d++) {
+			co += (i[d] - p->cg[d] * g->chunk_shape[d]) * cst[d];
+			so += (i[d] - p->bst[d]) * p->bstride[d];
+		}
+		co *= s;
+		so = p->base + so * s;
+		if (pn && pc + pn == co && ps + pn == so) {
+			pn += run;
+		} else {
+			if (pn)
+				fn(ctx, pc, ps, pn);
+			pc = co;
+			ps = so;
+			pn = run;
+		}
+		int d = n - 2;
+		while (d >= 0 && i[d] + 1 == p->isp[d]) {
+			i[d] = p->ist[d];
+			d--;
+		}
+		if (d < 0)
+			break;
+		i[d]++;
+	}
+	if (pn)
+		fn(ctx, pc, ps, pn);
+}

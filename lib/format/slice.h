@@ -78,4 +78,55 @@ uint64_t ckpt_copy_stream_to_chunk(const ckpt_region *r, uint64_t e0, uint64_t e
 				   uint8_t *chunk, const uint64_t *origin, const uint64_t *chunk_shape,
 				   size_t itemsize);
 
+/* ---- byte ranges of a region's stream over a chunk grid ----
+ *
+ * The chunks a byte range of a region's stream touches, and where each of
+ * its bytes goes in them.  Where ckpt_copy_*_chunk above take one chunk that
+ * the caller already has and copy whatever of a stream range falls in it,
+ * ckpt_stream_pieces finds exactly the chunks the range touches (never one
+ * it does not: a writer allocates a buffer for every chunk it is handed) and
+ * works in bytes, not elements: a range may start or end inside an element.
+ *
+ * The range is cut into at most 2 * rank + 2 pieces of work per chunk: a
+ * partial first element, boxes of whole elements (at most 2 * rank of them
+ * for any range), and a partial last element.  A chunk is the full chunk
+ * shape in C order (edge chunks padded, as above). */
+
+/* An array's chunk grid: chunk_shape[d] elements per chunk, grid[d] chunks
+ * along dim d (ceil(shape[d] / chunk_shape[d])).  The arrays are borrowed. */
+typedef struct ckpt_chunk_grid {
+	int rank;
+	size_t itemsize;
+	const uint64_t *chunk_shape;
+	const uint64_t *grid;
+} ckpt_chunk_grid;
+
+/* One chunk's share of a stream range.  chunk and cg are for the caller; the
+ * rest tells ckpt_stream_piece_spans how to walk it. */
+typedef struct ckpt_stream_piece {
+	uint64_t chunk; /* linear index in the grid, C order */
+	uint64_t cg[CKPT_MAX_RANK]; /* grid coordinates */
+	int single; /* one span: s_n bytes from data s_soff to chunk s_coff */
+	uint64_t s_coff, s_soff, s_n;
+	uint64_t ist[CKPT_MAX_RANK], isp[CKPT_MAX_RANK]; /* box meets chunk (global) */
+	uint64_t bst[CKPT_MAX_RANK]; /* box start (global) */
+	uint64_t bstride[CKPT_MAX_RANK]; /* box element strides */
+	uint64_t base; /* data byte offset of the box's first element */
+} ckpt_stream_piece;
+
+typedef int (*ckpt_stream_piece_fn)(void *ctx, const ckpt_stream_piece *p);
+typedef void (*ckpt_stream_span_fn)(void *ctx, uint64_t chunk_off, uint64_t data_off, uint64_t n);
+
+/* Call fn for each piece of stream bytes [b0, b1) of region r (inside the
+ * grid's array; b1 <= the region's byte count), in stream order; data
+ * offsets are relative to b0.  Stops at and returns fn's first non-zero
+ * result; 0 otherwise (also for b0 >= b1).  Rank 0: one single piece. */
+int ckpt_stream_pieces(const ckpt_chunk_grid *g, const ckpt_region *r, uint64_t b0, uint64_t b1,
+		       ckpt_stream_piece_fn fn, void *ctx);
+
+/* Call fn for each contiguous run of piece p: n bytes at chunk byte offset
+ * chunk_off <-> data byte offset data_off.  Adjacent runs are merged. */
+void ckpt_stream_piece_spans(const ckpt_chunk_grid *g, const ckpt_stream_piece *p, ckpt_stream_span_fn fn,
+			     void *ctx);
+
 #endif

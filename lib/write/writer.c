@@ -165,7 +165,7 @@ fail:
 
 struct wctx {
 	struct ckpt_warray *a;
-	const struct wpiece *p;
+	const ckpt_stream_piece *p;
 	const uint8_t *src; /* write: the caller's bytes */
 	uint8_t *dst; /* read: the caller's buffer */
 	const uint8_t *from; /* read: the chunk's bytes, NULL = all zero */
@@ -194,12 +194,12 @@ static int fill_piece(void *ctx, uint8_t *buf, struct wcov *cov, uint64_t *added
 	w->chunk = buf;
 	w->cov = cov;
 	w->added = 0;
-	w_piece_spans(w->a, w->p, span_write, w);
+	ckpt_stream_piece_spans(&w->a->grid, w->p, span_write, w);
 	*added = w->added;
 	return w->rc;
 }
 
-static int piece_write(void *ctx, const struct wpiece *p)
+static int piece_write(void *ctx, const ckpt_stream_piece *p)
 {
 	struct wctx *w = ctx;
 	w->p = p;
@@ -229,7 +229,7 @@ int ckpt_warray_write(ckpt_warray *a, const ckpt_region *region, uint64_t byte_o
 	if (atomic_load(&a->step->state) != CKPT_STEP_PENDING)
 		return w_step_writable(a->step, a->relpath);
 	struct wctx w = { .a = a, .src = data };
-	int rc = w_pieces(a, &r, byte_off, end, piece_write, &w);
+	int rc = ckpt_stream_pieces(&a->grid, &r, byte_off, end, piece_write, &w);
 	if (!rc)
 		CKPT_STAT_ADD(bytes_written, len);
 	return rc;
@@ -250,10 +250,10 @@ static void copy_piece(void *ctx, const uint8_t *bytes)
 {
 	struct wctx *w = ctx;
 	w->from = bytes;
-	w_piece_spans(w->a, w->p, span_read, w);
+	ckpt_stream_piece_spans(&w->a->grid, w->p, span_read, w);
 }
 
-static int piece_read(void *ctx, const struct wpiece *p)
+static int piece_read(void *ctx, const ckpt_stream_piece *p)
 {
 	struct wctx *w = ctx;
 	w->p = p;
@@ -276,7 +276,7 @@ ssize_t ckpt_warray_read(ckpt_warray *a, const ckpt_region *region, uint64_t byt
 	if (len > (size_t)SSIZE_MAX)
 		len = (size_t)SSIZE_MAX;
 	struct wctx w = { .a = a, .dst = dst };
-	int rc = w_pieces(a, &r, byte_off, byte_off + len, piece_read, &w);
+	int rc = ckpt_stream_pieces(&a->grid, &r, byte_off, byte_off + len, piece_read, &w);
 	free(w.scratch);
 	return rc ? rc : (ssize_t)len;
 }

@@ -10,9 +10,11 @@
  *   writer_chunk.c   every chunk state transition: budget, buffers, pins, queue,
  *                    spill, reload, stored/error/retry (the state table is there)
  *   writer_shard.c   shard files: path, O_DIRECT append, read-back, index + fsync
- *   writer_geom.c    chunk and shard shapes, stream range -> chunk pieces
+ *   writer_geom.c    chunk and shard shapes, chunk coordinates
  *   writer_cov.c     byte coverage of a chunk buffer
- * writer_geom.c and writer_cov.c are leaves (base/ and format/ only).
+ * writer_geom.c and writer_cov.c are leaves (base/ and format/ only).  A byte
+ * range of a region's stream is cut into per-chunk pieces by format/slice.c
+ * (ckpt_stream_pieces on ckpt_warray.grid).
  */
 #ifndef CKPT_WRITER_INT_H
 #define CKPT_WRITER_INT_H
@@ -106,6 +108,7 @@ struct ckpt_warray {
 	uint64_t inner[CKPT_MAX_RANK]; /* inner chunk shape */
 	uint64_t shard[CKPT_MAX_RANK]; /* shard shape (multiple of inner) */
 	uint64_t nch[CKPT_MAX_RANK]; /* inner chunks per dim */
+	ckpt_chunk_grid grid; /* inner, nch: for ckpt_stream_pieces */
 	uint64_t mps[CKPT_MAX_RANK]; /* inner chunks per shard per dim */
 	uint64_t nsh[CKPT_MAX_RANK]; /* shards per dim */
 	uint64_t nchunks, nshards;
@@ -173,35 +176,9 @@ struct ckpt_step {
  * (shape, rank, dtype set) array.  -EFBIG when too many chunks. */
 int w_geom_init(struct ckpt_warray *a, uint64_t chunk_bytes, uint64_t shard_bytes);
 
-/* One chunk's share of a stream range: either one span, or the
- * intersection of a box of the stream with the chunk. */
-struct wpiece {
-	uint64_t chunk; /* linear chunk index */
-	uint64_t cg[CKPT_MAX_RANK]; /* chunk grid coordinates */
-	int single;
-	uint64_t s_coff, s_soff, s_n; /* single: chunk byte off, data off, bytes */
-	/* box form */
-	uint64_t ist[CKPT_MAX_RANK], isp[CKPT_MAX_RANK]; /* box ∩ chunk (global) */
-	uint64_t bst[CKPT_MAX_RANK]; /* box start (global) */
-	uint64_t bstride[CKPT_MAX_RANK]; /* box element strides */
-	uint64_t base; /* data byte offset of the box's first element */
-};
-
-typedef int (*w_piece_fn)(void *ctx, const struct wpiece *p);
-typedef void (*w_span_fn)(void *ctx, uint64_t coff, uint64_t soff, uint64_t n);
-
 /* Validate region against a (NULL = whole array) and fill *out. */
 int w_region_check(const struct ckpt_warray *a, const ckpt_region *region, ckpt_region *out,
 		   uint64_t *nbytes);
-
-/* Split stream bytes [b0, b1) of region r into per-chunk pieces; calls fn
- * for each (chunk by chunk, all spans of a piece in the same chunk); data
- * offsets are relative to b0.  Stops at and returns fn's first non-zero. */
-int w_pieces(const struct ckpt_warray *a, const ckpt_region *r, uint64_t b0, uint64_t b1, w_piece_fn fn,
-	     void *ctx);
-
-/* Enumerate a piece's spans (adjacent spans coalesced). */
-void w_piece_spans(const struct ckpt_warray *a, const struct wpiece *p, w_span_fn fn, void *ctx);
 
 /* In-bounds bytes of chunk `idx`. */
 uint64_t w_chunk_need(const struct ckpt_warray *a, uint64_t idx);
