@@ -167,7 +167,7 @@ static int dir_size(ckpt_store *s, const char *key, uint64_t *size)
 {
 	if (!ckpt_store_key_ok(key))
 		return -ENOENT;
-	struct ckpt_store_stat st;
+	struct ckpt_store_stat st = { 0 }; /* gcc -O2 cannot see that open_err() never returns 0 */
 	int rc = dir_stat(s, key, &st);
 	if (rc)
 		return rc;

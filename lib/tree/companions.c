@@ -188,8 +188,10 @@ static int collect(ckpt_view *v, struct node *dir, const char *prefix, struct st
 		char name[VIEW_KEYPATH_MAX];
 		size_t stem;
 		if (k->kind == N_ARRAY && node_ends_with(k->name, ".npy", &stem)) {
-			snprintf(name, sizeof(name), "%s%s%.*s", prefix, *prefix ? "." : "", (int)stem,
-				 k->name);
+			int w = snprintf(name, sizeof(name), "%s%s%.*s", prefix, *prefix ? "." : "", (int)stem,
+					 k->name);
+			if (w < 0 || (size_t)w >= sizeof(name))
+				return -ENAMETOOLONG;
 			if (c->n == c->cap) {
 				size_t cap = c->cap ? c->cap * 2 : 16;
 				ckpt_st_tensor *t = realloc(c->t, cap * sizeof(*t));
@@ -213,7 +215,9 @@ static int collect(ckpt_view *v, struct node *dir, const char *prefix, struct st
 			c->nodes[c->n] = k;
 			c->n++;
 		} else if (k->kind == N_DIR) {
-			snprintf(name, sizeof(name), "%s%s%s", prefix, *prefix ? "." : "", k->name);
+			int w = snprintf(name, sizeof(name), "%s%s%s", prefix, *prefix ? "." : "", k->name);
+			if (w < 0 || (size_t)w >= sizeof(name))
+				return -ENAMETOOLONG;
 			int rc = collect(v, k, name, c, depth + 1);
 			if (rc < 0)
 				return rc;
