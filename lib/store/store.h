@@ -104,10 +104,21 @@ struct ckpt_store_opts {
 	const char *token_file; /* gs://: file holding an OAuth2 bearer token (re-read when it changes) */
 	int anonymous; /* 1: send no credentials even when some are found */
 	unsigned connections; /* concurrent HTTP requests; 0 = 8 */
-	unsigned retries; /* attempts after the first on transient failures; 0 = 5 */
+	unsigned
+		retries; /* attempts after the first on transient failures; 0 = 5, CKPT_STORE_NO_RETRY = none */
 	unsigned timeout_ms; /* per attempt (connect + stall detection); 0 = 30000 */
 	unsigned retry_base_ms; /* first backoff (doubles, full jitter, capped at 5 s); 0 = 100 */
 };
+
+#define CKPT_STORE_NO_RETRY 0xffffffffu
+
+/* Apply one mount option to `o`: endpoint=, region=, profile=, token_file=,
+ * anonymous (or anonymous=1), connections=, retries=, timeout_ms=,
+ * retry_base_ms=.  Returns 1 when `key` is one of these (string values are
+ * borrowed: keep them alive until ckpt_store_open_source), 0 when it is not
+ * a store option, -EINVAL for a bad value.  No option carries a secret, so
+ * mount options are safe to show in ps. */
+int ckpt_store_opts_set(struct ckpt_store_opts *o, const char *key, const char *value);
 
 /* Folder store over `dir` (a zarr per-array item folder, a step, a root).
  * -errno on failure. */

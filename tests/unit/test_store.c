@@ -272,8 +272,252 @@ static void test_ocdbt_on(void)
 	ckpt_store_destroy(root);
 }
 
-int main(void)
+/* ---------------------------------------------------------------- object-store driver
+ *
+ * Run by tests/py/test_s3_store.py against s3rver on loopback (ctest runs the
+ * unit tests above only):
+ *   test_store s3check SOURCE LOCALDIR [opt=value ...]
+ *       every folder, file, byte range and OCDBT database of LOCALDIR read
+ *       through SOURCE must match LOCALDIR exactly; prints "s3check ok ..."
+ *   test_store s3cmp SOURCE KEY LOCALFILE [opt=value ...]
+ *       read KEY in 64 KiB pieces; exit 0 equal, 1 wrong bytes, 2 an error
+ *       (printed as "error: <errno name>")
+ */
+
+static int drv_files, drv_dirs, drv_ranges, drv_ocdbt_keys, drv_bad;
+
+static void drv_fail(const char *fmt, const char *a, long b)
 {
+	fprintf(stderr, fmt, a, b);
+	fputc('\n', stderr);
+	drv_bad++;
+}
+
+struct ent_list {
+	char names[4096][128];
+	int dir[4096];
+	uint64_t size[4096];
+	int n;
+};
+
+static int ent_cb(void *ctx, const char *name, const struct ckpt_store_stat *st)
+{
+	struct ent_list *l = ctx;
+	if (l->n < 4096) {
+		snprintf(l->names[l->n], 128, "%s", name);
+		l->dir[l->n] = st->is_dir;
+		l->size[l->n] = st->size;
+		l->n++;
+	}
+	return 0;
+}
+
+static int ent_cmp(const void *a, const void *b)
+{
+	return strcmp(a, b);
+}
+
+static void sort_ents(struct ent_list *l)
+{
+	/* names, dir and size sorted together: sort an index */
+	for (int i = 1; i < l->n; i++)
+		for (int j = i; j > 0 && ent_cmp(l->names[j - 1], l->names[j]) > 0; j--) {
+			char t[128];
+			memcpy(t, l->names[j], 128);
+			memcpy(l->names[j], l->names[j - 1], 128);
+			memcpy(l->names[j - 1], t, 128);
+			int d = l->dir[j];
+			l->dir[j] = l->dir[j - 1];
+			l->dir[j - 1] = d;
+			uint64_t z = l->size[j];
+			l->size[j] = l->size[j - 1];
+			l->size[j - 1] = z;
+		}
+}
+
+static void cmp_value(ckpt_store *loc, ckpt_store *rem, const char *key, uint64_t size)
+{
+	char *a = NULL, *b = NULL;
+	size_t la = 0, lb = 0;
+	int ra = ckpt_store_read_small(loc, key, 1 << 28, &a, &la);
+	int rb = ckpt_store_read_small(rem, key, 1 << 28, &b, &lb);
+	if (ra || rb || la != lb || memcmp(a, b, la) != 0) {
+		drv_fail("value differs: %s (rc %ld)", key, rb);
+	} else {
+		/* ranges: first byte, last byte, a middle piece, one running past the end */
+		uint64_t offs[4] = { 0, size ? size - 1 : 0, size / 3, size > 5 ? size - 5 : 0 };
+		size_t lens[4] = { 1, 1, (size_t)(size / 3 + 7), 64 };
+		for (int i = 0; i < 4; i++) {
+			char buf[1 << 16];
+			size_t len = lens[i] < sizeof(buf) ? lens[i] : sizeof(buf);
+			ssize_t n = ckpt_store_read(rem, key, offs[i], len, buf);
+			uint64_t want = offs[i] >= size ? 0 : (size - offs[i] < len ? size - offs[i] : len);
+			if (n < 0 || (uint64_t)n != want ||
+			    (n > 0 && memcmp(buf, a + offs[i], (size_t)n) != 0))
+				drv_fail("range differs: %s (rc %ld)", key, (long)n);
+			drv_ranges++;
+		}
+	}
+	free(a);
+	free(b);
+}
+
+static void cmp_ocdbt(ckpt_store *loc, ckpt_store *rem, const char *dir)
+{
+	ckpt_store *a = NULL, *b = NULL;
+	int ra = ckpt_store_ocdbt_open_on(loc, dir, &a);
+	int rb = ckpt_store_ocdbt_open_on(rem, dir, &b);
+	if (ra || rb) {
+		drv_fail("ocdbt open differs: %s (rc %ld)", dir, rb);
+	} else {
+		struct keys ka = { 0 }, kb = { 0 };
+		ckpt_store_list(a, "", key_cb, &ka);
+		ckpt_store_list(b, "", key_cb, &kb);
+		if (ka.n != kb.n || !ka.all || !kb.all || strcmp(ka.all, kb.all) != 0)
+			drv_fail("ocdbt keys differ: %s (%ld keys)", dir, kb.n);
+		for (char *k = ka.all; k && *k;) {
+			char *nl = strchr(k, '\n');
+			*nl = 0;
+			uint64_t size = 0;
+			ckpt_store_size(a, k, &size);
+			cmp_value(a, b, k, size);
+			drv_ocdbt_keys++;
+			k = nl + 1;
+		}
+		free(ka.all);
+		free(kb.all);
+	}
+	ckpt_store_destroy(a);
+	ckpt_store_destroy(b);
+}
+
+static void cmp_dir(ckpt_store *loc, ckpt_store *rem, const char *dir)
+{
+	struct ent_list *la = calloc(1, sizeof(*la)), *lb = calloc(1, sizeof(*lb));
+	int ra = ckpt_store_listdir(loc, dir, ent_cb, la);
+	int rb = ckpt_store_listdir(rem, dir, ent_cb, lb);
+	sort_ents(la);
+	sort_ents(lb);
+	drv_dirs++;
+	int ocdbt = 0;
+	if (ra || rb || la->n != lb->n) {
+		drv_fail("listing differs: '%s' (%ld entries remote)", dir, lb->n);
+	} else {
+		for (int i = 0; i < la->n; i++) {
+			char key[1024];
+			snprintf(key, sizeof(key), "%s%s%s", dir, *dir ? "/" : "", la->names[i]);
+			if (strcmp(la->names[i], lb->names[i]) != 0 || la->dir[i] != lb->dir[i] ||
+			    la->size[i] != lb->size[i]) {
+				drv_fail("entry differs: %s (%ld)", key, i);
+				continue;
+			}
+			struct ckpt_store_stat sa, sb;
+			int xa = ckpt_store_stat(loc, key, &sa), xb = ckpt_store_stat(rem, key, &sb);
+			if (xa || xb || sa.is_dir != sb.is_dir || sa.size != sb.size)
+				drv_fail("stat differs: %s (rc %ld)", key, xb);
+			if (la->dir[i]) {
+				if (strncmp(la->names[i], "ocdbt.process_", 14) == 0)
+					ocdbt = 1;
+				cmp_dir(loc, rem, key);
+			} else {
+				if (strcmp(la->names[i], "manifest.ocdbt") == 0)
+					ocdbt = 1;
+				cmp_value(loc, rem, key, la->size[i]);
+				drv_files++;
+			}
+		}
+	}
+	if (ocdbt)
+		cmp_ocdbt(loc, rem, dir);
+	free(la);
+	free(lb);
+}
+
+static int drv_open(const char *source, int argc, char **argv, ckpt_store **out)
+{
+	struct ckpt_store_opts o = { 0 };
+	for (int i = 0; i < argc; i++) {
+		char *eq = strchr(argv[i], '=');
+		if (eq)
+			*eq = 0;
+		if (ckpt_store_opts_set(&o, argv[i], eq ? eq + 1 : NULL) != 1) {
+			fprintf(stderr, "bad option %s\n", argv[i]);
+			return -EINVAL;
+		}
+	}
+	return ckpt_store_open_source(source, &o, out);
+}
+
+static int drv_main(int argc, char **argv)
+{
+	ckpt_log_set_level(getenv("CKPT_TEST_DEBUG") ? CKPT_LOG_DEBUG : CKPT_LOG_INFO);
+	ckpt_store *rem = NULL, *loc = NULL;
+	if (argc >= 4 && strcmp(argv[1], "s3check") == 0) {
+		int rc = drv_open(argv[2], argc - 4, argv + 4, &rem);
+		if (rc == 0)
+			rc = ckpt_store_dir_open(argv[3], &loc);
+		if (rc) {
+			printf("error: %s\n", strerror(-rc));
+			return 2;
+		}
+		cmp_dir(loc, rem, "");
+		struct ckpt_store_stat st;
+		if (ckpt_store_stat(rem, "no/such/thing", &st) != -ENOENT)
+			drv_fail("stat of a missing key: %s %ld", "", 0);
+		char b[4];
+		if (ckpt_store_read(rem, "no-such-object", 0, 4, b) != -ENOENT)
+			drv_fail("read of a missing key: %s %ld", "", 0);
+		printf("s3check %s: %d folders, %d files, %d ranges, %d ocdbt keys, %d differences\n",
+		       drv_bad ? "FAILED" : "ok", drv_dirs, drv_files, drv_ranges, drv_ocdbt_keys, drv_bad);
+		ckpt_store_destroy(rem);
+		ckpt_store_destroy(loc);
+		return drv_bad ? 1 : 0;
+	}
+	if (argc >= 5 && strcmp(argv[1], "s3cmp") == 0) {
+		int rc = drv_open(argv[2], argc - 5, argv + 5, &rem);
+		if (rc) {
+			printf("error: %s\n", strerror(-rc));
+			return 2;
+		}
+		FILE *f = fopen(argv[4], "rb");
+		if (!f)
+			return 2;
+		static char want[1 << 16], got[1 << 16];
+		uint64_t off = 0;
+		int result = 0;
+		for (;;) {
+			size_t n = fread(want, 1, sizeof(want), f);
+			ssize_t g = ckpt_store_read(rem, argv[3], off, sizeof(got), got);
+			if (g < 0) {
+				printf("error: %s at offset %llu\n", strerror((int)-g),
+				       (unsigned long long)off);
+				result = 2;
+				break;
+			}
+			if ((size_t)g != n || memcmp(want, got, n) != 0) {
+				printf("WRONG BYTES at offset %llu\n", (unsigned long long)off);
+				result = 1;
+				break;
+			}
+			if (n == 0)
+				break;
+			off += n;
+		}
+		fclose(f);
+		if (result == 0)
+			printf("equal: %llu bytes\n", (unsigned long long)off);
+		ckpt_store_destroy(rem);
+		return result;
+	}
+	fprintf(stderr,
+		"usage: test_store [s3check SOURCE LOCALDIR | s3cmp SOURCE KEY FILE] [opt=value ...]\n");
+	return 2;
+}
+
+int main(int argc, char **argv)
+{
+	if (argc > 1)
+		return drv_main(argc, argv);
 	signal(SIGALRM, on_alarm);
 	snprintf(tmp, sizeof(tmp), "/tmp/test_store.XXXXXX");
 	if (!mkdtemp(tmp))

@@ -1,0 +1,227 @@
+#!/usr/bin/python3
+"""A fault-injecting HTTP/1.1 proxy for the object-store tests (loopback only).
+
+    faultproxy.py UPSTREAM_PORT [LISTEN_PORT]
+
+Listens on 127.0.0.1 (LISTEN_PORT, default any free port; the port is printed
+as "faultproxy listening on 127.0.0.1:PORT"), forwards every request unchanged
+(signatures and the Host header stay valid) to 127.0.0.1:UPSTREAM_PORT over a
+fresh connection, and keeps the client's connection alive.
+
+Control: GET /__fault?mode=M&arg=A&count=N&match=S adds a rule that fires on
+the next N requests whose "METHOD TARGET" contains S (default: every request).
+Modes:
+  delay       sleep A ms, then forward
+  status      answer A (e.g. 503:SlowDown) with an S3 error body, no upstream
+  truncate    forward, relay the head and A body bytes, then close (FIN)
+  reset_mid   forward, relay the head and A body bytes, then reset (RST)
+  reset       reset the connection before any response
+  etag        forward, rewrite the ETag header to A
+  clear       drop every rule and the request log
+GET /__fault (no mode) answers the rules and the request log as JSON.
+"""
+import json
+import socket
+import socketserver
+import struct
+import sys
+import threading
+import time
+import urllib.parse
+
+LOCK = threading.Lock()
+RULES = []  # dicts: mode, arg, count, match
+LOG = []  # "METHOD TARGET -> fault"
+UPSTREAM = 0
+
+
+def read_head(f):
+    lines = []
+    while True:
+        line = f.readline(65537)
+        if not line:
+            return None
+        if line in (b"\r\n", b"\n"):
+            return lines
+        lines.append(line.decode("latin-1").rstrip("\r\n"))
+
+
+def header(lines, name):
+    name = name.lower()
+    for line in lines[1:]:
+        k, _, v = line.partition(":")
+        if k.strip().lower() == name:
+            return v.strip()
+    return None
+
+
+def take_rule(reqline):
+    with LOCK:
+        for r in RULES:
+            if r["count"] > 0 and r["match"] in reqline:
+                r["count"] -= 1
+                return dict(r)
+    return None
+
+
+def rst(sock):
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    except OSError:
+        pass
+    sock.close()
+
+
+def upstream_exchange(head_lines, body):
+    """Send the request upstream with Connection: close; return (status line,
+    header lines, body bytes) of the answer."""
+    out = [head_lines[0]]
+    for line in head_lines[1:]:
+        if line.split(":", 1)[0].strip().lower() in ("connection", "keep-alive"):
+            continue
+        out.append(line)
+    out.append("Connection: close")
+    data = ("\r\n".join(out) + "\r\n\r\n").encode("latin-1") + body
+    s = socket.create_connection(("127.0.0.1", UPSTREAM), timeout=60)
+    try:
+        s.sendall(data)
+        f = s.makefile("rb")
+        resp = read_head(f)
+        if resp is None:
+            raise OSError("no answer upstream")
+        method = head_lines[0].split(" ", 1)[0]
+        status = int(resp[0].split(" ")[1])
+        cl = header(resp, "content-length")
+        if method == "HEAD" or status in (204, 304) or (100 <= status < 200):
+            rbody = b""
+        elif cl is not None:
+            rbody = f.read(int(cl))
+        else:
+            rbody = f.read()  # until close
+        return resp, rbody
+    finally:
+        s.close()
+
+
+def error_answer(arg):
+    code, _, name = (arg or "503:SlowDown").partition(":")
+    body = (
+        '<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>%s</Code><Message>injected by faultproxy'
+        "</Message></Error>" % (name or "InjectedError")
+    ).encode()
+    head = "HTTP/1.1 %s %s\r\nContent-Type: application/xml\r\nContent-Length: %d\r\nConnection: keep-alive\r\n\r\n" % (
+        code,
+        name or "Error",
+        len(body),
+    )
+    return head.encode("latin-1") + body
+
+
+def control(target):
+    q = urllib.parse.parse_qs(urllib.parse.urlsplit(target).query)
+    mode = q.get("mode", [""])[0]
+    with LOCK:
+        if mode == "clear":
+            RULES.clear()
+            LOG.clear()
+        elif mode:
+            RULES.append(
+                {
+                    "mode": mode,
+                    "arg": q.get("arg", [""])[0],
+                    "count": int(q.get("count", ["1"])[0]),
+                    "match": q.get("match", [""])[0],
+                }
+            )
+        body = json.dumps({"rules": RULES, "log": LOG}).encode()
+    return (
+        b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(body)
+    ) + body
+
+
+class Handler(socketserver.StreamRequestHandler):
+    def handle(self):
+        sock = self.connection
+        f = self.rfile
+        while True:
+            try:
+                head = read_head(f)
+            except OSError:
+                return
+            if not head:
+                return
+            cl = header(head, "content-length")
+            body = f.read(int(cl)) if cl else b""
+            parts = head[0].split(" ")
+            if len(parts) < 3:
+                return
+            method, target = parts[0], parts[1]
+            if target.startswith("/__fault"):
+                sock.sendall(control(target))
+                continue
+            reqline = "%s %s" % (method, target)
+            rule = take_rule(reqline)
+            mode = rule["mode"] if rule else ""
+            with LOCK:
+                LOG.append("%s -> %s" % (reqline, mode or "ok"))
+                del LOG[:-500]
+            if mode == "reset":
+                rst(sock)
+                return
+            if mode == "status":
+                sock.sendall(error_answer(rule["arg"]))
+                continue
+            if mode == "delay":
+                time.sleep(min(float(rule["arg"] or 0), 30000) / 1000.0)
+            try:
+                resp, rbody = upstream_exchange(head, body)
+            except OSError:
+                sock.sendall(error_answer("502:BadGateway"))
+                continue
+            out = [resp[0]]
+            for line in resp[1:]:
+                k = line.split(":", 1)[0].strip().lower()
+                if k in ("connection", "keep-alive", "transfer-encoding"):
+                    continue
+                if k == "etag" and mode == "etag":
+                    line = "ETag: %s" % rule["arg"]
+                if k == "content-length":
+                    continue
+                out.append(line)
+            if not (method == "HEAD" and header(resp, "content-length") is not None):
+                out.append("Content-Length: %d" % len(rbody))
+            else:
+                out.append("Content-Length: %s" % header(resp, "content-length"))
+            out.append("Connection: keep-alive")
+            data = ("\r\n".join(out) + "\r\n\r\n").encode("latin-1")
+            if mode in ("truncate", "reset_mid"):
+                n = int(rule["arg"] or 0)
+                sock.sendall(data + rbody[:n])
+                if mode == "reset_mid":
+                    rst(sock)
+                else:
+                    sock.shutdown(socket.SHUT_RDWR)
+                    sock.close()
+                return
+            sock.sendall(data + rbody)
+
+
+class Server(socketserver.ThreadingTCPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+
+
+def main():
+    global UPSTREAM
+    UPSTREAM = int(sys.argv[1])
+    port = int(sys.argv[2]) if len(sys.argv) > 2 else 0
+    srv = Server(("127.0.0.1", port), Handler)
+    print("faultproxy listening on 127.0.0.1:%d" % srv.server_address[1], flush=True)
+    try:
+        srv.serve_forever()
+    except KeyboardInterrupt:
+        pass
+
+
+if __name__ == "__main__":
+    main()
