@@ -241,6 +241,44 @@ class FifoWatch:
         self.t.join(10)
 
 
+class OpenWatch:
+    """inotify IN_OPEN / IN_ACCESS on folders: which of them (or files in
+    them) were opened or read since the watch started.  stat() is not seen."""
+
+    IN_ACCESS, IN_OPEN = 0x1, 0x20
+
+    def __init__(self, dirs):
+        import ctypes
+        import ctypes.util
+        self.libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+        self.fd = self.libc.inotify_init1(os.O_NONBLOCK | os.O_CLOEXEC)
+        if self.fd < 0:
+            pytest.skip("inotify unavailable")
+        self.wd = {}
+        for d in dirs:
+            wd = self.libc.inotify_add_watch(self.fd, str(d).encode(), self.IN_OPEN | self.IN_ACCESS)
+            assert wd >= 0, f"inotify_add_watch {d}: errno {ctypes.get_errno()}"
+            self.wd[wd] = str(d)
+
+    def events(self):
+        import struct
+        out = []
+        while True:
+            try:
+                buf = os.read(self.fd, 65536)
+            except BlockingIOError:
+                return out
+            p = 0
+            while p + 16 <= len(buf):
+                wd, mask, _, n = struct.unpack_from("iIII", buf, p)
+                name = buf[p + 16:p + 16 + n].rstrip(b"\0").decode(errors="replace")
+                out.append(os.path.join(self.wd.get(wd, "?"), name))
+                p += 16 + n
+
+    def close(self):
+        os.close(self.fd)
+
+
 @pytest.mark.ocdbt
 @pytest.mark.xfail(strict=True, reason="issue 10: every step folder is opened at mount time")
 def test_thousands_of_steps_are_not_walked(tmp_path):
@@ -249,26 +287,36 @@ def test_thousands_of_steps_are_not_walked(tmp_path):
     n = 3000
     for i in range(n):
         os.mkdir(root / str(i))
+        (root / str(i) / "_CHECKPOINT_METADATA").write_text('{"commit_timestamp_nsecs": 1}')
     # one real step, read lazily later
     shutil.rmtree(root / "7")
     _writable_copy(U.FIXTURES / "manager" / "10", root / "7")
     # one step whose metadata cannot be read without blocking: FIFOs
     trap = root / "1234"
+    os.unlink(trap / "_CHECKPOINT_METADATA")
     os.mkdir(trap / "state")
     fifos = [trap / "_CHECKPOINT_METADATA", trap / "state" / "_METADATA", trap / "state" / "manifest.ocdbt"]
     for f in fifos:
         os.mkfifo(f)
+    # and some ordinary steps whose folders must not be opened either
+    watched = [trap, trap / "state"] + [root / str(i) for i in (0, 999, 2998, 2999)]
     f = U.MountFactory(tmp_path / "mounts")
-    with FifoWatch(fifos) as w:
-        try:
-            m = f(root, "ro")
-            names = os.listdir(m.p())
-            st = os.stat(m.p())
-            touched_after_ls = set(w.touched)
-            data = U.read_all(m.p("7/" + ARR))
-        finally:
-            f.close()
+    ow = OpenWatch(watched)
+    try:
+        with FifoWatch(fifos) as w:
+            try:
+                m = f(root, "ro")
+                names = os.listdir(m.p())
+                st = os.stat(m.p())
+                touched_after_ls = set(w.touched)
+                opened_after_ls = ow.events()
+                data = U.read_all(m.p("7/" + ARR))
+            finally:
+                f.close()
+    finally:
+        ow.close()
     assert len(names) == n
     assert st.st_mode & 0o040000
     assert len(data) > 32 * 48 * 4
     assert not touched_after_ls, f"mount + ls of the root opened {sorted(touched_after_ls)}"
+    assert not opened_after_ls, f"mount + ls of the root opened step folders or their files: {opened_after_ls[:10]}"
