@@ -207,3 +207,31 @@ def test_man_page_and_readme_agree_with_help():
     for word in ("ckptfs info", "ckptfs verify", "fuse.ckptfs", "/usr/bin/python3"):
         assert word in readme, word
     assert "EXIT STATUS" in man and "fstab" in man and "zsh" in man
+
+
+def test_verify_progress_only_on_a_terminal():
+    import pty
+    master, slave = pty.openpty()
+    try:
+        p = subprocess.run([str(U.BIN), "verify", str(U.FIXTURES / "manager")], stdout=subprocess.PIPE,
+                           stderr=slave, text=True, timeout=120)
+        os.close(slave)
+        slave = None
+        tty = b""
+        while True:
+            try:
+                chunk = os.read(master, 65536)
+            except OSError:
+                break
+            if not chunk:
+                break
+            tty += chunk
+    finally:
+        if slave is not None:
+            os.close(slave)
+        os.close(master)
+    assert p.returncode == 0
+    assert b"verify: 20/20 arrays" in tty and b"ETA" in tty, tty
+    assert "\r" not in p.stdout and "ETA" not in p.stdout
+    plain = run("verify", U.FIXTURES / "manager", check=0)
+    assert "ETA" not in plain.stderr

@@ -288,3 +288,49 @@ def test_mount_fuse3_helper_directly(tmp_path):
         assert (mnt / "20" / "state").is_dir()
     finally:
         subprocess.run(["fusermount3", "-u", str(mnt)])
+
+
+@pytest.mark.skipif(_mount8_unavailable() is not None, reason=str(_mount8_unavailable()))
+def test_daemonized_logs_to_syslog(tmp_path):
+    """No log_file and no -f: the daemon logs to syslog as `ckptfs`.  /dev/log
+    is a socket of this test, inside a private mount namespace (a folder
+    holding it and the needed device nodes is bind-mounted over /dev)."""
+    import socket
+
+    src = tmp_path / "z3"
+    shutil.copytree(U.FIXTURES / "pytree_zarr3", src)
+    (src / "params.layer_0.mlp.b1" / "c" / "3").write_bytes(b"garbage")
+    dev = tmp_path / "dev"
+    dev.mkdir()
+    nodes = ["null", "zero", "fuse", "urandom", "random"]
+    for n in nodes:
+        (dev / n).touch()
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    sock.bind(str(dev / "log"))
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    binds = "\n".join(f"mount --bind /dev/{n} {dev}/{n}" for n in nodes)
+    try:
+        p = subprocess.run(["unshare", "-m", "sh", "-c", f"""set -e
+{binds}
+mount --rbind {dev} /dev
+{U.BIN} {src} {mnt}
+cat {mnt}/params/layer_0/mlp/b1.npy > /dev/null 2>&1 || true
+umount {mnt}
+"""], capture_output=True, text=True, timeout=120)
+        assert p.returncode == 0, p.stdout + p.stderr
+        sock.settimeout(5.0)
+        got = []
+        while True:
+            try:
+                got.append(sock.recv(65536).decode(errors="replace"))
+            except socket.timeout:
+                break
+            if any("unmounted" in g for g in got):
+                break
+    finally:
+        sock.close()
+    text = "\n".join(got)
+    assert "ckptfs[" in text and "mounted on" in text, text
+    err = [g for g in got if g.startswith("<27>")]  # LOG_DAEMON | LOG_ERR
+    assert any("params.layer_0.mlp.b1" in g for g in err), text
