@@ -11,6 +11,7 @@
 #include <cjson/cJSON.h>
 
 #include "orbax.h"
+#include "zarr_meta.h"
 #include "stats.h"
 #include "sysio.h"
 #include "writer_int.h"
@@ -63,78 +64,16 @@ static cJSON *json_shape(const uint64_t *v, int n)
 	return a;
 }
 
-static cJSON *codec(const char *name, cJSON *conf)
+/* zarr.json of a: zarr v3, sharding_indexed shards of inner zstd chunks
+ * (format/zarr_meta.h lays it out and prints it). */
+static char *zarr_json(const struct ckpt_warray *a, int level)
 {
-	cJSON *c = cJSON_CreateObject();
-	if (conf)
-		cJSON_AddItemToObject(c, "configuration", conf);
-	cJSON_AddStringToObject(c, "name", name);
-	return c;
-}
-
-static cJSON *endian_little(void)
-{
-	cJSON *c = cJSON_CreateObject();
-	cJSON_AddStringToObject(c, "endian", "little");
-	return c;
-}
-
-static cJSON *fill_value(ckpt_dtype dt)
-{
-	const ckpt_dtype_info *di = ckpt_dtype_get(dt);
-	switch (di->kind) {
-	case 'b':
-		return cJSON_CreateFalse();
-	case 'i':
-	case 'u':
-		return cJSON_CreateRaw("0");
-	case 'c': {
-		cJSON *a = cJSON_CreateArray();
-		cJSON_AddItemToArray(a, cJSON_CreateRaw("0.0"));
-		cJSON_AddItemToArray(a, cJSON_CreateRaw("0.0"));
-		return a;
-	}
-	case 'V': /* ml_dtypes: floats print 0.0, int4/uint4/int2 print 0 */
-		return cJSON_CreateRaw(
-			strncmp(di->name, "int", 3) == 0 || strncmp(di->name, "uint", 4) == 0 ? "0" : "0.0");
-	default:
-		return cJSON_CreateRaw("0.0");
-	}
-}
-
-/* zarr.json, members in the order TensorStore prints them. */
-static cJSON *zarr_json(const struct ckpt_warray *a, int level)
-{
-	cJSON *j = cJSON_CreateObject();
-	cJSON *gc = cJSON_CreateObject();
-	cJSON_AddItemToObject(gc, "chunk_shape", json_shape(a->shard, a->rank));
-	cJSON_AddItemToObject(j, "chunk_grid", codec("regular", gc));
-	cJSON_AddItemToObject(j, "chunk_key_encoding", codec("default", NULL));
-
-	cJSON *inner = cJSON_CreateArray();
-	cJSON_AddItemToArray(inner, codec("bytes", endian_little()));
-	cJSON *zc = cJSON_CreateObject();
-	cJSON_AddTrueToObject(zc, "checksum");
-	cJSON_AddNumberToObject(zc, "level", level);
-	cJSON_AddItemToArray(inner, codec("zstd", zc));
-	cJSON *ic = cJSON_CreateArray();
-	cJSON_AddItemToArray(ic, codec("bytes", endian_little()));
-	cJSON_AddItemToArray(ic, codec("crc32c", NULL));
-	cJSON *sc = cJSON_CreateObject();
-	cJSON_AddItemToObject(sc, "chunk_shape", json_shape(a->inner, a->rank));
-	cJSON_AddItemToObject(sc, "codecs", inner);
-	cJSON_AddItemToObject(sc, "index_codecs", ic);
-	cJSON_AddStringToObject(sc, "index_location", "end");
-	cJSON *codecs = cJSON_CreateArray();
-	cJSON_AddItemToArray(codecs, codec("sharding_indexed", sc));
-	cJSON_AddItemToObject(j, "codecs", codecs);
-
-	cJSON_AddStringToObject(j, "data_type", ckpt_dtype_get(a->dtype)->name);
-	cJSON_AddItemToObject(j, "fill_value", fill_value(a->dtype));
-	cJSON_AddStringToObject(j, "node_type", "array");
-	cJSON_AddItemToObject(j, "shape", json_shape(a->shape, a->rank));
-	cJSON_AddNumberToObject(j, "zarr_format", 3);
-	return j;
+	struct ckpt_zarr_meta m;
+	char *s = NULL;
+	if (ckpt_zarr_meta_init_sharded_zstd(&m, a->dtype, a->rank, a->shape, a->shard, a->inner, level) == 0)
+		s = ckpt_zarr_meta_emit(&m);
+	ckpt_zarr_meta_free(&m);
+	return s;
 }
 
 static int finish_array(struct ckpt_step *st, struct ckpt_warray *a)
@@ -144,7 +83,9 @@ static int finish_array(struct ckpt_step *st, struct ckpt_warray *a)
 	if (rc)
 		return rc;
 	snprintf(path, sizeof(path), "%s/" CKPT_ORBAX_ZARR3_META, a->relpath);
-	rc = write_json(st, path, zarr_json(a, st->opts.zstd_level));
+	char *zj = zarr_json(a, st->opts.zstd_level);
+	rc = zj ? write_file(st, path, zj, strlen(zj)) : -ENOMEM;
+	free(zj);
 	if (!rc)
 		rc = fsync_dir(st, a->relpath);
 	return rc;
