@@ -206,7 +206,7 @@ def test_one_small_read_of_a_huge_unit(big_item, mount):
     assert got == expected_bytes(200 * MiB + 4, 16)
     grew = vm(m.pid) - before
     if sanitized():
-        return
+        pytest.skip("memory bound not checked under sanitizers (values were)")
     assert grew <= CACHE + DECODE_SLACK, \
         f"one 16-byte read raised the daemon's VmHWM by {grew / MiB:.0f} MiB (cache_size 64 MiB + slack 32 MiB)"
 
@@ -230,7 +230,7 @@ def test_concurrent_small_reads_within_cache_size(big_item, mount):
     check_values(results)
     grew = vm(m.pid) - before
     if sanitized():
-        return
+        pytest.skip("memory bound not checked under sanitizers (values were)")
     assert grew <= CACHE + DECODE_SLACK, \
         f"8 concurrent 16-byte reads raised VmHWM by {grew / MiB:.0f} MiB (cache_size 64 MiB + slack 32 MiB)"
 

@@ -104,7 +104,7 @@ def test_distinct_slice_names_memory_bounded(wide_item, mount):
         a = np.load(m.p(f"p/w1[0:1,{i}:{i + 1}].npy"))
         assert a.tobytes() == v[0:1, i:i + 1].tobytes(), i
     if sanitized():
-        return
+        pytest.skip("memory bound not checked under sanitizers (names resolved)")
     assert grew <= HIDDEN_BOUND, (f"{N_NAMES} distinct slice names raised the daemon's VmHWM by "
                                   f"{grew / MiB:.1f} MiB ({grew / N_NAMES:.0f} bytes per name); "
                                   f"bound {HIDDEN_BOUND // MiB} MiB")
