@@ -290,8 +290,16 @@ static int walk(dir_store *d, char *path, size_t plen, size_t cap, const char *p
 static int dir_list(ckpt_store *s, const char *prefix, ckpt_store_list_cb cb, void *ctx)
 {
 	char path[4096];
-	path[0] = 0;
-	return walk((dir_store *)s, path, 0, sizeof(path), prefix ? prefix : "", cb, ctx, 0);
+	prefix = prefix ? prefix : "";
+	/* Start in the prefix's folder: listing one array of a store with
+	 * 10,000 array folders must not read the root 10,000 times. */
+	const char *slash = strrchr(prefix, '/');
+	size_t plen = slash ? (size_t)(slash - prefix) : 0;
+	if (plen >= sizeof(path))
+		return -ENAMETOOLONG;
+	memcpy(path, prefix, plen);
+	path[plen] = 0;
+	return walk((dir_store *)s, path, plen, sizeof(path), prefix, cb, ctx, 0);
 }
 
 static void dir_destroy(ckpt_store *s)
