@@ -4,7 +4,7 @@
  * data lies, and the mapping of a file byte range onto tensor pieces.
  * Pure computation: no I/O, the tensor data itself never passes through here.
  *
- * File format (see docs / ecosystem.md §2):
+ * File format (the safetensors format of huggingface/safetensors; docs/format.md):
  *   [8 bytes N, u64 LE][N bytes JSON, space padded, N % 8 == 0][data buffer]
  * Tensor t's data sits at file offset 8 + N + data_offsets[0] and holds its
  * elements in C order, little-endian, exactly as the array's C-order bytes.

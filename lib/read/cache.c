@@ -1,23 +1,32 @@
 /*
- * Invariants (all under c->lock):
- *  - every LOADING/READY entry is in the hash table, FAILED ones are not
- *    (their waiters hold the last refs and free them); a LOADING entry
- *    may have no buffer yet (reserved by a prefetch); READY entries with refs == 0 are on
- *    the LRU list (head = most recent), all others are off it;
- *  - c->bytes = sum of capacities of all entries + spare buffers.
+ * cache.c - the decoded-chunk cache (see cache.h).
  *
- * Buffers: first-touch page faults are expensive (ecosystem.md §5), so
- * decoded chunks land in reused memory whenever possible: a buffer has a
- * capacity rounded up to 2 MiB (huge pages where the kernel allows) and is
- * reused for any chunk that fits it without wasting more than half.
+ * Invariants (all under c->lock; ckpt_cache_check() verifies them and the
+ * assert()s below check the local ones):
+ *  - every LOADING/READY entry is in the hash table, FAILED ones are not
+ *    (their waiters hold the last refs and free them); c->count is the
+ *    number of entries in the table;
+ *  - a LOADING entry is pinned (refs >= 1) by whoever fills it or reserved
+ *    it, and has no buffer until it is claimed (a prefetch reservation);
+ *  - a READY entry has a buffer of cap >= size bytes; READY entries with
+ *    refs == 0 are on the LRU list (head = most recent), all others are off;
+ *  - c->bytes = the capacities of the buffers of table entries + spare
+ *    buffers + buffers still held by FAILED entries (c->failed_bytes).
+ *
+ * Buffers: a first touch of fresh memory costs a page fault per page, so
+ * decoded chunks land in reused memory whenever possible: buffers come from
+ * ckpt_hugebuf_alloc (2 MiB-rounded huge-page mappings for large chunks) and
+ * an evicted buffer is reused for any chunk that fits it without wasting
+ * more than half.
  */
+#include <assert.h>
 #include <pthread.h>
-#include <sys/mman.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "cache.h"
 #include "common.h"
+#include "hugebuf.h"
 #include "stats.h"
 
 enum { LOADING, READY, FAILED };
@@ -44,6 +53,7 @@ struct ckpt_cache {
 	pthread_mutex_t lock;
 	pthread_cond_t loaded;
 	uint64_t budget, bytes;
+	uint64_t failed_bytes; /* buffers of FAILED entries not yet freed */
 	struct ckpt_centry **table;
 	size_t nbuckets, count;
 	struct ckpt_centry lru; /* sentinel */
@@ -79,6 +89,7 @@ int ckpt_cache_create(uint64_t budget, ckpt_cache **out)
 
 static void lru_unlink(struct ckpt_centry *e)
 {
+	assert(e->prev && e->next && e->state == READY);
 	e->prev->next = e->next;
 	e->next->prev = e->prev;
 	e->prev = e->next = NULL;
@@ -86,6 +97,7 @@ static void lru_unlink(struct ckpt_centry *e)
 
 static void lru_push(ckpt_cache *c, struct ckpt_centry *e)
 {
+	assert(e->state == READY && e->refs == 0 && !e->prev && !e->next && e->data);
 	e->next = c->lru.next;
 	e->prev = &c->lru;
 	c->lru.next->prev = e;
@@ -97,6 +109,7 @@ static void table_remove(ckpt_cache *c, struct ckpt_centry *e)
 	struct ckpt_centry **pp = &c->table[bucket(c, e->owner, e->idx)];
 	while (*pp && *pp != e)
 		pp = &(*pp)->hnext;
+	assert(*pp == e && c->count > 0);
 	if (*pp)
 		*pp = e->hnext;
 	c->count--;
@@ -122,33 +135,26 @@ static void grow_table(ckpt_cache *c)
 	free(old);
 }
 
-#define BIG (1u << 20)
-#define HUGE_ALIGN ((size_t)2 << 20)
-
+/* The capacity ckpt_hugebuf_alloc gives for `size` bytes (computed before
+ * allocating, for the budget). */
 static size_t cap_for(size_t size)
 {
-	if (size < BIG)
+	const size_t align = (size_t)2 << 20;
+	if (size < CKPT_HUGEBUF_MIN)
 		return size ? size : 1;
-	return (size + HUGE_ALIGN - 1) & ~(HUGE_ALIGN - 1);
+	return (size + align - 1) & ~(align - 1);
 }
 
-static void *buf_alloc(size_t cap)
+static void *buf_alloc(size_t size, size_t *cap)
 {
-	if (cap < BIG)
-		return malloc(cap);
-	void *p = mmap(NULL, cap, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-	if (p == MAP_FAILED)
-		return NULL;
-	madvise(p, cap, MADV_HUGEPAGE);
+	void *p = ckpt_hugebuf_alloc(size, cap);
+	assert(!p || *cap == cap_for(size));
 	return p;
 }
 
 static void buf_free(void *p, size_t cap)
 {
-	if (cap < BIG)
-		free(p);
-	else
-		munmap(p, cap);
+	ckpt_hugebuf_free(p, cap);
 }
 
 /* A spare of capacity `cap` can hold a chunk of `size` bytes without
@@ -160,6 +166,7 @@ static int fits(size_t cap, size_t size)
 
 static void drop_spare(ckpt_cache *c, int i)
 {
+	assert(i >= 0 && i < c->nspare && c->bytes >= c->spare[i].cap);
 	buf_free(c->spare[i].data, c->spare[i].cap);
 	c->bytes -= c->spare[i].cap;
 	c->spare[i] = c->spare[--c->nspare];
@@ -169,6 +176,7 @@ static void drop_spare(ckpt_cache *c, int i)
  * Called with the lock held. */
 static void give_back(ckpt_cache *c, void *data, size_t cap)
 {
+	assert(data && c->nspare <= NSPARE);
 	if (c->nspare == NSPARE)
 		drop_spare(c, 0);
 	c->spare[c->nspare].data = data;
@@ -189,6 +197,7 @@ static void make_room(ckpt_cache *c, size_t need)
 	}
 	while (c->bytes + cap > c->budget && c->lru.prev != &c->lru) {
 		struct ckpt_centry *e = c->lru.prev;
+		assert(e->state == READY && e->refs == 0);
 		void *data = e->data;
 		size_t ecap = e->cap;
 		lru_unlink(e);
@@ -199,6 +208,7 @@ static void make_room(ckpt_cache *c, size_t need)
 			give_back(c, data, ecap); /* take_buffer reuses it at once */
 			return;
 		}
+		assert(c->bytes >= ecap);
 		buf_free(data, ecap);
 		c->bytes -= ecap;
 	}
@@ -216,8 +226,7 @@ static void *take_buffer(ckpt_cache *c, size_t size, size_t *cap)
 		c->spare[best] = c->spare[--c->nspare];
 		return p; /* its bytes stay counted: now they belong to the entry */
 	}
-	*cap = cap_for(size);
-	void *p = buf_alloc(*cap);
+	void *p = buf_alloc(size, cap);
 	if (p)
 		c->bytes += *cap;
 	return p;
@@ -226,9 +235,13 @@ static void *take_buffer(ckpt_cache *c, size_t size, size_t *cap)
 /* Drop one reference of a FAILED entry (off the table); frees it at 0. */
 static void put_failed(ckpt_cache *c, struct ckpt_centry *e)
 {
+	assert(e->state == FAILED && e->refs > 0);
 	if (--e->refs == 0) {
-		if (e->data)
-			give_back(c, e->data, e->cap);
+		if (e->data) {
+			assert(c->failed_bytes >= e->cap);
+			c->failed_bytes -= e->cap;
+			give_back(c, e->data, e->cap); /* its bytes stay counted, now as a spare */
+		}
 		free(e);
 	}
 }
@@ -255,11 +268,15 @@ static struct ckpt_centry *insert_loading(ckpt_cache *c, uint64_t owner, uint64_
 /* Finish a LOADING entry: state, wake the waiters.  Lock held. */
 static void publish(ckpt_cache *c, struct ckpt_centry *e, int rc)
 {
+	assert(e->state == LOADING && e->refs > 0);
 	if (rc < 0) {
 		e->state = FAILED;
 		e->err = rc;
 		table_remove(c, e); /* a new attempt may start; waiters hold refs */
+		if (e->data)
+			c->failed_bytes += e->cap;
 	} else {
+		assert(e->data && e->cap >= e->size);
 		e->state = READY;
 	}
 	pthread_cond_broadcast(&c->loaded);
@@ -270,6 +287,7 @@ static void publish(ckpt_cache *c, struct ckpt_centry *e, int rc)
 static int do_fill(ckpt_cache *c, struct ckpt_centry *e, ckpt_cache_fill_fn fill, void *arg)
 {
 	pthread_mutex_lock(&c->lock);
+	assert(e->state == LOADING && e->claimed && !e->data && e->refs > 0);
 	make_room(c, e->size);
 	e->data = take_buffer(c, e->size, &e->cap);
 	pthread_mutex_unlock(&c->lock);
@@ -289,6 +307,7 @@ static int do_fill(ckpt_cache *c, struct ckpt_centry *e, ckpt_cache_fill_fn fill
 /* Drop a ref whatever the entry's state.  Lock held. */
 static void put_any(ckpt_cache *c, struct ckpt_centry *e)
 {
+	assert(e->refs > 0);
 	if (e->state == FAILED) {
 		put_failed(c, e);
 	} else if (--e->refs == 0) {
@@ -411,10 +430,12 @@ const void *ckpt_centry_data(const ckpt_centry *e)
 void ckpt_cache_release(ckpt_cache *c, ckpt_centry *e)
 {
 	pthread_mutex_lock(&c->lock);
+	assert(e->state == READY && e->refs > 0);
 	if (--e->refs == 0) {
 		if (e->cap > c->budget) {
 			/* Larger than the whole budget: never kept. */
 			table_remove(c, e);
+			assert(c->bytes >= e->cap);
 			buf_free(e->data, e->cap);
 			c->bytes -= e->cap;
 			free(e);
@@ -449,8 +470,10 @@ void ckpt_cache_destroy(ckpt_cache *c)
 {
 	if (!c)
 		return;
+	assert(ckpt_cache_check(c) == 0 && c->failed_bytes == 0);
 	for (size_t i = 0; i < c->nbuckets; i++)
 		for (struct ckpt_centry *e = c->table[i], *n; e; e = n) {
+			assert(e->refs == 0); /* every entry released */
 			n = e->hnext;
 			buf_free(e->data, e->cap);
 			free(e);
@@ -461,4 +484,33 @@ void ckpt_cache_destroy(ckpt_cache *c)
 	pthread_mutex_destroy(&c->lock);
 	pthread_cond_destroy(&c->loaded);
 	free(c);
+}
+
+int ckpt_cache_check(ckpt_cache *c)
+{
+	int bad = 0;
+	pthread_mutex_lock(&c->lock);
+	uint64_t bytes = c->failed_bytes;
+	size_t count = 0, idle = 0, lru = 0;
+	for (size_t i = 0; i < c->nbuckets; i++)
+		for (const struct ckpt_centry *e = c->table[i]; e; e = e->hnext) {
+			count++;
+			bad |= bucket(c, e->owner, e->idx) != i;
+			bad |= e->state != LOADING && e->state != READY;
+			bad |= e->state == LOADING && (e->refs == 0 || e->prev || (!e->claimed && e->data));
+			bad |= e->state == READY && (!e->data || e->cap < e->size);
+			bad |= e->state == READY && (e->refs == 0) != (e->prev != NULL);
+			idle += e->state == READY && e->refs == 0;
+			if (e->data)
+				bytes += e->cap;
+		}
+	for (const struct ckpt_centry *e = c->lru.next; e != &c->lru && lru <= count; e = e->next)
+		lru++;
+	bad |= count != c->count || lru != idle;
+	bad |= c->nspare < 0 || c->nspare > NSPARE;
+	for (int i = 0; i < c->nspare && i < NSPARE; i++)
+		bytes += c->spare[i].cap;
+	bad |= bytes != c->bytes;
+	pthread_mutex_unlock(&c->lock);
+	return bad ? -EUCLEAN : 0;
 }

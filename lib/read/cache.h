@@ -58,4 +58,9 @@ int ckpt_cache_contains(ckpt_cache *c, uint64_t owner, uint64_t idx);
 /* Bytes currently held (cached + pinned + reusable spare buffers). */
 uint64_t ckpt_cache_bytes(ckpt_cache *c);
 
+/* Verify every invariant of the cache (entry states, pins, the LRU list,
+ * the table count, the byte accounting) under its lock: 0, or -EUCLEAN
+ * when one is broken.  O(entries); for tests and debugging. */
+int ckpt_cache_check(ckpt_cache *c);
+
 #endif

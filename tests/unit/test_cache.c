@@ -1,5 +1,7 @@
 /* Unit tests of the decoded-chunk cache: hits and misses, single-flight
- * loading under concurrent misses, the byte budget, failed loads, reuse. */
+ * loading under concurrent misses, the byte budget, failed loads, reuse,
+ * and the cache's invariants (ckpt_cache_check) after every step and after
+ * a concurrent mix of hits, misses, failures and reservations. */
 #include <errno.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -46,6 +48,77 @@ static void *miss_same(void *p)
 	return NULL;
 }
 
+static int fill_fail_slow(void *arg, void *dst)
+{
+	(void)arg;
+	(void)dst;
+	atomic_fetch_add(&fills, 1);
+	usleep(2000); /* waiters pile up on the failing load */
+	return -EIO;
+}
+
+static void *miss_fail(void *p)
+{
+	struct worker *w = p;
+	ckpt_centry *e;
+	w->ok = ckpt_cache_get(w->c, 9, 1, w->size, fill_fail_slow, NULL, &e) == -EIO;
+	return NULL;
+}
+
+struct mixer {
+	ckpt_cache *c;
+	unsigned seed;
+	int errors;
+};
+
+static int fill_sized(void *arg, void *dst)
+{
+	size_t n = *(size_t *)arg;
+	memset(dst, (int)(n & 0xff), n);
+	return 0;
+}
+
+static void *mix(void *p)
+{
+	struct mixer *m = p;
+	static const size_t sizes[] = { 4096, 100000, 1u << 20, (2u << 20) + 1, 3u << 20 };
+	for (int i = 0; i < 3000; i++) {
+		m->seed = m->seed * 1103515245u + 12345u;
+		unsigned r = m->seed >> 8;
+		uint64_t idx = r % 40;
+		size_t size = sizes[idx % 5]; /* one size per chunk, as for real arrays */
+		ckpt_centry *e;
+		switch (r % 7) {
+		case 0: { /* a failing load */
+			int rc = ckpt_cache_get(m->c, 20, idx, size, fill_fail, NULL, &e);
+			if (rc == 0)
+				ckpt_cache_release(m->c, e);
+			break;
+		}
+		case 1: { /* reserve, then fill or cancel */
+			if (ckpt_cache_reserve(m->c, 21, idx, size, &e) == 1) {
+				if (r & 1024)
+					ckpt_cache_cancel(m->c, e);
+				else if (ckpt_cache_fill_reserved(m->c, e, fill_sized, &size) < 0)
+					m->errors++;
+			}
+			break;
+		}
+		default: {
+			uint64_t owner = 21 + (r % 2);
+			if (ckpt_cache_get(m->c, owner, idx, size, fill_sized, &size, &e) == 0) {
+				const unsigned char *d = ckpt_centry_data(e);
+				m->errors += d[0] != (size & 0xff) || d[size - 1] != (size & 0xff);
+				ckpt_cache_release(m->c, e);
+			} else {
+				m->errors++;
+			}
+		}
+		}
+	}
+	return NULL;
+}
+
 int main(void)
 {
 	ckpt_cache *c;
@@ -62,6 +135,7 @@ int main(void)
 	CHECK_EQ_INT(atomic_load(&fills), 1);
 	CHECK(ckpt_cache_contains(c, 1, 1));
 	CHECK(!ckpt_cache_contains(c, 2, 1));
+	CHECK_EQ_INT(ckpt_cache_check(c), 0);
 
 	/* 8 threads miss on one chunk: one fill, every thread sees the data */
 	atomic_store(&fills, 0);
@@ -76,6 +150,7 @@ int main(void)
 		CHECK(w[i].ok);
 	}
 	CHECK_EQ_INT(atomic_load(&fills), 1);
+	CHECK_EQ_INT(ckpt_cache_check(c), 0);
 
 	/* the budget holds: 40 chunks of 3 MiB (4 MiB capacity) in a 16 MiB cache */
 	for (uint64_t i = 100; i < 140; i++) {
@@ -85,6 +160,7 @@ int main(void)
 	}
 	CHECK(!ckpt_cache_contains(c, 3, 100)); /* evicted (LRU) */
 	CHECK(ckpt_cache_contains(c, 3, 139));
+	CHECK_EQ_INT(ckpt_cache_check(c), 0);
 
 	/* a failed fill is returned and not cached */
 	atomic_store(&fills, 0);
@@ -92,6 +168,20 @@ int main(void)
 	CHECK(!ckpt_cache_contains(c, 4, 1));
 	CHECK_EQ_INT(ckpt_cache_get(c, 4, 1, size, fill_fail, NULL, &e), -EIO);
 	CHECK_EQ_INT(atomic_load(&fills), 2);
+	CHECK_EQ_INT(ckpt_cache_check(c), 0);
+
+	/* 8 threads on one failing load: every one gets the error, the failed
+	 * entry's buffer is accounted for until the last waiter lets it go */
+	for (int i = 0; i < 8; i++) {
+		w[i] = (struct worker){ c, size, 0 };
+		pthread_create(&t[i], NULL, miss_fail, &w[i]);
+	}
+	for (int i = 0; i < 8; i++) {
+		pthread_join(t[i], NULL);
+		CHECK(w[i].ok);
+	}
+	CHECK(!ckpt_cache_contains(c, 9, 1));
+	CHECK_EQ_INT(ckpt_cache_check(c), 0);
 
 	/* pinned entries survive eviction pressure */
 	ckpt_centry *pinned;
@@ -102,6 +192,7 @@ int main(void)
 	}
 	CHECK(ckpt_cache_contains(c, 5, 1));
 	CHECK_EQ_INT(((const unsigned char *)ckpt_centry_data(pinned))[0], 0x5a);
+	CHECK_EQ_INT(ckpt_cache_check(c), 0);
 	ckpt_cache_release(c, pinned);
 
 	/* a chunk larger than the budget is served, then not kept */
@@ -142,6 +233,21 @@ int main(void)
 	CHECK_EQ_INT(ckpt_cache_reserve(c, 8, 4, size, &r1), 1);
 	CHECK_EQ_INT(ckpt_cache_fill_reserved(c, r1, fill_fail, NULL), -EIO);
 	CHECK(!ckpt_cache_contains(c, 8, 4));
+	CHECK_EQ_INT(ckpt_cache_check(c), 0);
+
+	/* 4 threads: hits, misses, failures, reservations, cancels, eviction */
+	pthread_t mt[4];
+	struct mixer mx[4];
+	for (int i = 0; i < 4; i++) {
+		mx[i] = (struct mixer){ c, 77u + (unsigned)i, 0 };
+		pthread_create(&mt[i], NULL, mix, &mx[i]);
+	}
+	for (int i = 0; i < 4; i++) {
+		pthread_join(mt[i], NULL);
+		CHECK_EQ_INT(mx[i].errors, 0);
+	}
+	CHECK_EQ_INT(ckpt_cache_check(c), 0);
+	CHECK(ckpt_cache_bytes(c) <= (16u << 20));
 
 	ckpt_cache_destroy(c);
 	return CHECK_DONE();

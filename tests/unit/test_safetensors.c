@@ -1,6 +1,7 @@
 /*
- * test_safetensors.c - layout module: the worked example of ecosystem.md
- * §2.1 byte for byte, the shipped params.safetensors fixture byte for byte
+ * test_safetensors.c - layout module: a small worked example (metadata
+ * {"format":"pt"}, tensors "w" F32 [2,3] and "b" BF16 [3]) byte for byte,
+ * the shipped params.safetensors fixture byte for byte
  * (header and, via the range mapping, the whole file), ordering, padding,
  * escaping, range mapping edge cases, sharding, input errors.
  */
@@ -41,7 +42,11 @@ static size_t unhex(const char *s, uint8_t *out, size_t cap)
 	return n;
 }
 
-/* The hex dump of ecosystem.md §2.1, first 0x98 bytes (8 + N). */
+/* The file the reference writer (huggingface/safetensors) makes for
+ * __metadata__ {"format":"pt"}, "w" F32 [2,3] and "b" BF16 [3]: its first
+ * 0x98 bytes (8 + N), i.e. N = 144 and the JSON header (no padding needed)
+ * {"__metadata__":{"format":"pt"},"w":{"dtype":"F32","shape":[2,3],
+ * "data_offsets":[0,24]},"b":{"dtype":"BF16","shape":[3],"data_offsets":[24,30]}} */
 static const char worked_hex[] = "9000 0000 0000 0000 7b22 5f5f 6d65 7461"
 				 "6461 7461 5f5f 223a 7b22 666f 726d 6174"
 				 "223a 2270 7422 7d2c 2277 223a 7b22 6474"
