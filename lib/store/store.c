@@ -417,12 +417,17 @@ int ckpt_store_opts_set(struct ckpt_store_opts *o, const char *key, const char *
 	return rc ? rc : 1;
 }
 
+int ckpt_store_source_is_remote(const char *source)
+{
+	return source && (strncmp(source, "s3://", 5) == 0 || strncmp(source, "gs://", 5) == 0);
+}
+
 int ckpt_store_open_source(const char *source, const struct ckpt_store_opts *o, ckpt_store **out)
 {
 	*out = NULL;
 	if (!source || !*source)
 		return -EINVAL;
-	if (strncmp(source, "s3://", 5) == 0 || strncmp(source, "gs://", 5) == 0)
+	if (ckpt_store_source_is_remote(source))
 		return ckpt_store_s3_open(source, o, out);
 	return ckpt_store_dir_open(source, out);
 }

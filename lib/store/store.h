@@ -138,6 +138,11 @@ int ckpt_store_ocdbt_open(const char *dir, ckpt_store **out);
  */
 int ckpt_store_open_source(const char *source, const struct ckpt_store_opts *o, ckpt_store **out);
 
+/* 1 when SOURCE names an object store (s3:// or gs://): not a local path,
+ * so callers must not realpath() it, and (until the object-store write path
+ * exists) must mount it read-only. */
+int ckpt_store_source_is_remote(const char *source);
+
 /* A view of `parent` below folder `prefix` ("a/b": key "k" of the view is
  * key "a/b/k" of the parent).  Holds a reference on parent.  Does not check
  * that the folder exists. */

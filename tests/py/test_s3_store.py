@@ -106,6 +106,25 @@ def test_tiny_objects(env, tmp_path, key):
     assert rc == 0, out + err
 
 
+WEIRD = ["a b.bin", "plus+eq=amp&.bin", "tilde~pct%41.bin", "\u00fcml\u00e4ut.bin", "q?hash#.bin", "dir x/in ner/<lt>&gt;\"q'.bin"]
+
+
+def test_names_needing_encoding(env, tmp_path):
+    local = tmp_path / "weird"
+    for i, name in enumerate(WEIRD):
+        p = local / name
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_bytes(bytes(range(i, 256)) * (i + 1))
+        env.put(f"{PREFIX}-weird/{name}", p.read_bytes())
+    for d in {os.path.dirname(n) for n in WEIRD if "/" in n}:
+        parts = d.split("/")
+        for j in range(1, len(parts) + 1):
+            env.put(f"{PREFIX}-weird/{'/'.join(parts[:j])}/", b"")
+    rc, out, err = drive("s3check", f"s3://{s3env.BUCKET}/{PREFIX}-weird", local, f"endpoint={env.endpoint}")
+    assert rc == 0, out + err
+    assert f"{len(WEIRD)} files" in out
+
+
 OBJ = "params.safetensors"  # 42 KB
 
 
