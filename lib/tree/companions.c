@@ -188,8 +188,8 @@ static int collect(ckpt_view *v, struct node *dir, const char *prefix, struct st
 		char name[VIEW_KEYPATH_MAX];
 		size_t stem;
 		if (k->kind == N_ARRAY && node_ends_with(k->name, ".npy", &stem)) {
-			int w = snprintf(name, sizeof(name), "%s%s%.*s", prefix, *prefix ? "." : "", (int)stem,
-					 k->name);
+			int w = snprintf(name, sizeof(name), "%s%s%.*s", prefix, *prefix ? "." : "",
+					 (int)stem, k->name);
 			if (w < 0 || (size_t)w >= sizeof(name))
 				return -ENAMETOOLONG;
 			if (c->n == c->cap) {

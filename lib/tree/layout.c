@@ -1,76 +1,80 @@
 /*
- * layout.c - detect what a source folder is (CheckpointManager root, step,
- * item) and build the view's nodes from Orbax's layout and metadata.
+ * layout.c - detect what a source is (CheckpointManager root, step, item)
+ * and build the view's nodes from Orbax's layout and metadata.  Everything
+ * is read through the store interface (store.h: listdir, stat, read_small,
+ * sub, ocdbt_open_on) from the source's root store, so a folder and an
+ * object store are discovered alike.  Keys are '/'-separated paths below
+ * the source ("" = the source itself).
  */
 #include <cjson/cJSON.h>
-#include <dirent.h>
-#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 #include "npy.h"
 #include "orbax.h"
-#include "sysio.h"
 #include "view_internal.h"
 
 #define MAX_JSON (64u << 20) /* _METADATA and friends */
+/* Deepest folder mirrored below a non-pytree item. */
+#define MIRROR_MAX_DEPTH 16
 
-static int exists_at(const char *dir, const char *name, int want_dir)
+/* key = dir + "/" + name (just name when dir is the root ""); 0 or -ENAMETOOLONG. */
+static int key_join(char *buf, size_t cap, const char *dir, const char *name)
 {
-	char p[VIEW_PATH_MAX];
-	struct stat st;
-	if (snprintf(p, sizeof(p), "%s/%s", dir, name) >= (int)sizeof(p))
-		return 0;
-	if (stat(p, &st) < 0)
-		return 0;
-	return want_dir ? S_ISDIR(st.st_mode) : S_ISREG(st.st_mode);
+	int n = snprintf(buf, cap, "%s%s%s", dir, *dir ? "/" : "", name);
+	return n >= 0 && (size_t)n < cap ? 0 : -ENAMETOOLONG;
 }
 
-static int has_ocdbt(const char *dir)
+/* 1 when dir/name exists as a file (want_dir 0) or folder (want_dir 1). */
+static int exists_at(ckpt_view *v, const char *dir, const char *name, int want_dir)
 {
-	if (exists_at(dir, CKPT_ORBAX_OCDBT_MANIFEST, 0))
+	char k[VIEW_PATH_MAX];
+	struct ckpt_store_stat st;
+	if (key_join(k, sizeof(k), dir, name) < 0 || ckpt_store_stat(v->src, k, &st) < 0)
+		return 0;
+	return want_dir ? st.is_dir : !st.is_dir;
+}
+
+static int ocdbt_cb(void *ctx, const char *name, const struct ckpt_store_stat *st)
+{
+	(void)ctx;
+	(void)st;
+	return strncmp(name, CKPT_ORBAX_OCDBT_PROCESS_PREFIX, strlen(CKPT_ORBAX_OCDBT_PROCESS_PREFIX)) == 0;
+}
+
+static int has_ocdbt(ckpt_view *v, const char *dir)
+{
+	if (exists_at(v, dir, CKPT_ORBAX_OCDBT_MANIFEST, 0))
 		return 1;
-	DIR *d = opendir(dir);
-	if (!d)
-		return 0;
-	int found = 0;
-	struct dirent *de;
-	while (!found && (de = readdir(d)))
-		found = strncmp(de->d_name, CKPT_ORBAX_OCDBT_PROCESS_PREFIX,
-				strlen(CKPT_ORBAX_OCDBT_PROCESS_PREFIX)) == 0;
-	closedir(d);
-	return found;
+	return ckpt_store_listdir(v->src, dir, ocdbt_cb, NULL) > 0;
 }
 
-static int is_item(const char *dir)
+static int is_item(ckpt_view *v, const char *dir)
 {
-	return exists_at(dir, CKPT_ORBAX_METADATA, 0) || has_ocdbt(dir);
+	return exists_at(v, dir, CKPT_ORBAX_METADATA, 0) || has_ocdbt(v, dir);
 }
 
-static cJSON *read_json(const char *dir, const char *name)
+static cJSON *read_json(ckpt_view *v, const char *dir, const char *name)
 {
-	char p[VIEW_PATH_MAX];
+	char k[VIEW_PATH_MAX];
 	size_t len;
-	if (snprintf(p, sizeof(p), "%s/%s", dir, name) >= (int)sizeof(p))
-		return NULL;
 	char *txt;
-	if (ckpt_read_small_file(AT_FDCWD, p, MAX_JSON, &txt, &len) < 0)
+	if (key_join(k, sizeof(k), dir, name) < 0 ||
+	    ckpt_store_read_small(v->src, k, MAX_JSON, &txt, &len) < 0)
 		return NULL;
 	cJSON *j = cJSON_ParseWithLength(txt, len);
 	free(txt);
 	if (!j)
-		ckpt_log(CKPT_LOG_WARN, "%s: invalid JSON, ignored", p);
+		ckpt_log(CKPT_LOG_WARN, "%s/%s: invalid JSON, ignored", v->src->root, k);
 	return j;
 }
 
 /* Commit time of a step/checkpoint folder: _CHECKPOINT_METADATA's
- * commit_timestamp_nsecs, else the folder's mtime. */
-static int64_t commit_time(const char *dir, int64_t fallback)
+ * commit_timestamp_nsecs, else the folder's mtime, else fallback. */
+static int64_t commit_time(ckpt_view *v, const char *dir, int64_t fallback)
 {
-	cJSON *j = read_json(dir, CKPT_ORBAX_CKPT_METADATA);
+	cJSON *j = read_json(v, dir, CKPT_ORBAX_CKPT_METADATA);
 	int64_t t = 0;
 	if (j) {
 		const cJSON *c = cJSON_GetObjectItemCaseSensitive(j, "commit_timestamp_nsecs");
@@ -80,28 +84,38 @@ static int64_t commit_time(const char *dir, int64_t fallback)
 	}
 	if (t)
 		return t;
-	struct stat st;
-	if (stat(dir, &st) == 0)
-		return (int64_t)st.st_mtim.tv_sec * 1000000000 + st.st_mtim.tv_nsec;
+	struct ckpt_store_stat st;
+	if (ckpt_store_stat(v->src, dir, &st) == 0 && st.mtime_ns)
+		return st.mtime_ns;
 	return fallback;
 }
 
-static struct node *add_file(ckpt_view *v, struct node *dir, const char *name, const char *path,
+/* File `key` of the source (size known) as kid `name` of dir. */
+static struct node *add_file(ckpt_view *v, struct node *dir, const char *name, const char *key, uint64_t size,
 			     int64_t mtime)
 {
-	struct stat st;
-	if (stat(path, &st) < 0 || !S_ISREG(st.st_mode))
-		return NULL;
 	struct node *n = node_new(v, &file_ops, name, dir);
 	if (!n)
 		return NULL;
 	struct file_node *f = to_file(n);
-	f->path = strdup(path);
-	f->size = (uint64_t)st.st_size;
+	f->store = v->src;
+	f->key = strdup(key);
+	f->size = size;
 	n->mtime_ns = mtime;
-	if (!f->path || view_add_kid(dir, n) < 0)
+	if (!f->key || view_add_kid(dir, n) < 0)
 		return NULL;
 	return n;
+}
+
+/* add_file for dir/name when it is a file of the source. */
+static void add_file_if(ckpt_view *v, struct node *dirn, const char *dir, const char *name, int64_t mtime)
+{
+	char k[VIEW_PATH_MAX];
+	struct ckpt_store_stat st;
+	if (view_find_kid(dirn, name) || key_join(k, sizeof(k), dir, name) < 0 ||
+	    ckpt_store_stat(v->src, k, &st) < 0 || st.is_dir)
+		return;
+	add_file(v, dirn, name, k, st.size, mtime);
 }
 
 static struct node *add_dir(ckpt_view *v, struct node *parent, const char *name, int64_t mtime)
@@ -204,32 +218,29 @@ static int scan_cb(void *arg, const char *key, uint64_t size)
 	return 0;
 }
 
-/* A pytree item folder → dir's children. */
+/* A pytree item folder (key `path`) -> dir's children. */
 static void build_item(ckpt_view *v, struct node *dir, const char *path, int64_t mtime)
 {
 	static const char *const meta_files[] = { CKPT_ORBAX_CKPT_METADATA, CKPT_ORBAX_METADATA,
 						  CKPT_ORBAX_SHARDING, CKPT_ORBAX_COMMIT_SUCCESS,
 						  CKPT_ORBAX_MARKER_FILE };
-	char p[VIEW_PATH_MAX];
-	for (size_t i = 0; i < sizeof(meta_files) / sizeof(meta_files[0]); i++) {
-		snprintf(p, sizeof(p), "%s/%s", path, meta_files[i]);
-		if (!view_find_kid(dir, meta_files[i]))
-			add_file(v, dir, meta_files[i], p, mtime);
-	}
-	int ocdbt = has_ocdbt(path);
+	for (size_t i = 0; i < sizeof(meta_files) / sizeof(meta_files[0]); i++)
+		add_file_if(v, dir, path, meta_files[i], mtime);
+	int ocdbt = has_ocdbt(v, path);
 	ckpt_store *store = NULL;
-	int rc = ocdbt ? ckpt_store_ocdbt_open(path, &store) : ckpt_store_dir_open(path, &store);
+	int rc =
+		ocdbt ? ckpt_store_ocdbt_open_on(v->src, path, &store) : ckpt_store_sub(v->src, path, &store);
 	if (rc < 0) {
-		ckpt_log(CKPT_LOG_ERR, "%s: cannot open the %s store (%s); arrays left out", path,
-			 ocdbt ? "OCDBT" : "folder", strerror(-rc));
+		ckpt_log(CKPT_LOG_ERR, "%s/%s: cannot open the %s store (%s); arrays left out", v->src->root,
+			 path, ocdbt ? "OCDBT" : "folder", strerror(-rc));
 		return;
 	}
 	if (view_own_store(v, store) < 0) {
 		ckpt_store_destroy(store);
 		return;
 	}
-	cJSON *meta = read_json(path, CKPT_ORBAX_METADATA);
-	cJSON *sharding = read_json(path, CKPT_ORBAX_SHARDING);
+	cJSON *meta = read_json(v, path, CKPT_ORBAX_METADATA);
+	cJSON *sharding = read_json(v, path, CKPT_ORBAX_SHARDING);
 	cJSON *strings = NULL;
 	const cJSON *tree = meta ? cJSON_GetObjectItemCaseSensitive(meta, "tree_metadata") : NULL;
 	int format = 0;
@@ -240,8 +251,9 @@ static void build_item(ckpt_view *v, struct node *dir, const char *path, int64_t
 	if (!cJSON_IsObject(tree)) {
 		if (meta)
 			ckpt_log(CKPT_LOG_ERR,
-				 "%s/_METADATA: no tree_metadata object; listing arrays from the store",
-				 path);
+				 "%s/" CKPT_ORBAX_METADATA
+				 ": no tree_metadata object; listing arrays from the store",
+				 store->root);
 		struct scan_ctx c = { v, dir, store, ocdbt, mtime };
 		ckpt_store_list(store, "", scan_cb, &c);
 		goto out;
@@ -255,8 +267,8 @@ static void build_item(ckpt_view *v, struct node *dir, const char *path, int64_t
 		int depth = cJSON_GetArraySize(keys);
 		if (!cJSON_IsArray(keys) || depth < 1 || depth > CKPT_ORBAX_MAX_DEPTH ||
 		    !cJSON_IsString(vt)) {
-			ckpt_log(CKPT_LOG_ERR, "%s/_METADATA: malformed entry %s, skipped", path,
-				 leaf->string ? leaf->string : "?");
+			ckpt_log(CKPT_LOG_ERR, "%s/" CKPT_ORBAX_METADATA ": malformed entry %s, skipped",
+				 store->root, leaf->string ? leaf->string : "?");
 			continue;
 		}
 		/* param name = '.'-joined keys; directories per key. */
@@ -294,8 +306,8 @@ static void build_item(ckpt_view *v, struct node *dir, const char *path, int64_t
 			}
 		}
 		if (!ok) {
-			ckpt_log(CKPT_LOG_ERR, "%s/_METADATA: bad key path in %s, skipped", path,
-				 leaf->string ? leaf->string : "?");
+			ckpt_log(CKPT_LOG_ERR, "%s/" CKPT_ORBAX_METADATA ": bad key path in %s, skipped",
+				 store->root, leaf->string ? leaf->string : "?");
 			continue;
 		}
 		const char *type = vt->valuestring;
@@ -308,7 +320,7 @@ static void build_item(ckpt_view *v, struct node *dir, const char *path, int64_t
 			add_dir(v, d, esc, mtime);
 		} else if (!strcmp(type, "string")) {
 			if (!strings)
-				strings = read_json(path, CKPT_ORBAX_STRINGS);
+				strings = read_json(v, path, CKPT_ORBAX_STRINGS);
 			const cJSON *s = strings ? cJSON_GetObjectItemCaseSensitive(strings, param) : NULL;
 			snprintf(fname, sizeof(fname), "%s.txt", esc);
 			if (cJSON_IsString(s) && !view_find_kid(d, fname))
@@ -322,29 +334,32 @@ out:
 	cJSON_Delete(strings);
 }
 
-/* Call fn(arg, name, path, is_dir) for each regular file and folder of
+/* Call fn(v, arg, name, key, st) for each regular file and folder of folder
  * `dir`, skipping hidden names and unfinished (tmp / partial) folders. */
-typedef void (*entry_fn)(ckpt_view *v, void *arg, const char *name, const char *path, int is_dir);
+typedef void (*entry_fn)(ckpt_view *v, void *arg, const char *name, const char *key,
+			 const struct ckpt_store_stat *st);
 
-static void for_each_entry(ckpt_view *v, const char *dir, entry_fn fn, void *arg)
+struct entry_ctx {
+	ckpt_view *v;
+	const char *dir;
+	entry_fn fn;
+	void *arg;
+};
+
+static int entry_cb(void *ctx, const char *name, const struct ckpt_store_stat *st)
 {
-	DIR *d = opendir(dir);
-	if (!d)
-		return;
-	struct dirent *de;
-	char p[VIEW_PATH_MAX];
-	while ((de = readdir(d))) {
-		if (de->d_name[0] == '.' || ckpt_orbax_is_unfinished(de->d_name))
-			continue;
-		if (snprintf(p, sizeof(p), "%s/%s", dir, de->d_name) >= (int)sizeof(p))
-			continue;
-		struct stat st;
-		if (stat(p, &st) < 0)
-			continue;
-		if (S_ISREG(st.st_mode) || S_ISDIR(st.st_mode))
-			fn(v, arg, de->d_name, p, S_ISDIR(st.st_mode));
-	}
-	closedir(d);
+	struct entry_ctx *e = ctx;
+	char k[VIEW_PATH_MAX];
+	if (name[0] == '.' || ckpt_orbax_is_unfinished(name) || key_join(k, sizeof(k), e->dir, name) < 0)
+		return 0;
+	e->fn(e->v, e->arg, name, k, st);
+	return 0;
+}
+
+static int for_each_entry(ckpt_view *v, const char *dir, entry_fn fn, void *arg)
+{
+	struct entry_ctx e = { v, dir, fn, arg };
+	return ckpt_store_listdir(v->src, dir, entry_cb, &e);
 }
 
 struct walk_ctx {
@@ -356,46 +371,48 @@ struct walk_ctx {
 static void mirror_dir(ckpt_view *v, struct node *dir, const char *path, int64_t mtime, int depth);
 
 /* A non-pytree item (e.g. JSON `metadata/metadata`): its regular files and folders. */
-static void mirror_entry(ckpt_view *v, void *arg, const char *name, const char *path, int is_dir)
+static void mirror_entry(ckpt_view *v, void *arg, const char *name, const char *key,
+			 const struct ckpt_store_stat *st)
 {
 	struct walk_ctx *w = arg;
-	if (!is_dir) {
-		add_file(v, w->dir, name, path, w->mtime);
+	if (!st->is_dir) {
+		add_file(v, w->dir, name, key, st->size, w->mtime);
 		return;
 	}
 	struct node *sub = add_dir(v, w->dir, name, w->mtime);
 	if (sub)
-		mirror_dir(v, sub, path, w->mtime, w->depth + 1);
+		mirror_dir(v, sub, key, w->mtime, w->depth + 1);
 }
 
 static void mirror_dir(ckpt_view *v, struct node *dir, const char *path, int64_t mtime, int depth)
 {
-	if (depth > 16)
+	if (depth > MIRROR_MAX_DEPTH)
 		return;
 	struct walk_ctx w = { dir, mtime, depth };
 	for_each_entry(v, path, mirror_entry, &w);
 }
 
 /* A step folder: one directory per item plus its metadata files. */
-static void step_entry(ckpt_view *v, void *arg, const char *name, const char *path, int is_dir)
+static void step_entry(ckpt_view *v, void *arg, const char *name, const char *key,
+		       const struct ckpt_store_stat *st)
 {
 	struct walk_ctx *w = arg;
-	if (!is_dir) {
-		add_file(v, w->dir, name, path, w->mtime);
+	if (!st->is_dir) {
+		add_file(v, w->dir, name, key, st->size, w->mtime);
 		return;
 	}
 	struct node *item = add_dir(v, w->dir, name, w->mtime);
 	if (!item)
 		return;
-	if (is_item(path))
-		build_item(v, item, path, w->mtime);
+	if (is_item(v, key))
+		build_item(v, item, key, w->mtime);
 	else
-		mirror_dir(v, item, path, w->mtime, 0);
+		mirror_dir(v, item, key, w->mtime, 0);
 }
 
 static void build_step(ckpt_view *v, struct node *dir, const char *path, int64_t mtime)
 {
-	if (is_item(path)) { /* a direct (non-composite) save: the step is the item */
+	if (is_item(v, path)) { /* a direct (non-composite) save: the step is the item */
 		build_item(v, dir, path, mtime);
 		return;
 	}
@@ -404,54 +421,64 @@ static void build_step(ckpt_view *v, struct node *dir, const char *path, int64_t
 }
 
 /* A CheckpointManager root: one directory per committed step. */
-static void root_entry(ckpt_view *v, void *arg, const char *name, const char *path, int is_dir)
+static void root_entry(ckpt_view *v, void *arg, const char *name, const char *key,
+		       const struct ckpt_store_stat *st)
 {
 	struct walk_ctx *w = arg;
-	if (!is_dir || !strcmp(name, CKPT_ORBAX_ROOT_METADATA_DIR))
+	if (!st->is_dir || !strcmp(name, CKPT_ORBAX_ROOT_METADATA_DIR))
 		return; /* the root's metadata/ folder is not a step */
-	int64_t t = commit_time(path, w->mtime);
+	int64_t t = commit_time(v, key, w->mtime);
 	struct node *step = add_dir(v, w->dir, name, t);
 	if (step)
-		build_step(v, step, path, t);
+		build_step(v, step, key, t);
 }
 
 int layout_build_view(ckpt_view *v, const char *source)
 {
-	struct stat st;
-	if (stat(source, &st) < 0)
-		return -errno;
-	if (!S_ISDIR(st.st_mode))
+	ckpt_store *src;
+	int rc = ckpt_store_open_source(source, NULL, &src);
+	if (rc < 0)
+		return rc;
+	if ((rc = view_own_store(v, src)) < 0) {
+		ckpt_store_destroy(src);
+		return rc;
+	}
+	v->src = src;
+	struct ckpt_store_stat st;
+	if ((rc = ckpt_store_stat(src, "", &st)) < 0)
+		return rc;
+	if (!st.is_dir)
 		return -ENOTDIR;
 	struct node *root = view_node(v, CKPT_ROOT_INO);
-	int64_t now = (int64_t)st.st_mtim.tv_sec * 1000000000 + st.st_mtim.tv_nsec;
-	if (is_item(source)) {
+	int64_t now = st.mtime_ns;
+	if (is_item(v, "")) {
 		v->kind = "item";
-		root->mtime_ns = commit_time(source, now);
-		build_item(v, root, source, root->mtime_ns);
-	} else if (exists_at(source, CKPT_ORBAX_CKPT_METADATA, 0) ||
-		   exists_at(source, CKPT_ORBAX_MARKER_FILE, 0)) {
+		root->mtime_ns = commit_time(v, "", now);
+		build_item(v, root, "", root->mtime_ns);
+	} else if (exists_at(v, "", CKPT_ORBAX_CKPT_METADATA, 0) ||
+		   exists_at(v, "", CKPT_ORBAX_MARKER_FILE, 0)) {
 		v->kind = "step";
-		root->mtime_ns = commit_time(source, now);
-		build_step(v, root, source, root->mtime_ns);
+		root->mtime_ns = commit_time(v, "", now);
+		build_step(v, root, "", root->mtime_ns);
 	} else {
 		v->kind = "root";
 		root->mtime_ns = now;
-		if (access(source, R_OK | X_OK) < 0)
-			return -errno;
 		struct walk_ctx w = { root, now, 0 };
-		for_each_entry(v, source, root_entry, &w);
+		rc = for_each_entry(v, "", root_entry, &w);
+		if (rc < 0)
+			return rc;
 	}
 	return 0;
 }
 
-struct node *layout_new_step(ckpt_view *v, const char *name, const char *path)
+struct node *layout_new_step(ckpt_view *v, const char *name)
 {
 	struct node *root = view_node(v, CKPT_ROOT_INO);
-	int64_t t = commit_time(path, root->mtime_ns);
+	int64_t t = commit_time(v, name, root->mtime_ns);
 	struct node *step = node_new(v, &dir_ops, name, root);
 	if (!step)
 		return NULL;
 	step->mtime_ns = t;
-	build_step(v, step, path, t);
+	build_step(v, step, name, t);
 	return step;
 }

@@ -296,7 +296,7 @@ static int commit_step(ckpt_view *v, struct node *sn, const char *final, struct 
 	char path[VIEW_PATH_MAX];
 	snprintf(path, sizeof(path), "%s/%s", v->source, final);
 	/* Read the committed step back (not linked yet: nobody sees it). */
-	struct node *n = rc == 0 ? layout_new_step(v, final, path) : NULL;
+	struct node *n = rc == 0 ? layout_new_step(v, final) : NULL;
 
 	pthread_rwlock_wrlock(&v->ns_lock);
 	ps->final = NULL;

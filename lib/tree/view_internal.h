@@ -176,7 +176,8 @@ struct array_node {
 /* N_FILE */
 struct file_node {
 	struct node n;
-	char *path; /* a source file, or */
+	ckpt_store *store; /* a file of the source: the view's source store (borrowed) ... */
+	char *key; /* ... and its key there; or */
 	char *content; /* the bytes themselves */
 	uint64_t size;
 };
@@ -224,7 +225,8 @@ struct ckpt_view {
 	struct node **dyn;
 	size_t ndyn_buckets, ndyn;
 	pthread_rwlock_t ns_lock; /* see the lock order above */
-	char *source; /* the folder mounted */
+	char *source; /* what was mounted, as given */
+	ckpt_store *src; /* its root store (also in stores[]): all discovery goes through it */
 	int writable; /* a CheckpointManager root not mounted read-only */
 	/* owned resources, appended under res_lock */
 	pthread_mutex_t res_lock;
@@ -324,8 +326,9 @@ extern const struct node_ops dir_ops;
 
 /* Fill v's root from the source folder. */
 int layout_build_view(ckpt_view *v, const char *source);
-/* Build the committed step folder `path` as a new directory node `name` of
- * the root (not yet linked into the root's kids). */
-struct node *layout_new_step(ckpt_view *v, const char *name, const char *path);
+/* Build the committed step folder `name` of the source as a new directory
+ * node of the root (not yet linked into the root's kids).  Takes no view
+ * lock but res_lock/alloc_lock: callable without ns_lock. */
+struct node *layout_new_step(ckpt_view *v, const char *name);
 
 #endif

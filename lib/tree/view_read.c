@@ -5,15 +5,14 @@
  * decoded chunks, read-ahead across safetensors tensors, and warming of the
  * next file of a directory.
  */
-#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/uio.h>
-#include <unistd.h>
 
 #include "npy.h"
 #include "stats.h"
+#include "store.h"
 #include "view_internal.h"
 
 /* A streaming reader is one whose next read starts within this distance of
@@ -182,19 +181,11 @@ static ssize_t file_read(ckpt_view *v, struct node *node, uint64_t off, size_t l
 		memcpy(dst, n->content + off, len);
 		return (ssize_t)len;
 	}
-	int fd = open(n->path, O_RDONLY | O_CLOEXEC);
-	if (fd < 0) {
-		ckpt_log(CKPT_LOG_ERR, "%s: %s", n->path, strerror(errno));
-		return -EIO;
-	}
-	ssize_t r = pread(fd, dst, len, (off_t)off);
-	int err = errno;
-	close(fd);
+	ssize_t r = ckpt_store_read(n->store, n->key, off, len, dst);
 	if (r < 0) {
-		ckpt_log(CKPT_LOG_ERR, "%s: read failed: %s", n->path, strerror(err));
+		ckpt_log(CKPT_LOG_ERR, "%s/%s: read failed: %s", n->store->root, n->key, strerror((int)-r));
 		return -EIO;
 	}
-	CKPT_STAT_ADD(backing_bytes_read, (uint64_t)r);
 	return r;
 }
 
@@ -202,7 +193,7 @@ static void file_destroy(ckpt_view *v, struct node *node)
 {
 	(void)v;
 	struct file_node *n = to_file(node);
-	free(n->path);
+	free(n->key);
 	free(n->content);
 }
 
