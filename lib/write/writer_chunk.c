@@ -60,7 +60,8 @@
  * out of it; they do not change the state.  A pinned chunk is never spilled
  * and never compressed.
  *
- * Fields per state (assert_chunk_state; need = in-bounds bytes of the chunk):
+ * Fields per state (chunk_problem(), asserted on every transition and
+ * checked by w_chunk_check_all; need = in-bounds bytes of the chunk):
  *
  *   state        live   pins   have         spill slot
  *   EMPTY        NULL   0      0            none
@@ -127,43 +128,50 @@ static void budget_sub(uint64_t *v, uint64_t n)
 	*v -= n;
 }
 
-#ifndef NDEBUG
-static void assert_chunk_state(const struct ckpt_warray *a, uint64_t idx)
+/* What is wrong with chunk idx's fields for its state (the table above),
+ * NULL when nothing.  Under a->mu. */
+static const char *chunk_problem(const struct ckpt_warray *a, uint64_t idx)
 {
 	const struct wchunk *c = &a->chunks[idx];
 	uint64_t need = w_chunk_need(a, idx);
-	assert(c->have <= need);
+	if (c->have > need)
+		return "more bytes covered than the chunk has";
+	if (c->live && (c->live->arr != a || c->live->idx != idx))
+		return "buffer of another chunk";
 	switch (c->state) {
 	case WC_EMPTY:
-		assert(!c->live && !c->pins && c->have == 0 && !spill_has_slot(c));
-		break;
+		return c->live || c->pins || c->have || spill_has_slot(c) ? "EMPTY with data" : NULL;
 	case WC_LIVE:
-		assert(c->live && (c->pins > 0 || c->have < need));
-		break;
+		if (!c->live)
+			return "LIVE without a buffer";
+		return c->pins == 0 && c->have == need ? "complete and unpinned but LIVE" : NULL;
 	case WC_QUEUED:
 	case WC_ERROR:
-		assert(c->live && c->have == need);
-		break;
+		return !c->live || c->have != need ? "QUEUED/ERROR without a complete buffer" : NULL;
 	case WC_COMPRESSING:
-		assert(c->live && !c->pins && c->have == need);
-		break;
+		return !c->live || c->pins || c->have != need ? "COMPRESSING: bad buffer, pins or bytes" : NULL;
 	case WC_STORED:
-		assert(!c->live && !c->pins && c->have == need && !spill_has_slot(c));
-		break;
+		return c->live || c->pins || c->have != need || spill_has_slot(c) ? "STORED with memory or a slot"
+										  : NULL;
 	case WC_SPILLING:
-		assert(c->live && !c->pins && c->have < need && spill_has_slot(c));
-		break;
+		return !c->live || c->pins || c->have >= need || !spill_has_slot(c) ? "SPILLING: bad fields" : NULL;
 	case WC_SPILLED:
-		assert(!c->live && !c->pins && c->have < need && spill_has_slot(c));
-		break;
+		return c->live || c->pins || c->have >= need || !spill_has_slot(c) ? "SPILLED: bad fields" : NULL;
 	case WC_LOADING:
-		assert(c->live && !c->pins);
-		break;
+		return !c->live || c->pins ? "LOADING: bad buffer or pins" : NULL;
 	default:
-		assert(!"unknown chunk state");
+		return "unknown state";
 	}
-	if (c->live)
-		assert(c->live->arr == a && c->live->idx == idx);
+}
+
+#ifndef NDEBUG
+static void assert_chunk_state(const struct ckpt_warray *a, uint64_t idx)
+{
+	const char *why = chunk_problem(a, idx);
+	if (why)
+		ckpt_log(CKPT_LOG_ERR, "writer: %s: chunk %llu (state %d): %s", a->relpath,
+			 (unsigned long long)idx, a->chunks[idx].state, why);
+	assert(!why);
 }
 
 static int transition_ok(int from, int to)
@@ -368,16 +376,16 @@ static int live_new(struct ckpt_warray *a, uint64_t idx, struct wlive **out)
 	return 0;
 }
 
-/* Free a buffer that no chunk points to any more, returning its charge to
- * the budget; keeps the buffer warm for the next chunk when there is room. */
-static void live_free(struct ckpt_step *st, struct wlive *l)
+/* Under st->mu: return the charge of a buffer that no chunk points to any
+ * more to the budget, keeping the buffer warm for the next chunk when there
+ * is room (l->buf is then NULL).  Done in the same st->mu section that
+ * lowers inflight, so that a thread waiting for memory never sees the
+ * memory as neither in flight nor free. */
+static void live_release_locked(struct ckpt_step *st, struct wlive *l)
 {
 	struct ckpt_warray *a = l->arr;
 	struct wbuf *b = NULL;
 	assert(!l->in_queue && !l->in_lru);
-	pthread_mutex_destroy(&l->mu);
-	w_cov_free(&l->cov);
-	pthread_mutex_lock(&st->mu);
 	budget_sub(&st->mem_used, a->live_cost);
 	if (st->ncached < 64 && st->cached_bytes + a->chunk_nbytes <= st->opts.mem_budget / 4 &&
 	    (b = malloc(sizeof(*b)))) {
@@ -392,9 +400,23 @@ static void live_free(struct ckpt_step *st, struct wlive *l)
 		l->buf = NULL;
 	}
 	pthread_cond_broadcast(&st->memcond);
-	pthread_mutex_unlock(&st->mu);
+}
+
+/* No lock: free what live_release_locked left of l. */
+static void live_destroy(struct wlive *l)
+{
+	pthread_mutex_destroy(&l->mu);
+	w_cov_free(&l->cov);
 	ckpt_hugebuf_free(l->buf, l->bufcap);
 	free(l);
+}
+
+static void live_free(struct ckpt_step *st, struct wlive *l)
+{
+	pthread_mutex_lock(&st->mu);
+	live_release_locked(st, l);
+	pthread_mutex_unlock(&st->mu);
+	live_destroy(l);
 }
 
 /* ---- the spill file ---- */
@@ -459,6 +481,7 @@ static int spill(struct ckpt_step *st, struct ckpt_warray *a, uint64_t idx)
 	} else {
 		st->nspilled++;
 		st->spills++;
+		live_release_locked(st, l);
 	}
 	pthread_cond_broadcast(&st->memcond);
 	pthread_cond_broadcast(&st->idlecond);
@@ -470,7 +493,7 @@ static int spill(struct ckpt_step *st, struct ckpt_warray *a, uint64_t idx)
 			 strerror(-rc));
 		return rc;
 	}
-	live_free(st, l);
+	live_destroy(l);
 	return 0;
 }
 
@@ -582,9 +605,11 @@ static int reload_locked(struct ckpt_warray *a, uint64_t idx, struct wlive *fres
 	uint64_t need = w_chunk_need(a, idx);
 	pthread_mutex_lock(&st->mu);
 	budget_sub(&st->inflight, a->live_cost);
-	if (!rc && prev == WC_SPILLED) {
+	if (rc) {
+		live_release_locked(st, fresh);
+	} else if (prev == WC_SPILLED) {
 		budget_sub(&st->nspilled, 1);
-	} else if (!rc) {
+	} else {
 		/* A stored chunk is written again: it is pending again. */
 		budget_sub(&a->nstored, 1);
 		a->shards[w_chunk_shard(a, idx)].unstored++;
@@ -595,9 +620,7 @@ static int reload_locked(struct ckpt_warray *a, uint64_t idx, struct wlive *fres
 	pthread_mutex_unlock(&st->mu);
 	pthread_cond_broadcast(&a->cond);
 	if (rc) {
-		pthread_mutex_unlock(&a->mu);
-		live_free(st, fresh);
-		pthread_mutex_lock(&a->mu);
+		live_destroy(fresh);
 		return rc;
 	}
 	if (prev == WC_STORED)
@@ -805,6 +828,7 @@ int w_chunk_store_done(struct ckpt_warray *a, uint64_t idx, int rc, uint64_t off
 	if (!rc) {
 		budget_sub(&st->bytes_pending, need);
 		st->stored_bytes += len;
+		live_release_locked(st, l);
 	} else {
 		st->io_err = rc;
 	}
@@ -821,7 +845,7 @@ int w_chunk_store_done(struct ckpt_warray *a, uint64_t idx, int rc, uint64_t off
 		if (spilled && sfd >= 0) /* the stale slot: give its blocks back */
 			fallocate(sfd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, (off_t)spilled_off,
 				  (off_t)spill_slot_bytes(a));
-		live_free(st, l);
+		live_destroy(l);
 	}
 	return shard_done;
 }
@@ -885,4 +909,73 @@ void w_chunk_cache_free(struct ckpt_step *st)
 	budget_sub(&st->mem_used, st->cached_bytes);
 	st->cached_bytes = 0;
 	st->ncached = 0;
+}
+
+/* ---- whole-step consistency ---- */
+
+int w_chunk_check_all(struct ckpt_step *st)
+{
+	uint64_t mem = 0, inflight = 0, npinned = 0, pins = 0, nspilled = 0, pending = 0;
+	int bad = 0;
+	pthread_mutex_lock(&st->decl_mu);
+	for (struct witem *it = st->items; it; it = it->next)
+		for (struct ckpt_warray *a = it->first; a; a = a->next) {
+			uint64_t have = 0, nstored = 0;
+			pthread_mutex_lock(&a->mu);
+			uint64_t *unstored = calloc(a->nshards ? a->nshards : 1, sizeof(uint64_t));
+			for (uint64_t i = 0; i < a->nchunks; i++) {
+				const struct wchunk *c = &a->chunks[i];
+				const char *why = chunk_problem(a, i);
+				if (why) {
+					ckpt_log(CKPT_LOG_ERR, "writer: %s: chunk %llu (state %d): %s", a->relpath,
+						 (unsigned long long)i, c->state, why);
+					bad++;
+				}
+				have += c->have;
+				mem += c->live ? a->live_cost : 0;
+				if (c->state == WC_QUEUED || c->state == WC_COMPRESSING || c->state == WC_SPILLING ||
+				    c->state == WC_LOADING)
+					inflight += a->live_cost;
+				npinned += c->pins > 0;
+				pins += c->pins;
+				nspilled += c->state == WC_SPILLED;
+				if (c->state == WC_STORED)
+					nstored++;
+				else
+					pending += c->have;
+				if (c->state != WC_STORED && unstored)
+					unstored[w_chunk_shard(a, i)]++;
+			}
+			if (have != a->have_total || nstored != a->nstored) {
+				ckpt_log(CKPT_LOG_ERR, "writer: %s: have_total or nstored disagrees with the chunks",
+					 a->relpath);
+				bad++;
+			}
+			for (uint64_t s = 0; unstored && s < a->nshards; s++)
+				if (unstored[s] != a->shards[s].unstored) {
+					ckpt_log(CKPT_LOG_ERR, "writer: %s: shard %llu: unstored count is wrong",
+						 a->relpath, (unsigned long long)s);
+					bad++;
+				}
+			free(unstored);
+			pthread_mutex_unlock(&a->mu);
+		}
+	pthread_mutex_unlock(&st->decl_mu);
+	pthread_mutex_lock(&st->mu);
+	if (mem + st->cached_bytes != st->mem_used || inflight != st->inflight || npinned != st->npinned ||
+	    pins != st->pins_total || nspilled != st->nspilled || pending != st->bytes_pending) {
+		ckpt_log(CKPT_LOG_ERR,
+			 "writer: step %s: accounting disagrees with the chunks: mem %llu+%llu/%llu inflight "
+			 "%llu/%llu pinned %llu/%llu pins %llu/%llu spilled %llu/%llu pending %llu/%llu",
+			 st->name, (unsigned long long)mem, (unsigned long long)st->cached_bytes,
+			 (unsigned long long)st->mem_used, (unsigned long long)inflight,
+			 (unsigned long long)st->inflight, (unsigned long long)npinned,
+			 (unsigned long long)st->npinned, (unsigned long long)pins,
+			 (unsigned long long)st->pins_total, (unsigned long long)nspilled,
+			 (unsigned long long)st->nspilled, (unsigned long long)pending,
+			 (unsigned long long)st->bytes_pending);
+		bad++;
+	}
+	pthread_mutex_unlock(&st->mu);
+	return bad ? -EUCLEAN : 0;
 }

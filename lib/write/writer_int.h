@@ -247,6 +247,11 @@ void w_chunk_wait_idle(struct ckpt_step *st);
  * warm free buffers of st. */
 void w_chunk_free_all(struct ckpt_step *st, struct ckpt_warray *a);
 void w_chunk_cache_free(struct ckpt_step *st);
+/* Check every chunk of st against the state table and the step's and
+ * arrays' accounting against the chunks (tests; also usable from a
+ * debugger).  Only meaningful when the step is quiet: no call in progress
+ * and w_chunk_wait_idle returned.  0, or -EUCLEAN with each problem logged. */
+int w_chunk_check_all(struct ckpt_step *st);
 
 /* ---- writer_zpool.c ---- */
 int w_zpool_start(struct ckpt_step *st);
