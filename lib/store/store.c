@@ -244,6 +244,25 @@ static const struct ckpt_store_ops sub_ops = {
 	.destroy = sub_destroy,
 };
 
+int ckpt_store_unwrap(ckpt_store *s, const char *key, ckpt_store **base, char **full)
+{
+	char *k = strdup(key ? key : "");
+	if (!k)
+		return -ENOMEM;
+	while (s->ops == &sub_ops) {
+		struct sub_store *u = (struct sub_store *)s;
+		char *nk = ckpt_store_join(u->prefix, k);
+		free(k);
+		if (!nk)
+			return -ENOMEM;
+		k = nk;
+		s = u->parent;
+	}
+	*base = s;
+	*full = k;
+	return 0;
+}
+
 int ckpt_store_sub(ckpt_store *parent, const char *prefix, ckpt_store **out)
 {
 	*out = NULL;

@@ -15,6 +15,10 @@ char *ckpt_store_join(const char *a, const char *b);
 int ckpt_store_listdir_from_keys(ckpt_store *s, const char *dir, ckpt_store_dir_cb cb, void *ctx);
 int ckpt_store_stat_from_keys(ckpt_store *s, const char *key, struct ckpt_store_stat *st);
 
+/* The innermost store below sub-store views, and `key` as a key of it
+ * (*full malloc'd).  -ENOMEM. */
+int ckpt_store_unwrap(ckpt_store *s, const char *key, ckpt_store **base, char **full);
+
 /* Object store (store_s3.c): source is "s3://..." or "gs://...". */
 int ckpt_store_s3_open(const char *source, const struct ckpt_store_opts *o, ckpt_store **out);
 

@@ -211,3 +211,34 @@ def test_no_credential_in_any_log_line(env):
     assert "retry" in text  # the debug lines were there to look at
     for secret in (SECRET, TOKEN, SECRET[:12], TOKEN[:12]):
         assert secret not in text
+
+
+# -- the write side (upload.h): PUT, create-only PUT, multipart, delete ------------------------------
+
+def test_put_multipart_delete_round_trip(env):
+    env.fault("clear")
+    rc, out, err = drive("s3write", f"s3://{s3env.BUCKET}/{PREFIX}-write", f"endpoint={env.endpoint}")
+    assert rc == 0, out + err
+    for line in ("put: ok", "overwrite: ok", "multipart: ok", "small_part: refused", "delete: ok",
+                 "folder_store: refused"):
+        assert line in out, out + err
+    # what the store wrote, boto3 reads the same
+    c = env.client()
+    body = c.get_object(Bucket=s3env.BUCKET, Key=f"{PREFIX}-write/w/big.bin")["Body"].read()
+    assert len(body) == 2 * (5 << 20) + 12345
+    keys = [o["Key"] for o in c.list_objects_v2(Bucket=s3env.BUCKET, Prefix=f"{PREFIX}-write/")["Contents"]]
+    assert f"{PREFIX}-write/w/small.json" not in keys and f"{PREFIX}-write/w/refused.bin" not in keys
+
+
+def test_uploads_retry_transient_faults_and_create_only_sees_412(env):
+    env.fault("clear")
+    env.fault("status", "503:SlowDown", count=2, match="PUT /ckpt/fx-write2/w/big.bin?partNumber=2")
+    env.fault("reset", "", count=1, match="POST /ckpt/fx-write2/w/big.bin?uploadId")
+    env.fault("status", "412:PreconditionFailed", count=1, match="PUT /ckpt/fx-write2/w/marker.txt")
+    rc, out, err = drive("s3write", f"s3://{s3env.BUCKET}/{PREFIX}-write2", f"endpoint={env.proxy_endpoint}",
+                         "retry_base_ms=5")
+    log = env.fault_log()
+    env.fault("clear")
+    assert rc == 0, out + err
+    assert "multipart: ok" in out and "create_only: exists" in out
+    assert sum(1 for x in log if x.endswith("-> status") and "partNumber=2" in x) == 2

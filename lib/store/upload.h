@@ -1,0 +1,58 @@
+/*
+ * upload.h - writing objects into an object store (s3://, gs://): single
+ * PUTs for small objects, multipart uploads for large ones, deletes, and the
+ * cleanup of multipart uploads left behind by a crash.
+ *
+ * The protocol a writer follows for a new step on an object store (Orbax's
+ * commit-file protocol, as Orbax uses it on gs://): write every data and
+ * metadata object of the step under its final name, then
+ * ckpt_store_put(..., "STEP/commit_success.txt", ..., CKPT_PUT_CREATE_ONLY)
+ * last; a step folder without that object is unfinished for every reader.
+ * An aborted save aborts its multipart uploads and never writes the marker.
+ *
+ * Keys are store keys (relative to the store's root, sub-stores included).
+ * Folder stores answer -EROFS (the local writer owns local files).
+ * Thread-safety: every call may run concurrently; one upload's parts may be
+ * sent from several threads at once (distinct part numbers).
+ * Bodies are hashed (SHA-256, signed) before sending; nothing is logged
+ * but the object name and the status.
+ */
+#ifndef CKPT_UPLOAD_H
+#define CKPT_UPLOAD_H
+
+#include <stddef.h>
+
+#include "store.h"
+
+#define CKPT_PUT_CREATE_ONLY 1 /* If-None-Match: *: -EEXIST when the object exists */
+
+#define CKPT_UPLOAD_MIN_PART ((size_t)5 << 20) /* every part but the last, S3's minimum */
+#define CKPT_UPLOAD_MAX_PARTS 10000u
+
+typedef struct ckpt_upload ckpt_upload;
+
+/* One PUT of len bytes (at most 5 GiB).  0, -EEXIST (create-only and the
+ * object exists), -EACCES, -EIO (logged), -EROFS (not an object store). */
+int ckpt_store_put(ckpt_store *s, const char *key, const void *buf, size_t len, int flags);
+
+/* DELETE one object (absent is success). */
+int ckpt_store_delete(ckpt_store *s, const char *key);
+
+/* Start a multipart upload of `key`. */
+int ckpt_upload_begin(ckpt_store *s, const char *key, ckpt_upload **out);
+/* Send part `part` (1..10000) of len bytes; re-sending a part replaces it.
+ * Every part except the highest-numbered must be >= CKPT_UPLOAD_MIN_PART
+ * (checked by ckpt_upload_complete, which then refuses with -EINVAL). */
+int ckpt_upload_part(ckpt_upload *u, unsigned part, const void *buf, size_t len);
+/* Complete (parts 1..N, all present) and free u.  On any error the upload
+ * is aborted and u freed as well. */
+int ckpt_upload_complete(ckpt_upload *u);
+/* Abort (best effort, logged on failure) and free u.  NULL is a no-op. */
+void ckpt_upload_abort(ckpt_upload *u);
+
+/* Abort every multipart upload whose key starts with store key `prefix`
+ * (left by a crashed writer).  Returns how many were aborted, or -errno
+ * (-ENOTSUP when the server cannot list uploads). */
+int ckpt_store_abort_stale_uploads(ckpt_store *s, const char *prefix);
+
+#endif
