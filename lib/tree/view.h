@@ -8,7 +8,11 @@
  * Inode numbers: 1 is the root; a node keeps its number for the life of the
  * view; looking the same hidden name up twice returns the same node.
  *
- * Thread-safety: every call may run concurrently with every other.
+ * Thread-safety: every call may run concurrently with every other.  A
+ * commit (create of commit_success.txt, rename of a pending step) blocks
+ * only calls on its own step's files while it drains and fsyncs; lookup,
+ * readdir and reads elsewhere on the mount go on.  Namespace changes of a
+ * step being committed answer -EROFS.
  */
 #ifndef CKPT_VIEW_H
 #define CKPT_VIEW_H

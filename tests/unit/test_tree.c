@@ -114,7 +114,7 @@ static void test_read_side(void)
 struct commit_call {
 	ckpt_view *v;
 	ckpt_ino step;
-	int rc;
+	_Atomic int rc;
 };
 
 static void *do_commit(void *arg)
