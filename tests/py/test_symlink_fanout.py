@@ -1,16 +1,16 @@
 """Directory symlinks inside SOURCE do not fan out (issue 11, item 5).
 
 Folders that are not pytree items (a step's `metadata/`, JSON items) are
-mirrored into the view at mount time.  Today directory symlinks are
+mirrored into the view at mount time.  Directory symlinks used to be
 followed while mirroring, up to 16 levels deep: two symlinks to ancestors
-multiply the tree by two per level (a mount took 47 s and 3.55 GB with two
-links to the step folder; a third link exhausts memory).  The fix: never
-follow directory symlinks while mirroring (or keep a visited (dev, inode)
-set), and cap the number of mirrored nodes.
+multiplied the tree by two per level (a mount took 47 s and 3.55 GB with two
+links to the step folder; a third link exhausted memory).  The rule now:
+directory symlinks are never followed while mirroring (the tree is walked
+through the store interface, which does not follow them).
 
 The links here point at the step folder and at the mirrored folder itself,
-which costs about 45k nodes and 45 MB today (kept small so that the xfail
-run stays short).  The test checks that the mount completes, that its tree
+which cost more than 45k nodes and 44 MB before the fix (kept small so that
+a regression stays a short failure).  The test checks that the mount completes, that its tree
 is the tree without the links plus at most the two link names (shown as
 empty folders, symlinks, or left out), and that the daemon's peak resident
 set (VmHWM) is within FANOUT_SLACK of a mount of the same SOURCE without
@@ -80,8 +80,6 @@ def mount_figures(mount, src):
     return m, names, hwm
 
 
-@pytest.mark.xfail(strict=True, reason="issue 11 item 5: directory symlinks are followed while mirroring "
-                   "(two links to ancestors: ~45k nodes, ~45 MB)")
 def test_two_symlinks_to_ancestors(roots, mount):
     plain, linked = roots
     mp, names_plain, hwm_plain = mount_figures(mount, plain)
