@@ -242,3 +242,15 @@ def test_uploads_retry_transient_faults_and_create_only_sees_412(env):
     assert rc == 0, out + err
     assert "multipart: ok" in out and "create_only: exists" in out
     assert sum(1 for x in log if x.endswith("-> status") and "partNumber=2" in x) == 2
+
+
+def test_listings_longer_than_one_page(env):
+    # flat, same-shape keys: s3rver 3.7.1 paginates those correctly
+    from concurrent.futures import ThreadPoolExecutor
+    c = env.client()
+    keys = [f"{PREFIX}-many/d/k{i:05d}" for i in range(2345)]
+    with ThreadPoolExecutor(8) as ex:
+        list(ex.map(lambda k: c.put_object(Bucket=s3env.BUCKET, Key=k, Body=b"v"), keys))
+    rc, out, err = drive("s3ls", f"s3://{s3env.BUCKET}/{PREFIX}-many", "d", f"endpoint={env.endpoint}")
+    assert rc == 0, out + err
+    assert out.strip() == "listdir 2345 list 2345 rc 0"

@@ -63,6 +63,14 @@ static int seen_cb(void *ctx, const char *name, const struct ckpt_store_stat *st
 	return 0;
 }
 
+static int count_cb(void *ctx, const char *name, const struct ckpt_store_stat *st)
+{
+	(void)name;
+	(void)st;
+	((struct seen *)ctx)->n++;
+	return 0;
+}
+
 static int find(const struct seen *s, const char *name)
 {
 	for (int i = 0; i < s->n; i++)
@@ -622,6 +630,22 @@ static int drv_main(int argc, char **argv)
 	}
 	if (argc >= 3 && strcmp(argv[1], "s3write") == 0)
 		return drv_write(argc, argv);
+	if (argc >= 4 && strcmp(argv[1], "s3ls") == 0) {
+		/* test_store s3ls SOURCE DIR: entries of DIR by listdir, keys below it by list */
+		int rc = drv_open(argv[2], argc - 4, argv + 4, &rem);
+		struct keys k = { 0 };
+		struct seen ls = { 0 };
+		if (rc == 0)
+			rc = ckpt_store_listdir(rem, argv[3], count_cb, &ls);
+		char p[1024];
+		snprintf(p, sizeof(p), "%s/", argv[3]);
+		if (rc == 0)
+			rc = ckpt_store_list(rem, p, key_cb, &k);
+		printf("listdir %d list %d rc %d\n", ls.n, k.n, rc);
+		free(k.all);
+		ckpt_store_destroy(rem);
+		return rc ? 2 : 0;
+	}
 	fprintf(stderr, "usage: test_store [s3write SOURCE | s3check SOURCE LOCALDIR | s3cmp SOURCE KEY "
 			"FILE] [opt=value ...]\n");
 	return 2;
