@@ -21,6 +21,7 @@ LAYOUTS = ["manager", "pytree_zarr2", "pytree_zarr3", "pytree_ocdbt_zarr2", "std
 
 def run(*args, check=None):
     p = subprocess.run([str(U.BIN), *map(str, args)], capture_output=True, text=True, timeout=120)
+    U.assert_log_clean(p.stderr)  # no sanitizer report (exit status 1 is also verify's)
     if check is not None:
         assert p.returncode == check, f"exit {p.returncode}\nstdout:\n{p.stdout}\nstderr:\n{p.stderr}"
     return p
