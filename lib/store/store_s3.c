@@ -23,6 +23,7 @@
  *
  * Locking: s->mu guards the pinned-object table and the bearer token.
  */
+#include <cjson/cJSON.h>
 #include <ctype.h>
 #include <pthread.h>
 #include <stdarg.h>
@@ -65,6 +66,8 @@ struct s3_store {
 	char *akid, *secret, *session_token;
 	char *token_file, *bearer;
 	struct timespec bearer_mtime;
+	char *meta_url; /* GCE metadata server token URL, or NULL */
+	time_t bearer_expiry; /* metadata-server tokens: when to fetch again */
 	unsigned retries, retry_base_ms;
 	ckpt_http *http;
 	pthread_mutex_t mu;
@@ -291,8 +294,61 @@ static int64_t parse_iso_ns(const char *s)
 
 /* ---------------------------------------------------------------- requests */
 
+/* A token from the GCE metadata server, kept until a minute before it expires. */
+static int metadata_refresh(struct s3_store *s)
+{
+	time_t now = time(NULL);
+	pthread_mutex_lock(&s->mu);
+	int fresh = s->bearer && now < s->bearer_expiry;
+	pthread_mutex_unlock(&s->mu);
+	if (fresh)
+		return 0;
+	const char *hdrs[] = { "Metadata-Flavor: Google", NULL };
+	struct ckpt_http_req req = { "GET", s->meta_url, hdrs, NULL, 0, NULL, 0, 65536 };
+	struct ckpt_http_resp resp;
+	int rc = -EIO;
+	char what[160];
+	for (unsigned a = 1; a <= 3; a++) {
+		rc = ckpt_http_perform(s->http, &req, &resp);
+		if (rc == 0 && resp.status == 200)
+			break;
+		if (a == 3 || !ckpt_http_retryable(rc, &resp)) {
+			ckpt_log(CKPT_LOG_ERR, "%s: metadata server token: %s", s->base.root,
+				 ckpt_http_what(rc, &resp, what, sizeof(what)));
+			ckpt_http_resp_free(&resp);
+			return -EACCES;
+		}
+		ckpt_http_resp_free(&resp);
+		ckpt_http_backoff(a, s->retry_base_ms);
+	}
+	cJSON *j = cJSON_ParseWithLength(resp.body ? resp.body : "", resp.len);
+	if (resp.body)
+		memset(resp.body, 0, resp.len);
+	ckpt_http_resp_free(&resp);
+	const cJSON *t = cJSON_GetObjectItemCaseSensitive(j, "access_token");
+	const cJSON *e = cJSON_GetObjectItemCaseSensitive(j, "expires_in");
+	char *tok = cJSON_IsString(t) && *t->valuestring ? strdup(t->valuestring) : NULL;
+	double life = cJSON_IsNumber(e) ? e->valuedouble : 300;
+	if (cJSON_IsString(t))
+		memset(t->valuestring, 0, strlen(t->valuestring));
+	cJSON_Delete(j);
+	if (!tok) {
+		ckpt_log(CKPT_LOG_ERR, "%s: metadata server token: no access_token in the answer",
+			 s->base.root);
+		return -EACCES;
+	}
+	pthread_mutex_lock(&s->mu);
+	free_secret(s->bearer);
+	s->bearer = tok;
+	s->bearer_expiry = now + (time_t)(life > 120 ? life - 60 : life / 2);
+	pthread_mutex_unlock(&s->mu);
+	return 0;
+}
+
 static int bearer_refresh(struct s3_store *s)
 {
+	if (s->meta_url)
+		return metadata_refresh(s);
 	if (!s->token_file)
 		return 0;
 	struct stat st;
@@ -976,6 +1032,7 @@ static void s3_destroy(ckpt_store *st)
 	free_secret(s->session_token);
 	free_secret(s->bearer);
 	free(s->token_file);
+	free(s->meta_url);
 	free(s->base.root);
 	free(s);
 }
@@ -1145,6 +1202,19 @@ out:
 	return rc;
 }
 
+/* Linux on Google Compute Engine, the way Google's client libraries tell. */
+static int on_gce(void)
+{
+	FILE *f = fopen("/sys/class/dmi/id/product_name", "r");
+	char buf[128] = "";
+	if (f) {
+		if (!fgets(buf, sizeof(buf), f))
+			buf[0] = 0;
+		fclose(f);
+	}
+	return strstr(buf, "Google") != NULL;
+}
+
 static int parse_endpoint(struct s3_store *s, const char *ep, int path_style)
 {
 	const char *p = strstr(ep, "://");
@@ -1265,6 +1335,22 @@ int ckpt_store_s3_open(const char *source, const struct ckpt_store_opts *o, ckpt
 		rc = find_creds(s, o->profile, &profile_region);
 		if (rc)
 			goto fail;
+		/* gs:// with nothing else on a Google Cloud machine: the metadata server */
+		const char *mh = env_nonempty("GCE_METADATA_HOST");
+		if (!mh)
+			mh = env_nonempty("GCE_METADATA_ROOT");
+		if (s->gcs && s->auth == AUTH_NONE && (mh || on_gce())) {
+			if (asprintf(&s->meta_url,
+				     "http://%s/computeMetadata/v1/instance/service-accounts/default/token",
+				     mh ? mh : "metadata.google.internal") < 0) {
+				s->meta_url = NULL;
+				rc = -ENOMEM;
+				goto fail;
+			}
+			s->auth = AUTH_BEARER;
+			ckpt_log(CKPT_LOG_INFO, "%s: OAuth2 bearer tokens from the metadata server",
+				 s->base.root);
+		}
 	}
 	if (!s->region && !(s->region = strdup(s->gcs ? "auto" : "us-east-1"))) {
 		rc = -ENOMEM;

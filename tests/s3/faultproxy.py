@@ -17,6 +17,9 @@ Modes:
   reset_mid   forward, relay the head and A body bytes, then reset (RST)
   reset       reset the connection before any response
   etag        forward, rewrite the ETag header to A
+  bearer      the request must carry "Authorization: Bearer A" (else 401, no
+              upstream); the header is removed before forwarding, so an
+              anonymous-friendly server stands in for a bearer-token one
   clear       drop every rule and the request log
 GET /__fault (no mode) answers the rules and the request log as JSON.
 """
@@ -171,6 +174,13 @@ class Handler(socketserver.StreamRequestHandler):
             if mode == "status":
                 sock.sendall(error_answer(rule["arg"]))
                 continue
+            if mode == "bearer":
+                if header(head, "authorization") != "Bearer " + rule["arg"]:
+                    with LOCK:
+                        LOG[-1] += " (bad or missing bearer token)"
+                    sock.sendall(error_answer("401:Unauthorized"))
+                    continue
+                head = [x for x in head if x.split(":", 1)[0].strip().lower() != "authorization"]
             if mode == "delay":
                 time.sleep(min(float(rule["arg"] or 0), 30000) / 1000.0)
             try:
