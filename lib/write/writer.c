@@ -1,7 +1,8 @@
 /* writer.c - pending steps (begin, abort, destroy) and the write and
- * read-back paths.  Declarations: writer_decl.c; chunk memory, spill and
- * pins: writer_mem.c; compression: writer_zpool.c; commit:
- * writer_commit.c; shapes and piece enumeration: writer_geom.c. */
+ * read-back paths: a byte range of a region is cut into per-chunk pieces
+ * (format/slice.c's ckpt_stream_pieces) and each piece is copied into or
+ * out of its chunk through writer_chunk.c.  writer_int.h has the map of the
+ * other writer files. */
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -70,7 +71,8 @@ int ckpt_step_begin(const char *root_dir, const char *step_name, const ckpt_writ
 		ckpt_writer_opts_init(&o);
 	const char *why = "no root folder";
 	if (!root_dir || !ckpt_orbax_name_ok(CKPT_NAME_PENDING_STEP, step_name, &why)) {
-		ckpt_log(CKPT_LOG_ERR, "writer: bad step name '%s': %s", step_name ? step_name : "(null)", why);
+		ckpt_log(CKPT_LOG_ERR, "writer: bad step name '%s': %s", step_name ? step_name : "(null)",
+			 why);
 		return -EINVAL;
 	}
 	if (o.threads < 1 || o.threads > 64 || o.chunk_bytes < 1 || o.shard_bytes < 1 || o.mem_budget < 1 ||

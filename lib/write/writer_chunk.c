@@ -30,30 +30,32 @@
  * out; it drops array->mu while it does I/O or compression, and every other
  * thread that needs the chunk waits on array->cond.
  *
- *   EMPTY --> LIVE --(complete, last unpin)--> QUEUED --> COMPRESSING --> STORED
- *              ^ |                               ^             |            |
- *              | +--> SPILLING --> SPILLED       +--- ERROR <--+            |
- *              |         |            |                                     |
- *              +---------+ (failed)   +--> LOADING <------------------------+
- *              +-------------------------------+      (written again)
+ *   EMPTY --> LIVE -------------> QUEUED --> COMPRESSING --> STORED
+ *              | ^                   ^             |            |
+ *              | | failed            +-- ERROR <---+ failed     |
+ *              v |                                              |
+ *            SPILLING --> SPILLED --> LOADING <-----------------+
+ *                                       |       written again
+ *                                       +--> LIVE (back to SPILLED or STORED
+ *                                                  when the re-read fails)
  *
  * Transitions (all under array->mu; "+st" = step->mu taken inside as well):
  *
  *   from         to           function                 when
- *   EMPTY        LIVE         w_chunk_write            first write; buffer from the budget
+ *   EMPTY        LIVE         pin_write_locked (+st)   first write; buffer from the budget
  *   LIVE         QUEUED       unpin_locked (+st)       last pin dropped and have == need
- *   LIVE         SPILLING     spill                    budget full, chunk partial and unpinned
+ *   LIVE         SPILLING     spill (+st)              budget full, chunk partial and unpinned
  *   SPILLING     SPILLED      spill (+st)              slot written; buffer freed
  *   SPILLING     LIVE         spill (+st)              slot write failed; back in the LRU
- *   SPILLED      LOADING      pin_write_locked (+st)   written again
- *   STORED       LOADING      pin_write_locked (+st)   written again (rare: rewrite)
- *   LOADING      LIVE         pin_write_locked (+st)   re-read done (pinned by the writer)
- *   LOADING      SPILLED      pin_write_locked (+st)   re-read failed: as before
- *   LOADING      STORED       pin_write_locked (+st)   re-read failed: as before
+ *   SPILLED      LOADING      reload_locked (+st)      written again
+ *   STORED       LOADING      reload_locked (+st)      written again (rare: rewrite)
+ *   LOADING      LIVE         reload_locked (+st)      re-read done (pinned by the writer)
+ *   LOADING      SPILLED      reload_locked (+st)      re-read failed: as before
+ *   LOADING      STORED       reload_locked (+st)      re-read failed: as before
  *   QUEUED       COMPRESSING  w_chunk_take_job         popped, unpinned, not queued again
  *   COMPRESSING  STORED       w_chunk_store_done (+st) appended to the shard file
  *   COMPRESSING  ERROR        w_chunk_store_done (+st) compression or append failed
- *   ERROR        QUEUED       w_chunk_retry_errors(+st) commit
+ *   ERROR        QUEUED       w_chunk_retry_errors (+st) commit
  *
  * Pins (c->pins, step->npinned, step->pins_total) keep a LIVE, QUEUED or
  * ERROR buffer in memory while a writer copies into it or a reader copies
@@ -149,14 +151,18 @@ static const char *chunk_problem(const struct ckpt_warray *a, uint64_t idx)
 	case WC_ERROR:
 		return !c->live || c->have != need ? "QUEUED/ERROR without a complete buffer" : NULL;
 	case WC_COMPRESSING:
-		return !c->live || c->pins || c->have != need ? "COMPRESSING: bad buffer, pins or bytes" : NULL;
+		return !c->live || c->pins || c->have != need ? "COMPRESSING: bad buffer, pins or bytes"
+							      : NULL;
 	case WC_STORED:
-		return c->live || c->pins || c->have != need || spill_has_slot(c) ? "STORED with memory or a slot"
-										  : NULL;
+		return c->live || c->pins || c->have != need || spill_has_slot(c)
+			       ? "STORED with memory or a slot"
+			       : NULL;
 	case WC_SPILLING:
-		return !c->live || c->pins || c->have >= need || !spill_has_slot(c) ? "SPILLING: bad fields" : NULL;
+		return !c->live || c->pins || c->have >= need || !spill_has_slot(c) ? "SPILLING: bad fields"
+										    : NULL;
 	case WC_SPILLED:
-		return c->live || c->pins || c->have >= need || !spill_has_slot(c) ? "SPILLED: bad fields" : NULL;
+		return c->live || c->pins || c->have >= need || !spill_has_slot(c) ? "SPILLED: bad fields"
+										   : NULL;
 	case WC_LOADING:
 		return !c->live || c->pins ? "LOADING: bad buffer or pins" : NULL;
 	default:
@@ -586,8 +592,8 @@ static int reload_locked(struct ckpt_warray *a, uint64_t idx, struct wlive *fres
 		if (!rc)
 			rc = spill_read(a, soff, fresh->buf, &fresh->cov);
 		if (rc)
-			ckpt_log(CKPT_LOG_ERR, "writer: %s: re-reading a spilled chunk failed: %s", a->relpath,
-				 strerror(-rc));
+			ckpt_log(CKPT_LOG_ERR, "writer: %s: re-reading a spilled chunk failed: %s",
+				 a->relpath, strerror(-rc));
 	} else {
 		rc = w_shard_load_chunk(a, idx, off, len, fresh->buf);
 		if (!rc)
@@ -789,7 +795,8 @@ int w_chunk_take_job(struct ckpt_step *st, struct ckpt_warray **aout, uint64_t *
 	}
 }
 
-int w_chunk_store_done(struct ckpt_warray *a, uint64_t idx, int rc, uint64_t off, uint64_t len, const char *why)
+int w_chunk_store_done(struct ckpt_warray *a, uint64_t idx, int rc, uint64_t off, uint64_t len,
+		       const char *why)
 {
 	struct ckpt_step *st = a->step;
 	struct wchunk *c = &a->chunks[idx];
@@ -927,14 +934,14 @@ int w_chunk_check_all(struct ckpt_step *st)
 				const struct wchunk *c = &a->chunks[i];
 				const char *why = chunk_problem(a, i);
 				if (why) {
-					ckpt_log(CKPT_LOG_ERR, "writer: %s: chunk %llu (state %d): %s", a->relpath,
-						 (unsigned long long)i, c->state, why);
+					ckpt_log(CKPT_LOG_ERR, "writer: %s: chunk %llu (state %d): %s",
+						 a->relpath, (unsigned long long)i, c->state, why);
 					bad++;
 				}
 				have += c->have;
 				mem += c->live ? a->live_cost : 0;
-				if (c->state == WC_QUEUED || c->state == WC_COMPRESSING || c->state == WC_SPILLING ||
-				    c->state == WC_LOADING)
+				if (c->state == WC_QUEUED || c->state == WC_COMPRESSING ||
+				    c->state == WC_SPILLING || c->state == WC_LOADING)
 					inflight += a->live_cost;
 				npinned += c->pins > 0;
 				pins += c->pins;
@@ -947,13 +954,15 @@ int w_chunk_check_all(struct ckpt_step *st)
 					unstored[w_chunk_shard(a, i)]++;
 			}
 			if (have != a->have_total || nstored != a->nstored) {
-				ckpt_log(CKPT_LOG_ERR, "writer: %s: have_total or nstored disagrees with the chunks",
+				ckpt_log(CKPT_LOG_ERR,
+					 "writer: %s: have_total or nstored disagrees with the chunks",
 					 a->relpath);
 				bad++;
 			}
 			for (uint64_t s = 0; unstored && s < a->nshards; s++)
 				if (unstored[s] != a->shards[s].unstored) {
-					ckpt_log(CKPT_LOG_ERR, "writer: %s: shard %llu: unstored count is wrong",
+					ckpt_log(CKPT_LOG_ERR,
+						 "writer: %s: shard %llu: unstored count is wrong",
 						 a->relpath, (unsigned long long)s);
 					bad++;
 				}

@@ -27,15 +27,6 @@ static int write_file(struct ckpt_step *st, const char *rel, const void *data, s
 	return rc;
 }
 
-static int fsync_dir(struct ckpt_step *st, const char *rel)
-{
-	int rc = ckpt_fsync_dir_at(st->dirfd, rel);
-	if (rc)
-		ckpt_log(CKPT_LOG_ERR, "writer: step %s: fsync of folder %s: %s", st->name, rel,
-			 strerror(-rc));
-	return rc;
-}
-
 static int write_json(struct ckpt_step *st, const char *rel, cJSON *j)
 {
 	if (!j)
@@ -87,7 +78,7 @@ static int finish_array(struct ckpt_step *st, struct ckpt_warray *a)
 	rc = zj ? write_file(st, path, zj, strlen(zj)) : -ENOMEM;
 	free(zj);
 	if (!rc)
-		rc = fsync_dir(st, a->relpath);
+		rc = w_fsync_dir(st, a->relpath);
 	return rc;
 }
 
@@ -189,7 +180,7 @@ static int finish_item(struct ckpt_step *st, struct witem *it, const char *final
 	snprintf(path, sizeof(path), "%s/" CKPT_ORBAX_COMMIT_SUCCESS, it->name);
 	rc = write_file(st, path, msg, (size_t)m);
 	if (!rc)
-		rc = fsync_dir(st, it->name);
+		rc = w_fsync_dir(st, it->name);
 	return rc;
 }
 
@@ -233,15 +224,7 @@ static uint64_t report_holes(struct ckpt_step *st)
 			char box[512] = "[]";
 			if (first < a->nchunks) {
 				ckpt_region r;
-				uint64_t cg[CKPT_MAX_RANK];
-				w_chunk_coords(a, first, cg);
-				r.rank = a->rank;
-				for (int d = 0; d < a->rank; d++) {
-					r.start[d] = cg[d] * a->inner[d];
-					r.stop[d] = r.start[d] + a->inner[d];
-					if (r.stop[d] > a->shape[d])
-						r.stop[d] = a->shape[d];
-				}
+				w_chunk_region(a, first, &r);
 				if (ckpt_slice_format(&r, box, sizeof(box)) < 0)
 					strcpy(box, "[...]");
 			}
@@ -313,7 +296,7 @@ static int commit_inner(struct ckpt_step *st, const char *final_name)
 	int m = snprintf(msg, sizeof(msg), "Checkpoint commit was successful to %s", final_path);
 	rc = write_file(st, CKPT_ORBAX_COMMIT_SUCCESS, msg, (size_t)m);
 	if (!rc)
-		rc = fsync_dir(st, ".");
+		rc = w_fsync_dir(st, ".");
 	if (rc)
 		return rc;
 	if (renameat2(st->rootfd, st->tmpname, st->rootfd, final_name, RENAME_NOREPLACE)) {

@@ -278,9 +278,9 @@ static int decl_validate(ckpt_step *st, const char *item, const char *const *key
 /* Step 2, under decl_mu: where the key path (node key k) fits in the item's
  * pytree.  0: a new leaf may be added; 1: the same array was declared before
  * (*out set); -EINVAL (logged) or -ENOMEM. */
-static int tree_check_locked(ckpt_step *st, const char *item, const char *const *keypath, const int *key_types,
-			     int depth, const char *name, ckpt_dtype dtype, int rank, const uint64_t *shape,
-			     const char *k, size_t klen, ckpt_warray **out)
+static int tree_check_locked(ckpt_step *st, const char *item, const char *const *keypath,
+			     const int *key_types, int depth, const char *name, ckpt_dtype dtype, int rank,
+			     const uint64_t *shape, const char *k, size_t klen, ckpt_warray **out)
 {
 	struct hent *e = hash_find(st->nodes, k, klen);
 	if (e && e->leaf) {

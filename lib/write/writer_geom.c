@@ -137,3 +137,16 @@ uint64_t w_chunk_shard(const struct ckpt_warray *a, uint64_t idx)
 		s = s * a->nsh[d] + cg[d] / a->mps[d];
 	return s;
 }
+
+void w_chunk_region(const struct ckpt_warray *a, uint64_t idx, ckpt_region *r)
+{
+	uint64_t cg[CKPT_MAX_RANK];
+	w_chunk_coords(a, idx, cg);
+	r->rank = a->rank;
+	for (int d = 0; d < a->rank; d++) {
+		r->start[d] = cg[d] * a->inner[d];
+		r->stop[d] = r->start[d] + a->inner[d];
+		if (r->stop[d] > a->shape[d])
+			r->stop[d] = a->shape[d];
+	}
+}

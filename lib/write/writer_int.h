@@ -186,6 +186,8 @@ uint64_t w_chunk_need(const struct ckpt_warray *a, uint64_t idx);
 /* Grid coordinates of linear chunk idx; shard index of a chunk. */
 void w_chunk_coords(const struct ckpt_warray *a, uint64_t idx, uint64_t *cg);
 uint64_t w_chunk_shard(const struct ckpt_warray *a, uint64_t idx);
+/* The in-bounds box of chunk idx, global coordinates. */
+void w_chunk_region(const struct ckpt_warray *a, uint64_t idx, ckpt_region *r);
 
 /* ---- writer_cov.c ---- */
 /* Add [a, b) to the coverage; returns the number of bytes not covered
@@ -215,6 +217,8 @@ int w_shard_load_chunk(struct ckpt_warray *a, uint64_t idx, uint64_t off, uint64
 /* Commit: write every shard's index at its end, fsync the shard files and
  * the array's c/ folders.  Every in-bounds chunk must be STORED. */
 int w_shard_finish_all(struct ckpt_step *st, struct ckpt_warray *a);
+/* fsync folder rel of the tmp folder; -errno logged. */
+int w_fsync_dir(struct ckpt_step *st, const char *rel);
 
 /* ---- writer_chunk.c ---- */
 
@@ -238,7 +242,8 @@ int w_chunk_take_job(struct ckpt_step *st, struct ckpt_warray **a, uint64_t *idx
 /* The outcome of a job: rc 0 = stored at (off, len) -> STORED and the
  * buffer freed; else ERROR (why logged once per array).  Returns 1 when
  * that was the last unstored chunk of its shard. */
-int w_chunk_store_done(struct ckpt_warray *a, uint64_t idx, int rc, uint64_t off, uint64_t len, const char *why);
+int w_chunk_store_done(struct ckpt_warray *a, uint64_t idx, int rc, uint64_t off, uint64_t len,
+		       const char *why);
 /* Commit: queue every ERROR chunk again and clear the sticky errors. */
 void w_chunk_retry_errors(struct ckpt_step *st);
 /* Wait until nothing is queued, compressing, spilling or loading. */

@@ -149,7 +149,7 @@ int w_shard_load_chunk(struct ckpt_warray *a, uint64_t idx, uint64_t off, uint64
 	return rc;
 }
 
-static int fsync_dir(struct ckpt_step *st, const char *rel)
+int w_fsync_dir(struct ckpt_step *st, const char *rel)
 {
 	int rc = ckpt_fsync_dir_at(st->dirfd, rel);
 	if (rc)
@@ -231,14 +231,14 @@ int w_shard_finish_all(struct ckpt_step *st, struct ckpt_warray *a)
 			for (int d = 0; d < p && k > 0 && (size_t)k < sizeof(path); d++)
 				k += snprintf(path + k, sizeof(path) - (size_t)k, "/%llu",
 					      (unsigned long long)g[d]);
-			rc = fsync_dir(st, path);
+			rc = w_fsync_dir(st, path);
 			for (int d = p - 1; d >= 0 && ++g[d] == a->nsh[d]; d--)
 				g[d] = 0;
 		}
 	}
 	if (!rc && a->rank > 0) {
 		snprintf(path, sizeof(path), "%s/c", a->relpath);
-		rc = fsync_dir(st, path);
+		rc = w_fsync_dir(st, path);
 	}
 	return rc;
 }
