@@ -555,8 +555,8 @@ static int piece_box(const ckpt_chunk_grid *g, const uint64_t *bst, const uint64
  * from E0 up to the next boundary of the smallest block it is not aligned
  * to, then ever larger aligned blocks, then ever smaller ones up to E1.
  * B[j] is the element count of a block of the last j dims. */
-static int piece_boxes(const ckpt_chunk_grid *g, const ckpt_region *r, uint64_t E0, uint64_t E1, uint64_t orig,
-		       ckpt_stream_piece_fn fn, void *ctx)
+static int piece_boxes(const ckpt_chunk_grid *g, const ckpt_region *r, uint64_t E0, uint64_t E1,
+		       uint64_t orig, ckpt_stream_piece_fn fn, void *ctx)
 {
 	int n = r->rank;
 	uint64_t s = g->itemsize, ext[CKPT_MAX_RANK], B[CKPT_MAX_RANK + 1];
