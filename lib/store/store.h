@@ -91,6 +91,16 @@ struct ckpt_store {
 };
 
 /*
+ * Credentials (never options, so never in ps; never logged):
+ *   s3://  AWS_ACCESS_KEY_ID + AWS_SECRET_ACCESS_KEY (+ AWS_SESSION_TOKEN),
+ *          else the profile's keys in AWS_SHARED_CREDENTIALS_FILE
+ *          (~/.aws/credentials) or AWS_CONFIG_FILE (~/.aws/config), else
+ *          anonymous.  Requests are signed with SigV4.
+ *   gs://  token_file= (re-read when it changes), else
+ *          GOOGLE_OAUTH_ACCESS_TOKEN, else HMAC keys found as for s3://
+ *          (SigV4, region "auto"), else the metadata server on a Google
+ *          Cloud machine (or GCE_METADATA_HOST), else anonymous.
+ *
  * Options of object stores (ignored by folder stores).  Every string is
  * borrowed for the duration of ckpt_store_open_source() only (copied).
  * A zeroed struct (or NULL) means: every default below.
