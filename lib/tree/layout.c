@@ -436,7 +436,7 @@ static void root_entry(ckpt_view *v, void *arg, const char *name, const char *ke
 int layout_build_view(ckpt_view *v, const char *source)
 {
 	ckpt_store *src;
-	int rc = ckpt_store_open_source(source, NULL, &src);
+	int rc = ckpt_store_open_source(source, v->opts.store, &src);
 	if (rc < 0)
 		return rc;
 	if ((rc = view_own_store(v, src)) < 0) {

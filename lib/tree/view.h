@@ -25,6 +25,7 @@
 
 typedef struct ckpt_view ckpt_view;
 typedef uint64_t ckpt_ino;
+struct ckpt_store_opts;
 
 #define CKPT_ROOT_INO 1
 
@@ -35,6 +36,9 @@ typedef struct ckpt_view_opts {
 	uint64_t write_budget; /* buffered bytes per pending step (0: default) */
 	int show_companions; /* list NAME.shards/ and X.safetensors in readdir */
 	uint64_t st_shard_bytes; /* X.safetensors.d/ shard size (0: 5 GB) */
+	/* Options of an s3:// or gs:// SOURCE (store.h; NULL: defaults).  Borrowed
+	 * for the duration of ckpt_view_open() only. */
+	const struct ckpt_store_opts *store;
 } ckpt_view_opts;
 
 typedef struct ckpt_attr {
