@@ -1,5 +1,5 @@
 /*
- * ocdbt.c - read-only OCDBT decoder (see ocdbt.h; format: orbax-format.md §3).
+ * ocdbt.c - read-only OCDBT decoder (see ocdbt.h; format: docs/format.md, "OCDBT").
  *
  * Invariants:
  *  - Every byte comes through db->base (a ckpt_store whose root is the item

@@ -1,6 +1,6 @@
 /*
  * ocdbt.h - read-only decoder of TensorStore OCDBT key-value databases, as
- * Orbax writes them inside an item folder (reference: orbax-format.md §3).
+ * Orbax writes them inside an item folder (format: docs/format.md, "OCDBT").
  *
  * What is opened:
  *   - <item>/manifest.ocdbt (the merged root).  A manifest of kind
