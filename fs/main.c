@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "ckfs.h"
+#include "store/store.h"
 
 #define CKPTFS_VERSION "0.1.0"
 
@@ -81,6 +82,18 @@ static void usage(const char *prog)
 	       "    -o umask=OCT            show modes 0777/0666 & ~OCT (e.g. 022: copies stay writable)\n"
 	       "    -o allow_other_writes   with allow_other: let other users write and commit steps\n"
 	       "                            (default: EACCES for any uid but the mounting user's)\n"
+	       "    -o endpoint=URL         s3://, gs:// SOURCE: the service's URL (MinIO, R2, a local\n"
+	       "                            server; path-style requests)\n"
+	       "    -o region=NAME          SigV4 region (default AWS_REGION, the profile's, us-east-1)\n"
+	       "    -o profile=NAME         profile of ~/.aws/credentials and ~/.aws/config\n"
+	       "    -o token_file=PATH      gs://: OAuth2 bearer token file (re-read when it changes)\n"
+	       "    -o anonymous            send no credentials (public buckets)\n"
+	       "    -o connections=N        HTTP requests in flight (default 8)\n"
+	       "    -o retries=N            retries of a failed request (default 5)\n"
+	       "    -o timeout_ms=N         per-attempt timeout (default 30000)\n"
+	       "    -o retry_base_ms=N      first backoff, doubled per retry (default 100)\n"
+	       "                            Credentials come only from the environment and the AWS or\n"
+	       "                            Google files, never from options (see ckptfs(1)).\n"
 	       "    -o log_level=LEVEL      error, warning, info (default) or debug\n"
 	       "    -o log_file=PATH        log to PATH (default: stderr in the foreground, syslog\n"
 	       "                            with ident ckptfs once daemonized)\n"
@@ -97,11 +110,48 @@ static void usage(const char *prog)
 	fuse_lowlevel_help();
 }
 
+/* Options of an object-store SOURCE (-o endpoint=..., see store.h); the
+ * values they borrow live in store_vals until exit. */
+static struct ckpt_store_opts store_opts;
+static char *store_vals[32];
+static unsigned n_store_vals;
+static int store_opt_bad;
+
+/* 1 when `arg` ("key" or "key=value") is a store option (taken), 0 when not. */
+static int store_opt(const char *arg)
+{
+	const char *eq = strchr(arg, '=');
+	char key[64];
+	size_t kl = eq ? (size_t)(eq - arg) : strlen(arg);
+	if (kl >= sizeof(key) || n_store_vals >= sizeof(store_vals) / sizeof(store_vals[0]))
+		return 0;
+	memcpy(key, arg, kl);
+	key[kl] = 0;
+	char *val = eq ? strdup(eq + 1) : NULL;
+	if (eq && !val)
+		return 0;
+	int rc = ckpt_store_opts_set(&store_opts, key, val);
+	if (rc == 1) {
+		if (val)
+			store_vals[n_store_vals++] = val;
+		return 1;
+	}
+	free(val);
+	if (rc < 0) {
+		fprintf(stderr, "ckptfs: bad value in -o %s\n", key); /* never echo a value */
+		store_opt_bad = 1;
+		return 1;
+	}
+	return 0;
+}
+
 /* The first non-option argument is SOURCE; libfuse keeps the rest. */
 static int opt_proc(void *data, const char *arg, int key, struct fuse_args *outargs)
 {
 	(void)outargs;
 	struct ckfs_opts *o = data;
+	if (key == FUSE_OPT_KEY_OPT && store_opt(arg))
+		return 0;
 	if (key == 1000) { /* -o ro: note it, and pass it on to the kernel */
 		o->read_only = 1;
 		return 1;
@@ -427,13 +477,21 @@ int main(int argc, char *argv[])
 		fprintf(stderr, "usage: %s [options] SOURCE MOUNTPOINT (see --help)\n", argv[0]);
 		goto out_ready;
 	}
-	char *real = realpath(fs.opts.source, NULL);
-	if (!real) {
-		fprintf(stderr, "ckptfs: %s: %s\n", fs.opts.source, strerror(errno));
+	if (store_opt_bad)
 		goto out_ready;
+	if (ckpt_store_source_is_remote(fs.opts.source)) {
+		/* an object store: no local path to resolve; read-only until the
+		 * object-store write path lands */
+		fs.opts.read_only = 1;
+	} else {
+		char *real = realpath(fs.opts.source, NULL);
+		if (!real) {
+			fprintf(stderr, "ckptfs: %s: %s\n", fs.opts.source, strerror(errno));
+			goto out_ready;
+		}
+		free(fs.opts.source);
+		fs.opts.source = real;
 	}
-	free(fs.opts.source);
-	fs.opts.source = real;
 	if (parse_options(&fs, &args) < 0)
 		goto out_ready;
 	ckpt_view_opts vo = { 0 };
@@ -441,6 +499,7 @@ int main(int argc, char *argv[])
 	vo.show_companions = fs.opts.show_companions;
 	vo.read_only = fs.opts.read_only;
 	vo.zstd_level = fs.opts.zstd_level;
+	vo.store = &store_opts;
 	if (fs.opts.write_buffer && parse_size(fs.opts.write_buffer, &vo.write_budget) < 0) {
 		fprintf(stderr, "ckptfs: bad write_buffer '%s'\n", fs.opts.write_buffer);
 		goto out_ready;
@@ -523,5 +582,7 @@ out_args:
 	free(fs.opts.log_file);
 	free(fs.opts.ready_file);
 	free(fs.opts.umask);
+	for (unsigned i = 0; i < n_store_vals; i++)
+		free(store_vals[i]);
 	return ret;
 }

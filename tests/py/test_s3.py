@@ -5,18 +5,16 @@ for byte, as the same layout mounted from its folder; faults injected by the
 proxy under a mounted tree are retried into exact bytes or end in EIO with
 the daemon still answering; no credential reaches the daemon's log or `ps`.
 
-Waits on (xfail until present):
-  - fs/: accepting an s3:// or gs:// SOURCE (no realpath() on it), and the
-    store options (-o endpoint=, region=, connections=, ...) passed to
-    ckpt_store_open_source() through ckpt_store_opts_set();
-  - tree/: layout.c on the store discovery API (done: layout_build_view).
-Until the options are plumbed, the endpoint is given the way AWS tools take
-it, through AWS_ENDPOINT_URL_S3 in the daemon's environment.
+The endpoint is given with -o endpoint= (AWS_ENDPOINT_URL_S3 in the daemon's
+environment would do as well); credentials only through the environment.
 """
+import errno
+import json
 import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 import ckfs_util as U
@@ -27,7 +25,9 @@ import s3env  # noqa: E402
 PREFIX = "fx"
 SECRET = "SeCrEt/MountDoNotLog+0123456789abcdef"
 TOKEN = "SeSsIoN//MountDoNotLog=="
-LAYOUTS = ["pytree_zarr2", "pytree_zarr3", "manager", "v1_checkpointables"]
+# every fixture layout, and a step and an item of a CheckpointManager root
+LAYOUTS = ["pytree_zarr2", "pytree_zarr3", "pytree_ocdbt_zarr2", "std_ocdbt_zarr3", "v1_pytree",
+           "manager", "v1_checkpointables", "manager/10", "manager/10/state"]
 
 pytestmark = pytest.mark.skipif(bool(s3env.available()), reason=s3env.available())
 
@@ -52,25 +52,23 @@ def s3mount(tmp_path, monkeypatch, env):
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", SECRET)
     monkeypatch.setenv("AWS_SESSION_TOKEN", TOKEN)
     monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent")
-    has_opts = "endpoint=" in help_text()
+    monkeypatch.delenv("AWS_ENDPOINT_URL_S3", raising=False)
+    monkeypatch.delenv("AWS_ENDPOINT_URL", raising=False)
 
-    def make(layout, endpoint=None, *options):
+    def make(layout, endpoint=None, *options, scheme="s3", expect=b"s"):
         endpoint = endpoint or env.endpoint
-        monkeypatch.setenv("AWS_ENDPOINT_URL_S3", endpoint)
-        opts = list(options)
-        if has_opts:
-            opts.append(f"endpoint={endpoint}")
+        opts = list(options) + [f"endpoint={endpoint}"]
         n = len(mounts)
         m = U.Mount("placeholder", tmp_path / f"s3m{n}", tmp_path / f"s3m{n}.log", options=opts)
-        m.source = f"s3://{s3env.BUCKET}/{PREFIX}/{layout}"  # not a Path: keep the '//'
+        m.source = f"{scheme}://{s3env.BUCKET}/{PREFIX}/{layout}"  # not a Path: keep the '//'
         mounts.append(m)
         byte = m.start(expect_ready=False)
-        if byte != b"s":
+        if byte != expect:
             log = m.log()
             m._abort()
-            if "No such file or directory" in log and "s3://" in log or "not supported" in log:
-                pytest.xfail("waits on fs/: an s3:// SOURCE is not accepted yet")
-            raise U.MountError(f"s3 mount failed: {byte!r}\n{log}")
+            raise U.MountError(f"s3 mount: {byte!r}, expected {expect!r}\n{log}")
+        if byte != b"s":
+            m._abort()
         return m
 
     yield make
@@ -136,3 +134,114 @@ def test_no_credential_in_log_or_ps(env, s3mount):
     for s in (SECRET, TOKEN, SECRET[:12], TOKEN[:12]):
         assert s not in ps
         assert s not in m.log()
+
+
+def test_gs_scheme_mounts_the_same_tree(s3mount, mount):
+    # gs:// through the XML API with HMAC keys (the same SigV4 signing, region "auto")
+    remote = s3mount("pytree_zarr3", None, scheme="gs")
+    local = mount(U.FIXTURES / "pytree_zarr3")
+    assert tree(remote.p()) == tree(local.p())
+
+
+def first_array(root, min_rank=1):
+    for dirpath, dirnames, filenames in sorted(os.walk(root)):
+        for fn in sorted(filenames):
+            if fn.endswith(".npy"):
+                p = os.path.join(dirpath, fn)
+                a = np.load(p, mmap_mode="r")
+                if a.ndim >= min_rank and a.shape[0] >= 2:
+                    return os.path.relpath(p, root)
+    raise AssertionError("no array of rank >= %d" % min_rank)
+
+
+@pytest.mark.parametrize("layout", ["pytree_zarr3", "std_ocdbt_zarr3"])
+def test_companions_xattrs_and_stats_as_on_the_folder_mount(layout, s3mount, mount):
+    remote = s3mount(layout)
+    local = mount(U.FIXTURES / layout)
+    rel = first_array(local.p())
+    stem = rel[: -len(".npy")]
+    for name in (stem + "[0:1].npy", stem + "[1:2].npy"):
+        assert U.read_all(remote.p(name)) == U.read_all(local.p(name)), name
+    shards = stem + ".npy.shards"
+    if os.path.isdir(local.p(shards)):
+        assert sorted(os.listdir(remote.p(shards))) == sorted(os.listdir(local.p(shards)))
+        for fn in os.listdir(local.p(shards)):
+            assert U.read_all(remote.p(os.path.join(shards, fn))) == U.read_all(local.p(os.path.join(shards, fn)))
+    top = rel.split("/")[0]
+    if os.path.isdir(local.p(top)):
+        st = top + ".safetensors"
+        assert U.read_all(remote.p(st)) == U.read_all(local.p(st))
+    names = sorted(os.listxattr(local.p(rel)))
+    assert names and sorted(os.listxattr(remote.p(rel))) == names
+    for n in names:
+        assert os.getxattr(remote.p(rel), n) == os.getxattr(local.p(rel), n), n
+    stats = json.loads(U.read_all(remote.p(".ckptfs/stats")))
+    assert isinstance(stats, dict) and stats
+
+
+def test_store_options_reach_the_store(env, s3mount, mount):
+    # a bad value is refused before the mount, without echoing the value
+    s3mount("pytree_zarr3", None, "connections=0", expect=b"f")
+    # retries=N: every GET of a chunk is tried N+1 times before the EIO
+    local = mount(U.FIXTURES / "pytree_zarr3")
+    rel = first_array(local.p())
+    tries = {}
+    for n in (0, 2):
+        m = s3mount("pytree_zarr3", env.proxy_endpoint, f"retries={n}", "retry_base_ms=5", "connections=2")
+        env.fault("clear")
+        env.fault("status", "503:SlowDown", count=100000, match="GET /ckpt/fx/pytree_zarr3/")
+        with pytest.raises(OSError) as ei:
+            U.read_all(m.p(rel))
+        assert ei.value.errno == errno.EIO
+        log = env.fault_log()
+        env.fault("clear")
+        assert U.read_all(m.p(rel)) == U.read_all(local.p(rel))
+        gets = [line for line in log if line.startswith("GET ") and "/c/0" in line]
+        tries[n] = len(gets)
+    assert tries[0] > 0 and tries[2] % 3 == 0 and tries[2] >= 3 * tries[0] - 2, tries
+
+
+@pytest.mark.parametrize("mode,arg", [("truncate", "7"), ("reset_mid", "3"), ("delay", "300"), ("reset", "")])
+def test_transient_faults_give_exact_bytes(env, s3mount, mount, mode, arg):
+    m = s3mount("std_ocdbt_zarr3", env.proxy_endpoint, "retry_base_ms=10")
+    local = mount(U.FIXTURES / "std_ocdbt_zarr3")
+    env.fault("clear")
+    env.fault(mode, arg, count=3, match="GET /ckpt/fx/std_ocdbt_zarr3/")
+    assert tree(m.p()) == tree(local.p())
+    log = env.fault_log()
+    env.fault("clear")
+    assert any(mode in line for line in log), log
+
+
+def test_exhausted_retries_name_the_object_and_status(env, s3mount, mount):
+    m = s3mount("pytree_zarr2", env.proxy_endpoint, "retries=2", "retry_base_ms=5")
+    local = mount(U.FIXTURES / "pytree_zarr2")
+    rel = first_array(local.p())
+    env.fault("clear")
+    env.fault("truncate", "5", count=100000, match="GET /ckpt/fx/pytree_zarr2/")
+    with pytest.raises(OSError) as ei:
+        U.read_all(m.p(rel))
+    assert ei.value.errno == errno.EIO
+    env.fault("clear")
+    log = m.log()
+    assert "retries exhausted" in log and "pytree_zarr2/" in log
+    # the daemon stays up and serves the same file once the server behaves
+    assert U.read_all(m.p(rel)) == U.read_all(local.p(rel))
+
+
+def test_remote_root_is_read_only_and_makes_no_local_folder(s3mount, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    m = s3mount("manager")
+    with pytest.raises(OSError) as ei:
+        os.mkdir(m.p("30"))
+    assert ei.value.errno in (errno.EROFS, errno.EACCES, errno.EPERM)
+    assert not os.path.exists(tmp_path / "s3:")
+    assert not os.path.exists("s3:")
+
+
+def test_new_steps_appear_without_a_remount(env, s3mount):
+    m = s3mount("live")  # an empty root
+    assert os.listdir(m.p()) == [".ckptfs"] or os.listdir(m.p()) == []
+    n = env.upload_tree(U.FIXTURES / "manager" / "10", f"{PREFIX}/live/10")
+    assert n > 0
+    assert U.wait_until(lambda: "10" in os.listdir(m.p()), timeout=10)
