@@ -217,7 +217,9 @@ static void signal_ready(int fd, char c)
 }
 
 /* Raise the mount's kernel read-ahead so buffered reads arrive as 1 MiB
- * requests (fuse-guide.md B.3).  Best effort (needs root).  The device
+ * requests: the kernel sizes buffered reads by the mount's bdi read_ahead_kb
+ * (128 by default) and the daemon can only lower it through
+ * conn->max_readahead.  Best effort (needs root).  The device
  * number comes from /proc/self/mountinfo: stat() of the mountpoint would
  * ask this very daemon.  The kernel lowers the bdi value to the INIT
  * reply's max_readahead when INIT completes, so this runs on a helper

@@ -83,7 +83,8 @@ static void fill_entry(const struct ckfs *fs, const ckpt_attr *a, struct fuse_en
 }
 
 /* Replies come from a per-thread buffer, grown as needed and reused, so no
- * request allocates (fuse-guide.md B.4). */
+ * request allocates: a fresh buffer per reply costs an mmap/munmap pair and
+ * a page fault for every 4 KiB of a large reply. */
 static char *thread_buf(size_t need)
 {
 	return ckpt_tls_buf(CKPT_TLS_REPLY, need);
