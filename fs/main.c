@@ -16,7 +16,9 @@
 #include "ckfs.h"
 #include "store/store.h"
 
-#define CKPTFS_VERSION "0.1.0"
+#ifndef CKPT_VERSION
+#error "CKPT_VERSION comes from CMake (project VERSION)"
+#endif
 
 #define OPT(t, p, v)                                                                                         \
 	{                                                                                                    \
@@ -469,7 +471,7 @@ int main(int argc, char *argv[])
 		goto out_args;
 	}
 	if (fs.opts.show_version) {
-		printf("ckptfs %s (libfuse %s)\n", CKPTFS_VERSION, fuse_pkgversion());
+		printf("ckptfs %s (libfuse %s)\n", CKPT_VERSION, fuse_pkgversion());
 		ret = 0;
 		goto out_args;
 	}

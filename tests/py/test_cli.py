@@ -242,3 +242,12 @@ def test_verify_progress_only_on_a_terminal():
     assert "\r" not in p.stdout and "ETA" not in p.stdout
     plain = run("verify", U.FIXTURES / "manager", check=0)
     assert "ETA" not in plain.stderr
+
+
+def test_version_is_the_cmake_project_version():
+    cml = (U.REPO / "CMakeLists.txt").read_text()
+    want = re.search(r"project\(ckptfs\s+VERSION\s+([0-9.]+)", cml).group(1)
+    for flag in ("--version", "-V"):
+        p = run(flag, check=0)
+        assert p.stdout.endswith("\n"), repr(p.stdout)
+        assert p.stdout.split()[:2] == ["ckptfs", want], repr(p.stdout)
