@@ -21,6 +21,8 @@ import os
 import threading
 
 import numpy as np
+import pytest
+
 import ckfs_util as U
 
 TMP = ".orbax-checkpoint-tmp"
@@ -53,6 +55,7 @@ def wait_for(event, what):
     assert event.wait(HANG), f"{what} did not return within {HANG}s"
 
 
+@pytest.mark.concurrent
 def test_ls_and_read_answer_while_a_commit_is_held(mount, tmp_path):
     src = tmp_path / "root"
     src.mkdir()
