@@ -401,6 +401,41 @@ static int parse_codec(const cJSON *c, int rank, const uint64_t *chunk, int dept
 	return 0;
 }
 
+/* Remember which name was not supported (for the caller's log line). */
+static void note_unsupported(struct ckpt_zarr_meta *m, const cJSON *name)
+{
+	if (cJSON_IsString(name) && !m->unsupported[0])
+		snprintf(m->unsupported, sizeof(m->unsupported), "%s", name->valuestring);
+}
+
+/* The first codec name of a chain (or of a nested sharding chain) that
+ * parse_codec does not know. */
+static const cJSON *unknown_codec(const cJSON *codecs, int depth)
+{
+	static const char *const known[] = { "transpose", "bytes", "sharding_indexed", "zstd", "gzip",
+					     "blosc",	  "crc32c" };
+	const cJSON *c;
+	if (!cJSON_IsArray(codecs) || depth > CKPT_ZARR_MAX_NESTING)
+		return NULL;
+	cJSON_ArrayForEach(c, codecs)
+	{
+		const cJSON *nm = member(c, "name");
+		if (!cJSON_IsString(nm))
+			continue;
+		size_t i = 0;
+		while (i < sizeof(known) / sizeof(known[0]) && strcmp(known[i], nm->valuestring))
+			i++;
+		if (i == sizeof(known) / sizeof(known[0]))
+			return nm;
+		const cJSON *in = unknown_codec(conf(c, "codecs"), depth + 1);
+		if (!in)
+			in = unknown_codec(conf(c, "index_codecs"), depth + 1);
+		if (in)
+			return in;
+	}
+	return NULL;
+}
+
 /* [array->array..., array->bytes, bytes->bytes...] */
 static int parse_chain(const cJSON *codecs, int rank, const uint64_t *chunk, int depth,
 		       struct ckpt_zarr_chain *ch, const char **why)
@@ -467,8 +502,10 @@ static int parse_v2(const cJSON *root, struct ckpt_zarr_meta *m, const char **wh
 		return fail(why, "dtype missing or structured", -ENOTSUP);
 	int big = 0;
 	m->dtype = ckpt_dtype_from_zarr2(dt->valuestring, &big);
-	if (m->dtype == CKPT_DT_INVALID)
+	if (m->dtype == CKPT_DT_INVALID) {
+		note_unsupported(m, dt);
 		return fail(why, "unsupported dtype", -ENOTSUP);
+	}
 	struct ckpt_zarr_chain *ch = &m->codecs;
 	const cJSON *order = member(root, "order");
 	if (cJSON_IsString(order) && strcmp(order->valuestring, "F") == 0) {
@@ -490,7 +527,7 @@ static int parse_v2(const cJSON *root, struct ckpt_zarr_meta *m, const char **wh
 		const cJSON *id = member(comp, "id");
 		struct ckpt_zarr_codec *c = &ch->b2b[ch->nb2b++];
 		if (!cJSON_IsString(id))
-			return fail(why, "unsupported compressor (only zstd or null)", -ENOTSUP);
+			return fail(why, "compressor without an id", -EINVAL);
 		if (strcmp(id->valuestring, "zstd") == 0 || strcmp(id->valuestring, "gzip") == 0) {
 			c->id = id->valuestring[0] == 'z' ? CKPT_CODEC_ZSTD : CKPT_CODEC_GZIP;
 			const cJSON *l = member(comp, "level");
@@ -508,8 +545,17 @@ static int parse_v2(const cJSON *root, struct ckpt_zarr_meta *m, const char **wh
 				return fail(why, "bad blosc configuration", -EINVAL);
 			strcpy(c->cname, cn->valuestring);
 			c->typesize = (int)ckpt_dtype_get(m->dtype)->itemsize;
+		} else if (strcmp(id->valuestring, "zlib") == 0 || strcmp(id->valuestring, "bz2") == 0 ||
+			   strcmp(id->valuestring, "lz4") == 0) {
+			c->id = id->valuestring[0] == 'z'   ? CKPT_CODEC_ZLIB
+				: id->valuestring[0] == 'b' ? CKPT_CODEC_BZ2
+							    : CKPT_CODEC_LZ4;
+			const cJSON *l = member(comp, c->id == CKPT_CODEC_LZ4 ? "acceleration" : "level");
+			if (l && json_int(l, &c->level) < 0)
+				return fail(why, "bad compression level", -EINVAL);
 		} else {
-			return fail(why, "unsupported compressor (only zstd or null)", -ENOTSUP);
+			note_unsupported(m, id);
+			return fail(why, "unsupported compressor", -ENOTSUP);
 		}
 	}
 	const cJSON *filters = member(root, "filters");
@@ -552,8 +598,10 @@ static int parse_v3(const cJSON *root, struct ckpt_zarr_meta *m, const char **wh
 		return fail(why, "chunk_shape rank differs from shape rank", -EINVAL);
 	const cJSON *dt = member(root, "data_type");
 	m->dtype = cJSON_IsString(dt) ? ckpt_dtype_from_name(dt->valuestring) : CKPT_DT_INVALID;
-	if (m->dtype == CKPT_DT_INVALID)
+	if (m->dtype == CKPT_DT_INVALID) {
+		note_unsupported(m, dt);
 		return fail(why, "unsupported data_type", -ENOTSUP);
+	}
 	const cJSON *enc = member(root, "chunk_key_encoding");
 	const cJSON *ename = member(enc, "name");
 	if (!cJSON_IsString(ename))
@@ -574,8 +622,11 @@ static int parse_v3(const cJSON *root, struct ckpt_zarr_meta *m, const char **wh
 		else
 			return fail(why, "bad chunk key separator", -EINVAL);
 	}
-	if ((rc = parse_chain(member(root, "codecs"), m->rank, m->chunk_shape, 0, &m->codecs, why)) < 0)
+	if ((rc = parse_chain(member(root, "codecs"), m->rank, m->chunk_shape, 0, &m->codecs, why)) < 0) {
+		if (rc == -ENOTSUP)
+			note_unsupported(m, unknown_codec(member(root, "codecs"), 0));
 		return rc;
+	}
 	const cJSON *st = member(root, "storage_transformers");
 	if (st && !(cJSON_IsArray(st) && cJSON_GetArraySize(st) == 0))
 		return fail(why, "storage_transformers are not supported", -ENOTSUP);
@@ -873,6 +924,9 @@ static cJSON *codec_json(const struct ckpt_zarr_codec *c, int rank, int *bad)
 		return named("blosc", cf, bad);
 	case CKPT_CODEC_CRC32C:
 		return named("crc32c", cf, bad);
+	case CKPT_CODEC_ZLIB: /* zarr v2 only */
+	case CKPT_CODEC_LZ4:
+	case CKPT_CODEC_BZ2:
 	case CKPT_CODEC_NONE:
 		break;
 	}
@@ -968,6 +1022,12 @@ static cJSON *emit_v2(const struct ckpt_zarr_meta *m, int *bad)
 			put(comp, "cname", cJSON_CreateString(c->cname), bad);
 			put(comp, "id", cJSON_CreateString("blosc"), bad);
 			put(comp, "shuffle", raw_int(c->shuffle), bad);
+		} else if (c->id == CKPT_CODEC_ZLIB || c->id == CKPT_CODEC_BZ2) {
+			put(comp, "id", cJSON_CreateString(c->id == CKPT_CODEC_ZLIB ? "zlib" : "bz2"), bad);
+			put(comp, "level", raw_int(c->level), bad);
+		} else if (c->id == CKPT_CODEC_LZ4) {
+			put(comp, "acceleration", raw_int(c->level), bad);
+			put(comp, "id", cJSON_CreateString("lz4"), bad);
 		} else {
 			cJSON_Delete(comp);
 			return NULL;

@@ -10,7 +10,8 @@
  *                            which owns an inner chunk shape, an inner chain
  *                            for the inner chunks, an index chain for the
  *                            shard index and the index's location),
- *   bytes -> bytes codecs    (zstd, gzip, blosc, crc32c),
+ *   bytes -> bytes codecs    (zstd, gzip, blosc, crc32c; and the zarr v2
+ *                            compressors zlib, lz4, bz2, which v3 does not name),
  * applied in that order when encoding.  A v2 array is mapped onto the same
  * model: its dtype's byte order becomes the bytes codec's endianness, order
  * "F" a transpose that reverses the dimensions, its compressor the one
@@ -45,6 +46,10 @@ enum ckpt_zarr_codec_id {
 	CKPT_CODEC_GZIP,
 	CKPT_CODEC_BLOSC,
 	CKPT_CODEC_CRC32C,
+	/* bytes -> bytes, zarr v2 compressors only (numcodecs ids) */
+	CKPT_CODEC_ZLIB, /* "zlib": RFC 1950 stream */
+	CKPT_CODEC_LZ4, /* "lz4": 4-byte little-endian decoded size + one LZ4 block */
+	CKPT_CODEC_BZ2, /* "bz2": one bzip2 stream */
 };
 
 enum ckpt_zarr_endian {
@@ -62,7 +67,8 @@ struct ckpt_zarr_codec {
 	int order[CKPT_MAX_RANK + 1];
 	/* BYTES */
 	enum ckpt_zarr_endian endian;
-	/* ZSTD, GZIP: level; ZSTD: checksum (0/1); BLOSC: clevel */
+	/* ZSTD, GZIP, ZLIB, BZ2: level; ZSTD: checksum (0/1); BLOSC: clevel;
+	 * LZ4: acceleration */
 	int level;
 	int checksum;
 	/* BLOSC */
@@ -112,6 +118,9 @@ struct ckpt_zarr_meta {
 	/* v3 dimension_names: NULL when not given, else rank entries, each a
 	 * malloc'd string or NULL (a null name).  Owned by the model. */
 	char **dim_names;
+	/* After a -ENOTSUP parse: the name of the codec, compressor or data type
+	 * that is not supported (truncated), else "". */
+	char unsupported[32];
 };
 
 /*

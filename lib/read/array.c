@@ -26,14 +26,34 @@ struct ckpt_ctx {
 	pthread_cond_t drained;
 };
 
+/* Identity of one storage unit as last seen, and the epoch it was checked in. */
+struct unit_rec {
+	uint64_t su1; /* storage-unit linear index + 1; 0 = empty slot */
+	struct ckpt_zarr_unit_id id;
+	unsigned epoch;
+};
+
+#define MAX_UNIT_RECS (1u << 20) /* beyond: forget them all (and the cached chunks) */
+#define MAX_LOGGED (1u << 12) /* missing chunks logged one by one per array */
+
 struct ckpt_array {
 	ckpt_ctx *ctx;
 	ckpt_store *store;
 	char *prefix;
-	uint64_t id;
+	/* Cache owner of the array's chunks: replaced by a fresh one when a
+	 * stored unit changed, which makes every cached chunk unreachable (they
+	 * age out of the LRU). */
+	atomic_uint_least64_t owner;
+	atomic_uint epoch; /* ckpt_array_revalidate */
 	ckpt_array_meta meta;
 	atomic_int stored_known;
 	uint64_t stored;
+	pthread_mutex_t mu; /* recs, logged */
+	struct unit_rec *recs; /* open addressing, nrecs_cap a power of two */
+	size_t nrecs, nrecs_cap;
+	uint64_t *logged; /* decode-unit indices + 1 logged as missing */
+	size_t nlogged, logged_cap;
+	int logged_full;
 };
 
 /* Per-thread decode scratch, freed at thread exit. */
@@ -99,10 +119,18 @@ void ckpt_ctx_destroy(ckpt_ctx *ctx)
 
 int ckpt_array_open(ckpt_ctx *ctx, ckpt_store *store, const char *prefix, int format, ckpt_array **out)
 {
+	ckpt_array_open_opts o = { .format = format };
+	return ckpt_array_open_ex(ctx, store, prefix, &o, out);
+}
+
+int ckpt_array_open_ex(ckpt_ctx *ctx, ckpt_store *store, const char *prefix, const ckpt_array_open_opts *o,
+		       ckpt_array **out)
+{
 	static const struct {
 		int fmt;
 		const char *name;
 	} metas[] = { { 3, "zarr.json" }, { 2, ".zarray" } };
+	int format = o ? o->format : 0;
 	char key[4096];
 	char *json = NULL;
 	size_t len = 0;
@@ -117,7 +145,7 @@ int ckpt_array_open(ckpt_ctx *ctx, ckpt_store *store, const char *prefix, int fo
 		fmt = metas[i].fmt;
 	}
 	if (rc == -EFBIG) {
-		ckpt_log(CKPT_LOG_ERR, "%s/%s: metadata larger than 1 MiB, array left out", store->root, key);
+		ckpt_log(CKPT_LOG_ERR, "%s/%s: metadata larger than 1 MiB", store->root, key);
 		return -EINVAL;
 	}
 	if (rc < 0)
@@ -131,10 +159,11 @@ int ckpt_array_open(ckpt_ctx *ctx, ckpt_store *store, const char *prefix, int fo
 	rc = ckpt_zarr_parse(fmt, json, len, &a->meta, &why);
 	free(json);
 	if (rc < 0) {
-		ckpt_log(CKPT_LOG_ERR, "%s/%s: %s, array left out", store->root, key, why);
+		ckpt_log(CKPT_LOG_ERR, "%s/%s: %s", store->root, key, why);
 		free(a);
 		return rc;
 	}
+	a->meta.missing_is_error = o && o->missing_is_error;
 	a->prefix = strdup(prefix);
 	if (!a->prefix) {
 		free(a);
@@ -142,7 +171,8 @@ int ckpt_array_open(ckpt_ctx *ctx, ckpt_store *store, const char *prefix, int fo
 	}
 	a->ctx = ctx;
 	a->store = store;
-	a->id = atomic_fetch_add(&ctx->next_id, 1) + 1;
+	atomic_store(&a->owner, atomic_fetch_add(&ctx->next_id, 1) + 1);
+	pthread_mutex_init(&a->mu, NULL);
 	*out = a;
 	return 0;
 }
@@ -157,6 +187,9 @@ void ckpt_array_destroy(ckpt_array *a)
 	while (atomic_load(&ctx->inflight) > 0)
 		pthread_cond_wait(&ctx->drained, &ctx->drain_lock);
 	pthread_mutex_unlock(&ctx->drain_lock);
+	pthread_mutex_destroy(&a->mu);
+	free(a->recs);
+	free(a->logged);
 	free(a->prefix);
 	free(a);
 }
@@ -176,21 +209,197 @@ const char *ckpt_array_prefix(const ckpt_array *a)
 	return a->prefix;
 }
 
+/* ---- unit identities (revalidation) ------------------------------------ */
+
+static uint64_t hash64(uint64_t x)
+{
+	x ^= x >> 33;
+	x *= 0xff51afd7ed558ccdull;
+	x ^= x >> 33;
+	return x;
+}
+
+/* The record of storage unit su, or NULL.  Caller holds a->mu. */
+static struct unit_rec *rec_find(ckpt_array *a, uint64_t su)
+{
+	if (!a->nrecs_cap)
+		return NULL;
+	for (size_t i = hash64(su) & (a->nrecs_cap - 1);; i = (i + 1) & (a->nrecs_cap - 1)) {
+		if (a->recs[i].su1 == su + 1)
+			return &a->recs[i];
+		if (!a->recs[i].su1)
+			return NULL;
+	}
+}
+
+/* Forget every record and make every cached chunk of the array unreachable.
+ * Caller holds a->mu. */
+static void forget_all(ckpt_array *a)
+{
+	atomic_store(&a->owner, atomic_fetch_add(&a->ctx->next_id, 1) + 1);
+	if (a->recs)
+		memset(a->recs, 0, a->nrecs_cap * sizeof(*a->recs));
+	a->nrecs = 0;
+}
+
+/* Insert or update the record of su.  Caller holds a->mu. */
+static void rec_put(ckpt_array *a, uint64_t su, const struct ckpt_zarr_unit_id *id, unsigned epoch)
+{
+	struct unit_rec *r = rec_find(a, su);
+	if (!r) {
+		if (a->nrecs + 1 > MAX_UNIT_RECS) {
+			forget_all(a);
+			return; /* chunks cached before stay unreachable: they are re-read */
+		}
+		if ((a->nrecs + 1) * 2 > a->nrecs_cap) {
+			size_t ncap = a->nrecs_cap ? a->nrecs_cap * 2 : 64;
+			struct unit_rec *nr = calloc(ncap, sizeof(*nr)), *old = a->recs;
+			if (!nr) {
+				forget_all(a);
+				return;
+			}
+			size_t ocap = a->nrecs_cap;
+			a->recs = nr;
+			a->nrecs_cap = ncap;
+			for (size_t i = 0; i < ocap; i++)
+				if (old[i].su1) {
+					size_t j = hash64(old[i].su1 - 1) & (ncap - 1);
+					while (nr[j].su1)
+						j = (j + 1) & (ncap - 1);
+					nr[j] = old[i];
+				}
+			free(old);
+		}
+		size_t j = hash64(su) & (a->nrecs_cap - 1);
+		while (a->recs[j].su1)
+			j = (j + 1) & (a->nrecs_cap - 1);
+		r = &a->recs[j];
+		r->su1 = su + 1;
+		a->nrecs++;
+	}
+	r->id = *id;
+	r->epoch = epoch;
+}
+
+static int same_id(const struct ckpt_zarr_unit_id *x, const struct ckpt_zarr_unit_id *y)
+{
+	return x->absent == y->absent && (x->absent || (x->size == y->size && x->mtime_ns == y->mtime_ns));
+}
+
+static uint64_t storage_linear(const ckpt_array_meta *m, const uint64_t *g)
+{
+	uint64_t sg[CKPT_MAX_RANK], li = 0;
+	ckpt_zarr_storage_index(m, g, sg);
+	for (int d = 0; d < m->rank; d++)
+		li = li * m->store_grid[d] + sg[d];
+	return li;
+}
+
+void ckpt_array_revalidate(ckpt_array *a)
+{
+	atomic_fetch_add(&a->epoch, 1);
+}
+
+/* Before serving a cached chunk of unit g: the first use in this epoch
+ * checks the stored unit's identity; a change drops the array's cached
+ * chunks (the caller then misses and decodes afresh). */
+static void check_unit(ckpt_array *a, const uint64_t *g)
+{
+	uint64_t su = storage_linear(&a->meta, g);
+	unsigned ep = atomic_load(&a->epoch);
+	pthread_mutex_lock(&a->mu);
+	struct unit_rec *r = rec_find(a, su);
+	int need = r && r->epoch != ep;
+	pthread_mutex_unlock(&a->mu);
+	if (!need)
+		return;
+	struct ckpt_zarr_unit_id now;
+	if (ckpt_zarr_unit_identity(a->store, a->prefix, &a->meta, g, &now) < 0)
+		return; /* the decode, if any, reports the store's error */
+	pthread_mutex_lock(&a->mu);
+	r = rec_find(a, su);
+	if (r && same_id(&r->id, &now)) {
+		r->epoch = ep;
+	} else if (r) {
+		ckpt_log(CKPT_LOG_INFO, "%s/%s: stored data changed under the mount; cached chunks dropped",
+			 a->store->root, a->prefix);
+		forget_all(a);
+	}
+	pthread_mutex_unlock(&a->mu);
+}
+
+/* ---- missing chunks ---------------------------------------------------- */
+
+/* 1 the first time decode unit li is reported missing (then log it). */
+static int first_missing(ckpt_array *a, uint64_t li)
+{
+	int first = 1;
+	pthread_mutex_lock(&a->mu);
+	for (size_t i = 0; i < a->nlogged; i++)
+		if (a->logged[i] == li + 1) {
+			first = 0;
+			break;
+		}
+	if (first) {
+		if (a->nlogged == a->logged_cap && a->logged_cap < MAX_LOGGED) {
+			size_t nc = a->logged_cap ? a->logged_cap * 2 : 16;
+			uint64_t *nl = realloc(a->logged, nc * sizeof(*nl));
+			if (nl) {
+				a->logged = nl;
+				a->logged_cap = nc;
+			}
+		}
+		if (a->nlogged < a->logged_cap) {
+			a->logged[a->nlogged++] = li + 1;
+		} else {
+			first = !a->logged_full ? 2 : 0;
+			a->logged_full = 1;
+		}
+	}
+	pthread_mutex_unlock(&a->mu);
+	return first;
+}
+
+static void log_missing(ckpt_array *a, const uint64_t *g, uint64_t li)
+{
+	int first = first_missing(a, li);
+	if (!first)
+		return;
+	if (first == 2) {
+		ckpt_log(CKPT_LOG_ERR, "%s/%s: more missing chunks; not logged one by one", a->store->root,
+			 a->prefix);
+		return;
+	}
+	const ckpt_array_meta *m = &a->meta;
+	char coords[CKPT_MAX_RANK * 22 + 3], key[4096];
+	size_t n = 0;
+	coords[n++] = '(';
+	for (int d = 0; d < m->rank; d++)
+		n += (size_t)snprintf(coords + n, sizeof(coords) - n, "%s%llu", d ? ", " : "",
+				      (unsigned long long)g[d]);
+	snprintf(coords + n, sizeof(coords) - n, ")");
+	uint64_t sg[CKPT_MAX_RANK];
+	uint64_t inner = ckpt_zarr_storage_index(m, g, sg);
+	if (ckpt_zarr_unit_key(m, a->prefix, sg, key, sizeof(key)) < 0)
+		snprintf(key, sizeof(key), "?");
+	char where[64] = "";
+	if (m->sharded)
+		snprintf(where, sizeof(where), " (inner chunk %llu of the shard)", (unsigned long long)inner);
+	ckpt_log(CKPT_LOG_ERR,
+		 "%s: array %s: chunk %s is missing: key %s%s; %s, so reads of it fail with EIO",
+		 a->store->root, a->prefix, coords, key, where,
+		 m->missing_is_error
+			 ? "every chunk of this array is stored (store_array_data_equal_to_fill_value)"
+			 : "the array has no fill value (fill_value null)");
+}
+
 /* ---- chunk access ------------------------------------------------------ */
 
 struct fill_arg {
 	ckpt_array *a;
 	const uint64_t *g;
+	uint64_t owner; /* the cache owner the chunk is loaded under */
 };
-
-static int fill_chunk(void *arg, void *dst)
-{
-	struct fill_arg *f = arg;
-	ckpt_zarr_scratch *sc = scratch();
-	if (!sc)
-		return -ENOMEM;
-	return ckpt_zarr_read_unit(f->a->store, f->a->prefix, &f->a->meta, f->g, dst, sc);
-}
 
 static uint64_t linear_index(const ckpt_array_meta *m, const uint64_t *g)
 {
@@ -200,16 +409,56 @@ static uint64_t linear_index(const ckpt_array_meta *m, const uint64_t *g)
 	return li;
 }
 
+static int fill_chunk(void *arg, void *dst)
+{
+	struct fill_arg *f = arg;
+	ckpt_array *a = f->a;
+	ckpt_zarr_scratch *sc = scratch();
+	if (!sc)
+		return -ENOMEM;
+	struct ckpt_zarr_unit_id id;
+	unsigned ep = atomic_load(&a->epoch);
+	id.absent = -1; /* not known */
+	int rc = ckpt_zarr_read_unit_id(a->store, a->prefix, &a->meta, f->g, dst, sc, &id);
+	if (rc == -ENODATA) {
+		log_missing(a, f->g, linear_index(&a->meta, f->g));
+		return -EIO;
+	}
+	if (rc < 0 || id.absent < 0)
+		return rc;
+	uint64_t su = storage_linear(&a->meta, f->g);
+	pthread_mutex_lock(&a->mu);
+	struct unit_rec *r = rec_find(a, su);
+	if (r && !same_id(&r->id, &id)) {
+		/* the stored unit is not the one other cached chunks came from */
+		int served = r->epoch == ep;
+		ckpt_log(CKPT_LOG_INFO, "%s/%s: stored data changed under the mount%s", a->store->root,
+			 a->prefix, served ? "; this read fails with ESTALE" : "; cached chunks dropped");
+		forget_all(a);
+		if (served) {
+			pthread_mutex_unlock(&a->mu);
+			return -ESTALE;
+		}
+		rec_put(a, su, &id, ep);
+	} else if (atomic_load(&a->owner) == f->owner) {
+		rec_put(a, su, &id, ep);
+	}
+	pthread_mutex_unlock(&a->mu);
+	return 0;
+}
+
 static int get_chunk(ckpt_array *a, const uint64_t *g, ckpt_centry **e)
 {
-	struct fill_arg f = { a, g };
-	return ckpt_cache_get(a->ctx->cache, a->id, linear_index(&a->meta, g), (size_t)a->meta.unit_bytes,
+	check_unit(a, g);
+	struct fill_arg f = { a, g, atomic_load(&a->owner) };
+	return ckpt_cache_get(a->ctx->cache, f.owner, linear_index(&a->meta, g), (size_t)a->meta.unit_bytes,
 			      fill_chunk, &f, e);
 }
 
 struct prefetch_task {
 	ckpt_array *a;
 	ckpt_centry *e; /* the reservation this task fills */
+	uint64_t owner; /* ... made under this cache owner */
 	uint64_t g[CKPT_MAX_RANK];
 };
 
@@ -225,7 +474,7 @@ static void prefetch_done(ckpt_ctx *ctx)
 static void prefetch_run(void *arg)
 {
 	struct prefetch_task *t = arg;
-	struct fill_arg f = { t->a, t->g };
+	struct fill_arg f = { t->a, t->g, t->owner };
 	ckpt_ctx *ctx = t->a->ctx;
 	ckpt_cache_fill_reserved(ctx->cache, t->e, fill_chunk, &f);
 	free(t);
@@ -254,7 +503,9 @@ static void prefetch(ckpt_array *a, const uint64_t *g)
 	struct prefetch_task *t = pool ? malloc(sizeof(*t)) : NULL;
 	if (!t)
 		return;
-	if (ckpt_cache_reserve(a->ctx->cache, a->id, linear_index(m, g), (size_t)m->unit_bytes, &t->e) != 1) {
+	t->owner = atomic_load(&a->owner);
+	if (ckpt_cache_reserve(a->ctx->cache, t->owner, linear_index(m, g), (size_t)m->unit_bytes,
+			       &t->e) != 1) {
 		free(t);
 		return;
 	}

@@ -40,7 +40,41 @@ void ckpt_ctx_destroy(ckpt_ctx *ctx);
  * exists, -EINVAL/-ENOTSUP (logged with the key and reason) when it is
  * unusable. */
 int ckpt_array_open(ckpt_ctx *ctx, ckpt_store *store, const char *prefix, int format, ckpt_array **out);
+
+/* Options of ckpt_array_open_ex; a zeroed struct means ckpt_array_open's
+ * behaviour. */
+typedef struct ckpt_array_open_opts {
+	int format; /* 2, 3, or 0: try zarr.json, then .zarray */
+	/* Every chunk the metadata implies is stored (Orbax's
+	 * store_array_data_equal_to_fill_value true, or a step ckptfs wrote):
+	 * a chunk, shard, inner chunk or OCDBT key the store lacks makes the
+	 * reads that need it fail with -EIO (logged once per chunk), never the
+	 * fill value.  Without it, only v2 arrays with fill_value null do so. */
+	int missing_is_error;
+} ckpt_array_open_opts;
+
+/* ckpt_array_open with options (o may be NULL).  On failure nothing is
+ * allocated and one line is logged naming the metadata key and the reason
+ * (for an unsupported codec or data type, its name); what the caller does
+ * with the array (leave it out, show it as unreadable) is the caller's to
+ * log. */
+int ckpt_array_open_ex(ckpt_ctx *ctx, ckpt_store *store, const char *prefix, const ckpt_array_open_opts *o,
+		       ckpt_array **out);
 void ckpt_array_destroy(ckpt_array *a);
+
+/*
+ * Data that changes under a mount.  Each decoded chunk in the cache
+ * remembers the identity (size, mtime; or "absent") of the stored unit it
+ * came from.  ckpt_array_revalidate() starts a new epoch: the next use of
+ * each cached chunk stats its stored unit once (one ckpt_store_stat per
+ * storage unit per epoch) and, when the identity differs, drops every
+ * cached chunk of the array, so the read decodes the new bytes (or fails:
+ * -EIO for a unit now missing when missing_is_error).  A unit found
+ * changed while decoding, after the same epoch already served bytes of
+ * its earlier version, answers -ESTALE rather than mixing versions.
+ * Callers call it when a file backed by the array is opened.  Thread-safe.
+ */
+void ckpt_array_revalidate(ckpt_array *a);
 
 const ckpt_array_meta *ckpt_array_meta_of(const ckpt_array *a);
 ckpt_store *ckpt_array_store(const ckpt_array *a);
@@ -48,7 +82,9 @@ const char *ckpt_array_prefix(const ckpt_array *a);
 
 /* Copy bytes [off, off+len) of region r's C-order byte stream into dst.
  * r must lie inside the array.  Returns len (clipped at the end of the
- * stream), or -EIO when a chunk it needs cannot be decoded. */
+ * stream), or -EIO when a chunk it needs cannot be decoded or is missing
+ * (see missing_is_error), -ESTALE (see ckpt_array_revalidate).  Failures
+ * are never cached: the next read tries the store again. */
 ssize_t ckpt_array_read(ckpt_array *a, const ckpt_region *r, uint64_t off, size_t len, void *dst);
 
 /* Zero-copy variant of ckpt_array_read for the common layout: when r is

@@ -6,6 +6,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <blosc.h>
+#include <bzlib.h>
+#include <lz4.h>
+#include <zlib.h>
 #include <zstd.h>
 
 #include "crc32c.h"
@@ -20,25 +24,37 @@
 /*
  * What this decoder supports of the zarr_meta model: an optional
  * sharding_indexed codec (not nested, nothing before or after it; index
- * bytes little-endian, optionally + crc32c), and a data chain of an optional
- * transpose that reverses the dimensions (F order), bytes (either endian),
- * and zstd / crc32c bytes->bytes codecs.
+ * bytes little-endian, optionally + crc32c), and a data chain of
+ * transposes (any permutations, composed), bytes (either endian), and
+ * bytes->bytes codecs of which at most one compresses (zstd, gzip, zlib,
+ * blosc, lz4, bz2) and any number are crc32c.
  */
 static int plan_chain(const struct ckpt_zarr_chain *ch, ckpt_array_meta *m, const char **why)
 {
-	if (ch->na2a > 1)
-		goto a2a;
-	if (ch->na2a == 1) {
-		const struct ckpt_zarr_codec *t = &ch->a2a[0];
-		int rev = 1, id = 1;
-		for (int d = 0; d < m->rank; d++) {
-			rev &= t->order[d] == m->rank - 1 - d;
-			id &= t->order[d] == d;
+	int perm[CKPT_MAX_RANK], id = 1;
+	for (int d = 0; d < m->rank; d++)
+		perm[d] = d;
+	for (int i = 0; i < ch->na2a; i++) {
+		const struct ckpt_zarr_codec *t = &ch->a2a[i];
+		int next[CKPT_MAX_RANK];
+		if (t->id != CKPT_CODEC_TRANSPOSE) {
+			*why = "unsupported array->array codec";
+			return -ENOTSUP;
 		}
-		if (!rev && !id)
-			goto a2a;
-		m->order_f = rev && !id;
+		/* the i-th transpose sees the output of the previous ones */
+		for (int d = 0; d < m->rank; d++) {
+			if (t->order[d] < 0 || t->order[d] >= m->rank) {
+				*why = "bad transpose order";
+				return -EINVAL;
+			}
+			next[d] = perm[t->order[d]];
+		}
+		memcpy(perm, next, sizeof(perm));
 	}
+	for (int d = 0; d < m->rank; d++)
+		id &= perm[d] == d;
+	memcpy(m->perm, perm, sizeof(perm));
+	m->order_f = !id;
 	if (ch->a2b.id != CKPT_CODEC_BYTES) {
 		*why = ch->a2b.id == CKPT_CODEC_SHARDING ? "nested sharding_indexed is not supported"
 							 : "unsupported array->bytes codec";
@@ -46,23 +62,45 @@ static int plan_chain(const struct ckpt_zarr_chain *ch, ckpt_array_meta *m, cons
 	}
 	m->big_endian = ch->a2b.endian == CKPT_ENDIAN_BIG;
 	m->nb2b = 0;
+	int compressors = 0;
 	for (int i = 0; i < ch->nb2b; i++) {
 		const struct ckpt_zarr_codec *c = &ch->b2b[i];
-		if (c->id == CKPT_CODEC_ZSTD) {
+		uint8_t b;
+		switch (c->id) {
+		case CKPT_CODEC_ZSTD:
 			m->zstd_level = c->level;
-			m->b2b[m->nb2b++] = CKPT_B2B_ZSTD;
-		} else if (c->id == CKPT_CODEC_CRC32C) {
-			m->b2b[m->nb2b++] = CKPT_B2B_CRC32C;
-		} else {
-			*why = m->zarr_format == 2 ? "unsupported compressor (only zstd or null)"
+			b = CKPT_B2B_ZSTD;
+			break;
+		case CKPT_CODEC_CRC32C:
+			b = CKPT_B2B_CRC32C;
+			break;
+		case CKPT_CODEC_GZIP:
+			b = CKPT_B2B_GZIP;
+			break;
+		case CKPT_CODEC_ZLIB:
+			b = CKPT_B2B_ZLIB;
+			break;
+		case CKPT_CODEC_BLOSC:
+			b = CKPT_B2B_BLOSC;
+			break;
+		case CKPT_CODEC_LZ4:
+			b = CKPT_B2B_LZ4;
+			break;
+		case CKPT_CODEC_BZ2:
+			b = CKPT_B2B_BZ2;
+			break;
+		default:
+			*why = m->zarr_format == 2 ? "unsupported compressor"
 						   : "unsupported bytes->bytes codec";
 			return -ENOTSUP;
 		}
+		if (b != CKPT_B2B_CRC32C && ++compressors > 1) {
+			*why = "more than one compressor in a codec chain is not supported";
+			return -ENOTSUP;
+		}
+		m->b2b[m->nb2b++] = b;
 	}
 	return 0;
-a2a:
-	*why = "unsupported array->array codec (only a transpose to F order)";
-	return -ENOTSUP;
 }
 
 static int finish_meta(ckpt_array_meta *m, const char **why)
@@ -133,6 +171,7 @@ static int plan(const struct ckpt_zarr_meta *zm, ckpt_array_meta *m, const char 
 	if ((rc = finish_meta(m, why)) < 0)
 		return rc;
 	memcpy(m->fill, zm->fill, sizeof(m->fill));
+	m->fill_null = zm->fill_null;
 	if (zm->fill_lossy)
 		ckpt_log(CKPT_LOG_WARN, "non-zero fill_value for %s read as zeros",
 			 ckpt_dtype_get(m->dtype)->name);
@@ -144,7 +183,12 @@ int ckpt_zarr_parse(int format, const char *json, size_t len, ckpt_array_meta *o
 	struct ckpt_zarr_meta zm;
 	memset(out, 0, sizeof(*out));
 	*why = "";
+	static _Thread_local char whybuf[128];
 	int rc = ckpt_zarr_meta_parse(json, len, format, &zm, why);
+	if (rc == -ENOTSUP && zm.unsupported[0]) {
+		snprintf(whybuf, sizeof(whybuf), "%s \"%s\"", *why, zm.unsupported);
+		*why = whybuf;
+	}
 	if (rc == 0)
 		rc = plan(&zm, out, why);
 	ckpt_zarr_meta_free(&zm);
@@ -153,13 +197,14 @@ int ckpt_zarr_parse(int format, const char *json, size_t len, ckpt_array_meta *o
 
 void ckpt_zarr_codec_str(const ckpt_array_meta *m, char *buf, size_t cap)
 {
-	char chain[64] = "";
+	char chain[96] = "";
 	size_t n = 0;
-	if (m->zarr_format == 3)
+	static const char *const names[] = { "?", "zstd", "crc32c", "gzip", "zlib", "blosc", "lz4", "bz2" };
+	if (m->zarr_format == 3 && n < sizeof(chain))
 		n += (size_t)snprintf(chain + n, sizeof(chain) - n, "bytes");
 	for (int i = 0; i < m->nb2b && n < sizeof(chain); i++)
 		n += (size_t)snprintf(chain + n, sizeof(chain) - n, "%s%s", n ? "," : "",
-				      m->b2b[i] == CKPT_B2B_ZSTD ? "zstd" : "crc32c");
+				      m->b2b[i] < sizeof(names) / sizeof(names[0]) ? names[m->b2b[i]] : "?");
 	if (!n)
 		snprintf(chain, sizeof(chain), "raw");
 	if (!m->sharded) {
@@ -220,8 +265,10 @@ struct ckpt_zarr_scratch {
 	ZSTD_DCtx *dctx;
 	uint8_t *buf; /* stored bytes of one storage unit or inner chunk */
 	size_t cap;
-	uint8_t *aux; /* F-order transpose / shard index */
+	uint8_t *aux; /* transpose / shard index */
 	size_t auxcap;
+	uint8_t *tmp; /* a decompressor's output when crc32c bytes follow it */
+	size_t tmpcap;
 };
 
 ckpt_zarr_scratch *ckpt_zarr_scratch_create(void)
@@ -244,6 +291,7 @@ void ckpt_zarr_scratch_destroy(ckpt_zarr_scratch *sc)
 	ZSTD_freeDCtx(sc->dctx);
 	free(sc->buf);
 	free(sc->aux);
+	free(sc->tmp);
 	free(sc);
 }
 
@@ -285,79 +333,209 @@ static void swap_bytes(uint8_t *p, uint64_t n, unsigned size)
 		}
 }
 
-/* Column-major unit → row-major, via aux. */
-static int f_to_c(const ckpt_array_meta *m, uint8_t *p, ckpt_zarr_scratch *sc)
+/* Stored (transposed) unit -> C order of the decoded unit, via aux.
+ * Stored dimension i is decoded dimension perm[i]; the stored array is in
+ * C order of its own (permuted) shape. */
+static int untranspose(const ckpt_array_meta *m, uint8_t *p, ckpt_zarr_scratch *sc)
 {
 	if (grow(&sc->aux, &sc->auxcap, m->unit_bytes) < 0)
 		return -ENOMEM;
 	memcpy(sc->aux, p, m->unit_bytes);
+	/* stride (in elements) of decoded dimension d inside the stored array */
+	uint64_t stride[CKPT_MAX_RANK], st = 1;
+	for (int i = m->rank - 1; i >= 0; i--) {
+		stride[m->perm[i]] = st;
+		st *= m->inner_shape[m->perm[i]];
+	}
 	uint64_t n = m->unit_bytes / m->itemsize;
 	uint64_t idx[CKPT_MAX_RANK] = { 0 };
+	uint64_t f = 0; /* stored position of decoded element c */
 	for (uint64_t c = 0; c < n; c++) {
-		/* idx is the C-order multi-index of element c */
-		uint64_t f = 0, stride = 1;
-		for (int d = 0; d < m->rank; d++) {
-			f += idx[d] * stride;
-			stride *= m->inner_shape[d];
-		}
 		memcpy(p + c * m->itemsize, sc->aux + f * m->itemsize, m->itemsize);
 		for (int d = m->rank - 1; d >= 0; d--) {
-			if (++idx[d] < m->inner_shape[d])
+			if (++idx[d] < m->inner_shape[d]) {
+				f += stride[d];
 				break;
+			}
+			f -= (idx[d] - 1) * stride[d];
 			idx[d] = 0;
 		}
 	}
 	return 0;
 }
 
-/* Undo the bytes->bytes chain of `src` (n bytes) into dst (unit_bytes). */
+static const char *zlib_what(int b)
+{
+	return b == CKPT_B2B_GZIP ? "gzip" : "zlib";
+}
+
+/* gzip / zlib stream (either header: inflate detects it) -> exactly `want`
+ * bytes; never writes past dst + want. */
+static int inflate_to(const char *root, const char *key, int b, const uint8_t *src, size_t n, uint8_t *dst,
+		      size_t want)
+{
+	z_stream z;
+	memset(&z, 0, sizeof(z));
+	if (inflateInit2(&z, 32 + MAX_WBITS) != Z_OK)
+		return -ENOMEM;
+	size_t in_left = n, out_left = want;
+	const uint8_t *in = src;
+	uint8_t *out = dst, spill;
+	int zr = Z_OK, larger = 0;
+	/* avail_in/avail_out are 32-bit: feed in pieces.  Once the chunk is
+	 * full, a 1-byte spill buffer tells "stream ends here" from "more data". */
+	while (zr == Z_OK) {
+		uInt ai = in_left > UINT32_MAX ? UINT32_MAX : (uInt)in_left;
+		uInt ao = out_left > UINT32_MAX ? UINT32_MAX : (uInt)out_left;
+		z.next_in = (Bytef *)in;
+		z.avail_in = ai;
+		z.next_out = ao ? out : &spill;
+		z.avail_out = ao ? ao : 1;
+		zr = inflate(&z, Z_NO_FLUSH);
+		size_t used = ai - z.avail_in, made = (ao ? ao : 1) - z.avail_out;
+		if (!ao && made) {
+			larger = 1;
+			break;
+		}
+		in += used;
+		in_left -= used;
+		if (ao) {
+			out += made;
+			out_left -= made;
+		}
+		if (zr == Z_OK && !used && !made)
+			zr = Z_BUF_ERROR; /* truncated */
+	}
+	size_t got = want - out_left;
+	inflateEnd(&z);
+	if (larger || zr != Z_STREAM_END || got != want || in_left != 0) {
+		ckpt_log(CKPT_LOG_ERR, "%s/%s: bad %s data (%s; %zu of %zu bytes)", root, key, zlib_what(b),
+			 larger ? "decodes to more than the chunk"
+			 : zr == Z_STREAM_END
+				 ? (in_left ? "trailing bytes" : "decodes to less than the chunk")
+			 : z.msg ? z.msg
+				 : "truncated",
+			 got, want);
+		return -EIO;
+	}
+	return 0;
+}
+
+/* One compressor: src (n bytes) -> exactly `want` bytes at dst. */
+static int decompress(const char *root, const char *key, int b, const uint8_t *src, size_t n, uint8_t *dst,
+		      size_t want, ckpt_zarr_scratch *sc)
+{
+	switch (b) {
+	case CKPT_B2B_ZSTD: {
+		unsigned long long fcs = ZSTD_getFrameContentSize(src, n);
+		if (fcs == ZSTD_CONTENTSIZE_ERROR || (fcs != ZSTD_CONTENTSIZE_UNKNOWN && fcs != want)) {
+			ckpt_log(CKPT_LOG_ERR, "%s/%s: bad zstd frame (content size %lld, expected %zu)",
+				 root, key, fcs == ZSTD_CONTENTSIZE_ERROR ? -1LL : (long long)fcs, want);
+			return -EIO;
+		}
+		size_t r = ZSTD_decompressDCtx(sc->dctx, dst, want, src, n);
+		if (ZSTD_isError(r) || r != want) {
+			ckpt_log(CKPT_LOG_ERR, "%s/%s: zstd decode failed: %s", root, key,
+				 ZSTD_isError(r) ? ZSTD_getErrorName(r) : "wrong decoded size");
+			return -EIO;
+		}
+		return 0;
+	}
+	case CKPT_B2B_GZIP:
+	case CKPT_B2B_ZLIB:
+		return inflate_to(root, key, b, src, n, dst, want);
+	case CKPT_B2B_BLOSC: {
+		size_t nbytes = 0, cbytes = 0, bsize = 0;
+		if (n < BLOSC_MIN_HEADER_LENGTH || blosc_cbuffer_validate(src, n, &nbytes) < 0 ||
+		    (blosc_cbuffer_sizes(src, &nbytes, &cbytes, &bsize), cbytes > n) || nbytes != want ||
+		    want > INT32_MAX) {
+			ckpt_log(CKPT_LOG_ERR, "%s/%s: bad blosc header (decoded size %zu, expected %zu)",
+				 root, key, nbytes, want);
+			return -EIO;
+		}
+		int r = blosc_decompress_ctx(src, dst, want, 1);
+		if (r < 0 || (size_t)r != want) {
+			ckpt_log(CKPT_LOG_ERR, "%s/%s: blosc decode failed (%d)", root, key, r);
+			return -EIO;
+		}
+		return 0;
+	}
+	case CKPT_B2B_LZ4: {
+		if (n < 4 || ckpt_le32(src) != want || want > INT32_MAX || n - 4 > INT32_MAX) {
+			ckpt_log(CKPT_LOG_ERR, "%s/%s: bad lz4 header (decoded size %lld, expected %zu)",
+				 root, key, n < 4 ? -1LL : (long long)ckpt_le32(src), want);
+			return -EIO;
+		}
+		int r = LZ4_decompress_safe((const char *)src + 4, (char *)dst, (int)(n - 4), (int)want);
+		if (r < 0 || (size_t)r != want) {
+			ckpt_log(CKPT_LOG_ERR, "%s/%s: lz4 decode failed (%d)", root, key, r);
+			return -EIO;
+		}
+		return 0;
+	}
+	case CKPT_B2B_BZ2: {
+		if (want > UINT32_MAX || n > UINT32_MAX) {
+			ckpt_log(CKPT_LOG_ERR, "%s/%s: bz2 chunk too large", root, key);
+			return -EIO;
+		}
+		unsigned int dl = (unsigned int)want;
+		int r = BZ2_bzBuffToBuffDecompress((char *)dst, &dl, (char *)src, (unsigned int)n, 0, 0);
+		if (r != BZ_OK || dl != want) {
+			ckpt_log(CKPT_LOG_ERR, "%s/%s: bz2 decode failed (%d; %u of %zu bytes)", root, key, r,
+				 r == BZ_OK ? dl : 0, want);
+			return -EIO;
+		}
+		return 0;
+	}
+	default:
+		ckpt_log(CKPT_LOG_ERR, "%s/%s: unknown codec %d", root, key, b);
+		return -EIO;
+	}
+}
+
+/* Undo the bytes->bytes chain of `src` (n bytes; may be modified) into dst
+ * (unit_bytes).  Every output size is known: the compressor must produce
+ * the unit plus 4 bytes per crc32c applied before it when encoding. */
 static int decode_chain(const ckpt_array_meta *m, const char *root, const char *key, uint8_t *src, size_t n,
 			uint8_t *dst, ckpt_zarr_scratch *sc)
 {
-	int done = 0;
+	uint8_t *cur = src;
 	for (int i = m->nb2b - 1; i >= 0; i--) {
 		if (m->b2b[i] == CKPT_B2B_CRC32C) {
 			if (n < 4) {
 				ckpt_log(CKPT_LOG_ERR, "%s/%s: chunk too short for its crc32c", root, key);
 				return -EIO;
 			}
-			if (ckpt_crc32c(0, src, n - 4) != ckpt_le32(src + n - 4)) {
+			if (ckpt_crc32c(0, cur, n - 4) != ckpt_le32(cur + n - 4)) {
 				ckpt_log(CKPT_LOG_ERR, "%s/%s: chunk CRC-32C mismatch", root, key);
 				return -EIO;
 			}
 			n -= 4;
-		} else {
-			if (i != 0 || done) {
-				ckpt_log(CKPT_LOG_ERR, "%s/%s: unsupported codec order", root, key);
-				return -EIO;
-			}
-			unsigned long long fcs = ZSTD_getFrameContentSize(src, n);
-			if (fcs == ZSTD_CONTENTSIZE_ERROR ||
-			    (fcs != ZSTD_CONTENTSIZE_UNKNOWN && fcs != m->unit_bytes)) {
-				ckpt_log(CKPT_LOG_ERR,
-					 "%s/%s: bad zstd frame (content size %lld, expected %llu)", root,
-					 key, fcs == ZSTD_CONTENTSIZE_ERROR ? -1LL : (long long)fcs,
-					 (unsigned long long)m->unit_bytes);
-				return -EIO;
-			}
-			size_t r = ZSTD_decompressDCtx(sc->dctx, dst, m->unit_bytes, src, n);
-			if (ZSTD_isError(r) || r != m->unit_bytes) {
-				ckpt_log(CKPT_LOG_ERR, "%s/%s: zstd decode failed: %s", root, key,
-					 ZSTD_isError(r) ? ZSTD_getErrorName(r) : "wrong decoded size");
-				return -EIO;
-			}
-			done = 1;
+			continue;
 		}
-	}
-	if (!done) {
-		if (n != m->unit_bytes) {
-			ckpt_log(CKPT_LOG_ERR, "%s/%s: raw chunk has %zu bytes, expected %llu", root, key, n,
-				 (unsigned long long)m->unit_bytes);
-			return -EIO;
+		size_t want = (size_t)m->unit_bytes;
+		for (int j = 0; j < i; j++)
+			want += m->b2b[j] == CKPT_B2B_CRC32C ? 4 : 0;
+		uint8_t *out = dst;
+		if (want != m->unit_bytes) {
+			if (grow(&sc->tmp, &sc->tmpcap, want) < 0)
+				return -ENOMEM;
+			out = sc->tmp;
 		}
-		memcpy(dst, src, n);
+		int rc = decompress(root, key, m->b2b[i], cur, n, out, want, sc);
+		if (rc < 0)
+			return rc;
+		cur = out;
+		n = want;
 	}
-	if (m->order_f && m->rank > 1 && f_to_c(m, dst, sc) < 0)
+	if (n != m->unit_bytes) {
+		ckpt_log(CKPT_LOG_ERR, "%s/%s: chunk has %zu bytes, expected %llu", root, key, n,
+			 (unsigned long long)m->unit_bytes);
+		return -EIO;
+	}
+	if (cur != dst)
+		memmove(dst, cur, n);
+	if (m->order_f && m->rank > 1 && untranspose(m, dst, sc) < 0)
 		return -ENOMEM;
 	if (m->big_endian && m->itemsize > 1)
 		swap_bytes(dst, m->unit_bytes,
@@ -381,8 +559,7 @@ static int read_exact(ckpt_store *s, const char *key, uint64_t off, size_t len, 
 	return 0;
 }
 
-/* Storage-grid index of decode unit g, and its C-order index in the shard. */
-static uint64_t unit_of(const ckpt_array_meta *m, const uint64_t *g, uint64_t *sg)
+uint64_t ckpt_zarr_storage_index(const ckpt_array_meta *m, const uint64_t *g, uint64_t *sg)
 {
 	uint64_t inner = 0;
 	for (int d = 0; d < m->rank; d++) {
@@ -393,22 +570,64 @@ static uint64_t unit_of(const ckpt_array_meta *m, const uint64_t *g, uint64_t *s
 	return inner;
 }
 
-int ckpt_zarr_read_unit(ckpt_store *s, const char *prefix, const ckpt_array_meta *m, const uint64_t *g,
-			void *dst, ckpt_zarr_scratch *sc)
+/* A unit the metadata implies but the store lacks. */
+static int missing(const ckpt_array_meta *m, uint8_t *dst)
 {
-	char key[4096];
-	uint64_t sg[CKPT_MAX_RANK];
-	uint64_t inner = unit_of(m, g, sg); /* C-order index of the inner chunk within its shard */
-	if (ckpt_zarr_unit_key(m, prefix, sg, key, sizeof(key)) < 0)
-		return -ENAMETOOLONG;
-	uint64_t size;
-	int rc = ckpt_store_size(s, key, &size);
-	if (rc == -ENOENT) {
-		fill_unit(m, dst);
+	if (m->missing_is_error || m->fill_null)
+		return -ENODATA;
+	fill_unit(m, dst);
+	return 0;
+}
+
+static int stat_unit(ckpt_store *s, const char *key, struct ckpt_zarr_unit_id *id)
+{
+	struct ckpt_store_stat st;
+	memset(id, 0, sizeof(*id));
+	int rc = ckpt_store_stat(s, key, &st);
+	if (rc == -ENOENT || (rc == 0 && st.is_dir)) {
+		id->absent = 1;
 		return 0;
 	}
 	if (rc < 0)
 		return rc;
+	id->size = st.size;
+	id->mtime_ns = st.mtime_ns;
+	return 0;
+}
+
+int ckpt_zarr_unit_identity(ckpt_store *s, const char *prefix, const ckpt_array_meta *m, const uint64_t *g,
+			    struct ckpt_zarr_unit_id *id)
+{
+	char key[4096];
+	uint64_t sg[CKPT_MAX_RANK];
+	ckpt_zarr_storage_index(m, g, sg);
+	if (ckpt_zarr_unit_key(m, prefix, sg, key, sizeof(key)) < 0)
+		return -ENAMETOOLONG;
+	return stat_unit(s, key, id);
+}
+
+int ckpt_zarr_read_unit(ckpt_store *s, const char *prefix, const ckpt_array_meta *m, const uint64_t *g,
+			void *dst, ckpt_zarr_scratch *sc)
+{
+	return ckpt_zarr_read_unit_id(s, prefix, m, g, dst, sc, NULL);
+}
+
+int ckpt_zarr_read_unit_id(ckpt_store *s, const char *prefix, const ckpt_array_meta *m, const uint64_t *g,
+			   void *dst, ckpt_zarr_scratch *sc, struct ckpt_zarr_unit_id *idp)
+{
+	char key[4096];
+	uint64_t sg[CKPT_MAX_RANK];
+	uint64_t inner =
+		ckpt_zarr_storage_index(m, g, sg); /* C-order index of the inner chunk within its shard */
+	if (ckpt_zarr_unit_key(m, prefix, sg, key, sizeof(key)) < 0)
+		return -ENAMETOOLONG;
+	struct ckpt_zarr_unit_id idl, *id = idp ? idp : &idl;
+	int rc = stat_unit(s, key, id);
+	if (rc < 0)
+		return rc;
+	if (id->absent)
+		return missing(m, dst);
+	uint64_t size = id->size;
 	if (!m->sharded) {
 		if (size > m->unit_bytes + (m->unit_bytes >> 3) + (1u << 20)) {
 			ckpt_log(CKPT_LOG_ERR,
@@ -452,10 +671,8 @@ int ckpt_zarr_read_unit(ckpt_store *s, const char *prefix, const ckpt_array_meta
 		return -EIO;
 	}
 	uint64_t off = ckpt_le64(ix + 16 * inner), n = ckpt_le64(ix + 16 * inner + 8);
-	if (off == UINT64_MAX && n == UINT64_MAX) {
-		fill_unit(m, dst);
-		return 0;
-	}
+	if (off == UINT64_MAX && n == UINT64_MAX)
+		return missing(m, dst);
 	uint64_t end;
 	if (ckpt_add_u64(off, n, &end) < 0 || end > size ||
 	    n > m->unit_bytes + (m->unit_bytes >> 3) + (1u << 20)) {

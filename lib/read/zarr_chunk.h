@@ -10,12 +10,26 @@
  * units; `ckpt_array_meta.inner_shape` is their shape and the "chunk grid"
  * of an array is the grid of decode units.
  *
- * Supported: v2 compressor null / zstd, dtype any of dtype.h incl. '>'
- * byte order, order C or F, dimension_separator '.' or '/', fill_value
- * null/number/"NaN"/"Infinity"/"0x<bits>"; v3 codecs [transpose to F order]
- * → bytes (+endian) → zstd / crc32c, or sharding_indexed (inner chain as
- * before; index bytes + crc32c; index at start or end), chunk_key_encoding
- * default or v2.  Anything else is refused with a reason (-ENOTSUP).
+ * Supported: v2 compressor null / zstd / zlib / gzip / blosc / lz4 / bz2,
+ * dtype any of dtype.h incl. '>' byte order, order C or F,
+ * dimension_separator '.' or '/', fill_value null/number/"NaN"/"Infinity"/
+ * "0x<bits>"; v3 codecs [transpose (any permutation)...] → bytes (+endian)
+ * → any of zstd / gzip / blosc / crc32c (at most one compressor; crc32c
+ * anywhere), or sharding_indexed (inner chain as before; index bytes +
+ * crc32c; index at start or end), chunk_key_encoding default or v2.
+ * Anything else is refused with a reason naming it (-ENOTSUP).
+ *
+ * Bounds: every decoder writes at most the size the chunk shape implies
+ * (plus 4 bytes per crc32c still to strip) and fails (-EIO, logged) when
+ * the stored bytes decode to more or less; stored units larger than any
+ * encoding of their unit are refused before they are read.
+ *
+ * Missing data: a storage unit absent from the store, or an inner chunk
+ * that its shard's index marks absent, reads as the fill value unless
+ * `missing_is_error` (set by the caller: store_array_data_equal_to_fill_value
+ * true, or a step ckptfs wrote) or the array has no fill value (v2
+ * fill_value null); then ckpt_zarr_read_unit answers -ENODATA without
+ * logging, and the caller (read/array.c) logs and answers -EIO.
  */
 #ifndef CKPT_ZARR_CHUNK_H
 #define CKPT_ZARR_CHUNK_H
@@ -28,7 +42,15 @@
 #include "store.h"
 #include "zarr_meta.h"
 
-enum ckpt_b2b { CKPT_B2B_ZSTD = 1, CKPT_B2B_CRC32C = 2 };
+enum ckpt_b2b {
+	CKPT_B2B_ZSTD = 1,
+	CKPT_B2B_CRC32C = 2,
+	CKPT_B2B_GZIP = 3, /* RFC 1952 (v2 "gzip", v3 "gzip") */
+	CKPT_B2B_ZLIB = 4, /* RFC 1950 (v2 "zlib") */
+	CKPT_B2B_BLOSC = 5, /* a blosc 1 frame (any internal compressor and shuffle) */
+	CKPT_B2B_LZ4 = 6, /* numcodecs lz4: 4-byte LE decoded size + an LZ4 block */
+	CKPT_B2B_BZ2 = 7, /* a bzip2 stream */
+};
 
 typedef struct ckpt_array_meta {
 	int zarr_format; /* 2 or 3 */
@@ -47,13 +69,16 @@ typedef struct ckpt_array_meta {
 	int index_at_start;
 	int index_crc;
 	int big_endian;
-	int order_f; /* v2 order "F" */
+	int order_f; /* stored transposed (v2 order "F", a v3 transpose): see perm */
+	int perm[CKPT_MAX_RANK]; /* stored dimension i = decoded dimension perm[i] */
 	int nb2b; /* bytes->bytes codecs, in encode order */
 	uint8_t b2b[CKPT_ZARR_MAX_B2B];
 	int zstd_level; /* informational */
 	char sep; /* chunk key separator */
 	int key_c_prefix; /* v3 default encoding: "c/..." */
 	uint8_t fill[16]; /* one element of the fill value */
+	int fill_null; /* v2 fill_value null: there is no fill value */
+	int missing_is_error; /* a missing unit is -ENODATA, never the fill value */
 } ckpt_array_meta;
 
 /* Parse `.zarray` (format 2) or `zarr.json` (format 3) text (through
@@ -79,11 +104,35 @@ void ckpt_zarr_scratch_destroy(ckpt_zarr_scratch *sc);
 
 /* Decode the decode unit at (decode-unit) grid index `g` of the array
  * stored under `prefix` in `s` into dst (m->unit_bytes bytes, C order,
- * native little-endian).  A missing unit reads as fill.  Returns 0, or
+ * native little-endian).  A missing unit reads as fill, or is -ENODATA
+ * (not logged) when m->missing_is_error or m->fill_null.  Returns 0, or
  * -EIO after logging the key and the reason (truncated, CRC mismatch, bad
- * zstd frame, wrong size, index out of bounds). */
+ * compressed data, wrong size, index out of bounds), or the store's error
+ * (-ESTALE, ...). */
 int ckpt_zarr_read_unit(ckpt_store *s, const char *prefix, const ckpt_array_meta *m, const uint64_t *g,
 			void *dst, ckpt_zarr_scratch *sc);
+
+/* The identity of a storage unit as the store reported it when it was read
+ * (for revalidating decoded data later): size and mtime, or absent. */
+struct ckpt_zarr_unit_id {
+	int absent;
+	uint64_t size;
+	int64_t mtime_ns;
+};
+
+/* ckpt_zarr_read_unit that also reports the identity of the storage unit
+ * it read (*id, when id is not NULL; set whenever the store answered). */
+int ckpt_zarr_read_unit_id(ckpt_store *s, const char *prefix, const ckpt_array_meta *m, const uint64_t *g,
+			   void *dst, ckpt_zarr_scratch *sc, struct ckpt_zarr_unit_id *id);
+
+/* The current identity of the storage unit holding decode unit g (one
+ * stat of the store).  0, or the store's error other than -ENOENT. */
+int ckpt_zarr_unit_identity(ckpt_store *s, const char *prefix, const ckpt_array_meta *m, const uint64_t *g,
+			    struct ckpt_zarr_unit_id *id);
+
+/* Storage-grid index of decode unit g (sg[rank]); returns the C-order
+ * index of g inside its storage unit. */
+uint64_t ckpt_zarr_storage_index(const ckpt_array_meta *m, const uint64_t *g, uint64_t *sg);
 
 /* Sum of the stored sizes of all storage units (listing the store). */
 int ckpt_zarr_stored_bytes(ckpt_store *s, const char *prefix, const ckpt_array_meta *m, uint64_t *out);

@@ -134,20 +134,23 @@ static struct node *add_dir(ckpt_view *v, struct node *parent, const char *name,
 
 /* Add array `param` (store prefix) as file `fname` in dir. */
 static void add_array(ckpt_view *v, struct node *dir, ckpt_store *store, int ocdbt, const char *param,
-		      const char *fname, int format, const cJSON *sharding, int64_t mtime)
+		      const char *fname, int format, int all_stored, const cJSON *sharding, int64_t mtime)
 {
 	if (view_find_kid(dir, fname)) {
 		ckpt_log(CKPT_LOG_WARN, "%s: name collision for array %s, left out", store->root, param);
 		return;
 	}
 	ckpt_array *arr;
-	int rc = ckpt_array_open(v->ctx, store, param, format, &arr);
+	ckpt_array_open_opts oo = { .format = format, .missing_is_error = all_stored };
+	int rc = ckpt_array_open_ex(v->ctx, store, param, &oo, &arr);
 	if (rc == -ENOENT) {
 		ckpt_log(CKPT_LOG_ERR, "%s: array %s has no zarr metadata, left out", store->root, param);
 		return;
 	}
-	if (rc < 0)
-		return; /* logged by ckpt_array_open */
+	if (rc < 0) {
+		ckpt_log(CKPT_LOG_ERR, "%s: array %s left out", store->root, param); /* reason logged above */
+		return;
+	}
 	struct aref *ar = view_new_aref(v, arr, ocdbt);
 	if (!ar) {
 		ckpt_array_destroy(arr);
@@ -214,7 +217,7 @@ static int scan_cb(void *arg, const char *key, uint64_t size)
 	snprintf(fname, sizeof(fname), "%s.npy", esc);
 	if (!view_find_kid(c->dir, fname))
 		add_array(c->v, c->dir, c->store, c->ocdbt, param, fname,
-			  strcmp(slash + 1, CKPT_ORBAX_ZARR3_META) ? 2 : 3, NULL, c->mtime);
+			  strcmp(slash + 1, CKPT_ORBAX_ZARR3_META) ? 2 : 3, 0, NULL, c->mtime);
 	return 0;
 }
 
@@ -243,10 +246,13 @@ static void build_item(ckpt_view *v, struct node *dir, const char *path, int64_t
 	cJSON *sharding = read_json(v, path, CKPT_ORBAX_SHARDING);
 	cJSON *strings = NULL;
 	const cJSON *tree = meta ? cJSON_GetObjectItemCaseSensitive(meta, "tree_metadata") : NULL;
-	int format = 0;
+	int format = 0, all_stored = 0;
 	if (meta) {
 		const cJSON *z3 = cJSON_GetObjectItemCaseSensitive(meta, "use_zarr3");
 		format = cJSON_IsBool(z3) ? (cJSON_IsTrue(z3) ? 3 : 2) : 0;
+		/* Orbax writes every chunk then: a missing one is an error (docs/usage.md) */
+		all_stored = cJSON_IsTrue(
+			cJSON_GetObjectItemCaseSensitive(meta, "store_array_data_equal_to_fill_value"));
 	}
 	if (!cJSON_IsObject(tree)) {
 		if (meta)
@@ -314,7 +320,7 @@ static void build_item(ckpt_view *v, struct node *dir, const char *path, int64_t
 		char fname[VIEW_NAME_BUF];
 		if (!strcmp(type, "jax.Array") || !strcmp(type, "np.ndarray") || !strcmp(type, "scalar")) {
 			snprintf(fname, sizeof(fname), "%s.npy", esc);
-			add_array(v, d, store, ocdbt, param, fname, format, sharding, mtime);
+			add_array(v, d, store, ocdbt, param, fname, format, all_stored, sharding, mtime);
 		} else if (!strcmp(type, "Dict") || !strcmp(type, "List") || !strcmp(type, "Tuple") ||
 			   !strcmp(type, "NamedTuple")) {
 			add_dir(v, d, esc, mtime);

@@ -35,21 +35,8 @@ GEN = U.REPO / "tests" / "fixtures" / "generated"
 CODECS = GEN / "codecs"
 EXPECTED = json.loads((CODECS / "expected" / "expected.json").read_text())
 
-# What ckptfs decodes before issue 10: zstd, raw, bytes (either endian),
-# crc32c, sharding_indexed, and a transpose that reverses the dimensions.
-DECODED_BEFORE = {"zarr2/none.i64", "zarr2/zstd.f32", "zarr2_unsupported/good.f32", "zarr3/big_endian_crc32c.f32",
-                  "zarr3/crc32c.u16", "zarr3/shard_transpose.f32", "zarr3/shard_zstd.f32", "zarr3/transpose.f32",
-                  "zarr3/zstd.f32", "zarr3_unsupported/good.f32"}
-
-
 def params():
-    out = []
-    for key, e in sorted(EXPECTED.items()):
-        marks = []
-        if key not in DECODED_BEFORE:
-            marks.append(pytest.mark.xfail(strict=True, reason=f"issue 10: codec {e['codec']} is not decoded"))
-        out.append(pytest.param(key, marks=marks, id=key))
-    return out
+    return [pytest.param(key, id=key) for key in sorted(EXPECTED)]
 
 
 def rel_of(param):

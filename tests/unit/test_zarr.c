@@ -1,15 +1,24 @@
-/* Unit tests of zarr.c on hand-made arrays: sharding_indexed with several
- * inner chunks, the index at the start, empty inner chunks, edge shards;
- * big-endian bytes + crc32c; zarr v2 with '/' keys, F order, no compressor;
- * corrupt indexes; metadata that must be refused. */
+/* Unit tests of zarr_chunk.c and array.c on hand-made arrays:
+ * sharding_indexed with several inner chunks, the index at the start, empty
+ * inner chunks, edge shards; big-endian bytes + crc32c; zarr v2 with '/'
+ * keys, F order, no compressor; corrupt indexes; metadata that must be
+ * refused; every compressor (zlib, gzip, bz2, lz4, blosc) including data
+ * that decodes to more or less than the chunk; a general transpose; the
+ * missing-data rule and its log line; revalidation of cached chunks. */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <blosc.h>
+#include <bzlib.h>
+#include <lz4.h>
+#include <zlib.h>
 #include <zstd.h>
 
+#include "array.h"
 #include "check.h"
 #include "crc32c.h"
 #include "zarr_chunk.h"
@@ -167,10 +176,11 @@ static void test_refused(void)
 {
 	ckpt_array_meta m;
 	const char *why;
-	const char *gzip =
+	const char *foo =
 		"{\"zarr_format\":2,\"shape\":[4],\"chunks\":[4],\"dtype\":\"<f4\","
-		"\"compressor\":{\"id\":\"gzip\"},\"fill_value\":0,\"filters\":null,\"order\":\"C\"}";
-	CHECK_EQ_INT(ckpt_zarr_parse(2, gzip, strlen(gzip), &m, &why), -ENOTSUP);
+		"\"compressor\":{\"id\":\"foo\"},\"fill_value\":0,\"filters\":null,\"order\":\"C\"}";
+	CHECK_EQ_INT(ckpt_zarr_parse(2, foo, strlen(foo), &m, &why), -ENOTSUP);
+	CHECK(strstr(why, "foo") != NULL);
 	const char *huge =
 		"{\"zarr_format\":2,\"shape\":[4611686018427387904,4611686018427387904],\"chunks\":[1,1],"
 		"\"dtype\":\"<f4\",\"compressor\":null,\"fill_value\":0,\"filters\":null,\"order\":\"C\"}";
@@ -189,6 +199,256 @@ static void test_refused(void)
 	CHECK_EQ_INT(ckpt_zarr_parse(3, badshard, strlen(badshard), &m, &why), -EINVAL);
 }
 
+/* ---- compressors --------------------------------------------------------- */
+
+enum { C_ZLIB, C_GZIP, C_BZ2, C_LZ4, C_BLOSC };
+
+static size_t compress_with(int c, const void *src, size_t n, uint8_t *dst, size_t cap)
+{
+	switch (c) {
+	case C_ZLIB: {
+		uLongf dl = cap;
+		CHECK_EQ_INT(compress2(dst, &dl, src, n, 6), Z_OK);
+		return dl;
+	}
+	case C_GZIP: {
+		z_stream z;
+		memset(&z, 0, sizeof(z));
+		CHECK_EQ_INT(deflateInit2(&z, 5, Z_DEFLATED, 16 + MAX_WBITS, 8, Z_DEFAULT_STRATEGY), Z_OK);
+		z.next_in = (Bytef *)src;
+		z.avail_in = (uInt)n;
+		z.next_out = dst;
+		z.avail_out = (uInt)cap;
+		CHECK_EQ_INT(deflate(&z, Z_FINISH), Z_STREAM_END);
+		size_t out = z.total_out;
+		deflateEnd(&z);
+		return out;
+	}
+	case C_BZ2: {
+		unsigned dl = (unsigned)cap;
+		CHECK_EQ_INT(BZ2_bzBuffToBuffCompress((char *)dst, &dl, (char *)src, (unsigned)n, 9, 0, 0),
+			     BZ_OK);
+		return dl;
+	}
+	case C_LZ4: {
+		ckpt_put_le32(dst, (uint32_t)n);
+		int r = LZ4_compress_default(src, (char *)dst + 4, (int)n, (int)cap - 4);
+		CHECK(r > 0);
+		return (size_t)r + 4;
+	}
+	default: {
+		int r = blosc_compress_ctx(5, BLOSC_SHUFFLE, 4, n, src, dst, cap, "lz4", 0, 1);
+		CHECK(r > 0);
+		return (size_t)r;
+	}
+	}
+}
+
+static const char *const v2_comp[] = {
+	"{\"id\":\"zlib\",\"level\":6}",
+	"{\"id\":\"gzip\",\"level\":5}",
+	"{\"id\":\"bz2\",\"level\":9}",
+	"{\"id\":\"lz4\",\"acceleration\":1}",
+	"{\"id\":\"blosc\",\"cname\":\"lz4\",\"clevel\":5,\"shuffle\":1,\"blocksize\":0}",
+};
+
+/* v2 float32 [4,8] in [4,4] chunks, each compressor: exact bytes back;
+ * a stream that decodes to one element more or less is -EIO. */
+static void test_compressors(ckpt_store *s)
+{
+	for (int c = 0; c <= C_BLOSC; c++) {
+		char json[512], pre[16];
+		snprintf(pre, sizeof(pre), "comp%d", c);
+		snprintf(json, sizeof(json),
+			 "{\"zarr_format\":2,\"shape\":[4,8],\"chunks\":[4,4],\"dtype\":\"<f4\","
+			 "\"compressor\":%s,"
+			 "\"fill_value\":0,\"filters\":null,\"order\":\"C\"}",
+			 v2_comp[c]);
+		ckpt_array_meta m;
+		CHECK_EQ_INT(parse(2, json, &m), 0);
+		float v[17];
+		for (int i = 0; i < 17; i++)
+			v[i] = (float)(i * 3 + c);
+		uint8_t buf[4096];
+		char key[64];
+		size_t n = compress_with(c, v, 16 * sizeof(float), buf, sizeof(buf));
+		snprintf(key, sizeof(key), "%s/0.0", pre);
+		put_file(key, buf, n);
+		ckpt_zarr_scratch *sc = ckpt_zarr_scratch_create();
+		float got[16];
+		uint64_t g[2] = { 0, 0 };
+		CHECK_EQ_INT(ckpt_zarr_read_unit(s, pre, &m, g, got, sc), 0);
+		CHECK(memcmp(got, v, sizeof(got)) == 0);
+		/* one element too many, one too few: refused, nothing past the chunk written */
+		for (int extra = -1; extra <= 1; extra += 2) {
+			n = compress_with(c, v, (size_t)(16 + extra) * sizeof(float), buf, sizeof(buf));
+			put_file(key, buf, n);
+			float guard[20];
+			memset(guard, 0x5a, sizeof(guard));
+			CHECK_EQ_INT(ckpt_zarr_read_unit(s, pre, &m, g, guard, sc), -EIO);
+			uint8_t tail[sizeof(guard) - 16 * sizeof(float)];
+			memset(tail, 0x5a, sizeof(tail));
+			CHECK(memcmp((uint8_t *)guard + 16 * sizeof(float), tail, sizeof(tail)) == 0);
+		}
+		/* truncated and garbage data */
+		n = compress_with(c, v, 16 * sizeof(float), buf, sizeof(buf));
+		put_file(key, buf, n / 2);
+		CHECK_EQ_INT(ckpt_zarr_read_unit(s, pre, &m, g, got, sc), -EIO);
+		memset(buf, 0xa5, sizeof(buf));
+		put_file(key, buf, 100);
+		CHECK_EQ_INT(ckpt_zarr_read_unit(s, pre, &m, g, got, sc), -EIO);
+		ckpt_zarr_scratch_destroy(sc);
+	}
+}
+
+/* v3 int16 [2,3,4] with transpose [2,0,1] + gzip + crc32c, and [1,2,0]
+ * without compression. */
+static void test_transpose(ckpt_store *s)
+{
+	static const int orders[2][3] = { { 2, 0, 1 }, { 1, 2, 0 } };
+	for (int t = 0; t < 2; t++) {
+		char json[1024], pre[8];
+		const int *o = orders[t];
+		snprintf(pre, sizeof(pre), "tr%d", t);
+		snprintf(json, sizeof(json),
+			 "{\"zarr_format\":3,\"node_type\":\"array\",\"shape\":[2,3,4],\"data_type\":"
+			 "\"int16\","
+			 "\"chunk_grid\":{\"name\":\"regular\",\"configuration\":{\"chunk_shape\":[2,3,4]}},"
+			 "\"chunk_key_encoding\":{\"name\":\"default\"},\"fill_value\":0,\"codecs\":["
+			 "{\"name\":\"transpose\",\"configuration\":{\"order\":[%d,%d,%d]}},"
+			 "{\"name\":\"bytes\",\"configuration\":{\"endian\":\"little\"}}%s]}",
+			 o[0], o[1], o[2], t == 0 ? ",{\"name\":\"gzip\"},{\"name\":\"crc32c\"}" : "");
+		ckpt_array_meta m;
+		CHECK_EQ_INT(parse(3, json, &m), 0);
+		int16_t a[2][3][4], st[24];
+		const int dims[3] = { 2, 3, 4 };
+		for (int i = 0; i < 2; i++)
+			for (int j = 0; j < 3; j++)
+				for (int k = 0; k < 4; k++)
+					a[i][j][k] = (int16_t)(100 * i + 10 * j + k);
+		/* stored = np.transpose(a, o) in C order */
+		int sd[3] = { dims[o[0]], dims[o[1]], dims[o[2]] }, p = 0;
+		for (int x = 0; x < sd[0]; x++)
+			for (int y = 0; y < sd[1]; y++)
+				for (int z = 0; z < sd[2]; z++) {
+					int idx[3];
+					idx[o[0]] = x;
+					idx[o[1]] = y;
+					idx[o[2]] = z;
+					st[p++] = a[idx[0]][idx[1]][idx[2]];
+				}
+		uint8_t buf[1024];
+		size_t n = sizeof(st);
+		if (t == 0) {
+			n = compress_with(C_GZIP, st, sizeof(st), buf, sizeof(buf) - 4);
+			ckpt_put_le32(buf + n, ckpt_crc32c(0, buf, n));
+			n += 4;
+		} else {
+			memcpy(buf, st, n);
+		}
+		char key[32];
+		snprintf(key, sizeof(key), "%s/c/0/0/0", pre);
+		put_file(key, buf, n);
+		ckpt_zarr_scratch *sc = ckpt_zarr_scratch_create();
+		int16_t got[24];
+		uint64_t g[3] = { 0, 0, 0 };
+		CHECK_EQ_INT(ckpt_zarr_read_unit(s, pre, &m, g, got, sc), 0);
+		CHECK(memcmp(got, a, sizeof(got)) == 0);
+		ckpt_zarr_scratch_destroy(sc);
+	}
+}
+
+/* ---- missing data, log once, revalidation ---------------------------------- */
+
+static int nlogged_missing;
+static char last_log[1024];
+
+static void count_log(int level, const char *msg)
+{
+	(void)level;
+	if (strstr(msg, "is missing"))
+		nlogged_missing++;
+	snprintf(last_log, sizeof(last_log), "%s", msg);
+}
+
+static void test_missing(ckpt_store *s)
+{
+	/* v2 float32 [4] in [2] chunks, fill 0 or null */
+	const char *json0 =
+		"{\"zarr_format\":2,\"shape\":[4],\"chunks\":[2],\"dtype\":\"<f4\",\"compressor\":null,"
+		"\"fill_value\":1.5,\"filters\":null,\"order\":\"C\"}";
+	const char *jsonn =
+		"{\"zarr_format\":2,\"shape\":[4],\"chunks\":[2],\"dtype\":\"<f4\",\"compressor\":null,"
+		"\"fill_value\":null,\"filters\":null,\"order\":\"C\"}";
+	float one[2] = { 7, 8 };
+	put_file("m0/.zarray", json0, strlen(json0));
+	put_file("m0/0", one, sizeof(one));
+	put_file("mn/.zarray", jsonn, strlen(jsonn));
+	put_file("mn/0", one, sizeof(one));
+	ckpt_array_meta m;
+	ckpt_zarr_scratch *sc = ckpt_zarr_scratch_create();
+	float v[2];
+	uint64_t g[1] = { 1 };
+	CHECK_EQ_INT(parse(2, json0, &m), 0);
+	CHECK_EQ_INT(ckpt_zarr_read_unit(s, "m0", &m, g, v, sc), 0);
+	CHECK(v[0] == 1.5f && v[1] == 1.5f);
+	m.missing_is_error = 1;
+	CHECK_EQ_INT(ckpt_zarr_read_unit(s, "m0", &m, g, v, sc), -ENODATA);
+	CHECK_EQ_INT(parse(2, jsonn, &m), 0);
+	CHECK(m.fill_null);
+	CHECK_EQ_INT(ckpt_zarr_read_unit(s, "mn", &m, g, v, sc), -ENODATA);
+	ckpt_zarr_scratch_destroy(sc);
+
+	/* through an array: -EIO, logged once per chunk, other chunks read */
+	ckpt_ctx *ctx;
+	CHECK_EQ_INT(ckpt_ctx_create(NULL, &ctx), 0);
+	ckpt_array *a;
+	ckpt_array_open_opts o = { .format = 2, .missing_is_error = 1 };
+	CHECK_EQ_INT(ckpt_array_open_ex(ctx, s, "m0", &o, &a), 0);
+	ckpt_log_set_sink(count_log);
+	nlogged_missing = 0;
+	ckpt_region all, first;
+	uint64_t shape[1] = { 4 };
+	ckpt_region_full(&all, 1, shape);
+	ckpt_region_full(&first, 1, shape);
+	first.stop[0] = 2;
+	float out[4];
+	for (int i = 0; i < 3; i++)
+		CHECK_EQ_INT(ckpt_array_read(a, &all, 0, sizeof(out), out), -EIO);
+	CHECK_EQ_INT(nlogged_missing, 1);
+	CHECK(strstr(last_log, "m0") && strstr(last_log, "(1)"));
+	CHECK_EQ_INT(ckpt_array_read(a, &first, 0, 8, out), 8);
+	CHECK(out[0] == 7 && out[1] == 8);
+	/* the chunk appears: read at once (failures are not cached) */
+	float two[2] = { 9, 10 };
+	put_file("m0/1", two, sizeof(two));
+	CHECK_EQ_INT(ckpt_array_read(a, &all, 0, sizeof(out), out), (int)sizeof(out));
+	CHECK(out[2] == 9 && out[3] == 10);
+	/* replaced under the mount: the cached chunk is served until a new
+	 * epoch, then the new bytes */
+	float three[2] = { 11, 12 };
+	put_file("m0/1", three, sizeof(three)); /* same size: mtime differs */
+	struct timespec ts[2] = { { 0, UTIME_OMIT }, { 1000, 0 } };
+	char p[512];
+	snprintf(p, sizeof(p), "%s/m0/1", dir);
+	utimensat(AT_FDCWD, p, ts, 0);
+	ckpt_array_revalidate(a);
+	CHECK_EQ_INT(ckpt_array_read(a, &all, 0, sizeof(out), out), (int)sizeof(out));
+	CHECK(out[0] == 7 && out[2] == 11 && out[3] == 12);
+	/* deleted: EIO (missing with the flag), not the cached bytes */
+	unlink(p);
+	ckpt_array_revalidate(a);
+	CHECK_EQ_INT(ckpt_array_read(a, &all, 0, sizeof(out), out), -EIO);
+	CHECK_EQ_INT(ckpt_array_read(a, &first, 0, 8, out), 8);
+	ckpt_log_set_sink(NULL);
+	ckpt_array_destroy(a);
+	/* without the flag, a v2 null fill still fails */
+	CHECK_EQ_INT(ckpt_array_open_ex(ctx, s, "mn", NULL, &a), 0);
+	CHECK_EQ_INT(ckpt_array_read(a, &all, 0, sizeof(out), out), -EIO);
+	ckpt_array_destroy(a);
+	ckpt_ctx_destroy(ctx);
+}
+
 int main(void)
 {
 	snprintf(dir, sizeof(dir), "/tmp/ckpt_test_zarr.XXXXXX");
@@ -200,6 +460,9 @@ int main(void)
 	test_big_endian_crc(s);
 	test_v2_fortran(s);
 	test_refused();
+	test_compressors(s);
+	test_transpose(s);
+	test_missing(s);
 	ckpt_store_destroy(s);
 	char cmd[300];
 	snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
