@@ -504,6 +504,13 @@ int main(int argc, char *argv[])
 	vo.read_only = fs.opts.read_only;
 	vo.zstd_level = fs.opts.zstd_level;
 	vo.store = &store_opts;
+	if (ckpt_store_source_is_remote(fs.opts.source) && vo.ctx.threads <= 0) {
+		/* requests wait on the network, not the CPU: twice the connections, so
+		 * that reads queue for a connection and adjacent ones are merged */
+		long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+		int want = 2 * (int)(store_opts.connections ? store_opts.connections : 8);
+		vo.ctx.threads = ncpu > want ? (int)ncpu : want;
+	}
 	if (fs.opts.write_buffer && parse_size(fs.opts.write_buffer, &vo.write_budget) < 0) {
 		fprintf(stderr, "ckptfs: bad write_buffer '%s'\n", fs.opts.write_buffer);
 		goto out_ready;

@@ -21,7 +21,16 @@
  * last status.  Secrets (secret key, session token, bearer token) never
  * reach a log line: only the store URL, the key and the status are logged.
  *
- * Locking: s->mu guards the pinned-object table and the bearer token.
+ * Coalescing: range GETs take one of `connections` slots.  A GET that
+ * waits for a slot stays queued; whichever GET gets a slot next takes every
+ * queued range of the same object (same pinned ETag) that touches or
+ * nearly touches its own (gaps up to COALESCE_GAP bytes), up to
+ * COALESCE_MAX bytes, and fetches the union with one request, handing each
+ * waiter its bytes.  With free slots nothing waits, so nothing is delayed
+ * to be merged; under load adjacent chunk reads become one request.
+ *
+ * Locking: s->mu guards the pinned-object table and the bearer token;
+ * s->qmu the GET queue and the free-slot count (never both held).
  */
 #include <cjson/cJSON.h>
 #include <ctype.h>
@@ -53,8 +62,29 @@ struct obj {
 
 #define NBUCKETS 4096
 
+#define COALESCE_GAP ((uint64_t)16 << 10)
+#define COALESCE_MAX ((uint64_t)64 << 20)
+
+/* One range GET waiting for a slot (on the caller's stack). */
+struct greq {
+	struct greq *next;
+	const char *name; /* full object name */
+	const char *key; /* store key, for logs */
+	const struct obj *o; /* pinned entry (size, ETag) */
+	uint64_t first, last; /* inclusive */
+	void *dst; /* last - first + 1 bytes */
+	int taken; /* in another GET's batch: wait for done */
+	int done;
+	int rc; /* 0 or -errno once done */
+};
+
 struct s3_store {
 	struct ckpt_store base;
+	pthread_mutex_t qmu;
+	pthread_cond_t qcv;
+	struct greq *queue; /* waiting GETs, oldest first */
+	unsigned slots; /* free GET slots */
+	unsigned long long gets, merged; /* GET requests sent; ranges served by another's request */
 	int gcs;
 	char *bucket;
 	char *prefix; /* object-name prefix without trailing '/', "" for the bucket root */
@@ -925,6 +955,139 @@ static int parse_cr(const char *cr, uint64_t *f, uint64_t *l, uint64_t *t)
 	return 0;
 }
 
+/* One validated GET of [first, last] of object `name` (pinned as *o) into
+ * dst.  0 or -errno (logged). */
+static int fetch_range(struct s3_store *s, const char *name, const char *key, const struct obj *o,
+		       uint64_t first, uint64_t last, void *dst)
+{
+	int whole = first == 0 && last + 1 == o->size;
+	uint64_t want = last - first + 1;
+	char range[64];
+	snprintf(range, sizeof(range), "bytes=%llu-%llu", (unsigned long long)first,
+		 (unsigned long long)last);
+	struct rq r = { "GET", name, "",  whole ? NULL : range, o->etag, dst, (size_t)want, 0, "GET", NULL,
+			0,     NULL, NULL };
+	struct ckpt_http_resp resp;
+	__atomic_add_fetch(&s->gets, 1, __ATOMIC_RELAXED);
+	int rc = request(s, &r, &resp);
+	if (rc == -ESTALE) {
+		ckpt_log(CKPT_LOG_ERR, "%s/%s: object changed since it was first seen (ETag no longer %s)",
+			 s->base.root, key, o->etag);
+		obj_mark_stale(s, name);
+	}
+	if (rc == -ENOENT) {
+		ckpt_log(CKPT_LOG_ERR, "%s/%s: object vanished since it was first seen", s->base.root, key);
+		obj_mark_stale(s, name);
+		rc = -EIO;
+	}
+	if (rc)
+		return rc;
+	ckpt_http_resp_free(&resp);
+	const char *bad = NULL;
+	uint64_t f = 0, l = 0, t = 0;
+	if (o->etag[0] && resp.etag[0] && strcmp(o->etag, resp.etag) != 0) {
+		ckpt_log(CKPT_LOG_ERR, "%s/%s: object changed since it was first seen (ETag %s, now %s)",
+			 s->base.root, key, o->etag, resp.etag);
+		obj_mark_stale(s, name);
+		return -ESTALE;
+	}
+	if (resp.len != want)
+		bad = "body length differs from the range asked for";
+	else if (!whole && resp.status != 206 && !(resp.status == 200 && first == 0 && want == o->size))
+		bad = "range ignored";
+	else if (resp.status == 206 &&
+		 (parse_cr(resp.content_range, &f, &l, &t) || f != first || l != last || t != o->size))
+		bad = "Content-Range differs from the range asked for";
+	if (bad) {
+		ckpt_log(CKPT_LOG_ERR, "%s/%s: GET %s: HTTP %ld, %s (Content-Range '%s', %zu bytes)",
+			 s->base.root, key, range, resp.status, bad, resp.content_range, resp.len);
+		return -EIO;
+	}
+	return 0;
+}
+
+/* Queued GETs of the same object next to [*lo, *hi]: move them from the
+ * queue to *batch and widen the range (s->qmu held). */
+static void take_neighbours(struct s3_store *s, const struct greq *me, uint64_t *lo, uint64_t *hi,
+			    struct greq **batch)
+{
+	for (int grew = 1; grew;) {
+		grew = 0;
+		for (struct greq **pp = &s->queue; *pp;) {
+			struct greq *q = *pp;
+			uint64_t nlo = q->first < *lo ? q->first : *lo, nhi = q->last > *hi ? q->last : *hi;
+			if (strcmp(q->name, me->name) == 0 && strcmp(q->o->etag, me->o->etag) == 0 &&
+			    q->first <= *hi + 1 + COALESCE_GAP && q->last + 1 + COALESCE_GAP >= *lo &&
+			    nhi - nlo + 1 <= COALESCE_MAX) {
+				*pp = q->next;
+				q->taken = 1;
+				q->next = *batch;
+				*batch = q;
+				*lo = nlo;
+				*hi = nhi;
+				grew = 1;
+			} else {
+				pp = &q->next;
+			}
+		}
+	}
+}
+
+/* GET [first, last] of `name` into dst through the slot queue, merged with
+ * queued neighbours (see the top of the file). */
+static int coalesced_get(struct s3_store *s, const char *name, const char *key, const struct obj *o,
+			 uint64_t first, uint64_t last, void *dst)
+{
+	struct greq me = { NULL, name, key, o, first, last, dst, 0, 0, 0 };
+	pthread_mutex_lock(&s->qmu);
+	struct greq **tail = &s->queue;
+	while (*tail)
+		tail = &(*tail)->next;
+	*tail = &me;
+	while (!me.done && (me.taken || s->slots == 0))
+		pthread_cond_wait(&s->qcv, &s->qmu);
+	if (me.done) { /* served by another GET */
+		pthread_mutex_unlock(&s->qmu);
+		return me.rc;
+	}
+	s->slots--;
+	for (struct greq **pp = &s->queue; *pp; pp = &(*pp)->next)
+		if (*pp == &me) {
+			*pp = me.next;
+			break;
+		}
+	me.next = NULL;
+	struct greq *batch = NULL;
+	uint64_t lo = first, hi = last;
+	take_neighbours(s, &me, &lo, &hi, &batch);
+	pthread_mutex_unlock(&s->qmu);
+
+	int rc;
+	if (!batch) {
+		rc = fetch_range(s, name, key, o, first, last, dst);
+	} else {
+		uint8_t *buf = malloc((size_t)(hi - lo + 1));
+		rc = buf ? fetch_range(s, name, key, o, lo, hi, buf) : -ENOMEM;
+		if (rc == 0) {
+			memcpy(dst, buf + (first - lo), (size_t)(last - first + 1));
+			for (struct greq *q = batch; q; q = q->next)
+				memcpy(q->dst, buf + (q->first - lo), (size_t)(q->last - q->first + 1));
+		}
+		free(buf);
+	}
+	pthread_mutex_lock(&s->qmu);
+	for (struct greq *q = batch, *nx; q; q = nx) {
+		nx = q->next;
+		q->rc = rc;
+		q->done = 1;
+		s->merged++;
+	}
+	s->slots++;
+	pthread_cond_broadcast(&s->qcv);
+	pthread_mutex_unlock(&s->qmu);
+	return rc;
+}
+
 static ssize_t s3_read(ckpt_store *st, const char *key, uint64_t off, size_t len, void *dst)
 {
 	struct s3_store *s = (struct s3_store *)st;
@@ -957,57 +1120,14 @@ static ssize_t s3_read(ckpt_store *st, const char *key, uint64_t off, size_t len
 	uint64_t first = off, last = off + n - 1;
 	if (n == 1 && off == 0 && o.size > 1)
 		last = 1;
-	int whole = first == 0 && last + 1 == o.size;
-	uint64_t want = last - first + 1;
-	char range[64];
-	snprintf(range, sizeof(range), "bytes=%llu-%llu", (unsigned long long)first,
-		 (unsigned long long)last);
 	char tmp[2];
-	void *buf = want == n ? dst : tmp;
-	struct rq r = { "GET", name, "",  whole ? NULL : range, o.etag, buf, (size_t)want, 0, "GET", NULL,
-			0,     NULL, NULL };
-	struct ckpt_http_resp resp;
-	rc = request(s, &r, &resp);
-	if (rc == -ESTALE) {
-		ckpt_log(CKPT_LOG_ERR, "%s/%s: object changed since it was first seen (ETag no longer %s)",
-			 s->base.root, key, o.etag);
-		obj_mark_stale(s, name);
-	}
-	if (rc == -ENOENT) {
-		ckpt_log(CKPT_LOG_ERR, "%s/%s: object vanished since it was first seen", s->base.root, key);
-		obj_mark_stale(s, name);
-		rc = -EIO;
-	}
-	if (rc) {
-		free(name);
+	void *buf = last - first + 1 == n ? dst : tmp;
+	rc = coalesced_get(s, name, key, &o, first, last, buf);
+	free(name);
+	if (rc)
 		return rc;
-	}
-	ckpt_http_resp_free(&resp);
-	const char *bad = NULL;
-	uint64_t f = 0, l = 0, t = 0;
-	if (o.etag[0] && resp.etag[0] && strcmp(o.etag, resp.etag) != 0) {
-		ckpt_log(CKPT_LOG_ERR, "%s/%s: object changed since it was first seen (ETag %s, now %s)",
-			 s->base.root, key, o.etag, resp.etag);
-		obj_mark_stale(s, name);
-		free(name);
-		return -ESTALE;
-	}
-	if (resp.len != want)
-		bad = "body length differs from the range asked for";
-	else if (!whole && resp.status != 206 && !(resp.status == 200 && first == 0 && want == o.size))
-		bad = "range ignored";
-	else if (resp.status == 206 &&
-		 (parse_cr(resp.content_range, &f, &l, &t) || f != first || l != last || t != o.size))
-		bad = "Content-Range differs from the range asked for";
-	if (bad) {
-		ckpt_log(CKPT_LOG_ERR, "%s/%s: GET %s: HTTP %ld, %s (Content-Range '%s', %zu bytes)",
-			 s->base.root, key, range, resp.status, bad, resp.content_range, resp.len);
-		free(name);
-		return -EIO;
-	}
 	if (buf == tmp)
 		memcpy(dst, tmp, (size_t)n);
-	free(name);
 	return (ssize_t)n;
 }
 
@@ -1019,8 +1139,13 @@ static void s3_destroy(ckpt_store *st)
 			nx = o->next;
 			free(o);
 		}
+	if (s->gets)
+		ckpt_log(CKPT_LOG_DEBUG, "%s: %llu range GETs, %llu more ranges served by merged GETs", s->base.root,
+			 s->gets, s->merged);
 	ckpt_http_free(s->http);
 	pthread_mutex_destroy(&s->mu);
+	pthread_mutex_destroy(&s->qmu);
+	pthread_cond_destroy(&s->qcv);
 	free(s->bucket);
 	free(s->prefix);
 	free(s->scheme_host);
@@ -1274,6 +1399,8 @@ int ckpt_store_s3_open(const char *source, const struct ckpt_store_opts *o, ckpt
 	if (!s)
 		return -ENOMEM;
 	pthread_mutex_init(&s->mu, NULL);
+	pthread_mutex_init(&s->qmu, NULL);
+	pthread_cond_init(&s->qcv, NULL);
 	s->base.ops = &s3_ops;
 	s->gcs = strncmp(source, "gs://", 5) == 0;
 	int rc = -ENOMEM;
@@ -1388,6 +1515,7 @@ int ckpt_store_s3_open(const char *source, const struct ckpt_store_opts *o, ckpt
 		goto fail;
 	struct ckpt_http_cfg hc = { o->connections ? o->connections : 8,
 				    o->timeout_ms ? o->timeout_ms : 30000 };
+	s->slots = hc.connections;
 	rc = ckpt_http_new(&hc, &s->http);
 	if (rc)
 		goto fail;

@@ -326,3 +326,27 @@ def test_gs_token_from_the_metadata_server(env):
     assert "metadata server" in err
     assert 1 <= len(seen) <= 3, seen  # fetched once, reused until it nears expiry
     assert tok not in out + err
+
+
+@pytest.mark.parametrize("connections,delay", [(1, "40"), (2, "40"), (8, "0")])
+def test_adjacent_ranges_read_together_are_coalesced(env, tmp_path, connections, delay):
+    """Reads of adjacent ranges that wait for a connection are merged into
+    one GET (every piece still byte-exact); never more GETs in flight than
+    -o connections, never more GETs than pieces."""
+    data = os.urandom(4 << 20)
+    local = tmp_path / "big.bin"
+    local.write_bytes(data)
+    env.put(PREFIX + "-co/big.bin", data)
+    env.fault("clear")
+    if delay != "0":
+        env.fault("delay", delay, count=100000, match="GET /ckpt/fx-co/big.bin")
+    pieces = (4 << 20) // (64 << 10)
+    rc, out, err = drive("s3par", f"s3://{s3env.BUCKET}/{PREFIX}-co", "big.bin", local, 16, 64 << 10,
+                         f"endpoint={env.proxy_endpoint}", f"connections={connections}")
+    log = env.fault_log()
+    env.fault("clear")
+    assert rc == 0 and f"s3par ok {pieces} pieces" in out, out + err
+    gets = [x for x in log if x.startswith("GET /ckpt/fx-co/big.bin")]
+    assert 1 <= len(gets) <= pieces
+    if connections <= 2:
+        assert len(gets) < pieces * 3 // 4, len(gets)  # 16 readers, at most 2 in flight: merged

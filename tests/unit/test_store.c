@@ -567,6 +567,72 @@ static int drv_write(int argc, char **argv)
 	return bad ? 1 : 0;
 }
 
+/* test_store s3par SOURCE KEY LOCALFILE THREADS RANGE [opt=value ...]:
+ * THREADS threads read KEY in RANGE-byte pieces at once (thread i reads
+ * pieces i, i+THREADS, ...), every piece compared with LOCALFILE.  Prints
+ * "s3par ok N pieces" (exit 0) or the first difference (exit 1). */
+struct par_job {
+	ckpt_store *s;
+	const char *key;
+	const char *want;
+	size_t size, range;
+	unsigned idx, step;
+	int bad;
+};
+
+static void *par_thread(void *arg)
+{
+	struct par_job *j = arg;
+	char *buf = malloc(j->range);
+	for (size_t off = (size_t)j->idx * j->range; buf && off < j->size; off += (size_t)j->step * j->range) {
+		size_t n = j->size - off < j->range ? j->size - off : j->range;
+		ssize_t g = ckpt_store_read(j->s, j->key, off, j->range, buf);
+		if (g != (ssize_t)n || memcmp(buf, j->want + off, n) != 0) {
+			printf("WRONG piece at %zu: %zd\n", off, g);
+			j->bad = 1;
+		}
+	}
+	free(buf);
+	return NULL;
+}
+
+static int drv_par(int argc, char **argv)
+{
+	ckpt_store *rem;
+	if (drv_open(argv[2], argc - 7, argv + 7, &rem))
+		return 2;
+	FILE *f = fopen(argv[4], "rb");
+	if (!f)
+		return 2;
+	fseek(f, 0, SEEK_END);
+	size_t size = (size_t)ftell(f);
+	rewind(f);
+	char *want = malloc(size + 1);
+	if (!want || fread(want, 1, size, f) != size)
+		return 2;
+	fclose(f);
+	unsigned nt = (unsigned)atoi(argv[5]);
+	size_t range = (size_t)atol(argv[6]);
+	struct par_job jobs[64];
+	pthread_t th[64];
+	int bad = 0;
+	if (nt < 1 || nt > 64 || range < 1)
+		return 2;
+	for (unsigned i = 0; i < nt; i++) {
+		jobs[i] = (struct par_job){ rem, argv[3], want, size, range, i, nt, 0 };
+		pthread_create(&th[i], NULL, par_thread, &jobs[i]);
+	}
+	for (unsigned i = 0; i < nt; i++) {
+		pthread_join(th[i], NULL);
+		bad |= jobs[i].bad;
+	}
+	if (!bad)
+		printf("s3par ok %zu pieces\n", (size + range - 1) / range);
+	free(want);
+	ckpt_store_destroy(rem);
+	return bad;
+}
+
 static int drv_main(int argc, char **argv)
 {
 	ckpt_log_set_level(getenv("CKPT_TEST_DEBUG") ? CKPT_LOG_DEBUG : CKPT_LOG_INFO);
@@ -628,6 +694,8 @@ static int drv_main(int argc, char **argv)
 		ckpt_store_destroy(rem);
 		return result;
 	}
+	if (argc >= 7 && strcmp(argv[1], "s3par") == 0)
+		return drv_par(argc, argv);
 	if (argc >= 3 && strcmp(argv[1], "s3write") == 0)
 		return drv_write(argc, argv);
 	if (argc >= 4 && strcmp(argv[1], "s3ls") == 0) {
