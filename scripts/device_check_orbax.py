@@ -3,12 +3,19 @@
 compare every array with the values that were written.
 
 Run where orbax-checkpoint, TensorStore and JAX are installed (not on the
-development machines, which have no PyPI).  Typical use, from the repo root:
+development machines, which have no PyPI), with the self-contained ckptfs
+(scripts/bundle; scripts/device_run.sh unpacks it and runs every device check):
 
-    SRC=$(mktemp -d); MNT=$(mktemp -d)
-    build/ckptfs -f -o ready_fd=3 "$SRC" "$MNT" 3>&1 &      # a CheckpointManager root
+    python3 scripts/device_check_orbax.py [--ckptfs BUNDLE/bin/ckptfs]
+
+mounts a fresh empty folder (a CheckpointManager root) with that ckptfs
+(default: $CKPTFS, else the newest bundle under build*/bundle/) and unmounts
+it at the end.  Or against a mount made by hand:
+
     python3 scripts/device_check_orbax.py --mount "$MNT" --root "$SRC" --step 30
-    fusermount3 -u "$MNT"
+
+--dry-run writes and commits the step through the mount and skips the
+restores (no JAX or Orbax needed).
 
 The script writes step 30 through the mount (item `state`, the pytree of the
 fixtures: bf16/f32/int32 arrays of several ranks, a 0-d scalar, list
@@ -25,14 +32,20 @@ commit_success.txt, then restores it
     must return params only,
 and compares every value, dtype and shape, and the set of leaves, with what
 was written.  It prints one line per check and a final "N passed, N failed"
-line; exit status 1 when anything differs.
+line; exit status 1 when anything differs, 2 when JAX or Orbax is missing.
 """
 import argparse
+import importlib
 import json
 import os
+import shutil
 import sys
+import tempfile
 
 import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import device_common as D  # noqa: E402
 
 
 def build_tree(rng):
@@ -104,16 +117,50 @@ def write_json_item(mnt, step, doc):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--mount", required=True, help="ckptfs mount of a CheckpointManager root")
-    ap.add_argument("--root", required=True, help="the SOURCE folder of that mount")
+    ap.add_argument("--mount", help="a ckptfs mount of a CheckpointManager root (default: mount a fresh "
+                    "empty folder with --ckptfs)")
+    ap.add_argument("--root", help="the SOURCE folder of --mount")
+    ap.add_argument("--ckptfs", help="ckptfs binary (default: $CKPTFS, else the newest bundle under build*/bundle)")
+    ap.add_argument("--work", default=tempfile.gettempdir(), help="where the fresh root is made")
     ap.add_argument("--step", default="30")
+    ap.add_argument("--dry-run", action="store_true", help="write and commit only; no JAX, no Orbax")
     args = ap.parse_args()
+    D.exit_on_sigterm()
+    if bool(args.mount) != bool(args.root):
+        ap.error("--mount and --root go together")
 
-    import jax
-    import jax.numpy as jnp
-    import ml_dtypes
-    import orbax.checkpoint as ocp
+    if not args.dry_run:
+        try:
+            for name in ("jax", "ml_dtypes", "orbax.checkpoint"):
+                importlib.import_module(name)
+        except ImportError as e:
+            print(f"JAX, ml_dtypes and orbax-checkpoint are needed: {e}")
+            return 2
+    if args.mount:
+        return run(args)
+    try:
+        binary = D.find_ckptfs(args.ckptfs)
+    except FileNotFoundError as e:
+        print(f"ckptfs: {e}")
+        return 1
+    print(f"ckptfs: {binary}: {D.ckptfs_version(binary)}")
+    args.root = tempfile.mkdtemp(prefix="ckptfs-orbax-root-", dir=args.work)
+    log = os.path.join(args.work, f"ckptfs-orbax-check-{os.getpid()}.log")
+    rc = 1
+    try:
+        with D.Mount(binary, args.root, log_path=log) as m:
+            args.mount = m.mnt
+            rc = run(args)
+        return rc
+    finally:
+        shutil.rmtree(args.root, ignore_errors=True)
+        if rc == 0:
+            os.unlink(log)
+        else:
+            print(f"ckptfs log: {log}")
 
+
+def run(args):
     tree = build_tree(np.random.default_rng(0))
     want = {p: v for p, v in leaves(tree)}
     meta_doc = {"step": int(args.step), "note": "written through ckptfs"}
@@ -142,6 +189,16 @@ def main():
             pass
     open(os.path.join(base, "commit_success.txt"), "w").close()
     path = os.path.abspath(os.path.join(args.root, args.step, "state"))
+    report(os.path.isfile(os.path.join(path, "_METADATA")), "the committed step is on SOURCE",
+           str(sorted(os.listdir(args.root))))
+    if args.dry_run:
+        print(f"{passed} passed, {failed} failed (dry run: no restores)")
+        return 1 if failed else 0
+
+    import jax
+    import jax.numpy as jnp
+    import ml_dtypes
+    import orbax.checkpoint as ocp
 
     def check_leaf(label, got, dtype, value):
         got = np.asarray(got)

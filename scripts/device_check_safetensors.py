@@ -19,6 +19,17 @@ params.safetensors -> "params.embed.embedding").
 PATH may also be a model.safetensors.index.json: then every shard it names
 is checked, and the index's weight_map / total_size against the shards.
 
+With --source DIR, the script mounts DIR itself with the self-contained
+ckptfs (--ckptfs, default $CKPTFS, else the newest bundle under
+build*/bundle/; scripts/device_run.sh unpacks one) and PATH is taken
+inside that mount, e.g.
+
+    scripts/device_check_safetensors.py --source FIXTURES/pytree_zarr3 \\
+        params.safetensors FIXTURES/expected --fixture FIXTURES/params.safetensors
+
+--dry-run (no torch needed) only reads the view's header through the mount
+and checks its tensor names, dtypes and shapes against expected.json.
+
 With --fixture, the view is also compared tensor by tensor with the
 safetensors file shipped with the fixtures (same names, dtypes, shapes,
 bytes).  With --device cuda, tensors are also loaded onto the GPU
@@ -31,7 +42,11 @@ status 1 when anything failed, 2 when torch/safetensors are missing.
 import argparse
 import json
 import os
+import struct
 import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import device_common as D  # noqa: E402
 
 # torch dtype name (str(dtype) without "torch.") -> TensorStore name used in
 # expected.json, where they differ.
@@ -206,7 +221,52 @@ def check_fixture(torch, load_file, tally, view, fixture_path):
                     f"view {a.dtype} {list(a.shape)} differs")
 
 
+ST_TO_TS = {"BOOL": "bool", "U8": "uint8", "I8": "int8", "U16": "uint16", "I16": "int16", "U32": "uint32",
+            "I32": "int32", "U64": "uint64", "I64": "int64", "F16": "float16", "BF16": "bfloat16",
+            "F32": "float32", "F64": "float64"}
+
+
+def dry_check(tally, path, exp):
+    """Header only (no torch): every tensor is in expected.json with its
+    dtype and shape."""
+    with open(path, "rb") as f:
+        (n,) = struct.unpack("<Q", f.read(8))
+        header = json.loads(f.read(n))
+    stem = os.path.basename(path).split(".")[0]
+    names = [k for k in header if k != "__metadata__"]
+    tally.check(bool(names), f"{path}: {len(names)} tensors in the header, metadata {header.get('__metadata__')}")
+    for name in names:
+        key = expected_key(name, stem, exp)
+        if key is None:
+            tally.fail(f"{path}: {name}: not in expected.json")
+            continue
+        e, h = exp[key], header[name]
+        tally.check(ST_TO_TS.get(h["dtype"], h["dtype"]) == e["dtype"] and list(h["shape"]) == list(e["shape"]),
+                    f"{path}: header {name} {h['dtype']} {h['shape']}", f"expected {e['dtype']} {e['shape']}")
+
+
 def main(argv=None):
+    args = parse_args(argv)
+    D.exit_on_sigterm()
+    if not args.source:
+        return run(args)
+    try:
+        binary = D.find_ckptfs(args.ckptfs)
+    except FileNotFoundError as e:
+        print(f"ckptfs: {e}")
+        return 1
+    print(f"ckptfs: {binary}: {D.ckptfs_version(binary)}")
+    with D.Mount(binary, args.source, opts=["ro"]) as m:
+        args.path = m.p(args.path)
+        rc = run(args)
+    if rc == 0:
+        os.unlink(m.log_path)
+    else:
+        print(f"ckptfs log: {m.log_path}")
+    return rc
+
+
+def parse_args(argv):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("path", help="a .safetensors file (e.g. MNT/params.safetensors) or a .index.json")
@@ -215,8 +275,18 @@ def main(argv=None):
     ap.add_argument("--device", default="cpu", help="also load onto this device, e.g. cuda or cuda:0")
     ap.add_argument("--require-all", action="store_true",
                     help="fail when an expected.json array with the file's prefix is missing")
-    args = ap.parse_args(argv)
+    ap.add_argument("--source", help="mount this checkpoint folder (read-only) and take PATH inside the mount")
+    ap.add_argument("--ckptfs", help="ckptfs binary for --source (default: $CKPTFS, else the newest bundle)")
+    ap.add_argument("--dry-run", action="store_true", help="header checks only, without torch")
+    return ap.parse_args(argv)
 
+
+def run(args):
+    if args.dry_run:
+        tally = Tally()
+        dry_check(tally, args.path, load_expected(args.expected))
+        print(f"{tally.passed} passed, {tally.failed} failed (dry run: header only)")
+        return 1 if tally.failed else 0
     try:
         import torch
         from safetensors import safe_open
