@@ -10,10 +10,12 @@
 #include "cache.h"
 #include "pool.h"
 #include "stats.h"
+#include "stream.h"
 #include "tlsbuf.h"
 
 struct ckpt_ctx {
 	ckpt_cache *cache;
+	ckpt_streams *streams; /* units over CKPT_CACHE_UNIT_CAP, read as streams */
 	/* Started on first use, not at create: a daemon that forks after
 	 * building its view (fuse_daemonize) must not lose its threads. */
 	_Atomic(ckpt_pool *) pool;
@@ -33,7 +35,7 @@ struct unit_rec {
 	unsigned epoch;
 };
 
-#define MAX_UNIT_RECS (1u << 20) /* beyond: forget them all (and the cached chunks) */
+#define MAX_UNIT_RECS (1u << 16) /* beyond (~5 MiB): forget them all, and the cached chunks */
 #define MAX_LOGGED (1u << 12) /* missing chunks logged one by one per array */
 
 struct ckpt_array {
@@ -48,6 +50,7 @@ struct ckpt_array {
 	ckpt_array_meta meta;
 	atomic_int stored_known;
 	uint64_t stored;
+	int streamed; /* units over CKPT_CACHE_UNIT_CAP: read as streams, never cached */
 	pthread_mutex_t mu; /* recs, logged */
 	struct unit_rec *recs; /* open addressing, nrecs_cap a power of two */
 	size_t nrecs, nrecs_cap;
@@ -97,6 +100,12 @@ int ckpt_ctx_create(const ckpt_ctx_opts *opts, ckpt_ctx **out)
 		free(ctx);
 		return rc;
 	}
+	rc = ckpt_streams_create(&ctx->streams);
+	if (rc < 0) {
+		ckpt_cache_destroy(ctx->cache);
+		free(ctx);
+		return rc;
+	}
 	ctx->threads = threads;
 	pthread_mutex_init(&ctx->pool_lock, NULL);
 	pthread_mutex_init(&ctx->drain_lock, NULL);
@@ -111,6 +120,7 @@ void ckpt_ctx_destroy(ckpt_ctx *ctx)
 		return;
 	ckpt_pool_destroy(atomic_load(&ctx->pool));
 	ckpt_cache_destroy(ctx->cache);
+	ckpt_streams_destroy(ctx->streams);
 	pthread_mutex_destroy(&ctx->pool_lock);
 	pthread_mutex_destroy(&ctx->drain_lock);
 	pthread_cond_destroy(&ctx->drained);
@@ -171,6 +181,8 @@ int ckpt_array_open_ex(ckpt_ctx *ctx, ckpt_store *store, const char *prefix, con
 	}
 	a->ctx = ctx;
 	a->store = store;
+	a->streamed = ckpt_stream_ok(&a->meta) &&
+		      a->meta.unit_bytes > CKPT_CACHE_UNIT_CAP(ckpt_cache_budget(ctx->cache));
 	atomic_store(&a->owner, atomic_fetch_add(&ctx->next_id, 1) + 1);
 	pthread_mutex_init(&a->mu, NULL);
 	*out = a;
@@ -187,6 +199,7 @@ void ckpt_array_destroy(ckpt_array *a)
 	while (atomic_load(&ctx->inflight) > 0)
 		pthread_cond_wait(&ctx->drained, &ctx->drain_lock);
 	pthread_mutex_unlock(&ctx->drain_lock);
+	ckpt_streams_forget(ctx->streams, (const void *)(uintptr_t)atomic_load(&a->owner));
 	pthread_mutex_destroy(&a->mu);
 	free(a->recs);
 	free(a->logged);
@@ -499,13 +512,15 @@ static ckpt_pool *ctx_pool(ckpt_ctx *ctx)
 static void prefetch(ckpt_array *a, const uint64_t *g)
 {
 	const ckpt_array_meta *m = &a->meta;
+	if (a->streamed)
+		return;
 	ckpt_pool *pool = ctx_pool(a->ctx);
 	struct prefetch_task *t = pool ? malloc(sizeof(*t)) : NULL;
 	if (!t)
 		return;
 	t->owner = atomic_load(&a->owner);
-	if (ckpt_cache_reserve(a->ctx->cache, t->owner, linear_index(m, g), (size_t)m->unit_bytes,
-			       &t->e) != 1) {
+	if (ckpt_cache_reserve(a->ctx->cache, t->owner, linear_index(m, g), (size_t)m->unit_bytes, &t->e) !=
+	    1) {
 		free(t);
 		return;
 	}
@@ -538,6 +553,27 @@ static int next_index(int rank, const uint64_t *lo, const uint64_t *hi, uint64_t
 	return 0;
 }
 
+/* r is the whole array and each chunk holds a contiguous run of its
+ * C-order stream (chunks span every dimension but the first). */
+static int contiguous_chunks(const ckpt_array_meta *m, const ckpt_region *r)
+{
+	if (m->rank == 0 || m->order_f)
+		return 0;
+	for (int d = 0; d < m->rank; d++)
+		if (r->start[d] != 0 || r->stop[d] != m->shape[d] ||
+		    (d > 0 && m->inner_shape[d] != m->shape[d]))
+			return 0;
+	return 1;
+}
+
+/* A read that ends at byte `end` of the stream has consumed chunk k (its
+ * last byte was read): a sequential reader will not need it again. */
+static int chunk_consumed(const ckpt_array_meta *m, uint64_t k, uint64_t end)
+{
+	uint64_t last = (k + 1) * m->unit_bytes;
+	return end >= (last < m->nbytes ? last : m->nbytes);
+}
+
 /* Element-aligned core: stream positions [e0, e1) of r into dst. */
 static int read_elems(ckpt_array *a, const ckpt_region *r, uint64_t e0, uint64_t e1, uint8_t *dst)
 {
@@ -548,6 +584,7 @@ static int read_elems(ckpt_array *a, const ckpt_region *r, uint64_t e0, uint64_t
 	grid_box(m, &bbox, lo, hi);
 
 	/* Several chunks: let the pool decode the others while we do the first. */
+	int contig = contiguous_chunks(m, r);
 	uint64_t nchunks = 1;
 	for (int d = 0; d < m->rank; d++)
 		nchunks *= hi[d] - lo[d] + 1;
@@ -561,6 +598,14 @@ static int read_elems(ckpt_array *a, const ckpt_region *r, uint64_t e0, uint64_t
 		memcpy(g, lo, sizeof(uint64_t) * (size_t)m->rank);
 	}
 	do {
+		if (a->streamed) {
+			int rc = ckpt_stream_copy(a->ctx->streams, (const void *)(uintptr_t)atomic_load(&a->owner),
+						  a->store, a->prefix, m, g, r, e0, e1, dst);
+			if (rc == 0)
+				continue;
+			if (rc != -ENOTSUP)
+				return rc;
+		}
 		ckpt_centry *e;
 		int rc = get_chunk(a, g, &e);
 		if (rc < 0)
@@ -569,7 +614,8 @@ static int read_elems(ckpt_array *a, const ckpt_region *r, uint64_t e0, uint64_t
 			origin[d] = g[d] * m->inner_shape[d];
 		ckpt_copy_chunk_to_stream(r, e0, e1, dst, ckpt_centry_data(e), origin, m->inner_shape,
 					  m->itemsize);
-		ckpt_cache_release(a->ctx->cache, e);
+		ckpt_cache_release_used(a->ctx->cache, e,
+					contig && chunk_consumed(m, g[0], e1 * m->itemsize));
 	} while (next_index(m->rank, lo, hi, g));
 	return 0;
 }
@@ -639,7 +685,7 @@ int ckpt_array_map(ckpt_array *a, const ckpt_region *r, uint64_t off, size_t len
 		   ckpt_pin **pins, int max)
 {
 	const ckpt_array_meta *m = &a->meta;
-	if (m->rank == 0 || m->order_f)
+	if (m->rank == 0 || m->order_f || a->streamed)
 		return -ENOTSUP;
 	for (int d = 0; d < m->rank; d++)
 		if (r->start[d] != 0 || r->stop[d] != m->shape[d] ||
@@ -667,8 +713,12 @@ int ckpt_array_map(ckpt_array *a, const ckpt_region *r, uint64_t off, size_t len
 		if (rc < 0) {
 			while (n > 0)
 				ckpt_cache_release(a->ctx->cache, pins[--n]);
-			return rc;
+			/* -EAGAIN: no room in the budget while this thread holds pins;
+			 * the copying path takes one chunk at a time. */
+			return rc == -EAGAIN ? -ENOTSUP : rc;
 		}
+		if (chunk_consumed(m, k, off + len))
+			ckpt_cache_mark_used(a->ctx->cache, pins[n]);
 		uint64_t from = k == k0 ? off - k * cb : 0;
 		uint64_t to = k == k1 ? off + len - k * cb : cb;
 		iov[n].iov_base = (uint8_t *)ckpt_centry_data(pins[n]) + from;

@@ -11,7 +11,16 @@
  *  - a READY entry has a buffer of cap >= size bytes; READY entries with
  *    refs == 0 are on the LRU list (head = most recent), all others are off;
  *  - c->bytes = the capacities of the buffers of table entries + spare
- *    buffers + buffers still held by FAILED entries (c->failed_bytes).
+ *    buffers + buffers still held by FAILED entries (c->failed_bytes);
+ *  - consumed READY entries (released with ckpt_cache_release_used) sit
+ *    at the cold end of the LRU list, behind every other idle entry.
+ *
+ * Budget: a decode takes its buffer before it runs, so in-flight decodes
+ * count like cached chunks.  A decode that finds no room (every byte
+ * pinned or being filled) waits until some is released; only a thread
+ * that itself holds pins does not wait (it could wait for itself), and a
+ * prefetch gives up instead.  A unit larger than the whole budget waits
+ * until nothing else is held, then runs alone, and is never kept.
  *
  * Buffers: a first touch of fresh memory costs a page fault per page, so
  * decoded chunks land in reused memory whenever possible: buffers come from
@@ -37,6 +46,8 @@ struct ckpt_centry {
 	void *data;
 	int state, err;
 	int claimed; /* LOADING: someone is filling it (a reservation may not be) */
+	int consumed; /* READY, idle: its reader is done with it (cold end of the LRU) */
+	int starved; /* LOADING: its filler waits for room in the budget */
 	unsigned refs;
 	struct ckpt_centry *hnext;
 	struct ckpt_centry *prev, *next; /* LRU */
@@ -52,6 +63,8 @@ struct spare {
 struct ckpt_cache {
 	pthread_mutex_t lock;
 	pthread_cond_t loaded;
+	pthread_cond_t room; /* bytes may have become free or evictable */
+	unsigned waiting; /* threads waiting on room */
 	uint64_t budget, bytes;
 	uint64_t failed_bytes; /* buffers of FAILED entries not yet freed */
 	struct ckpt_centry **table;
@@ -81,10 +94,16 @@ int ckpt_cache_create(uint64_t budget, ckpt_cache **out)
 	}
 	pthread_mutex_init(&c->lock, NULL);
 	pthread_cond_init(&c->loaded, NULL);
+	pthread_cond_init(&c->room, NULL);
 	c->budget = budget;
 	c->lru.prev = c->lru.next = &c->lru;
 	*out = c;
 	return 0;
+}
+
+uint64_t ckpt_cache_budget(const ckpt_cache *c)
+{
+	return c->budget; /* set once at create */
 }
 
 static void lru_unlink(struct ckpt_centry *e)
@@ -98,10 +117,20 @@ static void lru_unlink(struct ckpt_centry *e)
 static void lru_push(ckpt_cache *c, struct ckpt_centry *e)
 {
 	assert(e->state == READY && e->refs == 0 && !e->prev && !e->next && e->data);
-	e->next = c->lru.next;
-	e->prev = &c->lru;
-	c->lru.next->prev = e;
-	c->lru.next = e;
+	if (e->consumed) {
+		/* used once: first out, before any chunk a reader may still want */
+		e->prev = c->lru.prev;
+		e->next = &c->lru;
+		c->lru.prev->next = e;
+		c->lru.prev = e;
+	} else {
+		e->next = c->lru.next;
+		e->prev = &c->lru;
+		c->lru.next->prev = e;
+		c->lru.next = e;
+	}
+	if (c->waiting)
+		pthread_cond_broadcast(&c->room);
 }
 
 static void table_remove(ckpt_cache *c, struct ckpt_centry *e)
@@ -214,7 +243,12 @@ static void make_room(ckpt_cache *c, size_t need)
 	}
 }
 
-static void *take_buffer(ckpt_cache *c, size_t size, size_t *cap)
+/* Pins this thread took with ckpt_cache_get and has not released yet.  A
+ * thread holding pins never waits for room (it might wait for itself). */
+static __thread int held_pins;
+
+/* A fitting spare, or NULL.  Lock held. */
+static void *take_spare(ckpt_cache *c, size_t size, size_t *cap)
 {
 	int best = -1;
 	for (int i = 0; i < c->nspare; i++)
@@ -226,9 +260,58 @@ static void *take_buffer(ckpt_cache *c, size_t size, size_t *cap)
 		c->spare[best] = c->spare[--c->nspare];
 		return p; /* its bytes stay counted: now they belong to the entry */
 	}
-	void *p = buf_alloc(size, cap);
+	return NULL;
+}
+
+/* The buffer of a consumed idle entry at the cold end of the LRU that
+ * fits `size` (the entry is evicted), or NULL.  Lock held. */
+static void *take_consumed(ckpt_cache *c, size_t size, size_t *cap)
+{
+	int scanned = 0;
+	for (struct ckpt_centry *e = c->lru.prev; e != &c->lru && e->consumed && scanned < 16;
+	     e = e->prev, scanned++) {
+		if (!fits(e->cap, size))
+			continue;
+		void *p = e->data;
+		*cap = e->cap;
+		lru_unlink(e);
+		table_remove(c, e);
+		free(e);
+		CKPT_STAT_ADD(cache_evictions, 1);
+		return p; /* its bytes stay counted: now they belong to the new entry */
+	}
+	return NULL;
+}
+
+/* A buffer for `size` bytes within the budget.  Memory that was touched
+ * before comes first (a spare, then the buffer of a chunk its reader has
+ * consumed), so a streaming reader cycles through a few pre-faulted
+ * buffers however large the budget; then idle entries are evicted and
+ * fresh memory is taken.  NULL with *err = -EAGAIN when there is no room
+ * (every byte pinned or being filled), -ENOMEM.  Lock held. */
+static void *take_buffer(ckpt_cache *c, size_t size, size_t *cap, int *err)
+{
+	void *p = take_spare(c, size, cap);
+	if (!p)
+		p = take_consumed(c, size, cap);
 	if (p)
-		c->bytes += *cap;
+		return p;
+	make_room(c, size);
+	p = take_spare(c, size, cap);
+	if (p)
+		return p;
+	size_t need = cap_for(size);
+	if (c->bytes + need > c->budget && (need <= c->budget || c->bytes > 0)) {
+		/* (a unit larger than the budget runs when nothing else is held) */
+		*err = -EAGAIN;
+		return NULL;
+	}
+	p = buf_alloc(size, cap);
+	if (!p) {
+		*err = -ENOMEM;
+		return NULL;
+	}
+	c->bytes += *cap;
 	return p;
 }
 
@@ -241,6 +324,8 @@ static void put_failed(ckpt_cache *c, struct ckpt_centry *e)
 			assert(c->failed_bytes >= e->cap);
 			c->failed_bytes -= e->cap;
 			give_back(c, e->data, e->cap); /* its bytes stay counted, now as a spare */
+			if (c->waiting)
+				pthread_cond_broadcast(&c->room);
 		}
 		free(e);
 	}
@@ -282,26 +367,56 @@ static void publish(ckpt_cache *c, struct ckpt_centry *e, int rc)
 	pthread_cond_broadcast(&c->loaded);
 }
 
+enum { FILL_READER, FILL_PREFETCH };
+
 /* Fill a LOADING entry this thread has claimed (e->claimed set under the
- * lock), publish it.  On failure the caller's ref is dropped too. */
-static int do_fill(ckpt_cache *c, struct ckpt_centry *e, ckpt_cache_fill_fn fill, void *arg)
+ * lock), publish it.  On failure the caller's ref is dropped too.  With no
+ * room in the budget: a reader holding no pins waits for it (marking the
+ * entry starved, so that pin holders waiting for it back off); a reader
+ * holding pins gets -EAGAIN and a prefetch -ECANCELED (the entry is then
+ * published as cancelled: its waiters load it themselves). */
+static int do_fill(ckpt_cache *c, struct ckpt_centry *e, ckpt_cache_fill_fn fill, void *arg, int mode)
 {
 	pthread_mutex_lock(&c->lock);
 	assert(e->state == LOADING && e->claimed && !e->data && e->refs > 0);
-	make_room(c, e->size);
-	e->data = take_buffer(c, e->size, &e->cap);
+	int rc = 0;
+	for (;;) {
+		rc = 0;
+		e->data = take_buffer(c, e->size, &e->cap, &rc);
+		if (e->data || rc != -EAGAIN || mode == FILL_PREFETCH || held_pins > 0)
+			break;
+		if (!e->starved) {
+			e->starved = 1;
+			pthread_cond_broadcast(&c->loaded);
+		}
+		c->waiting++;
+		pthread_cond_wait(&c->room, &c->lock);
+		c->waiting--;
+	}
+	e->starved = 0;
 	pthread_mutex_unlock(&c->lock);
-	int rc = e->data ? 0 : -ENOMEM;
 	if (rc == 0) {
 		CKPT_STAT_ADD(cache_misses, 1);
 		rc = fill(arg, e->data);
 	}
 	pthread_mutex_lock(&c->lock);
-	publish(c, e, rc);
+	publish(c, e, rc == -EAGAIN ? -ECANCELED : rc);
 	if (rc < 0)
 		put_failed(c, e);
+	if (rc == -EAGAIN && mode == FILL_PREFETCH)
+		rc = -ECANCELED;
 	pthread_mutex_unlock(&c->lock);
 	return rc;
+}
+
+static void put_ready(ckpt_cache *c, struct ckpt_centry *e, int consumed);
+
+/* Only large buffers are worth recycling ahead of the LRU order: their
+ * first touch is what costs (a huge page zeroed per 2 MiB); small chunks
+ * keep plain LRU order, so a re-read still hits. */
+static int recyclable(const struct ckpt_centry *e)
+{
+	return e->cap >= CKPT_HUGEBUF_MIN;
 }
 
 /* Drop a ref whatever the entry's state.  Lock held. */
@@ -310,10 +425,11 @@ static void put_any(ckpt_cache *c, struct ckpt_centry *e)
 	assert(e->refs > 0);
 	if (e->state == FAILED) {
 		put_failed(c, e);
-	} else if (--e->refs == 0) {
-		/* READY (a LOADING entry is pinned by whoever fills it) */
-		lru_push(c, e);
-		make_room(c, 0);
+	} else if (e->state == READY) {
+		put_ready(c, e, 0);
+	} else {
+		assert(e->refs > 1); /* a LOADING entry is pinned by whoever fills it */
+		e->refs--;
 	}
 }
 
@@ -329,9 +445,12 @@ int ckpt_cache_fill_reserved(ckpt_cache *c, ckpt_centry *e, ckpt_cache_fill_fn f
 	}
 	e->claimed = 1;
 	pthread_mutex_unlock(&c->lock);
-	int rc = do_fill(c, e, fill, arg);
-	if (rc == 0)
-		ckpt_cache_release(c, e);
+	int rc = do_fill(c, e, fill, arg, FILL_PREFETCH);
+	if (rc == 0) {
+		pthread_mutex_lock(&c->lock);
+		put_ready(c, e, 0);
+		pthread_mutex_unlock(&c->lock);
+	}
 	return rc;
 }
 
@@ -379,17 +498,21 @@ int ckpt_cache_get(ckpt_cache *c, uint64_t owner, uint64_t idx, size_t size, ckp
 			}
 			e->claimed = 1;
 			pthread_mutex_unlock(&c->lock);
-			int rc = do_fill(c, e, fill, arg);
-			if (rc == 0)
+			int rc = do_fill(c, e, fill, arg, FILL_READER);
+			if (rc == 0) {
+				held_pins++;
 				*out = e;
+			}
 			return rc;
 		}
 		e->refs++;
 		if (e->state == READY) {
 			if (e->refs == 1)
 				lru_unlink(e);
+			e->consumed = 0;
 			pthread_mutex_unlock(&c->lock);
 			CKPT_STAT_ADD(cache_hits, 1);
+			held_pins++;
 			*out = e;
 			return 0;
 		}
@@ -398,17 +521,28 @@ int ckpt_cache_get(ckpt_cache *c, uint64_t owner, uint64_t idx, size_t size, ckp
 			 * rather than wait behind the queue. */
 			e->claimed = 1;
 			pthread_mutex_unlock(&c->lock);
-			int rc = do_fill(c, e, fill, arg);
-			if (rc == 0)
+			int rc = do_fill(c, e, fill, arg, FILL_READER);
+			if (rc == 0) {
+				held_pins++;
 				*out = e;
+			}
 			return rc;
 		}
-		/* LOADING by another thread: wait. */
-		while (e->state == LOADING)
+		/* LOADING by another thread: wait (a pin holder not for a filler
+		 * that waits for room: those pins may be what it waits for). */
+		while (e->state == LOADING) {
+			if (held_pins > 0 && e->starved) {
+				e->refs--;
+				pthread_mutex_unlock(&c->lock);
+				return -EAGAIN;
+			}
 			pthread_cond_wait(&c->loaded, &c->lock);
+		}
 		if (e->state == READY) {
+			e->consumed = 0;
 			pthread_mutex_unlock(&c->lock);
 			CKPT_STAT_ADD(cache_hits, 1);
+			held_pins++;
 			*out = e;
 			return 0;
 		}
@@ -427,10 +561,12 @@ const void *ckpt_centry_data(const ckpt_centry *e)
 	return e->data;
 }
 
-void ckpt_cache_release(ckpt_cache *c, ckpt_centry *e)
+/* Drop one ref of a READY entry.  Lock held. */
+static void put_ready(ckpt_cache *c, struct ckpt_centry *e, int consumed)
 {
-	pthread_mutex_lock(&c->lock);
 	assert(e->state == READY && e->refs > 0);
+	if (consumed && recyclable(e))
+		e->consumed = 1;
 	if (--e->refs == 0) {
 		if (e->cap > c->budget) {
 			/* Larger than the whole budget: never kept. */
@@ -439,12 +575,36 @@ void ckpt_cache_release(ckpt_cache *c, ckpt_centry *e)
 			buf_free(e->data, e->cap);
 			c->bytes -= e->cap;
 			free(e);
+			if (c->waiting)
+				pthread_cond_broadcast(&c->room);
 		} else {
 			lru_push(c, e);
 			make_room(c, 0);
 		}
 	}
+}
+
+void ckpt_cache_release_used(ckpt_cache *c, ckpt_centry *e, int consumed)
+{
+	pthread_mutex_lock(&c->lock);
+	put_ready(c, e, consumed);
 	pthread_mutex_unlock(&c->lock);
+	if (held_pins > 0)
+		held_pins--;
+}
+
+void ckpt_cache_mark_used(ckpt_cache *c, ckpt_centry *e)
+{
+	pthread_mutex_lock(&c->lock);
+	assert(e->state == READY && e->refs > 0);
+	if (recyclable(e))
+		e->consumed = 1;
+	pthread_mutex_unlock(&c->lock);
+}
+
+void ckpt_cache_release(ckpt_cache *c, ckpt_centry *e)
+{
+	ckpt_cache_release_used(c, e, 0);
 }
 
 int ckpt_cache_contains(ckpt_cache *c, uint64_t owner, uint64_t idx)
@@ -483,6 +643,7 @@ void ckpt_cache_destroy(ckpt_cache *c)
 	free(c->table);
 	pthread_mutex_destroy(&c->lock);
 	pthread_cond_destroy(&c->loaded);
+	pthread_cond_destroy(&c->room);
 	free(c);
 }
 
@@ -506,6 +667,11 @@ int ckpt_cache_check(ckpt_cache *c)
 		}
 	for (const struct ckpt_centry *e = c->lru.next; e != &c->lru && lru <= count; e = e->next)
 		lru++;
+	int cold = 0; /* consumed entries form the cold end of the LRU */
+	for (const struct ckpt_centry *e = c->lru.next; e != &c->lru && lru <= count; e = e->next) {
+		bad |= cold && !e->consumed;
+		cold |= e->consumed;
+	}
 	bad |= count != c->count || lru != idle;
 	bad |= c->nspare < 0 || c->nspare > NSPARE;
 	for (int i = 0; i < c->nspare && i < NSPARE; i++)

@@ -21,15 +21,34 @@ typedef struct ckpt_centry ckpt_centry;
 /* Fill dst (size bytes) with the chunk's decoded bytes; 0 or -errno. */
 typedef int (*ckpt_cache_fill_fn)(void *arg, void *dst);
 
+/* The largest decode unit a reader decodes whole into the cache, for a
+ * budget of b bytes: a quarter of it, so that a few such units and the
+ * read-ahead fit.  Larger units are read as streams (stream.h) when their
+ * encoding allows it (raw, or one zstd frame, not sharded); the others
+ * (gzip, blosc, lz4, bz2, F order, big-endian) are still decoded whole, one
+ * at a time when larger than the budget (see ckpt_cache_get). */
+#define CKPT_CACHE_UNIT_CAP(b) ((b) / 4)
+
 int ckpt_cache_create(uint64_t budget_bytes, ckpt_cache **out);
+uint64_t ckpt_cache_budget(const ckpt_cache *c);
 /* All entries must have been released. */
 void ckpt_cache_destroy(ckpt_cache *c);
 
-/* Return a pinned entry for (owner, idx) in *out.  On a miss, allocates
- * `size` bytes and calls fill(arg, buf) once across all threads; others
- * wait.  A failed fill is not cached: its error is returned to the loader
- * and to the waiters of that attempt.  Pinned entries are never evicted;
- * the budget may be exceeded transiently while entries are pinned. */
+/* Return a pinned entry for (owner, idx) in *out.  On a miss, takes a
+ * `size`-byte buffer and calls fill(arg, buf) once across all threads;
+ * others wait.  A failed fill is not cached: its error is returned to the
+ * loader and to the waiters of that attempt.  Pinned entries are never
+ * evicted.
+ *
+ * Budget: buffers of pinned entries and of decodes in flight count against
+ * the budget, and are never taken beyond it: a miss that finds no room
+ * waits until pins are released.  A thread that already holds pins (taken
+ * with ckpt_cache_get on this thread and not yet released) does not wait:
+ * it gets -EAGAIN, and must release its pins before it asks again.  One
+ * unit larger than the whole budget (readers stream units over
+ * CKPT_CACHE_UNIT_CAP where they can) is decoded only while nothing else
+ * is held, so the cache's memory never exceeds max(budget, that unit); it
+ * is freed at its last release. */
 int ckpt_cache_get(ckpt_cache *c, uint64_t owner, uint64_t idx, size_t size, ckpt_cache_fill_fn fill,
 		   void *arg, ckpt_centry **out);
 
@@ -51,6 +70,18 @@ const void *ckpt_centry_data(const ckpt_centry *e);
 
 /* Unpin an entry returned by ckpt_cache_get. */
 void ckpt_cache_release(ckpt_cache *c, ckpt_centry *e);
+
+/* ckpt_cache_release, saying whether the caller is done with the chunk
+ * (consumed: a sequential reader read its last byte).  A consumed chunk of
+ * 2 MiB or more (CKPT_HUGEBUF_MIN; smaller ones keep LRU order) leaves
+ * first, and its buffer is reused for the next decode before any fresh
+ * memory is taken, so a streaming reader cycles through a few pre-faulted
+ * buffers whatever the budget.  A later hit clears the mark. */
+void ckpt_cache_release_used(ckpt_cache *c, ckpt_centry *e, int consumed);
+
+/* Mark a pinned entry consumed now (it is treated so at its last release
+ * unless a hit takes it again before). */
+void ckpt_cache_mark_used(ckpt_cache *c, ckpt_centry *e);
 
 /* 1 if (owner, idx) is cached or being loaded, else 0.  Never blocks on a load. */
 int ckpt_cache_contains(ckpt_cache *c, uint64_t owner, uint64_t idx);

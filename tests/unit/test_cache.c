@@ -1,10 +1,12 @@
 /* Unit tests of the decoded-chunk cache: hits and misses, single-flight
- * loading under concurrent misses, the byte budget, failed loads, reuse,
- * and the cache's invariants (ckpt_cache_check) after every step and after
+ * loading under concurrent misses, the byte budget (in-flight decodes
+ * counted, waits, -EAGAIN for pin holders, units over the budget), failed
+ * loads, reuse of consumed chunks' buffers, and the cache's invariants (ckpt_cache_check) after every step and after
  * a concurrent mix of hits, misses, failures and reservations. */
 #include <errno.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdio.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -117,6 +119,136 @@ static void *mix(void *p)
 		}
 	}
 	return NULL;
+}
+
+/* ---- budget: in-flight decodes count, waits, consumed buffers reused ---- */
+
+static ckpt_cache *budget_cache;
+static atomic_ullong budget_peak;
+
+static int fill_watch(void *arg, void *dst)
+{
+	size_t n = *(size_t *)arg;
+	unsigned long long b = ckpt_cache_bytes(budget_cache);
+	unsigned long long p = atomic_load(&budget_peak);
+	while (b > p && !atomic_compare_exchange_weak(&budget_peak, &p, b))
+		;
+	usleep(500);
+	memset(dst, 0x33, n);
+	return 0;
+}
+
+struct budget_worker {
+	unsigned seed;
+	int errors;
+};
+
+static void *budget_loop(void *p)
+{
+	struct budget_worker *w = p;
+	size_t size = 1u << 20;
+	for (int i = 0; i < 200; i++) {
+		w->seed = w->seed * 1103515245u + 12345u;
+		ckpt_centry *e;
+		int rc = ckpt_cache_get(budget_cache, 5, (w->seed >> 8) % 64, size, fill_watch, &size, &e);
+		if (rc != 0) {
+			fprintf(stderr, "budget_loop: %d\n", rc);
+			w->errors++;
+			continue;
+		}
+		w->errors += ((const unsigned char *)ckpt_centry_data(e))[size - 1] != 0x33;
+		ckpt_cache_release_used(budget_cache, e, (w->seed >> 20) & 1);
+	}
+	return NULL;
+}
+
+static void test_budget(void)
+{
+	size_t mib = 1u << 20, big = 3u << 20;
+	ckpt_cache *c;
+	ckpt_centry *e, *a, *b;
+
+	/* A sequential reader's consumed chunks are recycled: 32 chunks of
+	 * 2 MiB through a 64 MiB budget hold one buffer, not 32. */
+	size_t two = 2u << 20;
+	CHECK_EQ_INT(ckpt_cache_create(64u << 20, &c), 0);
+	for (uint64_t i = 0; i < 32; i++) {
+		CHECK_EQ_INT(ckpt_cache_get(c, 1, i, two, fill_pattern, &two, &e), 0);
+		ckpt_cache_release_used(c, e, 1);
+	}
+	CHECK(ckpt_cache_bytes(c) == two);
+	CHECK_EQ_INT(ckpt_cache_check(c), 0);
+	/* not consumed: kept until the budget is full */
+	for (uint64_t i = 100; i < 110; i++) {
+		CHECK_EQ_INT(ckpt_cache_get(c, 1, i, two, fill_pattern, &two, &e), 0);
+		ckpt_cache_release(c, e);
+	}
+	CHECK(ckpt_cache_bytes(c) == 10 * two);
+	/* a marked pin is consumed at its release; a hit clears the mark */
+	CHECK_EQ_INT(ckpt_cache_get(c, 1, 100, two, fill_pattern, &two, &e), 0);
+	ckpt_cache_mark_used(c, e);
+	ckpt_cache_release(c, e);
+	CHECK_EQ_INT(ckpt_cache_check(c), 0);
+	CHECK_EQ_INT(ckpt_cache_get(c, 1, 200, two, fill_pattern, &two, &e), 0);
+	ckpt_cache_release(c, e);
+	CHECK(!ckpt_cache_contains(c, 1, 100)); /* its buffer went to chunk 200 */
+	CHECK(ckpt_cache_bytes(c) == 10 * two);
+	/* small chunks keep LRU order even when consumed */
+	for (uint64_t i = 300; i < 304; i++) {
+		CHECK_EQ_INT(ckpt_cache_get(c, 1, i, mib, fill_pattern, &mib, &e), 0);
+		ckpt_cache_release_used(c, e, 1);
+	}
+	CHECK(ckpt_cache_contains(c, 1, 300) && ckpt_cache_bytes(c) == 10 * two + 4 * mib);
+	ckpt_cache_destroy(c);
+
+	/* A thread holding pins gets -EAGAIN instead of overshooting; after
+	 * releasing them it gets the chunk. */
+	CHECK_EQ_INT(ckpt_cache_create(2u << 20, &c), 0);
+	CHECK_EQ_INT(ckpt_cache_get(c, 2, 1, mib, fill_pattern, &mib, &a), 0);
+	CHECK_EQ_INT(ckpt_cache_get(c, 2, 2, mib, fill_pattern, &mib, &b), 0);
+	CHECK_EQ_INT(ckpt_cache_get(c, 2, 3, mib, fill_pattern, &mib, &e), -EAGAIN);
+	CHECK(!ckpt_cache_contains(c, 2, 3));
+	CHECK(ckpt_cache_bytes(c) <= (2u << 20));
+	ckpt_cache_release(c, a);
+	ckpt_cache_release(c, b);
+	CHECK_EQ_INT(ckpt_cache_get(c, 2, 3, mib, fill_pattern, &mib, &e), 0);
+	ckpt_cache_release(c, e);
+	/* a prefetch with no room gives up (ECANCELED), a waiting reader loads it */
+	CHECK_EQ_INT(ckpt_cache_get(c, 2, 1, mib, fill_pattern, &mib, &a), 0);
+	CHECK_EQ_INT(ckpt_cache_get(c, 2, 2, mib, fill_pattern, &mib, &b), 0);
+	ckpt_centry *r;
+	CHECK_EQ_INT(ckpt_cache_reserve(c, 2, 9, mib, &r), 1);
+	CHECK_EQ_INT(ckpt_cache_fill_reserved(c, r, fill_pattern, &mib), -ECANCELED);
+	CHECK(!ckpt_cache_contains(c, 2, 9));
+	ckpt_cache_release(c, a);
+	ckpt_cache_release(c, b);
+	/* a unit larger than the budget: decoded alone, never kept */
+	CHECK_EQ_INT(ckpt_cache_get(c, 2, 7, big, fill_pattern, &big, &e), 0);
+	CHECK_EQ_INT(ckpt_cache_get(c, 2, 8, mib, fill_pattern, &mib, &a), -EAGAIN);
+	ckpt_cache_release(c, e);
+	CHECK(ckpt_cache_bytes(c) <= (2u << 20));
+	CHECK(!ckpt_cache_contains(c, 2, 7));
+	CHECK_EQ_INT(ckpt_cache_check(c), 0);
+	ckpt_cache_destroy(c);
+
+	/* 8 threads missing on 64 chunks through a 4-chunk budget: decodes
+	 * wait for room and the bytes held never exceed the budget. */
+	CHECK_EQ_INT(ckpt_cache_create(4u << 20, &budget_cache), 0);
+	atomic_store(&budget_peak, 0);
+	pthread_t t[8];
+	struct budget_worker w[8];
+	for (int i = 0; i < 8; i++) {
+		w[i] = (struct budget_worker){ 1234u + (unsigned)i * 77u, 0 };
+		pthread_create(&t[i], NULL, budget_loop, &w[i]);
+	}
+	for (int i = 0; i < 8; i++) {
+		pthread_join(t[i], NULL);
+		CHECK_EQ_INT(w[i].errors, 0);
+	}
+	CHECK(atomic_load(&budget_peak) <= (4u << 20));
+	CHECK(ckpt_cache_bytes(budget_cache) <= (4u << 20));
+	CHECK_EQ_INT(ckpt_cache_check(budget_cache), 0);
+	ckpt_cache_destroy(budget_cache);
 }
 
 int main(void)
@@ -250,5 +382,7 @@ int main(void)
 	CHECK(ckpt_cache_bytes(c) <= (16u << 20));
 
 	ckpt_cache_destroy(c);
+
+	test_budget();
 	return CHECK_DONE();
 }
