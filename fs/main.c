@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "ckfs.h"
+#include "base/sysio.h"
 #include "store/store.h"
 
 #ifndef CKPT_VERSION
@@ -118,6 +119,7 @@ static struct ckpt_store_opts store_opts;
 static char *store_vals[32];
 static unsigned n_store_vals;
 static int store_opt_bad;
+static char *spool_dir; /* object-store root: pending steps staged here (removed at exit) */
 
 /* 1 when `arg` ("key" or "key=value") is a store option (taken), 0 when not. */
 static int store_opt(const char *arg)
@@ -483,11 +485,7 @@ int main(int argc, char *argv[])
 	}
 	if (store_opt_bad)
 		goto out_ready;
-	if (ckpt_store_source_is_remote(fs.opts.source)) {
-		/* an object store: no local path to resolve; read-only until the
-		 * object-store write path lands */
-		fs.opts.read_only = 1;
-	} else {
+	if (!ckpt_store_source_is_remote(fs.opts.source)) { /* an object store has no local path */
 		char *real = realpath(fs.opts.source, NULL);
 		if (!real) {
 			fprintf(stderr, "ckptfs: %s: %s\n", fs.opts.source, strerror(errno));
@@ -504,6 +502,21 @@ int main(int argc, char *argv[])
 	vo.read_only = fs.opts.read_only;
 	vo.zstd_level = fs.opts.zstd_level;
 	vo.store = &store_opts;
+	if (ckpt_store_source_is_remote(fs.opts.source) && !fs.opts.read_only) {
+		/* new steps are staged in a local spool folder, uploaded at commit */
+		const char *tmp = getenv("TMPDIR");
+		if (asprintf(&spool_dir, "%s/ckptfs-spool-XXXXXX", tmp && *tmp ? tmp : "/tmp") < 0) {
+			spool_dir = NULL;
+			goto out_ready;
+		}
+		if (!mkdtemp(spool_dir)) {
+			fprintf(stderr, "ckptfs: spool folder %s: %s\n", spool_dir, strerror(errno));
+			free(spool_dir);
+			spool_dir = NULL;
+			goto out_ready;
+		}
+		vo.spool_dir = spool_dir;
+	}
 	if (ckpt_store_source_is_remote(fs.opts.source) && vo.ctx.threads <= 0) {
 		/* requests wait on the network, not the CPU: twice the connections, so
 		 * that reads queue for a connection and adjacent ones are merged */
@@ -595,5 +608,8 @@ out_args:
 	free(fs.opts.umask);
 	for (unsigned i = 0; i < n_store_vals; i++)
 		free(store_vals[i]);
+	if (spool_dir)
+		ckpt_rmtree(spool_dir);
+	free(spool_dir);
 	return ret;
 }

@@ -55,4 +55,18 @@ void ckpt_upload_abort(ckpt_upload *u);
  * (-ENOTSUP when the server cannot list uploads). */
 int ckpt_store_abort_stale_uploads(ckpt_store *s, const char *prefix);
 
+/* Upload the finished step folder `local_dir` (a local folder holding
+ * commit_success.txt) as the objects below store key `prefix`, in Orbax's
+ * commit order: every data file (parallel; files over 8 MiB as multipart
+ * uploads whose parts go in parallel), then every metadata file (zarr.json,
+ * .zarray, _METADATA, _sharding, _CHECKPOINT_METADATA, item markers), then
+ * prefix/commit_success.txt alone with CKPT_PUT_CREATE_ONLY.  `threads`
+ * requests at once, each holding one 8 MiB buffer.  On any failure nothing
+ * more is sent, the multipart uploads begun are aborted, the marker is not
+ * written and the objects already sent are deleted again (best effort:
+ * what stays is, without the marker, an unfinished step for every reader).  0, -EEXIST (the marker exists: someone
+ * else committed that step), -EINVAL (no marker in local_dir, a file that
+ * is not regular), -EFBIG, -EIO (logged), -EROFS (not an object store). */
+int ckpt_store_upload_tree(ckpt_store *s, const char *local_dir, const char *prefix, unsigned threads);
+
 #endif

@@ -39,6 +39,10 @@ typedef struct ckpt_view_opts {
 	/* Options of an s3:// or gs:// SOURCE (store.h; NULL: defaults).  Borrowed
 	 * for the duration of ckpt_view_open() only. */
 	const struct ckpt_store_opts *store;
+	/* An object-store root: local folder where pending steps are staged
+	 * (committed steps are uploaded from it, commit marker last); NULL: the
+	 * view is read-only there.  Borrowed for the life of the view. */
+	const char *spool_dir;
 } ckpt_view_opts;
 
 typedef struct ckpt_attr {

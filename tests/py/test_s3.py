@@ -11,6 +11,7 @@ environment would do as well); credentials only through the environment.
 import errno
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -229,9 +230,9 @@ def test_exhausted_retries_name_the_object_and_status(env, s3mount, mount):
     assert U.read_all(m.p(rel)) == U.read_all(local.p(rel))
 
 
-def test_remote_root_is_read_only_and_makes_no_local_folder(s3mount, tmp_path, monkeypatch):
+def test_remote_root_ro_refuses_new_steps_and_makes_no_local_folder(s3mount, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    m = s3mount("manager")
+    m = s3mount("manager", None, "ro")
     with pytest.raises(OSError) as ei:
         os.mkdir(m.p("30"))
     assert ei.value.errno in (errno.EROFS, errno.EACCES, errno.EPERM)
@@ -245,3 +246,118 @@ def test_new_steps_appear_without_a_remount(env, s3mount):
     n = env.upload_tree(U.FIXTURES / "manager" / "10", f"{PREFIX}/live/10")
     assert n > 0
     assert U.wait_until(lambda: "10" in os.listdir(m.p()), timeout=10)
+
+
+def _npy_header(dtype, shape):
+    import io
+    b = io.BytesIO()
+    np.lib.format.write_array_header_1_0(b, {"descr": np.dtype(dtype).str, "fortran_order": False,
+                                             "shape": tuple(shape)})
+    return b.getvalue()
+
+
+def _write_step(step, seed, writers=4):
+    """A step written by several threads at once: a 12 MiB array (one shard
+    file, sent as a multipart upload) by row blocks with pwrite, and small
+    arrays with np.save.  Returns {relative path: array}."""
+    import threading
+    r = np.random.default_rng(seed)
+    big = r.standard_normal((3072, 1024)).astype(np.float32)
+    small = {"state/small/a.npy": r.integers(0, 9, size=(17, 3)).astype(np.int32),
+             "state/small/b.npy": r.standard_normal((5,)).astype(np.float64)}
+    os.makedirs(os.path.join(step, "state", "small"))
+    path = os.path.join(step, "state", "big.npy")
+    head = _npy_header(big.dtype, big.shape)
+    with open(path, "wb") as f:
+        f.write(head)
+    data = big.tobytes()
+    errors = []
+
+    def work(i):
+        try:
+            fd = os.open(path, os.O_WRONLY)
+            try:
+                n = len(data) // writers
+                a, b = i * n, len(data) if i == writers - 1 else (i + 1) * n
+                for o in range(a, b, 1 << 20):
+                    e = min(b, o + (1 << 20))
+                    assert os.pwrite(fd, data[o:e], len(head) + o) == e - o
+            finally:
+                os.close(fd)
+        except BaseException as e:  # noqa: BLE001
+            errors.append(e)
+
+    ts = [threading.Thread(target=work, args=(i,)) for i in range(writers)]
+    ts += [threading.Thread(target=lambda k=k, v=v: np.save(os.path.join(step, k), v)) for k, v in small.items()]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    assert not errors, errors
+    return dict(small, **{"state/big.npy": big})
+
+
+def _keys(env, prefix):
+    c = env.client()
+    out = []
+    for page in c.get_paginator("list_objects_v2").paginate(Bucket=s3env.BUCKET, Prefix=prefix):
+        out += [o["Key"] for o in page.get("Contents", [])]
+    return out
+
+
+def test_write_a_step_to_an_object_store_root(env, s3mount, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    m = s3mount("wr", env.proxy_endpoint, "write_buffer=64M")
+    os.mkdir(m.p("30"))
+    exp = _write_step(str(m.p("30")), 30)
+    # nothing reaches the bucket before the commit
+    assert not [k for k in _keys(env, f"{PREFIX}/wr/30/") if not k.endswith("/")]
+    env.fault("clear")
+    open(m.p("30/commit_success.txt"), "w").close()
+    log = env.fault_log()
+    env.fault("clear")
+    writes = [x for x in log if x.split()[0] in ("PUT", "POST") and f"/{PREFIX}/wr/30/" in x]
+    assert writes and writes[-1].startswith(f"PUT /ckpt/{PREFIX}/wr/30/commit_success.txt "), writes[-4:]
+    assert sum(1 for x in writes if "commit_success.txt" in x and "/30/commit_success.txt" in x) == 1
+    assert any("?uploads" in x for x in writes), "the 12 MiB shard goes as a multipart upload"
+    meta = [i for i, x in enumerate(writes) if "zarr.json" in x or "_METADATA" in x]
+    data = [i for i, x in enumerate(writes) if "/c/" in x or "uploadId" in x]
+    assert meta and data and max(data) < min(meta), "data objects before metadata"
+    keys = _keys(env, f"{PREFIX}/wr/30/")
+    assert f"{PREFIX}/wr/30/commit_success.txt" in keys
+    assert not os.path.exists(tmp_path / "s3:")
+    for k, v in exp.items():
+        got = np.load(m.p("30/" + k))
+        assert got.dtype == v.dtype and np.array_equal(got, v), k
+    # a fresh mount reads the step back from the bucket
+    m2 = s3mount("wr")
+    assert "30" in os.listdir(m2.p())
+    for k, v in exp.items():
+        got = np.load(m2.p("30/" + k))
+        assert got.dtype == v.dtype and np.array_equal(got, v), k
+
+
+def test_aborted_and_failed_saves_leave_no_marker(env, s3mount, tmp_path, monkeypatch):
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    m = s3mount("wr2", env.proxy_endpoint, "retries=1", "retry_base_ms=5")
+    os.mkdir(m.p("31"))
+    _write_step(str(m.p("31")), 31, writers=2)
+    # abort: removing the pending step sends nothing
+    shutil.rmtree(m.p("31"), ignore_errors=True)
+    assert "31" not in os.listdir(m.p())
+    assert not _keys(env, f"{PREFIX}/wr2/31/")
+    # a save whose uploads keep failing: EIO, no marker, multipart uploads aborted
+    os.mkdir(m.p("32"))
+    _write_step(str(m.p("32")), 32, writers=2)
+    env.fault("clear")
+    env.fault("status", "503:SlowDown", count=100000, match=f"PUT /ckpt/{PREFIX}/wr2/32/state/big/")
+    with pytest.raises(OSError) as ei:
+        open(m.p("32/commit_success.txt"), "w").close()
+    assert ei.value.errno == errno.EIO
+    log = env.fault_log()
+    env.fault("clear")
+    assert f"{PREFIX}/wr2/32/commit_success.txt" not in _keys(env, f"{PREFIX}/wr2/32/")
+    assert not [k for k in _keys(env, f"{PREFIX}/wr2/32/") if not k.endswith("/")], "objects sent are deleted"
+    assert any(x.startswith("DELETE") and "uploadId" in x for x in log), "multipart upload aborted"
+    assert "upload of" in m.log()
