@@ -553,6 +553,8 @@ int main(int argc, char *argv[])
 	/* No thread may start before this fork (the child would not have it). */
 	if (fuse_daemonize(cl.foreground) != 0)
 		goto out_unmount;
+	if (ckfs_inval_start(se) != 0)
+		goto out_unmount;
 	/* stderr is /dev/null from here on unless in the foreground. */
 	log_foreground = cl.foreground;
 	if (log_fd >= 0) {
@@ -584,6 +586,7 @@ int main(int argc, char *argv[])
 		unlink(fs.opts.ready_file);
 out_unmount:
 	fuse_session_unmount(se);
+	ckfs_inval_stop(); /* after the unmount: a pending invalidation cannot block it */
 out_signals:
 	fuse_remove_signal_handlers(se);
 out_view:

@@ -76,10 +76,13 @@ static void fill_entry(const struct ckfs *fs, const ckpt_attr *a, struct fuse_en
 {
 	memset(e, 0, sizeof(*e));
 	e->ino = a->ino;
-	e->generation = 1;
+	e->generation = a->generation;
 	to_stat(fs, a, &e->attr);
 	e->attr_timeout = ttl(fs, a);
-	e->entry_timeout = ttl(fs, a);
+	/* A transient node (slice name) is freed once the kernel forgets it;
+	 * the kernel drops an expired dentry at its last use, so with no
+	 * entry timeout the forget follows as soon as nobody uses the name. */
+	e->entry_timeout = a->transient ? 0.0 : ttl(fs, a);
 }
 
 /* Replies come from a per-thread buffer, grown as needed and reused, so no
@@ -113,21 +116,25 @@ static void ckfs_op_lookup(fuse_req_t req, fuse_ino_t parent, const char *name)
 	}
 	struct fuse_entry_param e;
 	fill_entry(fs, &a, &e);
-	fuse_reply_entry(req, &e);
+	if (fuse_reply_entry(req, &e) != 0)
+		ckpt_view_forget(fs->view, a.ino, 1); /* the kernel never got it */
+	else if (a.transient)
+		ckfs_inval_queue(parent, name); /* so that the kernel forgets it soon */
 }
 
+/* Transient nodes (slice names) are freed when their count drops to 0;
+ * the others live as long as the view. */
 static void ckfs_op_forget(fuse_req_t req, fuse_ino_t ino, uint64_t nlookup)
 {
-	/* Nodes live as long as the view: nothing to free. */
-	(void)ino;
-	(void)nlookup;
+	ckpt_view_forget(fs_of(req)->view, ino, nlookup);
 	fuse_reply_none(req);
 }
 
 static void ckfs_op_forget_multi(fuse_req_t req, size_t count, struct fuse_forget_data *forgets)
 {
-	(void)count;
-	(void)forgets;
+	struct ckfs *fs = fs_of(req);
+	for (size_t i = 0; i < count; i++)
+		ckpt_view_forget(fs->view, forgets[i].ino, forgets[i].nlookup);
 	fuse_reply_none(req);
 }
 

@@ -336,8 +336,11 @@ static int make_slice(ckpt_view *v, struct node *dir, const char *name, const ch
 	if (!n)
 		return -ENOMEM;
 	n->hidden = 1;
-	if ((rc = array_node_init(n, arr->ar, &r)) < 0)
+	n->transient = 1; /* any number of names: freed once the kernel forgets it */
+	if ((rc = array_node_init(n, arr->ar, &r)) < 0) {
+		node_free(v, n);
 		return rc;
+	}
 	*out = n;
 	return 0;
 }

@@ -19,8 +19,9 @@ struct node *view_node(ckpt_view *v, ckpt_ino ino)
 	if (ino == 0 || ino > n)
 		return NULL;
 	uint64_t i = ino - 1;
-	struct node *x = v->pages[i >> PAGE_BITS][i & ((1u << PAGE_BITS) - 1)];
-	assert(x && x->ino == ino && x->ops && x->ops->kind == x->kind);
+	/* A slot is NULL while its (transient) node is freed and not reused. */
+	struct node *x = __atomic_load_n(&v->pages[i >> PAGE_BITS][i & ((1u << PAGE_BITS) - 1)], __ATOMIC_ACQUIRE);
+	assert(!x || (x->ino == ino && x->ops && x->ops->kind == x->kind));
 	return x;
 }
 
@@ -41,7 +42,17 @@ struct node *node_new(ckpt_view *v, const struct node_ops *ops, const char *name
 	atomic_init(&n->orphan, false);
 	n->parent = parent ? parent->ino : CKPT_ROOT_INO;
 	n->mtime_ns = parent ? parent->mtime_ns : 0;
+	n->gen = 1;
 	pthread_mutex_lock(&v->alloc_lock);
+	if (v->nfree) {
+		/* a number a freed transient node had: a new generation */
+		n->ino = v->free_inos[--v->nfree];
+		n->gen = ++v->last_gen;
+		uint64_t j = n->ino - 1;
+		__atomic_store_n(&v->pages[j >> PAGE_BITS][j & ((1u << PAGE_BITS) - 1)], n, __ATOMIC_RELEASE);
+		pthread_mutex_unlock(&v->alloc_lock);
+		return n;
+	}
 	uint64_t i = atomic_load_explicit(&v->count, memory_order_relaxed);
 	size_t pg = (size_t)(i >> PAGE_BITS);
 	if (pg >= NPAGES) {
@@ -61,10 +72,41 @@ struct node *node_new(ckpt_view *v, const struct node_ops *ops, const char *name
 		}
 	}
 	n->ino = i + 1;
-	v->pages[pg][i & ((1u << PAGE_BITS) - 1)] = n;
+	__atomic_store_n(&v->pages[pg][i & ((1u << PAGE_BITS) - 1)], n, __ATOMIC_RELEASE);
 	atomic_store_explicit(&v->count, i + 1, memory_order_release);
 	pthread_mutex_unlock(&v->alloc_lock);
 	return n;
+}
+
+static void node_free_memory(struct node *x)
+{
+	if (node_has_kids(x))
+		free(to_dir(x)->kids);
+	free(x->name);
+	free(x);
+}
+
+void node_free(ckpt_view *v, struct node *n)
+{
+	if (n->ops->destroy)
+		n->ops->destroy(v, n);
+	ckpt_ino ino = n->ino;
+	uint64_t i = ino - 1;
+	pthread_mutex_lock(&v->alloc_lock);
+	assert(view_node(v, ino) == n);
+	__atomic_store_n(&v->pages[i >> PAGE_BITS][i & ((1u << PAGE_BITS) - 1)], NULL, __ATOMIC_RELEASE);
+	if (v->nfree == v->capfree) {
+		size_t cap = v->capfree ? v->capfree * 2 : 64;
+		ckpt_ino *f = realloc(v->free_inos, cap * sizeof(*f));
+		if (f) {
+			v->free_inos = f;
+			v->capfree = cap;
+		}
+	}
+	if (v->nfree < v->capfree)
+		v->free_inos[v->nfree++] = ino; /* else the number is never reused */
+	pthread_mutex_unlock(&v->alloc_lock);
+	node_free_memory(n);
 }
 
 void node_release_all(ckpt_view *v)
@@ -72,7 +114,7 @@ void node_release_all(ckpt_view *v)
 	uint64_t n = atomic_load(&v->count);
 	for (uint64_t i = 1; i <= n; i++) {
 		struct node *x = view_node(v, i);
-		if (x->ops->destroy)
+		if (x && x->ops->destroy)
 			x->ops->destroy(v, x);
 	}
 }
@@ -82,13 +124,12 @@ void node_free_all(ckpt_view *v)
 	uint64_t n = atomic_load(&v->count);
 	for (uint64_t i = 1; i <= n; i++) {
 		struct node *x = view_node(v, i);
-		if (node_has_kids(x))
-			free(to_dir(x)->kids);
-		free(x->name);
-		free(x);
+		if (x)
+			node_free_memory(x);
 	}
 	for (size_t p = 0; p < NPAGES && v->pages[p]; p++)
 		free(v->pages[p]);
+	free(v->free_inos);
 }
 
 /* ---- kids ------------------------------------------------------------------ */
@@ -249,13 +290,59 @@ int view_dyn_add(ckpt_view *v, struct node *n)
 
 /* ---- lookup and attributes ------------------------------------------------- */
 
-int node_lookup_locked(ckpt_view *v, struct node *dir, const char *name, struct node **out)
+/* Remove n from the map (dyn_lock held): backward-shift deletion keeps
+ * every probe chain unbroken; the table halves when it is mostly empty. */
+static void dyn_remove_locked(ckpt_view *v, struct node *n)
+{
+	size_t mask = v->ndyn_buckets - 1;
+	size_t i = dyn_hash(n->parent, n->name) & mask;
+	while (v->dyn[i] != n) {
+		assert(v->dyn[i]);
+		i = (i + 1) & mask;
+	}
+	v->dyn[i] = NULL;
+	v->ndyn--;
+	for (size_t j = (i + 1) & mask; v->dyn[j]; j = (j + 1) & mask) {
+		size_t home = dyn_hash(v->dyn[j]->parent, v->dyn[j]->name) & mask;
+		/* move j into the hole at i unless its home lies in (i, j] */
+		if (((j - home) & mask) >= ((j - i) & mask)) {
+			v->dyn[i] = v->dyn[j];
+			v->dyn[j] = NULL;
+			i = j;
+		}
+	}
+	if (v->ndyn_buckets > 256 && v->ndyn * 8 < v->ndyn_buckets) {
+		size_t nb = v->ndyn_buckets / 2;
+		struct node **t = calloc(nb, sizeof(*t));
+		if (!t)
+			return; /* keep the big table */
+		for (size_t k = 0; k < v->ndyn_buckets; k++)
+			if (v->dyn[k]) {
+				size_t h = dyn_hash(v->dyn[k]->parent, v->dyn[k]->name) & (nb - 1);
+				while (t[h])
+					h = (h + 1) & (nb - 1);
+				t[h] = v->dyn[k];
+			}
+		free(v->dyn);
+		v->dyn = t;
+		v->ndyn_buckets = nb;
+	}
+}
+
+/* ref: count a kernel reference on a transient result (under dyn_lock, so
+ * that a concurrent forget cannot free it between the find and the count). */
+static int lookup(ckpt_view *v, struct node *dir, const char *name, int ref, struct node **out)
 {
 	if (!dir->ops->readdir)
 		return -ENOTDIR;
 	struct node *n = node_has_kids(dir) ? view_find_kid(dir, name) : NULL;
-	if (!n)
-		n = view_dyn_find(v, dir->ino, name);
+	if (!n) {
+		pthread_mutex_lock(&v->dyn_lock);
+		n = dyn_find_locked(v, dir->ino, name);
+		if (n && ref && n->transient)
+			n->nlookup++;
+		pthread_mutex_unlock(&v->dyn_lock);
+	}
 	if (!n) {
 		if (!dir->ops->lookup)
 			return -ENOENT;
@@ -266,28 +353,69 @@ int node_lookup_locked(ckpt_view *v, struct node *dir, const char *name, struct 
 		assert(made && made->parent == dir->ino);
 		if (rc == 1) {
 			n = made; /* the directory keeps it (shard files) */
+			assert(!n->transient);
 		} else {
 			pthread_mutex_lock(&v->dyn_lock);
 			n = dyn_find_locked(v, dir->ino, name);
 			if (!n) {
 				if (dyn_insert_locked(v, made) < 0) {
 					pthread_mutex_unlock(&v->dyn_lock);
+					if (made->transient)
+						node_free(v, made);
 					return -ENOMEM;
 				}
 				n = made;
 			}
-			/* A racing lookup that lost keeps its node unreachable (freed at destroy). */
+			if (ref && n->transient)
+				n->nlookup++;
 			pthread_mutex_unlock(&v->dyn_lock);
+			/* A racing lookup that lost: its node was never handed out. */
+			if (n != made && made->transient)
+				node_free(v, made);
 		}
 	}
 	*out = n;
 	return 0;
 }
 
+int node_lookup_locked(ckpt_view *v, struct node *dir, const char *name, struct node **out)
+{
+	return lookup(v, dir, name, 0, out);
+}
+
+int node_lookup_ref(ckpt_view *v, struct node *dir, const char *name, struct node **out)
+{
+	return lookup(v, dir, name, 1, out);
+}
+
+void ckpt_view_forget(ckpt_view *v, ckpt_ino ino, uint64_t nlookup)
+{
+	pthread_mutex_lock(&v->dyn_lock);
+	struct node *n = view_node(v, ino);
+	if (!n || !n->transient) {
+		pthread_mutex_unlock(&v->dyn_lock);
+		return; /* other nodes live as long as the view */
+	}
+	if (nlookup > n->nlookup) {
+		ckpt_log(CKPT_LOG_WARN, "forget of %llu references to inode %llu, which has %llu",
+			 (unsigned long long)nlookup, (unsigned long long)ino, (unsigned long long)n->nlookup);
+		nlookup = n->nlookup;
+	}
+	n->nlookup -= nlookup;
+	int last = n->nlookup == 0;
+	if (last)
+		dyn_remove_locked(v, n);
+	pthread_mutex_unlock(&v->dyn_lock);
+	if (last)
+		node_free(v, n);
+}
+
 void view_fill_attr(ckpt_view *v, struct node *n, ckpt_attr *a)
 {
 	memset(a, 0, sizeof(*a));
 	a->ino = n->ino;
+	a->generation = n->gen;
+	a->transient = n->transient;
 	a->mtime_ns = n->mtime_ns;
 	a->immutable = 1;
 	a->nlink = 1;

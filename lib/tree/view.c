@@ -99,7 +99,7 @@ int ckpt_view_lookup(ckpt_view *v, ckpt_ino parent, const char *name, ckpt_attr 
 	pthread_rwlock_rdlock(&v->ns_lock);
 	struct node *dir = view_node(v, parent);
 	struct node *n = NULL;
-	int rc = dir ? node_lookup_locked(v, dir, name, &n) : -ENOENT;
+	int rc = dir ? node_lookup_ref(v, dir, name, &n) : -ENOENT;
 	if (rc == 0)
 		view_fill_attr(v, n, out);
 	pthread_rwlock_unlock(&v->ns_lock);

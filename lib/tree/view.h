@@ -6,7 +6,8 @@
  * The daemon maps FUSE requests onto these calls one to one.
  *
  * Inode numbers: 1 is the root; a node keeps its number for the life of the
- * view; looking the same hidden name up twice returns the same node.
+ * view, except transient nodes (see ckpt_view_forget); looking the same
+ * hidden name up twice while it is referenced returns the same node.
  *
  * Thread-safety: every call may run concurrently with every other.  A
  * commit (create of commit_success.txt, rename of a pending step) blocks
@@ -54,6 +55,8 @@ typedef struct ckpt_attr {
 	unsigned nlink;
 	int immutable; /* committed data: the kernel may cache it indefinitely */
 	int volatile_data; /* content changes (stats): serve with direct I/O */
+	uint64_t generation; /* with ino, unique for the life of the view (ino numbers are reused) */
+	int transient; /* a hidden name made on lookup, freed once forgotten: do not cache the entry */
 } ckpt_attr;
 
 /* Build the view of SOURCE (a CheckpointManager root, a step folder or an
@@ -71,6 +74,15 @@ int ckpt_view_getattr(ckpt_view *v, ckpt_ino ino, ckpt_attr *out);
  * -ENOENT (logged with the reason) for a malformed or out-of-range slice
  * name; -ENOTDIR when parent is not a directory. */
 int ckpt_view_lookup(ckpt_view *v, ckpt_ino parent, const char *name, ckpt_attr *out);
+
+/* Every successful ckpt_view_lookup of a transient node (out->transient:
+ * slice files and other hidden files made on lookup) counts one reference;
+ * ckpt_view_forget drops nlookup of them (the FUSE forget).  At zero the
+ * node is freed and its inode number may come back for another node with a
+ * new out->generation.  A caller that could not pass a lookup's answer on
+ * forgets it (nlookup 1).  No-op for other nodes, which live as long as the
+ * view. */
+void ckpt_view_forget(ckpt_view *v, ckpt_ino ino, uint64_t nlookup);
 
 /* Directory entry number `index` (0-based, "." and ".." not included):
  * returns 1 and sets *name (valid for the life of the view) and *attr, 0

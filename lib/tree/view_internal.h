@@ -17,7 +17,14 @@
  * Nodes: a common head (struct node) embedded first in a per-kind struct
  * (container_of), with a per-kind ops table.  Nodes are created, never
  * freed, until the view is destroyed, so a node pointer stays valid for the
- * life of the view.  A node is published when its inode number is handed
+ * life of the view - except transient nodes (hidden files made on lookup:
+ * slice names, widened views): they sit in the hidden-name map with a
+ * count of kernel references (+1 per ckpt_view_lookup answer, -n per
+ * ckpt_view_forget), and at 0 they leave the map and are freed; their
+ * inode number is reused with a new generation.  Nothing in the library
+ * keeps a pointer to a transient node across calls, and the kernel sends
+ * no request for an inode it has forgotten (an open file holds its inode,
+ * hence its reference).  A node is published when its inode number is handed
  * out; from then on its name, kind, ops and parent never change.  What
  * changes after publication, and under which lock:
  *   - the kids of the root (pending steps and committed steps are added and
@@ -142,6 +149,11 @@ struct node {
 	char *name;
 	int64_t mtime_ns;
 	int hidden; /* reachable by name (hidden-name map), not listed; set before publication */
+	/* Freed when the kernel forgets it: a hidden file made on lookup (slice
+	 * names, widened views).  Set before publication. */
+	int transient;
+	uint64_t gen; /* generation of ino: a reused inode number gets a new one */
+	uint64_t nlookup; /* transient: kernel references (lookups not yet forgotten); dyn_lock */
 	atomic_bool orphan; /* removed from its directory (committed/aborted/renamed/unlinked) */
 };
 
@@ -220,6 +232,10 @@ struct ckpt_view {
 	struct node **pages[NPAGES];
 	atomic_uint_least64_t count;
 	pthread_mutex_t alloc_lock;
+	/* inode numbers of freed transient nodes, reused first (alloc_lock) */
+	ckpt_ino *free_inos;
+	size_t nfree, capfree;
+	uint64_t last_gen; /* generation handed to the last reused number (alloc_lock) */
 	/* hidden nodes created by lookup: (parent, name) -> node */
 	pthread_mutex_t dyn_lock;
 	struct node **dyn;
@@ -298,6 +314,14 @@ int view_dyn_add(ckpt_view *v, struct node *n);
 /* Name lookup in dir: kids, hidden-name map, then dir->ops->lookup (the
  * result published in the map).  Caller holds ns_lock shared. */
 int node_lookup_locked(ckpt_view *v, struct node *dir, const char *name, struct node **out);
+/* The same, for an answer to the kernel: a transient result may be freed by
+ * a forget at any time, so only this call, which counts one kernel
+ * reference on it inside the map's lock, may hand one out. */
+int node_lookup_ref(ckpt_view *v, struct node *dir, const char *name, struct node **out);
+/* Free a node nobody can reach any more (in no directory, not in the map,
+ * no kernel reference): ops->destroy, then its memory; its inode number is
+ * reused with a new generation. */
+void node_free(ckpt_view *v, struct node *n);
 void view_fill_attr(ckpt_view *v, struct node *n, ckpt_attr *a);
 /* Free every node (ops->destroy first, for all of them, when `release`). */
 void node_release_all(ckpt_view *v);
