@@ -32,11 +32,12 @@
 static int plan_chain(const struct ckpt_zarr_chain *ch, ckpt_array_meta *m, const char **why)
 {
 	int perm[CKPT_MAX_RANK], id = 1;
-	for (int d = 0; d < m->rank; d++)
-		perm[d] = d;
+	for (int d = 0; d < CKPT_MAX_RANK; d++)
+		perm[d] = d; /* identity past the rank too: the plan is compared bytewise */
 	for (int i = 0; i < ch->na2a; i++) {
 		const struct ckpt_zarr_codec *t = &ch->a2a[i];
 		int next[CKPT_MAX_RANK];
+		memcpy(next, perm, sizeof(next));
 		if (t->id != CKPT_CODEC_TRANSPOSE) {
 			*why = "unsupported array->array codec";
 			return -ENOTSUP;
@@ -496,10 +497,10 @@ static int decompress(const char *root, const char *key, int b, const uint8_t *s
 /* Undo the bytes->bytes chain of `src` (n bytes; may be modified) into dst
  * (unit_bytes).  Every output size is known: the compressor must produce
  * the unit plus 4 bytes per crc32c applied before it when encoding. */
-static int decode_chain(const ckpt_array_meta *m, const char *root, const char *key, uint8_t *src, size_t n,
-			uint8_t *dst, ckpt_zarr_scratch *sc)
+static int decode_chain(const ckpt_array_meta *m, const char *root, const char *key, const uint8_t *src,
+			size_t n, uint8_t *dst, ckpt_zarr_scratch *sc)
 {
-	uint8_t *cur = src;
+	const uint8_t *cur = src;
 	for (int i = m->nb2b - 1; i >= 0; i--) {
 		if (m->b2b[i] == CKPT_B2B_CRC32C) {
 			if (n < 4) {
@@ -544,6 +545,12 @@ static int decode_chain(const ckpt_array_meta *m, const char *root, const char *
 	CKPT_STAT_ADD(chunks_decoded, 1);
 	CKPT_STAT_ADD(decoded_bytes, m->unit_bytes);
 	return 0;
+}
+
+int ckpt_zarr_decode_unit(const ckpt_array_meta *m, const char *what, const void *src, size_t n, void *dst,
+			  ckpt_zarr_scratch *sc)
+{
+	return decode_chain(m, "", what, src, n, dst, sc);
 }
 
 static int read_exact(ckpt_store *s, const char *key, uint64_t off, size_t len, void *dst)

@@ -125,6 +125,13 @@ struct ckpt_zarr_unit_id {
 int ckpt_zarr_read_unit_id(ckpt_store *s, const char *prefix, const ckpt_array_meta *m, const uint64_t *g,
 			   void *dst, ckpt_zarr_scratch *sc, struct ckpt_zarr_unit_id *id);
 
+/* Decode the stored bytes of one decode unit (a v2 chunk, a v3 chunk, or
+ * an inner chunk of a shard: the bytes ckpt_zarr_read_unit would read) into
+ * dst (m->unit_bytes bytes).  `what` names it in log lines.  Never writes
+ * outside dst; 0 or -EIO (logged), -ENOMEM. */
+int ckpt_zarr_decode_unit(const ckpt_array_meta *m, const char *what, const void *src, size_t n, void *dst,
+			  ckpt_zarr_scratch *sc);
+
 /* The current identity of the storage unit holding decode unit g (one
  * stat of the store).  0, or the store's error other than -ENOENT. */
 int ckpt_zarr_unit_identity(ckpt_store *s, const char *prefix, const ckpt_array_meta *m, const uint64_t *g,
