@@ -95,6 +95,9 @@ static void usage(const char *prog)
 	       "    -o retries=N            retries of a failed request (default 5)\n"
 	       "    -o timeout_ms=N         per-attempt timeout (default 30000)\n"
 	       "    -o retry_base_ms=N      first backoff, doubled per retry (default 100)\n"
+	       "    -o cache_dir=PATH       keep fetched object ranges in PATH across remounts; new\n"
+	       "                            steps are staged there too (default: not kept; $TMPDIR)\n"
+	       "    -o cache_dir_size=SIZE  bound of cache_dir, K/M/G suffix (default 10G)\n"
 	       "                            Credentials come only from the environment and the AWS or\n"
 	       "                            Google files, never from options (see ckptfs(1)).\n"
 	       "    -o log_level=LEVEL      error, warning, info (default) or debug\n"
@@ -504,7 +507,9 @@ int main(int argc, char *argv[])
 	vo.store = &store_opts;
 	if (ckpt_store_source_is_remote(fs.opts.source) && !fs.opts.read_only) {
 		/* new steps are staged in a local spool folder, uploaded at commit */
-		const char *tmp = getenv("TMPDIR");
+		const char *tmp = store_opts.cache_dir ? store_opts.cache_dir : getenv("TMPDIR");
+		if (store_opts.cache_dir && mkdir(store_opts.cache_dir, 0700) != 0 && errno != EEXIST)
+			tmp = NULL; /* reported by the store */
 		if (asprintf(&spool_dir, "%s/ckptfs-spool-XXXXXX", tmp && *tmp ? tmp : "/tmp") < 0) {
 			spool_dir = NULL;
 			goto out_ready;

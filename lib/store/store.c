@@ -406,6 +406,47 @@ static int parse_uint(const char *v, unsigned lo, unsigned hi, unsigned *out)
 	return 0;
 }
 
+/* "10G", "512M", "4096" -> bytes (> 0). */
+static int parse_size(const char *v, uint64_t *out)
+{
+	char *end;
+	if (!v || !*v)
+		return -EINVAL;
+	errno = 0;
+	unsigned long long n = strtoull(v, &end, 10);
+	unsigned sh = 0;
+	switch (*end) {
+	case 'k':
+	case 'K':
+		sh = 10;
+		end++;
+		break;
+	case 'm':
+	case 'M':
+		sh = 20;
+		end++;
+		break;
+	case 'g':
+	case 'G':
+		sh = 30;
+		end++;
+		break;
+	case 't':
+	case 'T':
+		sh = 40;
+		end++;
+		break;
+	default:
+		break;
+	}
+	if (*end == 'B' || *end == 'b')
+		end++;
+	if (*end || errno || n == 0 || n > (UINT64_MAX >> sh))
+		return -EINVAL;
+	*out = (uint64_t)n << sh;
+	return 0;
+}
+
 int ckpt_store_opts_set(struct ckpt_store_opts *o, const char *key, const char *value)
 {
 	int rc = 0;
@@ -429,6 +470,10 @@ int ckpt_store_opts_set(struct ckpt_store_opts *o, const char *key, const char *
 		rc = parse_uint(value, 100, 3600000, &o->timeout_ms);
 	else if (strcmp(key, "retry_base_ms") == 0)
 		rc = parse_uint(value, 1, 60000, &o->retry_base_ms);
+	else if (strcmp(key, "cache_dir") == 0)
+		rc = value && *value ? (o->cache_dir = value, 0) : -EINVAL;
+	else if (strcmp(key, "cache_dir_size") == 0)
+		rc = parse_size(value, &o->cache_dir_size);
 	else
 		return 0;
 	if (rc == 0 && !value && strcmp(key, "anonymous") != 0)

@@ -118,13 +118,15 @@ struct ckpt_store_opts {
 		retries; /* attempts after the first on transient failures; 0 = 5, CKPT_STORE_NO_RETRY = none */
 	unsigned timeout_ms; /* per attempt (connect + stall detection); 0 = 30000 */
 	unsigned retry_base_ms; /* first backoff (doubles, full jitter, capped at 5 s); 0 = 100 */
+	const char *cache_dir; /* keep fetched ranges in this folder across remounts; NULL: none */
+	uint64_t cache_dir_size; /* bound of cache_dir in bytes; 0 = 10 GiB */
 };
 
 #define CKPT_STORE_NO_RETRY 0xffffffffu
 
 /* Apply one mount option to `o`: endpoint=, region=, profile=, token_file=,
  * anonymous (or anonymous=1), connections=, retries=, timeout_ms=,
- * retry_base_ms=.  Returns 1 when `key` is one of these (string values are
+ * retry_base_ms=, cache_dir=, cache_dir_size= (K/M/G/T suffixes).  Returns 1 when `key` is one of these (string values are
  * borrowed: keep them alive until ckpt_store_open_source), 0 when it is not
  * a store option, -EINVAL for a bad value.  No option carries a secret, so
  * mount options are safe to show in ps. */

@@ -22,4 +22,16 @@ int ckpt_store_unwrap(ckpt_store *s, const char *key, ckpt_store **base, char **
 /* Object store (store_s3.c): source is "s3://..." or "gs://...". */
 int ckpt_store_s3_open(const char *source, const struct ckpt_store_opts *o, ckpt_store **out);
 
+/* On-disk cache of object-store byte ranges (diskcache.c): entries keyed
+ * by object identity (id: endpoint URL and object name), ETag and range,
+ * bounded by max bytes (0: 10 GiB), least recently used evicted first.
+ * get: 0 and the len bytes in dst, or -ENOENT (miss, damaged entry). */
+struct ckpt_dcache;
+int ckpt_dcache_open(const char *dir, uint64_t max, struct ckpt_dcache **out);
+void ckpt_dcache_close(struct ckpt_dcache *c);
+int ckpt_dcache_get(struct ckpt_dcache *c, const char *id, const char *etag, uint64_t first, uint64_t len,
+		    void *dst);
+void ckpt_dcache_put(struct ckpt_dcache *c, const char *id, const char *etag, uint64_t first, uint64_t len,
+		     const void *src);
+
 #endif

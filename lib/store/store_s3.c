@@ -100,6 +100,7 @@ struct s3_store {
 	time_t bearer_expiry; /* metadata-server tokens: when to fetch again */
 	unsigned retries, retry_base_ms;
 	ckpt_http *http;
+	struct ckpt_dcache *dcache; /* -o cache_dir, or NULL */
 	pthread_mutex_t mu;
 	struct obj *tab[NBUCKETS];
 };
@@ -1122,7 +1123,17 @@ static ssize_t s3_read(ckpt_store *st, const char *key, uint64_t off, size_t len
 		last = 1;
 	char tmp[2];
 	void *buf = last - first + 1 == n ? dst : tmp;
-	rc = coalesced_get(s, name, key, &o, first, last, buf);
+	char *id = NULL;
+	if (s->dcache && asprintf(&id, "%s%s/%s", s->scheme_host, s->base_path, name) < 0)
+		id = NULL;
+	if (id && ckpt_dcache_get(s->dcache, id, o.etag, first, last - first + 1, buf) == 0) {
+		rc = 0;
+	} else {
+		rc = coalesced_get(s, name, key, &o, first, last, buf);
+		if (rc == 0 && id)
+			ckpt_dcache_put(s->dcache, id, o.etag, first, last - first + 1, buf);
+	}
+	free(id);
 	free(name);
 	if (rc)
 		return rc;
@@ -1140,9 +1151,10 @@ static void s3_destroy(ckpt_store *st)
 			free(o);
 		}
 	if (s->gets)
-		ckpt_log(CKPT_LOG_DEBUG, "%s: %llu range GETs, %llu more ranges served by merged GETs", s->base.root,
-			 s->gets, s->merged);
+		ckpt_log(CKPT_LOG_DEBUG, "%s: %llu range GETs, %llu more ranges served by merged GETs",
+			 s->base.root, s->gets, s->merged);
 	ckpt_http_free(s->http);
+	ckpt_dcache_close(s->dcache);
 	pthread_mutex_destroy(&s->mu);
 	pthread_mutex_destroy(&s->qmu);
 	pthread_cond_destroy(&s->qcv);
@@ -1516,6 +1528,8 @@ int ckpt_store_s3_open(const char *source, const struct ckpt_store_opts *o, ckpt
 	struct ckpt_http_cfg hc = { o->connections ? o->connections : 8,
 				    o->timeout_ms ? o->timeout_ms : 30000 };
 	s->slots = hc.connections;
+	if (o->cache_dir && (rc = ckpt_dcache_open(o->cache_dir, o->cache_dir_size, &s->dcache)) != 0)
+		goto fail;
 	rc = ckpt_http_new(&hc, &s->http);
 	if (rc)
 		goto fail;

@@ -167,8 +167,8 @@ static void *worker(void *arg)
 		pthread_mutex_unlock(&c->mu);
 		int rc = send_job(c, &j, buf);
 		if (rc) {
-			ckpt_log(CKPT_LOG_ERR, "%s/%s: upload of %s failed: %s", c->s->root, c->prefix, j.f->rel,
-				 strerror(-rc));
+			ckpt_log(CKPT_LOG_ERR, "%s/%s: upload of %s failed: %s", c->s->root, c->prefix,
+				 j.f->rel, strerror(-rc));
 			pthread_mutex_lock(&c->mu);
 			if (!c->rc)
 				c->rc = rc;
@@ -189,7 +189,8 @@ static int send_phase(struct uctx *c, int want, unsigned threads)
 		struct ufile *f = &c->files[i];
 		if (f->meta != want || (want && !strcmp(f->rel, CKPT_ORBAX_COMMIT_SUCCESS)))
 			continue;
-		unsigned parts = f->size > UPLOAD_PART ? (unsigned)((f->size + UPLOAD_PART - 1) / UPLOAD_PART) : 0;
+		unsigned parts =
+			f->size > UPLOAD_PART ? (unsigned)((f->size + UPLOAD_PART - 1) / UPLOAD_PART) : 0;
 		if (parts > CKPT_UPLOAD_MAX_PARTS) {
 			ckpt_log(CKPT_LOG_ERR, "%s: %s is too large for one object", c->s->root, f->rel);
 			rc = -EFBIG;
@@ -281,7 +282,8 @@ int ckpt_store_upload_tree(ckpt_store *s, const char *local_dir, const char *pre
 		for (size_t i = 0; i < c.nfiles; i++) {
 			char *key = c.files[i].sent ? ckpt_store_join(prefix, c.files[i].rel) : NULL;
 			if (key && ckpt_store_delete(s, key) != 0)
-				ckpt_log(CKPT_LOG_WARN, "%s/%s: left behind by the failed upload", s->root, key);
+				ckpt_log(CKPT_LOG_WARN, "%s/%s: left behind by the failed upload", s->root,
+					 key);
 			free(key);
 		}
 	}
