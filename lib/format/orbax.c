@@ -53,7 +53,29 @@ int ckpt_orbax_step_number(const char *name, uint64_t *step)
 	return 1;
 }
 
-static int common_ok(const char *name, size_t max, const char **why)
+/* A '/'-separated path of folder names (a key or param with '/' becomes
+ * nested folders): no empty component and none starting with '.'. */
+static int path_ok(const char *name, const char **why)
+{
+	for (const char *p = name; *p;) {
+		const char *e = strchr(p, '/');
+		size_t n = e ? (size_t)(e - p) : strlen(p);
+		if (n == 0)
+			return refuse(why, "an empty folder name (leading, trailing or double '/')");
+		if (p[0] == '.')
+			return refuse(why, "a folder name starting with '.'");
+		if (n > 255)
+			return refuse(why, "a folder name over 255 bytes");
+		if (!e)
+			break;
+		if (!e[1])
+			return refuse(why, "an empty folder name (leading, trailing or double '/')");
+		p = e + 1;
+	}
+	return 1;
+}
+
+static int common_ok(const char *name, size_t max, int slash_ok, const char **why)
 {
 	if (!name || !*name)
 		return refuse(why, "empty name");
@@ -61,8 +83,13 @@ static int common_ok(const char *name, size_t max, const char **why)
 		return refuse(why, "name too long");
 	if (name[0] == '.')
 		return refuse(why, "names starting with '.' are reserved");
-	if (strchr(name, '/'))
+	for (const unsigned char *p = (const unsigned char *)name; *p; p++)
+		if (*p < 0x20 || *p == 0x7f)
+			return refuse(why, "a name cannot contain control characters");
+	if (!slash_ok && strchr(name, '/'))
 		return refuse(why, "a name cannot contain '/'");
+	if (slash_ok && !path_ok(name, why))
+		return 0;
 	if (strchr(name, '['))
 		return refuse(why, "a name cannot contain '[' (slice syntax)");
 	if (strstr(name, CKPT_ORBAX_TMP_INFIX) || strstr(name, CKPT_ORBAX_PARTIAL))
@@ -74,11 +101,14 @@ int ckpt_orbax_name_ok(enum ckpt_orbax_name kind, const char *name, const char *
 {
 	static const char *const step_files[] = { CKPT_ORBAX_CKPT_METADATA, CKPT_ORBAX_COMMIT_SUCCESS,
 						  CKPT_ORBAX_MARKER_FILE };
+	static const char *const reserved_items[] = { CKPT_ORBAX_RESERVED_ITEMS };
 	static const char *const item_files[] = { CKPT_ORBAX_METADATA,	      CKPT_ORBAX_SHARDING,
 						  CKPT_ORBAX_STRINGS,	      CKPT_ORBAX_COMMIT_SUCCESS,
 						  CKPT_ORBAX_ARRAY_METADATAS, CKPT_ORBAX_OCDBT_MANIFEST,
 						  CKPT_ORBAX_CKPT_METADATA };
-	if (!common_ok(name, kind == CKPT_NAME_PARAM ? CKPT_ORBAX_PARAM_MAX : CKPT_ORBAX_NAME_MAX, why))
+	int slash_ok = kind == CKPT_NAME_KEY || kind == CKPT_NAME_PARAM;
+	if (!common_ok(name, kind == CKPT_NAME_PARAM ? CKPT_ORBAX_PARAM_MAX : CKPT_ORBAX_NAME_MAX, slash_ok,
+		       why))
 		return 0;
 	switch (kind) {
 	case CKPT_NAME_STEP:
@@ -93,15 +123,23 @@ int ckpt_orbax_name_ok(enum ckpt_orbax_name kind, const char *name, const char *
 	case CKPT_NAME_ITEM:
 		if (in_list(name, step_files, sizeof(step_files) / sizeof(step_files[0])))
 			return refuse(why, "the name of an Orbax step file");
+		if (in_list(name, reserved_items, sizeof(reserved_items) / sizeof(reserved_items[0])))
+			return refuse(why, "an item name Orbax reserves");
 		return 1;
 	case CKPT_NAME_KEY:
 		return 1;
-	case CKPT_NAME_PARAM:
-		if (in_list(name, item_files, sizeof(item_files) / sizeof(item_files[0])) ||
-		    strncmp(name, CKPT_ORBAX_OCDBT_PROCESS_PREFIX,
+	case CKPT_NAME_PARAM: {
+		/* the first folder sits beside the item's own files */
+		char first[CKPT_ORBAX_PARAM_MAX + 1];
+		size_t n = strcspn(name, "/");
+		memcpy(first, name, n);
+		first[n] = 0;
+		if (in_list(first, item_files, sizeof(item_files) / sizeof(item_files[0])) ||
+		    strncmp(first, CKPT_ORBAX_OCDBT_PROCESS_PREFIX,
 			    sizeof(CKPT_ORBAX_OCDBT_PROCESS_PREFIX) - 1) == 0)
 			return refuse(why, "the name of an Orbax item file");
 		return 1;
+	}
 	}
 	return refuse(why, "unknown kind of name");
 }

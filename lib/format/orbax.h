@@ -31,6 +31,15 @@
 #define CKPT_ORBAX_OCDBT_PROCESS_PREFIX "ocdbt.process_" /* item: per-process OCDBT database folders */
 #define CKPT_ORBAX_ZARR3_META "zarr.json" /* array folder: zarr v3 metadata */
 #define CKPT_ORBAX_ZARR2_META ".zarray" /* array folder: zarr v2 metadata */
+#define CKPT_ORBAX_JSON_FILE "metadata" /* JSON item: the file JsonCheckpointHandler writes */
+#define CKPT_ORBAX_METRICS_ITEM "metrics" /* the manager's metrics item: JSON in metrics/metrics */
+/* Item names ckptfs never creates: Google-internal or reserved by Orbax v1. */
+#define CKPT_ORBAX_RESERVED_ITEMS "descriptor", "AUTO"
+
+/* Item handler typestrs recorded in _CHECKPOINT_METADATA.item_handlers. */
+#define CKPT_ORBAX_PYTREE_HANDLER                                                                            \
+	"orbax.checkpoint._src.handlers.pytree_checkpoint_handler.PyTreeCheckpointHandler"
+#define CKPT_ORBAX_JSON_HANDLER "orbax.checkpoint._src.handlers.json_checkpoint_handler.JsonCheckpointHandler"
 
 /* Longest step, item or key name ckptfs creates: a step folder carries the
  * CKPT_ORBAX_TMP_INFIX suffix while pending and must stay under NAME_MAX. */
@@ -52,16 +61,19 @@ enum ckpt_orbax_name {
 
 /*
  * The one rule set for names ckptfs creates.  Every kind: 1..CKPT_ORBAX_NAME_MAX
- * bytes (CKPT_ORBAX_PARAM_MAX for PARAM), no '/', no leading '.' (so neither
- * "." nor ".." nor hidden names), no '[' (slice syntax in the tree), and
- * neither CKPT_ORBAX_TMP_INFIX nor CKPT_ORBAX_PARTIAL anywhere (those mark
- * unfinished folders).  Then per kind:
+ * bytes (CKPT_ORBAX_PARAM_MAX for PARAM), no control character (bytes below
+ * 0x20 and 0x7f), no leading '.' (so neither "." nor ".." nor hidden names),
+ * no '[' (slice syntax in the tree), and neither CKPT_ORBAX_TMP_INFIX nor
+ * CKPT_ORBAX_PARTIAL anywhere (those mark unfinished folders).  No '/' except
+ * in KEY and PARAM, where '/' makes nested folders: there every
+ * '/'-separated part is non-empty, at most 255 bytes and does not start with
+ * '.'.  Then per kind:
  *   STEP          ckpt_orbax_step_number() accepts it ("30", "step_30", "0030").
  *   PENDING_STEP  not CKPT_ORBAX_ROOT_METADATA_DIR.
  *   ITEM          not a step-level file: _CHECKPOINT_METADATA, commit_success.txt,
- *                 orbax.checkpoint.
+ *                 orbax.checkpoint; not CKPT_ORBAX_RESERVED_ITEMS.
  *   KEY           nothing more.
- *   PARAM         not an item-level file or folder: _METADATA, _sharding,
+ *   PARAM         its first '/'-part not an item-level file or folder: _METADATA, _sharding,
  *                 _strings.json, commit_success.txt, array_metadatas,
  *                 manifest.ocdbt, _CHECKPOINT_METADATA, ocdbt.process_*.
  * Returns 1 when `name` is acceptable, else 0 and *why (when why != NULL) a

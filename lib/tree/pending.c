@@ -16,8 +16,6 @@
 #include <string.h>
 
 #include "npy.h"
-#include "sysio.h"
-#include "upload.h"
 #include "orbax.h"
 #include "writer.h"
 #include "view_internal.h"
@@ -30,6 +28,7 @@ struct pstep {
 	atomic_bool dead; /* committed or aborted: no more writes (set under io_lock exclusive) */
 	atomic_bool committing; /* a commit runs without ns_lock (set and cleared under ns_lock exclusive) */
 	const char *final; /* while committing: the name it commits to (under ns_lock) */
+	atomic_bool committed; /* the commit succeeded (set once, under ns_lock exclusive) */
 };
 
 /* N_PSTEP and N_PDIR */
@@ -41,12 +40,14 @@ struct pdir_node {
 struct pfile {
 	pthread_mutex_t mu;
 	int is_slice;
+	int is_json; /* the JSON file of a JSON item: hdr[0..size) is its content */
+	ckpt_dtype hint; /* named by user.ckpt.dtype before the header, else INVALID */
 	struct pfile_node *decl; /* slice files: the NAME.npy node that declared the array */
 	ckpt_warray *arr; /* NULL until the header has been parsed */
 	ckpt_region region; /* whole array or the slice */
 	uint8_t *hdr; /* header bytes (all bytes written before the header parsed) */
 	size_t have, cap;
-	size_t data_off; /* header length once parsed (then never changes) */
+	size_t data_off; /* header length once parsed; 0 again after O_TRUNC (arr stays) */
 	uint64_t size; /* apparent file size */
 };
 
@@ -166,6 +167,15 @@ int ckpt_view_is_writable(ckpt_view *v, ckpt_ino ino)
 	return n && n->kind == N_PFILE && !atomic_load(&to_pfile(n)->ps->dead);
 }
 
+/* commit_success.txt of a committed step of a writable root: creating it
+ * again is a commit that already happened (an idempotent no-op). */
+static int is_commit_marker(ckpt_view *v, struct node *n)
+{
+	struct node *step = n->kind == N_FILE ? parent_of(v, n) : NULL;
+	return v->writable && step && step->parent == CKPT_ROOT_INO && step->kind != N_PSTEP &&
+	       !strcmp(n->name, CKPT_ORBAX_COMMIT_SUCCESS);
+}
+
 int ckpt_view_check_writable(ckpt_view *v, ckpt_ino ino)
 {
 	struct node *n = view_node(v, ino);
@@ -173,7 +183,26 @@ int ckpt_view_check_writable(ckpt_view *v, ckpt_ino ino)
 		return -ENOENT;
 	if (n->kind == N_PFILE && !atomic_load(&to_pfile(n)->ps->dead) && !atomic_load(&n->orphan))
 		return 0;
+	if (is_commit_marker(v, n))
+		return 0; /* writes still answer EROFS; O_TRUNC does nothing */
 	return refuse(n->name, "open for writing");
+}
+
+/* A pytree key as the tree shows it (the read side's escape): the key into
+ * buf, or -EINVAL (logged) when `name` is no name the read side makes or
+ * the key is not one a step may hold. */
+static int key_of_name(const char *name, char *buf, size_t cap)
+{
+	const char *why = "";
+	int rc = ckpt_orbax_key_unescape(name, buf, cap);
+	if (rc == -EINVAL)
+		why = "'%' only in the escapes the mount shows: %25 for '%', %2F for '/'";
+	else if (rc >= 0 && !ckpt_orbax_name_ok(CKPT_NAME_KEY, buf, &why))
+		rc = -EINVAL;
+	if (rc < 0)
+		ckpt_log(CKPT_LOG_ERR, "%s: not a usable pytree key name (%s)", name,
+			 rc == -EINVAL ? why : strerror(-rc));
+	return rc < 0 ? (rc == -ENAMETOOLONG ? -ENAMETOOLONG : -EINVAL) : 0;
 }
 
 /* ---- namespace -------------------------------------------------------- */
@@ -207,7 +236,7 @@ static int new_step(ckpt_view *v, struct node *root, const char *name, ckpt_attr
 	if (v->opts.write_budget)
 		o.mem_budget = v->opts.write_budget;
 	ckpt_step *st;
-	int rc = ckpt_step_begin(v->opts.spool_dir ? v->opts.spool_dir : v->source, name, &o, &st);
+	int rc = ckpt_step_begin(v->source, name, &o, &st);
 	if (rc < 0) {
 		ckpt_log(CKPT_LOG_ERR, "step %s: cannot start a pending step: %s", name, strerror(-rc));
 		return rc;
@@ -247,9 +276,17 @@ int ckpt_view_mkdir(ckpt_view *v, ckpt_ino parent, const char *name, ckpt_attr *
 		   !atomic_load(&dir->orphan)) {
 		struct pstep *ps = to_pdir(dir)->ps;
 		const char *why = "";
-		if (!ckpt_orbax_name_ok(dir->kind == N_PSTEP ? CKPT_NAME_ITEM : CKPT_NAME_KEY, name, &why)) {
-			ckpt_log(CKPT_LOG_ERR, "%s: not a valid item or pytree directory name (%s)", name,
-				 why);
+		char key[VIEW_NAME_BUF];
+		struct node *jf =
+			dir->kind == N_PDIR ? view_find_kid(dir, ckpt_step_json_file(dir->name)) : NULL;
+		if (dir->kind == N_PSTEP && !ckpt_orbax_name_ok(CKPT_NAME_ITEM, name, &why)) {
+			ckpt_log(CKPT_LOG_ERR, "%s: not a valid item name (%s)", name, why);
+			rc = -EINVAL;
+		} else if (dir->kind == N_PDIR && (rc = key_of_name(name, key, sizeof(key))) < 0) {
+			/* logged */
+		} else if (jf && jf->kind == N_PFILE && to_pfile(jf)->pf.is_json) {
+			ckpt_log(CKPT_LOG_ERR, "%s: %s is a JSON item: it holds only %s", name, dir->name,
+				 jf->name);
 			rc = -EINVAL;
 		} else if (view_find_kid(dir, name)) {
 			rc = -EEXIST;
@@ -295,12 +332,6 @@ static int commit_step(ckpt_view *v, struct node *sn, const char *final, struct 
 	if (rc == 0)
 		atomic_store(&ps->dead, true);
 	pthread_rwlock_unlock(&ps->io_lock);
-	if (rc == 0 && v->opts.spool_dir) { /* object store: send the staged step, marker last */
-		char staged[VIEW_PATH_MAX];
-		snprintf(staged, sizeof(staged), "%s/%s", v->opts.spool_dir, final);
-		rc = ckpt_store_upload_tree(v->src, staged, final, v->opts.ctx.threads > 0 ? v->opts.ctx.threads : 8);
-		ckpt_rmtree(staged);
-	}
 	char path[VIEW_PATH_MAX];
 	snprintf(path, sizeof(path), "%s/%s", v->source, final);
 	/* Read the committed step back (not linked yet: nobody sees it). */
@@ -315,6 +346,7 @@ static int commit_step(ckpt_view *v, struct node *sn, const char *final, struct 
 		return rc;
 	}
 	view_remove_kid(root, sn);
+	atomic_store(&ps->committed, true);
 	atomic_store(&sn->orphan, true);
 	if (!n || view_add_kid(root, n) < 0) {
 		ckpt_log(CKPT_LOG_ERR, "step %s: committed to %s but cannot be shown; remount to see it",
@@ -329,7 +361,7 @@ static int commit_step(ckpt_view *v, struct node *sn, const char *final, struct 
 /* Key path of a file in a pending step: item = first directory below the
  * step, keys = the directories below it plus the file's stem. */
 static int key_path(ckpt_view *v, struct node *dir, const char *stem, const char **item, const char **keys,
-		    int *types, int *depth)
+		    int *types, int *depth, char *kbuf)
 {
 	const char *rev[CKPT_ORBAX_MAX_DEPTH];
 	int n = 0;
@@ -344,7 +376,12 @@ static int key_path(ckpt_view *v, struct node *dir, const char *stem, const char
 	*item = rev[n - 1];
 	*depth = n - 1;
 	for (int i = 0; i < n - 1; i++) {
-		keys[i] = rev[n - 2 - i];
+		/* the names are the read side's escapes of the keys */
+		char *k = kbuf + (size_t)i * VIEW_NAME_BUF;
+		int rc = key_of_name(rev[n - 2 - i], k, VIEW_NAME_BUF);
+		if (rc < 0)
+			return rc;
+		keys[i] = k;
 		int digits = keys[i][0] != 0;
 		for (const char *p = keys[i]; *p; p++)
 			digits &= *p >= '0' && *p <= '9';
@@ -356,6 +393,36 @@ static int key_path(ckpt_view *v, struct node *dir, const char *stem, const char
 static int new_pfile(ckpt_view *v, struct node *dir, const char *name, struct node **out)
 {
 	size_t len = strlen(name);
+	struct node *up = parent_of(v, dir);
+	struct pstep *ps = to_pdir(dir)->ps;
+	if (up && up->kind == N_PSTEP && !strcmp(name, ckpt_step_json_file(dir->name))) {
+		/* The JSON file of a JSON item (Orbax's JsonCheckpointHandler). */
+		if (to_dir(dir)->nkids) {
+			ckpt_log(CKPT_LOG_ERR, "%s/%s: a JSON item holds only its JSON file", dir->name,
+				 name);
+			return -EINVAL;
+		}
+		int rc = ckpt_step_set_json(ps->step, dir->name, "", 0);
+		if (rc < 0)
+			return rc;
+		struct node *n = node_new(v, &pfile_ops, name, dir);
+		if (!n) {
+			ckpt_step_set_json(ps->step, dir->name, NULL, 0);
+			return -ENOMEM;
+		}
+		struct pfile_node *f = to_pfile(n);
+		f->ps = ps;
+		pthread_mutex_init(&f->pf.mu, NULL);
+		f->pf.is_json = 1;
+		*out = n;
+		return 0;
+	}
+	struct node *jf =
+		up && up->kind == N_PSTEP ? view_find_kid(dir, ckpt_step_json_file(dir->name)) : NULL;
+	if (jf && jf->kind == N_PFILE && to_pfile(jf)->pf.is_json) {
+		ckpt_log(CKPT_LOG_ERR, "%s: %s is a JSON item: it holds only %s", name, dir->name, jf->name);
+		return -EINVAL;
+	}
 	if (len < 5 || strcmp(name + len - 4, ".npy")) {
 		ckpt_log(CKPT_LOG_ERR,
 			 "%s: only NAME.npy arrays (or NAME[slice].npy) can be written in a pending step",
@@ -398,6 +465,14 @@ static int new_pfile(ckpt_view *v, struct node *dir, const char *name, struct no
 			return rc == -ERANGE ? -EINVAL : rc;
 		}
 	}
+	if (!br) {
+		char stem[VIEW_NAME_BUF], key[VIEW_NAME_BUF];
+		memcpy(stem, name, len - 4);
+		stem[len - 4] = 0;
+		int rc = key_of_name(stem, key, sizeof(key));
+		if (rc < 0)
+			return rc;
+	}
 	struct node *n = node_new(v, &pfile_ops, name, dir);
 	if (!n)
 		return -ENOMEM;
@@ -434,6 +509,11 @@ int ckpt_view_create(ckpt_view *v, ckpt_ino parent, const char *name, ckpt_attr 
 			else
 				rc = -EIO;
 		}
+	} else if (!strcmp(name, CKPT_ORBAX_COMMIT_SUCCESS) &&
+		   ((dir->kind == N_PSTEP && atomic_load(&to_pdir(dir)->ps->committed)) ||
+		    (dir->kind != N_PSTEP && dir->parent == CKPT_ROOT_INO && v->writable &&
+		     dir->ino != CKPT_ROOT_INO))) {
+		rc = -EEXIST; /* committed already: nothing to do */
 	} else if (dir->kind == N_PSTEP && live) {
 		ckpt_log(CKPT_LOG_ERR, "%s: files go in an item directory (mkdir %s/ITEM first)", name,
 			 dir->name);
@@ -472,10 +552,10 @@ int ckpt_view_rename(ckpt_view *v, ckpt_ino parent, const char *name, ckpt_ino n
 		struct node *step;
 		if (atomic_load(&to_pdir(n)->ps->committing)) {
 			rc = refuse(name, "rename (the step is committing)");
-		} else if (ckpt_orbax_name_ok(CKPT_NAME_PENDING_STEP, newname, &why)) {
+		} else if (ckpt_orbax_name_ok(CKPT_NAME_STEP, newname, &why)) {
 			rc = commit_step(v, n, newname, &step);
 		} else {
-			ckpt_log(CKPT_LOG_ERR, "%s: not a valid step name (%s)", newname, why);
+			ckpt_log(CKPT_LOG_ERR, "step %s: cannot commit as %s: %s", name, newname, why);
 			rc = -EINVAL;
 		}
 	} else if (n->kind == N_PSTEP || n->kind == N_PDIR || n->kind == N_PFILE) {
@@ -499,19 +579,26 @@ int ckpt_view_unlink(ckpt_view *v, ckpt_ino parent, const char *name)
 		rc = dir && dir->kind == N_PDIR ? -ENOENT : refuse(name, "remove");
 	} else if (n->kind != N_PFILE) {
 		rc = n->kind == N_PDIR ? -EISDIR : refuse(name, "remove");
+	} else if (frozen(to_pfile(n)->ps)) {
+		rc = refuse(name, "remove (the step is committed or committing)");
 	} else {
-		struct pfile *pf = &to_pfile(n)->pf;
+		/* No write of the step runs while its array is removed. */
+		struct pfile_node *f = to_pfile(n);
+		struct pfile *pf = &f->pf;
+		pthread_rwlock_wrlock(&f->ps->io_lock);
 		pthread_mutex_lock(&pf->mu);
-		int declared = pf->arr != NULL;
+		ckpt_warray *arr = pf->is_slice ? NULL : pf->arr;
+		int json = pf->is_json;
 		pthread_mutex_unlock(&pf->mu);
-		if (declared) {
-			ckpt_log(CKPT_LOG_ERR,
-				 "%s: a declared array cannot be removed (rmdir the step to abort it)", name);
-			rc = -EPERM;
-		} else {
+		rc = 0;
+		if (arr)
+			rc = ckpt_warray_remove(arr); /* its bytes and folder go */
+		else if (json)
+			rc = ckpt_step_set_json(f->ps->step, dir->name, NULL, 0);
+		pthread_rwlock_unlock(&f->ps->io_lock);
+		if (rc == 0) {
 			view_remove_kid(dir, n);
 			atomic_store(&n->orphan, true);
-			rc = 0;
 		}
 	}
 	pthread_rwlock_unlock(&v->ns_lock);
@@ -575,6 +662,23 @@ static int declare(ckpt_view *v, struct pfile_node *n, const ckpt_npy_info *h)
 		pf->arr = pf->decl->pf.arr;
 		return 0;
 	}
+	if (pf->arr) {
+		/* Written again after O_TRUNC: the same declaration or nothing. */
+		ckpt_warray_info info;
+		ckpt_warray_get_info(pf->arr, &info);
+		int same = h->dtype == info.dtype && h->rank == info.rank;
+		for (int d = 0; same && d < h->rank; d++)
+			same = h->shape[d] == info.shape[d];
+		if (!same) {
+			ckpt_log(CKPT_LOG_ERR,
+				 "%s: written again with another dtype or shape than its declaration (%s, "
+				 "rank "
+				 "%d); unlink it first to declare it anew",
+				 n->n.name, ckpt_dtype_get(info.dtype)->name, info.rank);
+			return -EINVAL;
+		}
+		return 0;
+	}
 	const char *item, *keys[CKPT_ORBAX_MAX_DEPTH];
 	int types[CKPT_ORBAX_MAX_DEPTH], depth;
 	char stem[VIEW_NAME_BUF];
@@ -584,11 +688,14 @@ static int declare(ckpt_view *v, struct pfile_node *n, const ckpt_npy_info *h)
 	memcpy(stem, n->n.name, sl);
 	stem[sl] = 0;
 	struct node *dir = parent_of(v, &n->n);
-	int rc = key_path(v, dir, stem, &item, keys, types, &depth);
-	if (rc < 0)
-		return rc;
-	rc = ckpt_step_add_array(n->ps->step, item, keys, types, depth, h->dtype, h->rank, h->shape,
-				 &pf->arr);
+	char *kbuf = malloc((size_t)CKPT_ORBAX_MAX_DEPTH * VIEW_NAME_BUF);
+	if (!kbuf)
+		return -ENOMEM;
+	int rc = key_path(v, dir, stem, &item, keys, types, &depth, kbuf);
+	if (rc == 0)
+		rc = ckpt_step_add_array(n->ps->step, item, keys, types, depth, h->dtype, h->rank, h->shape,
+					 &pf->arr);
+	free(kbuf);
 	if (rc < 0)
 		return rc;
 	ckpt_region_full(&pf->region, h->rank, h->shape);
@@ -631,18 +738,20 @@ static int collect_header(ckpt_view *v, struct pfile_node *n, uint64_t off, cons
 		pf->have = (size_t)(off + *take);
 	ckpt_npy_info h;
 	size_t need = 0;
-	/* Void descrs: '<V2' is bfloat16, '<V1' the 8-bit float e4m3fn; a
-	 * slice must use its array's dtype.  Named descrs ("float8_e5m2")
-	 * pick any other ml_dtypes type. */
+	/* Void descrs name no type: '<V2' is bfloat16 (the only 2-byte one);
+	 * a 1-byte '<V1' may be any 8-bit float or int4, so it needs the name
+	 * from user.ckpt.dtype (set before the data) or from the array it
+	 * belongs to.  Named descrs ("float8_e5m2") need no hint. */
 	ckpt_dtype hint = CKPT_DT_BFLOAT16;
-	if (pf->is_slice) {
+	ckpt_warray *known = pf->is_slice ? pf->decl->pf.arr : pf->arr;
+	if (known) {
 		ckpt_warray_info info;
-		ckpt_warray_get_info(pf->decl->pf.arr, &info);
+		ckpt_warray_get_info(known, &info);
 		hint = info.dtype;
 	}
+	if (pf->hint != CKPT_DT_INVALID)
+		hint = pf->hint;
 	int rc = ckpt_npy_parse(pf->hdr, pf->have, hint, &h, &need);
-	if (rc == -EINVAL && !pf->is_slice)
-		rc = ckpt_npy_parse(pf->hdr, pf->have, CKPT_DT_F8_E4M3FN, &h, &need);
 	if (rc == -EAGAIN && *take == len) {
 		if (pf->size < pf->have)
 			pf->size = pf->have;
@@ -650,10 +759,19 @@ static int collect_header(ckpt_view *v, struct pfile_node *n, uint64_t off, cons
 	}
 	if (rc == -EAGAIN)
 		rc = -EINVAL;
-	if (rc < 0)
-		ckpt_log(CKPT_LOG_ERR, "%s: not a valid .npy header for ckptfs", n->n.name);
-	else
+	if (rc < 0) {
+		ckpt_log(
+			CKPT_LOG_ERR,
+			"%s: not a valid .npy header for ckptfs (a 1-byte void descr such as '<V1' needs its "
+			"dtype named first: setfattr -n user.ckpt.dtype -v float8_e5m2 %s)",
+			n->n.name, n->n.name);
+	} else if (pf->hint != CKPT_DT_INVALID && h.dtype != pf->hint) {
+		ckpt_log(CKPT_LOG_ERR, "%s: the .npy header's dtype is %s, user.ckpt.dtype says %s",
+			 n->n.name, ckpt_dtype_get(h.dtype)->name, ckpt_dtype_get(pf->hint)->name);
+		rc = -EINVAL;
+	} else {
 		rc = declare(v, n, &h); /* logs its own reasons */
+	}
 	if (rc < 0) {
 		pf->have = 0; /* a refused header is forgotten: the writer may start over */
 		return rc;
@@ -703,10 +821,57 @@ static ssize_t write_data(struct pfile_node *n, uint64_t off, const uint8_t *dat
 }
 
 /* A write of a pending file (io_lock held shared). */
+/* The content of a JSON file changed (pf->mu held): hand it to the writer. */
+static int json_set_locked(ckpt_view *v, struct pfile_node *n)
+{
+	struct node *dir = parent_of(v, &n->n);
+	return ckpt_step_set_json(n->ps->step, dir->name, n->pf.hdr ? (const char *)n->pf.hdr : "",
+				  (size_t)n->pf.size);
+}
+
+/* Resize a JSON file's buffer to size bytes (pf->mu held), zero-filling. */
+static int json_resize_locked(struct pfile *pf, uint64_t size)
+{
+	if (size > ((uint64_t)64 << 20))
+		return -EFBIG;
+	if (size > pf->cap) {
+		size_t cap = pf->cap ? pf->cap : 4096;
+		while (cap < size)
+			cap *= 2;
+		uint8_t *p = realloc(pf->hdr, cap);
+		if (!p)
+			return -ENOMEM;
+		pf->hdr = p;
+		pf->cap = cap;
+	}
+	if (size > pf->size)
+		memset(pf->hdr + pf->size, 0, (size_t)(size - pf->size));
+	pf->size = size;
+	return 0;
+}
+
+static ssize_t json_write_locked(ckpt_view *v, struct pfile_node *n, uint64_t off, const uint8_t *data,
+				 size_t len)
+{
+	struct pfile *pf = &n->pf;
+	uint64_t end = off + len;
+	int rc = end < off ? -EFBIG : 0;
+	if (!rc && end > pf->size)
+		rc = json_resize_locked(pf, end);
+	if (!rc) {
+		memcpy(pf->hdr + off, data, len);
+		rc = json_set_locked(v, n);
+	}
+	pthread_mutex_unlock(&pf->mu);
+	return rc < 0 ? rc : (ssize_t)len;
+}
+
 static ssize_t write_locked(ckpt_view *v, struct pfile_node *n, uint64_t off, const uint8_t *data, size_t len)
 {
 	struct pfile *pf = &n->pf;
 	pthread_mutex_lock(&pf->mu);
+	if (pf->is_json)
+		return json_write_locked(v, n, off, data, len);
 	if (pf->data_off)
 		return write_data(n, off, data, len);
 	size_t take = 0;
@@ -745,23 +910,41 @@ int ckpt_view_truncate(ckpt_view *v, ckpt_ino ino, uint64_t size)
 	struct node *n = view_node(v, ino);
 	if (!n)
 		return -ENOENT;
+	if (n->kind != N_PFILE && size == 0 && is_commit_marker(v, n))
+		return 0; /* a commit again: nothing changes */
 	if (n->kind != N_PFILE)
 		return n->kind == N_ARRAY || n->kind == N_FILE ? refuse(n->name, "truncate") : -EISDIR;
-	struct pfile *pf = &to_pfile(n)->pf;
+	struct pfile_node *f = to_pfile(n);
+	struct pfile *pf = &f->pf;
 	int rc = 0;
+	pthread_rwlock_rdlock(&f->ps->io_lock);
 	pthread_mutex_lock(&pf->mu);
-	if (atomic_load(&to_pfile(n)->ps->dead))
+	if (atomic_load(&f->ps->dead) || atomic_load(&n->orphan)) {
 		rc = refuse(n->name, "truncate");
-	else if (size == 0 && !pf->data_off)
+	} else if (pf->is_json) {
+		rc = json_resize_locked(pf, size);
+		if (!rc)
+			rc = json_set_locked(v, f);
+	} else if (size == 0 && !pf->data_off) {
 		pf->have = pf->size = 0;
-	else if (size == pf->size)
+	} else if (size == 0) {
+		/* O_TRUNC of a written file: a writer starting over.  Its bytes
+		 * go (the array is incomplete until written again); the next
+		 * header must repeat the declaration. */
+		rc = ckpt_warray_forget(pf->arr, &pf->region);
+		if (!rc) {
+			pf->data_off = 0;
+			pf->have = pf->size = 0;
+		}
+	} else if (size == pf->size) {
 		rc = 0;
-	else {
+	} else {
 		ckpt_log(CKPT_LOG_ERR, "%s: cannot resize to %llu bytes (the .npy header fixes the size)",
 			 n->name, (unsigned long long)size);
 		rc = -EINVAL;
 	}
 	pthread_mutex_unlock(&pf->mu);
+	pthread_rwlock_unlock(&f->ps->io_lock);
 	return rc;
 }
 
@@ -775,6 +958,14 @@ static ssize_t pending_read(ckpt_view *v, struct node *node, uint64_t off, size_
 	pthread_rwlock_rdlock(&n->ps->io_lock);
 	pthread_mutex_lock(&pf->mu);
 	uint64_t size = pf->size;
+	if (pf->is_json) {
+		size_t k = off < size ? (size_t)(size - off < len ? size - off : len) : 0;
+		if (k)
+			memcpy(dst, pf->hdr + off, k);
+		pthread_mutex_unlock(&pf->mu);
+		pthread_rwlock_unlock(&n->ps->io_lock);
+		return (ssize_t)k;
+	}
 	size_t hl = pf->data_off ? pf->data_off : pf->have;
 	if (off >= size) {
 		pthread_mutex_unlock(&pf->mu);
@@ -802,6 +993,55 @@ static ssize_t pending_read(ckpt_view *v, struct node *node, uint64_t off, size_
 	return rc < 0 ? rc : (ssize_t)done;
 }
 
+/* user.ckpt.dtype on a pending file: the dtype its .npy header means (for
+ * '<V1', which np.save writes for every 1-byte ml_dtypes type). */
+static int set_dtype(struct pfile_node *f, const char *value, size_t size)
+{
+	char name[32];
+	if (size >= sizeof(name)) {
+		ckpt_log(CKPT_LOG_ERR, "%s: user.ckpt.dtype: not a dtype name", f->n.name);
+		return -EINVAL;
+	}
+	memcpy(name, value, size);
+	name[size] = 0;
+	ckpt_dtype dt = ckpt_dtype_from_name(name);
+	if (dt == CKPT_DT_INVALID) {
+		ckpt_log(
+			CKPT_LOG_ERR,
+			"%s: user.ckpt.dtype: unknown dtype '%s' (TensorStore names: float8_e5m2, int4, ...)",
+			f->n.name, name);
+		return -EINVAL;
+	}
+	struct pfile *pf = &f->pf;
+	int rc = 0;
+	pthread_rwlock_rdlock(&f->ps->io_lock);
+	pthread_mutex_lock(&pf->mu);
+	ckpt_warray *known = pf->is_slice ? pf->decl->pf.arr : pf->arr;
+	ckpt_dtype have = CKPT_DT_INVALID;
+	if (known) {
+		ckpt_warray_info info;
+		ckpt_warray_get_info(known, &info);
+		have = info.dtype;
+	}
+	if (atomic_load(&f->ps->dead) || atomic_load(&f->n.orphan)) {
+		rc = refuse(f->n.name, "set an extended attribute");
+	} else if (pf->is_json) {
+		rc = -ENOTSUP;
+	} else if (known && have != dt) {
+		ckpt_log(CKPT_LOG_ERR, "%s: user.ckpt.dtype: the array is declared as %s", f->n.name,
+			 ckpt_dtype_get(have)->name);
+		rc = -EINVAL;
+	} else if (!known && pf->have) {
+		ckpt_log(CKPT_LOG_ERR, "%s: set user.ckpt.dtype before writing the file", f->n.name);
+		rc = -EINVAL;
+	} else {
+		pf->hint = dt;
+	}
+	pthread_mutex_unlock(&pf->mu);
+	pthread_rwlock_unlock(&f->ps->io_lock);
+	return rc;
+}
+
 int ckpt_view_setxattr(ckpt_view *v, ckpt_ino ino, const char *name, const char *value, size_t size)
 {
 	struct node *n = view_node(v, ino);
@@ -809,8 +1049,12 @@ int ckpt_view_setxattr(ckpt_view *v, ckpt_ino ino, const char *name, const char 
 		return -ENOENT;
 	if (n->kind != N_PFILE || atomic_load(&to_pfile(n)->ps->dead) || atomic_load(&n->orphan))
 		return refuse(n->name, "set an extended attribute");
+	if (!strcmp(name, "user.ckpt.dtype"))
+		return set_dtype(to_pfile(n), value, size);
 	if (strcmp(name, "user.ckpt.sharding")) {
-		ckpt_log(CKPT_LOG_ERR, "%s: only user.ckpt.sharding can be set on a pending array", n->name);
+		ckpt_log(CKPT_LOG_ERR,
+			 "%s: only user.ckpt.sharding and user.ckpt.dtype can be set on a pending array",
+			 n->name);
 		return -ENOTSUP;
 	}
 	char *json = malloc(size + 1);

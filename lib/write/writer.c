@@ -230,11 +230,35 @@ int ckpt_warray_write(ckpt_warray *a, const ckpt_region *region, uint64_t byte_o
 	}
 	if (atomic_load(&a->step->state) != CKPT_STEP_PENDING)
 		return w_step_writable(a->step, a->relpath);
+	if (atomic_load(&a->removed)) {
+		ckpt_log(CKPT_LOG_ERR, "writer: %s: write to a removed array", a->relpath);
+		return -ESTALE;
+	}
 	struct wctx w = { .a = a, .src = data };
 	int rc = ckpt_stream_pieces(&a->grid, &r, byte_off, end, piece_write, &w);
 	if (!rc)
 		CKPT_STAT_ADD(bytes_written, len);
 	return rc;
+}
+
+int ckpt_warray_forget(ckpt_warray *a, const ckpt_region *region)
+{
+	ckpt_region r;
+	uint64_t rbytes;
+	if (w_region_check(a, region, &r, &rbytes))
+		return -EINVAL;
+	if (atomic_load(&a->step->state) != CKPT_STEP_PENDING)
+		return w_step_writable(a->step, a->relpath);
+	for (uint64_t i = 0; i < a->nchunks; i++) {
+		ckpt_region c;
+		w_chunk_region(a, i, &c);
+		int inside = 1;
+		for (int d = 0; inside && d < a->rank; d++)
+			inside = c.start[d] >= r.start[d] && c.stop[d] <= r.stop[d];
+		if (inside)
+			w_chunk_reset(a, i);
+	}
+	return 0;
 }
 
 /* ---- reads ---- */
@@ -271,6 +295,8 @@ ssize_t ckpt_warray_read(ckpt_warray *a, const ckpt_region *region, uint64_t byt
 			 a->relpath);
 		return -EINVAL;
 	}
+	if (atomic_load(&a->removed))
+		return -ESTALE;
 	if (byte_off >= rbytes || len == 0)
 		return 0;
 	if (len > rbytes - byte_off)
@@ -312,7 +338,13 @@ void ckpt_step_destroy(ckpt_step *st)
 			w_warray_free(a);
 		}
 		free(it->name);
+		free(it->json);
 		free(it);
+	}
+	for (struct ckpt_warray *a = st->removed, *na; a; a = na) {
+		na = a->next;
+		w_chunk_free_all(st, a);
+		w_warray_free(a);
 	}
 	w_chunk_cache_free(st);
 	if (st->bytes_pending)

@@ -109,11 +109,24 @@ int ckpt_step_begin(const char *root_dir, const char *step_name, const ckpt_writ
 		    ckpt_step **out);
 
 /* Declare an item (checkpointable) with no arrays yet; idempotent.  Items
- * are also created implicitly by ckpt_step_add_array.  An item committed
- * without arrays gets an empty tree_metadata.  The name must be one path
- * component, not "_CHECKPOINT_METADATA" or "commit_success.txt".
+ * are also created implicitly by ckpt_step_add_array.  An item that has
+ * neither arrays nor JSON at commit makes the commit fail (-EINVAL): Orbax
+ * cannot restore an empty pytree.  The name must be an ITEM name of
+ * orbax.h (not a step file, not "descriptor" or "AUTO").
  * Returns 0, -EINVAL (bad name), -ENOMEM, -EROFS after commit. */
 int ckpt_step_add_item(ckpt_step *st, const char *item);
+
+/* Make `item` a JSON item (Orbax's JsonCheckpointHandler) holding the len
+ * bytes at json (copied; replaces what was set before); json NULL makes it
+ * a plain item again.  The file is CKPT_ORBAX_JSON_FILE ("metadata"), or
+ * "metrics" for the item "metrics".  Checked at commit: the bytes must
+ * parse as JSON (an object for "metrics"), else the commit fails with
+ * -EINVAL.  Returns 0, -EINVAL (the item has arrays; bad name), -EFBIG
+ * (over 64 MiB), -ENOMEM, -EROFS after commit. */
+int ckpt_step_set_json(ckpt_step *st, const char *item, const void *json, size_t len);
+
+/* The name of the JSON file of item `item` (static string). */
+const char *ckpt_step_json_file(const char *item);
 
 /* Declare an array of item `item` at pytree key path keypath[0..depth-1]
  * with key_types[i] = 1 (sequence index, decimal digits) or 2 (dict key),
@@ -121,7 +134,9 @@ int ckpt_step_add_item(ckpt_step *st, const char *item);
  * name, its folder in the item) is the keys joined with '.'.
  *
  * Declaring the same path again with the same dtype and shape returns the
- * same handle.  Returns -EINVAL (logged) for: a different dtype/shape than
+ * same handle.  Returns -EINVAL (logged) for: a zero-size shape or the
+ * dtype uint4 (Orbax cannot save either), an item that is a JSON item or
+ * is "metrics" (the manager's JSON metrics), a different dtype/shape than
  * an earlier declaration, a path that is a prefix of another array's path
  * (or vice versa), a node whose children mix sequence and dict keys, two
  * paths with the same param name, depth < 1, a key containing '/' or NUL
@@ -138,6 +153,21 @@ int ckpt_step_add_item(ckpt_step *st, const char *item);
  * opts.shard_bytes; small arrays are one shard, one file. */
 int ckpt_step_add_array(ckpt_step *st, const char *item, const char *const *keypath, const int *key_types,
 			int depth, ckpt_dtype dtype, int rank, const uint64_t *shape, ckpt_warray **out);
+
+/* Drop the bytes written to `region` (NULL = the whole array): every inner
+ * chunk that lies wholly inside it becomes unwritten again (a later commit
+ * reports it missing until it is written again); chunks only partly inside
+ * keep their bytes.  For a writer that starts a file over (O_TRUNC).
+ * Waits for compression of the affected chunks.  Must not run concurrently
+ * with writes to the same chunks.  0, -EINVAL (bad region), -EROFS. */
+int ckpt_warray_forget(ckpt_warray *a, const ckpt_region *region);
+
+/* Remove a declared array from its pending step: its bytes are dropped,
+ * its folder in the tmp folder is deleted, and its name and key path are
+ * free for a new declaration.  The handle stays valid (writes and reads
+ * then fail with -ESTALE) until ckpt_step_destroy.  Must not run
+ * concurrently with writes to it.  0, or -EROFS after commit. */
+int ckpt_warray_remove(ckpt_warray *a);
 
 /* Record the sharding JSON (e.g. {"sharding_type": "NamedSharding", ...})
  * written for this array into the item's _sharding file.  NULL clears it.
@@ -167,9 +197,12 @@ int ckpt_warray_write(ckpt_warray *a, const ckpt_region *region, uint64_t byte_o
 ssize_t ckpt_warray_read(ckpt_warray *a, const ckpt_region *region, uint64_t byte_off, void *dst, size_t len);
 
 /* Commit: wait for all background compression; check that every byte of
- * every array was written; write the shard indexes, every zarr.json, per
- * item _METADATA, _sharding (when any array has one) and
- * commit_success.txt, the step's _CHECKPOINT_METADATA and
+ * every array was written, that every item has arrays or JSON and that
+ * every sequence node of a pytree holds the indices 0..n-1; write the
+ * shard indexes, every zarr.json, per item _METADATA, _sharding (an entry
+ * for every array: the one set, else a one-device NamedSharding) and
+ * commit_success.txt (JSON items: the JSON file and commit_success.txt),
+ * the step's _CHECKPOINT_METADATA and
  * commit_success.txt; fsync every file and folder; rename the tmp folder
  * to <root>/<final_name> with RENAME_NOREPLACE; fsync the root.
  *
@@ -179,7 +212,9 @@ ssize_t ckpt_warray_read(ckpt_warray *a, const ckpt_region *region, uint64_t byt
  *   -ENODATA  some array is missing bytes (each such array logged with
  *             the number of missing bytes);
  *   -EEXIST   <root>/<final_name> exists;
- *   -EINVAL   bad final_name;
+ *   -EINVAL   bad final_name (it must be a step name Orbax finds,
+ *             CKPT_NAME_STEP), an item without arrays or JSON, a list
+ *             with a missing index, a JSON item that is not JSON;
  *   -EBUSY    a write or read is in progress on the step;
  *   -EIO/-ENOSPC/...  from compression or the file system (logged). */
 int ckpt_step_commit(ckpt_step *st, const char *final_name);

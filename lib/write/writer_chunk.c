@@ -56,6 +56,10 @@
  *   COMPRESSING  STORED       w_chunk_store_done (+st) appended to the shard file
  *   COMPRESSING  ERROR        w_chunk_store_done (+st) compression or append failed
  *   ERROR        QUEUED       w_chunk_retry_errors (+st) commit
+ *   LIVE         EMPTY        w_chunk_reset (+st)      bytes dropped (O_TRUNC, unlink);
+ *   ERROR        EMPTY        w_chunk_reset (+st)        unpinned, after BUSY and QUEUED
+ *   STORED       EMPTY        w_chunk_reset (+st)        states have ended (stored bytes
+ *   SPILLED      EMPTY        w_chunk_reset (+st)        stay in the shard file, dead)
  *
  * Pins (c->pins, step->npinned, step->pins_total) keep a LIVE, QUEUED or
  * ERROR buffer in memory while a writer copies into it or a reader copies
@@ -184,13 +188,13 @@ static int transition_ok(int from, int to)
 {
 	static const uint16_t ok[] = {
 		[WC_EMPTY] = 1u << WC_LIVE,
-		[WC_LIVE] = 1u << WC_QUEUED | 1u << WC_SPILLING,
+		[WC_LIVE] = 1u << WC_QUEUED | 1u << WC_SPILLING | 1u << WC_EMPTY,
 		[WC_QUEUED] = 1u << WC_COMPRESSING,
 		[WC_COMPRESSING] = 1u << WC_STORED | 1u << WC_ERROR,
-		[WC_STORED] = 1u << WC_LOADING,
-		[WC_ERROR] = 1u << WC_QUEUED,
+		[WC_STORED] = 1u << WC_LOADING | 1u << WC_EMPTY,
+		[WC_ERROR] = 1u << WC_QUEUED | 1u << WC_EMPTY,
 		[WC_SPILLING] = 1u << WC_SPILLED | 1u << WC_LIVE,
-		[WC_SPILLED] = 1u << WC_LOADING,
+		[WC_SPILLED] = 1u << WC_LOADING | 1u << WC_EMPTY,
 		[WC_LOADING] = 1u << WC_LIVE | 1u << WC_SPILLED | 1u << WC_STORED,
 	};
 	return from >= 0 && from <= WC_LOADING && (ok[from] >> to & 1);
@@ -878,6 +882,55 @@ void w_chunk_retry_errors(struct ckpt_step *st)
 	pthread_mutex_lock(&st->mu);
 	st->io_err = 0;
 	pthread_mutex_unlock(&st->mu);
+}
+
+void w_chunk_reset(struct ckpt_warray *a, uint64_t idx)
+{
+	struct ckpt_step *st = a->step;
+	struct wchunk *c = &a->chunks[idx];
+	pthread_mutex_lock(&a->mu);
+	/* QUEUED ends in STORED or ERROR by itself; pins are short-lived. */
+	while (c->pins || c->state == WC_QUEUED || c->state == WC_COMPRESSING || c->state == WC_SPILLING ||
+	       c->state == WC_LOADING)
+		pthread_cond_wait(&a->cond, &a->mu);
+	enum wc_state prev = c->state;
+	if (prev == WC_EMPTY) {
+		pthread_mutex_unlock(&a->mu);
+		return;
+	}
+	uint64_t have = c->have, slot = spill_has_slot(c) ? spill_slot_off(c) : 0;
+	int had_slot = spill_has_slot(c);
+	struct wlive *l = c->live;
+	c->live = NULL;
+	c->have = 0;
+	c->spill_slot = SPILL_NONE;
+	a->have_total -= have;
+	if (prev == WC_STORED) {
+		budget_sub(&a->nstored, 1);
+		a->shards[w_chunk_shard(a, idx)].unstored++;
+	}
+	chunk_set_state(a, idx, WC_EMPTY);
+	pthread_mutex_lock(&st->mu);
+	if (prev != WC_STORED)
+		budget_sub(&st->bytes_pending, have);
+	if (prev == WC_SPILLED)
+		budget_sub(&st->nspilled, 1);
+	if (l) {
+		lru_remove_locked(st, l);
+		live_release_locked(st, l);
+	}
+	int sfd = st->spill_fd;
+	pthread_cond_broadcast(&st->memcond);
+	pthread_mutex_unlock(&st->mu);
+	pthread_cond_broadcast(&a->cond);
+	pthread_mutex_unlock(&a->mu);
+	if (prev != WC_STORED && have)
+		CKPT_STAT_ADD(bytes_pending, -(int64_t)have);
+	if (had_slot && sfd >= 0)
+		fallocate(sfd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, (off_t)slot,
+			  (off_t)spill_slot_bytes(a));
+	if (l)
+		live_destroy(l);
 }
 
 void w_chunk_wait_idle(struct ckpt_step *st)

@@ -16,7 +16,14 @@
 #include "sysio.h"
 #include "writer_int.h"
 
-#define PYTREE_HANDLER "orbax.checkpoint._src.handlers.pytree_checkpoint_handler.PyTreeCheckpointHandler"
+/* The sharding of an array that was given none: one device, replicated (what
+ * Orbax records for NamedSharding(Mesh([device 0], ('d',)), P())); it
+ * resolves on any host with a device 0, CPU, GPU or TPU.  Python json.dumps
+ * spacing, as Orbax writes it. */
+#define DEFAULT_SHARDING                                                                                     \
+	"{\"sharding_type\": \"NamedSharding\", \"shape\": [1], \"axis_names\": [\"d\"], "                   \
+	"\"axis_types\": [\"AxisType.Auto\"], \"partition_spec\": [], \"device_mesh\": {\"mesh\": "          \
+	"[{\"id\": 0}]}}"
 
 /* Create/replace rel below dirfd with data, fsync it. */
 static int write_file(struct ckpt_step *st, const char *rel, const void *data, size_t len)
@@ -90,6 +97,123 @@ static int leaf_cmp(const void *x, const void *y)
 				      (const char *const *)b->keys, b->ktypes, b->depth);
 }
 
+/* The item's arrays in JAX leaf order (malloc'd, *n entries; NULL and *n 0
+ * when it has none or out of memory). */
+static struct ckpt_warray **sorted_leaves(const struct witem *it, size_t *n)
+{
+	*n = 0;
+	struct ckpt_warray **v = it->narrays ? calloc(it->narrays, sizeof(*v)) : NULL;
+	if (!v)
+		return NULL;
+	for (struct ckpt_warray *a = it->first; a; a = a->next)
+		v[(*n)++] = a;
+	qsort(v, *n, sizeof(*v), leaf_cmp);
+	return v;
+}
+
+/* Log a list node (keys[0..depth) of item `item`, as a folder path) whose
+ * indices are not 0..n-1. */
+static void log_list(const struct ckpt_step *st, const char *item, char *const *keys, int depth,
+		     const char *problem)
+{
+	char path[1024];
+	size_t o = (size_t)snprintf(path, sizeof(path), "%s", item);
+	for (int i = 0; i < depth && o < sizeof(path); i++)
+		o += (size_t)snprintf(path + o, sizeof(path) - o, "/%s", keys[i]);
+	ckpt_log(CKPT_LOG_ERR,
+		 "writer: commit of step %s: the list %s %s (Orbax restores a list only with the indices "
+		 "0..n-1)",
+		 st->name, path, problem);
+}
+
+/* Every sequence node of the item's pytree holds exactly the indices
+ * 0..n-1.  In JAX leaf order the leaves of one node are contiguous and its
+ * indices ascend, so a leaf that starts a new node at level d must carry
+ * index 0 at every sequence level below d, and at level d the previous
+ * leaf's index + 1 (or the same index). */
+static int check_lists(const struct ckpt_step *st, const struct witem *it)
+{
+	size_t n;
+	struct ckpt_warray **v = sorted_leaves(it, &n);
+	if (!v)
+		return it->narrays ? -ENOMEM : 0;
+	int rc = 0;
+	for (size_t i = 0; i < n && !rc; i++) {
+		const struct ckpt_warray *a = v[i], *p = i ? v[i - 1] : NULL;
+		int d = 0;
+		while (p && d < a->depth && d < p->depth && strcmp(a->keys[d], p->keys[d]) == 0)
+			d++;
+		for (int lv = d; lv < a->depth && !rc; lv++) {
+			if (a->ktypes[lv] != CKPT_KEY_SEQ)
+				continue;
+			uint64_t k = strtoull(a->keys[lv], NULL, 10);
+			if (lv == d && p && lv < p->depth && p->ktypes[lv] == CKPT_KEY_SEQ) {
+				uint64_t pk = strtoull(p->keys[lv], NULL, 10);
+				if (k != pk + 1) {
+					char why[96];
+					snprintf(why, sizeof(why), "has no index %llu (%llu follows %llu)",
+						 (unsigned long long)(pk + 1), (unsigned long long)k,
+						 (unsigned long long)pk);
+					log_list(st, it->name, a->keys, lv, why);
+					rc = -EINVAL;
+				}
+			} else if (k != 0) {
+				log_list(st, it->name, a->keys, lv, "has no index 0");
+				rc = -EINVAL;
+			}
+		}
+	}
+	free(v);
+	return rc;
+}
+
+/* What Orbax's restore of the step needs beyond complete arrays. */
+static int check_items(struct ckpt_step *st)
+{
+	for (struct witem *it = st->items; it; it = it->next) {
+		if (it->json) {
+			cJSON *j = cJSON_ParseWithLength(it->json, it->json_len);
+			int ok = j && (strcmp(it->name, CKPT_ORBAX_METRICS_ITEM) || cJSON_IsObject(j));
+			cJSON_Delete(j);
+			if (!ok) {
+				ckpt_log(CKPT_LOG_ERR, "writer: commit of step %s: %s/%s is not valid JSON%s",
+					 st->name, it->name, ckpt_step_json_file(it->name),
+					 strcmp(it->name, CKPT_ORBAX_METRICS_ITEM) ? "" : " (an object)");
+				return -EINVAL;
+			}
+			continue;
+		}
+		if (!it->narrays) {
+			ckpt_log(
+				CKPT_LOG_ERR,
+				"writer: commit of step %s: item %s holds no arrays (Orbax cannot restore an "
+				"empty item; write arrays into it, or a JSON file %s/%s)",
+				st->name, it->name, it->name, CKPT_ORBAX_JSON_FILE);
+			return -EINVAL;
+		}
+		int rc = check_lists(st, it);
+		if (rc)
+			return rc;
+	}
+	return 0;
+}
+
+static int finish_json_item(struct ckpt_step *st, struct witem *it, const char *final_path)
+{
+	char path[4096];
+	snprintf(path, sizeof(path), "%s/%s", it->name, ckpt_step_json_file(it->name));
+	int rc = write_file(st, path, it->json, it->json_len);
+	if (rc)
+		return rc;
+	char msg[4200];
+	int m = snprintf(msg, sizeof(msg), "Checkpoint commit was successful to %s/%s", final_path, it->name);
+	snprintf(path, sizeof(path), "%s/" CKPT_ORBAX_COMMIT_SUCCESS, it->name);
+	rc = write_file(st, path, msg, (size_t)m);
+	if (!rc)
+		rc = w_fsync_dir(st, it->name);
+	return rc;
+}
+
 static cJSON *metadata_json(const struct witem *it)
 {
 	cJSON *j = cJSON_CreateObject(), *tm = cJSON_CreateObject();
@@ -142,6 +266,8 @@ static int finish_item(struct ckpt_step *st, struct witem *it, const char *final
 {
 	char path[4096];
 	int rc = 0;
+	if (it->json)
+		return finish_json_item(st, it, final_path);
 	for (struct ckpt_warray *a = it->first; a && !rc; a = a->next)
 		rc = finish_array(st, a);
 	if (rc)
@@ -150,19 +276,19 @@ static int finish_item(struct ckpt_step *st, struct witem *it, const char *final
 	rc = write_json(st, path, metadata_json(it));
 	if (rc)
 		return rc;
+	/* Every jax.Array needs a sharding to be restored without a target. */
 	cJSON *sh = NULL;
 	for (struct ckpt_warray *a = it->first; a; a = a->next) {
 		pthread_mutex_lock(&a->mu);
-		if (a->sharding) {
-			char *k = ckpt_orbax_sharding_key(a->name);
-			if (!sh)
-				sh = cJSON_CreateObject();
-			if (k && sh)
-				cJSON_AddItemToObject(sh, k, cJSON_CreateString(a->sharding));
-			else
-				rc = -ENOMEM;
-			free(k);
-		}
+		char *k = ckpt_orbax_sharding_key(a->name);
+		if (!sh)
+			sh = cJSON_CreateObject();
+		if (k && sh)
+			cJSON_AddItemToObject(
+				sh, k, cJSON_CreateString(a->sharding ? a->sharding : DEFAULT_SHARDING));
+		else
+			rc = -ENOMEM;
+		free(k);
 		pthread_mutex_unlock(&a->mu);
 	}
 	snprintf(path, sizeof(path), "%s/" CKPT_ORBAX_SHARDING, it->name);
@@ -192,7 +318,8 @@ int w_write_ckpt_metadata(struct ckpt_step *st, int64_t commit_ns)
 	if (commit_ns) {
 		cJSON *ih = cJSON_CreateObject();
 		for (struct witem *it = st->items; it; it = it->next)
-			cJSON_AddStringToObject(ih, it->name, PYTREE_HANDLER);
+			cJSON_AddStringToObject(
+				ih, it->name, it->json ? CKPT_ORBAX_JSON_HANDLER : CKPT_ORBAX_PYTREE_HANDLER);
 		cJSON_AddItemToObject(j, "item_handlers", ih);
 	} else {
 		cJSON_AddNullToObject(j, "item_handlers");
@@ -243,8 +370,8 @@ static uint64_t report_holes(struct ckpt_step *st)
 static int commit_inner(struct ckpt_step *st, const char *final_name)
 {
 	const char *why;
-	if (!ckpt_orbax_name_ok(CKPT_NAME_PENDING_STEP, final_name, &why)) {
-		ckpt_log(CKPT_LOG_ERR, "writer: step %s: bad final name '%s': %s", st->name,
+	if (!ckpt_orbax_name_ok(CKPT_NAME_STEP, final_name, &why)) {
+		ckpt_log(CKPT_LOG_ERR, "writer: step %s: cannot commit as '%s': %s", st->name,
 			 final_name ? final_name : "(null)", why);
 		return -EINVAL;
 	}
@@ -277,6 +404,8 @@ static int commit_inner(struct ckpt_step *st, const char *final_name)
 		return rc;
 	if (report_holes(st))
 		return -ENODATA;
+	if ((rc = check_items(st)))
+		return rc;
 
 	char final_path[4096];
 	snprintf(final_path, sizeof(final_path), "%s/%s", st->root, final_name);

@@ -11,6 +11,7 @@
 
 #include "hash.h"
 #include "orbax.h"
+#include "sysio.h"
 #include "writer_int.h"
 
 /* ---- hash of pytree nodes and param names ----
@@ -72,6 +73,20 @@ static struct hent *hash_add(struct whash *t, const char *k, size_t n)
 	t->b[e->h & (t->nb - 1)] = e;
 	t->n++;
 	return e;
+}
+
+static void hash_remove(struct whash *t, const char *k, size_t n)
+{
+	uint64_t h = hash_bytes(k, n);
+	for (struct hent **pp = &t->b[h & (t->nb - 1)]; *pp; pp = &(*pp)->next) {
+		struct hent *e = *pp;
+		if (e->h == h && e->klen == n && memcmp(e->key, k, n) == 0) {
+			*pp = e->next;
+			free(e);
+			t->n--;
+			return;
+		}
+	}
 }
 
 static void hash_free(struct whash *t)
@@ -266,8 +281,18 @@ static int decl_validate(ckpt_step *st, const char *item, const char *const *key
 			*p++ = '.';
 		p = stpcpy(p, keypath[i]);
 	}
-	if (!ckpt_dtype_get(dtype) || rank < 0 || rank > CKPT_MAX_RANK || (rank && !shape)) {
-		ckpt_log(CKPT_LOG_ERR, "writer: %s/%s: bad dtype or rank", item, *name);
+	const char *bad = NULL;
+	if (!ckpt_dtype_get(dtype) || rank < 0 || rank > CKPT_MAX_RANK || (rank && !shape))
+		bad = "bad dtype or rank";
+	else if (dtype == CKPT_DT_UINT4)
+		bad = "dtype uint4 has no TensorStore name: Orbax cannot save or restore it";
+	else if (strcmp(item, CKPT_ORBAX_METRICS_ITEM) == 0)
+		bad = "the item 'metrics' is the manager's JSON metrics (metrics/metrics), not arrays";
+	for (int d = 0; !bad && d < rank; d++)
+		if (shape[d] == 0)
+			bad = "zero-size array: Orbax refuses to save arrays without elements";
+	if (bad) {
+		ckpt_log(CKPT_LOG_ERR, "writer: %s/%s: %s", item, *name, bad);
 		free(*name);
 		*name = NULL;
 		return -EINVAL;
@@ -378,6 +403,17 @@ static int array_alloc(ckpt_step *st, struct witem *it, char *name, const char *
 		pthread_mutex_init(&a->shards[i].mu, NULL);
 	for (uint64_t i = 0; i < a->nchunks; i++)
 		a->shards[w_chunk_shard(a, i)].unstored++;
+	/* A key with '/' makes nested folders (the param name "we/ird"). */
+	for (char *p = strchr(a->relpath, '/'); p; p = strchr(p + 1, '/')) {
+		*p = 0;
+		int r = p[1] && mkdirat(st->dirfd, a->relpath, 0755) && errno != EEXIST ? -errno : 0;
+		*p = '/';
+		if (r) {
+			rc = r;
+			ckpt_log(CKPT_LOG_ERR, "writer: %s: mkdir: %s", a->relpath, strerror(-r));
+			goto fail;
+		}
+	}
 	if (mkdirat(st->dirfd, a->relpath, 0755) && errno != EEXIST) {
 		rc = -errno;
 		ckpt_log(CKPT_LOG_ERR, "writer: %s: mkdir: %s", a->relpath, strerror(errno));
@@ -450,6 +486,12 @@ int ckpt_step_add_array(ckpt_step *st, const char *item, const char *const *keyp
 		goto out;
 	if (!(it = item_get(st, item, 1, &rc)))
 		goto out;
+	if (it->json) {
+		ckpt_log(CKPT_LOG_ERR, "writer: %s/%s: %s is a JSON item (it holds %s), not arrays", item,
+			 name, item, ckpt_step_json_file(item));
+		rc = -EINVAL;
+		goto out;
+	}
 	rc = -ENOMEM;
 	if (!(k = node_key(item, keypath, key_types, depth, &klen)))
 		goto out;
@@ -473,6 +515,99 @@ out:
 	free(k);
 	free(name);
 	return rc;
+}
+
+const char *ckpt_step_json_file(const char *item)
+{
+	return item && strcmp(item, CKPT_ORBAX_METRICS_ITEM) == 0 ? CKPT_ORBAX_METRICS_ITEM
+								  : CKPT_ORBAX_JSON_FILE;
+}
+
+int ckpt_step_set_json(ckpt_step *st, const char *item, const void *json, size_t len)
+{
+	const char *why;
+	if (!ckpt_orbax_name_ok(CKPT_NAME_ITEM, item, &why)) {
+		ckpt_log(CKPT_LOG_ERR, "writer: step %s: bad item name '%s': %s", st->name,
+			 item ? item : "(null)", why);
+		return -EINVAL;
+	}
+	if (json && len > ((size_t)64 << 20)) {
+		ckpt_log(CKPT_LOG_ERR, "writer: %s/%s: a JSON item holds at most 64 MiB", item,
+			 ckpt_step_json_file(item));
+		return -EFBIG;
+	}
+	char *copy = NULL;
+	if (json) {
+		if (!(copy = malloc(len + 1)))
+			return -ENOMEM;
+		memcpy(copy, json, len);
+		copy[len] = 0;
+	}
+	int rc = 0;
+	pthread_mutex_lock(&st->decl_mu);
+	struct witem *it = NULL;
+	rc = w_step_writable(st, item);
+	if (!rc)
+		it = item_get(st, item, 1, &rc);
+	if (it && it->narrays) {
+		ckpt_log(CKPT_LOG_ERR,
+			 "writer: %s/%s: the item holds arrays; a JSON item holds only its JSON", item,
+			 ckpt_step_json_file(item));
+		rc = -EINVAL;
+	} else if (it) {
+		free(it->json);
+		it->json = copy;
+		it->json_len = copy ? len : 0;
+		copy = NULL;
+	}
+	pthread_mutex_unlock(&st->decl_mu);
+	free(copy);
+	return rc;
+}
+
+int ckpt_warray_remove(ckpt_warray *a)
+{
+	struct ckpt_step *st = a->step;
+	pthread_mutex_lock(&st->decl_mu);
+	int rc = w_step_writable(st, a->relpath);
+	if (rc || atomic_load(&a->removed)) {
+		pthread_mutex_unlock(&st->decl_mu);
+		return rc;
+	}
+	atomic_store(&a->removed, 1);
+	struct witem *it = a->item;
+	struct ckpt_warray *prev = NULL;
+	for (struct ckpt_warray *x = it->first; x && x != a; x = x->next)
+		prev = x;
+	if (prev)
+		prev->next = a->next;
+	else
+		it->first = a->next;
+	if (it->last == a)
+		it->last = prev;
+	it->narrays--;
+	st->narrays--;
+	st->bytes_declared -= a->nbytes;
+	size_t kl, pl;
+	char *k = node_key(it->name, (const char *const *)a->keys, a->ktypes, a->depth, &kl);
+	char *pk = param_key(it->name, a->name, &pl);
+	if (k)
+		hash_remove(st->nodes, k, kl);
+	if (pk)
+		hash_remove(st->nodes, pk, pl);
+	free(k);
+	free(pk);
+	a->next = st->removed;
+	st->removed = a;
+	pthread_mutex_unlock(&st->decl_mu);
+	/* Nobody finds it any more: drop its bytes and its folder. */
+	for (uint64_t i = 0; i < a->nchunks; i++)
+		w_chunk_reset(a, i);
+	rc = ckpt_rmtree_at(st->dirfd, a->relpath);
+	if (rc && rc != -ENOENT)
+		ckpt_log(CKPT_LOG_WARN, "writer: %s: removing its folder: %s", a->relpath, strerror(-rc));
+	ckpt_log(CKPT_LOG_INFO, "writer: %s: removed from pending step %s", a->relpath, st->name);
+	return 0;
 }
 
 int ckpt_warray_set_sharding(ckpt_warray *a, const char *json)

@@ -90,6 +90,8 @@ struct witem {
 	char *name;
 	struct ckpt_warray *first, *last;
 	uint64_t narrays;
+	char *json; /* JSON item: the file's bytes (NUL-terminated), NULL for a pytree item */
+	size_t json_len;
 	struct witem *next;
 };
 
@@ -128,6 +130,7 @@ struct ckpt_warray {
 	uint64_t nstored;
 	atomic_int err; /* last background errno (0 none); set by compression threads,
 			 * read by commit */
+	atomic_bool removed; /* ckpt_warray_remove: writes fail, kept until destroy */
 };
 
 struct ckpt_step {
@@ -142,6 +145,7 @@ struct ckpt_step {
 	pthread_mutex_t decl_mu;
 	struct witem *items, *items_last;
 	struct whash *nodes; /* pytree nodes and param names, see writer.c */
+	struct ckpt_warray *removed; /* removed arrays (linked by next), freed at destroy */
 	uint64_t narrays, bytes_declared;
 
 	pthread_mutex_t mu; /* leaf lock for everything below */
@@ -246,6 +250,10 @@ int w_chunk_store_done(struct ckpt_warray *a, uint64_t idx, int rc, uint64_t off
 		       const char *why);
 /* Commit: queue every ERROR chunk again and clear the sticky errors. */
 void w_chunk_retry_errors(struct ckpt_step *st);
+/* Drop every byte of chunk idx (waits for BUSY and QUEUED states to end and
+ * for pins to drop), making it EMPTY; a stored copy stays in the shard file
+ * as dead bytes. */
+void w_chunk_reset(struct ckpt_warray *a, uint64_t idx);
 /* Wait until nothing is queued, compressing, spilling or loading. */
 void w_chunk_wait_idle(struct ckpt_step *st);
 /* Destroy: free every buffer of a (no thread may use it any more) / the

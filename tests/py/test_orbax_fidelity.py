@@ -130,7 +130,6 @@ def assert_logged(m, *words):
 # ---------------------------------------------------------------------------
 # 1. default sharding
 
-@pytest.mark.xfail(strict=True, reason="issue 10: arrays without user.ckpt.sharding get no _sharding entry")
 def test_default_sharding_for_every_array(tmp_path, mount):
     src, m = new_root(mount, tmp_path)
     os.mkdir(m.p("30"))
@@ -169,7 +168,6 @@ def test_explicit_sharding_is_kept(tmp_path, mount):
 # ---------------------------------------------------------------------------
 # 2. an item with no arrays
 
-@pytest.mark.xfail(strict=True, reason="issue 10: an item with no arrays commits and Orbax's restore of it raises")
 def test_item_without_arrays_refused_or_left_out(tmp_path, mount):
     src, m = new_root(mount, tmp_path)
     os.mkdir(m.p("30"))
@@ -194,7 +192,6 @@ def test_item_without_arrays_refused_or_left_out(tmp_path, mount):
 # ---------------------------------------------------------------------------
 # 3. list nodes must be 0..n-1
 
-@pytest.mark.xfail(strict=True, reason="issue 10: a list node with a gap commits; Orbax's tree rebuild asserts")
 @pytest.mark.parametrize("rels", [["state/layers/1/w.npy"],
                                   ["state/layers/0/w.npy", "state/layers/2/w.npy"],
                                   ["opt/mu/layers/1/w.npy", "state/a.npy"]],
@@ -237,7 +234,6 @@ def v1_bytes(how, raw, shape):
     return buf.getvalue()
 
 
-@pytest.mark.xfail(strict=True, reason="issue 10: '<V1' is always taken as float8_e4m3fn")
 @pytest.mark.parametrize("how", ["<V1", "|V1"])
 def test_unnamed_v1_refused(how, tmp_path, mount):
     src, m = new_root(mount, tmp_path)
@@ -253,7 +249,6 @@ def test_unnamed_v1_refused(how, tmp_path, mount):
     assert_logged(m, "f8")
 
 
-@pytest.mark.xfail(strict=True, reason="issue 10: user.ckpt.dtype cannot be set on a pending file")
 @pytest.mark.parametrize("dtype", ["float8_e5m2", "float8_e4m3fn", "int4"])
 def test_v1_named_by_xattr_commits_as_that_dtype(dtype, tmp_path, mount):
     src, m = new_root(mount, tmp_path)
@@ -291,7 +286,6 @@ def test_v1_named_by_descr_still_works(tmp_path, mount):
 # ---------------------------------------------------------------------------
 # 5. JSON items (CheckpointManager's `metadata` item)
 
-@pytest.mark.xfail(strict=True, reason="issue 10: a JSON item cannot be written through the mount")
 def test_json_metadata_item(tmp_path, mount):
     src, m = new_root(mount, tmp_path)
     os.mkdir(m.p("30"))
@@ -319,7 +313,6 @@ def test_json_metadata_item(tmp_path, mount):
     assert problems == []
 
 
-@pytest.mark.xfail(strict=True, reason="issue 10: a JSON item cannot be written through the mount")
 def test_json_item_must_be_json(tmp_path, mount):
     src, m = new_root(mount, tmp_path)
     os.mkdir(m.p("30"))
@@ -337,7 +330,6 @@ def test_json_item_must_be_json(tmp_path, mount):
 # ---------------------------------------------------------------------------
 # 6. what Orbax refuses or cannot find
 
-@pytest.mark.xfail(strict=True, reason="issue 10: uint4 (no TensorStore name) is accepted")
 def test_uint4_refused(tmp_path, mount):
     src, m = new_root(mount, tmp_path)
     os.mkdir(m.p("30"))
@@ -349,7 +341,6 @@ def test_uint4_refused(tmp_path, mount):
     assert_logged(m, "uint4")
 
 
-@pytest.mark.xfail(strict=True, reason="issue 10: zero-size arrays commit although Orbax refuses them")
 def test_zero_size_array_refused(tmp_path, mount):
     src, m = new_root(mount, tmp_path)
     os.mkdir(m.p("30"))
@@ -361,7 +352,6 @@ def test_zero_size_array_refused(tmp_path, mount):
     assert_logged(m, "empty")
 
 
-@pytest.mark.xfail(strict=True, reason="issue 10: reserved item names are accepted")
 @pytest.mark.parametrize("name", ["metrics", "descriptor", "AUTO"])
 def test_reserved_item_name_refused(name, tmp_path, mount):
     src, m = new_root(mount, tmp_path)
@@ -375,7 +365,6 @@ def test_reserved_item_name_refused(name, tmp_path, mount):
     assert_logged(m, name)
 
 
-@pytest.mark.xfail(strict=True, reason="issue 10: step names Orbax's step listing does not find are committed")
 @pytest.mark.parametrize("name", ["abc", "30x", "1e3", "best-model"])
 def test_undiscoverable_step_name_refused(name, tmp_path, mount):
     src, m = new_root(mount, tmp_path)
@@ -410,8 +399,6 @@ def test_discoverable_step_names_commit(name, tmp_path, mount):
 # ---------------------------------------------------------------------------
 # 7. the whole step as the independent checker sees it
 
-@pytest.mark.xfail(strict=True, reason="issue 10: written steps fail the checker's restore checks "
-                                       "(no default sharding)")
 def test_written_step_passes_restore_checks(tmp_path, mount):
     src, m = new_root(mount, tmp_path)
     os.mkdir(m.p("30"))

@@ -75,14 +75,11 @@ R = np.random.default_rng(11)
 A = R.standard_normal((6, 5)).astype(np.float32)
 B = R.standard_normal((6, 5)).astype(np.float32)   # same header as A, other values
 
-XF_TRUNC = pytest.mark.xfail(strict=True, reason="issue 11 item 9: O_TRUNC of a written array or slice file "
-                             "fails with EINVAL ('cannot resize to 0 bytes')")
 
 
 # ---------------------------------------------------------------------------
 # re-running a save
 
-@XF_TRUNC
 def test_np_save_again_same_header(wm):
     p = wm.p("30/state/a.npy")
     np.save(p, A)
@@ -93,7 +90,6 @@ def test_np_save_again_same_header(wm):
     assert np.array_equal(np.load(p), B)
 
 
-@XF_TRUNC
 def test_cp_again_same_header(wm, tmp_path):
     f = tmp_path / "a.npy"
     np.save(f, A)
@@ -105,7 +101,6 @@ def test_cp_again_same_header(wm, tmp_path):
     assert U.read_all(wm.p("30/state/a.npy")) == npy_bytes(A)
 
 
-@XF_TRUNC
 def test_slice_file_again_same_header(wm):
     w = wm.p("30/state/w.npy")
     mm = np.lib.format.open_memmap(w, mode="w+", dtype=np.float32, shape=A.shape)
@@ -117,7 +112,6 @@ def test_slice_file_again_same_header(wm):
     assert np.array_equal(np.load(w), A)
 
 
-@XF_TRUNC
 def test_open_memmap_again_redeclares(wm):
     """open_memmap(mode='w+') of an array already declared the same way
     (a restarted declaring process) succeeds."""
@@ -143,7 +137,6 @@ def test_rewrite_with_other_header_refused(wm, other):
     assert U.errno_of(os.stat, p) is None, "the refused write removed the declaration"
 
 
-@XF_TRUNC
 @pytest.mark.parametrize("other", [A.astype(np.float64), A.reshape(5, 6)], ids=["dtype", "shape"])
 def test_refused_rewrite_then_right_rewrite_commits(wm, other):
     p = wm.p("30/state/a.npy")
@@ -154,7 +147,6 @@ def test_refused_rewrite_then_right_rewrite_commits(wm, other):
     assert np.array_equal(np.load(p), B)
 
 
-@XF_TRUNC
 def test_truncated_rewrite_is_incomplete_until_rewritten(wm):
     """O_TRUNC drops the bytes of the file: a retry that dies after the
     header does not commit the old bytes (or a mix of old and new) as if
@@ -186,16 +178,16 @@ def test_slice_rewrite_with_other_header_refused(wm, other):
 # ---------------------------------------------------------------------------
 # removing pending arrays
 
-@pytest.mark.xfail(strict=True, reason="issue 11 item 9: unlink of a declared array answers EPERM")
 def test_unlink_pending_array(wm):
     big = np.arange(3 << 20, dtype=np.float32)      # 12 MiB: several chunks stored before the commit
     np.save(wm.p("30/state/gone.npy"), big)
     np.save(wm.p("30/state/keep.npy"), A)
-    pending = stats(wm)["bytes_pending"]
     os.unlink(wm.p("30/state/gone.npy"))
     assert sorted(os.listdir(wm.p("30/state"))) == ["keep.npy"]
     assert U.errno_of(os.stat, wm.p("30/state/gone.npy")) == errno.ENOENT
-    assert stats(wm)["bytes_pending"] <= pending - big.nbytes, "the unlinked array's bytes are still pending"
+    # (compression may have stored some of its chunks already: what is left
+    # pending can only be keep's bytes)
+    assert stats(wm)["bytes_pending"] <= A.nbytes, "the unlinked array's bytes are still pending"
     # its stored chunks are gone from the pending folder
     left = [p for p in (wm.src / ("30" + TMP)).rglob("*") if "gone" in p.name]
     assert left == [], f"files of the removed array left in the pending step: {left}"
@@ -203,7 +195,7 @@ def test_unlink_pending_array(wm):
     np.save(wm.p("30/state/gone.npy"), np.arange(4, dtype=np.int8))
     os.unlink(wm.p("30/state/gone.npy"))
     commit(wm.p("30"))
-    assert sorted(os.listdir(wm.p("30/state"))) == ["_METADATA", "commit_success.txt", "keep.npy"]
+    assert sorted(os.listdir(wm.p("30/state"))) == ["_METADATA", "_sharding", "commit_success.txt", "keep.npy"]
     meta = json.loads((wm.src / "30" / "state" / "_METADATA").read_text())
     assert list(meta["tree_metadata"]) == ["('keep',)"]
     assert not (wm.src / "30" / "state" / "gone").exists()
@@ -223,8 +215,6 @@ def test_failed_write_blocks_commit_with_enodata(wm):
     assert sorted(os.listdir(wm.p("30/state"))) == ["half.npy", "keep.npy"]
 
 
-@pytest.mark.xfail(strict=True, reason="issue 11 item 9: a declaration left by a failed write cannot be "
-                   "removed (EPERM), so the step can never commit")
 def test_failed_write_declaration_removed_then_commit(wm):
     mm = np.lib.format.open_memmap(wm.p("30/state/half.npy"), mode="w+", dtype=np.float32, shape=A.shape)
     del mm
@@ -234,10 +224,9 @@ def test_failed_write_declaration_removed_then_commit(wm):
     os.unlink(wm.p("30/state/half.npy"))
     commit(wm.p("30"))
     assert sorted(os.listdir(wm.src)) == ["30"]
-    assert sorted(os.listdir(wm.p("30/state"))) == ["_METADATA", "commit_success.txt", "keep.npy"]
+    assert sorted(os.listdir(wm.p("30/state"))) == ["_METADATA", "_sharding", "commit_success.txt", "keep.npy"]
 
 
-@pytest.mark.xfail(strict=True, reason="issue 11 item 9: a failed write cannot be retried (O_TRUNC refused)")
 def test_failed_write_retried_then_commit(wm):
     """The restarted writer simply writes the array again."""
     mm = np.lib.format.open_memmap(wm.p("30/state/half.npy"), mode="w+", dtype=np.float32, shape=A.shape)
@@ -252,7 +241,6 @@ def test_failed_write_retried_then_commit(wm):
 # ---------------------------------------------------------------------------
 # committing twice
 
-@pytest.mark.xfail(strict=True, reason="issue 11 item 9: a second commit_success.txt create answers EROFS")
 def test_second_commit_create_is_idempotent(wm):
     np.save(wm.p("30/state/a.npy"), A)
     commit(wm.p("30"))

@@ -3,8 +3,8 @@ new step"; docs/format.md, "What ckptfs writes").
 
 A fresh, empty folder is mounted as a CheckpointManager root and step 30 is
 written the ways a user would: np.save of every dtype numpy can make (plus
-bfloat16 and 8-bit floats as void descrs or a dtype name), ranks 0..3, an
-empty array, cp and `cat >` of .npy files, an array declared by open_memmap
+bfloat16 and 8-bit floats as void descrs or a dtype name), ranks 0..3,
+cp and `cat >` of .npy files, an array declared by open_memmap
 and filled by 4 processes writing slice files at once, an array filled by 2
 processes with os.pwrite, one filled through np.memmap, nested pytree
 directories, a list-like directory and a second item.  After the commit the
@@ -105,7 +105,6 @@ def plain_arrays(seed):
     out["ranks/r1.npy"] = Arr(r.integers(-1000, 1000, size=(11,), dtype=np.int32), "int32")
     out["ranks/r2.npy"] = Arr(r.standard_normal((9, 4)).astype(np.float64), "float64")
     out["ranks/r3.npy"] = Arr(r.integers(0, 255, size=(3, 4, 5), dtype=np.uint8), "uint8")
-    out["ranks/empty.npy"] = Arr(np.zeros((0, 3), dtype=np.float32), "float32")
     out["params/dense/kernel.npy"] = Arr(r.standard_normal((16, 8)).astype(np.float32), "float32")
     out["params/dense/bias.npy"] = Arr(r.standard_normal((8,)).astype(np.float32), "float32")
     out["layers/0/w.npy"] = Arr(r.standard_normal((4, 4)).astype(np.float32), "float32")
@@ -257,8 +256,9 @@ def special_arrays(seed):
     return {
         "dtypes/bfloat16.npy": (Arr(bf16_patterns(r, (7, 5)), "bfloat16", "<V2"), "<V2"),
         "dtypes/bf16_npsave.npy": (Arr(bf16_patterns(r, (3, 3)), "bfloat16", "<V2"), "npsave"),
+        # '<V1' names no type: the dtype is named with user.ckpt.dtype first
         "dtypes/f8_e4m3fn.npy": (Arr(r.integers(0, 256, size=(4, 6), dtype=np.uint8), "float8_e4m3fn", "<V1"),
-                                 "<V1"),
+                                 "xattr"),
         "dtypes/f8_e5m2.npy": (Arr(r.integers(0, 256, size=(9,), dtype=np.uint8), "float8_e5m2", "<V1"),
                                "float8_e5m2"),
     }
@@ -279,6 +279,14 @@ def write_step(step_dir, tmp_path, seed, full=True):
         makedirs_in_mount(st, Path(rel).parent)
         if how == "npsave":
             np.save(st / rel, a.values.view(f"V{a.values.itemsize}"))
+        elif how == "xattr":
+            fd = os.open(st / rel, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            try:
+                os.setxattr(fd, "user.ckpt.dtype", a.dtype.encode())
+                data = npy_bytes("<V1", a.shape, a.raw)
+                assert os.write(fd, data) == len(data)
+            finally:
+                os.close(fd)
         else:
             write_bytes(st / rel, npy_bytes(how, a.shape, a.raw))
         exp["state/" + rel] = a

@@ -148,7 +148,7 @@ class Root:
         write_arrays(m.p(step), exp)
         commit(m.p(step))
         assert sorted(os.listdir(self.src)) == sorted(list(self.steps) + [step])
-        assert sorted(os.listdir(self.src / step / "state")) == ["_METADATA", "commit_success.txt", "fresh"]
+        assert sorted(os.listdir(self.src / step / "state")) == ["_METADATA", "_sharding", "commit_success.txt", "fresh"]
         for rel, v in exp.items():
             assert read_bytes(m.p(f"{step}/{rel}")) == npy_of(v)
         arrays, problems = V.verify(str(self.src / step))

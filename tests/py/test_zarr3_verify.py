@@ -88,7 +88,6 @@ def test_cli_summary_and_exit_status(emitted):
     assert b"12 arrays, 0 problems" in r.stdout
 
 
-@pytest.mark.xfail(strict=True, reason="issue 10: the writer commits arrays without a default _sharding entry")
 def test_cli_restore_checks_pass_on_emitted_step(emitted):
     _, step = emitted
     r = subprocess.run([sys.executable, str(HERE / "zarr3_verify.py"), str(step)], stdout=subprocess.PIPE,
@@ -212,7 +211,6 @@ def add_default_shardings(step):
         dump(sp, table)
 
 
-@pytest.mark.xfail(strict=True, reason="issue 10: the writer commits arrays without a default _sharding entry")
 def test_emitted_step_passes_restore_checks(emitted):
     _, step = emitted
     _, problems = V.verify(str(step), restore_checks=True)

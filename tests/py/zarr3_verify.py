@@ -57,10 +57,10 @@ for _n in ("float8_e3m4", "float8_e4m3fn", "float8_e4m3fnuz", "float8_e4m3b11fnu
 # Orbax can neither save nor restore them.
 NO_TENSORSTORE_NAME = {"uint4", "uint2"}
 
-# Switch for verify() without an explicit restore_checks argument.  Off
-# while ckptfs' writer still commits steps without default shardings
-# (issue 10); the CLI always checks.  Turn on once the writer passes.
-RESTORE_CHECKS = False
+# Switch for verify() without an explicit restore_checks argument: on, so
+# every test that verifies a written step also checks what Orbax's restore
+# needs (the writer records a default sharding for every array).
+RESTORE_CHECKS = True
 
 PYTREE_HANDLERS = {
     "orbax.checkpoint._src.handlers.pytree_checkpoint_handler.PyTreeCheckpointHandler",

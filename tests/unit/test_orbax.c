@@ -49,9 +49,27 @@ static void test_names(void)
 	for (size_t i = 0; i < sizeof(kinds) / sizeof(kinds[0]); i++) {
 		CHECK(!ckpt_orbax_name_ok(kinds[i], ".", NULL));
 		CHECK(!ckpt_orbax_name_ok(kinds[i], "..", NULL));
-		CHECK(!ckpt_orbax_name_ok(kinds[i], "a/1", NULL));
+		CHECK(ckpt_orbax_name_ok(kinds[i], "a/1", NULL) ==
+		      (kinds[i] == CKPT_NAME_KEY || kinds[i] == CKPT_NAME_PARAM));
 		CHECK(!ckpt_orbax_name_ok(kinds[i], "a[1]", NULL));
+		CHECK(!ckpt_orbax_name_ok(kinds[i], "a\x01b", NULL));
+		CHECK(!ckpt_orbax_name_ok(kinds[i], "line\nbreak", NULL));
+		CHECK(!ckpt_orbax_name_ok(kinds[i], "del\x7f", NULL));
+		CHECK(!ckpt_orbax_name_ok(kinds[i], "30\t", NULL));
 	}
+	/* '/' in keys and params: nested folders, each part a plain name */
+	CHECK(ckpt_orbax_name_ok(CKPT_NAME_KEY, "we/ird", NULL));
+	CHECK(!ckpt_orbax_name_ok(CKPT_NAME_KEY, "a//b", NULL));
+	CHECK(!ckpt_orbax_name_ok(CKPT_NAME_KEY, "a/", NULL));
+	CHECK(!ckpt_orbax_name_ok(CKPT_NAME_KEY, "/a", NULL));
+	CHECK(!ckpt_orbax_name_ok(CKPT_NAME_KEY, "a/../b", NULL));
+	CHECK(!ckpt_orbax_name_ok(CKPT_NAME_KEY, "a/.b", NULL));
+	CHECK(!ckpt_orbax_name_ok(CKPT_NAME_PARAM, "_sharding/x", NULL));
+	CHECK(ckpt_orbax_name_ok(CKPT_NAME_PARAM, "x/_sharding", NULL));
+	/* reserved item names */
+	CHECK(!ckpt_orbax_name_ok(CKPT_NAME_ITEM, "descriptor", NULL));
+	CHECK(!ckpt_orbax_name_ok(CKPT_NAME_ITEM, "AUTO", NULL));
+	CHECK(ckpt_orbax_name_ok(CKPT_NAME_ITEM, "metrics", NULL)); /* as a JSON item */
 	/* items */
 	CHECK(ckpt_orbax_name_ok(CKPT_NAME_ITEM, "state", NULL));
 	CHECK(!ckpt_orbax_name_ok(CKPT_NAME_ITEM, "_CHECKPOINT_METADATA", NULL));

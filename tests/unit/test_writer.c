@@ -28,6 +28,7 @@
 #include "crc32c.h"
 #include "stats.h"
 #include "writer.h"
+#include "writer_int.h"
 #include "zarr.h"
 
 /* ---- helpers ---- */
@@ -728,7 +729,7 @@ static void test_random_regions(void)
 			shape[d] = 1 + rnd() % (rank > 2 ? 6 : 13);
 		uint64_t n = prod(shape, rank) * isz;
 		char name[32];
-		snprintf(name, sizeof(name), "s%d", it);
+		snprintf(name, sizeof(name), "s_%d", it);
 		ckpt_step *st;
 		ckpt_warray *a;
 		const char *k[1] = { "x" };
@@ -797,6 +798,7 @@ static void test_random_regions(void)
 static void test_decls_and_metadata(void)
 {
 	char *root = make_root("decl");
+	char p0[4200];
 	ckpt_step *st, *st2;
 	CHECK_EQ_INT(ckpt_step_begin(root, "40", NULL, &st), 0);
 	CHECK_EQ_INT(ckpt_step_begin(root, "40", NULL, &st2), -EBUSY);
@@ -819,8 +821,16 @@ static void test_decls_and_metadata(void)
 	const char *kseq[2] = { "params", "0" };
 	int ktseq[2] = { 2, 1 };
 	CHECK_EQ_INT(ckpt_step_add_array(st, "state", kseq, ktseq, 2, CKPT_DT_INT32, 0, NULL, &x), -EINVAL);
-	const char *kslash[1] = { "a/b" };
+	const char *kslash[1] = { "a//b" }; /* '/' makes folders: no empty one */
 	CHECK_EQ_INT(ckpt_step_add_array(st, "state", kslash, kt, 1, CKPT_DT_INT32, 0, NULL, &x), -EINVAL);
+	/* What Orbax cannot save: uint4, zero-size arrays, arrays in "metrics". */
+	const char *ku[1] = { "u" };
+	uint64_t s0[2] = { 0, 3 };
+	CHECK_EQ_INT(ckpt_step_add_array(st, "state", ku, kt, 1, CKPT_DT_UINT4, 1, s0 + 1, &x), -EINVAL);
+	CHECK_EQ_INT(ckpt_step_add_array(st, "state", ku, kt, 1, CKPT_DT_FLOAT32, 2, s0, &x), -EINVAL);
+	CHECK_EQ_INT(ckpt_step_add_array(st, "metrics", ku, kt, 1, CKPT_DT_FLOAT32, 0, NULL, &x), -EINVAL);
+	CHECK_EQ_INT(ckpt_step_add_item(st, "descriptor"), -EINVAL);
+	CHECK_EQ_INT(ckpt_step_add_item(st, "AUTO"), -EINVAL);
 	const char *kres[1] = { "_METADATA" };
 	CHECK_EQ_INT(ckpt_step_add_array(st, "state", kres, kt, 1, CKPT_DT_INT32, 0, NULL, &x), -EINVAL);
 	const char *kbadseq[2] = { "layers", "01" };
@@ -844,6 +854,18 @@ static void test_decls_and_metadata(void)
 		     0);
 	CHECK_EQ_INT(ckpt_warray_set_sharding(a, "{not json"), -EINVAL);
 	CHECK_EQ_INT(ckpt_step_add_item(st, "empty"), 0);
+	/* A removed array frees its name (and the shape may change). */
+	const char *kg[1] = { "gone" };
+	ckpt_warray *g;
+	CHECK_EQ_INT(ckpt_step_add_array(st, "state", kg, kt, 1, CKPT_DT_UINT8, 1, s3, &g), 0);
+	CHECK_EQ_INT(ckpt_warray_write(g, NULL, 0, "abcde", 5), 0);
+	CHECK_EQ_INT(ckpt_warray_remove(g), 0);
+	CHECK(ckpt_step_find_array(st, "state", kg, 1) == NULL);
+	CHECK_EQ_INT(ckpt_warray_write(g, NULL, 0, "abcde", 5), -ESTALE);
+	snprintf(p0, sizeof(p0), "%s/40.orbax-checkpoint-tmp/state/gone", root);
+	CHECK(!exists(p0));
+	CHECK_EQ_INT(ckpt_step_add_array(st, "state", kg, kt, 1, CKPT_DT_INT32, 0, NULL, &g), 0);
+	CHECK_EQ_INT(ckpt_warray_remove(g), 0);
 	CHECK(ckpt_step_find_array(st, "state", k, 3) == a);
 	CHECK(ckpt_step_find_array(st, "state", k, 2) == NULL);
 	CHECK(ckpt_step_find_array(st, "state", kl0, 3) == l0);
@@ -869,8 +891,40 @@ static void test_decls_and_metadata(void)
 	char p[4200];
 	snprintf(p, sizeof(p), "%s/41", root);
 	CHECK_EQ_INT(mkdir(p, 0755), 0);
-	CHECK_EQ_INT(ckpt_step_commit(st, "41"), -EEXIST);
 	CHECK_EQ_INT(ckpt_step_commit(st, "../x"), -EINVAL);
+	CHECK_EQ_INT(ckpt_step_commit(st, "best"), -EINVAL); /* Orbax would not find it */
+	/* The list layers has 2 and 10 only; "empty" has no arrays. */
+	CHECK_EQ_INT(ckpt_step_commit(st, "40"), -EINVAL);
+	for (int i = 0; i < 10; i++) {
+		char idx[8];
+		snprintf(idx, sizeof(idx), "%d", i);
+		const char *kli[3] = { "layers", idx, "b" };
+		ckpt_warray *li;
+		if (i == 2)
+			continue;
+		CHECK_EQ_INT(ckpt_step_add_array(st, "state", kli, ktl, 3, CKPT_DT_UINT8, 1, s3, &li), 0);
+		if (i != 5) /* layers 5 stays missing for one more try */
+			CHECK_EQ_INT(ckpt_warray_write(li, NULL, 0, u5, 5), 0);
+		else
+			CHECK_EQ_INT(ckpt_warray_remove(li), 0);
+	}
+	CHECK_EQ_INT(ckpt_step_commit(st, "40"), -EINVAL);
+	const char *kl5[3] = { "layers", "5", "b" };
+	ckpt_warray *l5;
+	CHECK_EQ_INT(ckpt_step_add_array(st, "state", kl5, ktl, 3, CKPT_DT_UINT8, 1, s3, &l5), 0);
+	CHECK_EQ_INT(ckpt_warray_write(l5, NULL, 0, u5, 5), 0);
+	CHECK_EQ_INT(ckpt_step_commit(st, "40"), -EINVAL); /* "empty" */
+	/* A JSON item: not JSON is refused at commit; an item with arrays
+	 * cannot become one, a JSON item takes no arrays. */
+	CHECK_EQ_INT(ckpt_step_set_json(st, "state", "{}", 2), -EINVAL);
+	CHECK_EQ_INT(ckpt_step_set_json(st, "empty", "{not json", 9), 0);
+	CHECK_EQ_INT(ckpt_step_add_array(st, "empty", ku, kt, 1, CKPT_DT_FLOAT32, 0, NULL, &x), -EINVAL);
+	CHECK_EQ_INT(ckpt_step_commit(st, "40"), -EINVAL);
+	CHECK_EQ_INT(ckpt_step_set_json(st, "metrics", "[1]", 3), 0);
+	CHECK_EQ_INT(ckpt_step_set_json(st, "empty", "{\"lr\": 0.5}", 11), 0);
+	CHECK_EQ_INT(ckpt_step_commit(st, "40"), -EINVAL); /* metrics must be an object */
+	CHECK_EQ_INT(ckpt_step_set_json(st, "metrics", "{}", 2), 0);
+	CHECK_EQ_INT(ckpt_step_commit(st, "41"), -EEXIST);
 	CHECK_EQ_INT(ckpt_step_commit(st, "40"), 0);
 	CHECK_EQ_INT(ckpt_step_add_item(st, "late"), -EROFS);
 	CHECK_EQ_INT(ckpt_step_commit(st, "42"), -EROFS);
@@ -887,7 +941,10 @@ static void test_decls_and_metadata(void)
 		CHECK(cJSON_IsObject(ih));
 		CHECK(cJSON_IsString(jget(ih, "state")) &&
 		      strstr(jget(ih, "state")->valuestring, "PyTreeCheckpointHandler") != NULL);
-		CHECK(cJSON_IsString(jget(ih, "empty")));
+		CHECK(cJSON_IsString(jget(ih, "empty")) &&
+		      strstr(jget(ih, "empty")->valuestring, "JsonCheckpointHandler") != NULL);
+		CHECK(cJSON_IsString(jget(ih, "metrics")) &&
+		      strstr(jget(ih, "metrics")->valuestring, "JsonCheckpointHandler") != NULL);
 		CHECK(cJSON_IsObject(jget(j, "metrics")) && cJSON_IsObject(jget(j, "custom_metadata")));
 		CHECK(strstr(s, "\"commit_timestamp_nsecs\":1") != NULL ||
 		      strstr(s, "\"commit_timestamp_nsecs\":2") != NULL); /* an exact integer, not 1.7e18 */
@@ -909,16 +966,21 @@ static void test_decls_and_metadata(void)
 	CHECK(j != NULL);
 	if (j) {
 		const cJSON *tm = jget(j, "tree_metadata");
-		const char *expect_keys[] = { "(\"it's\",)", "('layers', '2', 'b')", "('layers', '10', 'b')",
-					      "('params', 'dense', 'kernel')", "('step',)" };
+		/* layers 0..10 in numeric order */
+		char expect_keys[14][64];
+		snprintf(expect_keys[0], 64, "(\"it's\",)");
+		for (int li = 0; li <= 10; li++)
+			snprintf(expect_keys[1 + li], 64, "('layers', '%d', 'b')", li);
+		snprintf(expect_keys[12], 64, "('params', 'dense', 'kernel')");
+		snprintf(expect_keys[13], 64, "('step',)");
 		int i = 0;
 		const cJSON *e;
 		cJSON_ArrayForEach(e, tm)
 		{
-			CHECK(i < 5 && strcmp(e->string, expect_keys[i]) == 0);
+			CHECK(i < 14 && strcmp(e->string, expect_keys[i]) == 0);
 			i++;
 		}
-		CHECK_EQ_INT(i, 5);
+		CHECK_EQ_INT(i, 14);
 		const cJSON *l = jget(tm, "('layers', '10', 'b')");
 		CHECK_EQ_INT(jget(cJSON_GetArrayItem(jget(l, "key_metadata"), 1), "key_type")->valuedouble,
 			     1);
@@ -936,10 +998,26 @@ static void test_decls_and_metadata(void)
 	snprintf(p, sizeof(p), "%s/40/state/_sharding", root);
 	s = read_whole(p, NULL);
 	j = s ? cJSON_Parse(s) : NULL;
-	CHECK(j && cJSON_IsString(jget(j, "cGFyYW1zLmRlbnNlLmtlcm5lbA==")));
+	CHECK(j && cJSON_IsString(jget(j, "cGFyYW1zLmRlbnNlLmtlcm5lbA==")) &&
+	      strstr(jget(j, "cGFyYW1zLmRlbnNlLmtlcm5lbA==")->valuestring, "SingleDeviceSharding"));
+	/* every other array: the default one-device NamedSharding */
+	CHECK(j && cJSON_IsString(jget(j, "c3RlcA==")) &&
+	      strcmp(jget(j, "c3RlcA==")->valuestring,
+		     "{\"sharding_type\": \"NamedSharding\", \"shape\": [1], \"axis_names\": [\"d\"], "
+		     "\"axis_types\": [\"AxisType.Auto\"], \"partition_spec\": [], \"device_mesh\": "
+		     "{\"mesh\": [{\"id\": 0}]}}") == 0);
+	CHECK_EQ_INT(cJSON_GetArraySize(j), 14);
 	cJSON_Delete(j);
 	free(s);
 	snprintf(p, sizeof(p), "%s/40/empty/_METADATA", root);
+	CHECK(!exists(p));
+	snprintf(p, sizeof(p), "%s/40/empty/metadata", root);
+	s = read_whole(p, NULL);
+	CHECK(s && strcmp(s, "{\"lr\": 0.5}") == 0);
+	free(s);
+	snprintf(p, sizeof(p), "%s/40/empty/commit_success.txt", root);
+	CHECK(exists(p));
+	snprintf(p, sizeof(p), "%s/40/metrics/metrics", root);
 	CHECK(exists(p));
 	snprintf(p, sizeof(p), "%s/40/state", root);
 	CHECK_EQ_INT(verify_array(p, "params.dense.kernel", CKPT_DT_FLOAT32, 2, s1, (uint8_t *)fv), 0);
@@ -987,6 +1065,33 @@ static void test_decls_and_metadata(void)
 	ckpt_step_destroy(st);
 	snprintf(p, sizeof(p), "%s/43.orbax-checkpoint-tmp", root);
 	CHECK(!exists(p));
+
+	/* forget: chunks wholly inside the region become unwritten. */
+	ckpt_writer_opts fo;
+	ckpt_writer_opts_init(&fo);
+	fo.chunk_bytes = 16; /* [3,4] float32: one row (16 bytes) a chunk */
+	CHECK_EQ_INT(ckpt_step_begin(root, "44", &fo, &st), 0);
+	CHECK_EQ_INT(ckpt_step_add_array(st, "state", k, kt, 3, CKPT_DT_FLOAT32, 2, s1, &a), 0);
+	CHECK_EQ_INT(ckpt_warray_write(a, NULL, 0, fv, sizeof(fv)), 0);
+	ckpt_region half = { .rank = 2, .start = { 1, 0 }, .stop = { 3, 2 } };
+	CHECK_EQ_INT(ckpt_warray_forget(a, &half), 0); /* no whole row inside: nothing */
+	ckpt_warray_info ai;
+	ckpt_warray_get_info(a, &ai);
+	CHECK_EQ_INT(ai.bytes_written, 48);
+	ckpt_region rows = { .rank = 2, .start = { 1, 0 }, .stop = { 3, 4 } };
+	CHECK_EQ_INT(ckpt_warray_forget(a, &rows), 0);
+	ckpt_warray_get_info(a, &ai);
+	CHECK_EQ_INT(ai.bytes_written, 16);
+	CHECK_EQ_INT(ckpt_step_commit(st, "44"), -ENODATA);
+	CHECK_EQ_INT(ckpt_warray_forget(a, NULL), 0);
+	ckpt_warray_get_info(a, &ai);
+	CHECK_EQ_INT(ai.bytes_written, 0);
+	CHECK_EQ_INT(w_chunk_check_all(st), 0);
+	CHECK_EQ_INT(ckpt_warray_write(a, NULL, 0, fv, sizeof(fv)), 0);
+	CHECK_EQ_INT(ckpt_step_commit(st, "44"), 0);
+	ckpt_step_destroy(st);
+	snprintf(p, sizeof(p), "%s/44/state", root);
+	CHECK_EQ_INT(verify_array(p, "params.dense.kernel", CKPT_DT_FLOAT32, 2, s1, (uint8_t *)fv), 0);
 	rm_rf(root);
 	free(root);
 }
