@@ -50,8 +50,8 @@ extern const struct fuse_lowlevel_ops ckfs_ops;
 
 /* Entry invalidations of transient names, sent by a thread of their own
  * (inval.c): start after daemonizing, stop after the session is unmounted. */
-int ckfs_inval_start(struct fuse_session *se);
-void ckfs_inval_queue(fuse_ino_t parent, const char *name);
+int ckfs_inval_start(struct fuse_session *se, ckpt_view *view);
+void ckfs_inval_kick(void); /* a transient name was answered */
 void ckfs_inval_stop(void);
 
 /* ---- shared by the daemon and the subcommands (walk.c) ---- */

@@ -1,73 +1,74 @@
 /*
  * inval.c - make the kernel forget transient names soon.
  *
- * A transient node (a slice name, a widened view: made on lookup) is freed
- * by libckpt when the kernel forgets its inode.  The kernel forgets an
- * inode when its last dentry goes; an expired dentry is not dropped at its
- * last use by every kernel (6.x keeps it on the LRU until memory runs
- * short), so each answered lookup of a transient name is followed by an
- * entry invalidation: the dentry is unhashed, dies at its last dput (at
- * once when unused; when the file is closed when open), and the FORGET
- * follows.
+ * A transient node (a slice name: made on lookup) is freed by libckpt when
+ * the kernel forgets its inode.  The kernel forgets an inode when its last
+ * dentry goes, and a /dev/fuse mount keeps even an expired dentry cached
+ * until memory runs short.  So each answered lookup of a transient name is
+ * followed by an entry invalidation: the dentry is unhashed, dies at its
+ * last use (at once when unused; when the file is closed if it is open),
+ * and the FORGET follows.
  *
  * The invalidation takes the parent directory's inode lock in the kernel,
- * which a lookup in progress holds, so it must never run in a request
- * handler (the lookup it waits for may need that very thread): a queue and
- * one thread of its own send them.  The queue is bounded; when it is full
- * an invalidation is dropped, and that node lives until the kernel evicts
- * its inode by itself (memory pressure, unmount) or the name is looked up
- * again.  Nothing waits on the queue.
+ * which a lookup in progress holds until it is answered, so it must never
+ * run in a request handler (the lookup it waits for may need that very
+ * thread): one thread of its own sends them.  What to invalidate is
+ * libckpt's list of transient nodes answered since (ckpt_view_next_inval):
+ * no queue here, nothing dropped, and no request handler ever waits for
+ * this thread.
  */
 #include <pthread.h>
-#include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "ckfs.h"
 
-/* Invalidations waiting to be sent. */
-#define INVAL_QUEUE 8192
-
-struct inval_item {
-	fuse_ino_t parent;
-	char *name;
-};
+/* How long the thread lets kicks gather before it invalidates (ns). */
+#define INVAL_GATHER_NS 1000000
 
 static struct {
 	pthread_mutex_t mu;
 	pthread_cond_t cv;
-	struct inval_item q[INVAL_QUEUE];
-	size_t head, len;
-	int stop, started;
-	unsigned long dropped;
+	int kicked, stop, started;
 	struct fuse_session *se;
+	ckpt_view *view;
 	pthread_t th;
 } iq = { .mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER };
 
 static void *inval_main(void *arg)
 {
 	(void)arg;
-	pthread_mutex_lock(&iq.mu);
+	char name[4096];
 	for (;;) {
-		while (!iq.len && !iq.stop)
-			pthread_cond_wait(&iq.cv, &iq.mu);
-		if (iq.stop)
-			break;
-		struct inval_item it = iq.q[iq.head];
-		iq.head = (iq.head + 1) % INVAL_QUEUE;
-		iq.len--;
-		pthread_mutex_unlock(&iq.mu);
-		/* -ENOENT when the dentry is gone already: nothing to do */
-		fuse_lowlevel_notify_inval_entry(iq.se, it.parent, it.name, strlen(it.name));
-		free(it.name);
 		pthread_mutex_lock(&iq.mu);
+		while (!iq.kicked && !iq.stop)
+			pthread_cond_wait(&iq.cv, &iq.mu);
+		int stop = iq.stop;
+		iq.kicked = 0;
+		pthread_mutex_unlock(&iq.mu);
+		if (stop)
+			break;
+		/* Let a burst of lookups gather: fewer switches between them and
+		 * the invalidations, which wait for each other in the kernel. */
+		nanosleep(&(struct timespec){ 0, INVAL_GATHER_NS }, NULL);
+		ckpt_ino parent;
+		while (ckpt_view_next_inval(iq.view, &parent, name, sizeof(name)) == 1) {
+			/* -ENOENT when the dentry is gone already: nothing to do */
+			fuse_lowlevel_notify_inval_entry(iq.se, parent, name, strlen(name));
+			pthread_mutex_lock(&iq.mu);
+			stop = iq.stop;
+			pthread_mutex_unlock(&iq.mu);
+			if (stop)
+				return NULL;
+		}
 	}
-	pthread_mutex_unlock(&iq.mu);
 	return NULL;
 }
 
-int ckfs_inval_start(struct fuse_session *se)
+int ckfs_inval_start(struct fuse_session *se, ckpt_view *view)
 {
 	iq.se = se;
+	iq.view = view;
 	iq.stop = 0;
 	if (pthread_create(&iq.th, NULL, inval_main, NULL) != 0)
 		return -1;
@@ -75,21 +76,13 @@ int ckfs_inval_start(struct fuse_session *se)
 	return 0;
 }
 
-void ckfs_inval_queue(fuse_ino_t parent, const char *name)
+void ckfs_inval_kick(void)
 {
-	char *copy = strdup(name);
 	pthread_mutex_lock(&iq.mu);
-	if (!iq.started || iq.stop || !copy || iq.len == INVAL_QUEUE) {
-		if (iq.started && !iq.stop && iq.dropped++ == 0)
-			ckpt_log(CKPT_LOG_INFO, "entry invalidation queue full: some hidden names stay "
-						"cached until the kernel drops them");
-		pthread_mutex_unlock(&iq.mu);
-		free(copy);
-		return;
+	if (!iq.kicked) {
+		iq.kicked = 1;
+		pthread_cond_signal(&iq.cv);
 	}
-	iq.q[(iq.head + iq.len) % INVAL_QUEUE] = (struct inval_item){ parent, copy };
-	iq.len++;
-	pthread_cond_signal(&iq.cv);
 	pthread_mutex_unlock(&iq.mu);
 }
 
@@ -103,6 +96,4 @@ void ckfs_inval_stop(void)
 	pthread_mutex_unlock(&iq.mu);
 	pthread_join(iq.th, NULL);
 	iq.started = 0;
-	for (; iq.len; iq.len--, iq.head = (iq.head + 1) % INVAL_QUEUE)
-		free(iq.q[iq.head].name);
 }

@@ -558,7 +558,7 @@ int main(int argc, char *argv[])
 	/* No thread may start before this fork (the child would not have it). */
 	if (fuse_daemonize(cl.foreground) != 0)
 		goto out_unmount;
-	if (ckfs_inval_start(se) != 0)
+	if (ckfs_inval_start(se, fs.view) != 0)
 		goto out_unmount;
 	/* stderr is /dev/null from here on unless in the foreground. */
 	log_foreground = cl.foreground;

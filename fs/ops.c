@@ -79,9 +79,8 @@ static void fill_entry(const struct ckfs *fs, const ckpt_attr *a, struct fuse_en
 	e->generation = a->generation;
 	to_stat(fs, a, &e->attr);
 	e->attr_timeout = ttl(fs, a);
-	/* A transient node (slice name) is freed once the kernel forgets it;
-	 * the kernel drops an expired dentry at its last use, so with no
-	 * entry timeout the forget follows as soon as nobody uses the name. */
+	/* A transient node (slice name) is freed once the kernel forgets it
+	 * (inval.c): never cache its entry. */
 	e->entry_timeout = a->transient ? 0.0 : ttl(fs, a);
 }
 
@@ -119,7 +118,7 @@ static void ckfs_op_lookup(fuse_req_t req, fuse_ino_t parent, const char *name)
 	if (fuse_reply_entry(req, &e) != 0)
 		ckpt_view_forget(fs->view, a.ino, 1); /* the kernel never got it */
 	else if (a.transient)
-		ckfs_inval_queue(parent, name); /* so that the kernel forgets it soon */
+		ckfs_inval_kick(); /* so that the kernel forgets it soon */
 }
 
 /* Transient nodes (slice names) are freed when their count drops to 0;

@@ -329,6 +329,40 @@ static void dyn_remove_locked(ckpt_view *v, struct node *n)
 	}
 }
 
+/* The invalidation list (dyn_lock held). */
+static void inval_unlink_locked(ckpt_view *v, struct node *n)
+{
+	if (!n->on_inval)
+		return;
+	if (n->inval_prev)
+		n->inval_prev->inval_next = n->inval_next;
+	else
+		v->inval_head = n->inval_next;
+	if (n->inval_next)
+		n->inval_next->inval_prev = n->inval_prev;
+	else
+		v->inval_tail = n->inval_prev;
+	n->inval_prev = n->inval_next = NULL;
+	n->on_inval = 0;
+}
+
+/* n was answered to the kernel: count the reference, and put it on the
+ * invalidation list (dyn_lock held). */
+static void ref_locked(ckpt_view *v, struct node *n)
+{
+	n->nlookup++;
+	if (n->on_inval)
+		return;
+	n->inval_prev = v->inval_tail;
+	n->inval_next = NULL;
+	if (v->inval_tail)
+		v->inval_tail->inval_next = n;
+	else
+		v->inval_head = n;
+	v->inval_tail = n;
+	n->on_inval = 1;
+}
+
 /* ref: count a kernel reference on a transient result (under dyn_lock, so
  * that a concurrent forget cannot free it between the find and the count). */
 static int lookup(ckpt_view *v, struct node *dir, const char *name, int ref, struct node **out)
@@ -340,7 +374,7 @@ static int lookup(ckpt_view *v, struct node *dir, const char *name, int ref, str
 		pthread_mutex_lock(&v->dyn_lock);
 		n = dyn_find_locked(v, dir->ino, name);
 		if (n && ref && n->transient)
-			n->nlookup++;
+			ref_locked(v, n);
 		pthread_mutex_unlock(&v->dyn_lock);
 	}
 	if (!n) {
@@ -367,7 +401,7 @@ static int lookup(ckpt_view *v, struct node *dir, const char *name, int ref, str
 				n = made;
 			}
 			if (ref && n->transient)
-				n->nlookup++;
+				ref_locked(v, n);
 			pthread_mutex_unlock(&v->dyn_lock);
 			/* A racing lookup that lost: its node was never handed out. */
 			if (n != made && made->transient)
@@ -403,11 +437,33 @@ void ckpt_view_forget(ckpt_view *v, ckpt_ino ino, uint64_t nlookup)
 	}
 	n->nlookup -= nlookup;
 	int last = n->nlookup == 0;
-	if (last)
+	if (last) {
+		inval_unlink_locked(v, n);
 		dyn_remove_locked(v, n);
+	}
 	pthread_mutex_unlock(&v->dyn_lock);
 	if (last)
 		node_free(v, n);
+}
+
+int ckpt_view_next_inval(ckpt_view *v, ckpt_ino *parent, char *name, size_t cap)
+{
+	pthread_mutex_lock(&v->dyn_lock);
+	struct node *n = v->inval_head;
+	int got = 0;
+	while (n && !got) {
+		struct node *next = n->inval_next;
+		inval_unlink_locked(v, n);
+		size_t len = strlen(n->name);
+		if (len < cap) { /* longer names never came from the kernel */
+			memcpy(name, n->name, len + 1);
+			*parent = n->parent;
+			got = 1;
+		}
+		n = next;
+	}
+	pthread_mutex_unlock(&v->dyn_lock);
+	return got;
 }
 
 void view_fill_attr(ckpt_view *v, struct node *n, ckpt_attr *a)

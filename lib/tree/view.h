@@ -84,6 +84,15 @@ int ckpt_view_lookup(ckpt_view *v, ckpt_ino parent, const char *name, ckpt_attr 
  * view. */
 void ckpt_view_forget(ckpt_view *v, ckpt_ino ino, uint64_t nlookup);
 
+/* Transient nodes answered by ckpt_view_lookup, oldest first, each handed
+ * out once per answer: 1 and the parent and name (copied, NUL-terminated,
+ * into name of cap bytes) of one, 0 when there are none.  A kernel keeps a
+ * dentry until it is invalidated or memory runs short, so the daemon
+ * invalidates each of these entries (away from request handlers) to get
+ * the forget that frees the node.  A node freed meanwhile is not handed
+ * out. */
+int ckpt_view_next_inval(ckpt_view *v, ckpt_ino *parent, char *name, size_t cap);
+
 /* Directory entry number `index` (0-based, "." and ".." not included):
  * returns 1 and sets *name (valid for the life of the view) and *attr, 0
  * past the end, -ENOTDIR / -errno on error. */

@@ -154,6 +154,9 @@ struct node {
 	int transient;
 	uint64_t gen; /* generation of ino: a reused inode number gets a new one */
 	uint64_t nlookup; /* transient: kernel references (lookups not yet forgotten); dyn_lock */
+	/* transient: on the view's invalidation list (answered since last handed out there); dyn_lock */
+	struct node *inval_prev, *inval_next;
+	int on_inval;
 	atomic_bool orphan; /* removed from its directory (committed/aborted/renamed/unlinked) */
 };
 
@@ -240,6 +243,9 @@ struct ckpt_view {
 	pthread_mutex_t dyn_lock;
 	struct node **dyn;
 	size_t ndyn_buckets, ndyn;
+	/* transient nodes answered by a lookup since ckpt_view_next_inval last
+	 * handed them out, oldest first (dyn_lock) */
+	struct node *inval_head, *inval_tail;
 	pthread_rwlock_t ns_lock; /* see the lock order above */
 	char *source; /* what was mounted, as given */
 	ckpt_store *src; /* its root store (also in stores[]): all discovery goes through it */
