@@ -91,7 +91,7 @@ static void usage(const char *prog)
 	       "    -o profile=NAME         profile of ~/.aws/credentials and ~/.aws/config\n"
 	       "    -o token_file=PATH      gs://: OAuth2 bearer token file (re-read when it changes)\n"
 	       "    -o anonymous            send no credentials (public buckets)\n"
-	       "    -o connections=N        HTTP requests in flight (default 8)\n"
+	       "    -o connections=N        HTTP requests in flight (default 16)\n"
 	       "    -o retries=N            retries of a failed request (default 5)\n"
 	       "    -o timeout_ms=N         per-attempt timeout (default 30000)\n"
 	       "    -o retry_base_ms=N      first backoff, doubled per retry (default 100)\n"
@@ -526,7 +526,7 @@ int main(int argc, char *argv[])
 		/* requests wait on the network, not the CPU: twice the connections, so
 		 * that reads queue for a connection and adjacent ones are merged */
 		long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
-		int want = 2 * (int)(store_opts.connections ? store_opts.connections : 8);
+		int want = 2 * (int)(store_opts.connections ? store_opts.connections : 16);
 		vo.ctx.threads = ncpu > want ? (int)ncpu : want;
 	}
 	if (fs.opts.write_buffer && parse_size(fs.opts.write_buffer, &vo.write_budget) < 0) {

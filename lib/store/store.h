@@ -113,7 +113,7 @@ struct ckpt_store_opts {
 	const char *profile; /* NULL: AWS_PROFILE, AWS_DEFAULT_PROFILE, "default" */
 	const char *token_file; /* gs://: file holding an OAuth2 bearer token (re-read when it changes) */
 	int anonymous; /* 1: send no credentials even when some are found */
-	unsigned connections; /* concurrent HTTP requests; 0 = 8 */
+	unsigned connections; /* concurrent HTTP requests; 0 = 16 */
 	unsigned
 		retries; /* attempts after the first on transient failures; 0 = 5, CKPT_STORE_NO_RETRY = none */
 	unsigned timeout_ms; /* per attempt (connect + stall detection); 0 = 30000 */

@@ -22,6 +22,10 @@ int ckpt_store_unwrap(ckpt_store *s, const char *key, ckpt_store **base, char **
 /* Object store (store_s3.c): source is "s3://..." or "gs://...". */
 int ckpt_store_s3_open(const char *source, const struct ckpt_store_opts *o, ckpt_store **out);
 
+/* Requests an object store (or a view of one) sends at once; 0 for
+ * other stores. */
+unsigned ckpt_store_s3_connections(ckpt_store *s);
+
 /* On-disk cache of object-store byte ranges (diskcache.c): entries keyed
  * by object identity (id: endpoint URL and object name), ETag and range,
  * bounded by max bytes (0: 10 GiB), least recently used evicted first.

@@ -84,6 +84,7 @@ struct s3_store {
 	pthread_cond_t qcv;
 	struct greq *queue; /* waiting GETs, oldest first */
 	unsigned slots; /* free GET slots */
+	unsigned conns; /* -o connections */
 	unsigned long long gets, merged; /* GET requests sent; ranges served by another's request */
 	int gcs;
 	char *bucket;
@@ -1525,9 +1526,9 @@ int ckpt_store_s3_open(const char *source, const struct ckpt_store_opts *o, ckpt
 	free(dflt);
 	if (rc)
 		goto fail;
-	struct ckpt_http_cfg hc = { o->connections ? o->connections : 8,
+	struct ckpt_http_cfg hc = { o->connections ? o->connections : 16,
 				    o->timeout_ms ? o->timeout_ms : 30000 };
-	s->slots = hc.connections;
+	s->slots = s->conns = hc.connections;
 	if (o->cache_dir && (rc = ckpt_dcache_open(o->cache_dir, o->cache_dir_size, &s->dcache)) != 0)
 		goto fail;
 	rc = ckpt_http_new(&hc, &s->http);
@@ -1567,6 +1568,16 @@ static int writable(ckpt_store *st, const char *key, struct s3_store **out, char
 		return -ENOMEM;
 	*out = s;
 	return 0;
+}
+
+unsigned ckpt_store_s3_connections(ckpt_store *st)
+{
+	ckpt_store *b;
+	char *k;
+	if (ckpt_store_unwrap(st, "", &b, &k) != 0)
+		return 0;
+	free(k);
+	return b->ops == &s3_ops ? ((struct s3_store *)b)->conns : 0;
 }
 
 /* The object was (re)written: what readers pin from now on is the new one. */

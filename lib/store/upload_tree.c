@@ -248,6 +248,9 @@ int ckpt_store_upload_tree(ckpt_store *s, const char *local_dir, const char *pre
 	c.local = local_dir;
 	c.prefix = prefix;
 	pthread_mutex_init(&c.mu, NULL);
+	unsigned conns = ckpt_store_s3_connections(s);
+	if (conns && threads > conns)
+		threads = conns; /* more would hold buffers while waiting for a connection */
 	if (threads < 1)
 		threads = 1;
 	if (threads > 64)

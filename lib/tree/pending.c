@@ -16,6 +16,8 @@
 #include <string.h>
 
 #include "npy.h"
+#include "sysio.h"
+#include "upload.h"
 #include "orbax.h"
 #include "writer.h"
 #include "view_internal.h"
@@ -236,7 +238,7 @@ static int new_step(ckpt_view *v, struct node *root, const char *name, ckpt_attr
 	if (v->opts.write_budget)
 		o.mem_budget = v->opts.write_budget;
 	ckpt_step *st;
-	int rc = ckpt_step_begin(v->source, name, &o, &st);
+	int rc = ckpt_step_begin(v->opts.spool_dir ? v->opts.spool_dir : v->source, name, &o, &st);
 	if (rc < 0) {
 		ckpt_log(CKPT_LOG_ERR, "step %s: cannot start a pending step: %s", name, strerror(-rc));
 		return rc;
@@ -332,6 +334,12 @@ static int commit_step(ckpt_view *v, struct node *sn, const char *final, struct 
 	if (rc == 0)
 		atomic_store(&ps->dead, true);
 	pthread_rwlock_unlock(&ps->io_lock);
+	if (rc == 0 && v->opts.spool_dir) { /* object store: send the staged step, marker last */
+		char staged[VIEW_PATH_MAX];
+		snprintf(staged, sizeof(staged), "%s/%s", v->opts.spool_dir, final);
+		rc = ckpt_store_upload_tree(v->src, staged, final, v->opts.ctx.threads > 0 ? v->opts.ctx.threads : 8);
+		ckpt_rmtree(staged);
+	}
 	char path[VIEW_PATH_MAX];
 	snprintf(path, sizeof(path), "%s/%s", v->source, final);
 	/* Read the committed step back (not linked yet: nobody sees it). */
