@@ -2,8 +2,10 @@
  * view_xattr.c - the user.ckpt.* extended attributes of array files.
  */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
+#include "store.h"
 #include "view_internal.h"
 
 /* Room for one attribute value. */
@@ -13,7 +15,13 @@ static const char *const array_xattrs[] = { "user.ckpt.dtype",	"user.ckpt.shape"
 					    "user.ckpt.chunks", "user.ckpt.codec",
 					    "user.ckpt.format", "user.ckpt.stored_bytes",
 					    "user.ckpt.shards", "user.ckpt.sharding",
-					    "user.ckpt.slice" };
+					    "user.ckpt.slice", "user.ckpt.checksum" };
+
+/* Stored units user.ckpt.checksum looks at for a first stored one. */
+#define CHECKSUM_PROBE_UNITS 64
+/* zstd frame magic, and Content_Checksum_flag in its Frame_Header_Descriptor */
+#define ZSTD_MAGIC 0xFD2FB528u
+#define ZSTD_FHD_CHECKSUM 0x04
 
 static int dims_str(int rank, const uint64_t *d, char *buf, size_t cap)
 {
@@ -68,6 +76,96 @@ static uint64_t unit_count(ckpt_view *v, struct node *n)
 	return count;
 }
 
+static uint64_t le64(const uint8_t *p)
+{
+	uint64_t x = 0;
+	for (int i = 7; i >= 0; i--)
+		x = x << 8 | p[i];
+	return x;
+}
+
+/* Whether the zstd frame of the first stored unit (its first inner chunk
+ * when sharded) sets Content_Checksum_flag: 1, 0, or -1 when no unit is
+ * stored among the first CHECKSUM_PROBE_UNITS or it is unreadable. */
+static int first_frame_checksummed(const ckpt_array_meta *m, ckpt_store *s, const char *prefix)
+{
+	uint64_t g[CKPT_MAX_RANK] = { 0 };
+	for (int u = 0; u < CHECKSUM_PROBE_UNITS; u++) {
+		char key[VIEW_PATH_MAX];
+		uint64_t size;
+		if (ckpt_zarr_unit_key(m, prefix, g, key, sizeof(key)) >= 0 && ckpt_store_size(s, key, &size) == 0) {
+			uint64_t off = 0;
+			if (m->sharded) {
+				uint64_t isize = 16 * m->inner_per_shard + (m->index_crc ? 4 : 0);
+				if (size < isize || isize > (64u << 20))
+					return -1;
+				uint8_t *ix = malloc((size_t)isize);
+				if (!ix || ckpt_store_read(s, key, m->index_at_start ? 0 : size - isize, (size_t)isize,
+							   ix) != (ssize_t)isize) {
+					free(ix);
+					return -1;
+				}
+				off = UINT64_MAX;
+				for (uint64_t i = 0; i < m->inner_per_shard && off == UINT64_MAX; i++)
+					off = le64(ix + 16 * i);
+				free(ix);
+			}
+			uint8_t h[5];
+			if (off != UINT64_MAX && ckpt_store_read(s, key, off, sizeof(h), h) == (ssize_t)sizeof(h) &&
+			    (h[0] | h[1] << 8 | h[2] << 16 | (uint32_t)h[3] << 24) == ZSTD_MAGIC)
+				return (h[4] & ZSTD_FHD_CHECKSUM) != 0;
+			if (off != UINT64_MAX)
+				return -1;
+		}
+		int d = m->rank - 1;
+		for (; d >= 0; d--) {
+			if (++g[d] < m->store_grid[d])
+				break;
+			g[d] = 0;
+		}
+		if (d < 0)
+			break;
+	}
+	return -1;
+}
+
+/* user.ckpt.checksum: what protects the stored data of the array, as a
+ * ','-separated list: "crc32c-index" (shard index CRC-32C), "crc32c-chunk"
+ * (a crc32c codec on every chunk), "zstd-frame" (the first stored zstd
+ * frame carries a content checksum), "gzip-crc32"; "none" when nothing
+ * does (e.g. Orbax's zstd frames, written without checksums). */
+static int checksum_str(struct array_node *n, char *val, size_t cap)
+{
+	const ckpt_array_meta *m = ckpt_array_meta_of(n->ar->arr);
+	int has_zstd = 0, has_crc = 0, has_gzip = 0, zstd_outer = 0;
+	for (int i = 0; i < m->nb2b; i++) {
+		has_zstd |= m->b2b[i] == CKPT_B2B_ZSTD;
+		has_crc |= m->b2b[i] == CKPT_B2B_CRC32C;
+		has_gzip |= m->b2b[i] == CKPT_B2B_GZIP;
+	}
+	/* the frame starts the stored bytes when only crc32c (appended) follows zstd */
+	for (int i = m->nb2b - 1; i >= 0 && !zstd_outer; i--) {
+		if (m->b2b[i] == CKPT_B2B_ZSTD)
+			zstd_outer = 1;
+		else if (m->b2b[i] != CKPT_B2B_CRC32C)
+			break;
+	}
+	size_t o = 0;
+	val[0] = 0;
+	if (m->sharded && m->index_crc)
+		o += (size_t)snprintf(val + o, cap - o, "%scrc32c-index", o ? "," : "");
+	if (has_crc && o < cap)
+		o += (size_t)snprintf(val + o, cap - o, "%scrc32c-chunk", o ? "," : "");
+	if (has_zstd && zstd_outer && o < cap &&
+	    first_frame_checksummed(m, ckpt_array_store(n->ar->arr), ckpt_array_prefix(n->ar->arr)) == 1)
+		o += (size_t)snprintf(val + o, cap - o, "%szstd-frame", o ? "," : "");
+	if (has_gzip && o < cap)
+		o += (size_t)snprintf(val + o, cap - o, "%sgzip-crc32", o ? "," : "");
+	if (!o)
+		o = (size_t)snprintf(val, cap, "none");
+	return o < cap ? (int)o : -ERANGE;
+}
+
 ssize_t array_getxattr(ckpt_view *v, struct node *node, const char *name, char *buf, size_t cap)
 {
 	struct array_node *n = to_array(node);
@@ -106,6 +204,8 @@ ssize_t array_getxattr(ckpt_view *v, struct node *node, const char *name, char *
 		return put(n->ar->sharding, strlen(n->ar->sharding), buf, cap);
 	} else if (!strcmp(name, "user.ckpt.slice")) {
 		len = ckpt_slice_format(&n->region, val, sizeof(val));
+	} else if (!strcmp(name, "user.ckpt.checksum")) {
+		len = checksum_str(n, val, sizeof(val));
 	}
 	if (len < 0)
 		return len;
