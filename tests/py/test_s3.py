@@ -240,6 +240,8 @@ def test_remote_root_ro_refuses_new_steps_and_makes_no_local_folder(s3mount, tmp
     assert not os.path.exists("s3:")
 
 
+# not strict: passes once the live root (issue 10) is in; then drop the mark
+@pytest.mark.xfail(strict=False, reason="issue 10: steps committed after the mount are seen (live root)")
 def test_new_steps_appear_without_a_remount(env, s3mount):
     m = s3mount("live")  # an empty root
     assert os.listdir(m.p()) == [".ckptfs"] or os.listdir(m.p()) == []
