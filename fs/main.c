@@ -62,6 +62,7 @@ static void usage(const char *prog)
 	       "Hidden names (looked up by name, not listed unless -o show_companions):\n"
 	       "    NAME[0:8,:].npy         a slice of an array as its own .npy (quote it in zsh)\n"
 	       "    NAME.shards/            one .npy per stored shard or chunk\n"
+	       "    NAME.f32.npy            a bfloat16/float8 array as float32, exactly (also slices)\n"
 	       "    DIR.safetensors         every array under DIR as one safetensors file\n"
 	       "    DIR.safetensors.d/      the same, in shards (-o safetensors_shard_size)\n"
 	       "    .ckptfs/stats           counters as JSON (cache, bytes, commits, errors)\n"

@@ -345,6 +345,45 @@ static int make_slice(ckpt_view *v, struct node *dir, const char *name, const ch
 	return 0;
 }
 
+/* NAME.f32.npy or NAME[<slice>].f32.npy: a bfloat16 / float8 array (or a
+ * slice of one) widened to float32, exactly. */
+static int make_widened(ckpt_view *v, struct node *dir, const char *name, size_t stem, struct node **out)
+{
+	char base[VIEW_NAME_BUF];
+	if (stem + 5 > sizeof(base))
+		return -ENOENT;
+	memcpy(base, name, stem);
+	memcpy(base + stem, ".npy", 5); /* NAME.npy or NAME[<slice>].npy */
+	const char *br = strchr(base, '[');
+	struct array_node *arr = array_kid(dir, base, br && base[stem - 1] == ']' ? (size_t)(br - base) : stem);
+	if (!arr)
+		return -ENOENT;
+	const ckpt_array_meta *m = ckpt_array_meta_of(arr->ar->arr);
+	ckpt_region r;
+	if (br && base[stem - 1] == ']') {
+		const char *why = "";
+		int rc = ckpt_slice_parse(br, stem - (size_t)(br - base), m->rank, m->shape, &r, &why);
+		if (rc < 0) {
+			ckpt_log(CKPT_LOG_WARN, "%s: %s", name, why);
+			return rc == -ERANGE ? -ENOENT : -EINVAL;
+		}
+	} else {
+		r = arr->region;
+	}
+	struct node *n = node_new(v, &array_ops, name, dir);
+	if (!n)
+		return -ENOMEM;
+	n->hidden = 1;
+	n->transient = 1;
+	int rc = array_node_init_f32(n, arr->ar, &r);
+	if (rc < 0) {
+		node_free(v, n);
+		return rc == -ENOTSUP ? -ENOENT : rc; /* only bfloat16 and float8 widen */
+	}
+	*out = n;
+	return 0;
+}
+
 /* X.safetensors or X.safetensors.d/ of sub-directory X of dir. */
 static int make_safetensors(ckpt_view *v, struct node *dir, const char *name, size_t stem, int sharded,
 			    struct node **out)
@@ -382,6 +421,8 @@ static int make_safetensors(ckpt_view *v, struct node *dir, const char *name, si
 static int dir_lookup(ckpt_view *v, struct node *dir, const char *name, struct node **out)
 {
 	size_t stem;
+	if (node_ends_with(name, ".f32.npy", &stem))
+		return make_widened(v, dir, name, stem, out);
 	const char *br = strchr(name, '[');
 	if (br && node_ends_with(name, ".npy", &stem) && name[stem - 1] == ']')
 		return make_slice(v, dir, name, br, stem, out);

@@ -186,6 +186,7 @@ struct array_node {
 	size_t hdrlen;
 	uint64_t size;
 	atomic_int next_warmed; /* the next file of the directory was prefetched */
+	int widen; /* NAME.f32.npy: the region served as float32 (bfloat16, float8 widened exactly) */
 };
 
 /* N_FILE */
@@ -343,6 +344,9 @@ int node_ends_with(const char *s, const char *suffix, size_t *stem);
 extern const struct node_ops array_ops, file_ops, st_ops, stats_ops;
 /* Set up array node n (made with array_ops) as region r of ar. */
 int array_node_init(struct node *n, struct aref *ar, const ckpt_region *r);
+/* The same, served as float32 (NAME.f32.npy); -ENOTSUP unless the dtype is
+ * bfloat16, float8_e4m3fn or float8_e5m2. */
+int array_node_init_f32(struct node *n, struct aref *ar, const ckpt_region *r);
 ssize_t array_getxattr(ckpt_view *v, struct node *n, const char *name, char *buf, size_t cap);
 ssize_t array_listxattr(ckpt_view *v, struct node *n, char *buf, size_t cap);
 

@@ -59,6 +59,118 @@ int array_node_init(struct node *node, struct aref *ar, const ckpt_region *r)
 	return 0;
 }
 
+/* ---- NAME.f32.npy: bfloat16 and float8 widened to float32 ------------------ */
+
+/* Elements converted per step of a widened read. */
+#define WIDEN_BATCH 65536
+
+static float f32_of_bits(uint32_t b)
+{
+	float f;
+	memcpy(&f, &b, sizeof(f));
+	return f;
+}
+
+/* One float8 value (mbits mantissa bits, exponent bias) as float32, exact:
+ * every float8 value is a float32 value.  e4m3fn has no infinities and one
+ * NaN pattern (S.1111.111); e5m2 follows IEEE (exponent 31: inf or NaN). */
+static float f8_to_f32(uint8_t x, int mbits, int bias, int ieee_special)
+{
+	uint32_t s = (uint32_t)(x >> 7) << 31;
+	int ebits = 7 - mbits;
+	uint32_t e = (x >> mbits) & ((1u << ebits) - 1), m = x & ((1u << mbits) - 1);
+	if (e == (1u << ebits) - 1 && (ieee_special || m == (1u << mbits) - 1))
+		return f32_of_bits(s | 0x7f800000u | (m ? 0x400000u : 0)); /* inf or NaN */
+	if (e == 0) {
+		/* subnormal: m * 2^(1 - bias - mbits) */
+		float scale = f32_of_bits((uint32_t)(127 + 1 - bias - mbits) << 23);
+		float f = (float)m * scale;
+		return s ? -f : f;
+	}
+	return f32_of_bits(s | (e - (uint32_t)bias + 127) << 23 | m << (23 - mbits));
+}
+
+static int widen_supported(ckpt_dtype dt)
+{
+	return dt == CKPT_DT_BFLOAT16 || dt == CKPT_DT_F8_E4M3FN || dt == CKPT_DT_F8_E5M2;
+}
+
+static void widen(ckpt_dtype dt, const uint8_t *src, size_t count, float *dst)
+{
+	for (size_t i = 0; i < count; i++) {
+		if (dt == CKPT_DT_BFLOAT16)
+			dst[i] = f32_of_bits((uint32_t)(src[2 * i] | src[2 * i + 1] << 8) << 16);
+		else if (dt == CKPT_DT_F8_E4M3FN)
+			dst[i] = f8_to_f32(src[i], 3, 7, 0);
+		else
+			dst[i] = f8_to_f32(src[i], 2, 15, 1);
+	}
+}
+
+int array_node_init_f32(struct node *node, struct aref *ar, const ckpt_region *r)
+{
+	struct array_node *n = to_array(node);
+	const ckpt_array_meta *m = ckpt_array_meta_of(ar->arr);
+	if (!widen_supported(m->dtype))
+		return -ENOTSUP;
+	n->ar = ar;
+	n->region = *r;
+	n->widen = 1;
+	uint64_t shape[CKPT_MAX_RANK];
+	for (int d = 0; d < r->rank; d++)
+		shape[d] = r->stop[d] - r->start[d];
+	char hdr[CKPT_NPY_HEADER_MAX];
+	int h = ckpt_npy_header(CKPT_DT_FLOAT32, r->rank, shape, hdr, sizeof(hdr));
+	if (h < 0)
+		return h;
+	n->hdr = malloc((size_t)h);
+	if (!n->hdr)
+		return -ENOMEM;
+	memcpy(n->hdr, hdr, (size_t)h);
+	n->hdrlen = (size_t)h;
+	uint64_t count;
+	if (ckpt_region_count(r, &count) < 0 || count > UINT64_MAX / 4)
+		return -EOVERFLOW;
+	n->size = n->hdrlen + count * 4;
+	return 0;
+}
+
+/* Bytes [off, off+len) of the float32 data of widened node n. */
+static ssize_t widen_read(struct array_node *n, uint64_t off, size_t len, uint8_t *dst)
+{
+	const ckpt_array_meta *m = ckpt_array_meta_of(n->ar->arr);
+	unsigned is = m->itemsize;
+	uint8_t *src = malloc((size_t)WIDEN_BATCH * is);
+	float *f = malloc((size_t)WIDEN_BATCH * sizeof(float));
+	ssize_t rc = 0;
+	size_t done = 0;
+	while (src && f && done < len) {
+		uint64_t e0 = (off + done) / 4, skip = (off + done) % 4;
+		uint64_t want = (len - done + skip + 3) / 4;
+		size_t cnt = want < WIDEN_BATCH ? (size_t)want : WIDEN_BATCH;
+		ssize_t r = ckpt_array_read(n->ar->arr, &n->region, e0 * is, cnt * is, src);
+		if (r < 0) {
+			rc = r;
+			break;
+		}
+		if ((size_t)r != cnt * is) {
+			rc = -EIO;
+			break;
+		}
+		widen(m->dtype, src, cnt, f);
+		size_t take = cnt * 4 - (size_t)skip;
+		if (take > len - done)
+			take = len - done;
+		memcpy(dst + done, (uint8_t *)f + skip, take);
+		done += take;
+	}
+	if (!src || !f)
+		rc = -ENOMEM;
+	free(src);
+	free(f);
+	return rc < 0 ? rc : (ssize_t)done;
+}
+
 static void array_attr(ckpt_view *v, struct node *n, ckpt_attr *a)
 {
 	file_attr(v, n, a, to_array(n)->size);
@@ -111,8 +223,9 @@ static ssize_t array_read(ckpt_view *v, struct node *node, uint64_t off, size_t 
 		done = h;
 	}
 	if (done < len) {
-		ssize_t r = ckpt_array_read(n->ar->arr, &n->region, off + done - n->hdrlen, len - done,
-					    dst + done);
+		ssize_t r = n->widen ? widen_read(n, off + done - n->hdrlen, len - done, dst + done)
+				     : ckpt_array_read(n->ar->arr, &n->region, off + done - n->hdrlen, len - done,
+						       dst + done);
 		if (r < 0)
 			return r;
 		done += (size_t)r;
@@ -126,6 +239,8 @@ static int array_read_iov(ckpt_view *v, struct node *node, uint64_t off, size_t 
 			  int max, ckpt_pin **pins, int *npins)
 {
 	struct array_node *n = to_array(node);
+	if (n->widen)
+		return -ENOTSUP; /* converted bytes: copied by array_read */
 	if (off >= n->size)
 		return 0;
 	if (len > n->size - off)

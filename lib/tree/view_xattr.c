@@ -175,7 +175,7 @@ ssize_t array_getxattr(ckpt_view *v, struct node *node, const char *name, char *
 	char val[XATTR_VAL_MAX];
 	int len = -ENODATA;
 	if (!strcmp(name, "user.ckpt.dtype")) {
-		len = snprintf(val, sizeof(val), "%s", ckpt_dtype_get(m->dtype)->name);
+		len = snprintf(val, sizeof(val), "%s", ckpt_dtype_get(n->widen ? CKPT_DT_FLOAT32 : m->dtype)->name);
 	} else if (!strcmp(name, "user.ckpt.shape")) {
 		uint64_t s[CKPT_MAX_RANK];
 		for (int d = 0; d < n->region.rank; d++)
