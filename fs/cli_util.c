@@ -5,10 +5,12 @@
 #include <string.h>
 
 #include "cli.h"
+#include "store/store.h"
 
 int cli_open_view(const char *source, ckpt_view **v, char **real)
 {
-	*real = realpath(source, NULL);
+	/* s3:// and gs://: no local path (endpoint and credentials from the environment) */
+	*real = ckpt_store_source_is_remote(source) ? strdup(source) : realpath(source, NULL);
 	if (!*real) {
 		int e = errno;
 		fprintf(stderr, "ckptfs: %s: %s\n", source, strerror(e));

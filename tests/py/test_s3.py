@@ -393,3 +393,17 @@ def test_disk_cache_stays_within_its_size(env, s3mount, mount, tmp_path):
     local = mount(U.FIXTURES / "pytree_zarr3")
     assert tree(m.p()) == tree(local.p())
     assert 0 < _dir_bytes(cache) <= 64 << 10
+
+
+def test_info_and_verify_read_an_object_store(env, monkeypatch):
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "S3RVER")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", SECRET)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent")
+    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", env.endpoint)
+    src = f"s3://{s3env.BUCKET}/{PREFIX}/manager"
+    r = subprocess.run([str(U.BIN), "info", "--json", src], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["source"] == src
+    r = subprocess.run([str(U.BIN), "verify", src], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert SECRET not in r.stdout + r.stderr
