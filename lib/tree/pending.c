@@ -20,6 +20,7 @@
 #include "upload.h"
 #include "orbax.h"
 #include "writer.h"
+#include "writer_hosts.h"
 #include "view_internal.h"
 
 /* A pending step: the writer's step plus the lock that keeps commit apart
@@ -238,7 +239,8 @@ static int new_step(ckpt_view *v, struct node *root, const char *name, ckpt_attr
 	if (v->opts.write_budget)
 		o.mem_budget = v->opts.write_budget;
 	ckpt_step *st;
-	int rc = ckpt_step_begin(v->opts.spool_dir ? v->opts.spool_dir : v->source, name, &o, &st);
+	ckpt_hosts_opts ho = { v->opts.process_index, v->opts.process_count, v->opts.commit_timeout_s };
+	int rc = ckpt_hosts_step_begin(v->opts.spool_dir ? v->opts.spool_dir : v->source, name, &o, &ho, &st);
 	if (rc < 0) {
 		ckpt_log(CKPT_LOG_ERR, "step %s: cannot start a pending step: %s", name, strerror(-rc));
 		return rc;
@@ -330,7 +332,7 @@ static int commit_step(ckpt_view *v, struct node *sn, const char *final, struct 
 	pthread_rwlock_unlock(&v->ns_lock);
 
 	pthread_rwlock_wrlock(&ps->io_lock);
-	int rc = ckpt_step_commit(ps->step, final);
+	int rc = ckpt_hosts_commit(ps->step, final);
 	if (rc == 0)
 		atomic_store(&ps->dead, true);
 	pthread_rwlock_unlock(&ps->io_lock);
@@ -398,6 +400,45 @@ static int key_path(ckpt_view *v, struct node *dir, const char *stem, const char
 	return 0;
 }
 
+/* Multi-host: NAME.npy that another host declared (its declaration record,
+ * writer_hosts.h) becomes a declared pending file here, as if its header
+ * had been written on this mount.  ns_lock exclusive held; NULL if none. */
+static struct pfile_node *adopt_decl(ckpt_view *v, struct node *dir, const char *base)
+{
+	const char *item, *keys[CKPT_ORBAX_MAX_DEPTH];
+	int types[CKPT_ORBAX_MAX_DEPTH], depth;
+	char stem[VIEW_NAME_BUF], hdr[CKPT_NPY_HEADER_MAX];
+	size_t sl = strlen(base) - 4;
+	ckpt_warray *arr;
+	memcpy(stem, base, sl);
+	stem[sl] = 0;
+	char *kbuf = malloc((size_t)CKPT_ORBAX_MAX_DEPTH * VIEW_NAME_BUF);
+	int rc = kbuf ? key_path(v, dir, stem, &item, keys, types, &depth, kbuf) : -ENOMEM;
+	if (rc == 0)
+		rc = ckpt_hosts_adopt(to_pdir(dir)->ps->step, item, keys, depth, &arr);
+	free(kbuf);
+	if (rc < 0)
+		return NULL;
+	ckpt_warray_info info;
+	ckpt_warray_get_info(arr, &info);
+	int hl = ckpt_npy_header(info.dtype, info.rank, info.shape, hdr, sizeof(hdr));
+	struct node *n = hl > 0 ? node_new(v, &pfile_ops, base, dir) : NULL;
+	if (!n)
+		return NULL;
+	struct pfile_node *f = to_pfile(n);
+	f->ps = to_pdir(dir)->ps;
+	pthread_mutex_init(&f->pf.mu, NULL);
+	f->pf.hdr = malloc((size_t)hl);
+	if (!f->pf.hdr || view_add_kid(dir, n) < 0)
+		return NULL;
+	memcpy(f->pf.hdr, hdr, (size_t)hl);
+	f->pf.arr = arr;
+	ckpt_region_full(&f->pf.region, info.rank, info.shape);
+	f->pf.have = f->pf.cap = f->pf.data_off = (size_t)hl;
+	f->pf.size = (uint64_t)hl + info.nbytes;
+	return f;
+}
+
 static int new_pfile(ckpt_view *v, struct node *dir, const char *name, struct node **out)
 {
 	size_t len = strlen(name);
@@ -452,6 +493,8 @@ static int new_pfile(ckpt_view *v, struct node *dir, const char *name, struct no
 		memcpy(base + (br - name), ".npy", 5);
 		struct node *dn = view_find_kid(dir, base);
 		decl = dn && dn->kind == N_PFILE ? to_pfile(dn) : NULL;
+		if (!dn && ckpt_hosts_is_multi(to_pdir(dir)->ps->step))
+			decl = adopt_decl(v, dir, base);
 		ckpt_warray *darr = NULL;
 		if (decl) {
 			pthread_mutex_lock(&decl->pf.mu);
@@ -701,8 +744,8 @@ static int declare(ckpt_view *v, struct pfile_node *n, const ckpt_npy_info *h)
 		return -ENOMEM;
 	int rc = key_path(v, dir, stem, &item, keys, types, &depth, kbuf);
 	if (rc == 0)
-		rc = ckpt_step_add_array(n->ps->step, item, keys, types, depth, h->dtype, h->rank, h->shape,
-					 &pf->arr);
+		rc = ckpt_hosts_declare(n->ps->step, item, keys, types, depth, h->dtype, h->rank, h->shape,
+					&pf->arr);
 	free(kbuf);
 	if (rc < 0)
 		return rc;

@@ -35,6 +35,9 @@ typedef struct ckpt_view_opts {
 	int read_only; /* refuse new steps even on a CheckpointManager root */
 	int zstd_level; /* written chunks (0: the writer's default) */
 	uint64_t write_budget; /* buffered bytes per pending step (0: default) */
+	int process_index; /* multi-host writes (lib/write/writer_hosts.h): this host, 0 = primary */
+	int process_count; /* hosts writing each step; 0 or 1: a single host */
+	unsigned commit_timeout_s; /* multi-host commit: wait for the other hosts (0: 600 s) */
 	int show_companions; /* list NAME.shards/ and X.safetensors in readdir */
 	uint64_t st_shard_bytes; /* X.safetensors.d/ shard size (0: 5 GB) */
 	/* Options of an s3:// or gs:// SOURCE (store.h; NULL: defaults).  Borrowed

@@ -48,6 +48,7 @@ static void step_free(struct ckpt_step *st)
 	if (st->rootfd >= 0)
 		close(st->rootfd);
 	w_nodes_free(st);
+	w_hosts_free(st);
 	free(st->root);
 	free(st->name);
 	free(st->tmpname);

@@ -56,6 +56,8 @@
  *   COMPRESSING  STORED       w_chunk_store_done (+st) appended to the shard file
  *   COMPRESSING  ERROR        w_chunk_store_done (+st) compression or append failed
  *   ERROR        QUEUED       w_chunk_retry_errors (+st) commit
+ *   EMPTY        STORED       w_chunk_adopt_stored (+st) multi-host commit: another
+ *                                                  host's compressed chunk
  *   LIVE         EMPTY        w_chunk_reset (+st)      bytes dropped (O_TRUNC, unlink);
  *   ERROR        EMPTY        w_chunk_reset (+st)        unpinned, after BUSY and QUEUED
  *   STORED       EMPTY        w_chunk_reset (+st)        states have ended (stored bytes
@@ -187,7 +189,7 @@ static void assert_chunk_state(const struct ckpt_warray *a, uint64_t idx)
 static int transition_ok(int from, int to)
 {
 	static const uint16_t ok[] = {
-		[WC_EMPTY] = 1u << WC_LIVE,
+		[WC_EMPTY] = 1u << WC_LIVE | 1u << WC_STORED,
 		[WC_LIVE] = 1u << WC_QUEUED | 1u << WC_SPILLING | 1u << WC_EMPTY,
 		[WC_QUEUED] = 1u << WC_COMPRESSING,
 		[WC_COMPRESSING] = 1u << WC_STORED | 1u << WC_ERROR,
@@ -859,6 +861,27 @@ int w_chunk_store_done(struct ckpt_warray *a, uint64_t idx, int rc, uint64_t off
 		live_destroy(l);
 	}
 	return shard_done;
+}
+
+void w_chunk_adopt_stored(struct ckpt_warray *a, uint64_t idx, uint64_t off, uint64_t len)
+{
+	struct ckpt_step *st = a->step;
+	struct wchunk *c = &a->chunks[idx];
+	uint64_t need = w_chunk_need(a, idx);
+	pthread_mutex_lock(&a->mu);
+	assert(c->state == WC_EMPTY && !c->live && !c->pins && !spill_has_slot(c));
+	c->off = off;
+	c->len = len;
+	c->have = need;
+	a->have_total += need;
+	a->nstored++;
+	a->stored_bytes += len;
+	budget_sub(&a->shards[w_chunk_shard(a, idx)].unstored, 1);
+	chunk_set_state(a, idx, WC_STORED);
+	pthread_mutex_lock(&st->mu);
+	st->stored_bytes += len;
+	pthread_mutex_unlock(&st->mu);
+	pthread_mutex_unlock(&a->mu);
 }
 
 void w_chunk_retry_errors(struct ckpt_step *st)

@@ -4,6 +4,8 @@
  *
  * Files, top to bottom (each calls only files below it, never one above):
  *   writer.c         begin, write, read back, abort, destroy (the API entry points)
+ *   writer_hosts.c   several hosts, one step: declaration records, done records,
+ *                    the primary's merge (then writer_commit.c commits)
  *   writer_commit.c  the commit protocol: holes report, metadata files, rename
  *   writer_decl.c    items, arrays, pytree key-path consistency, queries
  *   writer_zpool.c   compression threads: take a job, compress, append, report
@@ -172,6 +174,7 @@ struct ckpt_step {
 	atomic_int state; /* enum ckpt_step_state; read by writes without a lock */
 	int nthreads;
 	pthread_t *threads;
+	struct whosts *hosts; /* multi-host step (writer_hosts.c), NULL for one host */
 };
 
 /* ---- writer_geom.c ---- */
@@ -248,6 +251,9 @@ int w_chunk_take_job(struct ckpt_step *st, struct ckpt_warray **a, uint64_t *idx
  * that was the last unstored chunk of its shard. */
 int w_chunk_store_done(struct ckpt_warray *a, uint64_t idx, int rc, uint64_t off, uint64_t len,
 		       const char *why);
+/* Multi-host commit (writer_hosts.c): an EMPTY chunk becomes STORED at
+ * (off, len) of its shard file, whose bytes another host compressed. */
+void w_chunk_adopt_stored(struct ckpt_warray *a, uint64_t idx, uint64_t off, uint64_t len);
 /* Commit: queue every ERROR chunk again and clear the sticky errors. */
 void w_chunk_retry_errors(struct ckpt_step *st);
 /* Drop every byte of chunk idx (waits for BUSY and QUEUED states to end and
@@ -269,6 +275,9 @@ int w_chunk_check_all(struct ckpt_step *st);
 /* ---- writer_zpool.c ---- */
 int w_zpool_start(struct ckpt_step *st);
 void w_zpool_stop(struct ckpt_step *st);
+
+/* ---- writer_hosts.c ---- */
+void w_hosts_free(struct ckpt_step *st);
 
 /* ---- writer_decl.c ---- */
 int w_nodes_create(struct ckpt_step *st);
