@@ -73,5 +73,6 @@ ssize_t ckfs_xattr(ckpt_view *v, ckpt_ino ino, const char *name, char *buf, size
 /* The subcommands (no mount). */
 int ckfs_cmd_info(int argc, char **argv);
 int ckfs_cmd_verify(int argc, char **argv);
+int ckfs_cmd_status(int argc, char **argv);
 
 #endif

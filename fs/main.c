@@ -53,7 +53,8 @@ static void usage(const char *prog)
 {
 	printf("usage: %s [options] SOURCE MOUNTPOINT\n"
 	       "       %s info [--json] SOURCE [PATH]\n"
-	       "       %s verify SOURCE [STEP...]\n\n"
+	       "       %s verify SOURCE [STEP...]\n"
+	       "       %s status [--json] [--watch] MOUNTPOINT\n\n"
 	       "Mount an Orbax checkpoint (a CheckpointManager root, one step folder or one item\n"
 	       "folder) as a tree of .npy files: STEP/ITEM/KEY/.../NAME.npy.  A CheckpointManager root\n"
 	       "is writable: mkdir a new step, write .npy files into it, then create\n"
@@ -70,7 +71,9 @@ static void usage(const char *prog)
 	       "Subcommands (no mount):\n"
 	       "    info [--json] SOURCE [PATH]   steps, items and a table of arrays (metadata only)\n"
 	       "    verify SOURCE [STEP...]       decode every chunk and check every checksum;\n"
-	       "                                  exit status 1 when an array has a problem\n\n"
+	       "                                  exit status 1 when an array has a problem\n"
+	       "    status [--json] [--watch] MNT pending steps of a mount (arrays declared, bytes\n"
+	       "                                  stored), its counters; --watch repeats every second\n\n"
 	       "ckptfs options:\n"
 	       "    -o ro                   read-only: refuse new steps\n"
 	       "    -o cache_size=SIZE      decoded-chunk cache budget, K/M/G suffix (default 256M)\n"
@@ -111,7 +114,7 @@ static void usage(const char *prog)
 	       "fsname=SOURCE and subtype=ckptfs are set unless given.  mount -t fuse.ckptfs and\n"
 	       "/etc/fstab work through mount.fuse3.  Exit status: 0 success, 1 failure.\n"
 	       "See ckptfs(1).\n\n",
-	       prog, prog, prog);
+	       prog, prog, prog, prog);
 	printf("FUSE options:\n");
 	fuse_cmdline_help();
 	fuse_lowlevel_help();
@@ -457,6 +460,8 @@ int main(int argc, char *argv[])
 		return ckfs_cmd_info(argc - 1, argv + 1);
 	if (argc >= 2 && !strcmp(argv[1], "verify"))
 		return ckfs_cmd_verify(argc - 1, argv + 1);
+	if (argc >= 2 && !strcmp(argv[1], "status"))
+		return ckfs_cmd_status(argc - 1, argv + 1);
 
 	struct fuse_args args = FUSE_ARGS_INIT(argc, argv);
 	struct ckfs fs = { 0 };

@@ -1,0 +1,289 @@
+/*
+ * cli_status.c - `ckptfs status [--json] [--watch [--interval S] [--count N]]
+ * MOUNTPOINT`: what a running mount is doing.  Reads the mount's
+ * .ckptfs/stats (bytes received, compressed and stored, buffered bytes,
+ * commits, cache counters, errors), the pending steps (a step being
+ * written is a <step>.orbax-checkpoint-tmp folder of SOURCE; SOURCE comes
+ * from /proc/self/mountinfo, where fsname=SOURCE puts it) with the arrays
+ * declared in the mount and the bytes stored so far in the tmp folder.
+ * --watch redraws on a terminal (plain blocks otherwise).
+ *
+ * Exit status: 0, 1 when MOUNTPOINT is no ckptfs mount, 2 usage.
+ */
+#include <dirent.h>
+#include <errno.h>
+#include <limits.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "ckfs.h"
+#include "cli.h"
+
+#define TMP_SUFFIX ".orbax-checkpoint-tmp"
+/* Counters of .ckptfs/stats shown, in order. */
+static const char *const counters[] = { "bytes_written", "stored_bytes_written", "bytes_pending", "commits",
+					"commit_failures", "errors", "cache_hits", "cache_misses",
+					"cache_evictions", "bytes_served", "chunks_decoded" };
+#define NCOUNTERS (sizeof(counters) / sizeof(counters[0]))
+
+struct pstep {
+	char name[256];
+	uint64_t arrays, declared, stored, stored_files;
+};
+
+static void usage(FILE *f)
+{
+	fprintf(f, "usage: ckptfs status [--json] [--watch [--interval S] [--count N]] MOUNTPOINT\n"
+		   "Pending steps of a ckptfs mount with their progress, and its counters.\n");
+}
+
+/* The mount source of `mnt` (a ckptfs mount) from /proc/self/mountinfo. */
+static int mount_source(const char *mnt, char *src, size_t cap)
+{
+	FILE *f = fopen("/proc/self/mountinfo", "r");
+	if (!f)
+		return -errno;
+	char line[8192];
+	int found = -ENOENT;
+	while (fgets(line, sizeof(line), f)) {
+		char *fld[6] = { 0 }, *save = NULL, *p = line;
+		for (int i = 0; i < 5 && (fld[i] = strtok_r(p, " ", &save)); i++)
+			p = NULL;
+		char *dash = strstr(save ? save : "", " - ");
+		if (!fld[4] || !dash || strcmp(fld[4], mnt))
+			continue;
+		char type[64], source[4096];
+		if (sscanf(dash + 3, "%63s %4095s", type, source) != 2 || strncmp(type, "fuse.ckptfs", 11))
+			continue;
+		/* mountinfo escapes space, tab, newline and backslash as \ooo */
+		size_t o = 0;
+		for (char *s = source; *s && o + 1 < cap; s++) {
+			if (s[0] == '\\' && s[1] >= '0' && s[1] <= '3' && s[2] && s[3]) {
+				src[o++] = (char)((s[1] - '0') * 64 + (s[2] - '0') * 8 + (s[3] - '0'));
+				s += 3;
+			} else {
+				src[o++] = *s;
+			}
+		}
+		src[o] = 0;
+		found = 0;
+	}
+	fclose(f);
+	return found;
+}
+
+static uint64_t stat_value(const char *json, const char *key)
+{
+	char pat[80];
+	snprintf(pat, sizeof(pat), "\"%s\":", key);
+	const char *p = strstr(json, pat);
+	return p ? strtoull(p + strlen(pat), NULL, 10) : 0;
+}
+
+/* Arrays (.npy files, slice files left out) and their bytes under dir. */
+static void walk_declared(const char *dir, int depth, struct pstep *ps)
+{
+	DIR *d = opendir(dir);
+	if (!d || depth > 64) {
+		if (d)
+			closedir(d);
+		return;
+	}
+	struct dirent *e;
+	while ((e = readdir(d))) {
+		if (e->d_name[0] == '.')
+			continue;
+		char p[PATH_MAX];
+		struct stat st;
+		if (snprintf(p, sizeof(p), "%s/%s", dir, e->d_name) >= (int)sizeof(p) || stat(p, &st) < 0)
+			continue;
+		size_t n = strlen(e->d_name);
+		if (S_ISDIR(st.st_mode)) {
+			walk_declared(p, depth + 1, ps);
+		} else if (n > 4 && !strcmp(e->d_name + n - 4, ".npy") && !strchr(e->d_name, '[')) {
+			ps->arrays++;
+			ps->declared += (uint64_t)st.st_size;
+		}
+	}
+	closedir(d);
+}
+
+/* Bytes and files stored so far under a tmp folder. */
+static void walk_stored(const char *dir, int depth, struct pstep *ps)
+{
+	DIR *d = opendir(dir);
+	if (!d || depth > 64) {
+		if (d)
+			closedir(d);
+		return;
+	}
+	struct dirent *e;
+	while ((e = readdir(d))) {
+		if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, ".."))
+			continue;
+		char p[PATH_MAX];
+		struct stat st;
+		if (snprintf(p, sizeof(p), "%s/%s", dir, e->d_name) >= (int)sizeof(p) || lstat(p, &st) < 0)
+			continue;
+		if (S_ISDIR(st.st_mode)) {
+			walk_stored(p, depth + 1, ps);
+		} else if (S_ISREG(st.st_mode)) {
+			ps->stored += (uint64_t)st.st_size;
+			ps->stored_files++;
+		}
+	}
+	closedir(d);
+}
+
+/* Pending steps: <step>.orbax-checkpoint-tmp folders of source. */
+static size_t pending_steps(const char *mnt, const char *source, struct pstep **out)
+{
+	*out = NULL;
+	DIR *d = opendir(source);
+	if (!d)
+		return 0;
+	size_t n = 0, cap = 0;
+	struct pstep *v = NULL;
+	struct dirent *e;
+	while ((e = readdir(d))) {
+		size_t l = strlen(e->d_name), k = strlen(TMP_SUFFIX);
+		if (l <= k || l - k >= sizeof(v->name) || strcmp(e->d_name + l - k, TMP_SUFFIX))
+			continue;
+		if (n == cap) {
+			cap = cap ? 2 * cap : 8;
+			struct pstep *nv = realloc(v, cap * sizeof(*nv));
+			if (!nv)
+				break;
+			v = nv;
+		}
+		struct pstep *ps = &v[n++];
+		memset(ps, 0, sizeof(*ps));
+		memcpy(ps->name, e->d_name, l - k);
+		char p[PATH_MAX];
+		if (snprintf(p, sizeof(p), "%s/%s", source, e->d_name) < (int)sizeof(p))
+			walk_stored(p, 0, ps);
+		if (snprintf(p, sizeof(p), "%s/%s", mnt, ps->name) < (int)sizeof(p))
+			walk_declared(p, 0, ps);
+	}
+	closedir(d);
+	*out = v;
+	return n;
+}
+
+static int show(const char *mnt, const char *source, int json, FILE *f)
+{
+	char path[PATH_MAX], buf[8192];
+	snprintf(path, sizeof(path), "%s/.ckptfs/stats", mnt);
+	FILE *sf = fopen(path, "r");
+	if (!sf) {
+		fprintf(stderr, "ckptfs status: %s: %s\n", path, strerror(errno));
+		return 1;
+	}
+	size_t len = fread(buf, 1, sizeof(buf) - 1, sf);
+	buf[len] = 0;
+	fclose(sf);
+	struct pstep *ps;
+	size_t np = pending_steps(mnt, source, &ps);
+	char h1[32], h2[32], h3[32];
+	if (json) {
+		fprintf(f, "{\"mountpoint\": ");
+		cli_json_str(f, mnt);
+		fprintf(f, ", \"source\": ");
+		cli_json_str(f, source);
+		fprintf(f, ", \"pending\": [");
+		for (size_t i = 0; i < np; i++) {
+			fprintf(f, "%s{\"step\": ", i ? ", " : "");
+			cli_json_str(f, ps[i].name);
+			fprintf(f, ", \"arrays\": %llu, \"declared_bytes\": %llu, \"stored_bytes\": %llu, "
+				   "\"stored_files\": %llu}",
+				(unsigned long long)ps[i].arrays, (unsigned long long)ps[i].declared,
+				(unsigned long long)ps[i].stored, (unsigned long long)ps[i].stored_files);
+		}
+		fprintf(f, "], \"stats\": {");
+		for (size_t i = 0; i < NCOUNTERS; i++)
+			fprintf(f, "%s\"%s\": %llu", i ? ", " : "", counters[i],
+				(unsigned long long)stat_value(buf, counters[i]));
+		fprintf(f, "}}\n");
+	} else {
+		fprintf(f, "%s: ckptfs mount of %s\n", mnt, source);
+		if (!np)
+			fprintf(f, "no pending step\n");
+		for (size_t i = 0; i < np; i++)
+			fprintf(f, "pending step %s: %llu array%s declared (%s), %s stored in %llu files\n",
+				ps[i].name, (unsigned long long)ps[i].arrays, ps[i].arrays == 1 ? "" : "s",
+				cli_human(ps[i].declared, h1, sizeof(h1)), cli_human(ps[i].stored, h2, sizeof(h2)),
+				(unsigned long long)ps[i].stored_files);
+		fprintf(f, "written: %s received, %s stored (compressed), %s buffered\n",
+			cli_human(stat_value(buf, "bytes_written"), h1, sizeof(h1)),
+			cli_human(stat_value(buf, "stored_bytes_written"), h2, sizeof(h2)),
+			cli_human(stat_value(buf, "bytes_pending"), h3, sizeof(h3)));
+		fprintf(f, "commits: %llu, failed: %llu; errors: %llu\n",
+			(unsigned long long)stat_value(buf, "commits"),
+			(unsigned long long)stat_value(buf, "commit_failures"),
+			(unsigned long long)stat_value(buf, "errors"));
+		fprintf(f, "cache: %llu hits, %llu misses, %llu evictions; %s served\n",
+			(unsigned long long)stat_value(buf, "cache_hits"),
+			(unsigned long long)stat_value(buf, "cache_misses"),
+			(unsigned long long)stat_value(buf, "cache_evictions"),
+			cli_human(stat_value(buf, "bytes_served"), h1, sizeof(h1)));
+	}
+	free(ps);
+	fflush(f);
+	return 0;
+}
+
+int ckfs_cmd_status(int argc, char **argv)
+{
+	int json = 0, watch = 0;
+	long count = 0;
+	double interval = 1.0;
+	const char *mnt_arg = NULL;
+	for (int i = 1; i < argc; i++) {
+		if (!strcmp(argv[i], "--json")) {
+			json = 1;
+		} else if (!strcmp(argv[i], "--watch")) {
+			watch = 1;
+		} else if (!strcmp(argv[i], "--interval") && i + 1 < argc) {
+			interval = strtod(argv[++i], NULL);
+		} else if (!strcmp(argv[i], "--count") && i + 1 < argc) {
+			count = strtol(argv[++i], NULL, 10);
+		} else if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
+			usage(stdout);
+			return 0;
+		} else if (argv[i][0] == '-' || mnt_arg) {
+			usage(stderr);
+			return 2;
+		} else {
+			mnt_arg = argv[i];
+		}
+	}
+	if (!mnt_arg || interval <= 0) {
+		usage(stderr);
+		return 2;
+	}
+	char *mnt = realpath(mnt_arg, NULL);
+	char source[4096];
+	if (!mnt || mount_source(mnt, source, sizeof(source)) < 0) {
+		fprintf(stderr, "ckptfs status: %s: not a ckptfs mount\n", mnt_arg);
+		free(mnt);
+		return 1;
+	}
+	int tty = isatty(1);
+	int rc = 0;
+	for (long n = 0;; n++) {
+		if (watch && tty)
+			fputs("\033[H\033[J", stdout);
+		rc = show(mnt, source, json, stdout);
+		if (!watch || rc || (count > 0 && n + 1 >= count))
+			break;
+		if (!tty)
+			fputs("\n", stdout);
+		struct timespec ts = { (time_t)interval, (long)((interval - (double)(time_t)interval) * 1e9) };
+		nanosleep(&ts, NULL);
+	}
+	free(mnt);
+	return rc;
+}
