@@ -40,6 +40,9 @@ static const struct fuse_opt opt_spec[] = { OPT("cache_size=%s", cache_size, 0),
 					    OPT("gid=%d", gid, 0),
 					    OPT("umask=%s", umask, 0),
 					    OPT("allow_other_writes", allow_other_writes, 1),
+					    OPT("process_index=%d", process_index, 0),
+					    OPT("process_count=%d", process_count, 0),
+					    OPT("commit_timeout=%d", commit_timeout, 0),
 					    FUSE_OPT_KEY("fsname=", 1001),
 					    FUSE_OPT_KEY("subtype=", 1002),
 					    FUSE_OPT_KEY("ro", 1000),
@@ -85,6 +88,9 @@ static void usage(const char *prog)
 	       "    -o zstd_level=N         zstd level of written chunks (default 1)\n"
 	       "    -o write_buffer=SIZE    buffered bytes per pending step before writers wait (default "
 	       "RAM/8, 512M..2G)\n"
+	       "    -o process_index=I,process_count=N  several hosts write each step over one shared\n"
+	       "                            SOURCE; host 0 is the primary (docs/usage.md)\n"
+	       "    -o commit_timeout=SEC   multi-host commit: wait this long for the other hosts (600)\n"
 	       "    -o uid=N,gid=N          owner shown for every file (default: the mounting user)\n"
 	       "    -o umask=OCT            show modes 0777/0666 & ~OCT (e.g. 022: copies stay writable)\n"
 	       "    -o allow_other_writes   with allow_other: let other users write and commit steps\n"
@@ -510,6 +516,14 @@ int main(int argc, char *argv[])
 	vo.show_companions = fs.opts.show_companions;
 	vo.read_only = fs.opts.read_only;
 	vo.zstd_level = fs.opts.zstd_level;
+	if (fs.opts.process_count < 0 || fs.opts.process_index < 0 || fs.opts.commit_timeout < 0 ||
+	    (fs.opts.process_index && fs.opts.process_index >= fs.opts.process_count)) {
+		fprintf(stderr, "ckptfs: process_index must be in [0, process_count)\n");
+		goto out_ready;
+	}
+	vo.process_index = fs.opts.process_index;
+	vo.process_count = fs.opts.process_count;
+	vo.commit_timeout_s = (unsigned)fs.opts.commit_timeout;
 	vo.store = &store_opts;
 	if (ckpt_store_source_is_remote(fs.opts.source) && !fs.opts.read_only) {
 		/* new steps are staged in a local spool folder, uploaded at commit */
