@@ -40,6 +40,7 @@ static const struct fuse_opt opt_spec[] = { OPT("cache_size=%s", cache_size, 0),
 					    OPT("gid=%d", gid, 0),
 					    OPT("umask=%s", umask, 0),
 					    OPT("allow_other_writes", allow_other_writes, 1),
+					    OPT("root", force_root, 1),
 					    OPT("process_index=%d", process_index, 0),
 					    OPT("process_count=%d", process_count, 0),
 					    OPT("commit_timeout=%d", commit_timeout, 0),
@@ -79,6 +80,8 @@ static void usage(const char *prog)
 	       "                                  stored), its counters; --watch repeats every second\n\n"
 	       "ckptfs options:\n"
 	       "    -o ro                   read-only: refuse new steps\n"
+	       "    -o root                 use a non-empty SOURCE that is no checkpoint as a\n"
+	       "                            CheckpointManager root (for new steps)\n"
 	       "    -o cache_size=SIZE      decoded-chunk cache budget, K/M/G suffix (default 256M)\n"
 	       "    -o threads=N            decode threads (default: number of CPUs)\n"
 	       "    -o show_companions      list NAME.shards/ and X.safetensors in directories\n"
@@ -515,6 +518,7 @@ int main(int argc, char *argv[])
 	vo.ctx.threads = fs.opts.threads;
 	vo.show_companions = fs.opts.show_companions;
 	vo.read_only = fs.opts.read_only;
+	vo.force_root = fs.opts.force_root;
 	vo.zstd_level = fs.opts.zstd_level;
 	if (fs.opts.process_count < 0 || fs.opts.process_index < 0 || fs.opts.commit_timeout < 0 ||
 	    (fs.opts.process_index && fs.opts.process_index >= fs.opts.process_count)) {

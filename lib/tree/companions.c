@@ -187,6 +187,11 @@ static int collect(ckpt_view *v, struct node *dir, const char *prefix, struct st
 		struct node *k = dn->kids[i];
 		char name[VIEW_KEYPATH_MAX];
 		size_t stem;
+		if (k->kind == N_BROKEN) {
+			ckpt_log(CKPT_LOG_ERR, "%s%s%s: unreadable array: no safetensors view of its directory",
+				 prefix, *prefix ? "." : "", k->name);
+			return -EIO; /* never a file that silently leaves an array out */
+		}
 		if (k->kind == N_ARRAY && node_ends_with(k->name, ".npy", &stem)) {
 			int w = snprintf(name, sizeof(name), "%s%s%.*s", prefix, *prefix ? "." : "",
 					 (int)stem, k->name);
@@ -322,8 +327,12 @@ static int make_slice(ckpt_view *v, struct node *dir, const char *name, const ch
 		      struct node **out)
 {
 	struct array_node *arr = array_kid(dir, name, (size_t)(br - name));
-	if (!arr)
-		return -ENOENT;
+	if (!arr) {
+		char base[VIEW_NAME_BUF];
+		snprintf(base, sizeof(base), "%.*s.npy", (int)(br - name), name);
+		struct node *k = view_find_kid(dir, base);
+		return k && k->kind == N_BROKEN ? -EIO : -ENOENT; /* an unreadable array's slices too */
+	}
 	const ckpt_array_meta *m = ckpt_array_meta_of(arr->ar->arr);
 	ckpt_region r;
 	const char *why = "";
@@ -396,6 +405,9 @@ static int make_safetensors(ckpt_view *v, struct node *dir, const char *name, si
 	struct node *sub = view_find_kid(dir, base);
 	if (!sub || sub->kind != N_DIR)
 		return -ENOENT;
+	int lrc = node_load(v, sub); /* a step of a root builds its kids on first use */
+	if (lrc < 0)
+		return lrc;
 	struct node *n = node_new(v, sharded ? &stdir_ops : &st_ops, name, dir);
 	if (!n)
 		return -ENOMEM;

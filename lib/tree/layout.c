@@ -7,6 +7,7 @@
  * the source ("" = the source itself).
  */
 #include <cjson/cJSON.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -132,7 +133,53 @@ static struct node *add_dir(ckpt_view *v, struct node *parent, const char *name,
 	return n;
 }
 
-/* Add array `param` (store prefix) as file `fname` in dir. */
+/* ---- arrays that cannot be read ------------------------------------------ */
+
+/* An array named by the metadata whose own metadata or store is unusable:
+ * listed under its name, so that a copy of the tree fails instead of
+ * silently leaving it out; reads answer -EIO.  The reason was logged when
+ * the node was made. */
+static void broken_attr(ckpt_view *v, struct node *n, ckpt_attr *a)
+{
+	(void)v;
+	(void)n;
+	a->mode = 0444;
+	a->size = 0;
+	a->immutable = 0;
+	a->volatile_data = 1; /* direct I/O: every read reaches broken_read */
+}
+
+static ssize_t broken_read(ckpt_view *v, struct node *n, uint64_t off, size_t len, void *dst)
+{
+	(void)v;
+	(void)off;
+	(void)len;
+	(void)dst;
+	ckpt_log(CKPT_LOG_ERR, "%s: unreadable array (reason logged at mount)", n->name);
+	return -EIO;
+}
+
+static const struct node_ops broken_ops = {
+	.kind = N_BROKEN,
+	.size = sizeof(struct node),
+	.getattr = broken_attr,
+	.read = broken_read,
+};
+
+static void add_broken(ckpt_view *v, struct node *dir, const char *where, const char *param, const char *fname,
+		       const char *why, int64_t mtime)
+{
+	ckpt_log(CKPT_LOG_ERR, "%s: array %s cannot be read (%s): listed as %s, reads answer EIO", where, param,
+		 why, fname);
+	struct node *n = node_new(v, &broken_ops, fname, dir);
+	if (!n)
+		return;
+	n->mtime_ns = mtime;
+	view_add_kid(dir, n);
+}
+
+/* Add array `param` (store prefix) as file `fname` in dir (store NULL: the
+ * item's store could not be opened). */
 static void add_array(ckpt_view *v, struct node *dir, ckpt_store *store, int ocdbt, const char *param,
 		      const char *fname, int format, int all_stored, const cJSON *sharding, int64_t mtime)
 {
@@ -140,15 +187,16 @@ static void add_array(ckpt_view *v, struct node *dir, ckpt_store *store, int ocd
 		ckpt_log(CKPT_LOG_WARN, "%s: name collision for array %s, left out", store->root, param);
 		return;
 	}
+	if (!store) {
+		add_broken(v, dir, v->src->root, param, fname, "its item's store cannot be opened", mtime);
+		return;
+	}
 	ckpt_array *arr;
 	ckpt_array_open_opts oo = { .format = format, .missing_is_error = all_stored };
 	int rc = ckpt_array_open_ex(v->ctx, store, param, &oo, &arr);
-	if (rc == -ENOENT) {
-		ckpt_log(CKPT_LOG_ERR, "%s: array %s has no zarr metadata, left out", store->root, param);
-		return;
-	}
-	if (rc < 0) {
-		ckpt_log(CKPT_LOG_ERR, "%s: array %s left out", store->root, param); /* reason logged above */
+	if (rc < 0) { /* the reason was logged by ckpt_array_open_ex */
+		add_broken(v, dir, store->root, param, fname,
+			   rc == -ENOENT ? "no zarr metadata" : strerror(-rc), mtime);
 		return;
 	}
 	struct aref *ar = view_new_aref(v, arr, ocdbt);
@@ -229,20 +277,22 @@ static void build_item(ckpt_view *v, struct node *dir, const char *path, int64_t
 						  CKPT_ORBAX_MARKER_FILE };
 	for (size_t i = 0; i < sizeof(meta_files) / sizeof(meta_files[0]); i++)
 		add_file_if(v, dir, path, meta_files[i], mtime);
-	int ocdbt = has_ocdbt(v, path);
+	cJSON *meta = read_json(v, path, CKPT_ORBAX_METADATA);
+	int ocdbt = has_ocdbt(v, path) ||
+		    (meta && cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(meta, "use_ocdbt")));
 	ckpt_store *store = NULL;
 	int rc =
 		ocdbt ? ckpt_store_ocdbt_open_on(v->src, path, &store) : ckpt_store_sub(v->src, path, &store);
 	if (rc < 0) {
-		ckpt_log(CKPT_LOG_ERR, "%s/%s: cannot open the %s store (%s); arrays left out", v->src->root,
-			 path, ocdbt ? "OCDBT" : "folder", strerror(-rc));
-		return;
-	}
-	if (view_own_store(v, store) < 0) {
+		/* The arrays _METADATA names stay listed (reads answer EIO). */
+		ckpt_log(CKPT_LOG_ERR, "%s/%s: cannot open the %s store (%s); its arrays answer EIO",
+			 v->src->root, path, ocdbt ? "OCDBT" : "folder", strerror(-rc));
+		store = NULL;
+	} else if (view_own_store(v, store) < 0) {
 		ckpt_store_destroy(store);
+		cJSON_Delete(meta);
 		return;
 	}
-	cJSON *meta = read_json(v, path, CKPT_ORBAX_METADATA);
 	cJSON *sharding = read_json(v, path, CKPT_ORBAX_SHARDING);
 	cJSON *strings = NULL;
 	const cJSON *tree = meta ? cJSON_GetObjectItemCaseSensitive(meta, "tree_metadata") : NULL;
@@ -255,6 +305,8 @@ static void build_item(ckpt_view *v, struct node *dir, const char *path, int64_t
 			cJSON_GetObjectItemCaseSensitive(meta, "store_array_data_equal_to_fill_value"));
 	}
 	if (!cJSON_IsObject(tree)) {
+		if (!store)
+			goto out;
 		if (meta)
 			ckpt_log(CKPT_LOG_ERR,
 				 "%s/" CKPT_ORBAX_METADATA
@@ -426,17 +478,240 @@ static void build_step(ckpt_view *v, struct node *dir, const char *path, int64_t
 	for_each_entry(v, path, step_entry, &w);
 }
 
-/* A CheckpointManager root: one directory per committed step. */
+/* ---- committed steps of a root, built on first use ------------------------ */
+
+/* A step folder of a CheckpointManager root: named at mount (or when a
+ * rescan finds it), its commit time read when it is looked up or stat'ed,
+ * its items built when something inside it is looked up or listed. */
+struct step_node {
+	struct dir_node d;
+	pthread_mutex_t load_mu;
+	atomic_bool loaded; /* kids built (release); they never change afterwards */
+	atomic_bool timed; /* mtime is the commit time */
+	_Atomic int64_t mtime; /* the folder's mtime, then the commit time */
+};
+
+static const struct node_ops step_ops;
+
+static struct step_node *to_step(struct node *n)
+{
+	assert(n->ops == &step_ops);
+	return container_of(to_dir(n), struct step_node, d);
+}
+
+void layout_step_touch(ckpt_view *v, struct node *n)
+{
+	if (n->ops != &step_ops)
+		return;
+	struct step_node *s = to_step(n);
+	if (atomic_load(&s->timed))
+		return;
+	/* Racing callers read the same file and store the same value. */
+	atomic_store(&s->mtime, commit_time(v, n->name, atomic_load(&s->mtime)));
+	atomic_store(&s->timed, true);
+}
+
+static int step_load(ckpt_view *v, struct node *n)
+{
+	struct step_node *s = to_step(n);
+	if (atomic_load_explicit(&s->loaded, memory_order_acquire))
+		return 0;
+	pthread_mutex_lock(&s->load_mu);
+	if (!atomic_load_explicit(&s->loaded, memory_order_relaxed)) {
+		layout_step_touch(v, n);
+		build_step(v, n, n->name, atomic_load(&s->mtime));
+		atomic_store_explicit(&s->loaded, true, memory_order_release);
+	}
+	pthread_mutex_unlock(&s->load_mu);
+	return 0;
+}
+
+static void step_attr(ckpt_view *v, struct node *n, ckpt_attr *a)
+{
+	dir_ops.getattr(v, n, a);
+	a->mtime_ns = atomic_load(&to_step(n)->mtime);
+	if (v->live)
+		a->immutable = 0; /* it may be pruned */
+}
+
+static int step_readdir(ckpt_view *v, struct node *dir, uint64_t index, struct node **out)
+{
+	step_load(v, dir);
+	return dir_ops.readdir(v, dir, index, out);
+}
+
+static int step_lookup(ckpt_view *v, struct node *dir, const char *name, struct node **out)
+{
+	step_load(v, dir);
+	return dir_ops.lookup(v, dir, name, out);
+}
+
+static void step_destroy(ckpt_view *v, struct node *n)
+{
+	(void)v;
+	pthread_mutex_destroy(&to_step(n)->load_mu);
+}
+
+static const struct node_ops step_ops = {
+	.kind = N_DIR,
+	.size = sizeof(struct step_node),
+	.getattr = step_attr,
+	.readdir = step_readdir,
+	.lookup = step_lookup,
+	.load = step_load,
+	.destroy = step_destroy,
+};
+
+/* A step node of the root, not linked yet. */
+static struct node *new_step_node(ckpt_view *v, const char *name, int64_t mtime)
+{
+	struct node *root = view_node(v, CKPT_ROOT_INO);
+	struct node *n = node_new(v, &step_ops, name, root);
+	if (!n)
+		return NULL;
+	struct step_node *s = to_step(n);
+	pthread_mutex_init(&s->load_mu, NULL);
+	atomic_init(&s->loaded, false);
+	atomic_init(&s->timed, false);
+	atomic_init(&s->mtime, mtime);
+	n->mtime_ns = mtime;
+	return n;
+}
+
+/* The folders of a root that are steps: not the manager's metadata/ folder,
+ * not hidden, not unfinished (for_each_entry skips those). */
+static int is_step_folder(const char *name, const struct ckpt_store_stat *st)
+{
+	return st->is_dir && strcmp(name, CKPT_ORBAX_ROOT_METADATA_DIR) != 0;
+}
+
 static void root_entry(ckpt_view *v, void *arg, const char *name, const char *key,
 		       const struct ckpt_store_stat *st)
 {
-	struct walk_ctx *w = arg;
-	if (!st->is_dir || !strcmp(name, CKPT_ORBAX_ROOT_METADATA_DIR))
-		return; /* the root's metadata/ folder is not a step */
-	int64_t t = commit_time(v, key, w->mtime);
-	struct node *step = add_dir(v, w->dir, name, t);
+	(void)key;
+	struct node *root = arg;
+	if (!is_step_folder(name, st))
+		return;
+	struct node *step = new_step_node(v, name, st->mtime_ns ? st->mtime_ns : root->mtime_ns);
 	if (step)
-		build_step(v, step, key, t);
+		view_add_kid(root, step);
+}
+
+struct layout_steps {
+	char **names;
+	int64_t *mtime;
+	size_t n, cap;
+	int oom;
+};
+
+static void list_entry(ckpt_view *v, void *arg, const char *name, const char *key,
+		       const struct ckpt_store_stat *st)
+{
+	(void)v;
+	(void)key;
+	struct layout_steps *l = arg;
+	if (!is_step_folder(name, st) || l->oom)
+		return;
+	if (l->n == l->cap) {
+		size_t cap = l->cap ? l->cap * 2 : 64;
+		char **nm = realloc(l->names, cap * sizeof(*nm));
+		if (nm)
+			l->names = nm;
+		int64_t *mt = realloc(l->mtime, cap * sizeof(*mt));
+		if (mt)
+			l->mtime = mt;
+		if (!nm || !mt) {
+			l->oom = 1;
+			return;
+		}
+		l->cap = cap;
+	}
+	if (!(l->names[l->n] = strdup(name))) {
+		l->oom = 1;
+		return;
+	}
+	l->mtime[l->n++] = st->mtime_ns;
+}
+
+static void free_steps(struct layout_steps *l)
+{
+	for (size_t i = 0; i < l->n; i++)
+		free(l->names[i]);
+	free(l->names);
+	free(l->mtime);
+	free(l);
+}
+
+int layout_list_steps(ckpt_view *v, struct layout_steps **out)
+{
+	struct layout_steps *l = calloc(1, sizeof(*l));
+	if (!l)
+		return -ENOMEM;
+	int rc = for_each_entry(v, "", list_entry, l);
+	if (rc == 0 && l->oom)
+		rc = -ENOMEM;
+	if (rc < 0) {
+		ckpt_log(CKPT_LOG_ERR, "%s: cannot list the root again: %s", v->src->root, strerror(-rc));
+		free_steps(l);
+		return rc;
+	}
+	*out = l;
+	return 0;
+}
+
+static int listed(const struct layout_steps *l, const char *name)
+{
+	for (size_t i = 0; i < l->n; i++)
+		if (!strcmp(l->names[i], name))
+			return 1;
+	return 0;
+}
+
+int layout_apply_steps(ckpt_view *v, struct layout_steps *l)
+{
+	int changes = 0;
+	struct node *root = view_node(v, CKPT_ROOT_INO);
+	struct dir_node *d = to_dir(root);
+	/* Vanished: committed steps no longer in the source.  Pending steps
+	 * live in tmp folders and are never listed. */
+	for (size_t i = d->nkids; i-- > 0;) {
+		struct node *k = d->kids[i];
+		if (k->ops != &step_ops || listed(l, k->name))
+			continue;
+		view_remove_kid(root, k);
+		atomic_store(&k->gone, true);
+		atomic_store(&k->orphan, true);
+		changes++;
+		ckpt_log(CKPT_LOG_INFO, "%s: step %s is gone from the source", v->src->root, k->name);
+	}
+	for (size_t i = 0; i < l->n; i++) {
+		const char *name = l->names[i];
+		/* A step committing through the mount links its own node. */
+		if (view_find_kid(root, name) || name_reserved(root, name))
+			continue;
+		struct node *n = new_step_node(v, name, l->mtime[i] ? l->mtime[i] : root->mtime_ns);
+		if (!n || view_add_kid(root, n) < 0)
+			break;
+		changes++;
+		ckpt_log(CKPT_LOG_INFO, "%s: new step %s", v->src->root, name);
+	}
+	free_steps(l);
+	return changes;
+}
+
+/* ---- what SOURCE is ----------------------------------------------------------- */
+
+struct probe {
+	size_t entries, steps;
+};
+
+static int probe_cb(void *ctx, const char *name, const struct ckpt_store_stat *st)
+{
+	struct probe *p = ctx;
+	p->entries++;
+	if (st->is_dir && (ckpt_orbax_step_number(name, NULL) || ckpt_orbax_is_unfinished(name)))
+		p->steps++;
+	return 0;
 }
 
 int layout_build_view(ckpt_view *v, const char *source)
@@ -461,30 +736,38 @@ int layout_build_view(ckpt_view *v, const char *source)
 		v->kind = "item";
 		root->mtime_ns = commit_time(v, "", now);
 		build_item(v, root, "", root->mtime_ns);
-	} else if (exists_at(v, "", CKPT_ORBAX_CKPT_METADATA, 0) ||
-		   exists_at(v, "", CKPT_ORBAX_MARKER_FILE, 0)) {
+		return 0;
+	}
+	if (exists_at(v, "", CKPT_ORBAX_CKPT_METADATA, 0) || exists_at(v, "", CKPT_ORBAX_MARKER_FILE, 0)) {
 		v->kind = "step";
 		root->mtime_ns = commit_time(v, "", now);
 		build_step(v, root, "", root->mtime_ns);
-	} else {
-		v->kind = "root";
-		root->mtime_ns = now;
-		struct walk_ctx w = { root, now, 0 };
-		rc = for_each_entry(v, "", root_entry, &w);
-		if (rc < 0)
-			return rc;
+		return 0;
 	}
-	return 0;
+	struct probe p = { 0, 0 };
+	if ((rc = ckpt_store_listdir(src, "", probe_cb, &p)) < 0)
+		return rc;
+	if (p.entries && !p.steps && !v->opts.force_root) {
+		ckpt_log(CKPT_LOG_ERR,
+			 "%s: not a checkpoint: found none of " CKPT_ORBAX_METADATA " or " CKPT_ORBAX_OCDBT_MANIFEST
+			 " / " CKPT_ORBAX_OCDBT_PROCESS_PREFIX "* (an item), " CKPT_ORBAX_CKPT_METADATA
+			 " or " CKPT_ORBAX_MARKER_FILE
+			 " (a step), or a step folder such as 30/ or step_30/ (a CheckpointManager root); "
+			 "mount it with -o root to use this non-empty folder as a root for new steps anyway",
+			 src->root);
+		return -EMEDIUMTYPE;
+	}
+	v->kind = "root";
+	v->live = 1;
+	root->mtime_ns = now;
+	return for_each_entry(v, "", root_entry, root);
 }
 
 struct node *layout_new_step(ckpt_view *v, const char *name)
 {
 	struct node *root = view_node(v, CKPT_ROOT_INO);
-	int64_t t = commit_time(v, name, root->mtime_ns);
-	struct node *step = node_new(v, &dir_ops, name, root);
-	if (!step)
-		return NULL;
-	step->mtime_ns = t;
-	build_step(v, step, name, t);
+	struct node *step = new_step_node(v, name, root->mtime_ns);
+	if (step)
+		step_load(v, step); /* just committed: read it back now */
 	return step;
 }

@@ -25,6 +25,19 @@ struct node *view_node(ckpt_view *v, ckpt_ino ino)
 	return x;
 }
 
+int node_is_gone(ckpt_view *v, const struct node *n)
+{
+	if (!v->live)
+		return 0;
+	/* Only steps of a root are ever marked: a few hops at most. */
+	while (n && n->ino != CKPT_ROOT_INO) {
+		if (atomic_load_explicit(&n->gone, memory_order_relaxed))
+			return 1;
+		n = view_node(v, n->parent);
+	}
+	return 0;
+}
+
 struct node *node_new(ckpt_view *v, const struct node_ops *ops, const char *name, struct node *parent)
 {
 	assert(ops && ops->getattr && ops->size >= sizeof(struct node));
@@ -40,6 +53,7 @@ struct node *node_new(ckpt_view *v, const struct node_ops *ops, const char *name
 	n->kind = ops->kind;
 	n->ops = ops;
 	atomic_init(&n->orphan, false);
+	atomic_init(&n->gone, false);
 	n->parent = parent ? parent->ino : CKPT_ROOT_INO;
 	n->mtime_ns = parent ? parent->mtime_ns : 0;
 	n->gen = 1;
@@ -369,6 +383,9 @@ static int lookup(ckpt_view *v, struct node *dir, const char *name, int ref, str
 {
 	if (!dir->ops->readdir)
 		return -ENOTDIR;
+	int lrc = node_load(v, dir); /* a committed step of a root builds its kids on first use */
+	if (lrc < 0)
+		return lrc;
 	struct node *n = node_has_kids(dir) ? view_find_kid(dir, name) : NULL;
 	if (!n) {
 		pthread_mutex_lock(&v->dyn_lock);
@@ -476,6 +493,10 @@ void view_fill_attr(ckpt_view *v, struct node *n, ckpt_attr *a)
 	a->immutable = 1;
 	a->nlink = 1;
 	n->ops->getattr(v, n, a);
+	if (n->ino == CKPT_ROOT_INO && v->live) {
+		a->immutable = 0; /* steps come and go */
+		a->mtime_ns = atomic_load(&v->root_mtime);
+	}
 	assert(!a->is_dir == !n->ops->readdir);
 }
 

@@ -211,7 +211,7 @@ static int key_of_name(const char *name, char *buf, size_t cap)
 /* ---- namespace -------------------------------------------------------- */
 
 /* A committing step of the root takes `name` (ns_lock held). */
-static int name_reserved(struct node *root, const char *name)
+int name_reserved(struct node *root, const char *name)
 {
 	struct dir_node *d = to_dir(root);
 	for (size_t i = 0; i < d->nkids; i++) {

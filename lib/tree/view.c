@@ -6,12 +6,58 @@
  */
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
+#include "sysio.h"
 #include "view_internal.h"
 
 /* .ckptfs/: hidden, reachable by name */
 #define VIEW_META_DIR ".ckptfs"
 #define VIEW_STATS_FILE "stats"
+/* A root whose store reports no mtime (object stores) is listed again at
+ * most this often. */
+#define RESCAN_INTERVAL_NS 1000000000ll
+/* A folder mtime this close to the wall clock may hide a later change with
+ * the same (coarse) timestamp: list again on the next call. */
+#define RESCAN_UNSURE_NS 2000000000ll
+
+static int64_t wall_ns(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_REALTIME, &ts);
+	return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+/* Root rescan: when the source folder's mtime moved since the last
+ * listing (creating, renaming or removing a step folder moves it), list it
+ * again and link/unlink steps.  Called before ns_lock is taken. */
+static void root_refresh(ckpt_view *v)
+{
+	if (!v->live)
+		return;
+	struct ckpt_store_stat st;
+	if (ckpt_store_stat(v->src, "", &st) < 0)
+		return; /* keep what is shown; reads of vanished data fail on their own */
+	pthread_mutex_lock(&v->scan_mu);
+	uint64_t now = ckpt_now_ns();
+	int due = st.mtime_ns ? st.mtime_ns != v->scan_mtime || v->scan_unsure
+			      : now - v->scan_at_ns >= (uint64_t)RESCAN_INTERVAL_NS;
+	struct layout_steps *l;
+	if (due && layout_list_steps(v, &l) == 0) {
+		pthread_rwlock_wrlock(&v->ns_lock);
+		int changes = layout_apply_steps(v, l);
+		pthread_rwlock_unlock(&v->ns_lock);
+		int64_t shown = atomic_load(&v->root_mtime), t = st.mtime_ns;
+		if (changes && t <= shown) /* object stores: no folder mtime */
+			t = wall_ns() > shown ? wall_ns() : shown + 1;
+		if (t > shown)
+			atomic_store(&v->root_mtime, t);
+		v->scan_mtime = st.mtime_ns;
+		v->scan_at_ns = now;
+		v->scan_unsure = st.mtime_ns && wall_ns() - st.mtime_ns < RESCAN_UNSURE_NS;
+	}
+	pthread_mutex_unlock(&v->scan_mu);
+}
 
 int ckpt_view_open(const char *source, const ckpt_view_opts *opts, ckpt_view **out)
 {
@@ -23,6 +69,7 @@ int ckpt_view_open(const char *source, const ckpt_view_opts *opts, ckpt_view **o
 	pthread_mutex_init(&v->alloc_lock, NULL);
 	pthread_mutex_init(&v->dyn_lock, NULL);
 	pthread_mutex_init(&v->res_lock, NULL);
+	pthread_mutex_init(&v->scan_mu, NULL);
 	pthread_rwlock_init(&v->ns_lock, NULL);
 	v->source = strdup(source);
 	int rc = v->source ? ckpt_ctx_create(&v->opts.ctx, &v->ctx) : -ENOMEM;
@@ -43,6 +90,11 @@ int ckpt_view_open(const char *source, const ckpt_view_opts *opts, ckpt_view **o
 		return rc;
 	}
 	v->writable = !strcmp(v->kind, "root") && !v->opts.read_only;
+	/* the listing layout_build_view made counts as the first scan */
+	v->scan_mtime = root->mtime_ns;
+	atomic_store(&v->root_mtime, root->mtime_ns);
+	v->scan_at_ns = ckpt_now_ns();
+	v->scan_unsure = root->mtime_ns && wall_ns() - root->mtime_ns < RESCAN_UNSURE_NS;
 	struct node *meta = node_new(v, &dir_ops, VIEW_META_DIR, root);
 	struct node *stats = meta ? node_new(v, &stats_ops, VIEW_STATS_FILE, meta) : NULL;
 	if (meta)
@@ -77,6 +129,7 @@ void ckpt_view_destroy(ckpt_view *v)
 	pthread_mutex_destroy(&v->alloc_lock);
 	pthread_mutex_destroy(&v->dyn_lock);
 	pthread_mutex_destroy(&v->res_lock);
+	pthread_mutex_destroy(&v->scan_mu);
 	free(v);
 }
 
@@ -90,28 +143,41 @@ int ckpt_view_getattr(ckpt_view *v, ckpt_ino ino, ckpt_attr *out)
 	struct node *n = view_node(v, ino);
 	if (!n)
 		return -ENOENT;
+	if (node_is_gone(v, n))
+		return -ESTALE;
+	if (ino == CKPT_ROOT_INO)
+		root_refresh(v); /* its mtime tells the kernel whether its cached listing is valid */
+	layout_step_touch(v, n);
 	view_fill_attr(v, n, out);
 	return 0;
 }
 
 int ckpt_view_lookup(ckpt_view *v, ckpt_ino parent, const char *name, ckpt_attr *out)
 {
+	if (parent == CKPT_ROOT_INO)
+		root_refresh(v);
 	pthread_rwlock_rdlock(&v->ns_lock);
 	struct node *dir = view_node(v, parent);
 	struct node *n = NULL;
-	int rc = dir ? node_lookup_ref(v, dir, name, &n) : -ENOENT;
-	if (rc == 0)
+	int rc = dir && !node_is_gone(v, dir) ? node_lookup_ref(v, dir, name, &n) : -ENOENT;
+	if (rc == 0) {
+		layout_step_touch(v, n);
 		view_fill_attr(v, n, out);
+	}
 	pthread_rwlock_unlock(&v->ns_lock);
 	return rc;
 }
 
 int ckpt_view_readdir(ckpt_view *v, ckpt_ino ino, uint64_t index, const char **name, ckpt_attr *attr)
 {
+	if (ino == CKPT_ROOT_INO && index == 0)
+		root_refresh(v);
 	pthread_rwlock_rdlock(&v->ns_lock);
 	struct node *dir = view_node(v, ino);
 	struct node *n = NULL;
-	int rc = !dir ? -ENOENT : !dir->ops->readdir ? -ENOTDIR : dir->ops->readdir(v, dir, index, &n);
+	int rc = !dir || node_is_gone(v, dir) ? -ENOENT
+		 : !dir->ops->readdir	      ? -ENOTDIR
+					      : dir->ops->readdir(v, dir, index, &n);
 	if (rc == 1) {
 		*name = n->name;
 		view_fill_attr(v, n, attr);
@@ -125,6 +191,8 @@ int ckpt_view_read_iov(ckpt_view *v, ckpt_ino ino, uint64_t off, size_t len, str
 {
 	struct node *n = view_node(v, ino);
 	*npins = 0;
+	if (n && node_is_gone(v, n))
+		return -ESTALE;
 	if (!n || !n->ops->read_iov || max < 3)
 		return -ENOTSUP;
 	return n->ops->read_iov(v, n, off, len, iov, max, pins, npins);
@@ -142,6 +210,8 @@ ssize_t ckpt_view_read(ckpt_view *v, ckpt_ino ino, uint64_t off, size_t len, voi
 	struct node *n = view_node(v, ino);
 	if (!n)
 		return -ENOENT;
+	if (node_is_gone(v, n))
+		return -ESTALE;
 	if (!n->ops->read)
 		return -EISDIR;
 	return n->ops->read(v, n, off, len, dst);
@@ -157,6 +227,8 @@ ssize_t ckpt_view_getxattr(ckpt_view *v, ckpt_ino ino, const char *name, char *b
 	 * labels or ACLs instead of asking for every file. */
 	if (strncmp(name, "user.", 5) != 0)
 		return -ENOTSUP;
+	if (node_is_gone(v, n))
+		return -ESTALE;
 	if (!n->ops->getxattr)
 		return -ENODATA;
 	return n->ops->getxattr(v, n, name, buf, cap);
@@ -167,6 +239,8 @@ ssize_t ckpt_view_listxattr(ckpt_view *v, ckpt_ino ino, char *buf, size_t cap)
 	struct node *n = view_node(v, ino);
 	if (!n)
 		return -ENOENT;
+	if (node_is_gone(v, n))
+		return -ESTALE;
 	if (!n->ops->listxattr)
 		return 0;
 	return n->ops->listxattr(v, n, buf, cap);

@@ -43,6 +43,7 @@ typedef struct ckpt_view_opts {
 	/* Options of an s3:// or gs:// SOURCE (store.h; NULL: defaults).  Borrowed
 	 * for the duration of ckpt_view_open() only. */
 	const struct ckpt_store_opts *store;
+	int force_root; /* use a non-empty SOURCE that is no checkpoint as a CheckpointManager root */
 	/* An object-store root: local folder where pending steps are staged
 	 * (committed steps are uploaded from it, commit marker last); NULL: the
 	 * view is read-only there.  Borrowed for the life of the view. */
@@ -63,8 +64,19 @@ typedef struct ckpt_attr {
 } ckpt_attr;
 
 /* Build the view of SOURCE (a CheckpointManager root, a step folder or an
- * item folder; detected).  Unreadable parts are logged and left out; only
- * an unusable SOURCE fails (-errno). */
+ * item folder; detected).  An empty folder is a root.  A non-empty SOURCE
+ * with none of _METADATA, _CHECKPOINT_METADATA, orbax.checkpoint, an OCDBT
+ * manifest or a step folder is refused with -EMEDIUMTYPE (logged: what was
+ * looked for) unless opts->force_root.  Only the root is listed here: the
+ * steps of a root are read on first use.  An array whose metadata or store
+ * is unreadable stays in the tree and answers -EIO (logged); only an
+ * unusable SOURCE fails (-errno).
+ *
+ * A root is live: a lookup or readdir of the root lists the source again
+ * when its mtime moved (object stores: at most once a second), so steps
+ * committed outside the mount appear and pruned ones disappear; nodes of a
+ * pruned step answer -ENOENT (lookup, readdir) or -ESTALE (getattr, read).
+ * Such nodes (the root and its steps) are not `immutable`. */
 int ckpt_view_open(const char *source, const ckpt_view_opts *opts, ckpt_view **out);
 void ckpt_view_destroy(ckpt_view *v);
 

@@ -28,21 +28,30 @@
  * out; from then on its name, kind, ops and parent never change.  What
  * changes after publication, and under which lock:
  *   - the kids of the root (pending steps and committed steps are added and
- *     removed) and of pending directories: ns_lock exclusive to change,
- *     ns_lock shared to read.  Kids of committed directories other than the
- *     root are built before the directory is linked and never change.
+ *     removed; a root rescan adds the steps that appeared in the source and
+ *     unlinks the vanished ones) and of pending directories: ns_lock
+ *     exclusive to change, ns_lock shared to read.  Kids of committed
+ *     directories other than the root are built before the directory is
+ *     linked and never change, except a committed step of a root: its kids
+ *     are built once, on first use (ops->load, under the step's load_mu),
+ *     and never change afterwards.
  *   - the hidden-name map: dyn_lock.
  *   - a shards directory's unit list: made once, under its own mutex.
- *   - node->orphan, pstep->dead/committing: atomics (read without locks).
+ *   - node->orphan, node->gone, pstep->dead/committing: atomics (read
+ *     without locks).
  *   - a pending file's header state: its pfile mutex (pending.c).
  *
  * ---- Lock order of libckpt ---------------------------------------------------
  * Outer first: a lock may be taken while holding the locks above it on its
  * path, never the other way round.
  *
+ *   v->scan_mu  (a rescan of the root: listing without view locks, then
+ *   |            ns_lock exclusive to link/unlink steps)
  *   v->ns_lock  (rwlock. Shared: lookup, readdir, the user.ckpt.shards xattr.
  *   |            Exclusive: mkdir, create, rename, unlink, rmdir, and the two
  *   |            short sections of a commit, see below)
+ *   |-> step->load_mu     (a committed step of a root building its kids, once)
+ *   |     '-> v->res_lock, v->alloc_lock, read path (store calls)
  *   |-> sd->units_mu      (one NAME.shards/ listing its units, once)
  *   |     |-> v->alloc_lock
  *   |     '-> read path   (store size calls)
@@ -104,6 +113,7 @@ enum node_kind {
 	N_PSTEP, /* a pending step (mkdir at the root of a writable mount) */
 	N_PDIR, /* an item or pytree directory inside a pending step */
 	N_PFILE, /* NAME.npy or NAME[slice].npy being written */
+	N_BROKEN, /* NAME.npy of an array whose metadata or store is unusable: listed, reads -EIO */
 	N_KINDS
 };
 
@@ -135,6 +145,11 @@ struct node_ops {
 	int (*lookup)(ckpt_view *v, struct node *dir, const char *name, struct node **out);
 	/* Number of readdir entries, for directories that make them lazily. */
 	int (*nentries)(ckpt_view *v, struct node *dir, uint64_t *count);
+	/* Directories whose kids are made on first use (committed steps of a
+	 * root): make them now; once made, a later call returns at once.
+	 * Called (through node_load) before the kids are read, with ns_lock
+	 * shared or not at all.  NULL: the kids are always there. */
+	int (*load)(ckpt_view *v, struct node *dir);
 	/* Release what the kind owns; runs at view destroy before the view's
 	 * arrays, stores and context go.  NULL: nothing. */
 	void (*destroy)(ckpt_view *v, struct node *n);
@@ -158,6 +173,8 @@ struct node {
 	struct node *inval_prev, *inval_next;
 	int on_inval;
 	atomic_bool orphan; /* removed from its directory (committed/aborted/renamed/unlinked) */
+	atomic_bool gone; /* its source vanished (a step pruned from a live root): it and
+			   * everything below it answer -ENOENT/-ESTALE (node_is_gone) */
 };
 
 #ifndef container_of
@@ -251,6 +268,15 @@ struct ckpt_view {
 	char *source; /* what was mounted, as given */
 	ckpt_store *src; /* its root store (also in stores[]): all discovery goes through it */
 	int writable; /* a CheckpointManager root not mounted read-only */
+	int live; /* a CheckpointManager root: steps come and go in the source */
+	/* root rescans (view.c): the source's mtime at the last listing */
+	pthread_mutex_t scan_mu;
+	int64_t scan_mtime; /* under scan_mu */
+	uint64_t scan_at_ns; /* monotonic time of the last listing, under scan_mu */
+	int scan_unsure; /* the mtime was too recent to trust (coarse clocks): list again */
+	/* the root's mtime as shown: moves whenever a rescan changed the steps,
+	 * so that the kernel drops its cached listing of the root */
+	_Atomic int64_t root_mtime;
 	/* owned resources, appended under res_lock */
 	pthread_mutex_t res_lock;
 	ckpt_store **stores;
@@ -304,6 +330,13 @@ static inline struct stdir_node *to_stdir(struct node *n)
 
 /* The node of inode ino, or NULL (lock-free). */
 struct node *view_node(ckpt_view *v, ckpt_ino ino);
+/* 1 when n or one of its ancestors vanished from the source (lock-free). */
+int node_is_gone(ckpt_view *v, const struct node *n);
+/* Make dir's kids if it builds them lazily (ops->load); 0 or -errno. */
+static inline int node_load(ckpt_view *v, struct node *dir)
+{
+	return dir->ops->load ? dir->ops->load(v, dir) : 0;
+}
 /* A new node of ops->kind, zeroed past the head, in the node table (not yet
  * linked anywhere); mtime from the parent.  NULL on out of memory. */
 struct node *node_new(ckpt_view *v, const struct node_ops *ops, const char *name, struct node *parent);
@@ -358,11 +391,29 @@ extern const struct node_ops dir_ops;
 
 /* ---- layout.c -------------------------------------------------------------- */
 
-/* Fill v's root from the source folder. */
+/* Fill v's root from the source folder: detect what it is; a root's steps
+ * become lazy step nodes (named only; built on first use).  A non-empty
+ * source that is none of item, step or root is refused with -EMEDIUMTYPE
+ * (logged: what was looked for) unless opts.force_root. */
 int layout_build_view(ckpt_view *v, const char *source);
 /* Build the committed step folder `name` of the source as a new directory
  * node of the root (not yet linked into the root's kids).  Takes no view
  * lock but res_lock/alloc_lock: callable without ns_lock. */
 struct node *layout_new_step(ckpt_view *v, const char *name);
+/* A looked-up or stat'ed step of a root reads its commit time (once). */
+void layout_step_touch(ckpt_view *v, struct node *n);
+/* Root rescan: the step folder names of the source (no view lock held)... */
+struct layout_steps;
+int layout_list_steps(ckpt_view *v, struct layout_steps **out);
+/* ... then, with ns_lock exclusive: link the new ones as lazy step nodes,
+ * unlink and mark gone the committed steps no longer listed (pending steps
+ * and names a committing step takes stay).  Frees the list; returns the
+ * number of steps linked or unlinked. */
+int layout_apply_steps(ckpt_view *v, struct layout_steps *l);
+
+/* ---- pending.c ------------------------------------------------------------- */
+
+/* 1 when a committing step of the root takes `name` (ns_lock held). */
+int name_reserved(struct node *root, const char *name);
 
 #endif

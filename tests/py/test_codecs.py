@@ -76,7 +76,6 @@ def test_codec_reads_byte_exact(key, mounts):
     assert data_of(ps, sl.nbytes) == sl.tobytes(), f"{key}[1:3]: bytes differ"
 
 
-@pytest.mark.xfail(strict=True, reason="issue 10: an array with an unsupported codec vanishes from the tree")
 @pytest.mark.parametrize("item", ["zarr2_unsupported", "zarr3_unsupported"])
 def test_unsupported_codec_stays_visible_and_fails(item, module_mount):
     m = module_mount(CODECS / item, "ro")

@@ -300,8 +300,6 @@ META_CASES = [
 ]
 
 
-@pytest.mark.xfail(strict=True, reason="issue 10: an array named in _METADATA with unreadable metadata "
-                                       "disappears from the tree instead of answering EIO")
 @pytest.mark.parametrize("case,fixture,damage", META_CASES, ids=[c[0] for c in META_CASES])
 def test_unreadable_metadata_stays_listed_and_eio(case, fixture, damage, tmp_path, mount, expected):
     root = copy_fixture(fixture, tmp_path / fixture)
@@ -323,8 +321,6 @@ OCDBT_CASES = [
 
 
 @pytest.mark.ocdbt
-@pytest.mark.xfail(strict=True, reason="issue 10: an item whose OCDBT manifest or data folder is missing "
-                                       "loses its arrays instead of listing them with EIO")
 @pytest.mark.parametrize("case,damage", OCDBT_CASES, ids=[c[0] for c in OCDBT_CASES])
 def test_ocdbt_store_missing_arrays_listed_eio(case, damage, tmp_path, mount):
     root = copy_fixture("manager", tmp_path / "manager")
@@ -356,9 +352,8 @@ VIEW_CASES = [("zarr_json_corrupt", _garbage(f"{Q}/zarr.json")), ("shard_missing
 
 
 def view_params(reason):
-    """VIEW_CASES; the unreadable-metadata one waits for the tree's broken-array node."""
-    return [pytest.param(*VIEW_CASES[0], id=VIEW_CASES[0][0], marks=pytest.mark.xfail(strict=True, reason=reason)),
-            pytest.param(*VIEW_CASES[1], id=VIEW_CASES[1][0])]
+    """VIEW_CASES (`reason` says what each guards against)."""
+    return [pytest.param(*c, id=c[0]) for c in VIEW_CASES]
 
 
 @pytest.mark.parametrize("case,damage",
@@ -443,7 +438,6 @@ def test_deleted_shard_after_read_is_eio(tmp_path, mount, expected):
 
 
 @pytest.mark.ocdbt
-@pytest.mark.xfail(strict=True, reason="issue 10: a step pruned under the mount is still served")
 def test_pruned_step_is_not_served(tmp_path, mount):
     root = copy_fixture("manager", tmp_path / "manager")
     m = mount(root)

@@ -10,6 +10,7 @@
  * reading.  alarm() ends the test if a call blocks (a regression).
  */
 #include <dirent.h>
+#include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
 #include <signal.h>
@@ -231,10 +232,82 @@ static void test_commit_does_not_block_the_namespace(void)
 	CHECK_EQ_INT(system(cmd), 0);
 }
 
+static void write_text(const char *dir, const char *name, const char *text)
+{
+	char p[600];
+	snprintf(p, sizeof(p), "%s/%s", dir, name);
+	FILE *f = fopen(p, "w");
+	CHECK(f != NULL);
+	if (f) {
+		fputs(text, f);
+		fclose(f);
+	}
+}
+
+/* What SOURCE may be: a non-empty folder that is no checkpoint is refused
+ * unless force_root; a root is live (steps that appear and vanish in the
+ * source are seen without reopening the view); a vanished step's nodes
+ * answer ENOENT/ESTALE. */
+static void test_sources_and_live_root(void)
+{
+	char tmpl[] = "/tmp/test_tree_live.XXXXXX";
+	char *root = mkdtemp(tmpl);
+	CHECK(root != NULL);
+	if (!root)
+		return;
+	char p[600];
+	write_text(root, "README.txt", "notes\n");
+	snprintf(p, sizeof(p), "%s/src", root);
+	CHECK_EQ_INT(mkdir(p, 0755), 0);
+	ckpt_view *v = NULL;
+	CHECK_EQ_INT(ckpt_view_open(root, NULL, &v), -EMEDIUMTYPE);
+	ckpt_view_opts o = { 0 };
+	o.force_root = 1;
+	CHECK_EQ_INT(ckpt_view_open(root, &o, &v), 0);
+	if (!v)
+		return;
+	CHECK(!strcmp(ckpt_view_kind(v), "root"));
+	ckpt_view_destroy(v);
+
+	/* a step folder makes it a root; steps come and go */
+	snprintf(p, sizeof(p), "%s/5", root);
+	CHECK_EQ_INT(mkdir(p, 0755), 0);
+	write_text(p, "_CHECKPOINT_METADATA", "{\"commit_timestamp_nsecs\": 1000000000}");
+	o.force_root = 0;
+	o.read_only = 1;
+	CHECK_EQ_INT(ckpt_view_open(root, &o, &v), 0);
+	if (!v)
+		return;
+	ckpt_attr a;
+	CHECK_EQ_INT(ckpt_view_lookup(v, CKPT_ROOT_INO, "5", &a), 0);
+	CHECK(a.is_dir && !a.immutable && a.mtime_ns == 1000000000);
+	ckpt_ino meta = lookup(v, CKPT_ROOT_INO, "5/_CHECKPOINT_METADATA");
+	CHECK(meta != 0);
+	CHECK_EQ_INT(ckpt_view_lookup(v, CKPT_ROOT_INO, "6", &a), -ENOENT);
+	snprintf(p, sizeof(p), "%s/6.orbax-checkpoint-tmp", root);
+	CHECK_EQ_INT(mkdir(p, 0755), 0);
+	CHECK_EQ_INT(ckpt_view_lookup(v, CKPT_ROOT_INO, "6.orbax-checkpoint-tmp", &a), -ENOENT);
+	char q[600];
+	snprintf(q, sizeof(q), "%s/6", root);
+	CHECK_EQ_INT(rename(p, q), 0);
+	CHECK_EQ_INT(ckpt_view_lookup(v, CKPT_ROOT_INO, "6", &a), 0);
+	snprintf(p, sizeof(p), "rm -r '%s/5'", root);
+	CHECK_EQ_INT(system(p), 0);
+	CHECK_EQ_INT(count_entries(v, CKPT_ROOT_INO), 2); /* 6/ and src/ */
+	CHECK_EQ_INT(ckpt_view_lookup(v, CKPT_ROOT_INO, "5", &a), -ENOENT);
+	char buf[16];
+	CHECK_EQ_INT(ckpt_view_getattr(v, meta, &a), -ESTALE);
+	CHECK_EQ_INT(ckpt_view_read(v, meta, 0, sizeof(buf), buf), -ESTALE);
+	ckpt_view_destroy(v);
+	snprintf(p, sizeof(p), "rm -rf '%s'", root);
+	CHECK_EQ_INT(system(p), 0);
+}
+
 int main(void)
 {
 	alarm(120); /* a blocked call ends the test (SIGALRM) */
 	test_read_side();
 	test_commit_does_not_block_the_namespace();
+	test_sources_and_live_root();
 	return CHECK_DONE();
 }
