@@ -585,12 +585,21 @@ static int is_step_folder(const char *name, const struct ckpt_store_stat *st)
 	return st->is_dir && strcmp(name, CKPT_ORBAX_ROOT_METADATA_DIR) != 0;
 }
 
+/* Object stores have no atomic rename: there Orbax writes a step under its
+ * final name and writes commit_success.txt last, so a step folder without
+ * it is still being written (on a file system the tmp-folder rename is the
+ * commit, and commit_success.txt is optional). */
+static int step_committed(ckpt_view *v, const char *name)
+{
+	return !ckpt_store_source_is_remote(v->source) || exists_at(v, name, CKPT_ORBAX_COMMIT_SUCCESS, 0);
+}
+
 static void root_entry(ckpt_view *v, void *arg, const char *name, const char *key,
 		       const struct ckpt_store_stat *st)
 {
 	(void)key;
 	struct node *root = arg;
-	if (!is_step_folder(name, st))
+	if (!is_step_folder(name, st) || !step_committed(v, name))
 		return;
 	struct node *step = new_step_node(v, name, st->mtime_ns ? st->mtime_ns : root->mtime_ns);
 	if (step)
@@ -654,6 +663,24 @@ int layout_list_steps(ckpt_view *v, struct layout_steps **out)
 		ckpt_log(CKPT_LOG_ERR, "%s: cannot list the root again: %s", v->src->root, strerror(-rc));
 		free_steps(l);
 		return rc;
+	}
+	if (ckpt_store_source_is_remote(v->source)) {
+		/* New names only (a step shown stays until it vanishes): drop
+		 * those without their commit marker yet; the next rescan looks again. */
+		struct node *root = view_node(v, CKPT_ROOT_INO);
+		size_t keep = 0;
+		for (size_t i = 0; i < l->n; i++) {
+			pthread_rwlock_rdlock(&v->ns_lock);
+			int known = view_find_kid(root, l->names[i]) != NULL;
+			pthread_rwlock_unlock(&v->ns_lock);
+			if (known || step_committed(v, l->names[i])) {
+				l->names[keep] = l->names[i];
+				l->mtime[keep++] = l->mtime[i];
+			} else {
+				free(l->names[i]);
+			}
+		}
+		l->n = keep;
 	}
 	*out = l;
 	return 0;
