@@ -525,6 +525,10 @@ int main(int argc, char *argv[])
 		fprintf(stderr, "ckptfs: process_index must be in [0, process_count)\n");
 		goto out_ready;
 	}
+	if (fs.opts.process_count > 1 && ckpt_store_source_is_remote(fs.opts.source)) {
+		fprintf(stderr, "ckptfs: process_count needs a shared folder as SOURCE, not an object store\n");
+		goto out_ready;
+	}
 	vo.process_index = fs.opts.process_index;
 	vo.process_count = fs.opts.process_count;
 	vo.commit_timeout_s = (unsigned)fs.opts.commit_timeout;

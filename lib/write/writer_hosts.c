@@ -34,7 +34,9 @@
 #include "writer_int.h"
 
 #define DONE_MAX ((size_t)256 << 20)
-#define POLL_NS (20 * 1000 * 1000)
+/* Polling the shared folder: 1 ms at first, doubling up to 50 ms. */
+#define POLL_MIN_NS (1000 * 1000)
+#define POLL_MAX_NS (50 * 1000 * 1000)
 
 struct whosts {
 	int index, count;
@@ -80,10 +82,11 @@ static void new_id(char *buf, size_t cap)
 	snprintf(buf, cap, "%016llx-%llx", (unsigned long long)r, (unsigned long long)ckpt_wall_ns());
 }
 
-static void nap(void)
+static void nap(long *ns)
 {
-	struct timespec ts = { 0, POLL_NS };
+	struct timespec ts = { 0, *ns };
 	nanosleep(&ts, NULL);
+	*ns = *ns * 2 > POLL_MAX_NS ? POLL_MAX_NS : *ns * 2;
 }
 
 /* Write name below dirfd atomically: a fsynced temporary, rename, fsync of
@@ -462,6 +465,16 @@ int ckpt_hosts_step_begin(const char *root, const char *step_name, const ckpt_wr
 		rc = -errno;
 		goto fail;
 	}
+	/* One inner chunk per shard file, as Orbax writes: a host that writes a
+	 * whole chunk then owns its whole shard file, which the primary moves
+	 * into the step by rename instead of copying it. */
+	ckpt_writer_opts oo;
+	if (o)
+		oo = *o;
+	else
+		ckpt_writer_opts_init(&oo);
+	oo.shard_bytes = oo.chunk_bytes;
+	o = &oo;
 	if (h->index == 0) {
 		rc = ckpt_step_begin(root, step_name, o, &st);
 		if (!rc && (rc = new_attempt(h)))
@@ -754,6 +767,7 @@ static int host_commit(struct ckpt_step *st, const char *final_name)
 	uint64_t deadline = ckpt_now_ns() + ((uint64_t)h->timeout_s * 2 + 10) * 1000000000ull;
 	char name[32], msg[1024], att[64];
 	snprintf(name, sizeof(name), "done.%d", h->index);
+	long poll = POLL_MIN_NS;
 	for (;;) {
 		struct stat sb;
 		if (fstatat(h->rootfd, final_name, &sb, 0) == 0 && S_ISDIR(sb.st_mode))
@@ -778,7 +792,7 @@ static int host_commit(struct ckpt_step *st, const char *final_name)
 				 h->step, h->index, h->timeout_s * 2 + 10);
 			return -ETIMEDOUT;
 		}
-		nap();
+		nap(&poll);
 	}
 	atomic_store(&st->state, CKPT_STEP_COMMITTED);
 	w_zpool_stop(st);
@@ -827,6 +841,7 @@ static void fail_attempt(struct whosts *h, cJSON **done, int rc, const char *msg
 static int collect_done(struct whosts *h, cJSON **done, int *missing, int *nmissing)
 {
 	uint64_t deadline = ckpt_now_ns() + (uint64_t)h->timeout_s * 1000000000ull;
+	long poll = POLL_MIN_NS;
 	for (;;) {
 		int left = 0;
 		for (int k = 1; k < h->count; k++) {
@@ -854,7 +869,7 @@ static int collect_done(struct whosts *h, cJSON **done, int *missing, int *nmiss
 					missing[(*nmissing)++] = k;
 			return -ETIMEDOUT;
 		}
-		nap();
+		nap(&poll);
 	}
 }
 
@@ -1225,14 +1240,18 @@ static int primary_commit(struct ckpt_step *st, const char *final_name)
 	}
 	ckpt_log(CKPT_LOG_INFO, "writer: step %s: primary waits for %d other hosts (timeout %u s)", h->step,
 		 h->count - 1, h->timeout_s);
+	uint64_t t0 = ckpt_now_ns();
 	rc = collect_done(h, done, missing, &nmissing);
+	uint64_t t1 = ckpt_now_ns(), t2 = t1;
 	if (rc == -ETIMEDOUT) {
 		int n = snprintf(msg, sizeof(msg), "hosts not done within %u s:", h->timeout_s);
 		for (int i = 0; i < nmissing && n > 0 && (size_t)n < sizeof(msg) - 16; i++)
 			n += snprintf(msg + n, sizeof(msg) - (size_t)n, " %d", missing[i]);
 	}
-	if (!rc)
+	if (!rc) {
 		rc = merge_all(st, done, final_name, msg, sizeof(msg));
+		t2 = ckpt_now_ns();
+	}
 	if (!rc) {
 		const char *f = getenv("CKPT_HOSTS_FAULT");
 		if (f && !strcmp(f, "exit_before_rename")) {
@@ -1249,6 +1268,12 @@ static int primary_commit(struct ckpt_step *st, const char *final_name)
 			 h->step, h->count, msg);
 		fail_attempt(h, done, rc, msg, missing, nmissing);
 	} else {
+		uint64_t t3 = ckpt_now_ns();
+		ckpt_log(CKPT_LOG_INFO,
+			 "writer: step %s: %d hosts committed: waited %.1f ms for the others, merge %.1f ms, "
+			 "commit (fsyncs, metadata, rename) %.1f ms",
+			 final_name, h->count, (double)(t1 - t0) / 1e6, (double)(t2 - t1) / 1e6,
+			 (double)(t3 - t2) / 1e6);
 		int r = ckpt_rmtree_at(h->rootfd, h->cname);
 		if (r)
 			ckpt_log(CKPT_LOG_WARN, "writer: step %s: cannot remove %s/%s: %s", final_name, h->root,
