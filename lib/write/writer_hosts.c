@@ -47,7 +47,8 @@ struct whosts {
 	char attempt[64]; /* primary: its attempt id; others: the one of the last done record */
 	char nonce[64]; /* others: id of the last done record */
 	cJSON *done; /* others: the last done record */
-	uint64_t moved, copied, merged; /* primary's last merge: shard files renamed, chunks copied / merged */
+	uint64_t moved, copied,
+		merged; /* primary's last merge: shard files renamed, chunks copied / merged */
 };
 
 void w_hosts_free(struct ckpt_step *st)
@@ -256,7 +257,8 @@ static int decl_parse(const cJSON *j, struct decl *d)
 /* What differs between record d and the declaration (keys, dtype, shape)
  * or, with a, the array's chunk and shard shapes; NULL when nothing. */
 static const char *decl_differs(const struct decl *d, const char *const *keys, const int *types, int depth,
-				ckpt_dtype dtype, int rank, const uint64_t *shape, const struct ckpt_warray *a)
+				ckpt_dtype dtype, int rank, const uint64_t *shape,
+				const struct ckpt_warray *a)
 {
 	if (d->depth != depth)
 		return "key path";
@@ -336,8 +338,8 @@ int ckpt_hosts_declare(ckpt_step *st, const char *item, const char *const *keypa
 				rc = read_json(h->cfd, rel, 1 << 20, &rec);
 				if (!rc && decl_parse(rec, &d))
 					rc = -EINVAL;
-				if (!rc && (what = decl_differs(&d, keypath, key_types, depth, dtype, rank, shape,
-								*out)))
+				if (!rc && (what = decl_differs(&d, keypath, key_types, depth, dtype, rank,
+								shape, *out)))
 					rc = -EINVAL;
 			}
 		}
@@ -347,7 +349,8 @@ int ckpt_hosts_declare(ckpt_step *st, const char *item, const char *const *keypa
 	}
 	if (rc == -EINVAL && what)
 		ckpt_log(CKPT_LOG_ERR,
-			 "writer: %s/%s: host %d declared it with another %s; host %d's declaration is refused",
+			 "writer: %s/%s: host %d declared it with another %s; host %d's declaration is "
+			 "refused",
 			 item, name, rec ? d.host : -1, what, h->index);
 	else if (rc && rc != -EINVAL)
 		ckpt_log(CKPT_LOG_ERR, "writer: %s/%s: declaration record: %s", item, name, strerror(-rc));
@@ -559,7 +562,8 @@ static int commit_prepare(struct ckpt_step *st)
 	uint64_t pins = st->pins_total;
 	pthread_mutex_unlock(&st->mu);
 	if (pins) {
-		ckpt_log(CKPT_LOG_ERR, "writer: step %s: commit while writes are in progress", st->hosts->step);
+		ckpt_log(CKPT_LOG_ERR, "writer: step %s: commit while writes are in progress",
+			 st->hosts->step);
 		return -EBUSY;
 	}
 	w_chunk_retry_errors(st);
@@ -568,7 +572,8 @@ static int commit_prepare(struct ckpt_step *st)
 		for (struct ckpt_warray *a = it->first; a; a = a->next)
 			if (atomic_load(&a->err)) {
 				int rc = atomic_load(&a->err);
-				ckpt_log(CKPT_LOG_ERR, "writer: commit of step %s: %s: storing chunks failed: %s",
+				ckpt_log(CKPT_LOG_ERR,
+					 "writer: commit of step %s: %s: storing chunks failed: %s",
 					 st->hosts->step, a->relpath, strerror(-rc));
 				return rc;
 			}
@@ -758,8 +763,8 @@ static int host_commit(struct ckpt_step *st, const char *final_name)
 	if (!rc)
 		rc = record_done(h);
 	if (rc) {
-		ckpt_log(CKPT_LOG_ERR, "writer: step %s: host %d cannot record its part: %s", h->step, h->index,
-			 strerror(-rc));
+		ckpt_log(CKPT_LOG_ERR, "writer: step %s: host %d cannot record its part: %s", h->step,
+			 h->index, strerror(-rc));
 		return rc;
 	}
 	ckpt_log(CKPT_LOG_INFO, "writer: step %s: host %d done; waiting for the primary's commit", h->step,
@@ -774,7 +779,8 @@ static int host_commit(struct ckpt_step *st, const char *final_name)
 			break;
 		rc = error_for(h, h->nonce, msg, sizeof(msg));
 		if (rc) {
-			ckpt_log(CKPT_LOG_ERR, "writer: step %s: the primary's commit failed: %s", h->step, msg);
+			ckpt_log(CKPT_LOG_ERR, "writer: step %s: the primary's commit failed: %s", h->step,
+				 msg);
 			return rc;
 		}
 		/* A new attempt of the primary (or a record it removed) while
@@ -787,8 +793,9 @@ static int host_commit(struct ckpt_step *st, const char *final_name)
 				return rc;
 		}
 		if (ckpt_now_ns() > deadline) {
-			ckpt_log(CKPT_LOG_ERR, "writer: step %s: host %d: no commit from the primary (host 0) "
-					       "within %u s",
+			ckpt_log(CKPT_LOG_ERR,
+				 "writer: step %s: host %d: no commit from the primary (host 0) "
+				 "within %u s",
 				 h->step, h->index, h->timeout_s * 2 + 10);
 			return -ETIMEDOUT;
 		}
@@ -972,8 +979,8 @@ static int load_host_chunk(struct whosts *h, const struct ckpt_warray *a, int k,
 
 /* Copy len bytes at off of host k's shard file to the end of the primary's
  * shard file; the new offset in *noff. */
-static int copy_chunk(struct whosts *h, struct ckpt_warray *a, int k, uint64_t sidx, uint64_t off, uint64_t len,
-		      uint64_t *noff)
+static int copy_chunk(struct whosts *h, struct ckpt_warray *a, int k, uint64_t sidx, uint64_t off,
+		      uint64_t len, uint64_t *noff)
 {
 	char hp[4400], pp[4096];
 	int rc = host_path(a, k, sidx, hp, sizeof(hp));
@@ -1092,7 +1099,8 @@ static int merge_array(struct whosts *h, struct ckpt_warray *a, cJSON **done)
 			continue;
 		}
 		for (uint64_t i = 0; i < a->nchunks && !rc; i++) {
-			if (w_chunk_shard(a, i) != s || src[i].host < 0 || chunk_state(a, i, NULL, NULL) != WC_EMPTY)
+			if (w_chunk_shard(a, i) != s || src[i].host < 0 ||
+			    chunk_state(a, i, NULL, NULL) != WC_EMPTY)
 				continue;
 			uint64_t noff = 0;
 			rc = copy_chunk(h, a, src[i].host, s, src[i].off, src[i].len, &noff);
@@ -1160,8 +1168,8 @@ static int merge_array(struct whosts *h, struct ckpt_warray *a, cJSON **done)
 			close(pfd);
 	}
 	if (rc)
-		ckpt_log(CKPT_LOG_ERR, "writer: commit of step %s: merging the hosts' parts of %s: %s", h->step,
-			 a->relpath, strerror(-rc));
+		ckpt_log(CKPT_LOG_ERR, "writer: commit of step %s: merging the hosts' parts of %s: %s",
+			 h->step, a->relpath, strerror(-rc));
 	free(buf);
 	free(z);
 	free(src);
@@ -1193,12 +1201,14 @@ static int merge_all(struct ckpt_step *st, cJSON **done, const char *final_name,
 			ckpt_warray *a = NULL;
 			if (rc || (rc = decl_parse(e, &d)))
 				break;
-			rc = ckpt_step_add_array(st, d.item, d.keys, d.types, d.depth, d.dtype, d.rank, d.shape, &a);
+			rc = ckpt_step_add_array(st, d.item, d.keys, d.types, d.depth, d.dtype, d.rank,
+						 d.shape, &a);
 			if (!rc && decl_differs(&d, d.keys, d.types, d.depth, d.dtype, d.rank, d.shape, a))
 				rc = -EINVAL;
 			if (rc) {
-				snprintf(msg, cap, "host %d's declaration of %s/%s disagrees with the primary's",
-					 k, d.item, d.keys[d.depth - 1]);
+				snprintf(msg, cap,
+					 "host %d's declaration of %s/%s disagrees with the primary's", k,
+					 d.item, d.keys[d.depth - 1]);
 				return rc;
 			}
 			const cJSON *sh = cJSON_GetObjectItemCaseSensitive(e, "sharding");
@@ -1215,7 +1225,8 @@ static int merge_all(struct ckpt_step *st, cJSON **done, const char *final_name,
 	w_chunk_wait_idle(st);
 	if (!rc)
 		ckpt_log(CKPT_LOG_INFO,
-			 "writer: step %s: merged %d hosts: %llu shard files moved, %llu chunks copied, %llu partial "
+			 "writer: step %s: merged %d hosts: %llu shard files moved, %llu chunks copied, %llu "
+			 "partial "
 			 "chunks merged",
 			 h->step, h->count, (unsigned long long)h->moved, (unsigned long long)h->copied,
 			 (unsigned long long)h->merged);
@@ -1264,8 +1275,9 @@ static int primary_commit(struct ckpt_step *st, const char *final_name)
 			snprintf(msg, sizeof(msg), "the primary's commit failed: %s", strerror(-rc));
 	}
 	if (rc) {
-		ckpt_log(CKPT_LOG_ERR, "writer: commit of step %s (%d hosts) failed: %s; the step stays pending",
-			 h->step, h->count, msg);
+		ckpt_log(CKPT_LOG_ERR,
+			 "writer: commit of step %s (%d hosts) failed: %s; the step stays pending", h->step,
+			 h->count, msg);
 		fail_attempt(h, done, rc, msg, missing, nmissing);
 	} else {
 		uint64_t t3 = ckpt_now_ns();
@@ -1276,8 +1288,8 @@ static int primary_commit(struct ckpt_step *st, const char *final_name)
 			 (double)(t3 - t2) / 1e6);
 		int r = ckpt_rmtree_at(h->rootfd, h->cname);
 		if (r)
-			ckpt_log(CKPT_LOG_WARN, "writer: step %s: cannot remove %s/%s: %s", final_name, h->root,
-				 h->cname, strerror(-r));
+			ckpt_log(CKPT_LOG_WARN, "writer: step %s: cannot remove %s/%s: %s", final_name,
+				 h->root, h->cname, strerror(-r));
 		fsync(h->rootfd);
 	}
 	for (int k = 0; k < h->count; k++)
