@@ -842,6 +842,11 @@ int w_chunk_store_done(struct ckpt_warray *a, uint64_t idx, int rc, uint64_t off
 		budget_sub(&st->bytes_pending, need);
 		st->stored_bytes += len;
 		live_release_locked(st, l);
+		/* The process-wide counters move with the step's, before anyone
+		 * woken below can read them (a reset waiting for this chunk, a
+		 * reader of .ckptfs/stats that saw the state change). */
+		CKPT_STAT_ADD(bytes_pending, -(int64_t)need);
+		CKPT_STAT_ADD(stored_bytes_written, len);
 	} else {
 		st->io_err = rc;
 	}
@@ -853,8 +858,6 @@ int w_chunk_store_done(struct ckpt_warray *a, uint64_t idx, int rc, uint64_t off
 	pthread_mutex_unlock(&a->mu);
 
 	if (!rc) {
-		CKPT_STAT_ADD(bytes_pending, -(int64_t)need);
-		CKPT_STAT_ADD(stored_bytes_written, len);
 		if (spilled && sfd >= 0) /* the stale slot: give its blocks back */
 			fallocate(sfd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, (off_t)spilled_off,
 				  (off_t)spill_slot_bytes(a));
