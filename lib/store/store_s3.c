@@ -63,7 +63,7 @@ struct obj {
 #define NBUCKETS 4096
 
 #define COALESCE_GAP ((uint64_t)16 << 10)
-#define COALESCE_MAX ((uint64_t)64 << 20)
+#define COALESCE_MAX ((uint64_t)8 << 20)
 
 /* One range GET waiting for a slot (on the caller's stack). */
 struct greq {
