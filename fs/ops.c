@@ -262,7 +262,15 @@ static void ckfs_op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *
 		fuse_reply_err(req, -rc);
 		return;
 	}
-	fi->keep_cache = a.immutable;
+	/* Revalidates the stored data behind the file: the kernel keeps its
+	 * cached pages (warm re-reads never reach the daemon) unless they may be
+	 * stale. */
+	int changed = ckpt_view_open_file(fs->view, ino);
+	if (changed < 0) {
+		fuse_reply_err(req, -changed);
+		return;
+	}
+	fi->keep_cache = a.immutable && changed == 0;
 	fi->direct_io = a.volatile_data || (writing && write_only(fi));
 	fi->noflush = !writing;
 	fuse_reply_open(req, fi);

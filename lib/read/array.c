@@ -8,6 +8,7 @@
 
 #include "array.h"
 #include "cache.h"
+#include "crc32c.h"
 #include "pool.h"
 #include "stats.h"
 #include "stream.h"
@@ -37,6 +38,7 @@ struct unit_rec {
 
 #define MAX_UNIT_RECS (1u << 16) /* beyond (~5 MiB): forget them all, and the cached chunks */
 #define MAX_LOGGED (1u << 12) /* missing chunks logged one by one per array */
+#define OPEN_CHECK_MAX 64 /* unit identities checked by one ckpt_array_open_check */
 
 struct ckpt_array {
 	ckpt_ctx *ctx;
@@ -47,6 +49,20 @@ struct ckpt_array {
 	 * age out of the LRU). */
 	atomic_uint_least64_t owner;
 	atomic_uint epoch; /* ckpt_array_revalidate */
+	/* Bumped whenever served bytes may have changed or their unit records
+	 * were dropped (forget_all, stale): see ckpt_array_open_check. */
+	atomic_uint changes;
+	atomic_int stale; /* the metadata changed: every read is -ESTALE */
+	/* epoch + 1 of an epoch that served bytes of a unit that then changed:
+	 * the rest of that epoch is -ESTALE (a reader retrying, as the kernel
+	 * does after a failed read-ahead, must not get the new version next to
+	 * bytes of the old one) */
+	atomic_uint torn;
+	const char *meta_name; /* "zarr.json" or ".zarray" */
+	struct ckpt_zarr_unit_id meta_id; /* under mu */
+	uint32_t meta_crc; /* CRC-32C of the metadata bytes parsed */
+	size_t meta_len;
+	size_t rr; /* next recs slot ckpt_array_open_check looks at (under mu) */
 	ckpt_array_meta meta;
 	atomic_int stored_known;
 	uint64_t stored;
@@ -83,6 +99,23 @@ static ckpt_zarr_scratch *scratch(void)
 			pthread_setspecific(scratch_key, sc);
 	}
 	return sc;
+}
+
+/* The identity of stored value `key` now: size and mtime, or absent. */
+static int unit_id_of(ckpt_store *s, const char *key, struct ckpt_zarr_unit_id *id)
+{
+	struct ckpt_store_stat st;
+	memset(id, 0, sizeof(*id));
+	int rc = ckpt_store_stat(s, key, &st);
+	if (rc == -ENOENT || (rc == 0 && st.is_dir)) {
+		id->absent = 1;
+		return 0;
+	}
+	if (rc < 0)
+		return rc;
+	id->size = st.size;
+	id->mtime_ns = st.mtime_ns;
+	return 0;
 }
 
 int ckpt_ctx_create(const ckpt_ctx_opts *opts, ckpt_ctx **out)
@@ -145,6 +178,7 @@ int ckpt_array_open_ex(ckpt_ctx *ctx, ckpt_store *store, const char *prefix, con
 	char *json = NULL;
 	size_t len = 0;
 	int rc = -ENOENT, fmt = 0;
+	const char *meta_name = NULL;
 	for (size_t i = 0; i < 2 && rc == -ENOENT; i++) {
 		if (format && metas[i].fmt != format)
 			continue;
@@ -153,6 +187,7 @@ int ckpt_array_open_ex(ckpt_ctx *ctx, ckpt_store *store, const char *prefix, con
 			return -ENAMETOOLONG;
 		rc = ckpt_store_read_all(store, key, 1 << 20, &json, &len);
 		fmt = metas[i].fmt;
+		meta_name = metas[i].name;
 	}
 	if (rc == -EFBIG) {
 		ckpt_log(CKPT_LOG_ERR, "%s/%s: metadata larger than 1 MiB", store->root, key);
@@ -167,6 +202,9 @@ int ckpt_array_open_ex(ckpt_ctx *ctx, ckpt_store *store, const char *prefix, con
 	}
 	const char *why;
 	rc = ckpt_zarr_parse(fmt, json, len, &a->meta, &why);
+	a->meta_crc = ckpt_crc32c(0, json, len);
+	a->meta_len = len;
+	a->meta_name = meta_name;
 	free(json);
 	if (rc < 0) {
 		ckpt_log(CKPT_LOG_ERR, "%s/%s: %s", store->root, key, why);
@@ -181,6 +219,10 @@ int ckpt_array_open_ex(ckpt_ctx *ctx, ckpt_store *store, const char *prefix, con
 	}
 	a->ctx = ctx;
 	a->store = store;
+	/* After the read: object stores answer from what the read pinned.  A
+	 * failure leaves it unknown (absent): the first open check re-reads. */
+	if (unit_id_of(store, key, &a->meta_id) < 0)
+		a->meta_id.absent = 1;
 	a->streamed = ckpt_stream_ok(&a->meta) &&
 		      a->meta.unit_bytes > CKPT_CACHE_UNIT_CAP(ckpt_cache_budget(ctx->cache));
 	atomic_store(&a->owner, atomic_fetch_add(&ctx->next_id, 1) + 1);
@@ -250,6 +292,7 @@ static struct unit_rec *rec_find(ckpt_array *a, uint64_t su)
 static void forget_all(ckpt_array *a)
 {
 	atomic_store(&a->owner, atomic_fetch_add(&a->ctx->next_id, 1) + 1);
+	atomic_fetch_add(&a->changes, 1);
 	if (a->recs)
 		memset(a->recs, 0, a->nrecs_cap * sizeof(*a->recs));
 	a->nrecs = 0;
@@ -311,6 +354,122 @@ static uint64_t storage_linear(const ckpt_array_meta *m, const uint64_t *g)
 void ckpt_array_revalidate(ckpt_array *a)
 {
 	atomic_fetch_add(&a->epoch, 1);
+}
+
+/* This epoch served bytes of a unit that changed since: see a->torn. */
+static void mark_torn(ckpt_array *a, unsigned ep)
+{
+	atomic_store(&a->torn, ep + 1);
+}
+
+static int torn_now(ckpt_array *a)
+{
+	unsigned t = atomic_load(&a->torn);
+	return t && t == atomic_load(&a->epoch) + 1;
+}
+
+/* Storage-grid index sg of storage unit su (storage_linear's inverse). */
+static void storage_of_linear(const ckpt_array_meta *m, uint64_t su, uint64_t *sg)
+{
+	for (int d = m->rank - 1; d >= 0; d--) {
+		sg[d] = su % m->store_grid[d];
+		su /= m->store_grid[d];
+	}
+}
+
+/* The metadata file changed identity: the same bytes (a copy that kept
+ * them) only update the identity; other bytes, or none, make the array
+ * stale (its shape, codecs or data may be different: every read is
+ * -ESTALE from now on; a remount or a rescan of a live root shows the new
+ * one). */
+static void check_meta(ckpt_array *a)
+{
+	char key[4096];
+	if (!a->meta_name ||
+	    snprintf(key, sizeof(key), "%s%s%s", a->prefix, *a->prefix ? "/" : "", a->meta_name) >= (int)sizeof(key))
+		return;
+	struct ckpt_zarr_unit_id now;
+	if (unit_id_of(a->store, key, &now) < 0)
+		return; /* reads report the store's trouble */
+	pthread_mutex_lock(&a->mu);
+	int same = same_id(&a->meta_id, &now);
+	pthread_mutex_unlock(&a->mu);
+	if (same)
+		return;
+	char *json = NULL;
+	size_t len = 0;
+	int rc = now.absent ? -ENOENT : ckpt_store_read_all(a->store, key, 1 << 20, &json, &len);
+	int kept = rc == 0 && len == a->meta_len && ckpt_crc32c(0, json, len) == a->meta_crc;
+	free(json);
+	if (rc < 0 && rc != -ENOENT && rc != -EFBIG)
+		return; /* cannot tell now: the next open tries again */
+	pthread_mutex_lock(&a->mu);
+	if (kept) {
+		a->meta_id = now;
+	} else if (!atomic_load(&a->stale)) {
+		ckpt_log(CKPT_LOG_ERR, "%s/%s: %s under the mount; reads of the array fail with ESTALE",
+			 a->store->root, key, rc == -ENOENT ? "metadata removed" : "metadata changed");
+		atomic_store(&a->stale, 1);
+		forget_all(a);
+	}
+	pthread_mutex_unlock(&a->mu);
+}
+
+unsigned ckpt_array_open_check(ckpt_array *a, int *budget)
+{
+	unsigned ep = atomic_fetch_add(&a->epoch, 1) + 1;
+	if (*budget > 0 && !atomic_load(&a->stale)) {
+		(*budget)--;
+		check_meta(a);
+	}
+	if (*budget <= 0 || atomic_load(&a->stale))
+		return atomic_load(&a->changes);
+	/* The next recorded units, round-robin over the record table. */
+	uint64_t su[OPEN_CHECK_MAX];
+	struct ckpt_zarr_unit_id was[OPEN_CHECK_MAX];
+	int max = *budget < OPEN_CHECK_MAX ? *budget : OPEN_CHECK_MAX, n = 0;
+	pthread_mutex_lock(&a->mu);
+	uint64_t owner = atomic_load(&a->owner);
+	size_t cap = a->nrecs_cap, i = cap ? a->rr & (cap - 1) : 0;
+	for (size_t seen = 0; seen < cap && n < max; seen++, i = (i + 1) & (cap - 1))
+		if (a->recs[i].su1) {
+			su[n] = a->recs[i].su1 - 1;
+			was[n++] = a->recs[i].id;
+		}
+	a->rr = i;
+	pthread_mutex_unlock(&a->mu);
+	*budget -= n;
+	int changed = -1, k;
+	struct ckpt_zarr_unit_id now[OPEN_CHECK_MAX];
+	for (k = 0; k < n && changed < 0; k++) {
+		char key[4096];
+		uint64_t sg[CKPT_MAX_RANK];
+		storage_of_linear(&a->meta, su[k], sg);
+		if (ckpt_zarr_unit_key(&a->meta, a->prefix, sg, key, sizeof(key)) < 0 ||
+		    unit_id_of(a->store, key, &now[k]) < 0) {
+			now[k] = was[k]; /* not known now: its next use checks it */
+			continue;
+		}
+		if (!same_id(&was[k], &now[k]))
+			changed = k;
+	}
+	pthread_mutex_lock(&a->mu);
+	if (atomic_load(&a->owner) == owner) {
+		if (changed >= 0) {
+			ckpt_log(CKPT_LOG_INFO, "%s/%s: stored data changed under the mount; cached chunks dropped",
+				 a->store->root, a->prefix);
+			forget_all(a);
+		} else {
+			/* checked in this epoch: their next use needs no stat */
+			for (int j = 0; j < k; j++) {
+				struct unit_rec *r = rec_find(a, su[j]);
+				if (r && same_id(&r->id, &now[j]))
+					r->epoch = ep;
+			}
+		}
+	}
+	pthread_mutex_unlock(&a->mu);
+	return atomic_load(&a->changes);
 }
 
 /* Before serving a cached chunk of unit g: the first use in this epoch
@@ -449,6 +608,7 @@ static int fill_chunk(void *arg, void *dst)
 			 a->prefix, served ? "; this read fails with ESTALE" : "; cached chunks dropped");
 		forget_all(a);
 		if (served) {
+			mark_torn(a, ep);
 			pthread_mutex_unlock(&a->mu);
 			return -ESTALE;
 		}
@@ -574,6 +734,61 @@ static int chunk_consumed(const ckpt_array_meta *m, uint64_t k, uint64_t end)
 	return end >= (last < m->nbytes ? last : m->nbytes);
 }
 
+/* A streamed unit (never cached): the cursor of (owner, unit) continues
+ * where the last read stopped, so the unit's identity is checked around
+ * every use.  Before: a unit that changed since its record was made drops
+ * the array's cursors and chunks (a new owner), and fails with -ESTALE when
+ * this epoch already served bytes of the old version; after: a change
+ * during the copy (bytes of two versions) is -ESTALE. */
+static int stream_copy(ckpt_array *a, const uint64_t *g, const ckpt_region *r, uint64_t e0, uint64_t e1,
+		       uint8_t *dst)
+{
+	const ckpt_array_meta *m = &a->meta;
+	uint64_t su = storage_linear(m, g);
+	unsigned ep = atomic_load(&a->epoch);
+	struct ckpt_zarr_unit_id before, after;
+	int rc = ckpt_zarr_unit_identity(a->store, a->prefix, m, g, &before);
+	if (rc < 0)
+		return rc;
+	if (before.absent)
+		return -ENOTSUP; /* the whole-unit path answers missing units */
+	pthread_mutex_lock(&a->mu);
+	struct unit_rec *rec = rec_find(a, su);
+	if (rec && !same_id(&rec->id, &before)) {
+		int served = rec->epoch == ep;
+		ckpt_log(CKPT_LOG_INFO, "%s/%s: stored data changed under the mount%s", a->store->root, a->prefix,
+			 served ? "; this read fails with ESTALE" : "; cached chunks dropped");
+		forget_all(a);
+		if (served) {
+			mark_torn(a, ep);
+			pthread_mutex_unlock(&a->mu);
+			return -ESTALE;
+		}
+	}
+	uint64_t owner = atomic_load(&a->owner);
+	pthread_mutex_unlock(&a->mu);
+	rc = ckpt_stream_copy(a->ctx->streams, (const void *)(uintptr_t)owner, a->store, a->prefix, m, g, r, e0,
+			      e1, dst);
+	if (rc < 0)
+		return rc;
+	rc = ckpt_zarr_unit_identity(a->store, a->prefix, m, g, &after);
+	pthread_mutex_lock(&a->mu);
+	if (rc < 0 || !same_id(&before, &after)) {
+		if (rc == 0)
+			ckpt_log(CKPT_LOG_INFO, "%s/%s: stored data changed during a read; it fails with ESTALE",
+				 a->store->root, a->prefix);
+		forget_all(a); /* the cursor holds bytes of either version */
+		if (rc == 0)
+			mark_torn(a, ep);
+		pthread_mutex_unlock(&a->mu);
+		return rc < 0 ? rc : -ESTALE;
+	}
+	if (atomic_load(&a->owner) == owner)
+		rec_put(a, su, &before, ep);
+	pthread_mutex_unlock(&a->mu);
+	return 0;
+}
+
 /* Element-aligned core: stream positions [e0, e1) of r into dst. */
 static int read_elems(ckpt_array *a, const ckpt_region *r, uint64_t e0, uint64_t e1, uint8_t *dst)
 {
@@ -599,8 +814,7 @@ static int read_elems(ckpt_array *a, const ckpt_region *r, uint64_t e0, uint64_t
 	}
 	do {
 		if (a->streamed) {
-			int rc = ckpt_stream_copy(a->ctx->streams, (const void *)(uintptr_t)atomic_load(&a->owner),
-						  a->store, a->prefix, m, g, r, e0, e1, dst);
+			int rc = stream_copy(a, g, r, e0, e1, dst);
 			if (rc == 0)
 				continue;
 			if (rc != -ENOTSUP)
@@ -657,6 +871,8 @@ ssize_t ckpt_array_read(ckpt_array *a, const ckpt_region *r, uint64_t off, size_
 	if (ckpt_region_count(r, &count) < 0)
 		return -EOVERFLOW;
 	uint64_t total = count * m->itemsize;
+	if (atomic_load(&a->stale) || torn_now(a))
+		return -ESTALE;
 	if (off >= total || len == 0)
 		return 0;
 	if (len > total - off)
@@ -687,6 +903,8 @@ int ckpt_array_map(ckpt_array *a, const ckpt_region *r, uint64_t off, size_t len
 	const ckpt_array_meta *m = &a->meta;
 	if (m->rank == 0 || m->order_f || a->streamed)
 		return -ENOTSUP;
+	if (atomic_load(&a->stale) || torn_now(a))
+		return -ESTALE;
 	for (int d = 0; d < m->rank; d++)
 		if (r->start[d] != 0 || r->stop[d] != m->shape[d] ||
 		    (d > 0 && m->inner_shape[d] != m->shape[d]))

@@ -71,10 +71,35 @@ void ckpt_array_destroy(ckpt_array *a);
  * cached chunk of the array, so the read decodes the new bytes (or fails:
  * -EIO for a unit now missing when missing_is_error).  A unit found
  * changed while decoding, after the same epoch already served bytes of
- * its earlier version, answers -ESTALE rather than mixing versions.
+ * its earlier version, answers -ESTALE rather than mixing versions, and so
+ * does every read of the array until the next epoch (a retried read must
+ * not get the new version next to bytes of the old one).  Units read as
+ * streams (over the cache's unit cap) are checked around every read: their
+ * cursor never continues into a changed unit.
  * Callers call it when a file backed by the array is opened.  Thread-safe.
  */
 void ckpt_array_revalidate(ckpt_array *a);
+
+/*
+ * Revalidation at the open of a file backed by the array, cheap enough to
+ * run on every open: starts a new epoch (as ckpt_array_revalidate) and
+ * checks, spending at most *budget store stats (decremented by what it
+ * used), the array's metadata file and then the identities of up to 64
+ * storage units it recorded, the next ones round-robin over its records
+ * (an array that served at most 64 units is checked whole on every open;
+ * a larger one over successive opens; the units not checked are still
+ * checked at their next use in this epoch).  A changed unit drops the
+ * array's cached chunks and stream cursors; changed metadata (other bytes,
+ * or none: the array was removed or rewritten) makes every later read of
+ * the array -ESTALE.
+ *
+ * Returns the array's change count, which moves whenever bytes it served
+ * may be stale or their records were dropped.  A caller keeping served
+ * bytes (the kernel page cache of a file) compares it with the value its
+ * previous open got: when it differs, the kept bytes must be dropped.
+ * Thread-safe.
+ */
+unsigned ckpt_array_open_check(ckpt_array *a, int *budget);
 
 const ckpt_array_meta *ckpt_array_meta_of(const ckpt_array *a);
 ckpt_store *ckpt_array_store(const ckpt_array *a);

@@ -28,6 +28,16 @@ static int64_t wall_ns(void)
 	return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
 }
 
+int ckpt_view_open_file(ckpt_view *v, ckpt_ino ino)
+{
+	struct node *n = view_node(v, ino);
+	if (!n)
+		return -ENOENT;
+	if (node_is_gone(v, n))
+		return -ESTALE;
+	return n->ops->open ? n->ops->open(v, n) : 0;
+}
+
 /* Root rescan: when the source folder's mtime moved since the last
  * listing (creating, renaming or removing a step folder moves it), list it
  * again and link/unlink steps.  Called before ns_lock is taken. */

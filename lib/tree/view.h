@@ -85,6 +85,13 @@ const char *ckpt_view_kind(const ckpt_view *v);
 
 int ckpt_view_getattr(ckpt_view *v, ckpt_ino ino, ckpt_attr *out);
 
+/* A file is being opened (for reading).  Stored data behind it is
+ * revalidated, cheaply and boundedly (a few stats): 1 when bytes the
+ * kernel may have cached from earlier opens of this inode could be stale
+ * (the open must drop them: FUSE keep_cache off), 0 when they may be kept,
+ * -ESTALE when the file's step is gone, -ENOENT. */
+int ckpt_view_open_file(ckpt_view *v, ckpt_ino ino);
+
 /* Look `name` up in directory `parent`.  -ENOENT when absent; -EINVAL or
  * -ENOENT (logged with the reason) for a malformed or out-of-range slice
  * name; -ENOTDIR when parent is not a directory. */

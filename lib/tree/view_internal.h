@@ -153,6 +153,11 @@ struct node_ops {
 	/* Release what the kind owns; runs at view destroy before the view's
 	 * arrays, stores and context go.  NULL: nothing. */
 	void (*destroy)(ckpt_view *v, struct node *n);
+	/* A file is being opened: revalidate what it serves (cheap and bounded:
+	 * it runs on every open).  1 when bytes the kernel may keep from
+	 * earlier opens could be stale (the open then drops them), 0, or -errno.
+	 * NULL: 0. */
+	int (*open)(ckpt_view *v, struct node *n);
 };
 
 /* The head of every node. */
@@ -203,6 +208,7 @@ struct array_node {
 	size_t hdrlen;
 	uint64_t size;
 	atomic_int next_warmed; /* the next file of the directory was prefetched */
+	atomic_uint seen_changes; /* the array's change count at the last open (ckpt_array_open_check) */
 	int widen; /* NAME.f32.npy: the region served as float32 (bfloat16, float8 widened exactly) */
 };
 
@@ -233,6 +239,8 @@ struct st_node {
 	int st_borrowed; /* st/st_arrays belong to the X.safetensors.d/ directory */
 	uint64_t size;
 	atomic_uint_least64_t st_next; /* end of the last read of a file streamed from 0, else UINT64_MAX */
+	atomic_uint seen_changes; /* sum of its arrays' change counts at the last open */
+	atomic_size_t open_rr; /* the tensor the next open starts checking at */
 };
 
 /* N_STDIR */

@@ -21,6 +21,8 @@
 /* Pieces of a safetensors byte range mapped per call. */
 #define ST_PIECES 16
 #define ST_IOV_PIECES 8
+/* Store stats one open may spend revalidating (ckpt_array_open_check). */
+#define OPEN_CHECK_BUDGET 64
 /* Size reported for .ckptfs/stats (served with direct I/O). */
 #define STATS_SIZE 4096
 
@@ -266,8 +268,21 @@ static int array_read_iov(ckpt_view *v, struct node *node, uint64_t off, size_t 
 	return k;
 }
 
+/* Data changed under the mount: revalidate at every open, and let the
+ * kernel keep its cached pages of the file unless what they came from
+ * changed since this file's previous open. */
+static int array_open(ckpt_view *v, struct node *node)
+{
+	(void)v;
+	struct array_node *n = to_array(node);
+	int budget = OPEN_CHECK_BUDGET;
+	unsigned now = ckpt_array_open_check(n->ar->arr, &budget);
+	return atomic_exchange(&n->seen_changes, now) != now;
+}
+
 const struct node_ops array_ops = {
 	.kind = N_ARRAY,
+	.open = array_open,
 	.size = sizeof(struct array_node),
 	.getattr = array_attr,
 	.read = array_read,
@@ -451,8 +466,36 @@ static void st_destroy(ckpt_view *v, struct node *node)
 	}
 }
 
+/* As array_open, for every tensor of the file: each starts a new epoch; the
+ * stats of one open are spent round-robin over the tensors. */
+static int st_open(ckpt_view *v, struct node *node)
+{
+	(void)v;
+	struct st_node *n = to_st(node);
+	size_t count = ckpt_st_layout_count(n->st);
+	if (count == 0)
+		return 0;
+	size_t first = atomic_fetch_add(&n->open_rr, 1) % count;
+	int budget = OPEN_CHECK_BUDGET, spent_all = 0;
+	unsigned sum = 0;
+	for (size_t k = 0; k < count; k++) {
+		size_t i = (first + k) % count;
+		ckpt_st_info info;
+		if (ckpt_st_layout_get(n->st, i, &info) < 0)
+			continue;
+		int none = 0;
+		sum += ckpt_array_open_check(st_array(n, info.input)->ar->arr, spent_all ? &none : &budget);
+		if (budget <= 0 && !spent_all) {
+			spent_all = 1;
+			atomic_store(&n->open_rr, i + 1);
+		}
+	}
+	return atomic_exchange(&n->seen_changes, sum) != sum;
+}
+
 const struct node_ops st_ops = {
 	.kind = N_SAFETENSORS,
+	.open = st_open,
 	.size = sizeof(struct st_node),
 	.getattr = st_attr,
 	.read = st_read,

@@ -18,6 +18,7 @@ thousands of steps is not walked at mount or by `ls` of the root.
 import errno
 import os
 import shutil
+import subprocess
 import threading
 import time
 from pathlib import Path
@@ -316,3 +317,97 @@ def test_thousands_of_steps_are_not_walked(tmp_path):
     assert len(data) > 32 * 48 * 4
     assert not touched_after_ls, f"mount + ls of the root opened {sorted(touched_after_ls)}"
     assert not opened_after_ls, f"mount + ls of the root opened step folders or their files: {opened_after_ls[:10]}"
+
+
+# ---------------------------------------------------------------------------
+# Data changed under the mount, and the kernel's page cache.  A file's pages
+# stay cached across opens (warm re-reads never reach the daemon) while the
+# stored data behind them is unchanged; an open after a change drops them;
+# an open descriptor never reads a pruned step's bytes from the cache.
+
+def resident_pages(path):
+    """Pages of `path` in the page cache (fincore opens the file itself: that
+    open is the one whose effect on the cache is measured)."""
+    out = subprocess.run(["fincore", "--noheadings", "--output", "PAGES", str(path)],
+                         check=True, capture_output=True, text=True).stdout
+    return int(out.split()[0])
+
+
+needs_fincore = pytest.mark.skipif(shutil.which("fincore") is None, reason="fincore (util-linux) is not installed")
+
+
+@needs_fincore
+def test_unchanged_file_keeps_its_page_cache_changed_one_drops_it(tmp_path, mount):
+    from test_missing_data import Q, Q_REL, new_shard_bytes
+    root = tmp_path / "z3"
+    _writable_copy(U.FIXTURES / "pytree_zarr3", root)
+    m = mount(root)
+    paths = [m.p(Q_REL), m.p("params.safetensors")]
+    old = [U.read_all(p) for p in paths]
+    for p, b in zip(paths, old):
+        pages = (len(b) + 4095) // 4096
+        assert resident_pages(p) == pages, f"{p}: the page cache was dropped by a second open of unchanged data"
+        assert resident_pages(p) == pages, f"{p}: the page cache was dropped by a third open"
+        assert U.read_all(p) == b
+    patch = np.arange(8 * 24, dtype=np.float32).reshape(8, 24) + 1000.0
+    (root / Q / "c" / "1" / "1").write_bytes(new_shard_bytes(patch))
+    for p, b in zip(paths, old):
+        assert resident_pages(p) == 0, f"{p}: stale pages kept after the stored data changed"
+        new = U.read_all(p)
+        assert len(new) == len(b) and new != b
+        assert patch.tobytes()[:96] in new
+
+
+def _one_unit_item(root, rows, cols, raw, value):
+    """An item with array `s`: one zarr v2 chunk of rows x cols float32."""
+    import json
+    root.mkdir(exist_ok=True)
+    d = root / "s"
+    d.mkdir(exist_ok=True)
+    (d / ".zarray").write_text(json.dumps({
+        "chunks": [rows, cols], "compressor": None if raw else {"id": "zstd", "level": 1},
+        "dimension_separator": ".", "dtype": "<f4", "fill_value": None, "filters": None,
+        "order": "C", "shape": [rows, cols], "zarr_format": 2}))
+    data = (np.arange(rows * cols, dtype="<f4") + value).tobytes()
+    if not raw:
+        import zstandard
+        data = zstandard.ZstdCompressor(level=1).compress(data)
+    tmp = d / "0.0.tmp"
+    tmp.write_bytes(data)
+    os.replace(tmp, d / "0.0")
+    (root / "_METADATA").write_text(json.dumps({
+        "tree_metadata": {"('s',)": {"key_metadata": [{"key": "s", "key_type": 2}],
+                                      "value_metadata": {"value_type": "jax.Array", "skip_deserialize": False,
+                                                         "write_shape": [rows, cols]}}},
+        "use_ocdbt": False, "use_zarr3": False,
+        "store_array_data_equal_to_fill_value": True, "custom_metadata": None}))
+
+
+@pytest.mark.parametrize("raw", [True, False], ids=["raw", "zstd"])
+def test_streamed_unit_changed_under_an_open_descriptor(tmp_path, mount, raw):
+    """A unit larger than a quarter of cache_size is read as a stream whose
+    cursor continues where the last read stopped; when the unit is replaced
+    in between, the next read through the same descriptor fails with ESTALE
+    instead of continuing in the new bytes (two versions in one read); a new
+    open reads the new version whole."""
+    if not raw:
+        pytest.importorskip("zstandard")
+    rows, cols = 1024, 1024  # 4 MiB, one unit; cache_size 1M streams it
+    root = tmp_path / "item"
+    _one_unit_item(root, rows, cols, raw, 0.0)
+    m = mount(root, "cache_size=1M")
+    p = m.p("s.npy")
+    nbytes = rows * cols * 4
+    hl = os.stat(p).st_size - nbytes
+    fd = os.open(p, os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)  # no kernel read-ahead: reads reach the daemon
+        assert os.pread(fd, 4096, hl) == np.arange(1024, dtype="<f4").tobytes()
+        _one_unit_item(root, rows, cols, raw, 7.0)
+        off = 3 << 20
+        err = U.errno_of(os.pread, fd, 4096, hl + off)
+        assert err == errno.ESTALE, f"a read continuing across the change: errno {err}, not ESTALE"
+    finally:
+        os.close(fd)
+    whole = U.read_all(p)
+    assert whole[hl:] == (np.arange(rows * cols, dtype="<f4") + 7.0).tobytes()

@@ -403,8 +403,6 @@ needs_zstd = pytest.mark.skipif(zstandard is None, reason="python3-zstandard is 
 
 
 @needs_zstd
-@pytest.mark.xfail(strict=True, reason="issue 10: a shard replaced under the mount is served from the cache "
-                                       "(stale bytes)")
 def test_replaced_shard_is_never_served_stale(tmp_path, mount, expected):
     root = copy_fixture("pytree_zarr3", tmp_path / "z3")
     m = mount(root)
@@ -424,7 +422,6 @@ def test_replaced_shard_is_never_served_stale(tmp_path, mount, expected):
         assert got == np.ascontiguousarray(want).tobytes(), f"{rel}: stale or wrong bytes after the shard changed"
 
 
-@pytest.mark.xfail(strict=True, reason="issue 10: a shard deleted under the mount is served from the cache")
 def test_deleted_shard_after_read_is_eio(tmp_path, mount, expected):
     root = copy_fixture("pytree_zarr3", tmp_path / "z3")
     m = mount(root)
