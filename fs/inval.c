@@ -15,7 +15,12 @@
  * thread): one thread of its own sends them.  What to invalidate is
  * libckpt's list of transient nodes answered since (ckpt_view_next_inval):
  * no queue here, nothing dropped, and no request handler ever waits for
- * this thread.  It invalidates as soon as it is kicked: letting lookups
+ * this thread.
+ *
+ * The same thread drops the kernel's cached pages of files whose step
+ * vanished from a live root (ckpt_view_next_inval_inode): an open
+ * descriptor would otherwise go on reading them without asking; after the
+ * invalidation its reads reach libckpt, which answers ESTALE.  It invalidates as soon as it is kicked: letting lookups
  * gather first (1 ms) gained no time under load and let the backlog, hence
  * memory, grow.
  */
@@ -56,8 +61,17 @@ static void *inval_main(void *arg)
 			if (stop)
 				return NULL;
 		}
+		ckpt_ino ino;
+		while (ckpt_view_next_inval_inode(iq.view, &ino) == 1)
+			fuse_lowlevel_notify_inval_inode(iq.se, ino, 0, 0); /* -ENOENT: not cached */
 	}
 	return NULL;
+}
+
+static void inval_notify(void *arg)
+{
+	(void)arg;
+	ckfs_inval_kick();
 }
 
 int ckfs_inval_start(struct fuse_session *se, ckpt_view *view)
@@ -65,6 +79,7 @@ int ckfs_inval_start(struct fuse_session *se, ckpt_view *view)
 	iq.se = se;
 	iq.view = view;
 	iq.stop = 0;
+	ckpt_view_set_inval_notify(view, inval_notify, NULL);
 	if (pthread_create(&iq.th, NULL, inval_main, NULL) != 0)
 		return -1;
 	iq.started = 1;

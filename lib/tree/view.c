@@ -28,11 +28,81 @@ static int64_t wall_ns(void)
 	return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
 }
 
+/* After a rescan unlinked steps: the files of theirs that were ever opened
+ * may have pages in the kernel's cache, which an open file descriptor
+ * would go on reading without asking; queue them for an inode
+ * invalidation (ckpt_view_next_inval_inode), each once.  The node table is
+ * scanned under alloc_lock: a transient node is freed only after its slot
+ * is cleared under that lock, so every node seen stays readable. */
+static void queue_gone_files(ckpt_view *v)
+{
+	ckpt_ino *add = NULL;
+	size_t n = 0, cap = 0;
+	pthread_mutex_lock(&v->alloc_lock);
+	uint64_t count = atomic_load(&v->count);
+	for (uint64_t i = 1; i <= count; i++) {
+		struct node *x = view_node(v, i);
+		if (!x || atomic_load(&x->kcache) != NODE_OPENED || !node_is_gone(v, x))
+			continue;
+		if (n == cap) {
+			size_t nc = cap ? cap * 2 : 64;
+			ckpt_ino *a = realloc(add, nc * sizeof(*a));
+			if (!a)
+				break; /* the next rescan with changes tries the rest */
+			add = a;
+			cap = nc;
+		}
+		add[n++] = i;
+		atomic_store(&x->kcache, NODE_INVAL_QUEUED);
+	}
+	pthread_mutex_unlock(&v->alloc_lock);
+	if (!n)
+		return;
+	pthread_mutex_lock(&v->inval_mu);
+	if (v->ninval + n > v->capinval) {
+		size_t nc = v->capinval ? v->capinval : 64;
+		while (nc < v->ninval + n)
+			nc *= 2;
+		ckpt_ino *a = realloc(v->inval_inos, nc * sizeof(*a));
+		if (a) {
+			v->inval_inos = a;
+			v->capinval = nc;
+		}
+	}
+	size_t fit = v->capinval - v->ninval < n ? v->capinval - v->ninval : n;
+	if (fit)
+		memcpy(v->inval_inos + v->ninval, add, fit * sizeof(*add));
+	v->ninval += fit;
+	pthread_mutex_unlock(&v->inval_mu);
+	free(add);
+	if (v->inval_notify)
+		v->inval_notify(v->inval_arg);
+}
+
+int ckpt_view_next_inval_inode(ckpt_view *v, ckpt_ino *ino)
+{
+	pthread_mutex_lock(&v->inval_mu);
+	int got = v->ninval > 0;
+	if (got)
+		*ino = v->inval_inos[--v->ninval];
+	pthread_mutex_unlock(&v->inval_mu);
+	return got;
+}
+
+void ckpt_view_set_inval_notify(ckpt_view *v, void (*fn)(void *arg), void *arg)
+{
+	v->inval_notify = fn;
+	v->inval_arg = arg;
+}
+
 int ckpt_view_open_file(ckpt_view *v, ckpt_ino ino)
 {
 	struct node *n = view_node(v, ino);
 	if (!n)
 		return -ENOENT;
+	int was = 0;
+	/* before the gone check: a rescan marks gone, then looks at this flag */
+	atomic_compare_exchange_strong(&n->kcache, &was, NODE_OPENED);
 	if (node_is_gone(v, n))
 		return -ESTALE;
 	return n->ops->open ? n->ops->open(v, n) : 0;
@@ -57,6 +127,8 @@ static void root_refresh(ckpt_view *v)
 		pthread_rwlock_wrlock(&v->ns_lock);
 		int changes = layout_apply_steps(v, l);
 		pthread_rwlock_unlock(&v->ns_lock);
+		if (changes)
+			queue_gone_files(v);
 		int64_t shown = atomic_load(&v->root_mtime), t = st.mtime_ns;
 		if (changes && t <= shown) /* object stores: no folder mtime */
 			t = wall_ns() > shown ? wall_ns() : shown + 1;
@@ -80,6 +152,7 @@ int ckpt_view_open(const char *source, const ckpt_view_opts *opts, ckpt_view **o
 	pthread_mutex_init(&v->dyn_lock, NULL);
 	pthread_mutex_init(&v->res_lock, NULL);
 	pthread_mutex_init(&v->scan_mu, NULL);
+	pthread_mutex_init(&v->inval_mu, NULL);
 	pthread_rwlock_init(&v->ns_lock, NULL);
 	v->source = strdup(source);
 	int rc = v->source ? ckpt_ctx_create(&v->opts.ctx, &v->ctx) : -ENOMEM;
@@ -140,6 +213,8 @@ void ckpt_view_destroy(ckpt_view *v)
 	pthread_mutex_destroy(&v->dyn_lock);
 	pthread_mutex_destroy(&v->res_lock);
 	pthread_mutex_destroy(&v->scan_mu);
+	pthread_mutex_destroy(&v->inval_mu);
+	free(v->inval_inos);
 	free(v);
 }
 

@@ -92,6 +92,16 @@ int ckpt_view_getattr(ckpt_view *v, ckpt_ino ino, ckpt_attr *out);
  * -ESTALE when the file's step is gone, -ENOENT. */
 int ckpt_view_open_file(ckpt_view *v, ckpt_ino ino);
 
+/* Files opened once whose step vanished from a live root: the kernel may
+ * still hold their pages, which an open descriptor reads without asking.
+ * 1 and one inode to invalidate in the kernel (page cache and attributes),
+ * each handed out once; 0 when there is none. */
+int ckpt_view_next_inval_inode(ckpt_view *v, ckpt_ino *ino);
+/* fn(arg) is called (with no view lock held, from any thread, possibly a
+ * request handler: it must not block) when inodes were queued for
+ * ckpt_view_next_inval_inode.  Set it before requests are served. */
+void ckpt_view_set_inval_notify(ckpt_view *v, void (*fn)(void *arg), void *arg);
+
 /* Look `name` up in directory `parent`.  -ENOENT when absent; -EINVAL or
  * -ENOENT (logged with the reason) for a malformed or out-of-range slice
  * name; -ENOTDIR when parent is not a directory. */

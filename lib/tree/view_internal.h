@@ -68,6 +68,9 @@
  *             wlive->mu (chunk buffer), wshard->mu (shard append): leaves,
  *             taken with no other writer lock held
  *   v->res_lock           (the view's store and array lists; leaf)
+ *   v->inval_mu           (inodes to invalidate in the kernel; leaf.  Filled
+ *                          by a rescan after ns_lock is released, scanning the
+ *                          node table under alloc_lock, which is released first)
  *
  *   Read path (under ns_lock shared, units_mu, or nothing):
  *     cache->lock (entry table; the fill callback runs WITHOUT it)
@@ -180,7 +183,14 @@ struct node {
 	atomic_bool orphan; /* removed from its directory (committed/aborted/renamed/unlinked) */
 	atomic_bool gone; /* its source vanished (a step pruned from a live root): it and
 			   * everything below it answer -ENOENT/-ESTALE (node_is_gone) */
+	/* NODE_OPENED once a file was opened (the kernel may keep pages of it);
+	 * NODE_INVAL_QUEUED once it went and was queued for an inode
+	 * invalidation (view.c). */
+	atomic_int kcache;
 };
+
+#define NODE_OPENED 1
+#define NODE_INVAL_QUEUED 2
 
 #ifndef container_of
 #define container_of(p, type, member) ((type *)((char *)(p)-offsetof(type, member)))
@@ -291,6 +301,13 @@ struct ckpt_view {
 	size_t nstores;
 	struct aref **arefs;
 	size_t narefs;
+	/* inodes of opened files whose step went (root rescan), to be
+	 * invalidated in the kernel (ckpt_view_next_inval_inode; inval_mu, leaf) */
+	pthread_mutex_t inval_mu;
+	ckpt_ino *inval_inos;
+	size_t ninval, capinval;
+	void (*inval_notify)(void *arg); /* set before requests are served */
+	void *inval_arg;
 };
 
 /* ---- node.c ---------------------------------------------------------------- */

@@ -411,3 +411,32 @@ def test_streamed_unit_changed_under_an_open_descriptor(tmp_path, mount, raw):
         os.close(fd)
     whole = U.read_all(p)
     assert whole[hl:] == (np.arange(rows * cols, dtype="<f4") + 7.0).tobytes()
+
+
+@pytest.mark.ocdbt
+@pytest.mark.parametrize("rel", [ARR, "state/params.safetensors"])
+def test_pruned_step_is_not_read_from_the_page_cache(tmp_path, mount, rel):
+    """A file opened and read before its step was pruned: reads through the
+    same descriptor fail (ESTALE) once the rescan saw the prune; the kernel
+    does not go on serving its cached pages."""
+    root = tmp_path / "root"
+    root.mkdir()
+    for s in ("10", "20"):
+        _writable_copy(U.FIXTURES / "manager" / s, root / s)
+    m = mount(root)
+    fd = os.open(m.p("10/" + rel), os.O_RDONLY)
+    try:
+        size = os.fstat(fd).st_size
+        first = os.pread(fd, size, 0)
+        assert len(first) == size and os.pread(fd, size, 0) == first
+        shutil.rmtree(root / "10")
+        assert wait_listing(m, ["20"]) == ["20"]
+
+        def refused():
+            return U.errno_of(os.pread, fd, size, 0) is not None
+        # the invalidation is sent by the daemon's own thread: poll for it
+        assert U.wait_until(refused, timeout=10), "the pruned step's bytes are still read from the page cache"
+        assert U.errno_of(os.pread, fd, 4096, 0) in GONE
+    finally:
+        os.close(fd)
+    assert U.errno_of(os.stat, m.p("10")) in GONE
