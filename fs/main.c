@@ -71,6 +71,8 @@ static void usage(const char *prog)
 	       "    DIR.safetensors         every array under DIR as one safetensors file\n"
 	       "    DIR.safetensors.d/      the same, in shards (-o safetensors_shard_size)\n"
 	       "    .ckptfs/stats           counters as JSON (cache, bytes, commits, errors)\n"
+	       "    STEP/.ckptfs/summary.txt  the table of `ckptfs info SOURCE STEP` (.json: --json);\n"
+	       "                            .ckptfs/summary.txt at the root of a one-step/item mount\n"
 	       "Array files carry user.ckpt.* xattrs (dtype, shape, chunks, codec, stored_bytes).\n\n"
 	       "Subcommands (no mount):\n"
 	       "    info [--json] SOURCE [PATH]   steps, items and a table of arrays (metadata only)\n"

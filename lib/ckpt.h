@@ -6,12 +6,14 @@
  * read / write -> tree.  The tree layer's view API (tree/view.h) is what a
  * file system front end needs: a namespace of nodes with lookup, readdir,
  * getattr, read, xattrs and the write protocol, all returning 0 or a
- * negative errno.  tlsbuf.h gives the per-thread reply buffers.
+ * negative errno; tree/summary.h the table of arrays of a directory.
+ * tlsbuf.h gives the per-thread reply buffers.
  */
 #ifndef CKPT_H
 #define CKPT_H
 
 #include "tree/view.h"
+#include "tree/summary.h"
 #include "base/tlsbuf.h"
 
 #endif

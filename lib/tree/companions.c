@@ -451,7 +451,7 @@ static int dir_lookup(ckpt_view *v, struct node *dir, const char *name, struct n
 		return make_safetensors(v, dir, name, stem, 1, out);
 	if (node_ends_with(name, ".safetensors", &stem))
 		return make_safetensors(v, dir, name, stem, 0, out);
-	return -ENOENT;
+	return summary_meta_dir(v, dir, name, out); /* STEP/.ckptfs/ */
 }
 
 /* Companion entry c of dir (show_companions): NAME.shards for each array,

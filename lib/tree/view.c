@@ -182,7 +182,10 @@ int ckpt_view_open(const char *source, const ckpt_view_opts *opts, ckpt_view **o
 	struct node *stats = meta ? node_new(v, &stats_ops, VIEW_STATS_FILE, meta) : NULL;
 	if (meta)
 		meta->hidden = 1;
-	if (!stats || view_add_kid(meta, stats) < 0 || view_dyn_add(v, meta) < 0) {
+	/* a one-step or one-item mount: its summary next to the stats (a root's
+	 * steps each have their own, STEP/.ckptfs/) */
+	if (!stats || view_add_kid(meta, stats) < 0 ||
+	    (strcmp(v->kind, "root") && summary_add_files(v, meta) < 0) || view_dyn_add(v, meta) < 0) {
 		ckpt_view_destroy(v);
 		return -ENOMEM;
 	}
@@ -233,6 +236,8 @@ int ckpt_view_getattr(ckpt_view *v, ckpt_ino ino, ckpt_attr *out)
 	if (ino == CKPT_ROOT_INO)
 		root_refresh(v); /* its mtime tells the kernel whether its cached listing is valid */
 	layout_step_touch(v, n);
+	if (n->ops->prepare)
+		n->ops->prepare(v, n); /* no view lock held here */
 	view_fill_attr(v, n, out);
 	return 0;
 }

@@ -117,6 +117,7 @@ enum node_kind {
 	N_PDIR, /* an item or pytree directory inside a pending step */
 	N_PFILE, /* NAME.npy or NAME[slice].npy being written */
 	N_BROKEN, /* NAME.npy of an array whose metadata or store is unusable: listed, reads -EIO */
+	N_SUMMARY, /* .ckptfs/summary.txt, .ckptfs/summary.json (summary.c) */
 	N_KINDS
 };
 
@@ -161,6 +162,10 @@ struct node_ops {
 	 * earlier opens could be stale (the open then drops them), 0, or -errno.
 	 * NULL: 0. */
 	int (*open)(ckpt_view *v, struct node *n);
+	/* ckpt_view_getattr is about to answer for n: make what its attributes
+	 * depend on (called with no view lock held; never from a lookup or a
+	 * readdir, which answer under ns_lock).  NULL: nothing. */
+	void (*prepare)(ckpt_view *v, struct node *n);
 };
 
 /* The head of every node. */
@@ -435,6 +440,17 @@ int layout_list_steps(ckpt_view *v, struct layout_steps **out);
  * and names a committing step takes stay).  Frees the list; returns the
  * number of steps linked or unlinked. */
 int layout_apply_steps(ckpt_view *v, struct layout_steps *l);
+
+/* ---- summary.c ------------------------------------------------------------- */
+
+/* Add the hidden summary files (summary.txt, summary.json: the table of
+ * `ckptfs info` for meta's parent, built on first open/read/getattr,
+ * outside ns_lock) to the .ckptfs/ directory meta before it is published. */
+int summary_add_files(ckpt_view *v, struct node *meta);
+/* dir_ops lookup of `name` in dir: for ".ckptfs" in a committed step of a
+ * root, 0 and a new hidden .ckptfs/ directory holding the summary files;
+ * -ENOENT otherwise.  Called with ns_lock shared; builds nothing. */
+int summary_meta_dir(ckpt_view *v, struct node *dir, const char *name, struct node **out);
 
 /* ---- pending.c ------------------------------------------------------------- */
 

@@ -1,0 +1,30 @@
+/*
+ * summary.h - the table of arrays of a directory of a view, as `ckptfs info`
+ * prints it and as MNT/STEP/.ckptfs/summary.txt (and summary.json) serve it.
+ * Metadata only: built from readdir and the user.ckpt.* xattrs, it never
+ * reads array data (logical bytes are shape x itemsize, stored bytes what
+ * the tree already knows).
+ */
+#ifndef CKPT_SUMMARY_H
+#define CKPT_SUMMARY_H
+
+#include <stddef.h>
+
+#include "view.h"
+
+/*
+ * The summary of directory `dir` of v (the root, a step, an item or a
+ * directory below): the source line, the steps, per item a table of its
+ * arrays (key, dtype, shape, chunks, logical and stored bytes, ratio) with
+ * a total line, then totals per dtype and over all arrays; with `json`, the
+ * same as one JSON object (arrays, items, dtypes, total).  `source` names
+ * the checkpoint in the first line (NULL: the source v was opened on).
+ *
+ * Returns 0 with *buf (malloc'ed, NUL-terminated, the caller frees it) and
+ * *len (bytes without the NUL), or -errno (-ENOTDIR when dir is a file).
+ * Walks with ckpt_view_readdir/ckpt_view_getxattr, so it must be called
+ * with no lock of the view held (as every public call); thread-safe.
+ */
+int ckpt_view_summary(ckpt_view *v, ckpt_ino dir, const char *source, int json, char **buf, size_t *len);
+
+#endif
