@@ -101,3 +101,47 @@ def test_live_root_new_step(mount, tmp_path):
     assert text == info(src, "40")
     assert "step 40, item state" in text
     assert json.loads(read_text(m.p("40/.ckptfs/summary.json")))["steps"] == ["40"]
+
+
+def test_written_step_while_namespace_changes(mount, tmp_path):
+    """Steps written and committed through the mount, their summaries read
+    for the first time while another thread keeps taking the namespace lock
+    exclusively (mkdir/rmdir of a pending step): every read finishes (the
+    table is built outside that lock) and matches `ckptfs info`."""
+    import threading
+    from test_write import commit, small_step
+
+    src = tmp_path / "root"
+    shutil.copytree(U.FIXTURES / "manager", src)
+    src = src.resolve()
+    m = mount(src)
+    stop = threading.Event()
+
+    def churn():
+        while not stop.is_set():
+            d = m.p("999")
+            os.mkdir(d)
+            os.rmdir(d)
+
+    texts = {}
+
+    def reader():
+        for s in ("31", "32", "33"):
+            step = m.p(s)
+            os.mkdir(step)
+            small_step(step, int(s))
+            commit(step)
+            texts[s] = read_text(m.p(f"{s}/.ckptfs/summary.txt"))
+
+    t = threading.Thread(target=churn)
+    r = threading.Thread(target=reader)
+    t.start()
+    r.start()
+    r.join(timeout=60)
+    stop.set()
+    t.join(timeout=60)
+    assert not r.is_alive() and not t.is_alive()
+    assert sorted(texts) == ["31", "32", "33"]
+    for s, text in texts.items():
+        assert text == info(src, s)
+        assert f"step {s}, item state" in text and "sub/b" in text
