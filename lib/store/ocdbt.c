@@ -29,6 +29,7 @@
 #include "ocdbt.h"
 #include "stats.h"
 #include "store.h"
+#include "store_int.h"
 
 #define MAGIC_MANIFEST 0x0cdb3a2au
 #define MAGIC_BTREE 0x0cdb20deu
@@ -1004,12 +1005,13 @@ static int emit(ckpt_ocdbt *db, struct perr *e, struct walk *w, const uint8_t *k
 	return 0;
 }
 
-/* Read and decode the node at (gid, off, len); *owned / *raw freed by caller. */
+/* Read and decode the node at (gid, off, len); *owned / *raw freed by caller.
+ * pre: the node's bytes already fetched (len bytes, taken over), or NULL. */
 static int read_node(ckpt_ocdbt *db, struct perr *e, uint32_t gid, uint64_t off, uint64_t len, uint64_t cap,
-		     uint8_t **raw, uint8_t **owned, const uint8_t **body, size_t *blen)
+		     uint8_t *pre, uint8_t **raw, uint8_t **owned, const uint8_t **body, size_t *blen)
 {
 	uint64_t fsize;
-	*raw = NULL;
+	*raw = pre;
 	*owned = NULL;
 	if (db->nodes >= MAX_NODES)
 		return fail(e, "more than %zu B+tree nodes", MAX_NODES);
@@ -1028,13 +1030,15 @@ static int read_node(ckpt_ocdbt *db, struct perr *e, uint32_t gid, uint64_t off,
 			  (unsigned long long)cap);
 		goto out;
 	}
-	*raw = malloc(len ? len : 1);
-	if (!*raw) {
-		rc = -ENOMEM;
-		goto out;
+	size_t got = len;
+	if (!pre) {
+		*raw = malloc(len ? len : 1);
+		if (!*raw) {
+			rc = -ENOMEM;
+			goto out;
+		}
+		rc = file_read(db, gid, *raw, len, off, &got);
 	}
-	size_t got;
-	rc = file_read(db, gid, *raw, len, off, &got);
 	if (rc) {
 		rc = fail(e, "read: %s", strerror(-rc));
 		goto out;
@@ -1052,13 +1056,43 @@ out:
 }
 
 /*
+ * Children of an interior node fetched in parallel when the base store is an
+ * object store (one request per node otherwise runs one round trip after
+ * another): up to PREFETCH_BATCH siblings at once, each by its own thread;
+ * visit() then decodes them in order.  Only file_read (thread-safe; the data
+ * file table is not changed while they run) is called from the threads.
+ */
+#define PREFETCH_BATCH 16
+
+struct pre_job {
+	ckpt_ocdbt *db;
+	uint32_t gid;
+	uint64_t off, len;
+	uint8_t *buf; /* NULL when the fetch failed (read_node then tries again) */
+};
+
+static void *pre_thread(void *arg)
+{
+	struct pre_job *j = arg;
+	size_t got = 0;
+	j->buf = malloc(j->len ? j->len : 1);
+	if (j->buf && (file_read(j->db, j->gid, j->buf, j->len, j->off, &got) != 0 || got != j->len)) {
+		free(j->buf);
+		j->buf = NULL;
+	}
+	return NULL;
+}
+
+/*
  * Visit the subtree at (gid, off, len) whose keys all start with prefix P
  * and lie in [lo, hi) (full keys; lo/hi NULL = unbounded).
  */
 static int visit(ckpt_ocdbt *db, struct walk *w, uint32_t gid, uint32_t trans_len, uint64_t off, uint64_t len,
-		 unsigned height, const uint8_t *P, size_t plen, const uint8_t *lo, size_t lolen,
-		 const uint8_t *hi, size_t hilen)
+		 uint8_t *pre, unsigned height, const uint8_t *P, size_t plen, const uint8_t *lo,
+		 size_t lolen, const uint8_t *hi, size_t hilen)
 {
+	struct pre_job jobs[PREFETCH_BATCH];
+	size_t jfirst = 0, jn = 0; /* jobs hold children [jfirst, jfirst + jn) */
 	struct perr e = { { 0 } };
 	uint8_t *raw = NULL, *owned = NULL, *kb = NULL, *nb = NULL;
 	const uint8_t *body;
@@ -1069,7 +1103,7 @@ static int visit(ckpt_ocdbt *db, struct walk *w, uint32_t gid, uint32_t trans_le
 	memcpy(trans, db->files[gid].rel, trans_len);
 	trans[trans_len] = '\0';
 
-	int rc = read_node(db, &e, gid, off, len, w->node_cap, &raw, &owned, &body, &blen);
+	int rc = read_node(db, &e, gid, off, len, w->node_cap, pre, &raw, &owned, &body, &blen);
 	if (!rc)
 		rc = parse_node_body(db, &e, body, blen, trans, trans_len, w->node_cap, &nd);
 	if (!rc && nd.height != height)
@@ -1123,12 +1157,37 @@ static int visit(ckpt_ocdbt *db, struct walk *w, uint32_t gid, uint32_t trans_le
 			nhi = nb;
 		}
 		const struct dft_entry *ce = &nd.tab.e[nd.fid[i]];
-		rc = visit(db, w, ce->gid, ce->trans_len, nd.off[i], nd.len[i], height - 1, kb,
+		if (i >= jfirst + jn && nd.n > 1 && ckpt_store_s3_connections(db->base) > 0) {
+			/* the next batch of siblings, fetched at once */
+			pthread_t th[PREFETCH_BATCH];
+			int started[PREFETCH_BATCH] = { 0 };
+			jfirst = i;
+			jn = nd.n - i < PREFETCH_BATCH ? nd.n - i : PREFETCH_BATCH;
+			for (size_t k = 0; k < jn; k++) {
+				const struct dft_entry *ke = &nd.tab.e[nd.fid[i + k]];
+				uint64_t fsz;
+				jobs[k] = (struct pre_job){ db, ke->gid, nd.off[i + k], nd.len[i + k], NULL };
+				if (nd.len[i + k] <= w->node_cap && file_size(db, ke->gid, &fsz) == 0 &&
+				    nd.off[i + k] + nd.len[i + k] <= fsz)
+					started[k] = pthread_create(&th[k], NULL, pre_thread, &jobs[k]) == 0;
+			}
+			for (size_t k = 0; k < jn; k++)
+				if (started[k])
+					pthread_join(th[k], NULL);
+		}
+		uint8_t *cpre = NULL;
+		if (i >= jfirst && i < jfirst + jn) {
+			cpre = jobs[i - jfirst].buf;
+			jobs[i - jfirst].buf = NULL;
+		}
+		rc = visit(db, w, ce->gid, ce->trans_len, nd.off[i], nd.len[i], cpre, height - 1, kb,
 			   plen + nd.scp[i], kb, flen, nhi, nhilen);
 		if (rc == -EIO)
 			e.msg[0] = '\0'; /* already logged by the child */
 	}
 out:
+	for (size_t k = 0; k < jn; k++)
+		free(jobs[k].buf); /* fetched, not visited (an earlier child failed) */
 	if (rc == -EIO && e.msg[0])
 		ckpt_log(CKPT_LOG_ERR, "ocdbt: %s: B+tree node at offset %llu length %llu: %s",
 			 db->files[gid].abs, (unsigned long long)off, (unsigned long long)len, e.msg);
@@ -1281,7 +1340,7 @@ static int open_one(ckpt_ocdbt *db, const char *trans, bool first)
 		w.node_cap = m.max_decoded;
 	if (db->lim.node_bytes < w.node_cap)
 		w.node_cap = db->lim.node_bytes;
-	rc = visit(db, &w, m.gid, m.trans_len, m.off, m.len, m.height, NULL, 0, NULL, 0, NULL, 0);
+	rc = visit(db, &w, m.gid, m.trans_len, m.off, m.len, NULL, m.height, NULL, 0, NULL, 0, NULL, 0);
 out:
 	free(path);
 	free(key);
