@@ -190,13 +190,13 @@ static int show(const char *mnt, const char *source, int json, FILE *f)
 	char h1[32], h2[32], h3[32];
 	if (json) {
 		fprintf(f, "{\"mountpoint\": ");
-		cli_json_str(f, mnt);
+		ckpt_json_str(f, mnt);
 		fprintf(f, ", \"source\": ");
-		cli_json_str(f, source);
+		ckpt_json_str(f, source);
 		fprintf(f, ", \"pending\": [");
 		for (size_t i = 0; i < np; i++) {
 			fprintf(f, "%s{\"step\": ", i ? ", " : "");
-			cli_json_str(f, ps[i].name);
+			ckpt_json_str(f, ps[i].name);
 			fprintf(f, ", \"arrays\": %llu, \"declared_bytes\": %llu, \"stored_bytes\": %llu, "
 				   "\"stored_files\": %llu}",
 				(unsigned long long)ps[i].arrays, (unsigned long long)ps[i].declared,
@@ -214,12 +214,13 @@ static int show(const char *mnt, const char *source, int json, FILE *f)
 		for (size_t i = 0; i < np; i++)
 			fprintf(f, "pending step %s: %llu array%s declared (%s), %s stored in %llu files\n",
 				ps[i].name, (unsigned long long)ps[i].arrays, ps[i].arrays == 1 ? "" : "s",
-				cli_human(ps[i].declared, h1, sizeof(h1)), cli_human(ps[i].stored, h2, sizeof(h2)),
+				ckpt_human(ps[i].declared, h1, sizeof(h1)),
+				ckpt_human(ps[i].stored, h2, sizeof(h2)),
 				(unsigned long long)ps[i].stored_files);
 		fprintf(f, "written: %s received, %s stored (compressed), %s buffered\n",
-			cli_human(stat_value(buf, "bytes_written"), h1, sizeof(h1)),
-			cli_human(stat_value(buf, "stored_bytes_written"), h2, sizeof(h2)),
-			cli_human(stat_value(buf, "bytes_pending"), h3, sizeof(h3)));
+			ckpt_human(stat_value(buf, "bytes_written"), h1, sizeof(h1)),
+			ckpt_human(stat_value(buf, "stored_bytes_written"), h2, sizeof(h2)),
+			ckpt_human(stat_value(buf, "bytes_pending"), h3, sizeof(h3)));
 		fprintf(f, "commits: %llu, failed: %llu; errors: %llu\n",
 			(unsigned long long)stat_value(buf, "commits"),
 			(unsigned long long)stat_value(buf, "commit_failures"),
@@ -228,7 +229,7 @@ static int show(const char *mnt, const char *source, int json, FILE *f)
 			(unsigned long long)stat_value(buf, "cache_hits"),
 			(unsigned long long)stat_value(buf, "cache_misses"),
 			(unsigned long long)stat_value(buf, "cache_evictions"),
-			cli_human(stat_value(buf, "bytes_served"), h1, sizeof(h1)));
+			ckpt_human(stat_value(buf, "bytes_served"), h1, sizeof(h1)));
 	}
 	free(ps);
 	fflush(f);

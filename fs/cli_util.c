@@ -27,34 +27,3 @@ int cli_open_view(const char *source, ckpt_view **v, char **real)
 	}
 	return rc;
 }
-
-void cli_json_str(FILE *f, const char *s)
-{
-	fputc('"', f);
-	for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
-		if (*p == '"' || *p == '\\')
-			fprintf(f, "\\%c", *p);
-		else if (*p < 0x20)
-			fprintf(f, "\\u%04x", *p);
-		else
-			fputc(*p, f);
-	}
-	fputc('"', f);
-}
-
-const char *cli_human(uint64_t n, char *buf, size_t cap)
-{
-	static const char *const unit[] = { "B", "KiB", "MiB", "GiB", "TiB", "PiB" };
-	if (n < 1024) {
-		snprintf(buf, cap, "%llu B", (unsigned long long)n);
-		return buf;
-	}
-	double d = (double)n;
-	int u = 0;
-	while (d >= 1024 && u < 5) {
-		d /= 1024;
-		u++;
-	}
-	snprintf(buf, cap, "%.1f %s", d, unit[u]);
-	return buf;
-}

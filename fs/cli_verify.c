@@ -197,8 +197,8 @@ static void show_progress(struct progress *p, int force)
 	if (rate > 0)
 		snprintf(eta, sizeof(eta), "%.0fs", (double)(p->total - p->done) / rate);
 	fprintf(stderr, "\r\033[Kverify: %zu/%zu arrays, %s/%s, %s/s, ETA %s", p->arrays, p->narrays,
-		cli_human(p->done, a, sizeof(a)), cli_human(p->total, b, sizeof(b)),
-		cli_human((uint64_t)rate, r, sizeof(r)), eta);
+		ckpt_human(p->done, a, sizeof(a)), ckpt_human(p->total, b, sizeof(b)),
+		ckpt_human((uint64_t)rate, r, sizeof(r)), eta);
 }
 
 static void verify_usage(FILE *f)
@@ -366,7 +366,7 @@ int ckfs_cmd_verify(int argc, char **argv)
 		       problems == 1 ? "" : "s", bad_arrays, l.n);
 	} else {
 		printf("ckptfs verify: %s: OK, %zu arrays, %s read and decoded", real, l.n,
-		       cli_human(l.total, h, sizeof(h)));
+		       ckpt_human(l.total, h, sizeof(h)));
 		if (notes)
 			printf(", %zu with chunks absent (read as the fill value)", notes);
 		printf("\n");

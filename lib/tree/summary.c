@@ -203,7 +203,7 @@ static int walk(struct info *in, ckpt_ino dir, const char *prefix, int depth)
 	}
 }
 
-static void json_str(FILE *f, const char *s)
+void ckpt_json_str(FILE *f, const char *s)
 {
 	fputc('"', f);
 	for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
@@ -217,8 +217,7 @@ static void json_str(FILE *f, const char *s)
 	fputc('"', f);
 }
 
-/* "12.3 MiB" into buf; returns buf. */
-static const char *human(uint64_t n, char *buf, size_t cap)
+const char *ckpt_human(uint64_t n, char *buf, size_t cap)
 {
 	static const char *const unit[] = { "B", "KiB", "MiB", "GiB", "TiB", "PiB" };
 	if (n < 1024) {
@@ -287,7 +286,8 @@ static void print_text(FILE *f, struct info *in, const char *source, const char 
 		struct arr *r = i < in->n ? &in->a[i] : NULL;
 		if (cur_item && (!r || strcmp(r->step, cur_step) || strcmp(r->item, cur_item))) {
 			fprintf(f, "  %-*s %-*s %-*s %-*s %10s %10s ", kw, "total", dw, "", sw, "", cw, "",
-				human(it.logical, a1, sizeof(a1)), human(it.stored, a2, sizeof(a2)));
+				ckpt_human(it.logical, a1, sizeof(a1)),
+				ckpt_human(it.stored, a2, sizeof(a2)));
 			print_ratio(f, it.logical, it.stored);
 			fprintf(f, "  (%zu arrays)\n", it.arrays);
 			cur_item = NULL;
@@ -306,8 +306,8 @@ static void print_text(FILE *f, struct info *in, const char *source, const char 
 				"CHUNKS", "LOGICAL", "STORED", "RATIO");
 		}
 		fprintf(f, "  %-*s %-*s %-*s %-*s %10s %10s ", kw, r->key, dw, r->dtype, sw, r->shape, cw,
-			r->chunks, human(r->logical, a1, sizeof(a1)),
-			r->stored_ok ? human(r->stored, a2, sizeof(a2)) : "?");
+			r->chunks, ckpt_human(r->logical, a1, sizeof(a1)),
+			r->stored_ok ? ckpt_human(r->stored, a2, sizeof(a2)) : "?");
 		print_ratio(f, r->logical, r->stored);
 		fprintf(f, "\n");
 		it.arrays++;
@@ -326,12 +326,12 @@ static void print_text(FILE *f, struct info *in, const char *source, const char 
 	fprintf(f, "\nper dtype:\n");
 	for (size_t i = 0; i < ndt; i++) {
 		fprintf(f, "  %-*s %6zu arrays %10s %10s ", dw, dt[i].name, dt[i].arrays,
-			human(dt[i].logical, a1, sizeof(a1)), human(dt[i].stored, a2, sizeof(a2)));
+			ckpt_human(dt[i].logical, a1, sizeof(a1)), ckpt_human(dt[i].stored, a2, sizeof(a2)));
 		print_ratio(f, dt[i].logical, dt[i].stored);
 		fprintf(f, "\n");
 	}
 	fprintf(f, "total: %zu arrays, %s logical, %s stored, ratio ", all.arrays,
-		human(all.logical, a1, sizeof(a1)), human(all.stored, a2, sizeof(a2)));
+		ckpt_human(all.logical, a1, sizeof(a1)), ckpt_human(all.stored, a2, sizeof(a2)));
 	print_ratio(f, all.logical, all.stored);
 	fprintf(f, "\n");
 	free(dt);
@@ -340,11 +340,11 @@ static void print_text(FILE *f, struct info *in, const char *source, const char 
 static void print_json(FILE *f, struct info *in, const char *source, const char *kind)
 {
 	fprintf(f, "{\"source\": ");
-	json_str(f, source);
+	ckpt_json_str(f, source);
 	fprintf(f, ", \"kind\": \"%s\", \"steps\": [", kind);
 	for (size_t i = 0; i < in->nsteps; i++) {
 		fprintf(f, i ? ", " : "");
-		json_str(f, in->steps[i]);
+		ckpt_json_str(f, in->steps[i]);
 	}
 	fprintf(f, "],\n \"arrays\": [");
 	struct total *dt = NULL, *its = NULL, all = { "", 0, 0, 0 };
@@ -352,20 +352,20 @@ static void print_json(FILE *f, struct info *in, const char *source, const char 
 	for (size_t i = 0; i < in->n; i++) {
 		struct arr *r = &in->a[i];
 		fprintf(f, "%s\n  {\"path\": ", i ? "," : "");
-		json_str(f, r->path);
+		ckpt_json_str(f, r->path);
 		fprintf(f, ", \"step\": ");
-		json_str(f, r->step);
+		ckpt_json_str(f, r->step);
 		fprintf(f, ", \"item\": ");
-		json_str(f, r->item);
+		ckpt_json_str(f, r->item);
 		fprintf(f, ", \"key\": ");
-		json_str(f, r->key);
+		ckpt_json_str(f, r->key);
 		fprintf(f, ", \"dtype\": ");
-		json_str(f, r->dtype);
+		ckpt_json_str(f, r->dtype);
 		fprintf(f, ", \"shape\": %s, \"chunks\": %s, \"shards\": %s, \"codec\": ", r->shape, r->chunks,
 			r->shards);
-		json_str(f, r->codec);
+		ckpt_json_str(f, r->codec);
 		fprintf(f, ", \"format\": ");
-		json_str(f, r->format);
+		ckpt_json_str(f, r->format);
 		fprintf(f, ", \"logical_bytes\": %llu, \"stored_bytes\": ", (unsigned long long)r->logical);
 		if (r->stored_ok)
 			fprintf(f, "%llu, \"ratio\": ", (unsigned long long)r->stored);
@@ -399,7 +399,7 @@ static void print_json(FILE *f, struct info *in, const char *source, const char 
 		for (size_t i = 0; i < groups[g].n; i++) {
 			struct total *t = &groups[g].t[i];
 			fprintf(f, "%s\n  {\"name\": ", i ? "," : "");
-			json_str(f, t->name);
+			ckpt_json_str(f, t->name);
 			fprintf(f, ", \"arrays\": %zu, \"logical_bytes\": %llu, \"stored_bytes\": %llu}", t->arrays,
 				(unsigned long long)t->logical, (unsigned long long)t->stored);
 		}

@@ -9,6 +9,8 @@
 #define CKPT_SUMMARY_H
 
 #include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
 
 #include "view.h"
 
@@ -26,5 +28,13 @@
  * with no lock of the view held (as every public call); thread-safe.
  */
 int ckpt_view_summary(ckpt_view *v, ckpt_ino dir, const char *source, int json, char **buf, size_t *len);
+
+/* Writes s to f as a JSON string literal (quotes, backslashes and control
+ * characters escaped; other bytes, UTF-8 included, as they are). */
+void ckpt_json_str(FILE *f, const char *s);
+
+/* n bytes for people ("812 B", "12.3 MiB", up to PiB) into buf of cap
+ * bytes (truncated to fit); returns buf.  Pure, thread-safe. */
+const char *ckpt_human(uint64_t n, char *buf, size_t cap);
 
 #endif
