@@ -26,6 +26,9 @@
 /* A pending step: the writer's step plus the lock that keeps commit apart
  * from writes.  Owned by its N_PSTEP node. */
 struct pstep {
+	/* NULL once committed or aborted: the writer's state (chunk buffers,
+	 * threads, declarations) is freed right away, under io_lock exclusive;
+	 * every later call on the step's orphaned nodes sees `dead` first. */
 	struct ckpt_step *step;
 	pthread_rwlock_t io_lock;
 	atomic_bool dead; /* committed or aborted: no more writes (set under io_lock exclusive) */
@@ -121,11 +124,13 @@ static void pstep_destroy(ckpt_view *v, struct node *n)
 	struct pstep *ps = to_pdir(n)->ps;
 	if (!ps)
 		return;
-	ckpt_step_info info;
-	ckpt_step_get_info(ps->step, &info);
-	if (info.state == CKPT_STEP_PENDING)
-		ckpt_log(CKPT_LOG_WARN, "step %s was not committed; its data stays in %s (not a step)",
-			 info.name, info.tmp_path);
+	if (ps->step) {
+		ckpt_step_info info;
+		ckpt_step_get_info(ps->step, &info);
+		if (info.state == CKPT_STEP_PENDING)
+			ckpt_log(CKPT_LOG_WARN, "step %s was not committed; its data stays in %s (not a step)",
+				 info.name, info.tmp_path);
+	}
 	ckpt_step_destroy(ps->step);
 	pthread_rwlock_destroy(&ps->io_lock);
 	free(ps);
@@ -333,8 +338,14 @@ static int commit_step(ckpt_view *v, struct node *sn, const char *final, struct 
 
 	pthread_rwlock_wrlock(&ps->io_lock);
 	int rc = ckpt_hosts_commit(ps->step, final);
-	if (rc == 0)
+	if (rc == 0) {
 		atomic_store(&ps->dead, true);
+		/* The committed folder is all that is left of the step: free the
+		 * writer's buffers now, not at unmount (a training job commits a
+		 * step every few minutes).  Its orphaned files answer ESTALE. */
+		ckpt_step_destroy(ps->step);
+		ps->step = NULL;
+	}
 	pthread_rwlock_unlock(&ps->io_lock);
 	if (rc == 0 && v->opts.spool_dir) { /* object store: send the staged step, marker last */
 		char staged[VIEW_PATH_MAX];
@@ -673,6 +684,8 @@ int ckpt_view_rmdir(ckpt_view *v, ckpt_ino parent, const char *name)
 			pthread_rwlock_wrlock(&ps->io_lock);
 			ckpt_step_abort(ps->step);
 			atomic_store(&ps->dead, true);
+			ckpt_step_destroy(ps->step); /* nothing of it is kept */
+			ps->step = NULL;
 			pthread_rwlock_unlock(&ps->io_lock);
 			view_remove_kid(dir, n);
 			atomic_store(&n->orphan, true);
@@ -1007,6 +1020,12 @@ static ssize_t pending_read(ckpt_view *v, struct node *node, uint64_t off, size_
 	struct pfile_node *n = to_pfile(node);
 	struct pfile *pf = &n->pf;
 	pthread_rwlock_rdlock(&n->ps->io_lock);
+	if (atomic_load(&n->ps->dead)) {
+		/* committed (the step's files are read from its folder under their
+		 * path now) or aborted: the writer's state is gone */
+		pthread_rwlock_unlock(&n->ps->io_lock);
+		return -ESTALE;
+	}
 	pthread_mutex_lock(&pf->mu);
 	uint64_t size = pf->size;
 	if (pf->is_json) {
@@ -1067,14 +1086,15 @@ static int set_dtype(struct pfile_node *f, const char *value, size_t size)
 	int rc = 0;
 	pthread_rwlock_rdlock(&f->ps->io_lock);
 	pthread_mutex_lock(&pf->mu);
-	ckpt_warray *known = pf->is_slice ? pf->decl->pf.arr : pf->arr;
+	int dead = atomic_load(&f->ps->dead); /* then the arrays are freed */
+	ckpt_warray *known = dead ? NULL : pf->is_slice ? pf->decl->pf.arr : pf->arr;
 	ckpt_dtype have = CKPT_DT_INVALID;
 	if (known) {
 		ckpt_warray_info info;
 		ckpt_warray_get_info(known, &info);
 		have = info.dtype;
 	}
-	if (atomic_load(&f->ps->dead) || atomic_load(&f->n.orphan)) {
+	if (dead || atomic_load(&f->n.orphan)) {
 		rc = refuse(f->n.name, "set an extended attribute");
 	} else if (pf->is_json) {
 		rc = -ENOTSUP;

@@ -440,3 +440,33 @@ def test_pruned_step_is_not_read_from_the_page_cache(tmp_path, mount, rel):
     finally:
         os.close(fd)
     assert U.errno_of(os.stat, m.p("10")) in GONE
+
+
+def test_pending_file_open_across_its_commit(tmp_path, mount):
+    """The writer's state of a step is freed at its commit: a descriptor of
+    a pending file kept open across the commit reads the committed bytes or
+    fails with ESTALE (never freed memory), and cannot write any more."""
+    src = tmp_path / "root"
+    src.mkdir()
+    m = mount(src)
+    step = Path(m.p("30"))
+    os.mkdir(step)
+    os.mkdir(step / "state")
+    vals = np.arange(64, dtype=np.float32).reshape(8, 8)
+    p = step / "state" / "w.npy"
+    np.save(p, vals)
+    fd = os.open(p, os.O_RDWR)
+    try:
+        want = os.pread(fd, 1 << 16, 0)
+        assert len(want) > vals.nbytes
+        commit(step)
+        for _ in range(2):
+            err = U.errno_of(os.pread, fd, 1 << 16, 0)
+            if err is None:
+                assert os.pread(fd, 1 << 16, 0) == want
+            else:
+                assert err == errno.ESTALE
+        assert U.errno_of(os.pwrite, fd, b"\0" * 4, len(want) - 4) in (errno.EROFS, errno.ESTALE, errno.EBADF)
+    finally:
+        os.close(fd)
+    assert U.read_all(m.p("30/state/w.npy")) == want

@@ -444,8 +444,6 @@ def test_stress_clean_unmount(stress_run):
     assert stress_run.returncode == 0
 
 
-@pytest.mark.xfail(strict=True, reason="issue 11: a committed step keeps its writer state (chunk buffers, "
-                   "~8 MiB per step here) until unmount - the orphaned pending-step node is never freed")
 def test_stress_memory_within_budget(stress_run):
     if sanitized():
         pytest.skip("memory figures are meaningless under sanitizers")
