@@ -418,3 +418,22 @@ def test_info_and_verify_read_an_object_store(env, monkeypatch):
     r = subprocess.run([str(U.BIN), "verify", src], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
     assert SECRET not in r.stdout + r.stderr
+
+
+def test_rename_commits_a_step_to_an_object_store_root(env, s3mount, tmp_path, monkeypatch):
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    m = s3mount("wr3", None, f"cache_dir={tmp_path / 'cache'}")
+    os.mkdir(m.p("tmp40"))
+    r = np.random.default_rng(40)
+    os.makedirs(m.p("tmp40/state/sub"))
+    a = r.standard_normal((9, 4)).astype(np.float32)
+    np.save(m.p("tmp40/state/sub/a.npy"), a)
+    os.rename(m.p("tmp40"), m.p("40"))
+    keys = _keys(env, f"{PREFIX}/wr3/")
+    assert f"{PREFIX}/wr3/40/commit_success.txt" in keys
+    assert not [k for k in keys if "tmp40" in k]
+    assert np.array_equal(np.load(m.p("40/state/sub/a.npy")), a)
+    assert not [p for p in (tmp_path / "cache").iterdir() if p.name.startswith("ckptfs-spool-") and
+                any(p.iterdir())], "the staged copy is removed once uploaded"
+    m2 = s3mount("wr3")
+    assert np.array_equal(np.load(m2.p("40/state/sub/a.npy")), a)
