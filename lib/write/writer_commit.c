@@ -47,18 +47,18 @@ static int write_json(struct ckpt_step *st, const char *rel, cJSON *j)
 	return rc;
 }
 
-static cJSON *json_u64(uint64_t v)
+cJSON *w_json_u64(uint64_t v)
 {
 	char b[24];
 	snprintf(b, sizeof(b), "%llu", (unsigned long long)v);
 	return cJSON_CreateRaw(b);
 }
 
-static cJSON *json_shape(const uint64_t *v, int n)
+cJSON *w_json_shape(const uint64_t *v, int n)
 {
 	cJSON *a = cJSON_CreateArray();
 	for (int i = 0; a && i < n; i++)
-		cJSON_AddItemToArray(a, json_u64(v[i]));
+		cJSON_AddItemToArray(a, w_json_u64(v[i]));
 	return a;
 }
 
@@ -198,6 +198,19 @@ static int check_items(struct ckpt_step *st)
 	return 0;
 }
 
+/* The item's commit_success.txt (its last file, as Orbax writes it), then
+ * an fsync of the item's folder. */
+static int commit_success(struct ckpt_step *st, const struct witem *it, const char *final_path)
+{
+	char path[4096], msg[4200];
+	int m = snprintf(msg, sizeof(msg), "Checkpoint commit was successful to %s/%s", final_path, it->name);
+	snprintf(path, sizeof(path), "%s/" CKPT_ORBAX_COMMIT_SUCCESS, it->name);
+	int rc = write_file(st, path, msg, (size_t)m);
+	if (!rc)
+		rc = w_fsync_dir(st, it->name);
+	return rc;
+}
+
 static int finish_json_item(struct ckpt_step *st, struct witem *it, const char *final_path)
 {
 	char path[4096];
@@ -205,13 +218,7 @@ static int finish_json_item(struct ckpt_step *st, struct witem *it, const char *
 	int rc = write_file(st, path, it->json, it->json_len);
 	if (rc)
 		return rc;
-	char msg[4200];
-	int m = snprintf(msg, sizeof(msg), "Checkpoint commit was successful to %s/%s", final_path, it->name);
-	snprintf(path, sizeof(path), "%s/" CKPT_ORBAX_COMMIT_SUCCESS, it->name);
-	rc = write_file(st, path, msg, (size_t)m);
-	if (!rc)
-		rc = w_fsync_dir(st, it->name);
-	return rc;
+	return commit_success(st, it, final_path);
 }
 
 static cJSON *metadata_json(const struct witem *it)
@@ -239,7 +246,7 @@ static cJSON *metadata_json(const struct witem *it)
 		}
 		cJSON_AddStringToObject(vm, "value_type", "jax.Array");
 		cJSON_AddFalseToObject(vm, "skip_deserialize");
-		cJSON_AddItemToObject(vm, "write_shape", json_shape(a->inner, a->rank));
+		cJSON_AddItemToObject(vm, "write_shape", w_json_shape(a->inner, a->rank));
 		cJSON_AddItemToObject(e, "key_metadata", km);
 		cJSON_AddItemToObject(e, "value_metadata", vm);
 		char *key = ckpt_orbax_keypath_repr((const char *const *)a->keys, a->depth);
@@ -301,13 +308,7 @@ static int finish_item(struct ckpt_step *st, struct witem *it, const char *final
 	cJSON_Delete(sh);
 	if (rc)
 		return rc;
-	char msg[4200];
-	int m = snprintf(msg, sizeof(msg), "Checkpoint commit was successful to %s/%s", final_path, it->name);
-	snprintf(path, sizeof(path), "%s/" CKPT_ORBAX_COMMIT_SUCCESS, it->name);
-	rc = write_file(st, path, msg, (size_t)m);
-	if (!rc)
-		rc = w_fsync_dir(st, it->name);
-	return rc;
+	return commit_success(st, it, final_path);
 }
 
 int w_write_ckpt_metadata(struct ckpt_step *st, int64_t commit_ns)
@@ -326,9 +327,9 @@ int w_write_ckpt_metadata(struct ckpt_step *st, int64_t commit_ns)
 	}
 	cJSON_AddItemToObject(j, "metrics", cJSON_CreateObject());
 	cJSON_AddItemToObject(j, "performance_metrics", cJSON_CreateObject());
-	cJSON_AddItemToObject(j, "init_timestamp_nsecs", json_u64((uint64_t)st->init_ns));
+	cJSON_AddItemToObject(j, "init_timestamp_nsecs", w_json_u64((uint64_t)st->init_ns));
 	if (commit_ns)
-		cJSON_AddItemToObject(j, "commit_timestamp_nsecs", json_u64((uint64_t)commit_ns));
+		cJSON_AddItemToObject(j, "commit_timestamp_nsecs", w_json_u64((uint64_t)commit_ns));
 	else
 		cJSON_AddNullToObject(j, "commit_timestamp_nsecs");
 	cJSON_AddItemToObject(j, "custom_metadata", cJSON_CreateObject());

@@ -131,21 +131,6 @@ static int write_json_atomic(int dirfd, const char *name, const cJSON *j)
 	return rc;
 }
 
-static cJSON *u64_json(uint64_t v)
-{
-	char b[24];
-	snprintf(b, sizeof(b), "%llu", (unsigned long long)v);
-	return cJSON_CreateRaw(b);
-}
-
-static cJSON *shape_json(const uint64_t *v, int n)
-{
-	cJSON *a = cJSON_CreateArray();
-	for (int i = 0; a && i < n; i++)
-		cJSON_AddItemToArray(a, u64_json(v[i]));
-	return a;
-}
-
 static uint64_t u64_of(const cJSON *j)
 {
 	return cJSON_IsNumber(j) && j->valuedouble > 0 ? (uint64_t)j->valuedouble : 0;
@@ -198,9 +183,9 @@ static cJSON *decl_json(const struct ckpt_warray *a, int host)
 	cJSON_AddItemToObject(j, "keys", k);
 	cJSON_AddItemToObject(j, "key_types", t);
 	cJSON_AddStringToObject(j, "dtype", ckpt_dtype_get(a->dtype)->name);
-	cJSON_AddItemToObject(j, "shape", shape_json(a->shape, a->rank));
-	cJSON_AddItemToObject(j, "chunk", shape_json(a->inner, a->rank));
-	cJSON_AddItemToObject(j, "shard", shape_json(a->shard, a->rank));
+	cJSON_AddItemToObject(j, "shape", w_json_shape(a->shape, a->rank));
+	cJSON_AddItemToObject(j, "chunk", w_json_shape(a->inner, a->rank));
+	cJSON_AddItemToObject(j, "shard", w_json_shape(a->shard, a->rank));
 	cJSON_AddNumberToObject(j, "host", host);
 	return j;
 }
@@ -595,10 +580,10 @@ static int export_array(struct ckpt_step *st, struct ckpt_warray *a, int pfd, ui
 		if (s == WC_EMPTY)
 			continue;
 		cJSON *t = cJSON_CreateArray();
-		cJSON_AddItemToArray(t, u64_json(i));
+		cJSON_AddItemToArray(t, w_json_u64(i));
 		if (s == WC_STORED) {
-			cJSON_AddItemToArray(t, u64_json(off));
-			cJSON_AddItemToArray(t, u64_json(len));
+			cJSON_AddItemToArray(t, w_json_u64(off));
+			cJSON_AddItemToArray(t, w_json_u64(len));
 			cJSON_AddItemToArray(stored, t);
 			continue;
 		}
@@ -617,8 +602,8 @@ static int export_array(struct ckpt_step *st, struct ckpt_warray *a, int pfd, ui
 			cJSON_Delete(t);
 			break;
 		}
-		cJSON_AddItemToArray(t, u64_json(*poff));
-		cJSON_AddItemToArray(t, u64_json(zn));
+		cJSON_AddItemToArray(t, w_json_u64(*poff));
+		cJSON_AddItemToArray(t, w_json_u64(zn));
 		cJSON_AddItemToArray(parts, t);
 		*poff += zn;
 	}

@@ -290,5 +290,9 @@ int w_step_writable(struct ckpt_step *st, const char *what);
 int w_commit(struct ckpt_step *st, const char *final_name);
 /* _CHECKPOINT_METADATA: provisional at begin (commit_ns 0), final at commit. */
 int w_write_ckpt_metadata(struct ckpt_step *st, int64_t commit_ns);
+/* v as a JSON number (a raw cJSON node, exact beyond 2^53); NULL on ENOMEM. */
+struct cJSON *w_json_u64(uint64_t v);
+/* v[0..n) as a JSON array of such numbers; NULL on ENOMEM. */
+struct cJSON *w_json_shape(const uint64_t *v, int n);
 
 #endif
