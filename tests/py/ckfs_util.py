@@ -541,3 +541,35 @@ def wait_until(pred, timeout=EXIT_TIMEOUT, step=0.05):
         if v or time.monotonic() > deadline:
             return v
         time.sleep(step)
+
+
+def vm(pid, key="VmHWM"):
+    """A /proc/PID/status figure (VmHWM, VmRSS, ...) in bytes."""
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith(key + ":"):
+                return int(line.split()[1]) * 1024
+    raise KeyError(key)
+
+
+_SAN = {}
+
+
+def sanitized(binary=None):
+    """True when the daemon binary (default BIN) is built with AddressSanitizer
+    or ThreadSanitizer: memory figures are then meaningless."""
+    b = str(binary or BIN)
+    if b not in _SAN:
+        found = False
+        with open(b, "rb") as f:
+            tail = b""
+            while True:
+                chunk = f.read(1 << 20)
+                if not chunk:
+                    break
+                if b"__asan_init" in tail + chunk or b"__tsan_init" in tail + chunk:
+                    found = True
+                    break
+                tail = chunk[-16:]
+        _SAN[b] = found
+    return _SAN[b]

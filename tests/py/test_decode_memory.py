@@ -46,38 +46,6 @@ CACHE = 64 * MiB
 DECODE_SLACK = 32 * MiB
 
 
-def vm(pid, key="VmHWM"):
-    """A /proc/PID/status figure in bytes."""
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith(key + ":"):
-                return int(line.split()[1]) * 1024
-    raise KeyError(key)
-
-
-_SAN = {}
-
-
-def sanitized(binary=None):
-    """True when the daemon binary is built with AddressSanitizer or
-    ThreadSanitizer (memory figures are then meaningless)."""
-    b = str(binary or U.BIN)
-    if b not in _SAN:
-        found = False
-        with open(b, "rb") as f:
-            tail = b""
-            while True:
-                chunk = f.read(1 << 20)
-                if not chunk:
-                    break
-                if b"__asan_init" in tail + chunk or b"__tsan_init" in tail + chunk:
-                    found = True
-                    break
-                tail = chunk[-16:]
-        _SAN[b] = found
-    return _SAN[b]
-
-
 def expected_bytes(start, n):
     """Data bytes [start, start+n) of any of the arrays (not the header)."""
     e0, e1 = start // 4, (start + n + 3) // 4
@@ -205,12 +173,12 @@ def test_one_small_read_of_a_huge_unit(big_item, mount):
     m = mount(big_item, "cache_size=64M")
     p = m.p("big0.npy")
     hl = header_len(p)
-    before = vm(m.pid)
+    before = U.vm(m.pid)
     with open(p, "rb") as f:
         got = os.pread(f.fileno(), 16, hl + 200 * MiB + 4)
     assert got == expected_bytes(200 * MiB + 4, 16)
-    grew = vm(m.pid) - before
-    if sanitized():
+    grew = U.vm(m.pid) - before
+    if U.sanitized():
         pytest.skip("memory bound not checked under sanitizers (values were)")
     assert grew <= CACHE + DECODE_SLACK, \
         f"one 16-byte read raised the daemon's VmHWM by {grew / MiB:.0f} MiB (cache_size 64 MiB + slack 32 MiB)"
@@ -222,7 +190,7 @@ def test_concurrent_small_reads_within_cache_size(big_item, mount):
     paths = [m.p(f"big{k}.npy") for k in range(BIG_N)]
     for p in paths:
         os.stat(p)
-    before = vm(m.pid)
+    before = U.vm(m.pid)
     offs = [(k * 31 + 7) * MiB - 8 for k in range(BIG_N)]   # each read straddles a value boundary
     results, errs = small_reads(paths, offs)
     assert errs == []
@@ -231,8 +199,8 @@ def test_concurrent_small_reads_within_cache_size(big_item, mount):
     results, errs = small_reads(paths, [o + 12345 * 4 for o in offs])
     assert errs == []
     check_values(results)
-    grew = vm(m.pid) - before
-    if sanitized():
+    grew = U.vm(m.pid) - before
+    if U.sanitized():
         pytest.skip("memory bound not checked under sanitizers (values were)")
     assert grew <= CACHE + DECODE_SLACK, \
         f"8 concurrent 16-byte reads raised VmHWM by {grew / MiB:.0f} MiB (cache_size 64 MiB + slack 32 MiB)"
@@ -255,7 +223,7 @@ def limited_daemon(tmp_path):
 @pytest.mark.concurrent
 @pytest.mark.skipif(shutil.which("prlimit") is None, reason="prlimit (util-linux) not installed")
 def test_eight_readers_under_memory_limit_never_enomem(big_item, mount, tmp_path):
-    if sanitized():
+    if U.sanitized():
         pytest.skip("sanitizer builds reserve terabytes of address space")
     m = mount(big_item, "cache_size=64M", bin_path=limited_daemon(tmp_path))
     paths = [m.p(f"big{k}.npy") for k in range(BIG_N)]
@@ -274,7 +242,7 @@ def test_sequential_read_of_a_unit_larger_than_the_cache(big_item, mount):
     p = m.p("mid.npy")
     hl = header_len(p, MID_ROWS * COLS * 4)
     size = MID_ROWS * COLS * 4
-    before_hwm = vm(m.pid)
+    before_hwm = U.vm(m.pid)
     before = stats(m)
     h = hashlib.sha256()
     with open(p, "rb") as f:
@@ -297,8 +265,8 @@ def test_sequential_read_of_a_unit_larger_than_the_cache(big_item, mount):
     decoded = stats(m)["decoded_bytes"] - before["decoded_bytes"]
     assert decoded <= 2 * size + 16 * MiB, \
         f"reading a {size // MiB} MiB unit once decoded {decoded / MiB:.0f} MiB"
-    grew = vm(m.pid) - before_hwm
-    if sanitized():
+    grew = U.vm(m.pid) - before_hwm
+    if U.sanitized():
         return
     assert grew <= 16 * MiB + DECODE_SLACK, f"VmHWM grew by {grew / MiB:.0f} MiB (cache_size 16 MiB + slack)"
 
@@ -310,7 +278,7 @@ def test_raw_unit_larger_than_the_cache(big_item, mount):
     p = m.p("rawmid.npy")
     size = MID_ROWS * COLS * 4
     hl = header_len(p, size)
-    before_hwm = vm(m.pid)
+    before_hwm = U.vm(m.pid)
     before = stats(m)
     with open(p, "rb") as f:
         for off, n in [(0, 16), (1, 7), (MiB - 5, 10), (size - 1, 1), (40 * MiB - 3, 3 * MiB)]:
@@ -332,7 +300,7 @@ def test_raw_unit_larger_than_the_cache(big_item, mount):
     assert h.hexdigest() == want.hexdigest()
     back = stats(m)["backing_bytes_read"] - before["backing_bytes_read"]
     assert back <= 2 * size, f"reading a {size // MiB} MiB raw unit read {back / MiB:.0f} MiB from the store"
-    grew = vm(m.pid) - before_hwm
-    if sanitized():
+    grew = U.vm(m.pid) - before_hwm
+    if U.sanitized():
         return
     assert grew <= 16 * MiB + DECODE_SLACK, f"VmHWM grew by {grew / MiB:.0f} MiB (cache_size 16 MiB + slack)"

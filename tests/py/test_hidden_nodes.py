@@ -34,20 +34,6 @@ COLS = 262_144
 CHUNK = 65_536
 
 
-def vm(pid, key="VmHWM"):
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith(key + ":"):
-                return int(line.split()[1]) * 1024
-    raise KeyError(key)
-
-
-def sanitized():
-    with open(U.BIN, "rb") as f:
-        data = f.read()
-    return b"__asan_init" in data or b"__tsan_init" in data
-
-
 def values():
     return (np.arange(2 * COLS, dtype=np.int64) % 251).astype(np.uint8).reshape(2, COLS)
 
@@ -94,15 +80,15 @@ def test_distinct_slice_names_memory_bounded(wide_item, mount):
     m = mount(wide_item)
     hl = one_header_len(m)
     flood(m, 2000, hl, start=COLS - 2000)    # warm up (allocator, first lookups)
-    before = vm(m.pid)
+    before = U.vm(m.pid)
     flood(m, N_NAMES, hl)
-    grew = vm(m.pid) - before
+    grew = U.vm(m.pid) - before
     # the names still resolve, with the right bytes
     v = values()
     for i in (0, 1, 99_999, N_NAMES - 1):
         a = np.load(m.p(f"p/w1[0:1,{i}:{i + 1}].npy"))
         assert a.tobytes() == v[0:1, i:i + 1].tobytes(), i
-    if sanitized():
+    if U.sanitized():
         pytest.skip("memory bound not checked under sanitizers (names resolved)")
     assert grew <= HIDDEN_BOUND, (f"{N_NAMES} distinct slice names raised the daemon's VmHWM by "
                                   f"{grew / MiB:.1f} MiB ({grew / N_NAMES:.0f} bytes per name); "

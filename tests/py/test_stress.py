@@ -58,20 +58,6 @@ ST_SHARD = 16 << 10             # -o safetensors_shard_size: X.safetensors.d/ fo
 STRESS_SLACK = 96 * MiB
 
 
-def vm(pid, key="VmHWM"):
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith(key + ":"):
-                return int(line.split()[1]) * 1024
-    raise KeyError(key)
-
-
-def sanitized():
-    with open(U.BIN, "rb") as f:
-        data = f.read()
-    return b"__asan_init" in data or b"__tsan_init" in data
-
-
 # ---------------------------------------------------------------------------
 # what the mount must show
 
@@ -402,7 +388,7 @@ def stress_run(tmp_path_factory, expected):
             f = res_dir / f"w{k}.json"
             r = json.loads(f.read_text()) if f.exists() else {"errors": ["no result"]}
             run.errors += [f"writer {k}: {e}" for e in r["errors"]]
-        run.hwm = vm(m.pid)
+        run.hwm = U.vm(m.pid)
         print(f"stress: {run.ops} reader operations, {WRITE_ROUNDS} steps written by {N_WRITERS} writers, "
               f"daemon VmHWM {run.hwm / MiB:.1f} MiB")
         run.unmount_error = None
@@ -445,7 +431,7 @@ def test_stress_clean_unmount(stress_run):
 
 
 def test_stress_memory_within_budget(stress_run):
-    if sanitized():
+    if U.sanitized():
         pytest.skip("memory figures are meaningless under sanitizers")
     hwm = stress_run.hwm
     budget = CACHE_SIZE + WRITE_BUFFER + STRESS_SLACK

@@ -29,20 +29,6 @@ FANOUT_SLACK = 8 * MiB
 WALK_CAP = 5000          # stop walking a runaway tree here
 
 
-def vm(pid, key="VmHWM"):
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith(key + ":"):
-                return int(line.split()[1]) * 1024
-    raise KeyError(key)
-
-
-def sanitized():
-    with open(U.BIN, "rb") as f:
-        data = f.read()
-    return b"__asan_init" in data or b"__tsan_init" in data
-
-
 def bounded_walk(top, cap=WALK_CAP):
     """Relative paths under top (no symlinks followed), at most cap+1."""
     out = []
@@ -76,7 +62,7 @@ def roots(tmp_path):
 def mount_figures(mount, src):
     m = mount(src)
     names = bounded_walk(m.p())
-    hwm = vm(m.pid)
+    hwm = U.vm(m.pid)
     return m, names, hwm
 
 
@@ -97,7 +83,7 @@ def test_two_symlinks_to_ancestors(roots, mount):
     # the arrays still read
     a = U.read_all(ml.p("10/state/params/layer_0/mlp/w1.npy"))
     assert a == U.read_all(mp.p("10/state/params/layer_0/mlp/w1.npy"))
-    if sanitized():
+    if U.sanitized():
         return
     assert grew <= FANOUT_SLACK, f"the links cost {grew / MiB:.1f} MiB of daemon memory (slack 8 MiB)"
 
