@@ -41,24 +41,12 @@ import struct
 import subprocess
 import sys
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "py"))
+from crc32c_ref import crc32c  # noqa: E402
+
 MAGIC_MANIFEST = 0x0CDB3A2A
 MAGIC_BTREE = 0x0CDB20DE
 MAX_INLINE = 1024
-
-_CRC_TABLE = []
-for _i in range(256):
-    _c = _i
-    for _ in range(8):
-        _c = (_c >> 1) ^ 0x82F63B78 if _c & 1 else _c >> 1
-    _CRC_TABLE.append(_c)
-
-
-def crc32c(data):
-    c = 0xFFFFFFFF
-    t = _CRC_TABLE
-    for b in data:
-        c = t[(c ^ b) & 0xFF] ^ (c >> 8)
-    return c ^ 0xFFFFFFFF
 
 
 def varint(v):

@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 import ckfs_util as U
+from crc32c_ref import crc32c
 
 try:
     import zstandard
@@ -30,26 +31,6 @@ except ImportError:  # python3-zstandard; scripts/test installs it
 
 # ---------------------------------------------------------------------------
 # helpers to damage a copy
-
-def _crc32c_table():
-    table = []
-    for i in range(256):
-        c = i
-        for _ in range(8):
-            c = (c >> 1) ^ 0x82F63B78 if c & 1 else c >> 1
-        table.append(c)
-    return table
-
-
-_CRC_TABLE = _crc32c_table()
-
-
-def crc32c(data):
-    c = 0xFFFFFFFF
-    for x in data:
-        c = _CRC_TABLE[(c ^ x) & 0xFF] ^ (c >> 8)
-    return c ^ 0xFFFFFFFF
-
 
 def write(path, data):
     path = Path(path)

@@ -30,6 +30,7 @@ import numpy as np
 import pytest
 
 import ckfs_util as U
+from crc32c_ref import crc32c
 
 GEN = U.REPO / "tests" / "fixtures" / "generated"
 CODECS = GEN / "codecs"
@@ -104,21 +105,6 @@ def test_zarr2_fixtures_read_back_with_zarr_python():
         assert np.array_equal(z[...], expected_array(e)), key
         zj = json.loads((CODECS / e["item"] / e["param"] / ".zarray").read_text())
         assert zj["filters"] is None and zj["order"] == "C" and zj["zarr_format"] == 2
-
-
-_T = []
-for _i in range(256):
-    _c = _i
-    for _ in range(8):
-        _c = (_c >> 1) ^ 0x82F63B78 if _c & 1 else _c >> 1
-    _T.append(_c)
-
-
-def crc32c(data):
-    c = 0xFFFFFFFF
-    for b in data:
-        c = _T[(c ^ b) & 0xFF] ^ (c >> 8)
-    return c ^ 0xFFFFFFFF
 
 
 def decode(data, codecs, shape, dtype):
