@@ -19,8 +19,10 @@ def _writable_copy(src, dst):
             os.chmod(os.path.join(d, f), 0o644)
 
 
-def test_unsafe_keys_are_escaped(tmp_path, mount, expected):
-    src = tmp_path / "item"
+def unsafe_key_item(src):
+    """A writable copy of pytree_zarr2 at src whose keys "step" and
+    opt_state "count" are renamed to "we/ird" and "100%" (metadata and
+    store folders), shown as we%2Fird.npy and opt_state/100%25.npy."""
     _writable_copy(U.FIXTURES / "pytree_zarr2", src)
     meta = json.loads((src / "_METADATA").read_text())
     tree = meta["tree_metadata"]
@@ -35,6 +37,11 @@ def test_unsafe_keys_are_escaped(tmp_path, mount, expected):
     entry["key_metadata"][1]["key"] = "100%"
     os.rename(src / "opt_state.count", src / "opt_state.100%")
     (src / "_METADATA").write_text(json.dumps(meta))
+
+
+def test_unsafe_keys_are_escaped(tmp_path, mount, expected):
+    src = tmp_path / "item"
+    unsafe_key_item(src)
 
     m = mount(src)
     assert "we%2Fird.npy" in os.listdir(m.p(""))

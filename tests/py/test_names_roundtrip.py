@@ -23,20 +23,13 @@ import numpy as np
 import pytest
 
 import ckfs_util as U
+from test_names import unsafe_key_item
 
 TMP = ".orbax-checkpoint-tmp"
 
 
 def commit(step_dir):
     open(Path(step_dir) / "commit_success.txt", "w").close()
-
-
-def _writable_copy(src, dst):
-    shutil.copytree(src, dst)
-    for d, _dirs, files in os.walk(dst):
-        os.chmod(d, 0o755)
-        for f in files:
-            os.chmod(os.path.join(d, f), 0o644)
 
 
 # ---------------------------------------------------------------------------
@@ -141,19 +134,8 @@ def test_copy_tree_into_new_step_keeps_keys(mount, tmp_path, expected):
     the same names, the same bytes and the same pytree keys."""
     src = tmp_path / "root"
     src.mkdir()
-    item = src / "10"
-    _writable_copy(U.FIXTURES / "pytree_zarr2", item)
-    meta = json.loads((item / "_METADATA").read_text())
-    tree = meta["tree_metadata"]
-    entry = tree.pop("('step',)")
-    entry["key_metadata"][0]["key"] = "we/ird"
-    tree["('we/ird',)"] = entry
-    os.makedirs(item / "we")
-    os.rename(item / "step", item / "we" / "ird")
-    entry = tree["('opt_state', 'count')"]
-    entry["key_metadata"][1]["key"] = "100%"
-    os.rename(item / "opt_state.count", item / "opt_state.100%")
-    (item / "_METADATA").write_text(json.dumps(meta))
+    unsafe_key_item(src / "10")
+    tree = json.loads((src / "10" / "_METADATA").read_text())["tree_metadata"]
 
     m = mount(src)
     assert "we%2Fird.npy" in os.listdir(m.p("10"))
