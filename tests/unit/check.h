@@ -7,6 +7,7 @@
 #define CKPT_TEST_CHECK_H
 
 #include <stdio.h>
+#include <stdlib.h>
 
 static int check_passed, check_failed;
 
@@ -31,6 +32,31 @@ static int check_passed, check_failed;
 				__LINE__, #a, #b, check_a_, check_b_);                                       \
 		}                                                                                            \
 	} while (0)
+
+/* The whole file at path, malloc'ed with a NUL after its bytes (the caller
+ * frees it), its size in *len when len is not NULL; NULL when it cannot be
+ * read. */
+static inline char *check_slurp(const char *path, size_t *len)
+{
+	FILE *f = fopen(path, "rb");
+	if (!f)
+		return NULL;
+	fseek(f, 0, SEEK_END);
+	long n = ftell(f);
+	fseek(f, 0, SEEK_SET);
+	char *b = n < 0 ? NULL : malloc((size_t)n + 1);
+	if (b && fread(b, 1, (size_t)n, f) != (size_t)n) {
+		free(b);
+		b = NULL;
+	}
+	fclose(f);
+	if (b) {
+		b[n] = 0;
+		if (len)
+			*len = (size_t)n;
+	}
+	return b;
+}
 
 #define CHECK_DONE() (printf("%d passed, %d failed\n", check_passed, check_failed), check_failed ? 1 : 0)
 

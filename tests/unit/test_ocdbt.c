@@ -43,27 +43,6 @@ static int run(const char *fmt, ...)
 	return rc == -1 ? -1 : WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
 }
 
-static char *slurp(const char *path, size_t *len)
-{
-	FILE *f = fopen(path, "rb");
-	if (!f)
-		return NULL;
-	fseek(f, 0, SEEK_END);
-	long n = ftell(f);
-	fseek(f, 0, SEEK_SET);
-	char *b = malloc((size_t)n + 1);
-	if (b && fread(b, 1, (size_t)n, f) != (size_t)n) {
-		free(b);
-		b = NULL;
-	}
-	if (b)
-		b[n] = 0;
-	fclose(f);
-	if (len)
-		*len = (size_t)n;
-	return b;
-}
-
 static int spit(const char *path, const void *data, size_t len)
 {
 	FILE *f = fopen(path, "wb");
@@ -172,7 +151,7 @@ static int open_rc_logged(const char *dir, char **log)
 	fflush(stderr);
 	dup2(saved, 2);
 	close(saved);
-	*log = slurp(path, NULL);
+	*log = check_slurp(path, NULL);
 	if (*log)
 		fputs(*log, stderr); /* keep it visible in the test output */
 	return rc;
@@ -304,7 +283,7 @@ static int decode_and_compare(ckpt_store *s, const char *name, const char *exp_n
 	uint8_t *arr = NULL, *chunk = NULL;
 	int rc = -1;
 	snprintf(path, sizeof(path), "%s/expected/expected.json", FIX);
-	exp_json = slurp(path, NULL);
+	exp_json = check_slurp(path, NULL);
 	exp_doc = cJSON_Parse(exp_json);
 	cJSON *e = cJSON_GetObjectItemCaseSensitive(exp_doc, exp_name);
 	if (!e)
@@ -313,7 +292,7 @@ static int decode_and_compare(ckpt_store *s, const char *name, const char *exp_n
 	snprintf(path, sizeof(path), "%s/expected/%s", FIX,
 		 cJSON_GetObjectItemCaseSensitive(e, "file")->valuestring);
 	size_t exp_len;
-	expected = slurp(path, &exp_len);
+	expected = check_slurp(path, &exp_len);
 
 	size_t mlen;
 	snprintf(key, sizeof(key), "%s/%s", name, zarr3 ? "zarr.json" : ".zarray");
@@ -540,7 +519,7 @@ static void test_union_fixture(const char *item, const char *name)
 static void flip_byte(const char *path, long off_from_end_or_start, int from_end)
 {
 	size_t n;
-	char *b = slurp(path, &n);
+	char *b = check_slurp(path, &n);
 	if (!b)
 		return;
 	size_t at = from_end ? n - (size_t)off_from_end_or_start : (size_t)off_from_end_or_start;
@@ -1202,7 +1181,7 @@ static float gen_value(const cJSON *arr, const char *chunk_key, uint64_t el, int
 /* Check a generated store against its expect sidecar; returns failures. */
 static int check_generated(ckpt_store *s, const char *expect_path, int check_values)
 {
-	char *txt = slurp(expect_path, NULL);
+	char *txt = check_slurp(expect_path, NULL);
 	cJSON *doc = cJSON_Parse(txt);
 	int bad = 0;
 	if (!doc)
@@ -1277,7 +1256,7 @@ static int check_generated(ckpt_store *s, const char *expect_path, int check_val
 
 static int expected_height(const char *expect_path)
 {
-	char *txt = slurp(expect_path, NULL);
+	char *txt = check_slurp(expect_path, NULL);
 	cJSON *doc = cJSON_Parse(txt);
 	int h = doc ? cJSON_GetObjectItemCaseSensitive(doc, "height")->valueint : -1;
 	cJSON_Delete(doc);
@@ -1416,7 +1395,7 @@ static void test_concurrent(void)
 	CHECK_EQ_INT(gen(d, e, "--arrays 60 --leaf-entries 16 --zarr2 --large-every 1 --value-files 45"), 0);
 	ckpt_store *s = NULL;
 	CHECK_EQ_INT(ckpt_store_ocdbt_open(d, &s), 0);
-	char *txt = slurp(e, NULL);
+	char *txt = check_slurp(e, NULL);
 	cJSON *doc = cJSON_Parse(txt);
 	if (s && doc) {
 		struct thr t[4];
@@ -1494,7 +1473,7 @@ static void test_10k(void)
 static void test_fuzz_entry(void)
 {
 	size_t n;
-	char *m = slurp(FIX "/std_ocdbt_zarr3/manifest.ocdbt", &n);
+	char *m = check_slurp(FIX "/std_ocdbt_zarr3/manifest.ocdbt", &n);
 	CHECK(m != NULL);
 	if (m) {
 		CHECK_EQ_INT(ckpt_ocdbt_fuzz_parse((const uint8_t *)m, n), 0);
@@ -1503,7 +1482,7 @@ static void test_fuzz_entry(void)
 		CHECK_EQ_INT(ckpt_ocdbt_fuzz_parse((const uint8_t *)m, 3), -EIO);
 		free(m);
 	}
-	m = slurp(FIX "/std_ocdbt_zarr3/d/216253d3f7703882ab744fdab31b6dc3", &n);
+	m = check_slurp(FIX "/std_ocdbt_zarr3/d/216253d3f7703882ab744fdab31b6dc3", &n);
 	if (m) {
 		CHECK_EQ_INT(ckpt_ocdbt_fuzz_parse((const uint8_t *)m, n), 0);
 		free(m);

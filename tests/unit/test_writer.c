@@ -58,28 +58,6 @@ static double now_s(void)
 	return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
-static char *read_whole(const char *path, size_t *len)
-{
-	FILE *f = fopen(path, "rb");
-	if (!f)
-		return NULL;
-	fseek(f, 0, SEEK_END);
-	long n = ftell(f);
-	fseek(f, 0, SEEK_SET);
-	char *b = malloc((size_t)n + 1);
-	if (b && fread(b, 1, (size_t)n, f) != (size_t)n) {
-		free(b);
-		b = NULL;
-	}
-	fclose(f);
-	if (b) {
-		b[n] = 0;
-		if (len)
-			*len = (size_t)n;
-	}
-	return b;
-}
-
 static int exists(const char *path)
 {
 	struct stat sb;
@@ -169,7 +147,7 @@ static int verify_array(const char *itemdir, const char *name, ckpt_dtype dt, in
 	unsigned isz = ckpt_dtype_get(dt)->itemsize;
 	snprintf(path, sizeof(path), "%s/%s/zarr.json", itemdir, name);
 	size_t jl;
-	char *js = read_whole(path, &jl);
+	char *js = check_slurp(path, &jl);
 	if (!js) {
 		fprintf(stderr, "verify: cannot read %s\n", path);
 		return 1;
@@ -235,7 +213,7 @@ static int verify_array(const char *itemdir, const char *name, ckpt_dtype dt, in
 		for (int d = 0; d < rank; d++)
 			k += snprintf(path + k, sizeof(path) - (size_t)k, "/%llu", (unsigned long long)sg[d]);
 		size_t flen = 0;
-		uint8_t *f = (uint8_t *)read_whole(path, &flen);
+		uint8_t *f = (uint8_t *)check_slurp(path, &flen);
 		VOK(f != NULL);
 		if (!f)
 			continue;
@@ -933,7 +911,7 @@ static void test_decls_and_metadata(void)
 
 	/* _CHECKPOINT_METADATA and commit_success.txt. */
 	snprintf(p, sizeof(p), "%s/40/_CHECKPOINT_METADATA", root);
-	char *s = read_whole(p, NULL);
+	char *s = check_slurp(p, NULL);
 	cJSON *j = s ? cJSON_Parse(s) : NULL;
 	CHECK(j != NULL);
 	if (j) {
@@ -952,7 +930,7 @@ static void test_decls_and_metadata(void)
 	cJSON_Delete(j);
 	free(s);
 	snprintf(p, sizeof(p), "%s/40/commit_success.txt", root);
-	s = read_whole(p, NULL);
+	s = check_slurp(p, NULL);
 	char want[4200];
 	snprintf(want, sizeof(want), "Checkpoint commit was successful to %s/40", root);
 	CHECK(s && strcmp(s, want) == 0);
@@ -961,7 +939,7 @@ static void test_decls_and_metadata(void)
 	CHECK(exists(p));
 	/* _METADATA: flatten order, repr keys, key types, write_shape. */
 	snprintf(p, sizeof(p), "%s/40/state/_METADATA", root);
-	s = read_whole(p, NULL);
+	s = check_slurp(p, NULL);
 	j = s ? cJSON_Parse(s) : NULL;
 	CHECK(j != NULL);
 	if (j) {
@@ -996,7 +974,7 @@ static void test_decls_and_metadata(void)
 	free(s);
 	/* _sharding: base64url(param name) -> the JSON as a string. */
 	snprintf(p, sizeof(p), "%s/40/state/_sharding", root);
-	s = read_whole(p, NULL);
+	s = check_slurp(p, NULL);
 	j = s ? cJSON_Parse(s) : NULL;
 	CHECK(j && cJSON_IsString(jget(j, "cGFyYW1zLmRlbnNlLmtlcm5lbA==")) &&
 	      strstr(jget(j, "cGFyYW1zLmRlbnNlLmtlcm5lbA==")->valuestring, "SingleDeviceSharding"));
@@ -1012,7 +990,7 @@ static void test_decls_and_metadata(void)
 	snprintf(p, sizeof(p), "%s/40/empty/_METADATA", root);
 	CHECK(!exists(p));
 	snprintf(p, sizeof(p), "%s/40/empty/metadata", root);
-	s = read_whole(p, NULL);
+	s = check_slurp(p, NULL);
 	CHECK(s && strcmp(s, "{\"lr\": 0.5}") == 0);
 	free(s);
 	snprintf(p, sizeof(p), "%s/40/empty/commit_success.txt", root);
@@ -1032,7 +1010,7 @@ static void test_decls_and_metadata(void)
 	CHECK(verify_array(p, "layers.10.b", CKPT_DT_UINT8, 1, s3, (const uint8_t *)"\1\2\3\4\6") > 0);
 	snprintf(p, sizeof(p), "%s/40/state/params.dense.kernel/c/0/0", root);
 	size_t flen = 0;
-	char *fb = read_whole(p, &flen);
+	char *fb = check_slurp(p, &flen);
 	CHECK(fb != NULL && flen > 20);
 	if (fb) {
 		for (int which = 0; which < 2; which++) {

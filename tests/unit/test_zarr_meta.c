@@ -20,27 +20,6 @@
 #include "zarr_chunk.h"
 #include "zarr_meta.h"
 
-static char *slurp(const char *path, size_t *len)
-{
-	FILE *f = fopen(path, "rb");
-	if (!f)
-		return NULL;
-	fseek(f, 0, SEEK_END);
-	long n = ftell(f);
-	fseek(f, 0, SEEK_SET);
-	char *b = malloc((size_t)n + 1);
-	if (b && fread(b, 1, (size_t)n, f) != (size_t)n) {
-		free(b);
-		b = NULL;
-	}
-	fclose(f);
-	if (b) {
-		b[n] = 0;
-		*len = (size_t)n;
-	}
-	return b;
-}
-
 /* parse -> emit -> parse -> emit: the second emit equals the first, and both
  * texts give the same decode plan.  Returns the first emit (malloc'd). */
 static char *round_trip(const char *json, size_t len, int fmt, const char *what)
@@ -86,7 +65,7 @@ static int fixture_cb(const char *path, const struct stat *st, int type, struct 
 	if (type != FTW_F || !fmt)
 		return 0;
 	size_t len;
-	char *json = slurp(path, &len);
+	char *json = check_slurp(path, &len);
 	CHECK(json != NULL);
 	if (!json)
 		return 0;
@@ -119,7 +98,7 @@ static int writer_cb(const char *path, const struct stat *st, int type, struct F
 	if (type != FTW_F || strcmp(path + ftw->base, "zarr.json"))
 		return 0;
 	size_t len;
-	char *json = slurp(path, &len);
+	char *json = check_slurp(path, &len);
 	if (!json)
 		return 0;
 	struct ckpt_zarr_meta m, w;
