@@ -83,8 +83,14 @@ static uint64_t stat_value(const char *json, const char *key)
 	return p ? strtoull(p + strlen(pat), NULL, 10) : 0;
 }
 
-/* Arrays (.npy files, slice files left out) and their bytes under dir. */
-static void walk_declared(const char *dir, int depth, struct pstep *ps)
+/*
+ * Tallies the files under dir into ps, 64 levels deep at most.  stored = 0:
+ * dir is the step in the mount, the arrays (.npy files, slice files and
+ * hidden names left out) and their declared bytes; stored = 1: dir is the
+ * tmp folder in the source, every regular file and its bytes (links not
+ * followed).
+ */
+static void walk_step(const char *dir, int depth, int stored, struct pstep *ps)
 {
 	DIR *d = opendir(dir);
 	if (!d || depth > 64) {
@@ -94,45 +100,22 @@ static void walk_declared(const char *dir, int depth, struct pstep *ps)
 	}
 	struct dirent *e;
 	while ((e = readdir(d))) {
-		if (e->d_name[0] == '.')
+		if (stored ? !strcmp(e->d_name, ".") || !strcmp(e->d_name, "..") : e->d_name[0] == '.')
 			continue;
 		char p[PATH_MAX];
 		struct stat st;
-		if (snprintf(p, sizeof(p), "%s/%s", dir, e->d_name) >= (int)sizeof(p) || stat(p, &st) < 0)
+		if (snprintf(p, sizeof(p), "%s/%s", dir, e->d_name) >= (int)sizeof(p) ||
+		    (stored ? lstat(p, &st) : stat(p, &st)) < 0)
 			continue;
 		size_t n = strlen(e->d_name);
 		if (S_ISDIR(st.st_mode)) {
-			walk_declared(p, depth + 1, ps);
-		} else if (n > 4 && !strcmp(e->d_name + n - 4, ".npy") && !strchr(e->d_name, '[')) {
-			ps->arrays++;
-			ps->declared += (uint64_t)st.st_size;
-		}
-	}
-	closedir(d);
-}
-
-/* Bytes and files stored so far under a tmp folder. */
-static void walk_stored(const char *dir, int depth, struct pstep *ps)
-{
-	DIR *d = opendir(dir);
-	if (!d || depth > 64) {
-		if (d)
-			closedir(d);
-		return;
-	}
-	struct dirent *e;
-	while ((e = readdir(d))) {
-		if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, ".."))
-			continue;
-		char p[PATH_MAX];
-		struct stat st;
-		if (snprintf(p, sizeof(p), "%s/%s", dir, e->d_name) >= (int)sizeof(p) || lstat(p, &st) < 0)
-			continue;
-		if (S_ISDIR(st.st_mode)) {
-			walk_stored(p, depth + 1, ps);
-		} else if (S_ISREG(st.st_mode)) {
+			walk_step(p, depth + 1, stored, ps);
+		} else if (stored && S_ISREG(st.st_mode)) {
 			ps->stored += (uint64_t)st.st_size;
 			ps->stored_files++;
+		} else if (!stored && n > 4 && !strcmp(e->d_name + n - 4, ".npy") && !strchr(e->d_name, '[')) {
+			ps->arrays++;
+			ps->declared += (uint64_t)st.st_size;
 		}
 	}
 	closedir(d);
@@ -164,9 +147,9 @@ static size_t pending_steps(const char *mnt, const char *source, struct pstep **
 		memcpy(ps->name, e->d_name, l - k);
 		char p[PATH_MAX];
 		if (snprintf(p, sizeof(p), "%s/%s", source, e->d_name) < (int)sizeof(p))
-			walk_stored(p, 0, ps);
+			walk_step(p, 0, 1, ps);
 		if (snprintf(p, sizeof(p), "%s/%s", mnt, ps->name) < (int)sizeof(p))
-			walk_declared(p, 0, ps);
+			walk_step(p, 0, 0, ps);
 	}
 	closedir(d);
 	*out = v;
