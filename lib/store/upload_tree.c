@@ -95,7 +95,9 @@ static int add_file(struct uctx *c, const char *rel, uint64_t size)
 static int walk(struct uctx *c, const char *rel, int depth)
 {
 	char path[4096];
-	snprintf(path, sizeof(path), "%s%s%s", c->local, *rel ? "/" : "", rel);
+	int n = snprintf(path, sizeof(path), "%s%s%s", c->local, *rel ? "/" : "", rel);
+	if (n < 0 || (size_t)n >= sizeof(path))
+		return -ENAMETOOLONG;
 	DIR *d = opendir(path);
 	if (!d)
 		return -errno;
