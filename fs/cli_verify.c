@@ -201,6 +201,19 @@ static void show_progress(struct progress *p, int force)
 		ckpt_human((uint64_t)rate, r, sizeof(r)), eta);
 }
 
+/* Frees the list and its view, ends the log capture, frees real and steps. */
+static void verify_release(struct vlist *l, char *real, const char **steps)
+{
+	for (size_t i = 0; i < l->n; i++)
+		free(l->a[i].path);
+	free(l->a);
+	ckpt_view_destroy(l->v);
+	ckpt_log_set_sink(NULL);
+	free(take_captured());
+	free(real);
+	free(steps);
+}
+
 static void verify_usage(FILE *f)
 {
 	fprintf(f, "usage: ckptfs verify SOURCE [STEP...]\n"
@@ -279,14 +292,7 @@ int ckfs_cmd_verify(int argc, char **argv)
 		}
 	}
 	if (rc < 0) {
-		for (size_t i = 0; i < l.n; i++)
-			free(l.a[i].path);
-		free(l.a);
-		ckpt_view_destroy(v);
-		ckpt_log_set_sink(NULL);
-		free(take_captured());
-		free(real);
-		free(steps);
+		verify_release(&l, real, steps);
 		return 1;
 	}
 	struct progress pg = { isatty(2), now_s(), 0, l.total, 0, 0, l.n };
@@ -385,13 +391,6 @@ int ckfs_cmd_verify(int argc, char **argv)
 	}
 	free(nosum);
 	free(buf);
-	for (size_t i = 0; i < l.n; i++)
-		free(l.a[i].path);
-	free(l.a);
-	ckpt_view_destroy(v);
-	ckpt_log_set_sink(NULL);
-	free(take_captured());
-	free(real);
-	free(steps);
+	verify_release(&l, real, steps);
 	return problems ? 1 : 0;
 }
