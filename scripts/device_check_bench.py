@@ -214,12 +214,9 @@ def main():
         print(f"no GPU (jax: {gpu_jax}, torch: {gpu_torch}); --dry-run runs the ckptfs rows on the host")
         return 2
 
-    try:
-        binary = D.find_ckptfs(args.ckptfs)
-    except FileNotFoundError as e:
-        print(f"ckptfs: {e}")
+    binary = D.announce_ckptfs(args.ckptfs)
+    if binary is None:
         return 1
-    print(f"ckptfs: {binary}: {D.ckptfs_version(binary)}")
     if jax is not None:
         print(f"jax {jax.__version__} on {gpu_jax}, orbax-checkpoint {getattr(ocp, '__version__', '?')}, "
               f"torch {torch.__version__} on {torch.cuda.get_device_name(0)}")

@@ -138,12 +138,9 @@ def main():
             return 2
     if args.mount:
         return run(args)
-    try:
-        binary = D.find_ckptfs(args.ckptfs)
-    except FileNotFoundError as e:
-        print(f"ckptfs: {e}")
+    binary = D.announce_ckptfs(args.ckptfs)
+    if binary is None:
         return 1
-    print(f"ckptfs: {binary}: {D.ckptfs_version(binary)}")
     args.root = tempfile.mkdtemp(prefix="ckptfs-orbax-root-", dir=args.work)
     log = os.path.join(args.work, f"ckptfs-orbax-check-{os.getpid()}.log")
     rc = 1

@@ -250,12 +250,9 @@ def main(argv=None):
     D.exit_on_sigterm()
     if not args.source:
         return run(args)
-    try:
-        binary = D.find_ckptfs(args.ckptfs)
-    except FileNotFoundError as e:
-        print(f"ckptfs: {e}")
+    binary = D.announce_ckptfs(args.ckptfs)
+    if binary is None:
         return 1
-    print(f"ckptfs: {binary}: {D.ckptfs_version(binary)}")
     with D.Mount(binary, args.source, opts=["ro"]) as m:
         args.path = m.p(args.path)
         rc = run(args)

@@ -46,6 +46,18 @@ def ckptfs_version(binary):
     return p.stdout.decode(errors="replace").strip()
 
 
+def announce_ckptfs(explicit=None):
+    """find_ckptfs, printing the binary and its --version; None (the reason
+    printed) when there is none."""
+    try:
+        binary = find_ckptfs(explicit)
+    except FileNotFoundError as e:
+        print(f"ckptfs: {e}")
+        return None
+    print(f"ckptfs: {binary}: {ckptfs_version(binary)}")
+    return binary
+
+
 def exit_on_sigterm():
     """SIGTERM (scripts/device_run.sh's timeout) raises SystemExit, so that
     the checks' finally blocks unmount and remove their folders."""
