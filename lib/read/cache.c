@@ -481,6 +481,22 @@ void ckpt_cache_cancel(ckpt_cache *c, ckpt_centry *e)
 	pthread_mutex_unlock(&c->lock);
 }
 
+/* The reader's side of a LOADING entry it holds a reference to, called with
+ * c->lock held (released here): claims the entry, fills it without the
+ * lock and, filled, hands it out pinned in *out. */
+static int claim_and_fill(ckpt_cache *c, struct ckpt_centry *e, ckpt_cache_fill_fn fill, void *arg,
+			  ckpt_centry **out)
+{
+	e->claimed = 1;
+	pthread_mutex_unlock(&c->lock);
+	int rc = do_fill(c, e, fill, arg, FILL_READER);
+	if (rc == 0) {
+		held_pins++;
+		*out = e;
+	}
+	return rc;
+}
+
 int ckpt_cache_get(ckpt_cache *c, uint64_t owner, uint64_t idx, size_t size, ckpt_cache_fill_fn fill,
 		   void *arg, ckpt_centry **out)
 {
@@ -496,14 +512,7 @@ int ckpt_cache_get(ckpt_cache *c, uint64_t owner, uint64_t idx, size_t size, ckp
 				pthread_mutex_unlock(&c->lock);
 				return -ENOMEM;
 			}
-			e->claimed = 1;
-			pthread_mutex_unlock(&c->lock);
-			int rc = do_fill(c, e, fill, arg, FILL_READER);
-			if (rc == 0) {
-				held_pins++;
-				*out = e;
-			}
-			return rc;
+			return claim_and_fill(c, e, fill, arg, out);
 		}
 		e->refs++;
 		if (e->state == READY) {
@@ -519,14 +528,7 @@ int ckpt_cache_get(ckpt_cache *c, uint64_t owner, uint64_t idx, size_t size, ckp
 		if (e->state == LOADING && !e->claimed) {
 			/* Reserved by a prefetch still in the queue: load it now
 			 * rather than wait behind the queue. */
-			e->claimed = 1;
-			pthread_mutex_unlock(&c->lock);
-			int rc = do_fill(c, e, fill, arg, FILL_READER);
-			if (rc == 0) {
-				held_pins++;
-				*out = e;
-			}
-			return rc;
+			return claim_and_fill(c, e, fill, arg, out);
 		}
 		/* LOADING by another thread: wait (a pin holder not for a filler
 		 * that waits for room: those pins may be what it waits for). */
