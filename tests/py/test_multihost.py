@@ -184,6 +184,21 @@ def commit_all(steps, order=None):
     return res
 
 
+def write_all(mounts, exp):
+    """prepare, then every host writes its share; the step folders."""
+    steps = prepare(mounts, exp)
+    for h in range(N):
+        host_writes(steps[h], h, exp)
+    return steps
+
+
+def commit_and_check(mounts, src, exp, steps):
+    """commit_all succeeds on every host, and the step is whole."""
+    res = commit_all(steps)
+    assert res == {h: 0 for h in range(N)}, (res, mounts[0].log()[-3000:])
+    check_step(mounts, src, exp)
+
+
 def start_hosts(factory, src, timeout=30, env=None):
     return [start_host(factory, src, h, timeout) for h in range(N)]
 
@@ -228,14 +243,10 @@ def src(tmp_path):
 def test_four_hosts_write_one_step(src, mount, tmp_path):
     exp = arrays(1)
     ms = start_hosts(mount, src)
-    steps = prepare(ms, exp)
-    for h in range(N):
-        host_writes(steps[h], h, exp)
+    steps = write_all(ms, exp)
     # pending: only the tmp folder and the coordination folder, no step
     assert sorted(os.listdir(src)) == ["30" + TMP, "30" + HOSTS]
-    res = commit_all(steps)
-    assert res == {h: 0 for h in range(N)}, (res, ms[0].log()[-3000:])
-    check_step(ms, src, exp)
+    commit_and_check(ms, src, exp, steps)
     # a read-only mount elsewhere sees the same step
     ro = mount(src, "ro")
     assert sorted(os.listdir(ro.p())) == ["30"]
@@ -284,12 +295,8 @@ def test_killed_host_fails_commit_then_full_retry(src, mount):
     ms[2] = start_host(mount, src, 2, timeout=30)
     for h in (0, 1, 3):
         os.rmdir(steps[h])
-    steps = prepare(ms, exp)
-    for h in range(N):
-        host_writes(steps[h], h, exp)
-    res = commit_all(steps)
-    assert res == {h: 0 for h in range(N)}, (res, ms[0].log()[-3000:])
-    check_step(ms, src, exp)
+    steps = write_all(ms, exp)
+    commit_and_check(ms, src, exp, steps)
 
 
 def test_primary_killed_before_rename_leaves_no_half_step(src, mount, tmp_path):
@@ -301,9 +308,7 @@ def test_primary_killed_before_rename_leaves_no_half_step(src, mount, tmp_path):
     finally:
         del os.environ["CKPT_HOSTS_FAULT"]
     ms = [m0] + [start_host(mount, src, h, timeout=2) for h in range(1, N)]
-    steps = prepare(ms, exp)
-    for h in range(N):
-        host_writes(steps[h], h, exp)
+    steps = write_all(ms, exp)
     res = commit_all(steps)
     assert all(res[h] != 0 for h in range(N)), res
     m0.proc.wait(timeout=30)
@@ -318,9 +323,5 @@ def test_primary_killed_before_rename_leaves_no_half_step(src, mount, tmp_path):
     ms[0] = start_host(mount, src, 0, timeout=30)
     for h in range(1, N):
         os.rmdir(steps[h])
-    steps = prepare(ms, exp)
-    for h in range(N):
-        host_writes(steps[h], h, exp)
-    res = commit_all(steps)
-    assert res == {h: 0 for h in range(N)}, (res, ms[0].log()[-3000:])
-    check_step(ms, src, exp)
+    steps = write_all(ms, exp)
+    commit_and_check(ms, src, exp, steps)
