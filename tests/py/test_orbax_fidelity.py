@@ -77,6 +77,21 @@ def first_refusal(actions):
     return None, None
 
 
+def pending_step(m, name="30"):
+    """mkdir step `name` in mount m and write one array, state/a.npy."""
+    os.mkdir(m.p(name))
+    put(m.p(name), "state/a.npy", np.arange(6, dtype=np.float32))
+
+
+def assert_refused(src, m, step, actions, word):
+    """The callables (the last commits `step`) stop at a refusal with an
+    errno of REFUSED; the step is not committed and the log names word."""
+    where, e = first_refusal(actions)
+    assert where is not None and e in REFUSED, (where, e)
+    assert_not_committed(src, step)
+    assert_logged(m, word)
+
+
 def is_single_device(s):
     if s.get("sharding_type") == "SingleDeviceSharding":
         return isinstance(s.get("device_str"), str)
@@ -170,8 +185,7 @@ def test_explicit_sharding_is_kept(tmp_path, mount):
 
 def test_item_without_arrays_refused_or_left_out(tmp_path, mount):
     src, m = new_root(mount, tmp_path)
-    os.mkdir(m.p("30"))
-    put(m.p("30"), "state/a.npy", np.arange(6, dtype=np.float32))
+    pending_step(m)
     os.mkdir(m.p("30/empty"))
     os.mkdir(m.p("30/empty/sub"))
     e = U.errno_of(commit, m.p("30"))
@@ -237,8 +251,7 @@ def v1_bytes(how, raw, shape):
 @pytest.mark.parametrize("how", ["<V1", "|V1"])
 def test_unnamed_v1_refused(how, tmp_path, mount):
     src, m = new_root(mount, tmp_path)
-    os.mkdir(m.p("30"))
-    put(m.p("30"), "state/a.npy", np.arange(6, dtype=np.float32))
+    pending_step(m)
     raw = bytes(range(12))
     p = m.p("30/state/f8.npy")
     where, e = first_refusal([lambda: Path(p).write_bytes(v1_bytes(how, raw, (3, 4))),
@@ -315,16 +328,12 @@ def test_json_metadata_item(tmp_path, mount):
 
 def test_json_item_must_be_json(tmp_path, mount):
     src, m = new_root(mount, tmp_path)
-    os.mkdir(m.p("30"))
-    put(m.p("30"), "state/a.npy", np.arange(6, dtype=np.float32))
+    pending_step(m)
     os.mkdir(m.p("30/notes"))
     Path(m.p("30/notes/metadata")).write_bytes(b'{"ok": true}')  # a valid JSON item is accepted
     os.mkdir(m.p("30/metadata"))
-    where, e = first_refusal([lambda: Path(m.p("30/metadata/metadata")).write_bytes(b"{not json"),
-                              lambda: commit(m.p("30"))])
-    assert where is not None and e in REFUSED, (where, e)
-    assert_not_committed(src, "30")
-    assert_logged(m, "metadata")
+    assert_refused(src, m, "30", [lambda: Path(m.p("30/metadata/metadata")).write_bytes(b"{not json"),
+                                  lambda: commit(m.p("30"))], "metadata")
 
 
 # ---------------------------------------------------------------------------
@@ -332,37 +341,25 @@ def test_json_item_must_be_json(tmp_path, mount):
 
 def test_uint4_refused(tmp_path, mount):
     src, m = new_root(mount, tmp_path)
-    os.mkdir(m.p("30"))
-    put(m.p("30"), "state/a.npy", np.arange(6, dtype=np.float32))
-    where, e = first_refusal([lambda: Path(m.p("30/state/u4.npy")).write_bytes(npy_bytes("uint4", (4,), b"\1\2\3\4")),
-                              lambda: commit(m.p("30"))])
-    assert where is not None and e in REFUSED, (where, e)
-    assert_not_committed(src, "30")
-    assert_logged(m, "uint4")
+    pending_step(m)
+    assert_refused(src, m, "30", [lambda: Path(m.p("30/state/u4.npy")).write_bytes(npy_bytes("uint4", (4,), b"\1\2\3\4")),
+                                  lambda: commit(m.p("30"))], "uint4")
 
 
 def test_zero_size_array_refused(tmp_path, mount):
     src, m = new_root(mount, tmp_path)
-    os.mkdir(m.p("30"))
-    put(m.p("30"), "state/a.npy", np.arange(6, dtype=np.float32))
-    where, e = first_refusal([lambda: put(m.p("30"), "state/empty.npy", np.zeros((0, 3), dtype=np.float32)),
-                              lambda: commit(m.p("30"))])
-    assert where is not None and e in REFUSED, (where, e)
-    assert_not_committed(src, "30")
-    assert_logged(m, "empty")
+    pending_step(m)
+    assert_refused(src, m, "30", [lambda: put(m.p("30"), "state/empty.npy", np.zeros((0, 3), dtype=np.float32)),
+                                  lambda: commit(m.p("30"))], "empty")
 
 
 @pytest.mark.parametrize("name", ["metrics", "descriptor", "AUTO"])
 def test_reserved_item_name_refused(name, tmp_path, mount):
     src, m = new_root(mount, tmp_path)
-    os.mkdir(m.p("30"))
-    put(m.p("30"), "state/a.npy", np.arange(6, dtype=np.float32))
-    where, e = first_refusal([lambda: os.mkdir(m.p(f"30/{name}")),
-                              lambda: put(m.p("30"), f"{name}/x.npy", np.arange(4, dtype=np.float32)),
-                              lambda: commit(m.p("30"))])
-    assert where is not None and e in REFUSED, (where, e)
-    assert_not_committed(src, "30")
-    assert_logged(m, name)
+    pending_step(m)
+    assert_refused(src, m, "30", [lambda: os.mkdir(m.p(f"30/{name}")),
+                                  lambda: put(m.p("30"), f"{name}/x.npy", np.arange(4, dtype=np.float32)),
+                                  lambda: commit(m.p("30"))], name)
 
 
 @pytest.mark.parametrize("name", ["abc", "30x", "1e3", "best-model"])
@@ -375,8 +372,7 @@ def test_undiscoverable_step_name_refused(name, tmp_path, mount):
     assert where is not None and e in REFUSED, (where, e)
     assert_not_committed(src, name)
     # commit by rename: a pending name like tmp60 is fine, the final name is checked
-    os.mkdir(m.p("tmp60"))
-    put(m.p("tmp60"), "state/a.npy", np.arange(6, dtype=np.float32))
+    pending_step(m, "tmp60")
     e = U.errno_of(os.rename, m.p("tmp60"), m.p(name))
     assert e in REFUSED, f"rename to {name!r} gave errno {e}"
     assert_not_committed(src, name)
