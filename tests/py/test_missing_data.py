@@ -38,7 +38,7 @@ import pytest
 import ckfs_util as U
 from test_bad_input import check_others, read_shard, shard_layout, write_shard
 from test_names import _writable_copy
-from test_write import small_step, commit
+from test_write import root_with_step_10
 
 try:
     import zstandard
@@ -261,12 +261,7 @@ def test_zarr2_null_fill_missing_chunk_is_eio(flag, tmp_path, mount, expected):
 
 
 def test_missing_shard_of_written_step_is_eio(tmp_path, mount):
-    src = tmp_path / "root"
-    src.mkdir()
-    w = mount(src)
-    os.mkdir(w.p("10"))
-    exp = small_step(w.p("10"), 10)
-    commit(w.p("10"))
+    src, w, exp = root_with_step_10(mount, tmp_path)
     w.unmount()
     meta = json.loads((src / "10" / "state" / "_METADATA").read_text())
     assert meta["store_array_data_equal_to_fill_value"] is True

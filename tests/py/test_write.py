@@ -537,6 +537,18 @@ def small_step(step_dir, seed):
     return exp
 
 
+def root_with_step_10(mount, tmp_path):
+    """A new root folder (tmp_path/root), a writable mount m of it and step
+    10 written with small_step and committed; (src, m, exp)."""
+    src = tmp_path / "root"
+    src.mkdir()
+    m = mount(src)
+    os.mkdir(m.p("10"))
+    exp = small_step(m.p("10"), 10)
+    commit(m.p("10"))
+    return src, m, exp
+
+
 def test_rename_commits_under_new_name(mount, tmp_path):
     src = tmp_path / "root"
     src.mkdir()
@@ -563,12 +575,7 @@ def test_rename_commits_under_new_name(mount, tmp_path):
 
 
 def test_rmdir_aborts_pending_step(mount, tmp_path):
-    src = tmp_path / "root"
-    src.mkdir()
-    m = mount(src)
-    os.mkdir(m.p("10"))
-    exp10 = small_step(m.p("10"), 10)
-    commit(m.p("10"))
+    src, m, exp10 = root_with_step_10(mount, tmp_path)
     before = tree_files(src / "10")
     os.mkdir(m.p("60"))
     os.mkdir(m.p("60/state"))
@@ -595,12 +602,7 @@ def test_rmdir_aborts_pending_step(mount, tmp_path):
 
 
 def test_pending_step_invisible_to_readers(mount, tmp_path):
-    src = tmp_path / "root"
-    src.mkdir()
-    w = mount(src)
-    os.mkdir(w.p("10"))
-    exp10 = small_step(w.p("10"), 10)
-    commit(w.p("10"))
+    src, w, exp10 = root_with_step_10(mount, tmp_path)
     os.mkdir(w.p("70"))
     exp70 = small_step(w.p("70"), 70)  # complete, but not committed
     # the writer sees its pending step, with what it wrote
