@@ -363,11 +363,15 @@ def test_safetensors_view_never_omits(case, damage, tmp_path, mount):
     assert len(U.read_all(m.p("params/embed.safetensors"))) > 64 * 32 * 2
 
 
+def cp_r(m, dst):
+    """cp -r of the whole mount m to dst; the CompletedProcess (stderr kept)."""
+    return subprocess.run(["cp", "-r", str(m.p()), str(dst)], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
 def test_cp_r_of_intact_mount_succeeds(tmp_path, mount):
     root = copy_fixture("pytree_zarr3", tmp_path / "z3")
     m = mount(root)
-    r = subprocess.run(["cp", "-r", str(m.p()), str(tmp_path / "copy")], stdout=subprocess.PIPE,
-                       stderr=subprocess.PIPE)
+    r = cp_r(m, tmp_path / "copy")
     assert r.returncode == 0, r.stderr.decode()
 
 
@@ -377,8 +381,7 @@ def test_cp_r_fails_when_something_is_unreadable(case, damage, tmp_path, mount):
     root = copy_fixture("pytree_zarr3", tmp_path / "z3")
     damage(root)
     m = mount(root)
-    r = subprocess.run(["cp", "-r", str(m.p()), str(tmp_path / "copy")], stdout=subprocess.PIPE,
-                       stderr=subprocess.PIPE)
+    r = cp_r(m, tmp_path / "copy")
     assert r.returncode != 0, "cp -r must report the unreadable array"
     assert b"q_proj" in r.stderr
 
