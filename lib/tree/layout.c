@@ -17,8 +17,11 @@
 #include "view_internal.h"
 
 #define MAX_JSON (64u << 20) /* _METADATA and friends */
-/* Deepest folder mirrored below a non-pytree item. */
+/* Deepest folder mirrored below a non-pytree item, and the most nodes (files
+ * and folders) mirrored for one such item: a folder that is not a checkpoint
+ * item (a JSON item, a stray tree) never costs more than this. */
 #define MIRROR_MAX_DEPTH 16
+#define MIRROR_CAP 10000
 
 /* key = dir + "/" + name (just name when dir is the root ""); 0 or -ENAMETOOLONG. */
 static int key_join(char *buf, size_t cap, const char *dir, const char *name)
@@ -424,30 +427,46 @@ struct walk_ctx {
 	struct node *dir;
 	int64_t mtime;
 	int depth;
+	size_t *budget; /* mirror walks: nodes still allowed (MIRROR_CAP per item) */
+	const char *top; /* mirror walks: the item folder, for the log line */
 };
 
-static void mirror_dir(ckpt_view *v, struct node *dir, const char *path, int64_t mtime, int depth);
+static void mirror_dir(ckpt_view *v, struct node *dir, const char *path, int64_t mtime, int depth,
+		       size_t *budget, const char *top);
 
 /* A non-pytree item (e.g. JSON `metadata/metadata`): its regular files and folders. */
 static void mirror_entry(ckpt_view *v, void *arg, const char *name, const char *key,
 			 const struct ckpt_store_stat *st)
 {
 	struct walk_ctx *w = arg;
+	if (*w->budget == 0)
+		return;
+	if (--*w->budget == 0)
+		ckpt_log(CKPT_LOG_WARN, "%s/%s: more than %d files and folders; the rest are not shown",
+			 v->source, w->top, MIRROR_CAP);
 	if (!st->is_dir) {
 		add_file(v, w->dir, name, key, st->size, w->mtime);
 		return;
 	}
 	struct node *sub = add_dir(v, w->dir, name, w->mtime);
 	if (sub)
-		mirror_dir(v, sub, key, w->mtime, w->depth + 1);
+		mirror_dir(v, sub, key, w->mtime, w->depth + 1, w->budget, w->top);
 }
 
-static void mirror_dir(ckpt_view *v, struct node *dir, const char *path, int64_t mtime, int depth)
+static void mirror_dir(ckpt_view *v, struct node *dir, const char *path, int64_t mtime, int depth,
+		       size_t *budget, const char *top)
 {
-	if (depth > MIRROR_MAX_DEPTH)
+	if (depth > MIRROR_MAX_DEPTH || *budget == 0)
 		return;
-	struct walk_ctx w = { dir, mtime, depth };
+	struct walk_ctx w = { dir, mtime, depth, budget, top };
 	for_each_entry(v, path, mirror_entry, &w);
+}
+
+/* Mirror the folder `path` (a non-pytree item) into dir, within MIRROR_CAP nodes. */
+static void mirror_item(ckpt_view *v, struct node *dir, const char *path, int64_t mtime)
+{
+	size_t budget = MIRROR_CAP;
+	mirror_dir(v, dir, path, mtime, 0, &budget, path);
 }
 
 /* A step folder: one directory per item plus its metadata files. */
@@ -465,7 +484,7 @@ static void step_entry(ckpt_view *v, void *arg, const char *name, const char *ke
 	if (is_item(v, key))
 		build_item(v, item, key, w->mtime);
 	else
-		mirror_dir(v, item, key, w->mtime, 0);
+		mirror_item(v, item, key, w->mtime);
 }
 
 static void build_step(ckpt_view *v, struct node *dir, const char *path, int64_t mtime)
@@ -474,7 +493,7 @@ static void build_step(ckpt_view *v, struct node *dir, const char *path, int64_t
 		build_item(v, dir, path, mtime);
 		return;
 	}
-	struct walk_ctx w = { dir, mtime, 0 };
+	struct walk_ctx w = { .dir = dir, .mtime = mtime };
 	for_each_entry(v, path, step_entry, &w);
 }
 

@@ -99,3 +99,22 @@ def test_symlink_to_a_file_outside_a_mirrored_folder_is_not_a_directory(roots, m
     m = mount(plain)
     for n, data in want.items():
         assert U.read_all(m.p("10/metadata/" + n)) == data, n
+
+
+MIRROR_CAP = 10000       # lib/tree/layout.c: nodes mirrored for one non-pytree item
+
+
+def test_mirrored_item_is_capped(tmp_path, mount):
+    """A non-pytree folder with more entries than MIRROR_CAP is shown up to
+    the cap (with a log line), never walked whole."""
+    root = tmp_path / "root"
+    root.mkdir()
+    shutil.copytree(U.FIXTURES / "manager" / "10", root / "10")
+    extra = root / "10" / "metadata" / "many"
+    extra.mkdir()
+    for i in range(MIRROR_CAP + 50):
+        (extra / f"f{i:05d}").write_bytes(b"x")
+    m = mount(root)
+    shown = bounded_walk(m.p("10/metadata"), cap=2 * MIRROR_CAP)
+    assert len(shown) == MIRROR_CAP, f"{len(shown)} entries mirrored, cap {MIRROR_CAP}"
+    assert "the rest are not shown" in m.log()
