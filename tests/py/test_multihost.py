@@ -30,6 +30,7 @@ import pytest
 
 import ckfs_util as U
 import zarr3_verify as V
+from test_write import makedirs_in_mount
 
 pytestmark = pytest.mark.concurrent
 
@@ -106,11 +107,8 @@ def slice_path(step, rel, text):
 
 
 def mkdirs(step, rel):
-    p = step
-    for part in Path(rel).parent.parts:
-        p = p / part
-        if not p.exists():
-            os.mkdir(p)
+    """The folders of file rel in step (mkdir -p, one level at a time)."""
+    makedirs_in_mount(step, Path(rel).parent)
 
 
 def declare(step, rel, a, memmap):

@@ -29,7 +29,7 @@ import pytest
 
 import ckfs_util as U
 import zarr3_verify as V
-from test_write import Arr, assert_file_is, commit, npy_bytes, rng
+from test_write import Arr, assert_file_is, commit, makedirs_in_mount, npy_bytes, rng
 
 TMP = ".orbax-checkpoint-tmp"
 JSON_HANDLER = "orbax.checkpoint._src.handlers.json_checkpoint_handler.JsonCheckpointHandler"
@@ -55,16 +55,8 @@ def new_root(mount, tmp_path):
     return src, mount(src)
 
 
-def mkdirs(base, rel):
-    p = Path(base)
-    for part in Path(rel).parts:
-        p = p / part
-        if not p.exists():
-            os.mkdir(p)
-
-
 def put(step_dir, rel, arr):
-    mkdirs(step_dir, Path(rel).parent)
+    makedirs_in_mount(step_dir, Path(rel).parent)
     np.save(Path(step_dir) / rel, arr)
 
 
