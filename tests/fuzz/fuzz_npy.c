@@ -11,14 +11,7 @@
 #include <string.h>
 
 #include "npy.h"
-
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
-
-#define REQUIRE(c)                                                                                           \
-	do {                                                                                                 \
-		if (!(c))                                                                                    \
-			abort();                                                                             \
-	} while (0)
+#include "fuzz.h"
 
 static void check_ok(const uint8_t *data, const struct ckpt_npy_info *in, ckpt_dtype hint)
 {

@@ -10,14 +10,7 @@
 #include <string.h>
 
 #include "slice.h"
-
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
-
-#define REQUIRE(c)                                                                                           \
-	do {                                                                                                 \
-		if (!(c))                                                                                    \
-			abort();                                                                             \
-	} while (0)
+#include "fuzz.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {

@@ -12,9 +12,7 @@
 
 #include "common.h"
 #include "zarr_chunk.h"
-
-int LLVMFuzzerInitialize(int *argc, char ***argv);
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+#include "fuzz.h"
 
 #define V2(comp)                                                                                             \
 	"{\"zarr_format\":2,\"shape\":[4,8],\"chunks\":[4,4],\"dtype\":\"<f4\",\"compressor\":" comp         \
@@ -46,12 +44,6 @@ static const char *const layouts[] = {
 
 static ckpt_array_meta metas[NLAYOUTS];
 static ckpt_zarr_scratch *sc;
-
-#define REQUIRE(c)                                                                                           \
-	do {                                                                                                 \
-		if (!(c))                                                                                    \
-			abort();                                                                             \
-	} while (0)
 
 int LLVMFuzzerInitialize(int *argc, char ***argv)
 {

@@ -13,9 +13,7 @@
 #include "common.h"
 #include "zarr_chunk.h"
 #include "zarr_meta.h"
-
-int LLVMFuzzerInitialize(int *argc, char ***argv);
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+#include "fuzz.h"
 
 int LLVMFuzzerInitialize(int *argc, char ***argv)
 {
@@ -24,12 +22,6 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
 	ckpt_log_set_level(CKPT_LOG_ERR); /* the plan's warnings about fill values */
 	return 0;
 }
-
-#define REQUIRE(c)                                                                                           \
-	do {                                                                                                 \
-		if (!(c))                                                                                    \
-			abort();                                                                             \
-	} while (0)
 
 static void one(const char *json, size_t len, int fmt)
 {
