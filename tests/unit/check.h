@@ -6,6 +6,7 @@
 #ifndef CKPT_TEST_CHECK_H
 #define CKPT_TEST_CHECK_H
 
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -32,6 +33,18 @@ static int check_passed, check_failed;
 				__LINE__, #a, #b, check_a_, check_b_);                                       \
 		}                                                                                            \
 	} while (0)
+
+/* xorshift64 (13, 7, 17): the next pseudo-random number of the sequence
+ * whose state (never 0) is *s, which it advances.  Tests use fixed seeds, so
+ * a failure reproduces. */
+static inline uint64_t check_rnd(uint64_t *s)
+{
+	uint64_t x = *s;
+	x ^= x << 13;
+	x ^= x >> 7;
+	x ^= x << 17;
+	return *s = x;
+}
 
 /* The whole file at path, malloc'ed with a NUL after its bytes (the caller
  * frees it), its size in *len when len is not NULL; NULL when it cannot be

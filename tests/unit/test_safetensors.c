@@ -501,10 +501,7 @@ static void test_map_edges(void)
 static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
 static uint64_t rnd(void)
 {
-	rng_state ^= rng_state << 13;
-	rng_state ^= rng_state >> 7;
-	rng_state ^= rng_state << 17;
-	return rng_state;
+	return check_rnd(&rng_state);
 }
 
 static void test_map_random(void)

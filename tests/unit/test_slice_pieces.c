@@ -12,10 +12,7 @@
 static uint64_t rng = 88172645463325252ULL;
 static uint64_t rnd(void)
 {
-	rng ^= rng << 13;
-	rng ^= rng >> 7;
-	rng ^= rng << 17;
-	return rng;
+	return check_rnd(&rng);
 }
 static uint64_t rnd_below(uint64_t n)
 {

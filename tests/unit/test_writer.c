@@ -36,19 +36,7 @@
 static uint64_t rng_state = 0x9E3779B97F4A7C15ULL;
 static uint64_t rnd(void)
 {
-	uint64_t x = rng_state;
-	x ^= x << 13;
-	x ^= x >> 7;
-	x ^= x << 17;
-	return rng_state = x;
-}
-static uint64_t rnd_r(uint64_t *s)
-{
-	uint64_t x = *s;
-	x ^= x << 13;
-	x ^= x >> 7;
-	x ^= x << 17;
-	return *s = x;
+	return check_rnd(&rng_state);
 }
 
 static double now_s(void)
@@ -412,13 +400,13 @@ static void *slice_thread(void *arg)
 		       j->full + ((j->r.start[0] + i) * j->cols + j->r.start[1]) * j->isz, w * j->isz);
 	uint64_t off = 0;
 	while (off < n && !j->rc) {
-		uint64_t len = 1 + rnd_r(&j->seed) % 4099;
+		uint64_t len = 1 + check_rnd(&j->seed) % 4099;
 		if (len > n - off)
 			len = n - off;
 		j->rc = ckpt_warray_write(j->a, &j->r, off, stream + off, len);
 		/* Rewrite a random earlier range (same bytes): distinct counting. */
-		if (j->overlap && off > 0 && rnd_r(&j->seed) % 4 == 0) {
-			uint64_t b = rnd_r(&j->seed) % off, e = b + 1 + rnd_r(&j->seed) % 1000;
+		if (j->overlap && off > 0 && check_rnd(&j->seed) % 4 == 0) {
+			uint64_t b = check_rnd(&j->seed) % off, e = b + 1 + check_rnd(&j->seed) % 1000;
 			if (e > off)
 				e = off;
 			if (!j->rc)
@@ -1184,7 +1172,7 @@ static void bench(int level)
 	/* bf16 of roughly normal floats: exponent bytes compress, mantissas don't. */
 	uint64_t s = 42;
 	for (uint64_t i = 0; i < n / 2; i++) {
-		uint64_t r = rnd_r(&s);
+		uint64_t r = check_rnd(&s);
 		float f = (float)((double)(r & 0xffff) + (double)(r >> 16 & 0xffff) +
 				  (double)(r >> 32 & 0xffff) - 98304.0) /
 			  20000.0f;
