@@ -26,7 +26,8 @@
 /* Counters of .ckptfs/stats shown, in order. */
 static const char *const counters[] = { "bytes_written", "stored_bytes_written", "bytes_pending", "commits",
 					"commit_failures", "errors", "cache_hits", "cache_misses",
-					"cache_evictions", "bytes_served", "chunks_decoded" };
+					"cache_evictions", "bytes_served", "chunks_decoded",
+					"cache_bytes", "cache_budget" };
 #define NCOUNTERS (sizeof(counters) / sizeof(counters[0]))
 
 struct pstep {
@@ -213,6 +214,8 @@ static int show(const char *mnt, const char *source, int json, FILE *f)
 			(unsigned long long)stat_value(buf, "cache_misses"),
 			(unsigned long long)stat_value(buf, "cache_evictions"),
 			ckpt_human(stat_value(buf, "bytes_served"), h1, sizeof(h1)));
+		fprintf(f, "cache in use: %s of %s\n", ckpt_human(stat_value(buf, "cache_bytes"), h2, sizeof(h2)),
+			ckpt_human(stat_value(buf, "cache_budget"), h3, sizeof(h3)));
 	}
 	free(ps);
 	fflush(f);

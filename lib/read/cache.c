@@ -96,6 +96,7 @@ int ckpt_cache_create(uint64_t budget, ckpt_cache **out)
 	pthread_cond_init(&c->loaded, NULL);
 	pthread_cond_init(&c->room, NULL);
 	c->budget = budget;
+	atomic_store(&ckpt_g_stats.cache_budget, budget);
 	c->lru.prev = c->lru.next = &c->lru;
 	*out = c;
 	return 0;
@@ -198,6 +199,7 @@ static void drop_spare(ckpt_cache *c, int i)
 	assert(i >= 0 && i < c->nspare && c->bytes >= c->spare[i].cap);
 	buf_free(c->spare[i].data, c->spare[i].cap);
 	c->bytes -= c->spare[i].cap;
+	atomic_store(&ckpt_g_stats.cache_bytes, c->bytes);
 	c->spare[i] = c->spare[--c->nspare];
 }
 
@@ -240,6 +242,7 @@ static void make_room(ckpt_cache *c, size_t need)
 		assert(c->bytes >= ecap);
 		buf_free(data, ecap);
 		c->bytes -= ecap;
+		atomic_store(&ckpt_g_stats.cache_bytes, c->bytes);
 	}
 }
 
@@ -312,6 +315,7 @@ static void *take_buffer(ckpt_cache *c, size_t size, size_t *cap, int *err)
 		return NULL;
 	}
 	c->bytes += *cap;
+	atomic_store(&ckpt_g_stats.cache_bytes, c->bytes);
 	return p;
 }
 
@@ -576,6 +580,7 @@ static void put_ready(ckpt_cache *c, struct ckpt_centry *e, int consumed)
 			assert(c->bytes >= e->cap);
 			buf_free(e->data, e->cap);
 			c->bytes -= e->cap;
+			atomic_store(&ckpt_g_stats.cache_bytes, c->bytes);
 			free(e);
 			if (c->waiting)
 				pthread_cond_broadcast(&c->room);

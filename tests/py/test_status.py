@@ -24,6 +24,7 @@ def test_pending_step_progress_then_commit(tmp_path, mount):
     m = mount(src)
     out = status(m.p()).stdout
     assert "no pending step" in out and "commits: 0" in out, out
+    assert "cache in use: " in out, out
     (m.p("30") / "state").mkdir(parents=True)
     np.save(m.p("30/state/w.npy"), np.arange(200000, dtype=np.float32).reshape(200, 1000))
     np.save(m.p("30/state/b.npy"), np.arange(10, dtype=np.int32))
@@ -38,6 +39,10 @@ def test_pending_step_progress_then_commit(tmp_path, mount):
     open(m.p("30/commit_success.txt"), "w").close()
     j = json.loads(status("--json", m.p()).stdout)
     assert j["pending"] == [] and j["stats"]["commits"] == 1, j
+    # the commit read the step back: the cache holds some of it, within its budget
+    np.load(m.p("30/state/w.npy"))
+    j = json.loads(status("--json", m.p()).stdout)
+    assert 0 < j["stats"]["cache_bytes"] <= j["stats"]["cache_budget"], j["stats"]
 
 
 def test_watch_repeats(tmp_path, mount):
