@@ -258,24 +258,33 @@ static struct node *dyn_find_locked(ckpt_view *v, ckpt_ino parent, const char *n
 	}
 }
 
+/* Moves the map (dyn_lock held) into a new table of nb buckets (a power
+ * of two above the count); 0, or -ENOMEM with the old table kept. */
+static int dyn_rehash_locked(ckpt_view *v, size_t nb)
+{
+	struct node **t = calloc(nb, sizeof(*t));
+	if (!t)
+		return -ENOMEM;
+	for (size_t i = 0; i < v->ndyn_buckets; i++)
+		if (v->dyn[i]) {
+			size_t j = dyn_hash(v->dyn[i]->parent, v->dyn[i]->name) & (nb - 1);
+			while (t[j])
+				j = (j + 1) & (nb - 1);
+			t[j] = v->dyn[i];
+		}
+	free(v->dyn);
+	v->dyn = t;
+	v->ndyn_buckets = nb;
+	return 0;
+}
+
 static int dyn_insert_locked(ckpt_view *v, struct node *n)
 {
 	assert(n->hidden);
 	if ((v->ndyn + 1) * 2 > v->ndyn_buckets) {
-		size_t nb = v->ndyn_buckets ? v->ndyn_buckets * 2 : 256;
-		struct node **t = calloc(nb, sizeof(*t));
-		if (!t)
-			return -ENOMEM;
-		for (size_t i = 0; i < v->ndyn_buckets; i++)
-			if (v->dyn[i]) {
-				size_t j = dyn_hash(v->dyn[i]->parent, v->dyn[i]->name) & (nb - 1);
-				while (t[j])
-					j = (j + 1) & (nb - 1);
-				t[j] = v->dyn[i];
-			}
-		free(v->dyn);
-		v->dyn = t;
-		v->ndyn_buckets = nb;
+		int rc = dyn_rehash_locked(v, v->ndyn_buckets ? v->ndyn_buckets * 2 : 256);
+		if (rc)
+			return rc;
 	}
 	size_t mask = v->ndyn_buckets - 1;
 	size_t i = dyn_hash(n->parent, n->name) & mask;
@@ -325,22 +334,8 @@ static void dyn_remove_locked(ckpt_view *v, struct node *n)
 			i = j;
 		}
 	}
-	if (v->ndyn_buckets > 256 && v->ndyn * 8 < v->ndyn_buckets) {
-		size_t nb = v->ndyn_buckets / 2;
-		struct node **t = calloc(nb, sizeof(*t));
-		if (!t)
-			return; /* keep the big table */
-		for (size_t k = 0; k < v->ndyn_buckets; k++)
-			if (v->dyn[k]) {
-				size_t h = dyn_hash(v->dyn[k]->parent, v->dyn[k]->name) & (nb - 1);
-				while (t[h])
-					h = (h + 1) & (nb - 1);
-				t[h] = v->dyn[k];
-			}
-		free(v->dyn);
-		v->dyn = t;
-		v->ndyn_buckets = nb;
-	}
+	if (v->ndyn_buckets > 256 && v->ndyn * 8 < v->ndyn_buckets)
+		(void)dyn_rehash_locked(v, v->ndyn_buckets / 2); /* on ENOMEM: keep the big table */
 }
 
 /* The invalidation list (dyn_lock held). */
