@@ -30,6 +30,7 @@
 #define CKPT_UPLOAD_MAX_PARTS 10000u
 
 typedef struct ckpt_upload ckpt_upload;
+typedef struct ckpt_bg_upload ckpt_bg_upload;
 
 /* One PUT of len bytes (at most 5 GiB).  0, -EEXIST (create-only and the
  * object exists), -EACCES, -EIO (logged), -EROFS (not an object store). */
@@ -68,5 +69,46 @@ int ckpt_store_abort_stale_uploads(ckpt_store *s, const char *prefix);
  * else committed that step), -EINVAL (no marker in local_dir, a file that
  * is not regular), -EFBIG, -EIO (logged), -EROFS (not an object store). */
 int ckpt_store_upload_tree(ckpt_store *s, const char *local_dir, const char *prefix, unsigned threads);
+
+/* The same, for a folder part of whose data files a ckpt_bg_upload (drained,
+ * same local folder contents and prefix) already sent: those are skipped,
+ * the rest go as above; on failure the objects `done` sent are deleted too.
+ * done NULL: ckpt_store_upload_tree. */
+int ckpt_store_upload_tree_rest(ckpt_store *s, const char *local_dir, const char *prefix, unsigned threads,
+				ckpt_bg_upload *done);
+
+/*
+ * Background uploads of a step's data files while the step is still being
+ * written: a file that is complete is queued with ckpt_bg_upload_file and
+ * sent (PUT, or a multipart upload over 8 MiB) by one of `threads` workers
+ * (at most the store's connections), each holding one 8 MiB buffer.  At
+ * commit the writer drains it and calls ckpt_store_upload_tree_rest, which
+ * sends only what is left.  A file changed after it was queued is marked
+ * with ckpt_bg_upload_stale: its object no longer counts (sent again at
+ * commit, or when queued again).  Upload errors are remembered and
+ * reported by the drain.  Thread-safety: every call but _free may run
+ * concurrently; the calls take only the uploader's own (leaf) mutex and
+ * never wait for the network.
+ */
+
+/* local_dir/REL is sent as prefix/REL.  0, -ENOMEM, -EAGAIN (no thread). */
+int ckpt_bg_upload_new(ckpt_store *s, const char *local_dir, const char *prefix, unsigned threads,
+		       ckpt_bg_upload **out);
+/* Queue rel (relative to local_dir); after a drain it is ignored (the
+ * commit sends it).  0 or -ENOMEM. */
+int ckpt_bg_upload_file(ckpt_bg_upload *u, const char *rel);
+/* rel changed since it was queued: what was or is being sent no longer counts. */
+void ckpt_bg_upload_stale(ckpt_bg_upload *u, const char *rel);
+/* Take no new work, wait for the uploads in flight.  0, or -EIO when an
+ * upload failed since the last drain (logged); every object sent is then
+ * deleted again and nothing counts as sent. */
+int ckpt_bg_upload_drain(ckpt_bg_upload *u);
+/* 1: rel's object holds its current bytes; 2: an object was sent but is
+ * stale; 0: nothing was sent. */
+int ckpt_bg_upload_done(ckpt_bg_upload *u, const char *rel);
+/* Stop the workers and free u (NULL: no-op).  delete_sent (an aborted
+ * save): in-flight multipart uploads are aborted and every object sent is
+ * deleted again (best effort, logged). */
+void ckpt_bg_upload_free(ckpt_bg_upload *u, int delete_sent);
 
 #endif

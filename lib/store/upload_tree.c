@@ -29,6 +29,7 @@ struct ufile {
 	char *rel; /* '/'-separated path below the folder */
 	uint64_t size;
 	int meta; /* metadata: sent after every data file */
+	int skip; /* already sent by a ckpt_bg_upload */
 	ckpt_upload *up; /* multipart, or NULL for one PUT */
 	int sent; /* the object exists (deleted again when the upload fails) */
 };
@@ -189,7 +190,7 @@ static int send_phase(struct uctx *c, int want, unsigned threads)
 	int rc = 0;
 	for (size_t i = 0; i < c->nfiles && !rc; i++) {
 		struct ufile *f = &c->files[i];
-		if (f->meta != want || (want && !strcmp(f->rel, CKPT_ORBAX_COMMIT_SUCCESS)))
+		if (f->skip || f->meta != want || (want && !strcmp(f->rel, CKPT_ORBAX_COMMIT_SUCCESS)))
 			continue;
 		unsigned parts =
 			f->size > UPLOAD_PART ? (unsigned)((f->size + UPLOAD_PART - 1) / UPLOAD_PART) : 0;
@@ -245,6 +246,12 @@ static int send_phase(struct uctx *c, int want, unsigned threads)
 
 int ckpt_store_upload_tree(ckpt_store *s, const char *local_dir, const char *prefix, unsigned threads)
 {
+	return ckpt_store_upload_tree_rest(s, local_dir, prefix, threads, NULL);
+}
+
+int ckpt_store_upload_tree_rest(ckpt_store *s, const char *local_dir, const char *prefix, unsigned threads,
+				ckpt_bg_upload *done)
+{
 	struct uctx c = { 0 };
 	c.s = s;
 	c.local = local_dir;
@@ -261,6 +268,11 @@ int ckpt_store_upload_tree(ckpt_store *s, const char *local_dir, const char *pre
 	int has_marker = 0;
 	for (size_t i = 0; i < c.nfiles; i++)
 		has_marker |= !strcmp(c.files[i].rel, CKPT_ORBAX_COMMIT_SUCCESS);
+	for (size_t i = 0; done && rc == 0 && i < c.nfiles; i++) {
+		int d = c.files[i].meta ? 0 : ckpt_bg_upload_done(done, c.files[i].rel);
+		c.files[i].skip = d == 1;
+		c.files[i].sent = d != 0; /* taken back if this upload fails */
+	}
 	if (rc == 0 && !has_marker) {
 		ckpt_log(CKPT_LOG_ERR, "%s: no %s: not a finished step, not uploaded", local_dir,
 			 CKPT_ORBAX_COMMIT_SUCCESS);
@@ -298,4 +310,283 @@ int ckpt_store_upload_tree(ckpt_store *s, const char *local_dir, const char *pre
 	free(c.jobs);
 	pthread_mutex_destroy(&c.mu);
 	return rc;
+}
+
+/* ---- background uploads of finished files (ckpt_bg_upload) ---- */
+
+enum { BG_QUEUED, BG_RUNNING, BG_IDLE };
+
+struct bgfile {
+	char *rel;
+	int state; /* BG_* */
+	int again; /* queued again while running */
+	unsigned gen; /* bumped by ckpt_bg_upload_stale */
+	int valid; /* the object holds the file's current bytes */
+	int sent; /* an object exists under its key */
+};
+
+struct ckpt_bg_upload {
+	ckpt_store *s;
+	char *local, *prefix;
+	pthread_mutex_t mu;
+	pthread_cond_t cond; /* work queued, a job ended, or closing */
+	struct bgfile *files;
+	size_t nfiles, cap;
+	unsigned running;
+	int closed; /* no new work is taken; workers exit when idle */
+	int aborting; /* in-flight uploads stop between parts */
+	int rc; /* first upload error since the last drain */
+	pthread_t th[64];
+	unsigned nth;
+};
+
+/* One file as one object: a PUT, or a multipart upload of UPLOAD_PART parts
+ * sent one after the other from buf. */
+static int bg_send(struct ckpt_bg_upload *u, const char *rel, void *buf)
+{
+	char path[4096];
+	if ((size_t)snprintf(path, sizeof(path), "%s/%s", u->local, rel) >= sizeof(path))
+		return -ENAMETOOLONG;
+	char *key = ckpt_store_join(u->prefix, rel);
+	if (!key)
+		return -ENOMEM;
+	int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+	int rc = fd < 0 ? -errno : 0;
+	struct stat st;
+	if (!rc && fstat(fd, &st) != 0)
+		rc = -errno;
+	uint64_t size = rc ? 0 : (uint64_t)st.st_size;
+	if (!rc && size <= UPLOAD_PART) {
+		rc = ckpt_pread_all(fd, buf, (size_t)size, 0);
+		if (!rc)
+			rc = ckpt_store_put(u->s, key, buf, (size_t)size, 0);
+	} else if (!rc) {
+		uint64_t parts = (size + UPLOAD_PART - 1) / UPLOAD_PART;
+		ckpt_upload *up = NULL;
+		rc = parts > CKPT_UPLOAD_MAX_PARTS ? -EFBIG : ckpt_upload_begin(u->s, key, &up);
+		for (unsigned p = 1; !rc && p <= parts; p++) {
+			uint64_t off = (uint64_t)(p - 1) * UPLOAD_PART;
+			size_t len = (size_t)(size - off < UPLOAD_PART ? size - off : UPLOAD_PART);
+			pthread_mutex_lock(&u->mu);
+			rc = u->aborting ? -ECANCELED : 0;
+			pthread_mutex_unlock(&u->mu);
+			if (!rc)
+				rc = ckpt_pread_all(fd, buf, len, off);
+			if (!rc)
+				rc = ckpt_upload_part(up, p, buf, len);
+		}
+		if (up) {
+			if (rc)
+				ckpt_upload_abort(up);
+			else
+				rc = ckpt_upload_complete(up);
+		}
+	}
+	if (fd >= 0)
+		close(fd);
+	if (rc && rc != -ECANCELED)
+		ckpt_log(CKPT_LOG_ERR, "%s/%s: upload of %s failed: %s", u->s->root, u->prefix, rel,
+			 strerror(-rc));
+	free(key);
+	return rc;
+}
+
+static void *bg_worker(void *arg)
+{
+	struct ckpt_bg_upload *u = arg;
+	void *buf = NULL;
+	pthread_mutex_lock(&u->mu);
+	for (;;) {
+		struct bgfile *f = NULL;
+		size_t i;
+		if (!u->aborting)
+			for (i = 0; i < u->nfiles && !f; i++)
+				if (u->files[i].state == BG_QUEUED)
+					f = &u->files[i];
+		if (!f) {
+			if (u->closed)
+				break;
+			pthread_cond_wait(&u->cond, &u->mu);
+			continue;
+		}
+		i--;
+		f->state = BG_RUNNING;
+		f->again = 0;
+		unsigned gen = f->gen;
+		u->running++;
+		char *rel = strdup(f->rel);
+		pthread_mutex_unlock(&u->mu);
+		if (!buf)
+			buf = malloc(UPLOAD_PART);
+		int rc = !buf || !rel ? -ENOMEM : bg_send(u, rel, buf);
+		free(rel);
+		pthread_mutex_lock(&u->mu);
+		f = &u->files[i]; /* files may have moved */
+		u->running--;
+		f->state = f->again ? BG_QUEUED : BG_IDLE;
+		if (!rc)
+			f->sent = 1;
+		if (f->gen == gen) { /* unchanged meanwhile: the outcome counts */
+			f->valid = !rc;
+			if (rc && rc != -ECANCELED && !u->rc)
+				u->rc = rc;
+		}
+		pthread_cond_broadcast(&u->cond);
+	}
+	pthread_mutex_unlock(&u->mu);
+	free(buf);
+	return NULL;
+}
+
+int ckpt_bg_upload_new(ckpt_store *s, const char *local_dir, const char *prefix, unsigned threads,
+		       ckpt_bg_upload **out)
+{
+	struct ckpt_bg_upload *u = calloc(1, sizeof(*u));
+	if (!u)
+		return -ENOMEM;
+	u->s = s;
+	u->local = strdup(local_dir);
+	u->prefix = strdup(prefix);
+	pthread_mutex_init(&u->mu, NULL);
+	pthread_cond_init(&u->cond, NULL);
+	unsigned conns = ckpt_store_s3_connections(s);
+	if (conns && threads > conns)
+		threads = conns;
+	if (threads < 1)
+		threads = 1;
+	if (threads > 64)
+		threads = 64;
+	int rc = u->local && u->prefix ? 0 : -ENOMEM;
+	for (; !rc && u->nth < threads; u->nth++)
+		if (pthread_create(&u->th[u->nth], NULL, bg_worker, u) != 0)
+			break;
+	if (!rc && u->nth == 0)
+		rc = -EAGAIN;
+	if (rc) {
+		ckpt_bg_upload_free(u, 0);
+		return rc;
+	}
+	*out = u;
+	return 0;
+}
+
+static struct bgfile *bg_find(struct ckpt_bg_upload *u, const char *rel)
+{
+	for (size_t i = 0; i < u->nfiles; i++)
+		if (!strcmp(u->files[i].rel, rel))
+			return &u->files[i];
+	return NULL;
+}
+
+int ckpt_bg_upload_file(ckpt_bg_upload *u, const char *rel)
+{
+	int rc = 0;
+	pthread_mutex_lock(&u->mu);
+	struct bgfile *f = bg_find(u, rel);
+	if (u->closed) {
+		/* sent at commit */
+	} else if (f) {
+		f->valid = 0;
+		if (f->state == BG_RUNNING)
+			f->again = 1;
+		else
+			f->state = BG_QUEUED;
+	} else if (u->nfiles == u->cap && !(f = realloc(u->files, (u->cap ? 2 * u->cap : 64) * sizeof(*f)))) {
+		rc = -ENOMEM;
+	} else {
+		if (u->nfiles == u->cap) {
+			u->files = f;
+			u->cap = u->cap ? 2 * u->cap : 64;
+		}
+		f = &u->files[u->nfiles];
+		memset(f, 0, sizeof(*f));
+		f->rel = strdup(rel);
+		if (!f->rel) {
+			rc = -ENOMEM;
+		} else {
+			f->state = BG_QUEUED;
+			u->nfiles++;
+		}
+	}
+	pthread_cond_broadcast(&u->cond);
+	pthread_mutex_unlock(&u->mu);
+	return rc;
+}
+
+void ckpt_bg_upload_stale(ckpt_bg_upload *u, const char *rel)
+{
+	pthread_mutex_lock(&u->mu);
+	struct bgfile *f = bg_find(u, rel);
+	if (f) {
+		f->gen++;
+		f->valid = 0;
+	}
+	pthread_mutex_unlock(&u->mu);
+}
+
+/* Under u->mu: take back every object sent (best effort). */
+static void bg_delete_sent_locked(struct ckpt_bg_upload *u)
+{
+	for (size_t i = 0; i < u->nfiles; i++) {
+		struct bgfile *f = &u->files[i];
+		char *key = f->sent ? ckpt_store_join(u->prefix, f->rel) : NULL;
+		if (key && ckpt_store_delete(u->s, key) != 0)
+			ckpt_log(CKPT_LOG_WARN, "%s/%s: left behind by a failed or aborted save", u->s->root,
+				 key);
+		free(key);
+		f->sent = f->valid = 0;
+	}
+}
+
+int ckpt_bg_upload_drain(ckpt_bg_upload *u)
+{
+	pthread_mutex_lock(&u->mu);
+	u->closed = 1;
+	pthread_cond_broadcast(&u->cond);
+	for (;;) {
+		int busy = u->running > 0;
+		for (size_t i = 0; i < u->nfiles && !busy; i++)
+			busy = u->files[i].state != BG_IDLE;
+		if (!busy)
+			break;
+		pthread_cond_wait(&u->cond, &u->mu);
+	}
+	int rc = u->rc;
+	u->rc = 0;
+	if (rc) /* a failed save leaves nothing behind; a retried commit sends everything */
+		bg_delete_sent_locked(u);
+	pthread_mutex_unlock(&u->mu);
+	return rc ? -EIO : 0;
+}
+
+int ckpt_bg_upload_done(ckpt_bg_upload *u, const char *rel)
+{
+	pthread_mutex_lock(&u->mu);
+	struct bgfile *f = bg_find(u, rel);
+	int r = f && f->valid && f->state == BG_IDLE ? 1 : f && f->sent ? 2 : 0;
+	pthread_mutex_unlock(&u->mu);
+	return r;
+}
+
+void ckpt_bg_upload_free(ckpt_bg_upload *u, int delete_sent)
+{
+	if (!u)
+		return;
+	pthread_mutex_lock(&u->mu);
+	u->closed = 1;
+	u->aborting |= delete_sent;
+	pthread_cond_broadcast(&u->cond);
+	pthread_mutex_unlock(&u->mu);
+	for (unsigned i = 0; i < u->nth; i++)
+		pthread_join(u->th[i], NULL);
+	if (delete_sent)
+		bg_delete_sent_locked(u); /* no other thread left */
+	for (size_t i = 0; i < u->nfiles; i++)
+		free(u->files[i].rel);
+	free(u->files);
+	free(u->local);
+	free(u->prefix);
+	pthread_cond_destroy(&u->cond);
+	pthread_mutex_destroy(&u->mu);
+	free(u);
 }

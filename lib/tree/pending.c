@@ -35,7 +35,21 @@ struct pstep {
 	atomic_bool committing; /* a commit runs without ns_lock (set and cleared under ns_lock exclusive) */
 	const char *final; /* while committing: the name it commits to (under ns_lock) */
 	atomic_bool committed; /* the commit succeeded (set once, under ns_lock exclusive) */
+	/* Object-store root: finished shard files are uploaded while the step
+	 * is written (the step's sink); drained at commit.  Freed after the
+	 * step (whose compression threads call it). */
+	ckpt_bg_upload *bg;
 };
+
+static int sink_shard_done(void *ctx, const char *rel)
+{
+	return ckpt_bg_upload_file(ctx, rel);
+}
+
+static void sink_shard_changed(void *ctx, const char *rel)
+{
+	ckpt_bg_upload_stale(ctx, rel);
+}
 
 /* N_PSTEP and N_PDIR */
 struct pdir_node {
@@ -132,6 +146,8 @@ static void pstep_destroy(ckpt_view *v, struct node *n)
 				 info.name, info.tmp_path);
 	}
 	ckpt_step_destroy(ps->step);
+	/* never committed: its objects are not a step; take them back */
+	ckpt_bg_upload_free(ps->bg, !atomic_load(&ps->committed));
 	pthread_rwlock_destroy(&ps->io_lock);
 	free(ps);
 }
@@ -259,6 +275,16 @@ static int new_step(ckpt_view *v, struct node *root, const char *name, ckpt_attr
 		return -ENOMEM;
 	}
 	ps->step = st;
+	if (v->opts.spool_dir && v->opts.process_count <= 1) {
+		ckpt_step_info info;
+		ckpt_step_get_info(st, &info);
+		/* without it (-ENOMEM, no thread) everything goes at commit */
+		if (ckpt_bg_upload_new(v->src, info.tmp_path, name,
+				       v->opts.ctx.threads > 0 ? v->opts.ctx.threads : 8, &ps->bg) == 0) {
+			struct ckpt_step_sink sink = { sink_shard_done, sink_shard_changed, ps->bg };
+			ckpt_step_set_sink(st, &sink);
+		}
+	}
 	pthread_rwlock_init(&ps->io_lock, NULL);
 	atomic_init(&ps->dead, false);
 	atomic_init(&ps->committing, false);
@@ -337,7 +363,12 @@ static int commit_step(ckpt_view *v, struct node *sn, const char *final, struct 
 	pthread_rwlock_unlock(&v->ns_lock);
 
 	pthread_rwlock_wrlock(&ps->io_lock);
-	int rc = ckpt_hosts_commit(ps->step, final);
+	/* Shards uploaded while writing: wait for them before the tmp folder
+	 * is renamed; a failed one fails the commit (its objects are deleted,
+	 * a retried commit sends everything). */
+	int rc = ps->bg ? ckpt_bg_upload_drain(ps->bg) : 0;
+	if (rc == 0)
+		rc = ckpt_hosts_commit(ps->step, final);
 	if (rc == 0) {
 		atomic_store(&ps->dead, true);
 		/* The committed folder is all that is left of the step: free the
@@ -350,8 +381,19 @@ static int commit_step(ckpt_view *v, struct node *sn, const char *final, struct 
 	if (rc == 0 && v->opts.spool_dir) { /* object store: send the staged step, marker last */
 		char staged[VIEW_PATH_MAX];
 		snprintf(staged, sizeof(staged), "%s/%s", v->opts.spool_dir, final);
-		rc = ckpt_store_upload_tree(v->src, staged, final, v->opts.ctx.threads > 0 ? v->opts.ctx.threads : 8);
+		/* only what the step's sink did not send yet (same key prefix) */
+		ckpt_bg_upload *done = ps->bg && !strcmp(sn->name, final) ? ps->bg : NULL;
+		if (ps->bg && !done) { /* sent under another name: take those back */
+			ckpt_bg_upload_free(ps->bg, 1);
+			ps->bg = NULL;
+		}
+		rc = ckpt_store_upload_tree_rest(v->src, staged, final,
+						 v->opts.ctx.threads > 0 ? v->opts.ctx.threads : 8, done);
 		ckpt_rmtree(staged);
+		if (ps->bg) { /* the commit's upload took back what was sent if it failed */
+			ckpt_bg_upload_free(ps->bg, 0);
+			ps->bg = NULL;
+		}
 	}
 	char path[VIEW_PATH_MAX];
 	snprintf(path, sizeof(path), "%s/%s", v->source, final);
@@ -686,6 +728,8 @@ int ckpt_view_rmdir(ckpt_view *v, ckpt_ino parent, const char *name)
 			atomic_store(&ps->dead, true);
 			ckpt_step_destroy(ps->step); /* nothing of it is kept */
 			ps->step = NULL;
+			ckpt_bg_upload_free(ps->bg, 1); /* aborts and deletes what was sent */
+			ps->bg = NULL;
 			pthread_rwlock_unlock(&ps->io_lock);
 			view_remove_kid(dir, n);
 			atomic_store(&n->orphan, true);

@@ -223,6 +223,26 @@ int ckpt_step_commit(ckpt_step *st, const char *final_name);
  * writes/commits fail with -EROFS.  No-op on a committed step. */
 void ckpt_step_abort(ckpt_step *st);
 
+/* An optional receiver of finished shard files (object-store roots: the
+ * upload of a shard starts while the rest of the step is still written).
+ * When the last chunk of a shard has been stored, the compression thread
+ * finishes that shard file at once (index, truncate, fsync) as the commit
+ * would, then calls shard_done(ctx, path) with its path relative to the
+ * step's tmp folder ("<item>/<param>/c/<i>/..."); the commit skips it.
+ * When a chunk of a finished shard is written again or reset, the file
+ * will change: shard_changed(ctx, path) is called (the shard is finished
+ * again by the compression thread or at commit, and shard_done called
+ * again in the first case).  Both are called with the array's chunk lock
+ * held: they must only take leaf locks and never block.  Set it right
+ * after ckpt_step_begin, before any write; sink NULL removes it.  The
+ * callbacks stop after ckpt_step_destroy (ctx must outlive the step). */
+struct ckpt_step_sink {
+	int (*shard_done)(void *ctx, const char *relpath_in_step);
+	void (*shard_changed)(void *ctx, const char *relpath_in_step);
+	void *ctx;
+};
+void ckpt_step_set_sink(ckpt_step *st, const struct ckpt_step_sink *sink);
+
 /* Free the step and all its arrays.  An uncommitted, unaborted step's tmp
  * folder is left on disk (it is not a step; a later begin removes it).
  * NULL is allowed. */

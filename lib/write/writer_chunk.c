@@ -591,6 +591,8 @@ static int reload_locked(struct ckpt_warray *a, uint64_t idx, struct wlive *fres
 	pthread_mutex_lock(&st->mu);
 	st->inflight += a->live_cost;
 	pthread_mutex_unlock(&st->mu);
+	if (prev == WC_STORED) /* the shard file will change */
+		w_shard_unfinish_locked(a, w_chunk_shard(a, idx));
 	chunk_set_state(a, idx, WC_LOADING);
 	pthread_mutex_unlock(&a->mu);
 	if (prev == WC_SPILLED) {
@@ -827,6 +829,8 @@ int w_chunk_store_done(struct ckpt_warray *a, uint64_t idx, int rc, uint64_t off
 		struct wshard *sh = &a->shards[w_chunk_shard(a, idx)];
 		budget_sub(&sh->unstored, 1);
 		shard_done = sh->unstored == 0;
+		if (shard_done && st->sink.shard_done)
+			sh->finishing++; /* w_shard_finish_early runs next; the commit waits for it */
 	} else {
 		if (!atomic_load(&a->err))
 			ckpt_log(CKPT_LOG_ERR, "writer: %s: %s (chunk kept in memory; retried at commit)",
@@ -934,6 +938,7 @@ void w_chunk_reset(struct ckpt_warray *a, uint64_t idx)
 	if (prev == WC_STORED) {
 		budget_sub(&a->nstored, 1);
 		a->shards[w_chunk_shard(a, idx)].unstored++;
+		w_shard_unfinish_locked(a, w_chunk_shard(a, idx));
 	}
 	chunk_set_state(a, idx, WC_EMPTY);
 	pthread_mutex_lock(&st->mu);

@@ -86,6 +86,9 @@ struct wshard {
 	uint64_t end; /* append offset (data bytes; the index goes here at commit) */
 	uint64_t unstored; /* in-bounds chunks not STORED, under array->mu */
 	int dirs_made; /* under array->mu */
+	int finished; /* index written, fsynced, handed to the sink; under array->mu */
+	int finishing; /* early finishes in progress (w_shard_finish_early); under array->mu */
+	unsigned gen; /* bumped when a STORED chunk leaves STORED; under array->mu */
 };
 
 struct witem {
@@ -175,6 +178,7 @@ struct ckpt_step {
 	int nthreads;
 	pthread_t *threads;
 	struct whosts *hosts; /* multi-host step (writer_hosts.c), NULL for one host */
+	struct ckpt_step_sink sink; /* shard_done NULL: none (set before any write) */
 };
 
 /* ---- writer_geom.c ---- */
@@ -224,6 +228,13 @@ int w_shard_load_chunk(struct ckpt_warray *a, uint64_t idx, uint64_t off, uint64
 /* Commit: write every shard's index at its end, fsync the shard files and
  * the array's c/ folders.  Every in-bounds chunk must be STORED. */
 int w_shard_finish_all(struct ckpt_step *st, struct ckpt_warray *a);
+/* Compression thread, after w_chunk_store_done returned shard_done with a
+ * sink set (and counted sh->finishing): finish shard sidx now, mark it
+ * finished and hand it to the sink, unless it changed meanwhile. */
+void w_shard_finish_early(struct ckpt_warray *a, uint64_t sidx);
+/* Under a->mu: a STORED chunk of shard sidx leaves STORED (rewrite, reset):
+ * the shard is no longer finished; the sink hears of it. */
+void w_shard_unfinish_locked(struct ckpt_warray *a, uint64_t sidx);
 /* fsync folder rel of the tmp folder; -errno logged. */
 int w_fsync_dir(struct ckpt_step *st, const char *rel);
 

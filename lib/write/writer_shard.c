@@ -1,12 +1,15 @@
 /* writer_shard.c - the shard files of a pending array: their paths, opening
  * one for appending (O_DIRECT where the file system allows it), appending a
- * compressed chunk, reading a stored chunk back, and finishing a shard at
- * commit (index, fsync).  One shard is one file <item>/<param>/c/<i>/<j>...
+ * compressed chunk, reading a stored chunk back, and finishing a shard
+ * (index, fsync): at commit, or as soon as its last chunk is stored when the
+ * step has a sink (writer.h; the shard is then marked finished and the
+ * commit skips it, unless a chunk of it is written again).  One shard is one file <item>/<param>/c/<i>/<j>...
  * in the step's tmp folder; chunks are appended in completion order and only
  * the index written at commit says where each one is.
  *
- * Called by writer_zpool.c (append), writer_chunk.c (read back a stored
- * chunk that is written again) and writer_commit.c (finish).  Calls only
+ * Called by writer_zpool.c (append, early finish), writer_chunk.c (read
+ * back a stored chunk that is written again, unfinish) and
+ * writer_commit.c (finish).  Calls only
  * writer_geom.c and base/. */
 #include <fcntl.h>
 #include <stdio.h>
@@ -161,7 +164,7 @@ int w_fsync_dir(struct ckpt_step *st, const char *rel)
 /* The index of shard s (sharding_indexed, index_location "end"): per inner
  * chunk of the shard in C order (offset, nbytes) little-endian, both
  * UINT64_MAX for chunks outside the array, then crc32c of those bytes. */
-static void shard_index(const struct ckpt_warray *a, uint64_t s, uint64_t n, uint8_t *ix)
+static int shard_index(const struct ckpt_warray *a, uint64_t s, uint64_t n, uint8_t *ix)
 {
 	uint64_t sg[CKPT_MAX_RANK], l[CKPT_MAX_RANK] = { 0 }, t = s;
 	for (int d = a->rank - 1; d >= 0; d--) {
@@ -178,7 +181,8 @@ static void shard_index(const struct ckpt_warray *a, uint64_t s, uint64_t n, uin
 		}
 		uint64_t off = UINT64_MAX, len = UINT64_MAX;
 		if (!out) {
-			assert(a->chunks[lin].state == WC_STORED);
+			if (a->chunks[lin].state != WC_STORED)
+				return -EAGAIN; /* early finish: written again meanwhile */
 			off = a->chunks[lin].off;
 			len = a->chunks[lin].len;
 		}
@@ -188,10 +192,51 @@ static void shard_index(const struct ckpt_warray *a, uint64_t s, uint64_t n, uin
 			l[d] = 0;
 	}
 	ckpt_put_le32(ix + 16 * n, ckpt_crc32c(0, ix, 16 * n));
+	return 0;
 }
 
-/* Index, truncate and fsync shards s = first, first + stride, ... of a.
- * Each call has its own index buffer; shard files are disjoint. */
+/* Entries (inner chunks) per shard. */
+static uint64_t shard_entries(const struct ckpt_warray *a)
+{
+	uint64_t n = 1;
+	for (int d = 0; d < a->rank; d++)
+		n *= a->mps[d];
+	return n;
+}
+
+/* Write index ix (16 * n + 4 bytes) at `end` of shard s, truncate the file
+ * after it and fsync it. */
+static int put_index(struct ckpt_warray *a, uint64_t s, uint64_t n, const uint8_t *ix, uint64_t end)
+{
+	size_t isize = (size_t)(16 * n + 4);
+	int fd = shard_open(a, s, O_WRONLY | O_CREAT);
+	int rc = fd < 0 ? fd : ckpt_pwrite_all(fd, ix, isize, end);
+	if (!rc && ftruncate(fd, (off_t)(end + isize)))
+		rc = -errno;
+	if (!rc && fsync(fd))
+		rc = -errno;
+	if (fd >= 0)
+		close(fd);
+	if (rc)
+		ckpt_log(CKPT_LOG_ERR, "writer: %s: finishing shard %llu: %s", a->relpath,
+			 (unsigned long long)s, strerror(-rc));
+	else
+		CKPT_STAT_ADD(stored_bytes_written, isize);
+	return rc;
+}
+
+/* Index, truncate and fsync shard s of a (n entries, ix a buffer of
+ * 16 * n + 4 bytes).  Every in-bounds chunk of s must be STORED. */
+static int finish_one(struct ckpt_warray *a, uint64_t s, uint64_t n, uint8_t *ix)
+{
+	int rc = shard_index(a, s, n, ix);
+	assert(rc == 0); /* every in-bounds chunk is STORED at commit */
+	(void)rc;
+	return put_index(a, s, n, ix, a->shards[s].end);
+}
+
+/* Finish shards s = first, first + stride, ... of a that are not finished
+ * yet.  Each call has its own index buffer; shard files are disjoint. */
 struct finish_job {
 	struct ckpt_warray *a;
 	uint64_t first, stride, n;
@@ -202,33 +247,83 @@ static void *finish_shards(void *arg)
 {
 	struct finish_job *j = arg;
 	struct ckpt_warray *a = j->a;
-	size_t isize = (size_t)(16 * j->n + 4);
-	uint8_t *ix = malloc(isize);
+	uint8_t *ix = malloc((size_t)(16 * j->n + 4));
 	if (!ix) {
 		j->rc = -ENOMEM;
 		return NULL;
 	}
 	int rc = 0;
-	for (uint64_t s = j->first; s < a->nshards && !rc; s += j->stride) {
-		shard_index(a, s, j->n, ix);
-		uint64_t end = a->shards[s].end;
-		int fd = shard_open(a, s, O_WRONLY | O_CREAT);
-		rc = fd < 0 ? fd : ckpt_pwrite_all(fd, ix, isize, end);
-		if (!rc && ftruncate(fd, (off_t)(end + isize)))
-			rc = -errno;
-		if (!rc && fsync(fd))
-			rc = -errno;
-		if (fd >= 0)
-			close(fd);
-		if (rc)
-			ckpt_log(CKPT_LOG_ERR, "writer: %s: finishing shard %llu: %s", a->relpath,
-				 (unsigned long long)s, strerror(-rc));
-		else
-			CKPT_STAT_ADD(stored_bytes_written, isize);
-	}
+	for (uint64_t s = j->first; s < a->nshards && !rc; s += j->stride)
+		if (!a->shards[s].finished) /* no writer runs during the commit */
+			rc = finish_one(a, s, j->n, ix);
 	free(ix);
 	j->rc = rc;
 	return NULL;
+}
+
+void w_shard_finish_early(struct ckpt_warray *a, uint64_t sidx)
+{
+	struct ckpt_step *st = a->step;
+	struct wshard *sh = &a->shards[sidx];
+	uint64_t n = shard_entries(a);
+	pthread_mutex_lock(&a->mu);
+	assert(sh->finishing > 0);
+	unsigned gen = sh->gen;
+	int go = sh->unstored == 0 && !sh->finished;
+	pthread_mutex_unlock(&a->mu);
+	int rc = -EAGAIN;
+	uint8_t *ix = go ? malloc((size_t)(16 * n + 4)) : NULL;
+	if (ix) {
+		/* The index from the chunk states (under a->mu); gen unchanged
+		 * at the end means no chunk of the shard left STORED meanwhile,
+		 * so no append moved sh->end either.  A rewrite that started
+		 * meanwhile leaves the shard unfinished (the commit finishes it). */
+		pthread_mutex_lock(&a->mu);
+		int same = sh->gen == gen && sh->unstored == 0 && shard_index(a, sidx, n, ix) == 0;
+		pthread_mutex_unlock(&a->mu);
+		if (same) {
+			/* Under sh->mu (a leaf: no other lock held): an append that
+			 * reserved its extent before is kept by the truncate (the
+			 * index goes after it), one that reserves after overwrites
+			 * the index. */
+			pthread_mutex_lock(&sh->mu);
+			rc = put_index(a, sidx, n, ix, sh->end);
+			pthread_mutex_unlock(&sh->mu);
+		}
+		free(ix);
+	}
+	char path[4096];
+	pthread_mutex_lock(&a->mu);
+	sh->finishing--;
+	if (!rc && sh->gen == gen && sh->unstored == 0 && !sh->finished &&
+	    w_shard_path(a, sidx, path, sizeof(path)) > 0) {
+		sh->finished = 1;
+		if (st->sink.shard_done)
+			st->sink.shard_done(st->sink.ctx, path);
+	}
+	pthread_cond_broadcast(&a->cond);
+	pthread_mutex_unlock(&a->mu);
+}
+
+void w_shard_unfinish_locked(struct ckpt_warray *a, uint64_t sidx)
+{
+	struct ckpt_step *st = a->step;
+	struct wshard *sh = &a->shards[sidx];
+	sh->gen++;
+	if (!sh->finished)
+		return;
+	sh->finished = 0;
+	char path[4096];
+	if (st->sink.shard_changed && w_shard_path(a, sidx, path, sizeof(path)) > 0)
+		st->sink.shard_changed(st->sink.ctx, path);
+}
+
+void ckpt_step_set_sink(ckpt_step *st, const struct ckpt_step_sink *sink)
+{
+	if (sink)
+		st->sink = *sink;
+	else
+		memset(&st->sink, 0, sizeof(st->sink));
 }
 
 /* Shard files fsynced at once: the fsyncs of many small files (one chunk
@@ -237,9 +332,13 @@ static void *finish_shards(void *arg)
 
 int w_shard_finish_all(struct ckpt_step *st, struct ckpt_warray *a)
 {
-	uint64_t n = 1;
-	for (int d = 0; d < a->rank; d++)
-		n *= a->mps[d];
+	uint64_t n = shard_entries(a);
+	/* Early finishes still running on compression threads end first. */
+	pthread_mutex_lock(&a->mu);
+	for (uint64_t s = 0; s < a->nshards; s++)
+		while (a->shards[s].finishing)
+			pthread_cond_wait(&a->cond, &a->mu);
+	pthread_mutex_unlock(&a->mu);
 	uint64_t nthr = a->nshards < W_FINISH_THREADS ? a->nshards : W_FINISH_THREADS;
 	if (nthr == 0)
 		nthr = 1;

@@ -2,8 +2,10 @@
  * takes a complete chunk from the queue (writer_chunk.c), zstd-compresses
  * it (one ZSTD_CCtx per thread, frame checksum on), appends it to its shard
  * file (writer_shard.c) and reports the outcome back to writer_chunk.c,
- * which owns every chunk state change.  Calls writer_chunk.c,
- * writer_shard.c and writer_geom.c; nothing calls back. */
+ * which owns every chunk state change.  With a step sink (writer.h), a
+ * shard whose last chunk this thread stored is finished here at once and
+ * handed to the sink.  Calls writer_chunk.c, writer_shard.c and
+ * writer_geom.c; nothing calls back. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -81,7 +83,9 @@ static void *worker(void *arg)
 		int rc = store_chunk(&z, a, l, &off, &len, &fd, why, sizeof(why));
 		int shard_complete = w_chunk_store_done(a, idx, rc, off, len, why);
 		if (!rc)
-			w_shard_append_done(fd, shard_complete);
+			w_shard_append_done(fd, shard_complete && !st->sink.shard_done);
+		if (!rc && shard_complete && st->sink.shard_done) /* counted by w_chunk_store_done */
+			w_shard_finish_early(a, w_chunk_shard(a, idx));
 	}
 	ZSTD_freeCCtx(z.cc);
 	free(z.out);

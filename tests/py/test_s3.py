@@ -322,11 +322,11 @@ def test_write_a_step_to_an_object_store_root(env, s3mount, tmp_path, monkeypatc
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("TMPDIR", str(tmp_path))
     m = s3mount("wr", env.proxy_endpoint, "write_buffer=64M")
+    env.fault("clear")
     os.mkdir(m.p("30"))
     exp = _write_step(str(m.p("30")), 30)
-    # nothing reaches the bucket before the commit
-    assert not [k for k in _keys(env, f"{PREFIX}/wr/30/") if not k.endswith("/")]
-    env.fault("clear")
+    # only data (shards finished while writing) reaches the bucket before the commit
+    assert not [k for k in _keys(env, f"{PREFIX}/wr/30/") if "/c/" not in k and not k.endswith("/")]
     open(m.p("30/commit_success.txt"), "w").close()
     log = env.fault_log()
     env.fault("clear")
@@ -356,7 +356,7 @@ def test_aborted_and_failed_saves_leave_no_marker(env, s3mount, tmp_path, monkey
     m = s3mount("wr2", env.proxy_endpoint, "retries=1", "retry_base_ms=5")
     os.mkdir(m.p("31"))
     _write_step(str(m.p("31")), 31, writers=2)
-    # abort: removing the pending step sends nothing
+    # abort: removing the pending step leaves nothing (shards sent meanwhile are deleted)
     shutil.rmtree(m.p("31"), ignore_errors=True)
     assert "31" not in os.listdir(m.p())
     assert not _keys(env, f"{PREFIX}/wr2/31/")
@@ -374,6 +374,64 @@ def test_aborted_and_failed_saves_leave_no_marker(env, s3mount, tmp_path, monkey
     assert not [k for k in _keys(env, f"{PREFIX}/wr2/32/") if not k.endswith("/")], "objects sent are deleted"
     assert any(x.startswith("DELETE") and "uploadId" in x for x in log), "multipart upload aborted"
     assert "upload of" in m.log()
+
+
+def test_shards_are_uploaded_while_the_step_is_written(env, s3mount, tmp_path, monkeypatch):
+    """Each array here is one shard file: complete ones are finished and
+    uploaded before the commit; the commit sends the rest, marker last."""
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    m = s3mount("wr4", env.proxy_endpoint)
+    os.mkdir(m.p("33"))
+    exp = _write_step(str(m.p("33")), 33, writers=2)
+    r = np.random.default_rng(33)
+    os.makedirs(m.p("33/state/more"))
+    for i in range(4):
+        a = r.standard_normal((64, 100 + i)).astype(np.float32)
+        np.save(m.p(f"33/state/more/m{i}.npy"), a)
+        exp[f"state/more/m{i}.npy"] = a
+    pre = f"{PREFIX}/wr4/33/"
+    shard_keys = {pre + f"state/more.m{i}/c/0/0" for i in range(4)} | {pre + "state/big/c/0/0"}
+
+    def sent():
+        return set(_keys(env, pre))
+    assert U.wait_until(lambda: shard_keys <= sent(), timeout=30), sorted(sent())
+    keys = sent()
+    assert pre + "commit_success.txt" not in keys
+    assert not [k for k in keys if "/c/" not in k and not k.endswith("/")], "no metadata before the commit"
+    env.fault("clear")
+    open(m.p("33/commit_success.txt"), "w").close()
+    log = env.fault_log()
+    env.fault("clear")
+    writes = [x for x in log if x.split()[0] in ("PUT", "POST") and f"/{PREFIX}/wr4/33/" in x]
+    assert writes[-1].startswith(f"PUT /ckpt/{pre}commit_success.txt "), writes[-4:]
+    assert not [x for x in writes if "/c/" in x], "shards sent before are not sent again"
+    m2 = s3mount("wr4")
+    for k, v in exp.items():
+        got = np.load(m2.p("33/" + k))
+        assert got.dtype == v.dtype and np.array_equal(got, v), k
+
+
+def test_a_shard_written_again_after_its_upload_is_sent_again(env, s3mount, tmp_path, monkeypatch):
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    m = s3mount("wr5", env.proxy_endpoint)
+    os.makedirs(m.p("34/state"))
+    r = np.random.default_rng(34)
+    a = r.standard_normal((256, 300)).astype(np.float32)
+    path = m.p("34/state/x.npy")
+    np.save(path, a)
+    key = f"{PREFIX}/wr5/34/state/x/c/0/0"
+    assert U.wait_until(lambda: key in _keys(env, f"{PREFIX}/wr5/34/"), timeout=30)
+    head = _npy_header(a.dtype, a.shape)
+    a[10:20] = 7.0  # rewrites a stored chunk: the shard changes after its upload
+    fd = os.open(path, os.O_WRONLY)
+    try:
+        os.pwrite(fd, a[10:20].tobytes(), len(head) + 10 * a.strides[0])
+    finally:
+        os.close(fd)
+    open(m.p("34/commit_success.txt"), "w").close()
+    m2 = s3mount("wr5")
+    got = np.load(m2.p("34/state/x.npy"))
+    assert np.array_equal(got, a)
 
 
 def _dir_bytes(d):
