@@ -218,7 +218,13 @@ static int parse_scalar_fill(const cJSON *v, ckpt_dtype dt, uint8_t *dst, int *l
 	default:
 		break;
 	}
-	if (di->kind == 'i' || di->kind == 'u' || di->kind == 'b') {
+	if (di->kind == 'b') { /* as numpy casts to bool: any non-zero number is True */
+		if (!isfinite(d))
+			return fail(why, "fill_value out of range for the data type", -EINVAL);
+		put_le(dst, d != 0, di->itemsize);
+		return 0;
+	}
+	if (di->kind == 'i' || di->kind == 'u') {
 		/* the value's two's complement bits, truncated to the type */
 		uint64_t bits;
 		if (d >= -9223372036854775808.0 && d < 9223372036854775808.0)
