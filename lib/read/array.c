@@ -101,23 +101,6 @@ static ckpt_zarr_scratch *scratch(void)
 	return sc;
 }
 
-/* The identity of stored value `key` now: size and mtime, or absent. */
-static int unit_id_of(ckpt_store *s, const char *key, struct ckpt_zarr_unit_id *id)
-{
-	struct ckpt_store_stat st;
-	memset(id, 0, sizeof(*id));
-	int rc = ckpt_store_stat(s, key, &st);
-	if (rc == -ENOENT || (rc == 0 && st.is_dir)) {
-		id->absent = 1;
-		return 0;
-	}
-	if (rc < 0)
-		return rc;
-	id->size = st.size;
-	id->mtime_ns = st.mtime_ns;
-	return 0;
-}
-
 int ckpt_ctx_create(const ckpt_ctx_opts *opts, ckpt_ctx **out)
 {
 	ckpt_ctx *ctx = calloc(1, sizeof(*ctx));
@@ -221,7 +204,7 @@ int ckpt_array_open_ex(ckpt_ctx *ctx, ckpt_store *store, const char *prefix, con
 	a->store = store;
 	/* After the read: object stores answer from what the read pinned.  A
 	 * failure leaves it unknown (absent): the first open check re-reads. */
-	if (unit_id_of(store, key, &a->meta_id) < 0)
+	if (ckpt_zarr_key_identity(store, key, &a->meta_id) < 0)
 		a->meta_id.absent = 1;
 	a->streamed = ckpt_stream_ok(&a->meta) &&
 		      a->meta.unit_bytes > CKPT_CACHE_UNIT_CAP(ckpt_cache_budget(ctx->cache));
@@ -389,7 +372,7 @@ static void check_meta(ckpt_array *a)
 	    snprintf(key, sizeof(key), "%s%s%s", a->prefix, *a->prefix ? "/" : "", a->meta_name) >= (int)sizeof(key))
 		return;
 	struct ckpt_zarr_unit_id now;
-	if (unit_id_of(a->store, key, &now) < 0)
+	if (ckpt_zarr_key_identity(a->store, key, &now) < 0)
 		return; /* reads report the store's trouble */
 	pthread_mutex_lock(&a->mu);
 	int same = same_id(&a->meta_id, &now);
@@ -446,7 +429,7 @@ unsigned ckpt_array_open_check(ckpt_array *a, int *budget)
 		uint64_t sg[CKPT_MAX_RANK];
 		storage_of_linear(&a->meta, su[k], sg);
 		if (ckpt_zarr_unit_key(&a->meta, a->prefix, sg, key, sizeof(key)) < 0 ||
-		    unit_id_of(a->store, key, &now[k]) < 0) {
+		    ckpt_zarr_key_identity(a->store, key, &now[k]) < 0) {
 			now[k] = was[k]; /* not known now: its next use checks it */
 			continue;
 		}

@@ -586,7 +586,7 @@ static int missing(const ckpt_array_meta *m, uint8_t *dst)
 	return 0;
 }
 
-static int stat_unit(ckpt_store *s, const char *key, struct ckpt_zarr_unit_id *id)
+int ckpt_zarr_key_identity(ckpt_store *s, const char *key, struct ckpt_zarr_unit_id *id)
 {
 	struct ckpt_store_stat st;
 	memset(id, 0, sizeof(*id));
@@ -610,7 +610,7 @@ int ckpt_zarr_unit_identity(ckpt_store *s, const char *prefix, const ckpt_array_
 	ckpt_zarr_storage_index(m, g, sg);
 	if (ckpt_zarr_unit_key(m, prefix, sg, key, sizeof(key)) < 0)
 		return -ENAMETOOLONG;
-	return stat_unit(s, key, id);
+	return ckpt_zarr_key_identity(s, key, id);
 }
 
 int ckpt_zarr_read_unit(ckpt_store *s, const char *prefix, const ckpt_array_meta *m, const uint64_t *g,
@@ -629,7 +629,7 @@ int ckpt_zarr_read_unit_id(ckpt_store *s, const char *prefix, const ckpt_array_m
 	if (ckpt_zarr_unit_key(m, prefix, sg, key, sizeof(key)) < 0)
 		return -ENAMETOOLONG;
 	struct ckpt_zarr_unit_id idl, *id = idp ? idp : &idl;
-	int rc = stat_unit(s, key, id);
+	int rc = ckpt_zarr_key_identity(s, key, id);
 	if (rc < 0)
 		return rc;
 	if (id->absent)

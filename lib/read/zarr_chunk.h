@@ -132,6 +132,11 @@ int ckpt_zarr_read_unit_id(ckpt_store *s, const char *prefix, const ckpt_array_m
 int ckpt_zarr_decode_unit(const ckpt_array_meta *m, const char *what, const void *src, size_t n, void *dst,
 			  ckpt_zarr_scratch *sc);
 
+/* The current identity of stored value `key` (one stat of the store): size
+ * and mtime, or absent (missing, or a folder).  0, or the store's error
+ * other than -ENOENT. */
+int ckpt_zarr_key_identity(ckpt_store *s, const char *key, struct ckpt_zarr_unit_id *id);
+
 /* The current identity of the storage unit holding decode unit g (one
  * stat of the store).  0, or the store's error other than -ENOENT. */
 int ckpt_zarr_unit_identity(ckpt_store *s, const char *prefix, const ckpt_array_meta *m, const uint64_t *g,
