@@ -29,7 +29,7 @@
 #include "stats.h"
 #include "writer.h"
 #include "writer_int.h"
-#include "zarr.h"
+#include "zarr_chunk.h"
 
 /* ---- helpers ---- */
 
