@@ -437,10 +437,10 @@ static void ckfs_op_create(fuse_req_t req, fuse_ino_t parent, const char *name, 
 static void ckfs_op_write(fuse_req_t req, fuse_ino_t ino, const char *buf, size_t size, off_t off,
 			  struct fuse_file_info *fi)
 {
-	(void)fi;
 	if (!may_write(req))
 		return;
-	ssize_t n = ckpt_view_write(fs_of(req)->view, ino, (uint64_t)off, buf, size);
+	ssize_t n = ckpt_view_write(fs_of(req)->view, ino, (uint64_t)off, buf, size,
+				    (fi->flags & O_APPEND) ? CKPT_WRITE_APPEND : 0);
 	if (n < 0)
 		fuse_reply_err(req, (int)-n);
 	else
@@ -471,7 +471,8 @@ static void ckfs_op_rename(fuse_req_t req, fuse_ino_t parent, const char *name, 
 }
 
 /* Only a size change of a pending file means anything; time updates are
- * accepted and ignored (touch, cp -p), mode/owner changes refused. */
+ * accepted and ignored (touch, cp -p), and so are mode/owner changes on a
+ * writable mount (cp -a, tar, rsync -a); a read-only mount refuses them. */
 static void ckfs_op_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr, int to_set,
 			    struct fuse_file_info *fi)
 {
@@ -482,14 +483,14 @@ static void ckfs_op_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr, i
 	    !may_write(req))
 		return;
 	if (to_set & (FUSE_SET_ATTR_MODE | FUSE_SET_ATTR_UID | FUSE_SET_ATTR_GID))
-		rc = ckpt_view_is_writable(fs->view, ino) ? -EPERM : -EROFS;
+		rc = ckpt_view_setattr_meta(fs->view, ino);
 	else if (to_set & FUSE_SET_ATTR_SIZE)
 		rc = ckpt_view_truncate(fs->view, ino, (uint64_t)attr->st_size);
 	reply_attr(req, ino, rc);
 }
 
-/* Pending data is made durable by the commit (documented); fsync and
- * flush have nothing to add but must not claim failure. */
+/* Pending data is made durable by the commit (documented); fsync has
+ * nothing to add but must not claim failure. */
 static void ckfs_op_fsync(fuse_req_t req, fuse_ino_t ino, int datasync, struct fuse_file_info *fi)
 {
 	(void)ino;
@@ -498,11 +499,12 @@ static void ckfs_op_fsync(fuse_req_t req, fuse_ino_t ino, int datasync, struct f
 	fuse_reply_err(req, 0);
 }
 
+/* A close of a file opened for writing: the commit marker commits here
+ * (ckpt_view_flush), and close(2) returns its result. */
 static void ckfs_op_flush(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 {
-	(void)ino;
 	(void)fi;
-	fuse_reply_err(req, 0);
+	fuse_reply_err(req, -ckpt_view_flush(fs_of(req)->view, ino));
 }
 
 static void ckfs_op_setxattr(fuse_req_t req, fuse_ino_t ino, const char *name, const char *value, size_t size,

@@ -11,9 +11,13 @@
  * is marked committing under ns_lock, committed, then its node is swapped
  * for the committed step's under ns_lock again.
  */
+#include <ctype.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include <cjson/cJSON.h>
 
 #include "npy.h"
 #include "sysio.h"
@@ -35,6 +39,10 @@ struct pstep {
 	atomic_bool committing; /* a commit runs without ns_lock (set and cleared under ns_lock exclusive) */
 	const char *final; /* while committing: the name it commits to (under ns_lock) */
 	atomic_bool committed; /* the commit succeeded (set once, under ns_lock exclusive) */
+	/* A copied commit_success.txt arrived (cp, tar, rsync of a step): the
+	 * step commits once it is complete (step_check), from the flush or
+	 * rename that completes it.  Under ns_lock exclusive. */
+	int commit_wanted;
 	/* Object-store root: finished shard files are uploaded while the step
 	 * is written (the step's sink); drained at commit.  Freed after the
 	 * step (whose compression threads call it). */
@@ -61,6 +69,19 @@ struct pfile {
 	pthread_mutex_t mu;
 	int is_slice;
 	int is_json; /* the JSON file of a JSON item: hdr[0..size) is its content */
+	/* A copied Orbax metadata file (the step's _CHECKPOINT_METADATA, an
+	 * item's _METADATA, _sharding or commit_success.txt): hdr[0..size) is
+	 * its content; it describes what the copy holds (step_check) and
+	 * carries the shardings and item handlers into the commit, which writes
+	 * the files anew. */
+	int is_meta;
+	int is_marker; /* the step's commit_success.txt: hdr[0..size) is its content */
+	int dirty; /* written since its last flush: a writer is still at it */
+	int hwm_valid;
+	uint64_t hwm; /* end of the furthest byte written: where O_APPEND writes go */
+	/* A copy tool's temporary name (rsync's .NAME.XXXXXX): the name the
+	 * file is written as and will be renamed to; NULL for a final name. */
+	char *final;
 	ckpt_dtype hint; /* named by user.ckpt.dtype before the header, else INVALID */
 	struct pfile_node *decl; /* slice files: the NAME.npy node that declared the array */
 	ckpt_warray *arr; /* NULL until the header has been parsed */
@@ -88,6 +109,14 @@ static struct pfile_node *to_pfile(struct node *n)
 {
 	assert(n->kind == N_PFILE);
 	return container_of(n, struct pfile_node, n);
+}
+
+/* Files whose bytes the view keeps itself (a JSON item's file, copied
+ * metadata, the commit marker) rather than handing them to the writer as
+ * array data. */
+static int buffered(const struct pfile *pf)
+{
+	return pf->is_json || pf->is_meta || pf->is_marker;
 }
 
 /* No namespace change on the step: committed, aborted or committing. */
@@ -158,6 +187,7 @@ static void pfile_destroy(ckpt_view *v, struct node *n)
 	struct pfile *pf = &to_pfile(n)->pf;
 	pthread_mutex_destroy(&pf->mu);
 	free(pf->hdr);
+	free(pf->final);
 }
 
 static ssize_t pending_read(ckpt_view *v, struct node *n, uint64_t off, size_t len, void *dst);
@@ -492,16 +522,90 @@ static struct pfile_node *adopt_decl(ckpt_view *v, struct node *dir, const char 
 	return f;
 }
 
-static int new_pfile(ckpt_view *v, struct node *dir, const char *name, struct node **out)
+/* rsync writes NAME as ".NAME.XXXXXX" (six letters or digits) and renames
+ * it when complete: the final name into buf, or NULL for any other name. */
+static const char *temp_final(const char *name, char *buf, size_t cap)
 {
 	size_t len = strlen(name);
+	if (len < 9 || name[0] != '.' || name[len - 7] != '.')
+		return NULL;
+	for (size_t i = len - 6; i < len; i++)
+		if (!isalnum((unsigned char)name[i]))
+			return NULL;
+	size_t fl = len - 8;
+	if (fl + 1 > cap || memchr(name + 1, 0, fl))
+		return NULL;
+	memcpy(buf, name + 1, fl);
+	buf[fl] = 0;
+	return buf;
+}
+
+/* Orbax's metadata files a copy of a step brings along (0 for any other
+ * name): 2 for the step's commit marker, 1 for the others. */
+static int copied_meta_kind(ckpt_view *v, struct node *dir, const char *eff)
+{
+	if (dir->kind == N_PSTEP)
+		return !strcmp(eff, CKPT_ORBAX_COMMIT_SUCCESS) ? 2 : !strcmp(eff, CKPT_ORBAX_CKPT_METADATA);
+	struct node *up = parent_of(v, dir);
+	if (!up || up->kind != N_PSTEP)
+		return 0;
+	return !strcmp(eff, CKPT_ORBAX_METADATA) || !strcmp(eff, CKPT_ORBAX_SHARDING) ||
+	       !strcmp(eff, CKPT_ORBAX_COMMIT_SUCCESS);
+}
+
+/* Kids of a pending directory other than copied metadata files. */
+static size_t content_kids(struct node *dir)
+{
+	struct dir_node *d = to_dir(dir);
+	size_t k = 0;
+	for (size_t i = 0; i < d->nkids; i++)
+		k += !(d->kids[i]->kind == N_PFILE && to_pfile(d->kids[i])->pf.is_meta);
+	return k;
+}
+
+static int new_pfile_as(ckpt_view *v, struct node *dir, const char *name, const char *eff, struct node **out);
+
+static int new_pfile(ckpt_view *v, struct node *dir, const char *name, struct node **out)
+{
+	char fbuf[VIEW_NAME_BUF];
+	const char *fin = temp_final(name, fbuf, sizeof(fbuf));
+	const char *eff = fin ? fin : name;
+	int meta = copied_meta_kind(v, dir, eff);
+	if (!meta && dir->kind == N_PSTEP) {
+		ckpt_log(CKPT_LOG_ERR, "%s: files go in an item directory (mkdir %s/ITEM first)", name,
+			 dir->name);
+		return -EPERM;
+	}
+	struct node *n = NULL;
+	int rc = 0;
+	if (meta) {
+		n = node_new(v, &pfile_ops, name, dir);
+		if (!n)
+			return -ENOMEM;
+		struct pfile_node *f = to_pfile(n);
+		f->ps = to_pdir(dir)->ps;
+		pthread_mutex_init(&f->pf.mu, NULL);
+		f->pf.is_marker = meta == 2;
+		f->pf.is_meta = meta == 1;
+	} else if ((rc = new_pfile_as(v, dir, name, eff, &n)) < 0) {
+		return rc;
+	}
+	if (fin && !(to_pfile(n)->pf.final = strdup(fin)))
+		return -ENOMEM; /* the node is unlinked: freed with the view */
+	*out = n;
+	return 0;
+}
+
+static int new_pfile_as(ckpt_view *v, struct node *dir, const char *name, const char *eff, struct node **out)
+{
+	size_t len = strlen(eff);
 	struct node *up = parent_of(v, dir);
 	struct pstep *ps = to_pdir(dir)->ps;
-	if (up && up->kind == N_PSTEP && !strcmp(name, ckpt_step_json_file(dir->name))) {
+	if (up && up->kind == N_PSTEP && !strcmp(eff, ckpt_step_json_file(dir->name))) {
 		/* The JSON file of a JSON item (Orbax's JsonCheckpointHandler). */
-		if (to_dir(dir)->nkids) {
+		if (content_kids(dir)) {
 			ckpt_log(CKPT_LOG_ERR, "%s/%s: a JSON item holds only its JSON file", dir->name,
-				 name);
+				 eff);
 			return -EINVAL;
 		}
 		int rc = ckpt_step_set_json(ps->step, dir->name, "", 0);
@@ -522,28 +626,28 @@ static int new_pfile(ckpt_view *v, struct node *dir, const char *name, struct no
 	struct node *jf =
 		up && up->kind == N_PSTEP ? view_find_kid(dir, ckpt_step_json_file(dir->name)) : NULL;
 	if (jf && jf->kind == N_PFILE && to_pfile(jf)->pf.is_json) {
-		ckpt_log(CKPT_LOG_ERR, "%s: %s is a JSON item: it holds only %s", name, dir->name, jf->name);
+		ckpt_log(CKPT_LOG_ERR, "%s: %s is a JSON item: it holds only %s", eff, dir->name, jf->name);
 		return -EINVAL;
 	}
-	if (len < 5 || strcmp(name + len - 4, ".npy")) {
+	if (len < 5 || strcmp(eff + len - 4, ".npy")) {
 		ckpt_log(CKPT_LOG_ERR,
 			 "%s: only NAME.npy arrays (or NAME[slice].npy) can be written in a pending step",
-			 name);
+			 eff);
 		return -EPERM;
 	}
-	const char *br = strchr(name, '[');
+	const char *br = strchr(eff, '[');
 	struct pfile_node *decl = NULL;
 	ckpt_region region = { 0 };
 	if (br) {
 		char base[VIEW_NAME_BUF];
 		size_t stem = len - 4;
-		if ((size_t)(br - name) + 5 > sizeof(base) || name[stem - 1] != ']') {
+		if ((size_t)(br - eff) + 5 > sizeof(base) || eff[stem - 1] != ']') {
 			ckpt_log(CKPT_LOG_ERR, "%s: malformed slice file name (want NAME[<slice>].npy)",
-				 name);
+				 eff);
 			return -EINVAL;
 		}
-		memcpy(base, name, (size_t)(br - name));
-		memcpy(base + (br - name), ".npy", 5);
+		memcpy(base, eff, (size_t)(br - eff));
+		memcpy(base + (br - eff), ".npy", 5);
 		struct node *dn = view_find_kid(dir, base);
 		decl = dn && dn->kind == N_PFILE ? to_pfile(dn) : NULL;
 		if (!dn && ckpt_hosts_is_multi(to_pdir(dir)->ps->step))
@@ -556,22 +660,22 @@ static int new_pfile(ckpt_view *v, struct node *dir, const char *name, struct no
 		}
 		if (!darr) {
 			ckpt_log(CKPT_LOG_ERR, "%s: %s is not declared yet (write its .npy header first)",
-				 name, base);
+				 eff, base);
 			return -ENOENT;
 		}
 		ckpt_warray_info info;
 		ckpt_warray_get_info(darr, &info);
 		const char *why = "";
-		int rc = ckpt_slice_parse(br, stem - (size_t)(br - name), info.rank, info.shape, &region,
+		int rc = ckpt_slice_parse(br, stem - (size_t)(br - eff), info.rank, info.shape, &region,
 					  &why);
 		if (rc < 0) {
-			ckpt_log(CKPT_LOG_ERR, "%s: %s", name, why);
+			ckpt_log(CKPT_LOG_ERR, "%s: %s", eff, why);
 			return rc == -ERANGE ? -EINVAL : rc;
 		}
 	}
 	if (!br) {
 		char stem[VIEW_NAME_BUF], key[VIEW_NAME_BUF];
-		memcpy(stem, name, len - 4);
+		memcpy(stem, eff, len - 4);
 		stem[len - 4] = 0;
 		int rc = key_of_name(stem, key, sizeof(key));
 		if (rc < 0)
@@ -594,6 +698,321 @@ static int new_pfile(ckpt_view *v, struct node *dir, const char *name, struct no
 	return 0;
 }
 
+/* ---- when a step commits -------------------------------------------------
+ *
+ * A step commits when its commit_success.txt exists AND the step is
+ * complete; the order in which a tool creates files does not matter:
+ *   - `touch MNT/30/commit_success.txt` (the marker closed with no byte
+ *     written by that open) asks for the commit now: it happens at the
+ *     close, which returns when the step is durable or fails with the
+ *     reason (the step stays pending);
+ *   - a marker written with bytes (a copy of another step's marker: cp,
+ *     tar, rsync, shutil) asks for the commit once the step is complete:
+ *     the close returns 0 at once, and the flush or rename that completes
+ *     the step commits it (and returns the commit's error, if any).
+ * Complete (step_check): at least one item; every .npy created has its
+ * header and every byte; every item named in a copied _CHECKPOINT_METADATA
+ * is there and every array leaf named in a copied item _METADATA has been
+ * written; for a copy, no file is still being written or waits under a
+ * temporary name, and the copied _CHECKPOINT_METADATA has arrived.
+ */
+
+struct check {
+	ckpt_view *v;
+	struct pstep *ps;
+	int copy; /* judged for a copy: unfinished files and a missing description wait */
+	int log; /* log the first reason (an explicit commit) */
+	int items; /* items with content */
+	int rc;
+};
+
+static void check_fail(struct check *c, int rc, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+
+static void check_fail(struct check *c, int rc, const char *fmt, ...)
+{
+	if (c->rc)
+		return;
+	c->rc = rc;
+	if (!c->log)
+		return;
+	char msg[1024];
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(msg, sizeof(msg), fmt, ap);
+	va_end(ap);
+	ckpt_log(CKPT_LOG_ERR, "%s", msg);
+}
+
+/* A pending file of the step, for step_check (ns_lock held). */
+static void check_file(struct check *c, struct node *dir, struct pfile_node *f)
+{
+	struct pfile *pf = &f->pf;
+	pthread_mutex_lock(&pf->mu);
+	int dirty = pf->dirty, hdr = pf->arr != NULL, slice = pf->is_slice, buf = buffered(pf);
+	ckpt_warray *arr = pf->arr;
+	pthread_mutex_unlock(&pf->mu);
+	if (c->copy && (dirty || pf->final)) {
+		check_fail(c, -EBUSY, "%s/%s: still being copied", dir->name, f->n.name);
+		return;
+	}
+	if (buf)
+		return;
+	if (!hdr) {
+		check_fail(c, -ENODATA,
+			   "%s/%s: created, but its .npy header was never completed (write the file again, "
+			   "or rm it)",
+			   dir->name, f->n.name);
+		return;
+	}
+	if (c->copy && !slice) {
+		ckpt_warray_info info;
+		ckpt_warray_get_info(arr, &info);
+		if (info.bytes_written < info.nbytes)
+			check_fail(c, -ENODATA, "%s/%s: %llu of %llu bytes not written yet", dir->name,
+				   f->n.name, (unsigned long long)(info.nbytes - info.bytes_written),
+				   (unsigned long long)info.nbytes);
+	}
+}
+
+static void check_dir(struct check *c, struct node *dir, int *content)
+{
+	struct dir_node *d = to_dir(dir);
+	for (size_t i = 0; i < d->nkids && !c->rc; i++) {
+		struct node *k = d->kids[i];
+		if (k->kind == N_PDIR) {
+			check_dir(c, k, content);
+		} else if (k->kind == N_PFILE) {
+			struct pfile *pf = &to_pfile(k)->pf;
+			if (!pf->is_meta && !pf->is_marker)
+				*content = 1;
+			check_file(c, dir, to_pfile(k));
+		}
+	}
+}
+
+/* The content of a copied metadata file `name` in dir, parsed; NULL if
+ * there is none.  *bad is set when it is there but not JSON. */
+static cJSON *copied_json(struct node *dir, const char *name, int *bad)
+{
+	struct node *k = view_find_kid(dir, name);
+	*bad = 0;
+	if (!k || k->kind != N_PFILE || !to_pfile(k)->pf.is_meta)
+		return NULL;
+	struct pfile *pf = &to_pfile(k)->pf;
+	pthread_mutex_lock(&pf->mu);
+	cJSON *j = pf->hdr ? cJSON_ParseWithLength((const char *)pf->hdr, (size_t)pf->size) : NULL;
+	pthread_mutex_unlock(&pf->mu);
+	*bad = j == NULL;
+	return j;
+}
+
+/* Value types of _METADATA leaves that are arrays in the tree. */
+static int array_leaf(const cJSON *leaf)
+{
+	const cJSON *vm = cJSON_GetObjectItemCaseSensitive(leaf, "value_metadata");
+	const cJSON *t = cJSON_GetObjectItemCaseSensitive(vm, "value_type");
+	if (!cJSON_IsString(t))
+		return 1;
+	return !strcmp(t->valuestring, "jax.Array") || !strcmp(t->valuestring, "np.ndarray") ||
+	       !strcmp(t->valuestring, "scalar");
+}
+
+/* Every array leaf that item `it`'s copied _METADATA names was written. */
+static void check_item_meta(struct check *c, struct node *it)
+{
+	int bad;
+	cJSON *j = copied_json(it, CKPT_ORBAX_METADATA, &bad);
+	if (bad) {
+		check_fail(c, c->copy ? -EBUSY : -EINVAL, "%s/%s: the copied file is not JSON", it->name,
+			   CKPT_ORBAX_METADATA);
+		return;
+	}
+	const cJSON *tm = cJSON_GetObjectItemCaseSensitive(j, "tree_metadata");
+	const cJSON *leaf;
+	cJSON_ArrayForEach(leaf, tm)
+	{
+		if (c->rc)
+			break;
+		const cJSON *km = cJSON_GetObjectItemCaseSensitive(leaf, "key_metadata");
+		const char *keys[CKPT_ORBAX_MAX_DEPTH];
+		int depth = 0;
+		const cJSON *k;
+		cJSON_ArrayForEach(k, km)
+		{
+			const cJSON *key = cJSON_GetObjectItemCaseSensitive(k, "key");
+			if (depth < CKPT_ORBAX_MAX_DEPTH && cJSON_IsString(key))
+				keys[depth++] = key->valuestring;
+		}
+		if (!depth || !array_leaf(leaf))
+			continue;
+		ckpt_warray *a = ckpt_step_find_array(c->ps->step, it->name, keys, depth);
+		ckpt_warray_info info = { 0 };
+		if (a)
+			ckpt_warray_get_info(a, &info);
+		if (!a)
+			check_fail(c, -ENODATA, "%s: %s (named in the copied %s) was never written", it->name,
+				   leaf->string ? leaf->string : "a leaf", CKPT_ORBAX_METADATA);
+		else if (info.bytes_written < info.nbytes)
+			check_fail(c, -ENODATA, "%s: %s (named in the copied %s): %llu bytes not written",
+				   it->name, leaf->string ? leaf->string : "a leaf", CKPT_ORBAX_METADATA,
+				   (unsigned long long)(info.nbytes - info.bytes_written));
+	}
+	cJSON_Delete(j);
+}
+
+/* 0 when pending step sn may commit now, else why not (-errno; the first
+ * reason logged when `log`).  ns_lock held. */
+static int step_check(ckpt_view *v, struct node *sn, int copy, int log)
+{
+	struct check c = { v, to_pdir(sn)->ps, copy, log, 0, 0 };
+	struct dir_node *d = to_dir(sn);
+	for (size_t i = 0; i < d->nkids && !c.rc; i++) {
+		struct node *k = d->kids[i];
+		if (k->kind == N_PFILE) {
+			check_file(&c, sn, to_pfile(k));
+		} else if (k->kind == N_PDIR) {
+			int content = 0;
+			check_dir(&c, k, &content);
+			c.items += content;
+			if (!c.rc)
+				check_item_meta(&c, k);
+		}
+	}
+	int bad;
+	cJSON *cm = copied_json(sn, CKPT_ORBAX_CKPT_METADATA, &bad);
+	if (bad)
+		check_fail(&c, copy ? -EBUSY : -EINVAL, "step %s: the copied %s is not JSON", sn->name,
+			   CKPT_ORBAX_CKPT_METADATA);
+	else if (!cm && copy)
+		check_fail(&c, -EBUSY, "step %s: waiting for the copy's %s", sn->name, CKPT_ORBAX_CKPT_METADATA);
+	const cJSON *ih = cJSON_GetObjectItemCaseSensitive(cm, "item_handlers");
+	const cJSON *h;
+	cJSON_ArrayForEach(h, ih)
+	{
+		struct node *it = h->string ? view_find_kid(sn, h->string) : NULL;
+		if (!it || it->kind != N_PDIR)
+			check_fail(&c, -ENODATA, "step %s: item %s (named in the copied %s) is missing", sn->name,
+				   h->string ? h->string : "?", CKPT_ORBAX_CKPT_METADATA);
+	}
+	cJSON_Delete(cm);
+	if (!c.items)
+		check_fail(&c, -EINVAL,
+			   "step %s: nothing to commit (no item holds an array or a JSON file; mkdir %s/state "
+			   "and write arrays into it)",
+			   sn->name, sn->name);
+	return c.rc;
+}
+
+/* Carry what the copied metadata files mean into the writer: the item
+ * handlers of _CHECKPOINT_METADATA and the shardings of each item's
+ * _sharding (for arrays without one of their own).  ns_lock held. */
+struct shard_ctx {
+	const cJSON *sh;
+};
+
+static int apply_sharding(void *ctx, ckpt_warray *a)
+{
+	const cJSON *sh = ((struct shard_ctx *)ctx)->sh;
+	ckpt_warray_info info;
+	ckpt_warray_get_info(a, &info);
+	if (info.sharding)
+		return 0;
+	char *key = ckpt_orbax_sharding_key(info.name);
+	const cJSON *e = key ? cJSON_GetObjectItemCaseSensitive(sh, key) : NULL;
+	free(key);
+	if (cJSON_IsString(e))
+		ckpt_warray_set_sharding(a, e->valuestring);
+	return 0;
+}
+
+static void apply_copied_meta(struct node *sn)
+{
+	struct pstep *ps = to_pdir(sn)->ps;
+	int bad;
+	cJSON *cm = copied_json(sn, CKPT_ORBAX_CKPT_METADATA, &bad);
+	const cJSON *ih = cJSON_GetObjectItemCaseSensitive(cm, "item_handlers"), *h;
+	cJSON_ArrayForEach(h, ih)
+	{
+		struct node *it = h->string ? view_find_kid(sn, h->string) : NULL;
+		if (it && it->kind == N_PDIR && cJSON_IsString(h))
+			ckpt_step_set_item_handler(ps->step, it->name, h->valuestring);
+	}
+	cJSON_Delete(cm);
+	struct dir_node *d = to_dir(sn);
+	for (size_t i = 0; i < d->nkids; i++) {
+		struct node *it = d->kids[i];
+		cJSON *sh = it->kind == N_PDIR ? copied_json(it, CKPT_ORBAX_SHARDING, &bad) : NULL;
+		if (sh) {
+			struct shard_ctx sc = { sh };
+			ckpt_step_foreach_array(ps->step, it->name, apply_sharding, &sc);
+		}
+		cJSON_Delete(sh);
+	}
+}
+
+/* Commit sn if it may (copy: only when complete; else now or why not).
+ * ns_lock exclusive held (commit_step drops and retakes it). */
+static int try_commit(ckpt_view *v, struct node *sn, int copy)
+{
+	int rc = step_check(v, sn, copy, !copy);
+	if (rc)
+		return copy ? 0 : rc; /* a copy waits for its last file */
+	apply_copied_meta(sn);
+	struct node *step;
+	return commit_step(v, sn, sn->name, &step);
+}
+
+/* The pending step a pending node belongs to (ns_lock held), or NULL. */
+static struct node *step_of(ckpt_view *v, struct node *n)
+{
+	while (n && n->kind != N_PSTEP && n->ino != CKPT_ROOT_INO)
+		n = parent_of(v, n);
+	return n && n->kind == N_PSTEP ? n : NULL;
+}
+
+int ckpt_view_flush(ckpt_view *v, ckpt_ino ino)
+{
+	pthread_rwlock_wrlock(&v->ns_lock);
+	struct node *n = view_node(v, ino);
+	int rc = 0;
+	if (n && n->kind == N_PFILE && !atomic_load(&n->orphan)) {
+		struct pfile_node *f = to_pfile(n);
+		pthread_mutex_lock(&f->pf.mu);
+		int dirty = f->pf.dirty;
+		f->pf.dirty = 0;
+		pthread_mutex_unlock(&f->pf.mu);
+		struct node *sn = step_of(v, n);
+		if (sn && !frozen(f->ps) && !atomic_load(&sn->orphan)) {
+			if (f->pf.is_marker && !dirty && !f->pf.final) {
+				rc = try_commit(v, sn, 0); /* touch: commit now, or say why not */
+				if (rc < 0 && !atomic_load(&n->orphan)) {
+					/* not committed: no marker is left behind (touch again to retry) */
+					f->ps->commit_wanted = 0;
+					view_remove_kid(view_node(v, n->parent), n);
+					atomic_store(&n->orphan, true);
+				}
+			} else {
+				if (f->pf.is_marker)
+					f->ps->commit_wanted = 1;
+				if (f->ps->commit_wanted)
+					rc = try_commit(v, sn, 1);
+			}
+		}
+	}
+	pthread_rwlock_unlock(&v->ns_lock);
+	return rc;
+}
+
+int ckpt_view_setattr_meta(ckpt_view *v, ckpt_ino ino)
+{
+	struct node *n = view_node(v, ino);
+	if (!n)
+		return -ENOENT;
+	if (v->writable)
+		return 0; /* accepted, ignored: the mount shows its own modes, owner and times */
+	return refuse(n->name, "change the mode or owner");
+}
+
 int ckpt_view_create(ckpt_view *v, ckpt_ino parent, const char *name, ckpt_attr *out)
 {
 	pthread_rwlock_wrlock(&v->ns_lock);
@@ -603,28 +1022,14 @@ int ckpt_view_create(ckpt_view *v, ckpt_ino parent, const char *name, ckpt_attr 
 		   !atomic_load(&dir->orphan);
 	if (!dir) {
 		rc = -ENOENT;
-	} else if (dir->kind == N_PSTEP && live && !strcmp(name, CKPT_ORBAX_COMMIT_SUCCESS)) {
-		struct node *step;
-		rc = commit_step(v, dir, dir->name, &step);
-		if (rc == 0) {
-			struct node *f = view_find_kid(step, CKPT_ORBAX_COMMIT_SUCCESS);
-			if (f)
-				view_fill_attr(v, f, out);
-			else
-				rc = -EIO;
-		}
 	} else if (!strcmp(name, CKPT_ORBAX_COMMIT_SUCCESS) &&
 		   ((dir->kind == N_PSTEP && atomic_load(&to_pdir(dir)->ps->committed)) ||
 		    (dir->kind != N_PSTEP && dir->parent == CKPT_ROOT_INO && v->writable &&
 		     dir->ino != CKPT_ROOT_INO))) {
 		rc = -EEXIST; /* committed already: nothing to do */
-	} else if (dir->kind == N_PSTEP && live) {
-		ckpt_log(CKPT_LOG_ERR, "%s: files go in an item directory (mkdir %s/ITEM first)", name,
-			 dir->name);
-		rc = -EPERM;
-	} else if (dir->kind == N_PDIR && live) {
+	} else if ((dir->kind == N_PDIR || dir->kind == N_PSTEP) && live) {
 		struct node *n = view_find_kid(dir, name);
-		if (!n)
+		if (!n && dir->kind == N_PDIR)
 			n = view_dyn_find(v, dir->ino, name); /* slice files are hidden names */
 		if (n) {
 			rc = n->kind == N_PFILE ? 0 : -EISDIR;
@@ -662,6 +1067,29 @@ int ckpt_view_rename(ckpt_view *v, ckpt_ino parent, const char *name, ckpt_ino n
 			ckpt_log(CKPT_LOG_ERR, "step %s: cannot commit as %s: %s", name, newname, why);
 			rc = -EINVAL;
 		}
+	} else if (n->kind == N_PFILE && to_pfile(n)->pf.final && parent == newparent &&
+		   !strcmp(to_pfile(n)->pf.final, newname) && !n->hidden && !frozen(to_pfile(n)->ps)) {
+		/* A copy tool's temporary file takes the name it was written as. */
+		struct pfile_node *f = to_pfile(n);
+		char *nn = view_find_kid(dir, newname) ? NULL : strdup(newname);
+		rc = nn ? 0 : view_find_kid(dir, newname) ? -EEXIST : -ENOMEM;
+		if (rc == 0) {
+			/* no write of the step runs while the name changes (writes read it) */
+			pthread_rwlock_wrlock(&f->ps->io_lock);
+			view_remove_kid(dir, n);
+			pthread_mutex_lock(&f->pf.mu);
+			char *old = n->name;
+			n->name = nn;
+			free(f->pf.final);
+			f->pf.final = NULL;
+			pthread_mutex_unlock(&f->pf.mu);
+			rc = view_add_kid(dir, n);
+			pthread_rwlock_unlock(&f->ps->io_lock);
+			free(old);
+			struct node *sn = step_of(v, dir);
+			if (rc == 0 && sn && f->ps->commit_wanted)
+				rc = try_commit(v, sn, 1);
+		}
 	} else if (n->kind == N_PSTEP || n->kind == N_PDIR || n->kind == N_PFILE) {
 		ckpt_log(CKPT_LOG_ERR, "%s: only a whole pending step can be renamed (that commits it)",
 			 name);
@@ -693,6 +1121,8 @@ int ckpt_view_unlink(ckpt_view *v, ckpt_ino parent, const char *name)
 		pthread_mutex_lock(&pf->mu);
 		ckpt_warray *arr = pf->is_slice ? NULL : pf->arr;
 		int json = pf->is_json;
+		if (pf->is_marker)
+			f->ps->commit_wanted = 0; /* the copy's request to commit is withdrawn */
 		pthread_mutex_unlock(&pf->mu);
 		rc = 0;
 		if (arr)
@@ -790,10 +1220,11 @@ static int declare(ckpt_view *v, struct pfile_node *n, const ckpt_npy_info *h)
 	const char *item, *keys[CKPT_ORBAX_MAX_DEPTH];
 	int types[CKPT_ORBAX_MAX_DEPTH], depth;
 	char stem[VIEW_NAME_BUF];
-	size_t sl = strlen(n->n.name) - 4;
+	const char *fname = pf->final ? pf->final : n->n.name; /* a temporary name declares its final one */
+	size_t sl = strlen(fname) - 4;
 	if (sl >= sizeof(stem))
 		return -ENAMETOOLONG;
-	memcpy(stem, n->n.name, sl);
+	memcpy(stem, fname, sl);
 	stem[sl] = 0;
 	struct node *dir = parent_of(v, &n->n);
 	char *kbuf = malloc((size_t)CKPT_ORBAX_MAX_DEPTH * VIEW_NAME_BUF);
@@ -968,17 +1399,24 @@ static ssize_t json_write_locked(ckpt_view *v, struct pfile_node *n, uint64_t of
 		rc = json_resize_locked(pf, end);
 	if (!rc) {
 		memcpy(pf->hdr + off, data, len);
-		rc = json_set_locked(v, n);
+		if (pf->is_json)
+			rc = json_set_locked(v, n);
 	}
 	pthread_mutex_unlock(&pf->mu);
 	return rc < 0 ? rc : (ssize_t)len;
 }
 
-static ssize_t write_locked(ckpt_view *v, struct pfile_node *n, uint64_t off, const uint8_t *data, size_t len)
+static ssize_t write_locked(ckpt_view *v, struct pfile_node *n, uint64_t off, const uint8_t *data, size_t len,
+			    int append)
 {
 	struct pfile *pf = &n->pf;
 	pthread_mutex_lock(&pf->mu);
-	if (pf->is_json)
+	if (append) /* O_APPEND: after the furthest byte written, not the declared size */
+		off = buffered(pf) ? pf->size : pf->hwm;
+	pf->dirty = 1;
+	if (off + len > pf->hwm)
+		pf->hwm = off + len;
+	if (buffered(pf))
 		return json_write_locked(v, n, off, data, len);
 	if (pf->data_off)
 		return write_data(n, off, data, len);
@@ -997,7 +1435,7 @@ static ssize_t write_locked(ckpt_view *v, struct pfile_node *n, uint64_t off, co
 	return (ssize_t)len;
 }
 
-ssize_t ckpt_view_write(ckpt_view *v, ckpt_ino ino, uint64_t off, const void *data, size_t len)
+ssize_t ckpt_view_write(ckpt_view *v, ckpt_ino ino, uint64_t off, const void *data, size_t len, unsigned flags)
 {
 	struct node *n = view_node(v, ino);
 	if (!n)
@@ -1008,7 +1446,8 @@ ssize_t ckpt_view_write(ckpt_view *v, ckpt_ino ino, uint64_t off, const void *da
 	struct pstep *ps = f->ps;
 	pthread_rwlock_rdlock(&ps->io_lock);
 	ssize_t rc = atomic_load(&ps->dead) || atomic_load(&n->orphan) ? refuse(n->name, "write")
-								       : write_locked(v, f, off, data, len);
+								       : write_locked(v, f, off, data, len,
+										      (flags & CKPT_WRITE_APPEND) != 0);
 	pthread_rwlock_unlock(&ps->io_lock);
 	return rc;
 }
@@ -1029,12 +1468,15 @@ int ckpt_view_truncate(ckpt_view *v, ckpt_ino ino, uint64_t size)
 	pthread_mutex_lock(&pf->mu);
 	if (atomic_load(&f->ps->dead) || atomic_load(&n->orphan)) {
 		rc = refuse(n->name, "truncate");
-	} else if (pf->is_json) {
+	} else if (buffered(pf)) {
 		rc = json_resize_locked(pf, size);
-		if (!rc)
+		if (!rc && pf->is_json)
 			rc = json_set_locked(v, f);
+		if (!rc)
+			pf->hwm = size;
 	} else if (size == 0 && !pf->data_off) {
 		pf->have = pf->size = 0;
+		pf->hwm = 0;
 	} else if (size == 0) {
 		/* O_TRUNC of a written file: a writer starting over.  Its bytes
 		 * go (the array is incomplete until written again); the next
@@ -1043,6 +1485,7 @@ int ckpt_view_truncate(ckpt_view *v, ckpt_ino ino, uint64_t size)
 		if (!rc) {
 			pf->data_off = 0;
 			pf->have = pf->size = 0;
+			pf->hwm = 0;
 		}
 	} else if (size == pf->size) {
 		rc = 0;
@@ -1072,7 +1515,7 @@ static ssize_t pending_read(ckpt_view *v, struct node *node, uint64_t off, size_
 	}
 	pthread_mutex_lock(&pf->mu);
 	uint64_t size = pf->size;
-	if (pf->is_json) {
+	if (buffered(pf)) {
 		size_t k = off < size ? (size_t)(size - off < len ? size - off : len) : 0;
 		if (k)
 			memcpy(dst, pf->hdr + off, k);
@@ -1140,7 +1583,7 @@ static int set_dtype(struct pfile_node *f, const char *value, size_t size)
 	}
 	if (dead || atomic_load(&f->n.orphan)) {
 		rc = refuse(f->n.name, "set an extended attribute");
-	} else if (pf->is_json) {
+	} else if (buffered(pf)) {
 		rc = -ENOTSUP;
 	} else if (known && have != dt) {
 		ckpt_log(CKPT_LOG_ERR, "%s: user.ckpt.dtype: the array is declared as %s", f->n.name,
@@ -1164,6 +1607,8 @@ int ckpt_view_setxattr(ckpt_view *v, ckpt_ino ino, const char *name, const char 
 		return -ENOENT;
 	if (n->kind != N_PFILE || atomic_load(&to_pfile(n)->ps->dead) || atomic_load(&n->orphan))
 		return refuse(n->name, "set an extended attribute");
+	if (buffered(&to_pfile(n)->pf))
+		return -ENOTSUP; /* no attribute of its own (copy tools then skip it) */
 	if (!strcmp(name, "user.ckpt.dtype"))
 		return set_dtype(to_pfile(n), value, size);
 	if (strcmp(name, "user.ckpt.sharding")) {

@@ -181,7 +181,21 @@ int ckpt_view_mkdir(ckpt_view *v, ckpt_ino parent, const char *name, ckpt_attr *
 int ckpt_view_create(ckpt_view *v, ckpt_ino parent, const char *name, ckpt_attr *out);
 /* Write len bytes at off of a pending file; returns len or -errno.
  * Blocks while the step's write buffer is full (backpressure). */
-ssize_t ckpt_view_write(ckpt_view *v, ckpt_ino ino, uint64_t off, const void *data, size_t len);
+ssize_t ckpt_view_write(ckpt_view *v, ckpt_ino ino, uint64_t off, const void *data, size_t len, unsigned flags);
+#define CKPT_WRITE_APPEND 1u /* the file was opened O_APPEND: write after the furthest byte written */
+/* A file opened for writing is being closed (FUSE flush; runs once per
+ * close(2), which waits for it).  The step's commit marker closed with
+ * nothing written by that open commits the step now: 0 once durable, or
+ * why not (-ENODATA: bytes or a header missing, each logged; -EINVAL: no
+ * item, a list with a gap, ...; the step stays pending).  A marker written
+ * with bytes (a copy of a step) asks for the commit once the step is
+ * complete: then the flush, or the rename, that completes the step
+ * commits it and returns the commit's result.  0 for other nodes. */
+int ckpt_view_flush(ckpt_view *v, ckpt_ino ino);
+/* chmod, chown: 0 on a writable mount (accepted and ignored: the mount
+ * shows its own modes and owner, so copy tools that preserve them succeed),
+ * -EROFS (logged) on a read-only one. */
+int ckpt_view_setattr_meta(ckpt_view *v, ckpt_ino ino);
 /* Truncate a pending file to `size` (only 0 before a header, or its
  * current size); -EROFS elsewhere. */
 int ckpt_view_truncate(ckpt_view *v, ckpt_ino ino, uint64_t size);

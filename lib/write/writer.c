@@ -340,6 +340,7 @@ void ckpt_step_destroy(ckpt_step *st)
 		}
 		free(it->name);
 		free(it->json);
+		free(it->handler);
 		free(it);
 	}
 	for (struct ckpt_warray *a = st->removed, *na; a; a = na) {

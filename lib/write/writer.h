@@ -125,6 +125,14 @@ int ckpt_step_add_item(ckpt_step *st, const char *item);
  * (over 64 MiB), -ENOMEM, -EROFS after commit. */
 int ckpt_step_set_json(ckpt_step *st, const char *item, const void *json, size_t len);
 
+/* Name the handler recorded for `item` in the step's _CHECKPOINT_METADATA
+ * (item_handlers), e.g. Orbax's StandardCheckpointHandler for a copy of a
+ * step saved with it (copied).  NULL restores the default: the JSON
+ * handler for a JSON item, PyTreeCheckpointHandler otherwise.  Creates the
+ * item when needed.  Returns 0, -EINVAL (bad item name), -ENOMEM, -EROFS
+ * after commit. */
+int ckpt_step_set_item_handler(ckpt_step *st, const char *item, const char *handler);
+
 /* The name of the JSON file of item `item` (static string). */
 const char *ckpt_step_json_file(const char *item);
 
@@ -213,7 +221,8 @@ ssize_t ckpt_warray_read(ckpt_warray *a, const ckpt_region *region, uint64_t byt
  *             the number of missing bytes);
  *   -EEXIST   <root>/<final_name> exists;
  *   -EINVAL   bad final_name (it must be a step name Orbax finds,
- *             CKPT_NAME_STEP), an item without arrays or JSON, a list
+ *             CKPT_NAME_STEP), a step without any item, an item without
+ *             arrays or JSON, a list
  *             with a missing index, a JSON item that is not JSON;
  *   -EBUSY    a write or read is in progress on the step;
  *   -EIO/-ENOSPC/...  from compression or the file system (logged). */

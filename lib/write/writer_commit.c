@@ -170,6 +170,13 @@ static int check_lists(const struct ckpt_step *st, const struct witem *it)
 /* What Orbax's restore of the step needs beyond complete arrays. */
 static int check_items(struct ckpt_step *st)
 {
+	if (!st->items) {
+		ckpt_log(CKPT_LOG_ERR,
+			 "writer: commit of step %s: the step holds no item (Orbax restores nothing from it; "
+			 "mkdir an item such as state/ and write arrays into it)",
+			 st->name);
+		return -EINVAL;
+	}
 	for (struct witem *it = st->items; it; it = it->next) {
 		if (it->json) {
 			cJSON *j = cJSON_ParseWithLength(it->json, it->json_len);
@@ -319,8 +326,10 @@ int w_write_ckpt_metadata(struct ckpt_step *st, int64_t commit_ns)
 	if (commit_ns) {
 		cJSON *ih = cJSON_CreateObject();
 		for (struct witem *it = st->items; it; it = it->next)
-			cJSON_AddStringToObject(
-				ih, it->name, it->json ? CKPT_ORBAX_JSON_HANDLER : CKPT_ORBAX_PYTREE_HANDLER);
+			cJSON_AddStringToObject(ih, it->name,
+						it->handler ? it->handler
+						: it->json  ? CKPT_ORBAX_JSON_HANDLER
+							    : CKPT_ORBAX_PYTREE_HANDLER);
 		cJSON_AddItemToObject(j, "item_handlers", ih);
 	} else {
 		cJSON_AddNullToObject(j, "item_handlers");

@@ -565,6 +565,27 @@ int ckpt_step_set_json(ckpt_step *st, const char *item, const void *json, size_t
 	return rc;
 }
 
+int ckpt_step_set_item_handler(ckpt_step *st, const char *item, const char *handler)
+{
+	char *copy = NULL;
+	if (handler && !(copy = strdup(handler)))
+		return -ENOMEM;
+	int rc = 0;
+	pthread_mutex_lock(&st->decl_mu);
+	struct witem *it = NULL;
+	rc = w_step_writable(st, item);
+	if (!rc)
+		it = item_get(st, item, 1, &rc);
+	if (it) {
+		free(it->handler);
+		it->handler = copy;
+		copy = NULL;
+	}
+	pthread_mutex_unlock(&st->decl_mu);
+	free(copy);
+	return rc;
+}
+
 int ckpt_warray_remove(ckpt_warray *a)
 {
 	struct ckpt_step *st = a->step;

@@ -97,6 +97,7 @@ struct witem {
 	uint64_t narrays;
 	char *json; /* JSON item: the file's bytes (NUL-terminated), NULL for a pytree item */
 	size_t json_len;
+	char *handler; /* item handler named in _CHECKPOINT_METADATA, NULL = ckptfs's default */
 	struct witem *next;
 };
 

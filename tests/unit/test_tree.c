@@ -112,6 +112,14 @@ static void test_read_side(void)
 
 /* ---- a commit held on a FIFO --------------------------------------------- */
 
+/* touch STEP/commit_success.txt: create the marker, then close it (the
+ * flush commits). */
+static int commit_marker(ckpt_view *v, ckpt_ino step, ckpt_attr *a)
+{
+	int rc = ckpt_view_create(v, step, "commit_success.txt", a);
+	return rc < 0 ? rc : ckpt_view_flush(v, a->ino);
+}
+
 struct commit_call {
 	ckpt_view *v;
 	ckpt_ino step;
@@ -122,7 +130,7 @@ static void *do_commit(void *arg)
 {
 	struct commit_call *c = arg;
 	ckpt_attr a;
-	c->rc = ckpt_view_create(c->v, c->step, "commit_success.txt", &a);
+	c->rc = commit_marker(c->v, c->step, &a);
 	return NULL;
 }
 
@@ -162,7 +170,7 @@ static void write_array(ckpt_view *v, ckpt_ino item, const char *name, float bas
 		float f = base + (float)i;
 		memcpy(buf + h + 4 * i, &f, 4);
 	}
-	CHECK_EQ_INT(ckpt_view_write(v, a.ino, 0, buf, (size_t)h + 256), h + 256);
+	CHECK_EQ_INT(ckpt_view_write(v, a.ino, 0, buf, (size_t)h + 256, 0), h + 256);
 }
 
 static void test_commit_does_not_block_the_namespace(void)
@@ -178,7 +186,7 @@ static void test_commit_does_not_block_the_namespace(void)
 	CHECK_EQ_INT(ckpt_view_mkdir(v, CKPT_ROOT_INO, "1", &a), 0);
 	CHECK_EQ_INT(ckpt_view_mkdir(v, a.ino, "state", &it), 0);
 	write_array(v, it.ino, "w.npy", 1.0f);
-	CHECK_EQ_INT(ckpt_view_create(v, a.ino, "commit_success.txt", &it), 0);
+	CHECK_EQ_INT(commit_marker(v, a.ino, &it), 0);
 
 	ckpt_attr s2;
 	CHECK_EQ_INT(ckpt_view_mkdir(v, CKPT_ROOT_INO, "2", &s2), 0);
@@ -220,7 +228,7 @@ static void test_commit_does_not_block_the_namespace(void)
 	/* the held file was a FIFO: that commit failed, the step is still pending */
 	CHECK(c.rc < 0);
 	unlink(fifo);
-	CHECK_EQ_INT(ckpt_view_create(v, s2.ino, "commit_success.txt", &a), 0);
+	CHECK_EQ_INT(commit_marker(v, s2.ino, &a), 0);
 	CHECK_EQ_INT(count_entries(v, CKPT_ROOT_INO), 2);
 	ckpt_ino a5 = lookup(v, CKPT_ROOT_INO, "2/state/a5.npy");
 	CHECK(a5 != 0 && a5 != s2.ino);
