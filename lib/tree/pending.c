@@ -77,6 +77,10 @@ struct pfile {
 	int is_meta;
 	int is_marker; /* the step's commit_success.txt: hdr[0..size) is its content */
 	int dirty; /* written since its last flush: a writer is still at it */
+	/* marker: the explicit commit it asked for failed with this (then it
+	 * left the directory); a later close of another descriptor of the
+	 * same open (touch dup2()s its file) reports it again.  ns_lock. */
+	int commit_err;
 	int hwm_valid;
 	uint64_t hwm; /* end of the furthest byte written: where O_APPEND writes go */
 	/* A copy tool's temporary name (rsync's .NAME.XXXXXX): the name the
@@ -441,6 +445,8 @@ static int commit_step(ckpt_view *v, struct node *sn, const char *final, struct 
 	view_remove_kid(root, sn);
 	atomic_store(&ps->committed, true);
 	atomic_store(&sn->orphan, true);
+	if (n)
+		n->written_here = 1;
 	if (!n || view_add_kid(root, n) < 0) {
 		ckpt_log(CKPT_LOG_ERR, "step %s: committed to %s but cannot be shown; remount to see it",
 			 final, path);
@@ -890,9 +896,17 @@ static int step_check(ckpt_view *v, struct node *sn, int copy, int log)
 	cJSON_ArrayForEach(h, ih)
 	{
 		struct node *it = h->string ? view_find_kid(sn, h->string) : NULL;
-		if (!it || it->kind != N_PDIR)
+		if (!it || it->kind != N_PDIR) {
 			check_fail(&c, -ENODATA, "step %s: item %s (named in the copied %s) is missing", sn->name,
 				   h->string ? h->string : "?", CKPT_ORBAX_CKPT_METADATA);
+		} else if (copy) {
+			/* a copy of the item is whole once its own description (or
+			 * a JSON item's file) is there too */
+			int json = cJSON_IsString(h) && strstr(h->valuestring, "JsonCheckpointHandler");
+			const char *need = json ? ckpt_step_json_file(it->name) : CKPT_ORBAX_METADATA;
+			if (!view_find_kid(it, need))
+				check_fail(&c, -EBUSY, "step %s: waiting for %s/%s", sn->name, it->name, need);
+		}
 	}
 	cJSON_Delete(cm);
 	if (!c.items)
@@ -975,7 +989,9 @@ int ckpt_view_flush(ckpt_view *v, ckpt_ino ino)
 	pthread_rwlock_wrlock(&v->ns_lock);
 	struct node *n = view_node(v, ino);
 	int rc = 0;
-	if (n && n->kind == N_PFILE && !atomic_load(&n->orphan)) {
+	if (n && n->kind == N_PFILE && atomic_load(&n->orphan)) {
+		rc = to_pfile(n)->pf.is_marker ? to_pfile(n)->pf.commit_err : 0;
+	} else if (n && n->kind == N_PFILE) {
 		struct pfile_node *f = to_pfile(n);
 		pthread_mutex_lock(&f->pf.mu);
 		int dirty = f->pf.dirty;
@@ -988,6 +1004,7 @@ int ckpt_view_flush(ckpt_view *v, ckpt_ino ino)
 				if (rc < 0 && !atomic_load(&n->orphan)) {
 					/* not committed: no marker is left behind (touch again to retry) */
 					f->ps->commit_wanted = 0;
+					f->pf.commit_err = rc;
 					view_remove_kid(view_node(v, n->parent), n);
 					atomic_store(&n->orphan, true);
 				}
@@ -1008,8 +1025,15 @@ int ckpt_view_setattr_meta(ckpt_view *v, ckpt_ino ino)
 	struct node *n = view_node(v, ino);
 	if (!n)
 		return -ENOENT;
-	if (v->writable)
-		return 0; /* accepted, ignored: the mount shows its own modes, owner and times */
+	/* Pending nodes, and those of a step committed through this mount (the
+	 * tool that copied it sets the folders' modes last): accepted and
+	 * ignored, the mount shows its own modes and owner. */
+	struct node *s = n;
+	while (s && s->parent != CKPT_ROOT_INO && s->ino != CKPT_ROOT_INO)
+		s = parent_of(v, s);
+	if (v->writable && s && s->ino != CKPT_ROOT_INO &&
+	    (s->kind == N_PSTEP || s->written_here || n->kind == N_PFILE))
+		return 0;
 	return refuse(n->name, "change the mode or owner");
 }
 
@@ -1600,19 +1624,43 @@ static int set_dtype(struct pfile_node *f, const char *value, size_t size)
 	return rc;
 }
 
+/* The node's attribute `name` has exactly this value already. */
+static int same_xattr(ckpt_view *v, struct node *n, const char *name, const char *value, size_t size)
+{
+	if (!n->ops->getxattr || size > ((size_t)1 << 20))
+		return 0;
+	char *buf = malloc(size + 1);
+	ssize_t k = buf ? n->ops->getxattr(v, n, name, buf, size + 1) : -ENOMEM;
+	int same = k == (ssize_t)size && !memcmp(buf, value, size);
+	free(buf);
+	return same;
+}
+
 int ckpt_view_setxattr(ckpt_view *v, ckpt_ino ino, const char *name, const char *value, size_t size)
 {
 	struct node *n = view_node(v, ino);
 	if (!n)
 		return -ENOENT;
-	if (n->kind != N_PFILE || atomic_load(&to_pfile(n)->ps->dead) || atomic_load(&n->orphan))
+	/* the attributes a writer may set; the others describe an array */
+	int ours = !strcmp(name, "user.ckpt.sharding") || !strcmp(name, "user.ckpt.dtype");
+	if (n->kind != N_PFILE || atomic_load(&to_pfile(n)->ps->dead) || atomic_load(&n->orphan)) {
+		/* Copy tools that preserve xattrs set what the source showed: the
+		 * same value changes nothing; names the mount has no use for are
+		 * not supported (the tools then skip them quietly). */
+		if (same_xattr(v, n, name, value, size))
+			return 0;
+		if (!ours || n->kind == N_PDIR || n->kind == N_PSTEP)
+			return -ENOTSUP;
 		return refuse(n->name, "set an extended attribute");
+	}
 	if (buffered(&to_pfile(n)->pf))
 		return -ENOTSUP; /* no attribute of its own (copy tools then skip it) */
 	if (!strcmp(name, "user.ckpt.dtype"))
 		return set_dtype(to_pfile(n), value, size);
 	if (strcmp(name, "user.ckpt.sharding")) {
-		ckpt_log(CKPT_LOG_ERR,
+		/* the others describe the array (copy tools that preserve xattrs
+		 * set them from the source: not supported, skipped quietly) */
+		ckpt_log(CKPT_LOG_DEBUG,
 			 "%s: only user.ckpt.sharding and user.ckpt.dtype can be set on a pending array",
 			 n->name);
 		return -ENOTSUP;

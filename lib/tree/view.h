@@ -192,9 +192,10 @@ ssize_t ckpt_view_write(ckpt_view *v, ckpt_ino ino, uint64_t off, const void *da
  * complete: then the flush, or the rename, that completes the step
  * commits it and returns the commit's result.  0 for other nodes. */
 int ckpt_view_flush(ckpt_view *v, ckpt_ino ino);
-/* chmod, chown: 0 on a writable mount (accepted and ignored: the mount
- * shows its own modes and owner, so copy tools that preserve them succeed),
- * -EROFS (logged) on a read-only one. */
+/* chmod, chown: 0 for the nodes of a pending step, and of a step committed
+ * through this mount (accepted and ignored: the mount shows its own modes
+ * and owner, so copy tools that preserve them succeed), else -EROFS
+ * (logged). */
 int ckpt_view_setattr_meta(ckpt_view *v, ckpt_ino ino);
 /* Truncate a pending file to `size` (only 0 before a header, or its
  * current size); -EROFS elsewhere. */

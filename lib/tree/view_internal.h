@@ -177,6 +177,10 @@ struct node {
 	char *name;
 	int64_t mtime_ns;
 	int hidden; /* reachable by name (hidden-name map), not listed; set before publication */
+	/* a step of the root committed through this mount (pending.c), whose
+	 * nodes accept chmod/chown from the tool that copied it; set before
+	 * publication */
+	int written_here;
 	/* Freed when the kernel forgets it: a hidden file made on lookup (slice
 	 * names, widened views).  Set before publication. */
 	int transient;
