@@ -401,6 +401,7 @@ static void reply_entry_or_err(fuse_req_t req, int rc, const ckpt_attr *a)
 
 static void ckfs_op_mkdir(fuse_req_t req, fuse_ino_t parent, const char *name, mode_t mode)
 {
+	ckpt_view_set_caller(fuse_req_ctx(req)->pid);
 	(void)mode;
 	if (!may_write(req))
 		return;
@@ -412,6 +413,7 @@ static void ckfs_op_mkdir(fuse_req_t req, fuse_ino_t parent, const char *name, m
 static void ckfs_op_create(fuse_req_t req, fuse_ino_t parent, const char *name, mode_t mode,
 			   struct fuse_file_info *fi)
 {
+	ckpt_view_set_caller(fuse_req_ctx(req)->pid);
 	(void)mode;
 	struct ckfs *fs = fs_of(req);
 	if (!may_write(req))
@@ -437,6 +439,7 @@ static void ckfs_op_create(fuse_req_t req, fuse_ino_t parent, const char *name, 
 static void ckfs_op_write(fuse_req_t req, fuse_ino_t ino, const char *buf, size_t size, off_t off,
 			  struct fuse_file_info *fi)
 {
+	ckpt_view_set_caller(fuse_req_ctx(req)->pid);
 	if (!may_write(req))
 		return;
 	ssize_t n = ckpt_view_write(fs_of(req)->view, ino, (uint64_t)off, buf, size,
@@ -462,6 +465,7 @@ static void ckfs_op_rmdir(fuse_req_t req, fuse_ino_t parent, const char *name)
 static void ckfs_op_rename(fuse_req_t req, fuse_ino_t parent, const char *name, fuse_ino_t newparent,
 			   const char *newname, unsigned int flags)
 {
+	ckpt_view_set_caller(fuse_req_ctx(req)->pid);
 	if (flags & ~(unsigned)RENAME_NOREPLACE) {
 		fuse_reply_err(req, EINVAL);
 		return;
@@ -503,6 +507,7 @@ static void ckfs_op_fsync(fuse_req_t req, fuse_ino_t ino, int datasync, struct f
  * (ckpt_view_flush), and close(2) returns its result. */
 static void ckfs_op_flush(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 {
+	ckpt_view_set_caller(fuse_req_ctx(req)->pid);
 	(void)fi;
 	fuse_reply_err(req, -ckpt_view_flush(fs_of(req)->view, ino));
 }

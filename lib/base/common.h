@@ -33,6 +33,10 @@ void ckpt_log_set_level(int level);
 typedef void (*ckpt_log_sink_fn)(int level, const char *msg);
 void ckpt_log_set_sink(ckpt_log_sink_fn sink);
 const char *ckpt_log_level_name(int level); /* "error", "warning", "info", "debug" */
+/* While on, this thread's error, warning and info lines are logged as
+ * debug lines (not counted as errors): for probes whose failure is an
+ * expected answer.  Returns the previous setting. */
+int ckpt_log_quiet(int on);
 
 /* Overflow-checked arithmetic: return -EOVERFLOW instead of wrapping. */
 static inline int ckpt_mul_u64(uint64_t a, uint64_t b, uint64_t *out)

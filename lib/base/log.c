@@ -24,8 +24,19 @@ void ckpt_log_set_level(int level)
 	atomic_store(&log_level, level);
 }
 
+static _Thread_local int log_quiet;
+
+int ckpt_log_quiet(int on)
+{
+	int was = log_quiet;
+	log_quiet = on;
+	return was;
+}
+
 void ckpt_log(int level, const char *fmt, ...)
 {
+	if (log_quiet && level < CKPT_LOG_DEBUG)
+		level = CKPT_LOG_DEBUG;
 	if (level <= CKPT_LOG_ERR)
 		CKPT_STAT_ADD(errors_logged, 1);
 	if (level > atomic_load(&log_level))

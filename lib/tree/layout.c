@@ -817,3 +817,12 @@ struct node *layout_new_step(ckpt_view *v, const char *name)
 		step_load(v, step); /* just committed: read it back now */
 	return step;
 }
+
+struct node *layout_new_item(ckpt_view *v, const char *path)
+{
+	struct node *root = view_node(v, CKPT_ROOT_INO);
+	struct node *n = node_new(v, &dir_ops, "item", root);
+	if (n)
+		build_item(v, n, path, 0);
+	return n;
+}

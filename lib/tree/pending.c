@@ -12,10 +12,16 @@
  * for the committed step's under ns_lock again.
  */
 #include <ctype.h>
+#include <fcntl.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include <cjson/cJSON.h>
 
@@ -43,6 +49,15 @@ struct pstep {
 	 * step commits once it is complete (step_check), from the flush or
 	 * rename that completes it.  Under ns_lock exclusive. */
 	int commit_wanted;
+	/* The processes that made or wrote its files (pidfds): a stored copy
+	 * commits once they have all exited (the copy tool is done).  wp_mu. */
+	pthread_mutex_t wp_mu;
+	struct {
+		pid_t pid;
+		int fd;
+	} wp[16];
+	int nwp;
+	atomic_uint_least64_t last_op_ns; /* monotonic time of the last change by a writer */
 	/* Object-store root: finished shard files are uploaded while the step
 	 * is written (the step's sink); drained at commit.  Freed after the
 	 * step (whose compression threads call it). */
@@ -63,6 +78,9 @@ static void sink_shard_changed(void *ctx, const char *rel)
 struct pdir_node {
 	struct dir_node d;
 	struct pstep *ps; /* owned by the N_PSTEP node, borrowed by the others */
+	/* an item holding a stored copy (files of another step's item copied as
+	 * they are: an OCDBT database, zarr folders); set once, ns_lock */
+	int stored;
 };
 
 struct pfile {
@@ -76,6 +94,10 @@ struct pfile {
 	 * the files anew. */
 	int is_meta;
 	int is_marker; /* the step's commit_success.txt: hdr[0..size) is its content */
+	/* a file of a stored copy: its bytes live in the tmp folder at rel
+	 * (its final name), written and read there; size is its size */
+	int is_raw;
+	char *rel;
 	int dirty; /* written since its last flush: a writer is still at it */
 	/* marker: the explicit commit it asked for failed with this (then it
 	 * left the directory); a later close of another descriptor of the
@@ -115,12 +137,223 @@ static struct pfile_node *to_pfile(struct node *n)
 	return container_of(n, struct pfile_node, n);
 }
 
+static struct node *parent_of(ckpt_view *v, struct node *n);
+
+/* The process the current request comes from (ckpt_view_set_caller). */
+static _Thread_local pid_t caller_pid;
+static _Thread_local int from_copy_thread; /* try_commit called by copy_thread_main */
+
+void ckpt_view_set_caller(pid_t pid)
+{
+	caller_pid = pid;
+}
+
+/* Remember the calling process as a writer of the step. */
+static void note_writer(struct pstep *ps)
+{
+	atomic_store(&ps->last_op_ns, ckpt_now_ns());
+	pid_t pid = caller_pid;
+	if (pid <= 0)
+		return;
+	pthread_mutex_lock(&ps->wp_mu);
+	int i = 0;
+	while (i < ps->nwp && ps->wp[i].pid != pid)
+		i++;
+	if (i == ps->nwp && ps->nwp < (int)(sizeof(ps->wp) / sizeof(ps->wp[0]))) {
+		ps->wp[i].pid = pid;
+		ps->wp[i].fd = (int)syscall(SYS_pidfd_open, pid, 0);
+		ps->nwp++;
+	}
+	pthread_mutex_unlock(&ps->wp_mu);
+}
+
+/* A process that wrote into the step is still running. */
+static int writers_alive(struct pstep *ps)
+{
+	pthread_mutex_lock(&ps->wp_mu);
+	for (int i = 0; i < ps->nwp;) {
+		int gone;
+		if (ps->wp[i].fd >= 0) {
+			struct pollfd p = { ps->wp[i].fd, POLLIN, 0 };
+			gone = poll(&p, 1, 0) == 1;
+		} else {
+			gone = kill(ps->wp[i].pid, 0) && errno == ESRCH;
+		}
+		if (!gone) {
+			i++;
+			continue;
+		}
+		if (ps->wp[i].fd >= 0)
+			close(ps->wp[i].fd);
+		ps->wp[i] = ps->wp[--ps->nwp];
+	}
+	int alive = ps->nwp > 0;
+	pthread_mutex_unlock(&ps->wp_mu);
+	return alive;
+}
+
 /* Files whose bytes the view keeps itself (a JSON item's file, copied
  * metadata, the commit marker) rather than handing them to the writer as
  * array data. */
 static int buffered(const struct pfile *pf)
 {
 	return pf->is_json || pf->is_meta || pf->is_marker;
+}
+
+/* ---- stored copies --------------------------------------------------------
+ *
+ * A copy of an item as Orbax stored it (cp -r of a step folder on disk: its
+ * OCDBT database or zarr folders, not .npy files) cannot be turned into
+ * arrays file by file.  The first file in an item that is not a .npy (nor
+ * one of the metadata files of a copy) makes the item a stored copy: its
+ * files are written as they come into the tmp folder, under their final
+ * names, and committed as they are once the item reads back whole
+ * (check_stored).  Such an item holds no .npy arrays of the mount's own. */
+
+static const char *step_name_of(ckpt_view *v, struct node *it)
+{
+	struct node *up = parent_of(v, it);
+	return up ? up->name : "?";
+}
+
+/* The item directory (a kid of the step) that n is in, or NULL. */
+static struct node *item_of(ckpt_view *v, struct node *n)
+{
+	while (n && n->kind == N_PDIR) {
+		struct node *up = parent_of(v, n);
+		if (up && up->kind == N_PSTEP)
+			return n;
+		n = up;
+	}
+	return NULL;
+}
+
+/* "<item>/<dirs>/<name>" of `name` in pending directory dir. */
+static int rel_of(ckpt_view *v, struct node *dir, const char *name, char *buf, size_t cap)
+{
+	const char *parts[CKPT_ORBAX_MAX_DEPTH + 2];
+	int k = 0;
+	parts[k++] = name;
+	for (struct node *d = dir; d && d->kind == N_PDIR; d = parent_of(v, d)) {
+		if (k == CKPT_ORBAX_MAX_DEPTH + 2)
+			return -ENAMETOOLONG;
+		parts[k++] = d->name;
+	}
+	size_t len = 0;
+	for (int i = k - 1; i >= 0; i--) {
+		int m = snprintf(buf + len, cap - len, "%s%s", parts[i], i ? "/" : "");
+		if (m < 0 || (size_t)m >= cap - len)
+			return -ENAMETOOLONG;
+		len += (size_t)m;
+	}
+	return 0;
+}
+
+/* <tmp folder>/<rel> */
+static int tmp_file(struct pstep *ps, const char *rel, char *buf, size_t cap)
+{
+	ckpt_step_info info;
+	ckpt_step_get_info(ps->step, &info);
+	int m = snprintf(buf, cap, "%s/%s", info.tmp_path, rel);
+	return m < 0 || (size_t)m >= cap ? -ENAMETOOLONG : 0;
+}
+
+/* mkdir -p of the folders of rel (not its last part) in the tmp folder. */
+static int make_dirs(struct pstep *ps, const char *rel)
+{
+	char path[VIEW_PATH_MAX];
+	int rc = tmp_file(ps, rel, path, sizeof(path));
+	if (rc)
+		return rc;
+	ckpt_step_info info;
+	ckpt_step_get_info(ps->step, &info);
+	for (char *p = path + strlen(info.tmp_path) + 1; (p = strchr(p, '/')); p++) {
+		*p = 0;
+		if (mkdir(path, 0755) && errno != EEXIST)
+			rc = -errno;
+		*p = '/';
+		if (rc)
+			return rc;
+	}
+	return 0;
+}
+
+static int raw_open(struct pstep *ps, const char *rel, int flags)
+{
+	char path[VIEW_PATH_MAX];
+	int rc = tmp_file(ps, rel, path, sizeof(path));
+	if (rc)
+		return rc;
+	int fd = open(path, flags | O_CLOEXEC | O_NOFOLLOW, 0644);
+	return fd < 0 ? -errno : fd;
+}
+
+/* A pending .npy (or JSON) file anywhere below dir. */
+static int has_arrays(struct node *dir)
+{
+	struct dir_node *d = to_dir(dir);
+	for (size_t i = 0; i < d->nkids; i++) {
+		struct node *k = d->kids[i];
+		if (k->kind == N_PDIR && has_arrays(k))
+			return 1;
+		if (k->kind == N_PFILE && !to_pfile(k)->pf.is_meta && !to_pfile(k)->pf.is_raw)
+			return 1;
+	}
+	return 0;
+}
+
+/* Item `it` becomes a stored copy (ns_lock exclusive): the metadata files
+ * copied into it so far go to its folder as they are. */
+static int make_stored(ckpt_view *v, struct node *it, const char *why)
+{
+	struct pdir_node *pd = to_pdir(it);
+	struct pstep *ps = pd->ps;
+	if (pd->stored)
+		return 0;
+	if (v->opts.spool_dir || ckpt_hosts_is_multi(ps->step)) {
+		ckpt_log(CKPT_LOG_ERR,
+			 "%s/%s: only .npy arrays can be written here (a stored copy of an Orbax item is "
+			 "taken by a local single-host root only)",
+			 it->name, why);
+		return -EPERM;
+	}
+	if (has_arrays(it)) {
+		ckpt_log(CKPT_LOG_ERR,
+			 "%s/%s: the item holds .npy arrays; files of a stored Orbax item (an OCDBT or zarr "
+			 "copy) cannot join them",
+			 it->name, why);
+		return -EINVAL;
+	}
+	int rc = ckpt_step_add_stored_item(ps->step, it->name);
+	struct dir_node *d = to_dir(it);
+	for (size_t i = 0; i < d->nkids && !rc; i++) {
+		struct node *k = d->kids[i];
+		if (k->kind != N_PFILE || !to_pfile(k)->pf.is_meta)
+			continue;
+		struct pfile *pf = &to_pfile(k)->pf;
+		char rel[VIEW_PATH_MAX];
+		rc = rel_of(v, it, pf->final ? pf->final : k->name, rel, sizeof(rel));
+		if (rc)
+			break;
+		pthread_mutex_lock(&pf->mu);
+		int fd = raw_open(ps, rel, O_WRONLY | O_CREAT | O_TRUNC);
+		rc = fd < 0 ? fd : ckpt_pwrite_all(fd, pf->hdr, (size_t)pf->size, 0);
+		if (fd >= 0)
+			close(fd);
+		if (!rc && !(pf->rel = strdup(rel)))
+			rc = -ENOMEM;
+		if (!rc) {
+			pf->is_meta = 0;
+			pf->is_raw = 1;
+		}
+		pthread_mutex_unlock(&pf->mu);
+	}
+	if (rc == 0) {
+		pd->stored = 1;
+		ckpt_log(CKPT_LOG_INFO, "step %s: item %s is a stored copy (%s is not a .npy array)",
+			 step_name_of(v, it), it->name, why);
+	}
+	return rc;
 }
 
 /* No namespace change on the step: committed, aborted or committing. */
@@ -182,6 +415,10 @@ static void pstep_destroy(ckpt_view *v, struct node *n)
 	/* never committed: its objects are not a step; take them back */
 	ckpt_bg_upload_free(ps->bg, !atomic_load(&ps->committed));
 	pthread_rwlock_destroy(&ps->io_lock);
+	for (int i = 0; i < ps->nwp; i++)
+		if (ps->wp[i].fd >= 0)
+			close(ps->wp[i].fd);
+	pthread_mutex_destroy(&ps->wp_mu);
 	free(ps);
 }
 
@@ -192,6 +429,7 @@ static void pfile_destroy(ckpt_view *v, struct node *n)
 	pthread_mutex_destroy(&pf->mu);
 	free(pf->hdr);
 	free(pf->final);
+	free(pf->rel);
 }
 
 static ssize_t pending_read(ckpt_view *v, struct node *n, uint64_t off, size_t len, void *dst);
@@ -320,6 +558,8 @@ static int new_step(ckpt_view *v, struct node *root, const char *name, ckpt_attr
 		}
 	}
 	pthread_rwlock_init(&ps->io_lock, NULL);
+	pthread_mutex_init(&ps->wp_mu, NULL);
+	atomic_init(&ps->last_op_ns, ckpt_now_ns());
 	atomic_init(&ps->dead, false);
 	atomic_init(&ps->committing, false);
 	to_pdir(n)->ps = ps; /* the node owns it from here on */
@@ -351,7 +591,8 @@ int ckpt_view_mkdir(ckpt_view *v, ckpt_ino parent, const char *name, ckpt_attr *
 		if (dir->kind == N_PSTEP && !ckpt_orbax_name_ok(CKPT_NAME_ITEM, name, &why)) {
 			ckpt_log(CKPT_LOG_ERR, "%s: not a valid item name (%s)", name, why);
 			rc = -EINVAL;
-		} else if (dir->kind == N_PDIR && (rc = key_of_name(name, key, sizeof(key))) < 0) {
+		} else if (dir->kind == N_PDIR && !(item_of(v, dir) && to_pdir(item_of(v, dir))->stored) &&
+			   (rc = key_of_name(name, key, sizeof(key))) < 0) {
 			/* logged */
 		} else if (jf && jf->kind == N_PFILE && to_pfile(jf)->pf.is_json) {
 			ckpt_log(CKPT_LOG_ERR, "%s: %s is a JSON item: it holds only %s", name, dir->name,
@@ -367,6 +608,7 @@ int ckpt_view_mkdir(ckpt_view *v, ckpt_ino parent, const char *name, ckpt_attr *
 			if (rc == 0) {
 				to_pdir(n)->ps = ps;
 				view_fill_attr(v, n, out);
+				note_writer(ps);
 			}
 		}
 	} else {
@@ -382,7 +624,9 @@ int ckpt_view_mkdir(ckpt_view *v, ckpt_ino parent, const char *name, ckpt_attr *
  * the step's io_lock) and the committed folder is read back, and holds it
  * again on return.
  */
-static int commit_step(ckpt_view *v, struct node *sn, const char *final, struct node **committed)
+static int check_stored(ckpt_view *v, struct node *sn, int quiet);
+
+static int commit_step(ckpt_view *v, struct node *sn, const char *final, int copy, struct node **committed)
 {
 	struct node *root = view_node(v, CKPT_ROOT_INO);
 	struct pstep *ps = to_pdir(sn)->ps;
@@ -401,6 +645,8 @@ static int commit_step(ckpt_view *v, struct node *sn, const char *final, struct 
 	 * is renamed; a failed one fails the commit (its objects are deleted,
 	 * a retried commit sends everything). */
 	int rc = ps->bg ? ckpt_bg_upload_drain(ps->bg) : 0;
+	if (rc == 0)
+		rc = check_stored(v, sn, copy); /* a copy not whole yet: -EAGAIN, quietly */
 	if (rc == 0)
 		rc = ckpt_hosts_commit(ps->step, final);
 	if (rc == 0) {
@@ -438,8 +684,9 @@ static int commit_step(ckpt_view *v, struct node *sn, const char *final, struct 
 	ps->final = NULL;
 	atomic_store(&ps->committing, false);
 	if (rc < 0) {
-		ckpt_log(CKPT_LOG_ERR, "step %s: commit failed: %s; the step stays pending", sn->name,
-			 strerror(-rc));
+		if (rc != -EAGAIN)
+			ckpt_log(CKPT_LOG_ERR, "step %s: commit failed: %s; the step stays pending", sn->name,
+				 strerror(-rc));
 		return rc;
 	}
 	view_remove_kid(root, sn);
@@ -576,7 +823,41 @@ static int new_pfile(ckpt_view *v, struct node *dir, const char *name, struct no
 	char fbuf[VIEW_NAME_BUF];
 	const char *fin = temp_final(name, fbuf, sizeof(fbuf));
 	const char *eff = fin ? fin : name;
-	int meta = copied_meta_kind(v, dir, eff);
+	struct node *it = dir->kind == N_PDIR ? item_of(v, dir) : NULL;
+	struct node *up = parent_of(v, dir);
+	int meta = it && to_pdir(it)->stored ? 0 : copied_meta_kind(v, dir, eff);
+	size_t el = strlen(eff);
+	int npy = el > 4 && !strcmp(eff + el - 4, ".npy");
+	int json = up && up->kind == N_PSTEP && !strcmp(eff, ckpt_step_json_file(dir->name));
+	if (it && !meta && !npy && !json) {
+		int rc = make_stored(v, it, eff);
+		if (rc < 0)
+			return rc;
+	}
+	if (it && to_pdir(it)->stored) {
+		char rel[VIEW_PATH_MAX];
+		int rc = rel_of(v, dir, eff, rel, sizeof(rel));
+		struct pstep *ps = to_pdir(dir)->ps;
+		if (!rc)
+			rc = make_dirs(ps, rel);
+		int fd = rc ? rc : raw_open(ps, rel, O_WRONLY | O_CREAT | O_TRUNC);
+		if (fd < 0) {
+			ckpt_log(CKPT_LOG_ERR, "%s: cannot create it in the tmp folder: %s", rel, strerror(-fd));
+			return fd;
+		}
+		close(fd);
+		struct node *n = node_new(v, &pfile_ops, name, dir);
+		if (!n)
+			return -ENOMEM;
+		struct pfile_node *f = to_pfile(n);
+		f->ps = ps;
+		pthread_mutex_init(&f->pf.mu, NULL);
+		f->pf.is_raw = 1;
+		if (!(f->pf.rel = strdup(rel)) || (fin && !(f->pf.final = strdup(fin))))
+			return -ENOMEM;
+		*out = n;
+		return 0;
+	}
 	if (!meta && dir->kind == N_PSTEP) {
 		ckpt_log(CKPT_LOG_ERR, "%s: files go in an item directory (mkdir %s/ITEM first)", name,
 			 dir->name);
@@ -754,7 +1035,7 @@ static void check_file(struct check *c, struct node *dir, struct pfile_node *f)
 {
 	struct pfile *pf = &f->pf;
 	pthread_mutex_lock(&pf->mu);
-	int dirty = pf->dirty, hdr = pf->arr != NULL, slice = pf->is_slice, buf = buffered(pf);
+	int dirty = pf->dirty, hdr = pf->arr != NULL, slice = pf->is_slice, buf = buffered(pf) || pf->is_raw;
 	ckpt_warray *arr = pf->arr;
 	pthread_mutex_unlock(&pf->mu);
 	if (c->copy && (dirty || pf->final)) {
@@ -964,6 +1245,79 @@ static void apply_copied_meta(struct node *sn)
 	}
 }
 
+static int has_stored(struct node *sn)
+{
+	struct dir_node *d = to_dir(sn);
+	for (size_t i = 0; i < d->nkids; i++)
+		if (d->kids[i]->kind == N_PDIR && to_pdir(d->kids[i])->stored)
+			return 1;
+	return 0;
+}
+
+static int try_commit(ckpt_view *v, struct node *sn, int copy);
+
+#define COPY_IDLE_NS (2ull * 1000 * 1000 * 1000)
+
+/* Every 100 ms: commit the copied steps with stored items whose copy tools
+ * have exited.  Runs from the first need until the view goes. */
+static void *copy_thread_main(void *arg)
+{
+	ckpt_view *v = arg;
+	while (!atomic_load(&v->copy_stop)) {
+		struct timespec ts = { 0, 100 * 1000 * 1000 };
+		nanosleep(&ts, NULL);
+		pthread_rwlock_wrlock(&v->ns_lock);
+		struct node *root = view_node(v, CKPT_ROOT_INO);
+		for (int again = 1; again && !atomic_load(&v->copy_stop);) {
+			again = 0;
+			struct dir_node *d = to_dir(root);
+			for (size_t i = 0; i < d->nkids; i++) {
+				struct node *sn = d->kids[i];
+				if (sn->kind != N_PSTEP || frozen(to_pdir(sn)->ps) || atomic_load(&sn->orphan))
+					continue;
+				struct pstep *ps = to_pdir(sn)->ps;
+				/* the tools that copied it exited, or a writer that lives on
+				 * (a program copying with shutil) has been idle a while */
+				uint64_t idle = ckpt_now_ns() - atomic_load(&ps->last_op_ns);
+				if (!ps->commit_wanted || !has_stored(sn) ||
+				    (writers_alive(ps) && idle < COPY_IDLE_NS))
+					continue;
+				caller_pid = 0;
+				from_copy_thread = 1;
+				int rc = try_commit(v, sn, 1);
+				from_copy_thread = 0;
+				if (rc < 0)
+					ps->commit_wanted = 0; /* logged; touch the marker to try again */
+				again = 1; /* the root's kids changed */
+				break;
+			}
+		}
+		pthread_rwlock_unlock(&v->ns_lock);
+	}
+	return NULL;
+}
+
+/* ns_lock exclusive held. */
+static void start_copy_thread(ckpt_view *v)
+{
+	if (v->copy_thread_on)
+		return;
+	atomic_store(&v->copy_stop, false);
+	if (pthread_create(&v->copy_thread, NULL, copy_thread_main, v) == 0)
+		v->copy_thread_on = 1;
+	else
+		ckpt_log(CKPT_LOG_ERR, "cannot start the thread that commits stored copies: touch the marker");
+}
+
+void pending_shutdown(ckpt_view *v)
+{
+	if (!v->copy_thread_on)
+		return;
+	atomic_store(&v->copy_stop, true);
+	pthread_join(v->copy_thread, NULL);
+	v->copy_thread_on = 0;
+}
+
 /* Commit sn if it may (copy: only when complete; else now or why not).
  * ns_lock exclusive held (commit_step drops and retakes it). */
 static int try_commit(ckpt_view *v, struct node *sn, int copy)
@@ -971,9 +1325,88 @@ static int try_commit(ckpt_view *v, struct node *sn, int copy)
 	int rc = step_check(v, sn, copy, !copy);
 	if (rc)
 		return copy ? 0 : rc; /* a copy waits for its last file */
+	if (copy && has_stored(sn) && !from_copy_thread && writers_alive(to_pdir(sn)->ps)) {
+		/* Nothing says when a copy of stored files is whole but the end
+		 * of the tool that copies them. */
+		start_copy_thread(v);
+		return 0;
+	}
 	apply_copied_meta(sn);
 	struct node *step;
-	return commit_step(v, sn, sn->name, &step);
+	rc = commit_step(v, sn, sn->name, copy, &step);
+	return copy && rc == -EAGAIN ? 0 : rc;
+}
+
+/* Every array of a layout-built directory reads back whole; *arrays counts them. */
+static int read_back(ckpt_view *v, struct node *dir, const char *item, uint8_t *buf, size_t cap, int *arrays)
+{
+	struct dir_node *d = to_dir(dir);
+	for (size_t i = 0; i < d->nkids; i++) {
+		struct node *k = d->kids[i];
+		int rc = 0;
+		if (k->kind == N_DIR) {
+			rc = read_back(v, k, item, buf, cap, arrays);
+		} else if (k->kind == N_BROKEN) {
+			ckpt_log(CKPT_LOG_ERR, "%s/%s: the stored copy does not read back (the reason is above)",
+				 item, k->name);
+			rc = -EIO;
+		} else if (k->kind == N_ARRAY) {
+			ckpt_attr a;
+			view_fill_attr(v, k, &a);
+			for (uint64_t off = 0; off < a.size && !rc;) {
+				ssize_t n = k->ops->read(v, k, off, cap, buf);
+				if (n <= 0)
+					rc = n < 0 ? (int)n : -EIO;
+				else
+					off += (uint64_t)n;
+			}
+			if (rc)
+				ckpt_log(CKPT_LOG_ERR, "%s/%s: the stored copy does not read back: %s", item,
+					 k->name, strerror(-rc));
+			(*arrays)++;
+		}
+		if (rc)
+			return rc;
+	}
+	return 0;
+}
+
+/* Each stored copy of step sn reads back whole: every array its _METADATA
+ * names decodes (an item without _METADATA, which Orbax's PyTree handler
+ * always writes, is taken as it is).  -EAGAIN when `quiet` (a copy still
+ * in progress: nothing logged), else the error, logged.  Runs in the
+ * commit, without ns_lock (the step is frozen). */
+static int check_stored(ckpt_view *v, struct node *sn, int quiet)
+{
+	struct dir_node *d = to_dir(sn);
+	struct pstep *ps = to_pdir(sn)->ps;
+	int rc = 0;
+	for (size_t i = 0; i < d->nkids && !rc; i++) {
+		struct node *it = d->kids[i];
+		if (it->kind != N_PDIR || !to_pdir(it)->stored || !view_find_kid(it, CKPT_ORBAX_METADATA))
+			continue;
+		ckpt_step_info info;
+		ckpt_step_get_info(ps->step, &info);
+		const char *tmp = strrchr(info.tmp_path, '/');
+		char path[VIEW_PATH_MAX];
+		snprintf(path, sizeof(path), "%s/%s", tmp ? tmp + 1 : info.tmp_path, it->name);
+		int was = quiet ? ckpt_log_quiet(1) : 0;
+		uint8_t *buf = malloc((size_t)1 << 20);
+		struct node *n = buf ? layout_new_item(v, path) : NULL;
+		int arrays = 0;
+		rc = n ? read_back(v, n, it->name, buf, (size_t)1 << 20, &arrays) : -ENOMEM;
+		if (!rc && !arrays) {
+			ckpt_log(CKPT_LOG_ERR, "step %s: the stored copy %s holds no array its %s names",
+				 sn->name, it->name, CKPT_ORBAX_METADATA);
+			rc = -EINVAL;
+		}
+		free(buf);
+		if (quiet)
+			ckpt_log_quiet(was);
+		if (rc && quiet)
+			rc = -EAGAIN;
+	}
+	return rc;
 }
 
 /* The pending step a pending node belongs to (ns_lock held), or NULL. */
@@ -1061,6 +1494,8 @@ int ckpt_view_create(ckpt_view *v, ckpt_ino parent, const char *name, ckpt_attr 
 			rc = new_pfile(v, dir, name, &n);
 			if (rc == 0)
 				rc = n->hidden ? view_dyn_add(v, n) : view_add_kid(dir, n);
+			if (rc == 0)
+				note_writer(to_pdir(dir)->ps);
 		}
 		if (rc == 0)
 			view_fill_attr(v, n, out);
@@ -1086,7 +1521,7 @@ int ckpt_view_rename(ckpt_view *v, ckpt_ino parent, const char *name, ckpt_ino n
 		if (atomic_load(&to_pdir(n)->ps->committing)) {
 			rc = refuse(name, "rename (the step is committing)");
 		} else if (ckpt_orbax_name_ok(CKPT_NAME_STEP, newname, &why)) {
-			rc = commit_step(v, n, newname, &step);
+			rc = commit_step(v, n, newname, 0, &step);
 		} else {
 			ckpt_log(CKPT_LOG_ERR, "step %s: cannot commit as %s: %s", name, newname, why);
 			rc = -EINVAL;
@@ -1145,6 +1580,9 @@ int ckpt_view_unlink(ckpt_view *v, ckpt_ino parent, const char *name)
 		pthread_mutex_lock(&pf->mu);
 		ckpt_warray *arr = pf->is_slice ? NULL : pf->arr;
 		int json = pf->is_json;
+		char raw[VIEW_PATH_MAX];
+		if (pf->is_raw && tmp_file(f->ps, pf->rel, raw, sizeof(raw)) == 0 && unlink(raw) && errno != ENOENT)
+			ckpt_log(CKPT_LOG_WARN, "%s: unlink: %s", raw, strerror(errno));
 		if (pf->is_marker)
 			f->ps->commit_wanted = 0; /* the copy's request to commit is withdrawn */
 		pthread_mutex_unlock(&pf->mu);
@@ -1436,10 +1874,26 @@ static ssize_t write_locked(ckpt_view *v, struct pfile_node *n, uint64_t off, co
 	struct pfile *pf = &n->pf;
 	pthread_mutex_lock(&pf->mu);
 	if (append) /* O_APPEND: after the furthest byte written, not the declared size */
-		off = buffered(pf) ? pf->size : pf->hwm;
+		off = buffered(pf) || pf->is_raw ? pf->size : pf->hwm;
 	pf->dirty = 1;
 	if (off + len > pf->hwm)
 		pf->hwm = off + len;
+	if (pf->is_raw) { /* a stored copy's file: straight to the tmp folder */
+		pthread_mutex_unlock(&pf->mu);
+		int fd = raw_open(n->ps, pf->rel, O_WRONLY);
+		int rc = fd < 0 ? fd : ckpt_pwrite_all(fd, data, len, off);
+		if (fd >= 0)
+			close(fd);
+		if (rc < 0) {
+			ckpt_log(CKPT_LOG_ERR, "%s: write: %s", pf->rel, strerror(-rc));
+			return rc;
+		}
+		pthread_mutex_lock(&pf->mu);
+		if (off + len > pf->size)
+			pf->size = off + len;
+		pthread_mutex_unlock(&pf->mu);
+		return (ssize_t)len;
+	}
 	if (buffered(pf))
 		return json_write_locked(v, n, off, data, len);
 	if (pf->data_off)
@@ -1468,6 +1922,7 @@ ssize_t ckpt_view_write(ckpt_view *v, ckpt_ino ino, uint64_t off, const void *da
 		return node_has_kids(n) ? -EISDIR : refuse(n->name, "write");
 	struct pfile_node *f = to_pfile(n);
 	struct pstep *ps = f->ps;
+	note_writer(ps);
 	pthread_rwlock_rdlock(&ps->io_lock);
 	ssize_t rc = atomic_load(&ps->dead) || atomic_load(&n->orphan) ? refuse(n->name, "write")
 								       : write_locked(v, f, off, data, len,
@@ -1492,6 +1947,13 @@ int ckpt_view_truncate(ckpt_view *v, ckpt_ino ino, uint64_t size)
 	pthread_mutex_lock(&pf->mu);
 	if (atomic_load(&f->ps->dead) || atomic_load(&n->orphan)) {
 		rc = refuse(n->name, "truncate");
+	} else if (pf->is_raw) {
+		char path[VIEW_PATH_MAX];
+		rc = tmp_file(f->ps, pf->rel, path, sizeof(path));
+		if (!rc && truncate(path, (off_t)size))
+			rc = -errno;
+		if (!rc)
+			pf->size = pf->hwm = size;
 	} else if (buffered(pf)) {
 		rc = json_resize_locked(pf, size);
 		if (!rc && pf->is_json)
@@ -1539,6 +2001,16 @@ static ssize_t pending_read(ckpt_view *v, struct node *node, uint64_t off, size_
 	}
 	pthread_mutex_lock(&pf->mu);
 	uint64_t size = pf->size;
+	if (pf->is_raw) {
+		pthread_mutex_unlock(&pf->mu);
+		size_t k = off < size ? (size_t)(size - off < len ? size - off : len) : 0;
+		int fd = k ? raw_open(n->ps, pf->rel, O_RDONLY) : 0;
+		int rc = fd < 0 ? fd : k ? ckpt_pread_all(fd, dst, k, off) : 0;
+		if (k && fd >= 0)
+			close(fd);
+		pthread_rwlock_unlock(&n->ps->io_lock);
+		return rc < 0 ? rc : (ssize_t)k;
+	}
 	if (buffered(pf)) {
 		size_t k = off < size ? (size_t)(size - off < len ? size - off : len) : 0;
 		if (k)

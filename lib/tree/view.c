@@ -197,6 +197,7 @@ void ckpt_view_destroy(ckpt_view *v)
 {
 	if (!v)
 		return;
+	pending_shutdown(v);
 	node_release_all(v); /* pending steps, safetensors layouts, ... */
 	for (size_t i = 0; i < v->narefs; i++) {
 		ckpt_array_destroy(v->arefs[i]->arr);

@@ -192,6 +192,11 @@ ssize_t ckpt_view_write(ckpt_view *v, ckpt_ino ino, uint64_t off, const void *da
  * complete: then the flush, or the rename, that completes the step
  * commits it and returns the commit's result.  0 for other nodes. */
 int ckpt_view_flush(ckpt_view *v, ckpt_ino ino);
+/* The process the calling thread's next requests come from (0: unknown).
+ * A copy of a step whose items are stored files (an OCDBT database or
+ * zarr folders copied from disk, not .npy) commits once the processes
+ * that wrote it have exited: nothing else says when such a copy is whole. */
+void ckpt_view_set_caller(pid_t pid);
 /* chmod, chown: 0 for the nodes of a pending step, and of a step committed
  * through this mount (accepted and ignored: the mount shows its own modes
  * and owner, so copy tools that preserve them succeed), else -EROFS

@@ -292,6 +292,11 @@ struct ckpt_view {
 	 * handed them out, oldest first (dyn_lock) */
 	struct node *inval_head, *inval_tail;
 	pthread_rwlock_t ns_lock; /* see the lock order above */
+	/* pending.c: the thread that commits stored copies once the processes
+	 * that copied them have exited (started on first need, under ns_lock) */
+	pthread_t copy_thread;
+	int copy_thread_on;
+	atomic_bool copy_stop;
 	char *source; /* what was mounted, as given */
 	ckpt_store *src; /* its root store (also in stores[]): all discovery goes through it */
 	int writable; /* a CheckpointManager root not mounted read-only */
@@ -434,6 +439,12 @@ int layout_build_view(ckpt_view *v, const char *source);
  * node of the root (not yet linked into the root's kids).  Takes no view
  * lock but res_lock/alloc_lock: callable without ns_lock. */
 struct node *layout_new_step(ckpt_view *v, const char *name);
+/* pending.c: stop its thread (first thing at view destroy). */
+void pending_shutdown(ckpt_view *v);
+/* The item folder `path` (relative to the source) read as an item into a
+ * new directory node that is linked nowhere (a stored copy checked before
+ * its step commits); NULL on ENOMEM. */
+struct node *layout_new_item(ckpt_view *v, const char *path);
 /* A looked-up or stat'ed step of a root reads its commit time (once). */
 void layout_step_touch(ckpt_view *v, struct node *n);
 /* Root rescan: the step folder names of the source (no view lock held)... */

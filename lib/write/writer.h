@@ -133,6 +133,16 @@ int ckpt_step_set_json(ckpt_step *st, const char *item, const void *json, size_t
  * after commit. */
 int ckpt_step_set_item_handler(ckpt_step *st, const char *item, const char *handler);
 
+/* Make `item` a stored copy: its folder in the tmp folder (<tmp_path>/<item>)
+ * holds files put there by the caller as they were copied from another
+ * step (an OCDBT database, zarr folders, _METADATA, ...); the commit writes
+ * nothing into it, fsyncs every file and folder below it and names it in
+ * _CHECKPOINT_METADATA (with the handler set by
+ * ckpt_step_set_item_handler).  The caller checks that it reads back
+ * before committing.  Returns 0, -EINVAL (the item holds arrays or JSON),
+ * -ENOMEM, -EROFS after commit. */
+int ckpt_step_add_stored_item(ckpt_step *st, const char *item);
+
 /* The name of the JSON file of item `item` (static string). */
 const char *ckpt_step_json_file(const char *item);
 

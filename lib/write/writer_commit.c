@@ -1,6 +1,7 @@
 /* writer_commit.c - turning a pending step into a committed Orbax step:
  * shard indexes, zarr.json, _METADATA, _sharding, _CHECKPOINT_METADATA,
  * commit_success.txt, fsyncs and the no-replace rename (docs/format.md). */
+#include <dirent.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -178,6 +179,8 @@ static int check_items(struct ckpt_step *st)
 		return -EINVAL;
 	}
 	for (struct witem *it = st->items; it; it = it->next) {
+		if (it->stored)
+			continue; /* checked by the caller, which read it back */
 		if (it->json) {
 			cJSON *j = cJSON_ParseWithLength(it->json, it->json_len);
 			int ok = j && (strcmp(it->name, CKPT_ORBAX_METRICS_ITEM) || cJSON_IsObject(j));
@@ -276,10 +279,58 @@ static cJSON *metadata_json(const struct witem *it)
 	return j;
 }
 
+/* fsync every file and folder below rel (a stored copy), folders last. */
+static int fsync_tree(struct ckpt_step *st, const char *rel, int depth)
+{
+	int fd = openat(st->dirfd, rel, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+	if (fd < 0 || depth > 64) {
+		int rc = fd < 0 ? -errno : -ELOOP;
+		if (fd >= 0)
+			close(fd);
+		ckpt_log(CKPT_LOG_ERR, "writer: step %s: %s: %s", st->name, rel, strerror(-rc));
+		return rc;
+	}
+	DIR *d = fdopendir(fd);
+	if (!d) {
+		close(fd);
+		return -errno;
+	}
+	int rc = 0;
+	struct dirent *e;
+	while (!rc && (e = readdir(d))) {
+		if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, ".."))
+			continue;
+		char sub[4096];
+		if (snprintf(sub, sizeof(sub), "%s/%s", rel, e->d_name) >= (int)sizeof(sub)) {
+			rc = -ENAMETOOLONG;
+			break;
+		}
+		struct stat sb;
+		if (fstatat(st->dirfd, sub, &sb, AT_SYMLINK_NOFOLLOW)) {
+			rc = -errno;
+		} else if (S_ISDIR(sb.st_mode)) {
+			rc = fsync_tree(st, sub, depth + 1);
+		} else if (S_ISREG(sb.st_mode)) {
+			int f = openat(st->dirfd, sub, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+			if (f < 0 || fsync(f))
+				rc = -errno;
+			if (f >= 0)
+				close(f);
+			if (rc)
+				ckpt_log(CKPT_LOG_ERR, "writer: step %s: fsync of %s: %s", st->name, sub,
+					 strerror(-rc));
+		}
+	}
+	closedir(d);
+	return rc ? rc : w_fsync_dir(st, rel);
+}
+
 static int finish_item(struct ckpt_step *st, struct witem *it, const char *final_path)
 {
 	char path[4096];
 	int rc = 0;
+	if (it->stored)
+		return fsync_tree(st, it->name, 0);
 	if (it->json)
 		return finish_json_item(st, it, final_path);
 	for (struct ckpt_warray *a = it->first; a && !rc; a = a->next)

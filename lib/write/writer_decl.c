@@ -486,9 +486,9 @@ int ckpt_step_add_array(ckpt_step *st, const char *item, const char *const *keyp
 		goto out;
 	if (!(it = item_get(st, item, 1, &rc)))
 		goto out;
-	if (it->json) {
-		ckpt_log(CKPT_LOG_ERR, "writer: %s/%s: %s is a JSON item (it holds %s), not arrays", item,
-			 name, item, ckpt_step_json_file(item));
+	if (it->json || it->stored) {
+		ckpt_log(CKPT_LOG_ERR, "writer: %s/%s: %s is %s, not arrays", item, name, item,
+			 it->stored ? "a stored copy (files copied as they are)" : "a JSON item");
 		rc = -EINVAL;
 		goto out;
 	}
@@ -549,10 +549,10 @@ int ckpt_step_set_json(ckpt_step *st, const char *item, const void *json, size_t
 	rc = w_step_writable(st, item);
 	if (!rc)
 		it = item_get(st, item, 1, &rc);
-	if (it && it->narrays) {
+	if (it && (it->narrays || it->stored)) {
 		ckpt_log(CKPT_LOG_ERR,
-			 "writer: %s/%s: the item holds arrays; a JSON item holds only its JSON", item,
-			 ckpt_step_json_file(item));
+			 "writer: %s/%s: the item holds %s; a JSON item holds only its JSON", item,
+			 ckpt_step_json_file(item), it->stored ? "a stored copy" : "arrays");
 		rc = -EINVAL;
 	} else if (it) {
 		free(it->json);
@@ -562,6 +562,25 @@ int ckpt_step_set_json(ckpt_step *st, const char *item, const void *json, size_t
 	}
 	pthread_mutex_unlock(&st->decl_mu);
 	free(copy);
+	return rc;
+}
+
+int ckpt_step_add_stored_item(ckpt_step *st, const char *item)
+{
+	int rc = 0;
+	pthread_mutex_lock(&st->decl_mu);
+	struct witem *it = NULL;
+	rc = w_step_writable(st, item);
+	if (!rc)
+		it = item_get(st, item, 1, &rc);
+	if (it && (it->narrays || it->json)) {
+		ckpt_log(CKPT_LOG_ERR, "writer: step %s: item %s holds %s: it cannot also be a stored copy",
+			 st->name, item, it->json ? "JSON" : "arrays");
+		rc = -EINVAL;
+	} else if (it) {
+		it->stored = 1;
+	}
+	pthread_mutex_unlock(&st->decl_mu);
 	return rc;
 }
 

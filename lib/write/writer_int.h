@@ -98,6 +98,7 @@ struct witem {
 	char *json; /* JSON item: the file's bytes (NUL-terminated), NULL for a pytree item */
 	size_t json_len;
 	char *handler; /* item handler named in _CHECKPOINT_METADATA, NULL = ckptfs's default */
+	int stored; /* a stored copy: its folder holds the files as copied; committed as they are */
 	struct witem *next;
 };
 

@@ -94,6 +94,21 @@ COPIES = {
 }
 
 
+def wait_committed(root, step):
+    """A copy of stored files commits once the copy tool has exited: the
+    step appears a moment after the tool returns."""
+    U.wait_until(lambda: step in os.listdir(root), timeout=10)
+    assert_committed(root, step)
+
+
+def assert_same_files(src, dst, sub):
+    """Every file of the stored item sub, byte for byte, on disk."""
+    a, b = files_of(Path(src) / sub), files_of(Path(dst) / sub)
+    assert sorted(a) == sorted(b)
+    for k in a:
+        assert a[k] == b[k], f"{sub}/{k} differs"
+
+
 @pytest.mark.parametrize("tool", sorted(COPIES))
 def test_copy_of_a_step_commits_exactly_the_step(tool, ro_src, rw, mount):
     root, m = rw
@@ -106,11 +121,67 @@ def test_copy_of_a_step_commits_exactly_the_step(tool, ro_src, rw, mount):
     assert_same_step(ro_src.p("20"), m.p("30"))
 
 
-def test_shutil_copytree_commits_exactly_the_step(ro_src, rw, mount):
+@pytest.mark.parametrize("tool", sorted(COPIES))
+def test_copy_of_a_step_folder_on_disk(tool, ro_src, rw, mount):
+    """A plain Orbax step folder (an OCDBT `state` item) copied from disk:
+    its files are kept as they are, and it commits once the tool exited and
+    every array reads back."""
     root, m = rw
-    shutil.copytree(ro_src.p("20"), m.p("30"))
-    assert_committed(root, "30")
+    rc, out = run(COPIES[tool].format(src=MANAGER / "20", dst=m.p("30")))
+    assert rc == 0, out
+    wait_committed(root, "30")
+    assert_same_files(MANAGER / "20", root / "30", "state")
     assert_same_step(ro_src.p("20"), mount(root, "ro").p("30"))
+
+
+@pytest.mark.parametrize("src", ["mount", "disk"])
+def test_shutil_copytree_commits_exactly_the_step(src, ro_src, rw, mount):
+    root, m = rw
+    shutil.copytree(ro_src.p("20") if src == "mount" else MANAGER / "20", m.p("30"))
+    wait_committed(root, "30")
+    assert_same_step(ro_src.p("20"), mount(root, "ro").p("30"))
+
+
+@pytest.mark.parametrize("layout", ["pytree_zarr3", "pytree_zarr2", "pytree_ocdbt_zarr2"])
+def test_stored_item_copied_into_a_pending_step(layout, rw, mount):
+    """An item folder as Orbax stored it (zarr v3, zarr v2, OCDBT) copied in
+    as `state`; touch commits it at once after reading it back."""
+    root, m = rw
+    os.mkdir(m.p("45"))
+    assert run(f"cp -r {U.FIXTURES / layout} {m.p('45/state')}")[0] == 0
+    open(m.p("45/commit_success.txt"), "w").close()
+    assert_committed(root, "45")
+    a = files_of(U.FIXTURES / layout)
+    b = files_of(root / "45" / "state")
+    assert {k: v for k, v in a.items() if k != "_CHECKPOINT_METADATA"} == \
+        {k: v for k, v in b.items() if k != "_CHECKPOINT_METADATA"}
+    src = mount(U.FIXTURES / layout, "ro")
+    fresh = mount(root, "ro")
+    want = {k: v for k, v in files_of(src.p()).items() if k.endswith(".npy")}
+    got = {k: v for k, v in files_of(fresh.p("45/state")).items() if k.endswith(".npy")}
+    assert want and want == got
+
+
+def test_a_damaged_stored_copy_is_refused(rw):
+    """A data file of the OCDBT copy cut short: the commit reads the item
+    back, fails with EIO naming the array, and the step stays pending."""
+    root, m = rw
+    os.mkdir(m.p("46"))
+    assert run(f"cp -r {MANAGER / '20' / 'state'} {m.p('46/state')}")[0] == 0
+    d = Path(m.p("46/state/d"))
+    (victim,) = list(d.iterdir())
+    os.truncate(victim, victim.stat().st_size // 2)
+    e = U.errno_of(lambda: open(m.p("46/commit_success.txt"), "w").close())
+    assert e == errno.EIO, e
+    assert "does not read back" in m.log()
+    assert "46" not in os.listdir(root)
+
+
+def test_npy_and_stored_files_do_not_mix(rw):
+    root, m = rw
+    os.makedirs(m.p("47/state"))
+    np.save(m.p("47/state/w.npy"), np.ones(3, np.float32))
+    assert U.errno_of(lambda: open(m.p("47/state/manifest.ocdbt"), "wb").close()) == errno.EINVAL
 
 
 def test_copy_of_a_step_ckptfs_wrote(ro_src, rw, mount, tmp_path):
