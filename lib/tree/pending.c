@@ -1383,8 +1383,29 @@ static int check_stored(ckpt_view *v, struct node *sn, int quiet)
 	int rc = 0;
 	for (size_t i = 0; i < d->nkids && !rc; i++) {
 		struct node *it = d->kids[i];
-		if (it->kind != N_PDIR || !to_pdir(it)->stored || !view_find_kid(it, CKPT_ORBAX_METADATA))
+		if (it->kind != N_PDIR || !to_pdir(it)->stored)
 			continue;
+		if (!view_find_kid(it, CKPT_ORBAX_METADATA)) {
+			/* Only an item of some other handler (named so in the copied
+			 * _CHECKPOINT_METADATA) is kept without its _METADATA. */
+			int bad;
+			cJSON *cm = copied_json(sn, CKPT_ORBAX_CKPT_METADATA, &bad);
+			const cJSON *h = cJSON_GetObjectItemCaseSensitive(
+				cJSON_GetObjectItemCaseSensitive(cm, "item_handlers"), it->name);
+			int other = cJSON_IsString(h) && !strstr(h->valuestring, "PyTreeCheckpointHandler") &&
+				    !strstr(h->valuestring, "StandardCheckpointHandler") &&
+				    !strstr(h->valuestring, "JsonCheckpointHandler");
+			cJSON_Delete(cm);
+			if (other)
+				continue;
+			if (quiet)
+				return -EAGAIN;
+			ckpt_log(CKPT_LOG_ERR,
+				 "step %s: item %s holds files that are not .npy arrays, and no %s: it is not "
+				 "an Orbax item (write arrays as NAME.npy, or copy a whole item folder)",
+				 sn->name, it->name, CKPT_ORBAX_METADATA);
+			return -EINVAL;
+		}
 		ckpt_step_info info;
 		ckpt_step_get_info(ps->step, &info);
 		const char *tmp = strrchr(info.tmp_path, '/');

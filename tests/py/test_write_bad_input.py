@@ -443,12 +443,16 @@ def test_array_file_directly_in_step(root):
     assert e in (errno.EPERM, errno.EINVAL), f"errno {e}"
     alive(m)
     assert_logged(lg, "a.npy")
-    lg = Log(m)
-    e = err(write_at, m.p("30/state/notes.txt"), b"hello")
-    assert e in (errno.EPERM, errno.EINVAL), f"non-.npy file in an item: errno {e}"
-    assert_logged(lg, "notes.txt")
     assert sorted(os.listdir(m.p("30"))) == ["state"]
     assert os.listdir(m.p("30/state")) == []
+    # a file that is not .npy in an item makes it a stored copy of an Orbax
+    # item; without the item's _METADATA it is not one, and the commit says so
+    lg = Log(m)
+    write_at(m.p("30/state/notes.txt"), b"hello")
+    assert err(commit, m.p("30")) == errno.EINVAL
+    alive(m)
+    assert_logged(lg, "not an Orbax item")
+    assert sorted(os.listdir(src)) == ["30" + TMP]
 
 
 @pytest.mark.parametrize("name", ["x" + TMP, "30" + TMP, ".hidden", "metadata"])
