@@ -58,6 +58,7 @@
  *   |-> v->dyn_lock       (hidden-name map; leaf)
  *   |-> v->alloc_lock     (node table appends; leaf)
  *   |-> pf->mu            (a pending file's size, for its attributes)
+ *   |-> ps->wp_mu         (the processes writing a pending step; leaf)
  *   |-> writer: step->decl_mu   (mkdir of an item: ckpt_step_add_item)
  *   '-> ps->io_lock (rwlock. Shared: write, read-back and setxattr of a
  *       |            pending file. Exclusive: commit (without ns_lock), abort)
