@@ -3,7 +3,8 @@
 #include "dtype.h"
 
 /* bf16 and the 8-bit floats appear as void in .npy (what np.save writes for
- * ml_dtypes arrays); '<f1' is never emitted (jax-ml/ml_dtypes#216). */
+ * ml_dtypes arrays); '<f1' is never emitted: numpy has no 1-byte float
+ * and refuses such a header. */
 static const ckpt_dtype_info infos[CKPT_DT_COUNT] = {
 	[CKPT_DT_BOOL] = { "bool", "|b1", "BOOL", 1, 'b' },
 	[CKPT_DT_INT8] = { "int8", "|i1", "I8", 1, 'i' },

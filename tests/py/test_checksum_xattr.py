@@ -1,4 +1,4 @@
-"""Which arrays carry a data checksum (issue 12): the user.ckpt.checksum
+"""Which arrays carry a data checksum: the user.ckpt.checksum
 xattr of an array file says what protects its stored bytes, read from the
 metadata and from the header of the first stored zstd frame
 (Content_Checksum_flag), and `ckptfs verify` names the arrays that have

@@ -214,6 +214,10 @@ def test_man_page_and_readme_agree_with_help():
     for word in ("ckptfs info", "ckptfs verify", "fuse.ckptfs", "/usr/bin/python3"):
         assert word in readme, word
     assert "EXIT STATUS" in man and "fstab" in man and "zsh" in man
+    # object-store sources: --help, the man page and the README's opening paragraph name both
+    opening = readme.split("\n## ")[0]
+    for scheme in ("s3://", "gs://"):
+        assert scheme in help_options()[0] and scheme in man and scheme in opening, scheme
 
 
 def test_verify_progress_only_on_a_terminal():

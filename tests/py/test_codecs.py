@@ -1,4 +1,4 @@
-"""Issue 10: codecs of older and non-default checkpoints.
+"""Codecs of older and non-default checkpoints.
 
 The fixtures under tests/fixtures/generated/codecs/ (made by
 tests/fixtures/generated/make_codecs.py) are Orbax-like items whose arrays use

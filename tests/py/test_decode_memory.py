@@ -1,4 +1,4 @@
-"""Decode memory is bounded by cache_size (issue 11, item 6).
+"""Decode memory is bounded by cache_size.
 
 Real Orbax zarr v2 checkpoints store a replicated array as ONE chunk, so a
 large embedding is one decode unit of hundreds of MiB or GiB (a few KiB

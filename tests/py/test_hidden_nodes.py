@@ -1,4 +1,4 @@
-"""Hidden nodes are freed (issue 11, item 7).
+"""Hidden nodes are freed.
 
 Every hidden name a process looks up (a slice file `NAME[<slice>].npy`, a
 `NAME.shards/` entry, an `X.safetensors` view) becomes a node in the

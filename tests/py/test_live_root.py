@@ -1,4 +1,4 @@
-"""Issue 10: a live CheckpointManager root, and what SOURCE may be.
+"""A live CheckpointManager root, and what SOURCE may be.
 
 Training keeps saving while people browse: steps committed after the mount
 appear and pruned steps disappear without a remount, while pending

@@ -1,4 +1,4 @@
-"""Issue 10, reading: a missing byte is an error, never a zero.
+"""Reading: a missing byte is an error, never a zero.
 
 Orbax writes every chunk (also those equal to the fill value), records
 `store_array_data_equal_to_fill_value: true` in _METADATA and restores with
@@ -352,7 +352,7 @@ def view_params(reason):
 
 
 @pytest.mark.parametrize("case,damage",
-                         view_params("issue 10: params.safetensors silently leaves out an unreadable array"))
+                         view_params("params.safetensors silently leaves out an unreadable array"))
 def test_safetensors_view_never_omits(case, damage, tmp_path, mount):
     root = copy_fixture("pytree_zarr3", tmp_path / "z3")
     damage(root)
@@ -376,7 +376,7 @@ def test_cp_r_of_intact_mount_succeeds(tmp_path, mount):
 
 
 @pytest.mark.parametrize("case,damage",
-                         view_params("issue 10: cp -r of the mount exits 0 with an array missing or zeroed"))
+                         view_params("cp -r of the mount exits 0 with an array missing or zeroed"))
 def test_cp_r_fails_when_something_is_unreadable(case, damage, tmp_path, mount):
     root = copy_fixture("pytree_zarr3", tmp_path / "z3")
     damage(root)

@@ -1,4 +1,4 @@
-"""Names written through the mount (issue 11, item 4).
+"""Names written through the mount.
 
 The read side escapes pytree keys that are unsafe as file names
 (docs/usage.md: '%' -> %25, '/' -> %2F, '.' -> %2E, '..' -> %2E%2E, the

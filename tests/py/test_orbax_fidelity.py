@@ -1,4 +1,4 @@
-"""Issue 10, writing: every step committed through the mount restores in
+"""Writing: every step committed through the mount restores in
 Orbax 0.12 as a step Orbax wrote, and what Orbax would refuse is refused.
 
 - Every jax.Array gets a default `_sharding` entry (a single-device

@@ -1,4 +1,4 @@
-"""Writers that retry (issue 11, item 9).
+"""Writers that retry.
 
 A training job preempted in the middle of a save restarts and runs the same
 save again into the same pending step.  That must work with plain file

@@ -1,4 +1,4 @@
-"""Who may write (issue 11 item 1): under -o allow_other, any uid but the
+"""Who may write: under -o allow_other, any uid but the
 mounting user's gets EACCES for every change (mkdir, create, write, setxattr,
 rename, rmdir, unlink, the commit marker) unless -o allow_other_writes; reads
 by others are allowed (the tree shows world-readable modes; -o

@@ -1,4 +1,4 @@
-"""`ckptfs status MOUNTPOINT` (issue 12): the pending steps of a mount with
+"""`ckptfs status MOUNTPOINT`: the pending steps of a mount with
 their progress (arrays declared, bytes stored so far) and the mount's
 counters (bytes received / stored / buffered, commits, errors, cache), as
 text or --json; --watch repeats (redraws on a terminal)."""

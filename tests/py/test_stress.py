@@ -1,4 +1,4 @@
-"""Bounded stress test (issue 11, "Keep it proven").
+"""Bounded stress test: keep it proven under load.
 
 One writable mount of a CheckpointManager root holding four committed steps
 (5: zarr v2, 7: zarr v3, 10 and 20: zarr v2 in OCDBT), with a small

@@ -1,4 +1,4 @@
-"""Directory symlinks inside SOURCE do not fan out (issue 11, item 5).
+"""Directory symlinks inside SOURCE do not fan out.
 
 Folders that are not pytree items (a step's `metadata/`, JSON items) are
 mirrored into the view at mount time.  Directory symlinks used to be
@@ -89,7 +89,7 @@ def test_two_symlinks_to_ancestors(roots, mount):
 
 
 def test_symlink_to_a_file_outside_a_mirrored_folder_is_not_a_directory(roots, mount):
-    """Whatever the choice for file symlinks (item 2), a link never makes the
+    """Whatever is done with file symlinks, a link never makes the
     mirrored folder's own files disappear or change."""
     plain, linked = roots
     mp = mount(plain)

@@ -1,4 +1,4 @@
-"""bfloat16 and float8 arrays for plain numpy (issue 12): NAME.f32.npy is a
+"""bfloat16 and float8 arrays for plain numpy: NAME.f32.npy is a
 hidden companion of NAME.npy holding the same values as float32 '<f4',
 exactly (every bfloat16 / float8 value is a float32 value); also for slices,
 NAME[<slice>].f32.npy.  Other dtypes have no such name."""

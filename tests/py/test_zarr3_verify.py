@@ -176,7 +176,7 @@ def test_checker_catches_metadata_errors(emitted, tmp_path):
 
 
 # ---------------------------------------------------------------------------
-# Restore checks (issue 10): what Orbax's restore needs beyond a valid layout.
+# Restore checks: what Orbax's restore needs beyond a valid layout.
 # The checker must fail on each defect; each case starts from a clean copy
 # of the emitted step (default shardings added where the writer left none).
 

@@ -383,6 +383,6 @@ int main(void)
 
 	ckpt_cache_destroy(c);
 
-	test_budget();
+	CHECK_RUN(test_budget);
 	return CHECK_DONE();
 }

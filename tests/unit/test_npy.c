@@ -877,14 +877,14 @@ static void test_numpy_parse(void)
 
 int main(void)
 {
-	test_hardcoded();
-	test_roundtrip();
-	test_variants();
-	test_fuzz();
+	CHECK_RUN(test_hardcoded);
+	CHECK_RUN(test_roundtrip);
+	CHECK_RUN(test_variants);
+	CHECK_RUN(test_fuzz);
 	if (have_numpy()) {
-		test_numpy_headers();
-		test_numpy_load();
-		test_numpy_parse();
+		CHECK_RUN(test_numpy_headers);
+		CHECK_RUN(test_numpy_load);
+		CHECK_RUN(test_numpy_parse);
 	} else {
 		printf("NOTE: %s with numpy not available; numpy comparisons skipped\n", PYTHON);
 	}

@@ -1497,16 +1497,16 @@ int main(void)
 		perror("mkdtemp");
 		return 1;
 	}
-	test_fixtures();
-	test_union_fixture(FIX "/std_ocdbt_zarr3", "union_std");
-	test_union_fixture(FIX "/v1_pytree/state", "union_v1");
-	test_corrupt_fixtures();
-	test_crafted();
-	test_fuzz_entry();
+	CHECK_RUN(test_fixtures);
+	CHECK_RUN_CALL(test_union_fixture, (FIX "/std_ocdbt_zarr3", "union_std"));
+	CHECK_RUN_CALL(test_union_fixture, (FIX "/v1_pytree/state", "union_v1"));
+	CHECK_RUN(test_corrupt_fixtures);
+	CHECK_RUN(test_crafted);
+	CHECK_RUN(test_fuzz_entry);
 	if (have_python()) {
-		test_generated();
-		test_concurrent();
-		test_10k();
+		CHECK_RUN(test_generated);
+		CHECK_RUN(test_concurrent);
+		CHECK_RUN(test_10k);
 	} else {
 		printf("SKIP generated-tree tests: %s not usable\n", PY);
 	}

@@ -231,9 +231,9 @@ static void test_repr_and_order(void)
 
 int main(void)
 {
-	test_names();
-	test_sharding();
-	test_escape();
-	test_repr_and_order();
+	CHECK_RUN(test_names);
+	CHECK_RUN(test_sharding);
+	CHECK_RUN(test_escape);
+	CHECK_RUN(test_repr_and_order);
 	return CHECK_DONE();
 }

@@ -920,16 +920,16 @@ static void test_shards(void)
 int main(void)
 {
 	/* the error cases log one line each, on purpose */
-	test_worked_example();
-	test_fixture();
-	test_order();
-	test_padding();
-	test_scalar_and_empty();
-	test_map_edges();
-	test_map_random();
-	test_escape();
-	test_errors();
-	test_header_limit();
-	test_shards();
+	CHECK_RUN(test_worked_example);
+	CHECK_RUN(test_fixture);
+	CHECK_RUN(test_order);
+	CHECK_RUN(test_padding);
+	CHECK_RUN(test_scalar_and_empty);
+	CHECK_RUN(test_map_edges);
+	CHECK_RUN(test_map_random);
+	CHECK_RUN(test_escape);
+	CHECK_RUN(test_errors);
+	CHECK_RUN(test_header_limit);
+	CHECK_RUN(test_shards);
 	return CHECK_DONE();
 }

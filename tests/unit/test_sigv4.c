@@ -191,9 +191,9 @@ static void test_helpers(void)
 
 int main(void)
 {
-	test_aws_s3_examples();
-	test_aws_suite();
-	test_ckptfs_shapes();
-	test_helpers();
+	CHECK_RUN(test_aws_s3_examples);
+	CHECK_RUN(test_aws_suite);
+	CHECK_RUN(test_ckptfs_shapes);
+	CHECK_RUN(test_helpers);
 	return CHECK_DONE();
 }

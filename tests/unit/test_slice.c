@@ -701,13 +701,13 @@ static void bench(void)
 
 int main(void)
 {
-	test_parse();
-	test_parse_random();
-	test_format();
-	test_region_basics();
-	test_copy_edges();
-	test_copy_random();
-	test_grid_coverage();
-	bench();
+	CHECK_RUN(test_parse);
+	CHECK_RUN(test_parse_random);
+	CHECK_RUN(test_format);
+	CHECK_RUN(test_region_basics);
+	CHECK_RUN(test_copy_edges);
+	CHECK_RUN(test_copy_random);
+	CHECK_RUN(test_grid_coverage);
+	CHECK_RUN(bench);
 	return CHECK_DONE();
 }

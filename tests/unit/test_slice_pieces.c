@@ -249,8 +249,8 @@ static void test_edges(void)
 
 int main(void)
 {
-	test_edges();
-	test_random_ranges();
-	test_against_copy();
+	CHECK_RUN(test_edges);
+	CHECK_RUN(test_random_ranges);
+	CHECK_RUN(test_against_copy);
 	return CHECK_DONE();
 }

@@ -728,8 +728,8 @@ int main(int argc, char **argv)
 	if (!mkdtemp(tmp))
 		return 2;
 	ckpt_log_set_level(CKPT_LOG_ERR);
-	test_folder();
-	test_ocdbt_on();
+	CHECK_RUN(test_folder);
+	CHECK_RUN(test_ocdbt_on);
 	sh("rm -rf %s", tmp);
 	return CHECK_DONE();
 }

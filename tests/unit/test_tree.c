@@ -314,8 +314,8 @@ static void test_sources_and_live_root(void)
 int main(void)
 {
 	alarm(120); /* a blocked call ends the test (SIGALRM) */
-	test_read_side();
-	test_commit_does_not_block_the_namespace();
-	test_sources_and_live_root();
+	CHECK_RUN(test_read_side);
+	CHECK_RUN(test_commit_does_not_block_the_namespace);
+	CHECK_RUN(test_sources_and_live_root);
 	return CHECK_DONE();
 }

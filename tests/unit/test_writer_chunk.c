@@ -164,8 +164,8 @@ int main(void)
 	CHECK(root != NULL);
 	if (!root)
 		return CHECK_DONE();
-	test_spill_reload_rewrite(root);
-	test_error_retry(root);
+	CHECK_RUN_CALL(test_spill_reload_rewrite, (root));
+	CHECK_RUN_CALL(test_error_retry, (root));
 	CHECK_EQ_INT(ckpt_rmtree(root), 0);
 	return CHECK_DONE();
 }

@@ -444,10 +444,10 @@ static void test_refused(void)
 
 int main(void)
 {
-	test_fixtures();
-	test_writer_output();
-	test_chains();
-	test_fill();
-	test_refused();
+	CHECK_RUN(test_fixtures);
+	CHECK_RUN(test_writer_output);
+	CHECK_RUN(test_chains);
+	CHECK_RUN(test_fill);
+	CHECK_RUN(test_refused);
 	return CHECK_DONE();
 }
