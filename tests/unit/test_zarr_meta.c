@@ -409,6 +409,101 @@ static void test_fill(void)
 	CHECK_EQ_INT(fill_of("float32", "{}", f), -EINVAL);
 }
 
+static uint64_t le64(const uint8_t *f)
+{
+	uint64_t v = 0;
+	for (int i = 7; i >= 0; i--)
+		v = v << 8 | f[i];
+	return v;
+}
+
+/* Parse `json` (format fmt): rc; the fill bits and the emitted text. */
+static int fill_text(const char *json, int fmt, uint64_t *bits, char *emitted, size_t cap)
+{
+	struct ckpt_zarr_meta m;
+	const char *why;
+	int rc = ckpt_zarr_meta_parse(json, strlen(json), fmt, &m, &why);
+	if (rc == 0) {
+		*bits = le64(m.fill);
+		char *e = ckpt_zarr_meta_emit(&m);
+		CHECK(e != NULL);
+		snprintf(emitted, cap, "%s", e ? e : "");
+		free(e);
+		free(round_trip(json, strlen(json), fmt, "int fill"));
+	}
+	ckpt_zarr_meta_free(&m);
+	return rc;
+}
+
+/* 64-bit integer fill values are read from their digits, not through a
+ * double (2^63-1 used to read as -2^63, 2^53+1 as 2^53, and 2^64-1 was
+ * refused), and emit writes the same digits back. */
+static void test_fill_int64(void)
+{
+	static const struct {
+		const char *dtype, *text;
+		uint64_t bits;
+	} cases[] = {
+		{ "int64", "9223372036854775807", 0x7fffffffffffffffull },
+		{ "int64", "-9223372036854775808", 0x8000000000000000ull },
+		{ "int64", "9007199254740993", 9007199254740993ull },
+		{ "int64", "-9007199254740993", (uint64_t)-9007199254740993ll },
+		{ "uint64", "18446744073709551615", 0xffffffffffffffffull },
+		{ "uint64", "9007199254740993", 9007199254740993ull },
+		{ "int32", "-2147483648", 0xffffffff80000000ull & 0xffffffffull },
+		{ "uint32", "4294967295", 0xffffffffull },
+		{ "uint8", "255", 0xff },
+	};
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		char json[512], e[1024], want[64];
+		uint64_t bits = 0;
+		/* v3, with a decoy "fill_value" inside attributes before the real one */
+		snprintf(json, sizeof(json),
+			 V3_HEAD "\"attributes\":{\"fill_value\":1,\"x\":[\"fill_value\",{}]},"
+			 "\"shape\":[8,6],\"data_type\":\"%s\",\"fill_value\":%s,\"codecs\":[{\"name\":\"bytes\","
+			 "\"configuration\":{\"endian\":\"little\"}}]}",
+			 cases[i].dtype, cases[i].text);
+		CHECK_EQ_INT(fill_text(json, 3, &bits, e, sizeof(e)), 0);
+		unsigned isz = ckpt_dtype_get(ckpt_dtype_from_name(cases[i].dtype))->itemsize;
+		uint64_t mask = isz == 8 ? ~0ull : (1ull << (8 * isz)) - 1;
+		CHECK(bits == (cases[i].bits & mask));
+		snprintf(want, sizeof(want), "\"fill_value\":%s,", cases[i].text);
+		CHECK(strstr(e, want) != NULL);
+		if (!strstr(e, want))
+			fprintf(stderr, "  %s: %s\n", cases[i].text, e);
+	}
+	/* v2 (.zarray) as python3-zarr writes it, and an escaped member name */
+	char json[512], e[1024];
+	uint64_t bits = 0;
+	snprintf(json, sizeof(json),
+		 "{\"chunks\":[4],\"compressor\":null,\"dtype\":\"<u8\",\"fill_\\u0076alue\":"
+		 "18446744073709551615,\"filters\":null,\"order\":\"C\",\"shape\":[8],\"zarr_format\":2}");
+	CHECK_EQ_INT(fill_text(json, 2, &bits, e, sizeof(e)), 0);
+	CHECK(bits == ~0ull);
+	CHECK(strstr(e, "\"fill_value\":18446744073709551615,") != NULL);
+	snprintf(json, sizeof(json),
+		 "{\"chunks\":[4],\"compressor\":null,\"dtype\":\">i8\",\"fill_value\":9223372036854775807,"
+		 "\"filters\":null,\"order\":\"C\",\"shape\":[8],\"zarr_format\":2}");
+	CHECK_EQ_INT(fill_text(json, 2, &bits, e, sizeof(e)), 0);
+	CHECK(bits == 0x7fffffffffffffffull);
+	/* beyond 64 bits, and below -2^63: refused */
+	uint8_t f[16];
+	CHECK_EQ_INT(fill_of("uint64", "18446744073709551616", f), -EINVAL);
+	CHECK_EQ_INT(fill_of("int64", "-9223372036854775809", f), -EINVAL);
+	/* not integer tokens: read as before, through the number's value */
+	CHECK_EQ_INT(fill_of("int64", "1e3", f), 0);
+	CHECK(le64(f) == 1000);
+	CHECK_EQ_INT(fill_of("int32", "-2.0", f), 0);
+	CHECK(le64(f) == 0xfffffffe);
+	/* hex strings stay bits; float strings unchanged */
+	CHECK_EQ_INT(fill_of("int64", "\"0x7fffffffffffffff\"", f), 0);
+	CHECK(le64(f) == 0x7fffffffffffffffull);
+	CHECK_EQ_INT(fill_of("float64", "9007199254740993", f), 0);
+	double dv;
+	memcpy(&dv, f, 8);
+	CHECK(dv == 9007199254740992.0);
+}
+
 static void test_refused(void)
 {
 	struct ckpt_zarr_meta m;
@@ -448,6 +543,7 @@ int main(void)
 	test_writer_output();
 	test_chains();
 	test_fill();
+	test_fill_int64();
 	test_refused();
 	return CHECK_DONE();
 }
