@@ -731,7 +731,7 @@ static int parse_v2(const cJSON *root, const struct num_text *fraw, struct ckpt_
 			const cJSON *sh = member(comp, "shuffle"), *bs = member(comp, "blocksize");
 			if (!cJSON_IsString(cn) || strlen(cn->valuestring) >= sizeof(c->cname) ||
 			    (cl && json_int(cl, &c->level) < 0) ||
-			    (sh && (json_int(sh, &c->shuffle) < 0 || c->shuffle < 0 || c->shuffle > 2)) ||
+			    (sh && (json_int(sh, &c->shuffle) < 0 || c->shuffle < -1 || c->shuffle > 2)) ||
 			    (bs && json_u64(bs, &c->blocksize) < 0))
 				return fail(why, "bad blosc configuration", -EINVAL);
 			strcpy(c->cname, cn->valuestring);
@@ -744,6 +744,14 @@ static int parse_v2(const cJSON *root, const struct num_text *fraw, struct ckpt_
 			const cJSON *l = member(comp, c->id == CKPT_CODEC_LZ4 ? "acceleration" : "level");
 			if (l && json_int(l, &c->level) < 0)
 				return fail(why, "bad compression level", -EINVAL);
+		} else if (strcmp(id->valuestring, "crc32c") == 0) {
+			/* numcodecs CRC32C: the checksum after the data, as zarr v3's crc32c */
+			const cJSON *loc = member(comp, "location");
+			if (loc && !(cJSON_IsString(loc) && strcmp(loc->valuestring, "end") == 0)) {
+				note_unsupported(m, id);
+				return fail(why, "a checksum before the data is not supported", -ENOTSUP);
+			}
+			c->id = CKPT_CODEC_CRC32C;
 		} else {
 			note_unsupported(m, id);
 			return fail(why, "unsupported compressor", -ENOTSUP);
@@ -751,8 +759,10 @@ static int parse_v2(const cJSON *root, const struct num_text *fraw, struct ckpt_
 	}
 	const cJSON *filters = member(root, "filters");
 	if (filters && !cJSON_IsNull(filters) &&
-	    !(cJSON_IsArray(filters) && cJSON_GetArraySize(filters) == 0))
+	    !(cJSON_IsArray(filters) && cJSON_GetArraySize(filters) == 0)) {
+		note_unsupported(m, member(cJSON_GetArrayItem(filters, 0), "id"));
 		return fail(why, "filters are not supported", -ENOTSUP);
+	}
 	m->key_encoding = CKPT_ZARR_KEYS_V2;
 	m->sep = '.';
 	const cJSON *sep = member(root, "dimension_separator");
@@ -1220,7 +1230,7 @@ static cJSON *emit_v2(const struct ckpt_zarr_meta *m, int *bad)
 		} else if (c->id == CKPT_CODEC_GZIP) {
 			put(comp, "id", cJSON_CreateString("gzip"), bad);
 			put(comp, "level", raw_int(c->level), bad);
-		} else if (c->id == CKPT_CODEC_BLOSC && c->shuffle >= 0 && c->shuffle <= 2) {
+		} else if (c->id == CKPT_CODEC_BLOSC && c->shuffle >= -1 && c->shuffle <= 2) {
 			put(comp, "blocksize", raw_u64(c->blocksize), bad);
 			put(comp, "clevel", raw_int(c->level), bad);
 			put(comp, "cname", cJSON_CreateString(c->cname), bad);
@@ -1232,6 +1242,8 @@ static cJSON *emit_v2(const struct ckpt_zarr_meta *m, int *bad)
 		} else if (c->id == CKPT_CODEC_LZ4) {
 			put(comp, "acceleration", raw_int(c->level), bad);
 			put(comp, "id", cJSON_CreateString("lz4"), bad);
+		} else if (c->id == CKPT_CODEC_CRC32C) {
+			put(comp, "id", cJSON_CreateString("crc32c"), bad);
 		} else {
 			cJSON_Delete(comp);
 			return NULL;

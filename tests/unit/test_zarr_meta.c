@@ -504,6 +504,79 @@ static void test_fill_int64(void)
 	CHECK(dv == 9007199254740992.0);
 }
 
+/* Every compressor configuration numcodecs writes for zarr v2 parses and
+ * emits back: blosc with shuffle -1 (AUTOSHUFFLE) to 2 and each cname,
+ * zstd with and without checksum, crc32c; filters and checksums stored
+ * before the data are refused, naming the codec. */
+static void test_v2_numcodecs(void)
+{
+	static const char *const comps[] = {
+		"{\"blocksize\":0,\"clevel\":5,\"cname\":\"lz4\",\"id\":\"blosc\",\"shuffle\":-1}",
+		"{\"blocksize\":0,\"clevel\":5,\"cname\":\"lz4hc\",\"id\":\"blosc\",\"shuffle\":0}",
+		"{\"blocksize\":256,\"clevel\":1,\"cname\":\"snappy\",\"id\":\"blosc\",\"shuffle\":1}",
+		"{\"blocksize\":0,\"clevel\":9,\"cname\":\"zlib\",\"id\":\"blosc\",\"shuffle\":2}",
+		"{\"blocksize\":0,\"clevel\":3,\"cname\":\"zstd\",\"id\":\"blosc\",\"shuffle\":-1,\"typesize\":4}",
+		"{\"blocksize\":0,\"clevel\":5,\"cname\":\"blosclz\",\"id\":\"blosc\",\"shuffle\":1}",
+		"{\"id\":\"zstd\",\"level\":3}",
+		"{\"checksum\":true,\"id\":\"zstd\",\"level\":3}",
+		"{\"checksum\":false,\"id\":\"zstd\",\"level\":3}",
+		"{\"id\":\"zlib\",\"level\":1}",
+		"{\"id\":\"gzip\",\"level\":9}",
+		"{\"acceleration\":1,\"id\":\"lz4\"}",
+		"{\"id\":\"bz2\",\"level\":1}",
+		"{\"id\":\"crc32c\"}",
+		"{\"id\":\"crc32c\",\"location\":\"end\"}",
+	};
+	for (size_t i = 0; i < sizeof(comps) / sizeof(comps[0]); i++) {
+		char json[512];
+		snprintf(json, sizeof(json),
+			 "{\"chunks\":[4],\"compressor\":%s,\"dtype\":\"<f4\",\"fill_value\":0.0,"
+			 "\"filters\":null,\"order\":\"C\",\"shape\":[8],\"zarr_format\":2}",
+			 comps[i]);
+		ckpt_array_meta a;
+		const char *why = "";
+		CHECK_EQ_INT(ckpt_zarr_parse(2, json, strlen(json), &a, &why), 0);
+		if (strstr(comps[i], "shuffle\":-1")) {
+			struct ckpt_zarr_meta m;
+			CHECK_EQ_INT(ckpt_zarr_meta_parse(json, strlen(json), 2, &m, &why), 0);
+			CHECK(m.codecs.b2b[0].shuffle == -1);
+			char *e = ckpt_zarr_meta_emit(&m);
+			CHECK(e && strstr(e, "\"shuffle\":-1"));
+			free(e);
+			ckpt_zarr_meta_free(&m);
+		}
+		free(round_trip(json, strlen(json), 2, comps[i]));
+	}
+	static const struct {
+		const char *comp, *filters, *named;
+	} bad[] = {
+		{ "{\"id\":\"crc32\"}", "null", "crc32" },
+		{ "{\"id\":\"adler32\"}", "null", "adler32" },
+		{ "{\"id\":\"crc32c\",\"location\":\"start\"}", "null", "crc32c" },
+		{ "{\"id\":\"lzma\",\"preset\":1}", "null", "lzma" },
+		{ "null", "[{\"dtype\":\"<f4\",\"id\":\"delta\"}]", "delta" },
+		{ "{\"blocksize\":0,\"clevel\":5,\"cname\":\"lz4\",\"id\":\"blosc\",\"shuffle\":3}", "null", "" },
+	};
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		char json[512];
+		snprintf(json, sizeof(json),
+			 "{\"chunks\":[4],\"compressor\":%s,\"dtype\":\"<f4\",\"fill_value\":0.0,"
+			 "\"filters\":%s,\"order\":\"C\",\"shape\":[8],\"zarr_format\":2}",
+			 bad[i].comp, bad[i].filters);
+		ckpt_array_meta a;
+		const char *why = "";
+		int rc = ckpt_zarr_parse(2, json, strlen(json), &a, &why);
+		CHECK_EQ_INT(rc, bad[i].named[0] ? -ENOTSUP : -EINVAL);
+		if (bad[i].named[0]) {
+			char q[40];
+			snprintf(q, sizeof(q), "\"%s\"", bad[i].named);
+			CHECK(strstr(why, q) != NULL);
+			if (!strstr(why, q))
+				fprintf(stderr, "  why: %s\n", why);
+		}
+	}
+}
+
 static void test_refused(void)
 {
 	struct ckpt_zarr_meta m;
@@ -544,6 +617,7 @@ int main(void)
 	test_chains();
 	test_fill();
 	test_fill_int64();
+	test_v2_numcodecs();
 	test_refused();
 	return CHECK_DONE();
 }
