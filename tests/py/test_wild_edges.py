@@ -151,3 +151,45 @@ def test_root_of_steps_without_checkpoint_metadata(mount):
         for rel in STEP_FILES:
             assert U.read_all(m.p(f"{step}/{rel}")) == U.read_all(ref.p(rel)), f"{step}/{rel}"
 
+
+
+# ---------------------------------------------------------------- OCDBT layouts of newer Orbax
+
+OCDBT_EXPECTED = json.loads((WILD / "expected_ocdbt" / "ocdbt_expected.json").read_text())
+OCDBT_ITEMS = ["ocdbt_split", "ocdbt_split_unmerged", "ocdbt_replica", "ocdbt_replica_merged"]
+
+
+def _ocdbt_array(e):
+    raw = (WILD / "expected_ocdbt" / e["file"]).read_bytes()
+    return np.frombuffer(raw, dtype=np.dtype(e["dtype"]).newbyteorder("<")).reshape(e["shape"])
+
+
+@pytest.mark.parametrize("item", OCDBT_ITEMS)
+def test_ocdbt_layout_reads_byte_exact(item, module_mount):
+    m = module_mount(WILD / item, "ro")
+    keys = [k for k in sorted(OCDBT_EXPECTED) if OCDBT_EXPECTED[k]["item"] == item]
+    assert len(keys) == 6
+    for k in keys:
+        e = OCDBT_EXPECTED[k]
+        want = _ocdbt_array(e)
+        rel = e["param"].replace(".", "/") + ".npy"
+        got = np.load(m.p(rel))
+        assert got.dtype == want.dtype and got.shape == want.shape, k
+        assert got.tobytes() == want.tobytes(), k
+        if want.ndim:
+            sl = np.ascontiguousarray(want[1:3])
+            assert data_of(m.p(rel[:-4] + "[1:3].npy"), sl.nbytes) == sl.tobytes(), k
+
+
+def test_ocdbt_value_beyond_4gib(tmp_path, mount):
+    item = tmp_path / "large"
+    import subprocess
+    import sys
+    subprocess.run([sys.executable, str(U.REPO / "scripts" / "gen_ocdbt_layouts.py"), "--large", str(item)],
+                   check=True)
+    data = [p for p in (item / "d").iterdir() if p.stat().st_size > 1 << 32]
+    assert len(data) == 1, "the generator must write one data file beyond 4 GiB (sparse)"
+    m = mount(item, "ro")
+    want = (np.arange(64 * 64, dtype=np.float32) * 0.5).reshape(64, 64)
+    got = np.load(m.p("big/w.npy"))
+    assert got.tobytes() == want.tobytes()
