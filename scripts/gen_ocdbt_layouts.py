@@ -28,8 +28,9 @@ Every item's arrays are zarr v3 without any bytes->bytes codec: the codec chain
 [bytes, crc32c], at the end and at the start).
 
 --large: a data file of 5 GiB + a little, sparse, whose one out-of-line
-value (an uncompressed chunk) starts at 5 GiB; the manifest's statistics
-(tree bytes, indirect value bytes) are above 2^32 too.
+chunk (uncompressed) starts at 5 GiB, plus a key whose value is 4 GiB + 5
+bytes long; the manifest's statistics (tree bytes, indirect value bytes)
+are above 2^32 too.
 """
 import hashlib
 import json
@@ -171,10 +172,14 @@ class File:
 
 def leaf(kv, node_file, value_file, value_rel_from_node, prefix=b""):
     """One leaf of kv (sorted) into node_file; values above 1024 bytes into
-    value_file, named in the leaf's table as value_rel_from_node."""
+    value_file, named in the leaf's table as value_rel_from_node.  A value
+    given as (offset, length) is a reference into value_file as it stands."""
     refs, ool = [], False
     for k, v in kv:
-        if len(v) > G.MAX_INLINE:
+        if isinstance(v, tuple):
+            refs.append((k, (0, v[0], v[1])))
+            ool = True
+        elif len(v) > G.MAX_INLINE:
             refs.append((k, (0, value_file.append(v), len(v))))
             ool = True
         else:
@@ -275,8 +280,11 @@ def make_large(item):
     node = File(item, b"d/" + fid("large/node"))
     data = File(item, b"d/" + fid("large/data"))
     data.sparse_at = 5 << 30
-    kv = sorted(array_kv("big.w", arr, (64, 64), [B]))
-    root = leaf(kv, node, data, data.rel)
+    kv = array_kv("big.w", arr, (64, 64), [B])
+    # a key no array reads whose value is longer than 4 GiB (it lies inside
+    # the sparse file): the index must take its 64-bit length
+    kv.append((b"big.w/extra", (0, (4 << 30) + 5)))
+    root = leaf(sorted(kv), node, data, data.rel)
     node.write()
     data.write()
     manifest(item, [(b"", node.rel)], 0, root, "large", stats=((6 << 30) + 1, (5 << 30) + 7))
