@@ -521,6 +521,58 @@ static int parse_sharding(const cJSON *c, int rank, const uint64_t *chunk, int d
 	return 0;
 }
 
+/* zarr-python's numcodecs.zarr3 wrappers: "numcodecs.<id>" whose
+ * configuration is the numcodecs codec's (without its id); the stored bytes
+ * are those of the numcodecs codec. */
+static int parse_numcodecs_v3(const cJSON *c, const char *id, struct ckpt_zarr_codec *out, const char **why)
+{
+	out->numcodecs = 1;
+	if (strcmp(id, "zlib") == 0 || strcmp(id, "gzip") == 0 || strcmp(id, "bz2") == 0 ||
+	    strcmp(id, "lz4") == 0) {
+		out->id = id[0] == 'z' ? CKPT_CODEC_ZLIB : id[0] == 'g' ? CKPT_CODEC_GZIP
+			: id[0] == 'b' ? CKPT_CODEC_BZ2 : CKPT_CODEC_LZ4;
+		const cJSON *l = conf(c, out->id == CKPT_CODEC_LZ4 ? "acceleration" : "level");
+		if (l && json_int(l, &out->level) < 0)
+			return fail(why, "bad compression level", -EINVAL);
+		return 0;
+	}
+	if (strcmp(id, "zstd") == 0) {
+		out->id = CKPT_CODEC_ZSTD;
+		const cJSON *l = conf(c, "level");
+		if (l && json_int(l, &out->level) < 0)
+			return fail(why, "bad compression level", -EINVAL);
+		out->checksum = cJSON_IsTrue(conf(c, "checksum"));
+		return 0;
+	}
+	if (strcmp(id, "blosc") == 0) {
+		out->id = CKPT_CODEC_BLOSC;
+		const cJSON *cn = conf(c, "cname"), *cl = conf(c, "clevel"), *sh = conf(c, "shuffle");
+		const cJSON *ts = conf(c, "typesize"), *bs = conf(c, "blocksize");
+		uint64_t t = 0;
+		if ((cn && (!cJSON_IsString(cn) || strlen(cn->valuestring) >= sizeof(out->cname))) ||
+		    (cl && json_int(cl, &out->level) < 0) ||
+		    (sh && (json_int(sh, &out->shuffle) < 0 || out->shuffle < -1 || out->shuffle > 2)) ||
+		    (ts && (json_u64(ts, &t) < 0 || t > 255)) || (bs && json_u64(bs, &out->blocksize) < 0))
+			return fail(why, "bad numcodecs.blosc configuration", -EINVAL);
+		snprintf(out->cname, sizeof(out->cname), "%s", cn ? cn->valuestring : "lz4");
+		if (!cl)
+			out->level = 5;
+		if (!sh)
+			out->shuffle = 1;
+		out->typesize = (int)t;
+		return 0;
+	}
+	if (strcmp(id, "crc32c") == 0) {
+		const cJSON *loc = conf(c, "location");
+		if (loc && !(cJSON_IsString(loc) && strcmp(loc->valuestring, "end") == 0))
+			return fail(why, "numcodecs.crc32c with its checksum before the data is not supported",
+				    -ENOTSUP);
+		out->id = CKPT_CODEC_CRC32C;
+		return 0;
+	}
+	return fail(why, "unsupported codec", -ENOTSUP);
+}
+
 static int parse_codec(const cJSON *c, int rank, const uint64_t *chunk, int depth,
 		       struct ckpt_zarr_codec *out, const char **why)
 {
@@ -585,6 +637,8 @@ static int parse_codec(const cJSON *c, int rank, const uint64_t *chunk, int dept
 			return fail(why, "bad blosc shuffle", -EINVAL);
 	} else if (strcmp(n, "crc32c") == 0) {
 		out->id = CKPT_CODEC_CRC32C;
+	} else if (strncmp(n, "numcodecs.", 10) == 0) {
+		return parse_numcodecs_v3(c, n + 10, out, why);
 	} else {
 		return fail(why, "unsupported codec", -ENOTSUP);
 	}
@@ -602,8 +656,11 @@ static void note_unsupported(struct ckpt_zarr_meta *m, const cJSON *name)
  * parse_codec does not know. */
 static const cJSON *unknown_codec(const cJSON *codecs, int depth)
 {
-	static const char *const known[] = { "transpose", "bytes", "sharding_indexed", "zstd", "gzip",
-					     "blosc",	  "crc32c" };
+	static const char *const known[] = { "transpose",	 "bytes",	    "sharding_indexed",
+					     "zstd",		 "gzip",	    "blosc",
+					     "crc32c",		 "numcodecs.zlib",  "numcodecs.gzip",
+					     "numcodecs.bz2",	 "numcodecs.lz4",   "numcodecs.zstd",
+					     "numcodecs.blosc", "numcodecs.crc32c" };
 	const cJSON *c;
 	if (!cJSON_IsArray(codecs) || depth > CKPT_ZARR_MAX_NESTING)
 		return NULL;
@@ -1091,10 +1148,48 @@ static cJSON *fill_json(const struct ckpt_zarr_meta *m, int *bad)
 
 static cJSON *chain_json(const struct ckpt_zarr_chain *ch, int rank, int *bad);
 
+/* A codec parsed from a "numcodecs.<id>" name, written back the same way. */
+static cJSON *numcodecs_json(const struct ckpt_zarr_codec *c, cJSON *cf, int *bad)
+{
+	switch (c->id) {
+	case CKPT_CODEC_ZLIB:
+	case CKPT_CODEC_GZIP:
+	case CKPT_CODEC_BZ2:
+		put(cf, "level", raw_int(c->level), bad);
+		return named(c->id == CKPT_CODEC_ZLIB ? "numcodecs.zlib"
+			     : c->id == CKPT_CODEC_GZIP ? "numcodecs.gzip"
+							: "numcodecs.bz2",
+			     cf, bad);
+	case CKPT_CODEC_LZ4:
+		put(cf, "acceleration", raw_int(c->level), bad);
+		return named("numcodecs.lz4", cf, bad);
+	case CKPT_CODEC_ZSTD:
+		put(cf, "checksum", cJSON_CreateBool(c->checksum), bad);
+		put(cf, "level", raw_int(c->level), bad);
+		return named("numcodecs.zstd", cf, bad);
+	case CKPT_CODEC_BLOSC:
+		put(cf, "blocksize", raw_u64(c->blocksize), bad);
+		put(cf, "clevel", raw_int(c->level), bad);
+		put(cf, "cname", cJSON_CreateString(c->cname), bad);
+		put(cf, "shuffle", raw_int(c->shuffle), bad);
+		if (c->typesize)
+			put(cf, "typesize", raw_int(c->typesize), bad);
+		return named("numcodecs.blosc", cf, bad);
+	case CKPT_CODEC_CRC32C:
+		return named("numcodecs.crc32c", cf, bad);
+	default:
+		cJSON_Delete(cf);
+		*bad = 1;
+		return NULL;
+	}
+}
+
 static cJSON *codec_json(const struct ckpt_zarr_codec *c, int rank, int *bad)
 {
 	static const char *const shuffles[] = { "noshuffle", "shuffle", "bitshuffle" };
 	cJSON *cf = cJSON_CreateObject();
+	if (c->numcodecs)
+		return numcodecs_json(c, cf, bad);
 	switch (c->id) {
 	case CKPT_CODEC_TRANSPOSE: {
 		cJSON *o = cJSON_CreateArray();

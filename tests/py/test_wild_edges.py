@@ -8,7 +8,8 @@ and scripts/gen_ocdbt_layouts.py; see tests/fixtures/README.md).
   - every compressor configuration numcodecs writes for zarr v2 (blosc
     shuffle -1 = AUTOSHUFFLE included) reads byte-exact; what cannot be
     decoded (a delta filter, a crc32 checksum before the data, lzma) fails
-    with EIO/ENOTSUP and a log line naming the codec.
+    with EIO/ENOTSUP and a log line naming the codec; the same for zarr v3
+    arrays whose codecs are zarr-python's "numcodecs.<id>" wrappers.
   - a step folder without _CHECKPOINT_METADATA (Orbax before that file
     existed) mounts as a step, and shows as a step of a manager root.
   - the OCDBT layouts of newer Orbax (ocdbt_data/ + ocdbt_meta/ folders,
@@ -83,7 +84,8 @@ def numcodecs_mount(module_mount):
     return module_mount(WILD / "numcodecs2", "ro")
 
 
-@pytest.mark.parametrize("key", keys_of("numcodecs2", "numcodecs2_unsupported"))
+@pytest.mark.parametrize("key", keys_of("numcodecs2", "numcodecs2_unsupported", "numcodecs3",
+                                         "numcodecs3_unsupported"))
 def test_numcodecs_variant_reads_byte_exact(key, numcodecs_mount, module_mount):
     e = EXPECTED[key]
     m = numcodecs_mount if e["item"] == "numcodecs2" else module_mount(WILD / e["item"], "ro")
@@ -104,20 +106,25 @@ def test_numcodecs_fixtures_check_out_with_zarr_python():
     assert meta["compressor"]["shuffle"] == -1
 
 
-def test_numcodecs_undecodable_fail_naming_the_codec(tmp_path):
+@pytest.mark.parametrize("item,bad,named", [
+    ("numcodecs2_unsupported", ("crc32", "delta", "lzma"), "{}"),
+    ("numcodecs3_unsupported", ("delta", "lzma"), "numcodecs.{}"),
+])
+def test_numcodecs_undecodable_fail_naming_the_codec(item, bad, named, tmp_path):
     f = U.MountFactory(tmp_path / "mounts")
     try:
-        m = f(WILD / "numcodecs2_unsupported", "ro")
+        m = f(WILD / item, "ro")
         names = sorted(n[:-4] for n in os.listdir(m.p()) if n.endswith(".npy"))
-        assert names == ["crc32", "delta", "good", "lzma"]
-        for bad in ("crc32", "delta", "lzma"):
-            e = U.errno_of(U.read_all, m.p(bad + ".npy"))
-            assert e in (errno.EIO, errno.ENOTSUP, errno.EOPNOTSUPP), f"{bad}: errno {e}"
+        assert names == sorted(bad + ("good",))
+        for b in bad:
+            e = U.errno_of(U.read_all, m.p(b + ".npy"))
+            assert e in (errno.EIO, errno.ENOTSUP, errno.EOPNOTSUPP), f"{b}: errno {e}"
         m.unmount()
         log = m.log()
-        for bad in ("crc32", "delta", "lzma"):
-            assert [ln for ln in log.splitlines() if bad in ln and f'"{bad}"' in ln], \
-                f"no log line names the codec {bad}:\n{log}"
+        for b in bad:
+            name = named.format(b)
+            assert [ln for ln in log.splitlines() if f'"{name}"' in ln], \
+                f"no log line names the codec {name}:\n{log}"
     finally:
         f.close()
 

@@ -577,6 +577,69 @@ static void test_v2_numcodecs(void)
 	}
 }
 
+/* zarr v3 through zarr-python's numcodecs.zarr3 codecs: "numcodecs.<id>"
+ * names parse to the same decoders and emit back under the same names. */
+static void test_v3_numcodecs(void)
+{
+	static const struct {
+		const char *codec;
+		int b2b;
+	} ok[] = {
+		{ "{\"name\":\"numcodecs.zlib\",\"configuration\":{\"level\":1}}", CKPT_B2B_ZLIB },
+		{ "{\"name\":\"numcodecs.gzip\",\"configuration\":{\"level\":9}}", CKPT_B2B_GZIP },
+		{ "{\"name\":\"numcodecs.bz2\",\"configuration\":{\"level\":1}}", CKPT_B2B_BZ2 },
+		{ "{\"name\":\"numcodecs.lz4\",\"configuration\":{\"acceleration\":1}}", CKPT_B2B_LZ4 },
+		{ "{\"name\":\"numcodecs.zstd\",\"configuration\":{\"level\":3,\"checksum\":true}}", CKPT_B2B_ZSTD },
+		{ "{\"name\":\"numcodecs.zstd\"}", CKPT_B2B_ZSTD },
+		{ "{\"name\":\"numcodecs.blosc\",\"configuration\":{\"cname\":\"zstd\",\"clevel\":5,\"shuffle\":-1,"
+		  "\"blocksize\":0}}",
+		  CKPT_B2B_BLOSC },
+		{ "{\"name\":\"numcodecs.blosc\",\"configuration\":{\"cname\":\"lz4\",\"clevel\":5,\"shuffle\":2,"
+		  "\"blocksize\":0,\"typesize\":4}}",
+		  CKPT_B2B_BLOSC },
+		{ "{\"name\":\"numcodecs.crc32c\"}", CKPT_B2B_CRC32C },
+		{ "{\"name\":\"numcodecs.crc32c\",\"configuration\":{\"location\":\"end\"}}", CKPT_B2B_CRC32C },
+	};
+	for (size_t i = 0; i < sizeof(ok) / sizeof(ok[0]); i++) {
+		char json[768];
+		snprintf(json, sizeof(json),
+			 V3_HEAD "\"shape\":[8,6],\"data_type\":\"float32\",\"fill_value\":0.0,\"codecs\":["
+			 "{\"name\":\"bytes\",\"configuration\":{\"endian\":\"little\"}},%s]}",
+			 ok[i].codec);
+		ckpt_array_meta a;
+		const char *why = "";
+		CHECK_EQ_INT(ckpt_zarr_parse(3, json, strlen(json), &a, &why), 0);
+		CHECK(a.nb2b == 1 && a.b2b[0] == ok[i].b2b);
+		char *e = round_trip(json, strlen(json), 3, ok[i].codec);
+		CHECK(e && strstr(e, "\"numcodecs."));
+		free(e);
+	}
+	static const char *const bad[] = {
+		"{\"name\":\"numcodecs.lzma\",\"configuration\":{\"preset\":1}}",
+		"{\"name\":\"numcodecs.shuffle\",\"configuration\":{\"elementsize\":4}}",
+		"{\"name\":\"numcodecs.adler32\"}",
+	};
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		char json[768];
+		snprintf(json, sizeof(json),
+			 V3_HEAD "\"shape\":[8,6],\"data_type\":\"float32\",\"fill_value\":0.0,\"codecs\":["
+			 "{\"name\":\"bytes\",\"configuration\":{\"endian\":\"little\"}},%s]}",
+			 bad[i]);
+		ckpt_array_meta a;
+		const char *why = "";
+		CHECK_EQ_INT(ckpt_zarr_parse(3, json, strlen(json), &a, &why), -ENOTSUP);
+		CHECK(strstr(why, "\"numcodecs.") != NULL);
+	}
+	/* an array -> array numcodecs codec before bytes: refused, named */
+	const char *delta = V3_HEAD "\"shape\":[8,6],\"data_type\":\"int32\",\"fill_value\":0,\"codecs\":["
+				    "{\"name\":\"numcodecs.delta\",\"configuration\":{\"dtype\":\"<i4\"}},"
+				    "{\"name\":\"bytes\",\"configuration\":{\"endian\":\"little\"}}]}";
+	ckpt_array_meta a;
+	const char *why = "";
+	CHECK_EQ_INT(ckpt_zarr_parse(3, delta, strlen(delta), &a, &why), -ENOTSUP);
+	CHECK(strstr(why, "\"numcodecs.delta\"") != NULL);
+}
+
 static void test_refused(void)
 {
 	struct ckpt_zarr_meta m;
@@ -618,6 +681,7 @@ int main(void)
 	test_fill();
 	test_fill_int64();
 	test_v2_numcodecs();
+	test_v3_numcodecs();
 	test_refused();
 	return CHECK_DONE();
 }
