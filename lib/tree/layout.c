@@ -840,7 +840,7 @@ int layout_build_view(ckpt_view *v, const char *source)
 			 "%s: not a checkpoint: found none of " CKPT_ORBAX_METADATA " or " CKPT_ORBAX_OCDBT_MANIFEST
 			 " / " CKPT_ORBAX_OCDBT_PROCESS_PREFIX "* (an item), " CKPT_ORBAX_CKPT_METADATA
 			 " or " CKPT_ORBAX_MARKER_FILE
-			 " (a step), or a step folder such as 30/ or step_30/ (a CheckpointManager root); "
+			 " or an item folder (a step), or a step folder such as 30/ or step_30/ (a CheckpointManager root); "
 			 "mount it with -o root to use this non-empty folder as a root for new steps anyway",
 			 src->root);
 		return -EMEDIUMTYPE;
