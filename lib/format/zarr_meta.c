@@ -171,11 +171,194 @@ static int parse_hex(const char *s, uint64_t *bits)
 	return 0;
 }
 
-/* One scalar fill element of type dt (not complex) from JSON value v into dst. */
-static int parse_scalar_fill(const cJSON *v, ckpt_dtype dt, uint8_t *dst, int *lossy, const char **why)
+/* ---- the source text of a top-level number ------------------------------
+ * cJSON keeps a number only as a double, which cannot hold every 64-bit
+ * integer.  For an integer fill value the digits themselves are needed, so
+ * the text that cJSON has already accepted is scanned once more for the
+ * top-level member `key` (the first one of that name, as cJSON's lookup
+ * finds) and, when its value is a number, the token's span is returned.
+ * Anything unexpected makes the scan give up (the double is used then). */
+
+struct num_text {
+	const char *p;
+	size_t n;
+};
+
+static const char *ws(const char *p, const char *e)
+{
+	while (p < e && (*p == ' ' || *p == '\t' || *p == '\n' || *p == '\r'))
+		p++;
+	return p;
+}
+
+/* p at '"': the position after the closing quote, or NULL. */
+static const char *skip_str(const char *p, const char *e)
+{
+	for (p++; p < e; p++) {
+		if (*p == '\\') {
+			p++;
+			continue;
+		}
+		if (*p == '"')
+			return p + 1;
+	}
+	return NULL;
+}
+
+static int hexval(char c)
+{
+	return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+}
+
+/* Whether the JSON string token [p, q) (quotes included) decodes to the
+ * ASCII text `want` (simple escapes and \u00XX handled; others differ). */
+static int str_is(const char *p, const char *q, const char *want)
+{
+	for (p++, q--; p < q; want++) {
+		int c = (unsigned char)*p++;
+		if (c == '\\') {
+			if (p >= q)
+				return 0;
+			c = (unsigned char)*p++;
+			if (c == 'u') {
+				int v = 0;
+				for (int i = 0; i < 4; i++) {
+					int h = p < q ? hexval(*p++) : -1;
+					if (h < 0)
+						return 0;
+					v = v * 16 + h;
+				}
+				if (v == 0 || v > 0x7f)
+					return 0;
+				c = v;
+			} else if (c != '"' && c != '\\' && c != '/') {
+				return 0;
+			}
+		}
+		if (!*want || c != (unsigned char)*want)
+			return 0;
+	}
+	return *want == 0;
+}
+
+/* Skip one JSON value at p (already whitespace-skipped); NULL on anything odd. */
+static const char *skip_val(const char *p, const char *e, int depth)
+{
+	if (p >= e || depth > 1000)
+		return NULL;
+	if (*p == '"')
+		return skip_str(p, e);
+	if (*p == '{' || *p == '[') {
+		char close = *p == '{' ? '}' : ']';
+		p = ws(p + 1, e);
+		if (p < e && *p == close)
+			return p + 1;
+		for (;;) {
+			if (close == '}') {
+				if (p >= e || *p != '"' || !(p = skip_str(p, e)))
+					return NULL;
+				p = ws(p, e);
+				if (p >= e || *p != ':')
+					return NULL;
+				p = ws(p + 1, e);
+			}
+			if (!(p = skip_val(p, e, depth + 1)))
+				return NULL;
+			p = ws(p, e);
+			if (p < e && *p == ',') {
+				p = ws(p + 1, e);
+				continue;
+			}
+			return p < e && *p == close ? p + 1 : NULL;
+		}
+	}
+	const char *s = p;
+	while (p < e && (strchr("+-.eE", *p) || (*p >= '0' && *p <= '9') || (*p >= 'a' && *p <= 'z')))
+		p++;
+	return p > s ? p : NULL;
+}
+
+static int top_number_text(const char *json, size_t len, const char *key, struct num_text *out)
+{
+	const char *e = json + len;
+	const char *p = ws(json, e);
+	if (len >= 3 && (unsigned char)p[0] == 0xef && (unsigned char)p[1] == 0xbb && (unsigned char)p[2] == 0xbf)
+		p = ws(p + 3, e); /* a UTF-8 byte order mark */
+	if (p >= e || *p != '{')
+		return -1;
+	p = ws(p + 1, e);
+	while (p < e && *p == '"') {
+		const char *k = p;
+		if (!(p = skip_str(p, e)))
+			return -1;
+		int hit = str_is(k, p, key);
+		p = ws(p, e);
+		if (p >= e || *p != ':')
+			return -1;
+		p = ws(p + 1, e);
+		const char *v = p;
+		if (!(p = skip_val(p, e, 0)))
+			return -1;
+		if (hit) {
+			if (*v != '-' && !(*v >= '0' && *v <= '9'))
+				return -1;
+			out->p = v;
+			out->n = (size_t)(p - v);
+			return 0;
+		}
+		p = ws(p, e);
+		if (p >= e || *p != ',')
+			return -1;
+		p = ws(p + 1, e);
+	}
+	return -1;
+}
+
+/* A JSON integer token (-?digits, no fraction or exponent) as its two's
+ * complement bits: 1 when it is one and fits [-2^63, 2^64), 0 when it is
+ * not an integer token, -1 when it is one but out of that range. */
+static int int_token_bits(const struct num_text *t, uint64_t *bits)
+{
+	const char *p = t->p, *e = t->p + t->n;
+	int neg = p < e && *p == '-';
+	p += neg;
+	if (p >= e)
+		return 0;
+	uint64_t v = 0;
+	int over = 0;
+	for (const char *q = p; q < e; q++) {
+		if (*q < '0' || *q > '9')
+			return 0;
+		unsigned dgt = (unsigned)(*q - '0');
+		if (v > (UINT64_MAX - dgt) / 10)
+			over = 1;
+		else
+			v = v * 10 + dgt;
+	}
+	if (over || (neg && v > (1ull << 63)))
+		return -1;
+	*bits = neg ? (uint64_t)0 - v : v;
+	return 1;
+}
+
+/* One scalar fill element of type dt (not complex) from JSON value v into
+ * dst; raw, when not NULL, is v's source text (v a top-level number). */
+static int parse_scalar_fill(const cJSON *v, const struct num_text *raw, ckpt_dtype dt, uint8_t *dst,
+			     int *lossy, const char **why)
 {
 	const ckpt_dtype_info *di = ckpt_dtype_get(dt);
 	double d = 0;
+	if (raw && cJSON_IsNumber(v) && (di->kind == 'i' || di->kind == 'u')) {
+		/* integers exactly, from their digits: a double holds only 53 bits */
+		uint64_t bits;
+		int r = int_token_bits(raw, &bits);
+		if (r < 0)
+			return fail(why, "fill_value out of range for the data type", -EINVAL);
+		if (r > 0) {
+			put_le(dst, bits, di->itemsize);
+			return 0;
+		}
+	}
 	if (cJSON_IsBool(v)) {
 		d = cJSON_IsTrue(v) ? 1 : 0;
 	} else if (cJSON_IsNumber(v)) {
@@ -240,7 +423,8 @@ static int parse_scalar_fill(const cJSON *v, ckpt_dtype dt, uint8_t *dst, int *l
 	return 0;
 }
 
-static int parse_fill(const cJSON *v, struct ckpt_zarr_meta *m, const char **why)
+static int parse_fill(const cJSON *v, const struct num_text *raw, struct ckpt_zarr_meta *m,
+		      const char **why)
 {
 	memset(m->fill, 0, sizeof(m->fill));
 	m->fill_null = !v || cJSON_IsNull(v);
@@ -251,12 +435,12 @@ static int parse_fill(const cJSON *v, struct ckpt_zarr_meta *m, const char **why
 		unsigned half = ckpt_dtype_get(m->dtype)->itemsize / 2;
 		if (!cJSON_IsArray(v) || cJSON_GetArraySize(v) != 2)
 			return fail(why, "bad complex fill_value", -EINVAL);
-		int rc = parse_scalar_fill(cJSON_GetArrayItem(v, 0), part, m->fill, &m->fill_lossy, why);
+		int rc = parse_scalar_fill(cJSON_GetArrayItem(v, 0), NULL, part, m->fill, &m->fill_lossy, why);
 		return rc ? rc
-			  : parse_scalar_fill(cJSON_GetArrayItem(v, 1), part, m->fill + half, &m->fill_lossy,
-					      why);
+			  : parse_scalar_fill(cJSON_GetArrayItem(v, 1), NULL, part, m->fill + half,
+					      &m->fill_lossy, why);
 	}
-	return parse_scalar_fill(v, m->dtype, m->fill, &m->fill_lossy, why);
+	return parse_scalar_fill(v, raw, m->dtype, m->fill, &m->fill_lossy, why);
 }
 
 /* ---- codecs ------------------------------------------------------------- */
@@ -337,6 +521,58 @@ static int parse_sharding(const cJSON *c, int rank, const uint64_t *chunk, int d
 	return 0;
 }
 
+/* zarr-python's numcodecs.zarr3 wrappers: "numcodecs.<id>" whose
+ * configuration is the numcodecs codec's (without its id); the stored bytes
+ * are those of the numcodecs codec. */
+static int parse_numcodecs_v3(const cJSON *c, const char *id, struct ckpt_zarr_codec *out, const char **why)
+{
+	out->numcodecs = 1;
+	if (strcmp(id, "zlib") == 0 || strcmp(id, "gzip") == 0 || strcmp(id, "bz2") == 0 ||
+	    strcmp(id, "lz4") == 0) {
+		out->id = id[0] == 'z' ? CKPT_CODEC_ZLIB : id[0] == 'g' ? CKPT_CODEC_GZIP
+			: id[0] == 'b' ? CKPT_CODEC_BZ2 : CKPT_CODEC_LZ4;
+		const cJSON *l = conf(c, out->id == CKPT_CODEC_LZ4 ? "acceleration" : "level");
+		if (l && json_int(l, &out->level) < 0)
+			return fail(why, "bad compression level", -EINVAL);
+		return 0;
+	}
+	if (strcmp(id, "zstd") == 0) {
+		out->id = CKPT_CODEC_ZSTD;
+		const cJSON *l = conf(c, "level");
+		if (l && json_int(l, &out->level) < 0)
+			return fail(why, "bad compression level", -EINVAL);
+		out->checksum = cJSON_IsTrue(conf(c, "checksum"));
+		return 0;
+	}
+	if (strcmp(id, "blosc") == 0) {
+		out->id = CKPT_CODEC_BLOSC;
+		const cJSON *cn = conf(c, "cname"), *cl = conf(c, "clevel"), *sh = conf(c, "shuffle");
+		const cJSON *ts = conf(c, "typesize"), *bs = conf(c, "blocksize");
+		uint64_t t = 0;
+		if ((cn && (!cJSON_IsString(cn) || strlen(cn->valuestring) >= sizeof(out->cname))) ||
+		    (cl && json_int(cl, &out->level) < 0) ||
+		    (sh && (json_int(sh, &out->shuffle) < 0 || out->shuffle < -1 || out->shuffle > 2)) ||
+		    (ts && (json_u64(ts, &t) < 0 || t > 255)) || (bs && json_u64(bs, &out->blocksize) < 0))
+			return fail(why, "bad numcodecs.blosc configuration", -EINVAL);
+		snprintf(out->cname, sizeof(out->cname), "%s", cn ? cn->valuestring : "lz4");
+		if (!cl)
+			out->level = 5;
+		if (!sh)
+			out->shuffle = 1;
+		out->typesize = (int)t;
+		return 0;
+	}
+	if (strcmp(id, "crc32c") == 0) {
+		const cJSON *loc = conf(c, "location");
+		if (loc && !(cJSON_IsString(loc) && strcmp(loc->valuestring, "end") == 0))
+			return fail(why, "numcodecs.crc32c with its checksum before the data is not supported",
+				    -ENOTSUP);
+		out->id = CKPT_CODEC_CRC32C;
+		return 0;
+	}
+	return fail(why, "unsupported codec", -ENOTSUP);
+}
+
 static int parse_codec(const cJSON *c, int rank, const uint64_t *chunk, int depth,
 		       struct ckpt_zarr_codec *out, const char **why)
 {
@@ -401,6 +637,8 @@ static int parse_codec(const cJSON *c, int rank, const uint64_t *chunk, int dept
 			return fail(why, "bad blosc shuffle", -EINVAL);
 	} else if (strcmp(n, "crc32c") == 0) {
 		out->id = CKPT_CODEC_CRC32C;
+	} else if (strncmp(n, "numcodecs.", 10) == 0) {
+		return parse_numcodecs_v3(c, n + 10, out, why);
 	} else {
 		return fail(why, "unsupported codec", -ENOTSUP);
 	}
@@ -418,8 +656,11 @@ static void note_unsupported(struct ckpt_zarr_meta *m, const cJSON *name)
  * parse_codec does not know. */
 static const cJSON *unknown_codec(const cJSON *codecs, int depth)
 {
-	static const char *const known[] = { "transpose", "bytes", "sharding_indexed", "zstd", "gzip",
-					     "blosc",	  "crc32c" };
+	static const char *const known[] = { "transpose",	 "bytes",	    "sharding_indexed",
+					     "zstd",		 "gzip",	    "blosc",
+					     "crc32c",		 "numcodecs.zlib",  "numcodecs.gzip",
+					     "numcodecs.bz2",	 "numcodecs.lz4",   "numcodecs.zstd",
+					     "numcodecs.blosc", "numcodecs.crc32c" };
 	const cJSON *c;
 	if (!cJSON_IsArray(codecs) || depth > CKPT_ZARR_MAX_NESTING)
 		return NULL;
@@ -490,7 +731,8 @@ static int check_size(const struct ckpt_zarr_meta *m, const char **why)
 	return 0;
 }
 
-static int parse_v2(const cJSON *root, struct ckpt_zarr_meta *m, const char **why)
+static int parse_v2(const cJSON *root, const struct num_text *fraw, struct ckpt_zarr_meta *m,
+		    const char **why)
 {
 	const cJSON *fmt = member(root, "zarr_format");
 	if (!cJSON_IsNumber(fmt) || fmt->valuedouble != 2)
@@ -546,7 +788,7 @@ static int parse_v2(const cJSON *root, struct ckpt_zarr_meta *m, const char **wh
 			const cJSON *sh = member(comp, "shuffle"), *bs = member(comp, "blocksize");
 			if (!cJSON_IsString(cn) || strlen(cn->valuestring) >= sizeof(c->cname) ||
 			    (cl && json_int(cl, &c->level) < 0) ||
-			    (sh && (json_int(sh, &c->shuffle) < 0 || c->shuffle < 0 || c->shuffle > 2)) ||
+			    (sh && (json_int(sh, &c->shuffle) < 0 || c->shuffle < -1 || c->shuffle > 2)) ||
 			    (bs && json_u64(bs, &c->blocksize) < 0))
 				return fail(why, "bad blosc configuration", -EINVAL);
 			strcpy(c->cname, cn->valuestring);
@@ -559,6 +801,14 @@ static int parse_v2(const cJSON *root, struct ckpt_zarr_meta *m, const char **wh
 			const cJSON *l = member(comp, c->id == CKPT_CODEC_LZ4 ? "acceleration" : "level");
 			if (l && json_int(l, &c->level) < 0)
 				return fail(why, "bad compression level", -EINVAL);
+		} else if (strcmp(id->valuestring, "crc32c") == 0) {
+			/* numcodecs CRC32C: the checksum after the data, as zarr v3's crc32c */
+			const cJSON *loc = member(comp, "location");
+			if (loc && !(cJSON_IsString(loc) && strcmp(loc->valuestring, "end") == 0)) {
+				note_unsupported(m, id);
+				return fail(why, "a checksum before the data is not supported", -ENOTSUP);
+			}
+			c->id = CKPT_CODEC_CRC32C;
 		} else {
 			note_unsupported(m, id);
 			return fail(why, "unsupported compressor", -ENOTSUP);
@@ -566,8 +816,10 @@ static int parse_v2(const cJSON *root, struct ckpt_zarr_meta *m, const char **wh
 	}
 	const cJSON *filters = member(root, "filters");
 	if (filters && !cJSON_IsNull(filters) &&
-	    !(cJSON_IsArray(filters) && cJSON_GetArraySize(filters) == 0))
+	    !(cJSON_IsArray(filters) && cJSON_GetArraySize(filters) == 0)) {
+		note_unsupported(m, member(cJSON_GetArrayItem(filters, 0), "id"));
 		return fail(why, "filters are not supported", -ENOTSUP);
+	}
 	m->key_encoding = CKPT_ZARR_KEYS_V2;
 	m->sep = '.';
 	const cJSON *sep = member(root, "dimension_separator");
@@ -579,10 +831,11 @@ static int parse_v2(const cJSON *root, struct ckpt_zarr_meta *m, const char **wh
 	}
 	if ((rc = check_size(m, why)) < 0)
 		return rc;
-	return parse_fill(member(root, "fill_value"), m, why);
+	return parse_fill(member(root, "fill_value"), fraw, m, why);
 }
 
-static int parse_v3(const cJSON *root, struct ckpt_zarr_meta *m, const char **why)
+static int parse_v3(const cJSON *root, const struct num_text *fraw, struct ckpt_zarr_meta *m,
+		    const char **why)
 {
 	const cJSON *fmt = member(root, "zarr_format");
 	if (!cJSON_IsNumber(fmt) || fmt->valuedouble != 3)
@@ -658,7 +911,7 @@ static int parse_v3(const cJSON *root, struct ckpt_zarr_meta *m, const char **wh
 	}
 	if ((rc = check_size(m, why)) < 0)
 		return rc;
-	return parse_fill(member(root, "fill_value"), m, why);
+	return parse_fill(member(root, "fill_value"), fraw, m, why);
 }
 
 int ckpt_zarr_meta_parse(const char *json, size_t len, int zarr_format, struct ckpt_zarr_meta *m,
@@ -674,7 +927,20 @@ int ckpt_zarr_meta_parse(const char *json, size_t len, int zarr_format, struct c
 		cJSON_Delete(root);
 		return fail(why, "invalid JSON", -EINVAL);
 	}
-	int rc = zarr_format == 2 ? parse_v2(root, m, why) : parse_v3(root, m, why);
+	/* the fill value's digits, when it is a number: checked against cJSON's
+	 * reading of it, so a scan that went astray is never believed */
+	struct num_text ft, *fraw = NULL;
+	const cJSON *fv = member(root, "fill_value");
+	if (cJSON_IsNumber(fv) && top_number_text(json, len, "fill_value", &ft) == 0 && ft.n < 64) {
+		char b[64];
+		memcpy(b, ft.p, ft.n);
+		b[ft.n] = 0;
+		char *end;
+		double d = strtod(b, &end);
+		if (*end == 0 && (d == fv->valuedouble || (isinf(d) && isinf(fv->valuedouble))))
+			fraw = &ft;
+	}
+	int rc = zarr_format == 2 ? parse_v2(root, fraw, m, why) : parse_v3(root, fraw, m, why);
 	cJSON_Delete(root);
 	return rc;
 }
@@ -855,14 +1121,13 @@ static cJSON *scalar_fill_json(ckpt_dtype dt, const uint8_t *p)
 	}
 	if (di->kind == 'b')
 		return cJSON_CreateBool(bits != 0);
+	/* integers as their exact decimal digits (parsed back from the digits) */
 	if (di->kind == 'i') {
 		unsigned sh = 64 - 8 * di->itemsize;
-		int64_t v = (int64_t)(bits << sh) >> sh;
-		if (v >= -9007199254740992ll && v <= 9007199254740992ll)
-			return raw_int(v);
-	} else if (di->kind == 'u' && bits <= 9007199254740992ull) {
-		return raw_u64(bits);
+		return raw_int((int64_t)(bits << sh) >> sh);
 	}
+	if (di->kind == 'u')
+		return raw_u64(bits);
 	return hex_json(bits, di->itemsize);
 }
 
@@ -883,10 +1148,48 @@ static cJSON *fill_json(const struct ckpt_zarr_meta *m, int *bad)
 
 static cJSON *chain_json(const struct ckpt_zarr_chain *ch, int rank, int *bad);
 
+/* A codec parsed from a "numcodecs.<id>" name, written back the same way. */
+static cJSON *numcodecs_json(const struct ckpt_zarr_codec *c, cJSON *cf, int *bad)
+{
+	switch (c->id) {
+	case CKPT_CODEC_ZLIB:
+	case CKPT_CODEC_GZIP:
+	case CKPT_CODEC_BZ2:
+		put(cf, "level", raw_int(c->level), bad);
+		return named(c->id == CKPT_CODEC_ZLIB ? "numcodecs.zlib"
+			     : c->id == CKPT_CODEC_GZIP ? "numcodecs.gzip"
+							: "numcodecs.bz2",
+			     cf, bad);
+	case CKPT_CODEC_LZ4:
+		put(cf, "acceleration", raw_int(c->level), bad);
+		return named("numcodecs.lz4", cf, bad);
+	case CKPT_CODEC_ZSTD:
+		put(cf, "checksum", cJSON_CreateBool(c->checksum), bad);
+		put(cf, "level", raw_int(c->level), bad);
+		return named("numcodecs.zstd", cf, bad);
+	case CKPT_CODEC_BLOSC:
+		put(cf, "blocksize", raw_u64(c->blocksize), bad);
+		put(cf, "clevel", raw_int(c->level), bad);
+		put(cf, "cname", cJSON_CreateString(c->cname), bad);
+		put(cf, "shuffle", raw_int(c->shuffle), bad);
+		if (c->typesize)
+			put(cf, "typesize", raw_int(c->typesize), bad);
+		return named("numcodecs.blosc", cf, bad);
+	case CKPT_CODEC_CRC32C:
+		return named("numcodecs.crc32c", cf, bad);
+	default:
+		cJSON_Delete(cf);
+		*bad = 1;
+		return NULL;
+	}
+}
+
 static cJSON *codec_json(const struct ckpt_zarr_codec *c, int rank, int *bad)
 {
 	static const char *const shuffles[] = { "noshuffle", "shuffle", "bitshuffle" };
 	cJSON *cf = cJSON_CreateObject();
+	if (c->numcodecs)
+		return numcodecs_json(c, cf, bad);
 	switch (c->id) {
 	case CKPT_CODEC_TRANSPOSE: {
 		cJSON *o = cJSON_CreateArray();
@@ -1022,7 +1325,7 @@ static cJSON *emit_v2(const struct ckpt_zarr_meta *m, int *bad)
 		} else if (c->id == CKPT_CODEC_GZIP) {
 			put(comp, "id", cJSON_CreateString("gzip"), bad);
 			put(comp, "level", raw_int(c->level), bad);
-		} else if (c->id == CKPT_CODEC_BLOSC && c->shuffle >= 0 && c->shuffle <= 2) {
+		} else if (c->id == CKPT_CODEC_BLOSC && c->shuffle >= -1 && c->shuffle <= 2) {
 			put(comp, "blocksize", raw_u64(c->blocksize), bad);
 			put(comp, "clevel", raw_int(c->level), bad);
 			put(comp, "cname", cJSON_CreateString(c->cname), bad);
@@ -1034,6 +1337,8 @@ static cJSON *emit_v2(const struct ckpt_zarr_meta *m, int *bad)
 		} else if (c->id == CKPT_CODEC_LZ4) {
 			put(comp, "acceleration", raw_int(c->level), bad);
 			put(comp, "id", cJSON_CreateString("lz4"), bad);
+		} else if (c->id == CKPT_CODEC_CRC32C) {
+			put(comp, "id", cJSON_CreateString("crc32c"), bad);
 		} else {
 			cJSON_Delete(comp);
 			return NULL;

@@ -73,9 +73,14 @@ struct ckpt_zarr_codec {
 	int checksum;
 	/* BLOSC */
 	char cname[16]; /* "lz4", "zstd", ... */
-	int shuffle; /* 0 noshuffle, 1 shuffle, 2 bitshuffle */
+	int shuffle; /* 0 noshuffle, 1 shuffle, 2 bitshuffle; -1 (zarr v2 only: numcodecs'
+		      * AUTOSHUFFLE; the blosc frame itself says how it was shuffled) */
 	int typesize; /* 0: not given */
 	uint64_t blocksize;
+	/* zarr v3: written as "numcodecs.<id>" with numcodecs' configuration
+	 * (zarr-python's numcodecs.zarr3 codecs: zlib, gzip, bz2, lz4, zstd,
+	 * blosc, crc32c) */
+	int numcodecs;
 	/* SHARDING: owned by the codec (freed by ckpt_zarr_meta_free) */
 	struct ckpt_zarr_sharding *sharding;
 };

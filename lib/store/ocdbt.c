@@ -1397,6 +1397,12 @@ static int is_digits(const char *s)
 static int proc_cmp(const void *a, const void *b)
 {
 	const char *x = *(const char *const *)a + 14, *y = *(const char *const *)b + 14;
+	/* replica folders after the plain ones, each in id order */
+	int rx = strncmp(x, "replica_", 8) == 0, ry = strncmp(y, "replica_", 8) == 0;
+	if (rx != ry)
+		return rx ? 1 : -1;
+	x += rx ? 8 : 0;
+	y += ry ? 8 : 0;
 	int dx = is_digits(x), dy = is_digits(y);
 	if (dx != dy)
 		return dx ? -1 : 1;
@@ -1412,11 +1418,16 @@ static int proc_cmp(const void *a, const void *b)
 	return strcmp(x, y);
 }
 
+/* "ocdbt.process_<id>", or "ocdbt.process_replica_<id>" (Orbax's
+ * replica_separate_folder); <id> is [A-Za-z0-9]+. */
 static int is_proc_name(const char *s)
 {
 	if (strncmp(s, "ocdbt.process_", 14) != 0 || !s[14])
 		return 0;
-	for (s += 14; *s; s++)
+	s += 14;
+	if (strncmp(s, "replica_", 8) == 0 && s[8])
+		s += 8;
+	for (; *s; s++)
 		if (!((*s >= '0' && *s <= '9') || (*s >= 'a' && *s <= 'z') || (*s >= 'A' && *s <= 'Z')))
 			return 0;
 	return 1;

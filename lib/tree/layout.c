@@ -760,6 +760,42 @@ static int probe_cb(void *ctx, const char *name, const struct ckpt_store_stat *s
 	return 0;
 }
 
+/* A step Orbax wrote before _CHECKPOINT_METADATA existed has only its item
+ * folders (each with _METADATA, or OCDBT, ...) and perhaps commit_success.txt:
+ * a folder with at least one item folder among its visible subfolders is a
+ * step (asked only when the folder has no step folders, so a root whose
+ * steps are direct saves stays a root). */
+#define ITEM_PROBE_MAX 64 /* subfolders looked at */
+
+struct item_probe {
+	char *names[ITEM_PROBE_MAX];
+	int n;
+};
+
+static int item_probe_cb(void *ctx, const char *name, const struct ckpt_store_stat *st)
+{
+	struct item_probe *p = ctx;
+	if (!st->is_dir || name[0] == '.' || ckpt_orbax_is_unfinished(name))
+		return 0;
+	if (p->n == ITEM_PROBE_MAX || !(p->names[p->n] = strdup(name)))
+		return 1;
+	p->n++;
+	return 0;
+}
+
+static int has_item_folder(ckpt_view *v)
+{
+	struct item_probe p = { .n = 0 };
+	int found = 0;
+	/* the names first, then the checks: no store call inside a listing */
+	if (ckpt_store_listdir(v->src, "", item_probe_cb, &p) >= 0)
+		for (int i = 0; i < p.n && !found; i++)
+			found = is_item(v, p.names[i]);
+	for (int i = 0; i < p.n; i++)
+		free(p.names[i]);
+	return found;
+}
+
 int layout_build_view(ckpt_view *v, const char *source)
 {
 	ckpt_store *src;
@@ -793,12 +829,18 @@ int layout_build_view(ckpt_view *v, const char *source)
 	struct probe p = { 0, 0 };
 	if ((rc = ckpt_store_listdir(src, "", probe_cb, &p)) < 0)
 		return rc;
+	if (p.entries && !p.steps && !v->opts.force_root && has_item_folder(v)) {
+		v->kind = "step";
+		root->mtime_ns = commit_time(v, "", now);
+		build_step(v, root, "", root->mtime_ns);
+		return 0;
+	}
 	if (p.entries && !p.steps && !v->opts.force_root) {
 		ckpt_log(CKPT_LOG_ERR,
 			 "%s: not a checkpoint: found none of " CKPT_ORBAX_METADATA " or " CKPT_ORBAX_OCDBT_MANIFEST
 			 " / " CKPT_ORBAX_OCDBT_PROCESS_PREFIX "* (an item), " CKPT_ORBAX_CKPT_METADATA
 			 " or " CKPT_ORBAX_MARKER_FILE
-			 " (a step), or a step folder such as 30/ or step_30/ (a CheckpointManager root); "
+			 " or an item folder (a step), or a step folder such as 30/ or step_30/ (a CheckpointManager root); "
 			 "mount it with -o root to use this non-empty folder as a root for new steps anyway",
 			 src->root);
 		return -EMEDIUMTYPE;

@@ -506,6 +506,18 @@ static void test_union_fixture(const char *item, const char *name)
 	ckpt_store_destroy(a);
 	ckpt_store_destroy(b);
 	run("rm -rf '%s/ocdbt.process_1'", dst);
+	/* Orbax's replica_separate_folder names: ocdbt.process_replica_<id>/ */
+	run("mv '%s/ocdbt.process_0' '%s/ocdbt.process_replica_0'", dst, dst);
+	CHECK_EQ_INT(ckpt_store_ocdbt_open(item, &a), 0);
+	CHECK_EQ_INT(ckpt_store_ocdbt_open(dst, &b), 0);
+	if (a && b)
+		CHECK(same_content(a, b));
+	ckpt_store_destroy(a);
+	ckpt_store_destroy(b);
+	run("mv '%s/ocdbt.process_replica_0' '%s/ocdbt.process_0'", dst, dst);
+	snprintf(p, sizeof(p), "%s/ocdbt.process_replica_", dst); /* no id: not a process folder */
+	mkdir(p, 0755);
+	CHECK_EQ_INT(open_rc(dst), 0);
 	/* a process folder without a manifest is skipped; none at all: -ENOENT */
 	snprintf(p, sizeof(p), "%s/ocdbt.process_7", dst);
 	mkdir(p, 0755);

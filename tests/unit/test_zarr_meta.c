@@ -409,6 +409,237 @@ static void test_fill(void)
 	CHECK_EQ_INT(fill_of("float32", "{}", f), -EINVAL);
 }
 
+static uint64_t le64(const uint8_t *f)
+{
+	uint64_t v = 0;
+	for (int i = 7; i >= 0; i--)
+		v = v << 8 | f[i];
+	return v;
+}
+
+/* Parse `json` (format fmt): rc; the fill bits and the emitted text. */
+static int fill_text(const char *json, int fmt, uint64_t *bits, char *emitted, size_t cap)
+{
+	struct ckpt_zarr_meta m;
+	const char *why;
+	int rc = ckpt_zarr_meta_parse(json, strlen(json), fmt, &m, &why);
+	if (rc == 0) {
+		*bits = le64(m.fill);
+		char *e = ckpt_zarr_meta_emit(&m);
+		CHECK(e != NULL);
+		snprintf(emitted, cap, "%s", e ? e : "");
+		free(e);
+		free(round_trip(json, strlen(json), fmt, "int fill"));
+	}
+	ckpt_zarr_meta_free(&m);
+	return rc;
+}
+
+/* 64-bit integer fill values are read from their digits, not through a
+ * double (2^63-1 used to read as -2^63, 2^53+1 as 2^53, and 2^64-1 was
+ * refused), and emit writes the same digits back. */
+static void test_fill_int64(void)
+{
+	static const struct {
+		const char *dtype, *text;
+		uint64_t bits;
+	} cases[] = {
+		{ "int64", "9223372036854775807", 0x7fffffffffffffffull },
+		{ "int64", "-9223372036854775808", 0x8000000000000000ull },
+		{ "int64", "9007199254740993", 9007199254740993ull },
+		{ "int64", "-9007199254740993", (uint64_t)-9007199254740993ll },
+		{ "uint64", "18446744073709551615", 0xffffffffffffffffull },
+		{ "uint64", "9007199254740993", 9007199254740993ull },
+		{ "int32", "-2147483648", 0xffffffff80000000ull & 0xffffffffull },
+		{ "uint32", "4294967295", 0xffffffffull },
+		{ "uint8", "255", 0xff },
+	};
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		char json[512], e[1024], want[64];
+		uint64_t bits = 0;
+		/* v3, with a decoy "fill_value" inside attributes before the real one */
+		snprintf(json, sizeof(json),
+			 V3_HEAD "\"attributes\":{\"fill_value\":1,\"x\":[\"fill_value\",{}]},"
+			 "\"shape\":[8,6],\"data_type\":\"%s\",\"fill_value\":%s,\"codecs\":[{\"name\":\"bytes\","
+			 "\"configuration\":{\"endian\":\"little\"}}]}",
+			 cases[i].dtype, cases[i].text);
+		CHECK_EQ_INT(fill_text(json, 3, &bits, e, sizeof(e)), 0);
+		unsigned isz = ckpt_dtype_get(ckpt_dtype_from_name(cases[i].dtype))->itemsize;
+		uint64_t mask = isz == 8 ? ~0ull : (1ull << (8 * isz)) - 1;
+		CHECK(bits == (cases[i].bits & mask));
+		snprintf(want, sizeof(want), "\"fill_value\":%s,", cases[i].text);
+		CHECK(strstr(e, want) != NULL);
+		if (!strstr(e, want))
+			fprintf(stderr, "  %s: %s\n", cases[i].text, e);
+	}
+	/* v2 (.zarray) as python3-zarr writes it, and an escaped member name */
+	char json[512], e[1024];
+	uint64_t bits = 0;
+	snprintf(json, sizeof(json),
+		 "{\"chunks\":[4],\"compressor\":null,\"dtype\":\"<u8\",\"fill_\\u0076alue\":"
+		 "18446744073709551615,\"filters\":null,\"order\":\"C\",\"shape\":[8],\"zarr_format\":2}");
+	CHECK_EQ_INT(fill_text(json, 2, &bits, e, sizeof(e)), 0);
+	CHECK(bits == ~0ull);
+	CHECK(strstr(e, "\"fill_value\":18446744073709551615,") != NULL);
+	snprintf(json, sizeof(json),
+		 "{\"chunks\":[4],\"compressor\":null,\"dtype\":\">i8\",\"fill_value\":9223372036854775807,"
+		 "\"filters\":null,\"order\":\"C\",\"shape\":[8],\"zarr_format\":2}");
+	CHECK_EQ_INT(fill_text(json, 2, &bits, e, sizeof(e)), 0);
+	CHECK(bits == 0x7fffffffffffffffull);
+	/* beyond 64 bits, and below -2^63: refused */
+	uint8_t f[16];
+	CHECK_EQ_INT(fill_of("uint64", "18446744073709551616", f), -EINVAL);
+	CHECK_EQ_INT(fill_of("int64", "-9223372036854775809", f), -EINVAL);
+	/* not integer tokens: read as before, through the number's value */
+	CHECK_EQ_INT(fill_of("int64", "1e3", f), 0);
+	CHECK(le64(f) == 1000);
+	CHECK_EQ_INT(fill_of("int32", "-2.0", f), 0);
+	CHECK(le64(f) == 0xfffffffe);
+	/* hex strings stay bits; float strings unchanged */
+	CHECK_EQ_INT(fill_of("int64", "\"0x7fffffffffffffff\"", f), 0);
+	CHECK(le64(f) == 0x7fffffffffffffffull);
+	CHECK_EQ_INT(fill_of("float64", "9007199254740993", f), 0);
+	double dv;
+	memcpy(&dv, f, 8);
+	CHECK(dv == 9007199254740992.0);
+}
+
+/* Every compressor configuration numcodecs writes for zarr v2 parses and
+ * emits back: blosc with shuffle -1 (AUTOSHUFFLE) to 2 and each cname,
+ * zstd with and without checksum, crc32c; filters and checksums stored
+ * before the data are refused, naming the codec. */
+static void test_v2_numcodecs(void)
+{
+	static const char *const comps[] = {
+		"{\"blocksize\":0,\"clevel\":5,\"cname\":\"lz4\",\"id\":\"blosc\",\"shuffle\":-1}",
+		"{\"blocksize\":0,\"clevel\":5,\"cname\":\"lz4hc\",\"id\":\"blosc\",\"shuffle\":0}",
+		"{\"blocksize\":256,\"clevel\":1,\"cname\":\"snappy\",\"id\":\"blosc\",\"shuffle\":1}",
+		"{\"blocksize\":0,\"clevel\":9,\"cname\":\"zlib\",\"id\":\"blosc\",\"shuffle\":2}",
+		"{\"blocksize\":0,\"clevel\":3,\"cname\":\"zstd\",\"id\":\"blosc\",\"shuffle\":-1,\"typesize\":4}",
+		"{\"blocksize\":0,\"clevel\":5,\"cname\":\"blosclz\",\"id\":\"blosc\",\"shuffle\":1}",
+		"{\"id\":\"zstd\",\"level\":3}",
+		"{\"checksum\":true,\"id\":\"zstd\",\"level\":3}",
+		"{\"checksum\":false,\"id\":\"zstd\",\"level\":3}",
+		"{\"id\":\"zlib\",\"level\":1}",
+		"{\"id\":\"gzip\",\"level\":9}",
+		"{\"acceleration\":1,\"id\":\"lz4\"}",
+		"{\"id\":\"bz2\",\"level\":1}",
+		"{\"id\":\"crc32c\"}",
+		"{\"id\":\"crc32c\",\"location\":\"end\"}",
+	};
+	for (size_t i = 0; i < sizeof(comps) / sizeof(comps[0]); i++) {
+		char json[512];
+		snprintf(json, sizeof(json),
+			 "{\"chunks\":[4],\"compressor\":%s,\"dtype\":\"<f4\",\"fill_value\":0.0,"
+			 "\"filters\":null,\"order\":\"C\",\"shape\":[8],\"zarr_format\":2}",
+			 comps[i]);
+		ckpt_array_meta a;
+		const char *why = "";
+		CHECK_EQ_INT(ckpt_zarr_parse(2, json, strlen(json), &a, &why), 0);
+		if (strstr(comps[i], "shuffle\":-1")) {
+			struct ckpt_zarr_meta m;
+			CHECK_EQ_INT(ckpt_zarr_meta_parse(json, strlen(json), 2, &m, &why), 0);
+			CHECK(m.codecs.b2b[0].shuffle == -1);
+			char *e = ckpt_zarr_meta_emit(&m);
+			CHECK(e && strstr(e, "\"shuffle\":-1"));
+			free(e);
+			ckpt_zarr_meta_free(&m);
+		}
+		free(round_trip(json, strlen(json), 2, comps[i]));
+	}
+	static const struct {
+		const char *comp, *filters, *named;
+	} bad[] = {
+		{ "{\"id\":\"crc32\"}", "null", "crc32" },
+		{ "{\"id\":\"adler32\"}", "null", "adler32" },
+		{ "{\"id\":\"crc32c\",\"location\":\"start\"}", "null", "crc32c" },
+		{ "{\"id\":\"lzma\",\"preset\":1}", "null", "lzma" },
+		{ "null", "[{\"dtype\":\"<f4\",\"id\":\"delta\"}]", "delta" },
+		{ "{\"blocksize\":0,\"clevel\":5,\"cname\":\"lz4\",\"id\":\"blosc\",\"shuffle\":3}", "null", "" },
+	};
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		char json[512];
+		snprintf(json, sizeof(json),
+			 "{\"chunks\":[4],\"compressor\":%s,\"dtype\":\"<f4\",\"fill_value\":0.0,"
+			 "\"filters\":%s,\"order\":\"C\",\"shape\":[8],\"zarr_format\":2}",
+			 bad[i].comp, bad[i].filters);
+		ckpt_array_meta a;
+		const char *why = "";
+		int rc = ckpt_zarr_parse(2, json, strlen(json), &a, &why);
+		CHECK_EQ_INT(rc, bad[i].named[0] ? -ENOTSUP : -EINVAL);
+		if (bad[i].named[0]) {
+			char q[40];
+			snprintf(q, sizeof(q), "\"%s\"", bad[i].named);
+			CHECK(strstr(why, q) != NULL);
+			if (!strstr(why, q))
+				fprintf(stderr, "  why: %s\n", why);
+		}
+	}
+}
+
+/* zarr v3 through zarr-python's numcodecs.zarr3 codecs: "numcodecs.<id>"
+ * names parse to the same decoders and emit back under the same names. */
+static void test_v3_numcodecs(void)
+{
+	static const struct {
+		const char *codec;
+		int b2b;
+	} ok[] = {
+		{ "{\"name\":\"numcodecs.zlib\",\"configuration\":{\"level\":1}}", CKPT_B2B_ZLIB },
+		{ "{\"name\":\"numcodecs.gzip\",\"configuration\":{\"level\":9}}", CKPT_B2B_GZIP },
+		{ "{\"name\":\"numcodecs.bz2\",\"configuration\":{\"level\":1}}", CKPT_B2B_BZ2 },
+		{ "{\"name\":\"numcodecs.lz4\",\"configuration\":{\"acceleration\":1}}", CKPT_B2B_LZ4 },
+		{ "{\"name\":\"numcodecs.zstd\",\"configuration\":{\"level\":3,\"checksum\":true}}", CKPT_B2B_ZSTD },
+		{ "{\"name\":\"numcodecs.zstd\"}", CKPT_B2B_ZSTD },
+		{ "{\"name\":\"numcodecs.blosc\",\"configuration\":{\"cname\":\"zstd\",\"clevel\":5,\"shuffle\":-1,"
+		  "\"blocksize\":0}}",
+		  CKPT_B2B_BLOSC },
+		{ "{\"name\":\"numcodecs.blosc\",\"configuration\":{\"cname\":\"lz4\",\"clevel\":5,\"shuffle\":2,"
+		  "\"blocksize\":0,\"typesize\":4}}",
+		  CKPT_B2B_BLOSC },
+		{ "{\"name\":\"numcodecs.crc32c\"}", CKPT_B2B_CRC32C },
+		{ "{\"name\":\"numcodecs.crc32c\",\"configuration\":{\"location\":\"end\"}}", CKPT_B2B_CRC32C },
+	};
+	for (size_t i = 0; i < sizeof(ok) / sizeof(ok[0]); i++) {
+		char json[768];
+		snprintf(json, sizeof(json),
+			 V3_HEAD "\"shape\":[8,6],\"data_type\":\"float32\",\"fill_value\":0.0,\"codecs\":["
+			 "{\"name\":\"bytes\",\"configuration\":{\"endian\":\"little\"}},%s]}",
+			 ok[i].codec);
+		ckpt_array_meta a;
+		const char *why = "";
+		CHECK_EQ_INT(ckpt_zarr_parse(3, json, strlen(json), &a, &why), 0);
+		CHECK(a.nb2b == 1 && a.b2b[0] == ok[i].b2b);
+		char *e = round_trip(json, strlen(json), 3, ok[i].codec);
+		CHECK(e && strstr(e, "\"numcodecs."));
+		free(e);
+	}
+	static const char *const bad[] = {
+		"{\"name\":\"numcodecs.lzma\",\"configuration\":{\"preset\":1}}",
+		"{\"name\":\"numcodecs.shuffle\",\"configuration\":{\"elementsize\":4}}",
+		"{\"name\":\"numcodecs.adler32\"}",
+	};
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		char json[768];
+		snprintf(json, sizeof(json),
+			 V3_HEAD "\"shape\":[8,6],\"data_type\":\"float32\",\"fill_value\":0.0,\"codecs\":["
+			 "{\"name\":\"bytes\",\"configuration\":{\"endian\":\"little\"}},%s]}",
+			 bad[i]);
+		ckpt_array_meta a;
+		const char *why = "";
+		CHECK_EQ_INT(ckpt_zarr_parse(3, json, strlen(json), &a, &why), -ENOTSUP);
+		CHECK(strstr(why, "\"numcodecs.") != NULL);
+	}
+	/* an array -> array numcodecs codec before bytes: refused, named */
+	const char *delta = V3_HEAD "\"shape\":[8,6],\"data_type\":\"int32\",\"fill_value\":0,\"codecs\":["
+				    "{\"name\":\"numcodecs.delta\",\"configuration\":{\"dtype\":\"<i4\"}},"
+				    "{\"name\":\"bytes\",\"configuration\":{\"endian\":\"little\"}}]}";
+	ckpt_array_meta a;
+	const char *why = "";
+	CHECK_EQ_INT(ckpt_zarr_parse(3, delta, strlen(delta), &a, &why), -ENOTSUP);
+	CHECK(strstr(why, "\"numcodecs.delta\"") != NULL);
+}
+
 static void test_refused(void)
 {
 	struct ckpt_zarr_meta m;
@@ -448,6 +679,9 @@ int main(void)
 	CHECK_RUN(test_writer_output);
 	CHECK_RUN(test_chains);
 	CHECK_RUN(test_fill);
+	CHECK_RUN(test_fill_int64);
+	CHECK_RUN(test_v2_numcodecs);
+	CHECK_RUN(test_v3_numcodecs);
 	CHECK_RUN(test_refused);
 	return CHECK_DONE();
 }
