@@ -43,8 +43,7 @@ def test_design_ops_table_names_every_member():
     assert named == members, f"docs/design.md names {named}, struct node_ops has {members}"
 
 
-# docs/reliability.md is reworded separately; add it here once it speaks of no issue numbers.
-ISSUE_EXEMPT = {"docs/reliability.md"}
+ISSUE_EXEMPT = set()
 
 
 def test_no_issue_numbers_in_docs_and_comments():
