@@ -766,10 +766,10 @@ static int probe_cb(void *ctx, const char *name, const struct ckpt_store_stat *s
 	return 0;
 }
 
-int layout_build_view(ckpt_view *v, const char *source)
+int layout_build_view(ckpt_view *v, const char *source, ckpt_store *given)
 {
-	ckpt_store *src;
-	int rc = ckpt_store_open_source(source, v->opts.store, &src);
+	ckpt_store *src = given ? ckpt_store_ref(given) : NULL;
+	int rc = given ? 0 : ckpt_store_open_source(source, v->opts.store, &src);
 	if (rc < 0)
 		return rc;
 	if ((rc = view_own_store(v, src)) < 0) {
