@@ -15,6 +15,7 @@
 #include "check.h"
 #include "common.h"
 #include "store.h"
+#include "store_int.h"
 #include "upload.h"
 
 #define FIX CKPT_FIXTURES
@@ -426,6 +427,63 @@ static void test_mem(void)
 	ckpt_store_destroy(b);
 	ckpt_store_destroy(mem);
 	ckpt_store_destroy(root);
+}
+
+/* ---------------------------------------------------------------- ListObjectsV2 answers */
+
+struct lp_got {
+	int n;
+	char keys[8][64];
+	int64_t mt[8];
+	uint64_t size[8];
+	int prefix[8];
+};
+
+static int lp_cb(void *ctx, const char *key, const char *etag, uint64_t size, int64_t mtime_ns, int is_prefix)
+{
+	(void)etag;
+	struct lp_got *g = ctx;
+	if (g->n < 8) {
+		snprintf(g->keys[g->n], 64, "%s", key);
+		g->mt[g->n] = mtime_ns;
+		g->size[g->n] = size;
+		g->prefix[g->n] = is_prefix;
+	}
+	g->n++;
+	return 0;
+}
+
+static void test_s3_list_parse(void)
+{
+	/* LastModified: ns since 1970; a year no int64 of ns holds (fuzz_s3_list:
+	 * the product overflowed) is unknown (0), as is an impossible date */
+	static const char body[] =
+		"<ListBucketResult><EncodingType>url</EncodingType><IsTruncated>true</IsTruncated>"
+		"<NextContinuationToken>t%2B1</NextContinuationToken>"
+		"<Contents><Key>a%20b%2B%26</Key><LastModified>2024-05-01T10:20:30.500Z</LastModified>"
+		"<Size>12</Size></Contents>"
+		"<Contents><Key>big</Key><LastModified>576555963630-01-01T00:00:00Z</LastModified></Contents>"
+		"<Contents><Key>y9999</Key><LastModified>9999-12-31T23:59:59Z</LastModified></Contents>"
+		"<Contents><Key>month13</Key><LastModified>2024-13-01T00:00:00Z</LastModified></Contents>"
+		"<Contents><Key>sec</Key><LastModified>2024-05-01T10:20:1e300Z</LastModified></Contents>"
+		"<CommonPrefixes><Prefix>d&amp;/</Prefix></CommonPrefixes></ListBucketResult>";
+	struct lp_got g = { 0 };
+	int truncated = 0;
+	char *token = NULL;
+	CHECK_EQ_INT(ckpt_s3_list_parse(body, sizeof(body) - 1, lp_cb, &g, &truncated, &token), 0);
+	CHECK_EQ_INT(truncated, 1);
+	CHECK(token && strcmp(token, "t%2B1") == 0);
+	free(token);
+	CHECK_EQ_INT(g.n, 6);
+	CHECK(strcmp(g.keys[0], "a b+&") == 0);
+	CHECK_EQ_INT(g.size[0], 12);
+	CHECK(g.mt[0] == 1714558830500000000ll);
+	CHECK(strcmp(g.keys[1], "big") == 0);
+	CHECK_EQ_INT(g.mt[1], 0);
+	CHECK_EQ_INT(g.mt[2], 0);
+	CHECK_EQ_INT(g.mt[3], 0);
+	CHECK_EQ_INT(g.mt[4], 0);
+	CHECK(strcmp(g.keys[5], "d&/") == 0 && g.prefix[5] == 1);
 }
 
 /* ---------------------------------------------------------------- object-store driver
@@ -877,6 +935,7 @@ int main(int argc, char **argv)
 	test_folder();
 	test_ocdbt_on();
 	test_mem();
+	test_s3_list_parse();
 	sh("rm -rf %s", tmp);
 	return CHECK_DONE();
 }
