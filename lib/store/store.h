@@ -136,6 +136,15 @@ int ckpt_store_opts_set(struct ckpt_store_opts *o, const char *key, const char *
  * -errno on failure. */
 int ckpt_store_dir_open(const char *dir, ckpt_store **out);
 
+/* Store held in memory, empty at first, named `name` in log lines (NULL:
+ * "mem:"): keys get their bytes with ckpt_store_mem_put (a copy; the same
+ * key again replaces them), all before the store is shared between
+ * threads.  Folders are the proper '/'-prefixes of keys; list() is in byte
+ * order; mtimes are 0.  put: -EINVAL for a malformed key or a store that is
+ * not a memory store, -ENOMEM. */
+int ckpt_store_mem_open(const char *name, ckpt_store **out);
+int ckpt_store_mem_put(ckpt_store *s, const char *key, const void *data, size_t len);
+
 /* OCDBT store over an item folder: the root manifest.ocdbt if present,
  * else the union of ocdbt.process_<i>/ databases.  -ENOENT when the folder
  * holds no OCDBT database, -EIO (logged) when it is corrupt.

@@ -22,6 +22,18 @@ int ckpt_store_unwrap(ckpt_store *s, const char *key, ckpt_store **base, char **
 /* Object store (store_s3.c): source is "s3://..." or "gs://...". */
 int ckpt_store_s3_open(const char *source, const struct ckpt_store_opts *o, ckpt_store **out);
 
+/* One ListObjectsV2 answer (body of len bytes, NUL-terminated after them):
+ * cb for every <Contents> with a <Key> (key, ETag or NULL, Size, LastModified
+ * in ns or 0; is_prefix 0), then for every <CommonPrefixes> <Prefix>
+ * (is_prefix 1); keys decoded from XML entities and, with
+ * <EncodingType>url, from URL form.  *truncated: <IsTruncated>true;
+ * *token: <NextContinuationToken> then (malloc'd), else NULL.  Returns 0,
+ * cb's non-zero value (stops), or -ENOMEM.  (store_s3.c; fuzz_s3_list.) */
+typedef int (*ckpt_s3_list_cb)(void *ctx, const char *key, const char *etag, uint64_t size, int64_t mtime_ns,
+			       int is_prefix);
+int ckpt_s3_list_parse(const char *body, size_t len, ckpt_s3_list_cb cb, void *ctx, int *truncated,
+		       char **token);
+
 /* Requests an object store (or a view of one) sends at once; 0 for
  * other stores. */
 unsigned ckpt_store_s3_connections(ckpt_store *s);

@@ -308,6 +308,15 @@ static char *xml_text(const char *c, const char *ce, int url)
 	return r;
 }
 
+/* A UTC calendar time as ns since 1970; 0 (unknown) outside 1970..2200,
+ * where the product would overflow. */
+static int64_t tm_ns(struct tm *tm)
+{
+	if (tm->tm_year < 70 || tm->tm_year > 300)
+		return 0;
+	return (int64_t)timegm(tm) * 1000000000;
+}
+
 static int64_t parse_iso_ns(const char *s)
 {
 	struct tm tm = { 0 };
@@ -315,13 +324,17 @@ static int64_t parse_iso_ns(const char *s)
 	double sec;
 	if (sscanf(s, "%d-%d-%dT%d:%d:%lf", &y, &mo, &d, &h, &mi, &sec) != 6)
 		return 0;
+	/* out of range: 0 (unknown), and no overflow below */
+	if (y < 1970 || y > 2200 || mo < 1 || mo > 12 || d < 1 || d > 31 || h < 0 || h > 23 || mi < 0 ||
+	    mi > 59 || !(sec >= 0 && sec < 61))
+		return 0;
 	tm.tm_year = y - 1900;
 	tm.tm_mon = mo - 1;
 	tm.tm_mday = d;
 	tm.tm_hour = h;
 	tm.tm_min = mi;
 	tm.tm_sec = (int)sec;
-	return (int64_t)timegm(&tm) * 1000000000 + (int64_t)((sec - (int)sec) * 1e9);
+	return tm_ns(&tm) + (int64_t)((sec - (int)sec) * 1e9);
 }
 
 /* ---------------------------------------------------------------- requests */
@@ -633,7 +646,7 @@ static int head(struct s3_store *s, const char *name, struct obj *out)
 	if (resp.last_modified[0]) {
 		struct tm tm = { 0 };
 		if (strptime(resp.last_modified, "%a, %d %b %Y %H:%M:%S GMT", &tm))
-			mt = (int64_t)timegm(&tm) * 1000000000;
+			mt = tm_ns(&tm);
 	}
 	return obj_pin(s, name, (uint64_t)resp.content_length, resp.etag, mt, out);
 }
@@ -663,6 +676,68 @@ struct lres {
 
 typedef int (*page_cb)(struct s3_store *s, void *ctx, const char *key, const char *etag, uint64_t size,
 		       int64_t mtime_ns, int is_prefix);
+
+int ckpt_s3_list_parse(const char *body, size_t len, ckpt_s3_list_cb cb, void *ctx, int *truncated,
+		       char **token)
+{
+	const char *b = body, *e = b + len;
+	const char *c, *ce, *nx;
+	int rc = 0;
+	*truncated = 0;
+	*token = NULL;
+	int url = xml_elem(b, e, "EncodingType", &c, &ce, &nx) == 0 && ce - c == 3 && strncmp(c, "url", 3) == 0;
+	for (const char *p = b; rc == 0 && xml_elem(p, e, "Contents", &c, &ce, &nx) == 0; p = nx) {
+		const char *kc, *kce, *kn;
+		if (xml_elem(c, ce, "Key", &kc, &kce, &kn) != 0)
+			continue;
+		char *key = xml_text(kc, kce, url);
+		char *etag = NULL;
+		uint64_t size = 0;
+		int64_t mt = 0;
+		if (xml_elem(c, ce, "ETag", &kc, &kce, &kn) == 0)
+			etag = xml_text(kc, kce, 0);
+		if (xml_elem(c, ce, "Size", &kc, &kce, &kn) == 0)
+			size = strtoull(kc, NULL, 10);
+		if (xml_elem(c, ce, "LastModified", &kc, &kce, &kn) == 0)
+			mt = parse_iso_ns(kc);
+		if (!key)
+			rc = -ENOMEM;
+		else
+			rc = cb(ctx, key, etag, size, mt, 0);
+		free(key);
+		free(etag);
+	}
+	for (const char *p = b; rc == 0 && xml_elem(p, e, "CommonPrefixes", &c, &ce, &nx) == 0; p = nx) {
+		const char *kc, *kce, *kn;
+		if (xml_elem(c, ce, "Prefix", &kc, &kce, &kn) != 0)
+			continue;
+		char *key = xml_text(kc, kce, url);
+		rc = key ? cb(ctx, key, NULL, 0, 0, 1) : -ENOMEM;
+		free(key);
+	}
+	if (rc)
+		return rc;
+	*truncated = xml_elem(b, e, "IsTruncated", &c, &ce, &nx) == 0 && ce - c == 4 && strncmp(c, "true", 4) == 0;
+	if (*truncated && xml_elem(b, e, "NextContinuationToken", &c, &ce, &nx) == 0) {
+		*token = xml_text(c, ce, 0);
+		if (!*token)
+			return -ENOMEM;
+	}
+	return 0;
+}
+
+struct page_tramp {
+	struct s3_store *s;
+	page_cb cb;
+	void *ctx;
+};
+
+static int page_tramp_cb(void *ctx, const char *key, const char *etag, uint64_t size, int64_t mtime_ns,
+			 int is_prefix)
+{
+	struct page_tramp *t = ctx;
+	return t->cb(t->s, t->ctx, key, etag, size, mtime_ns, is_prefix);
+}
 
 /* ListObjectsV2 of every key starting with `pfx` (full object names). */
 static int list_objects(struct s3_store *s, const char *pfx, int delim, unsigned max_keys, int one_page,
@@ -699,49 +774,12 @@ static int list_objects(struct s3_store *s, const char *pfx, int delim, unsigned
 		}
 		if (rc)
 			break;
-		const char *b = resp.body ? resp.body : "", *e = b + resp.len;
-		const char *c, *ce, *nx;
-		int url = xml_elem(b, e, "EncodingType", &c, &ce, &nx) == 0 && ce - c == 3 &&
-			  strncmp(c, "url", 3) == 0;
-		for (const char *p = b; rc == 0 && xml_elem(p, e, "Contents", &c, &ce, &nx) == 0; p = nx) {
-			const char *kc, *kce, *kn;
-			if (xml_elem(c, ce, "Key", &kc, &kce, &kn) != 0)
-				continue;
-			char *key = xml_text(kc, kce, url);
-			char *etag = NULL;
-			uint64_t size = 0;
-			int64_t mt = 0;
-			if (xml_elem(c, ce, "ETag", &kc, &kce, &kn) == 0)
-				etag = xml_text(kc, kce, 0);
-			if (xml_elem(c, ce, "Size", &kc, &kce, &kn) == 0)
-				size = strtoull(kc, NULL, 10);
-			if (xml_elem(c, ce, "LastModified", &kc, &kce, &kn) == 0)
-				mt = parse_iso_ns(kc);
-			if (!key)
-				rc = -ENOMEM;
-			else
-				rc = cb(s, ctx, key, etag, size, mt, 0);
-			free(key);
-			free(etag);
-		}
-		for (const char *p = b; rc == 0 && xml_elem(p, e, "CommonPrefixes", &c, &ce, &nx) == 0;
-		     p = nx) {
-			const char *kc, *kce, *kn;
-			if (xml_elem(c, ce, "Prefix", &kc, &kce, &kn) != 0)
-				continue;
-			char *key = xml_text(kc, kce, url);
-			rc = key ? cb(s, ctx, key, NULL, 0, 0, 1) : -ENOMEM;
-			free(key);
-		}
-		int more = xml_elem(b, e, "IsTruncated", &c, &ce, &nx) == 0 && ce - c == 4 &&
-			   strncmp(c, "true", 4) == 0;
+		struct page_tramp t = { s, cb, ctx };
+		int more = 0;
 		free(token);
 		token = NULL;
-		if (more && xml_elem(b, e, "NextContinuationToken", &c, &ce, &nx) == 0) {
-			token = xml_text(c, ce, 0);
-			if (!token)
-				rc = -ENOMEM;
-		} else if (more) {
+		rc = ckpt_s3_list_parse(resp.body ? resp.body : "", resp.len, page_tramp_cb, &t, &more, &token);
+		if (rc == 0 && more && !token) {
 			ckpt_log(CKPT_LOG_ERR, "%s: LIST %s: truncated answer without a continuation token",
 				 s->base.root, pfx);
 			rc = -EIO;

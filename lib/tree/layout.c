@@ -187,7 +187,8 @@ static void add_array(ckpt_view *v, struct node *dir, ckpt_store *store, int ocd
 		      const char *fname, int format, int all_stored, const cJSON *sharding, int64_t mtime)
 {
 	if (view_find_kid(dir, fname)) {
-		ckpt_log(CKPT_LOG_WARN, "%s: name collision for array %s, left out", store->root, param);
+		ckpt_log(CKPT_LOG_WARN, "%s: name collision for array %s, left out",
+			 store ? store->root : v->src->root, param);
 		return;
 	}
 	if (!store) {
@@ -296,6 +297,11 @@ static void build_item(ckpt_view *v, struct node *dir, const char *path, int64_t
 		cJSON_Delete(meta);
 		return;
 	}
+	/* where log lines name the item: its store's root, or the item's folder
+	 * when no store could be opened */
+	char nowhere[VIEW_PATH_MAX];
+	snprintf(nowhere, sizeof(nowhere), "%s%s%s", v->src->root, *path ? "/" : "", path);
+	const char *where = store ? store->root : nowhere;
 	cJSON *sharding = read_json(v, path, CKPT_ORBAX_SHARDING);
 	cJSON *strings = NULL;
 	const cJSON *tree = meta ? cJSON_GetObjectItemCaseSensitive(meta, "tree_metadata") : NULL;
@@ -329,7 +335,7 @@ static void build_item(ckpt_view *v, struct node *dir, const char *path, int64_t
 		if (!cJSON_IsArray(keys) || depth < 1 || depth > CKPT_ORBAX_MAX_DEPTH ||
 		    !cJSON_IsString(vt)) {
 			ckpt_log(CKPT_LOG_ERR, "%s/" CKPT_ORBAX_METADATA ": malformed entry %s, skipped",
-				 store->root, leaf->string ? leaf->string : "?");
+				 where, leaf->string ? leaf->string : "?");
 			continue;
 		}
 		/* param name = '.'-joined keys; directories per key. */
@@ -368,7 +374,7 @@ static void build_item(ckpt_view *v, struct node *dir, const char *path, int64_t
 		}
 		if (!ok) {
 			ckpt_log(CKPT_LOG_ERR, "%s/" CKPT_ORBAX_METADATA ": bad key path in %s, skipped",
-				 store->root, leaf->string ? leaf->string : "?");
+				 where, leaf->string ? leaf->string : "?");
 			continue;
 		}
 		const char *type = vt->valuestring;
@@ -796,10 +802,10 @@ static int has_item_folder(ckpt_view *v)
 	return found;
 }
 
-int layout_build_view(ckpt_view *v, const char *source)
+int layout_build_view(ckpt_view *v, const char *source, ckpt_store *given)
 {
-	ckpt_store *src;
-	int rc = ckpt_store_open_source(source, v->opts.store, &src);
+	ckpt_store *src = given ? ckpt_store_ref(given) : NULL;
+	int rc = given ? 0 : ckpt_store_open_source(source, v->opts.store, &src);
 	if (rc < 0)
 		return rc;
 	if ((rc = view_own_store(v, src)) < 0) {

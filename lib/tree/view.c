@@ -141,7 +141,8 @@ static void root_refresh(ckpt_view *v)
 	pthread_mutex_unlock(&v->scan_mu);
 }
 
-int ckpt_view_open(const char *source, const ckpt_view_opts *opts, ckpt_view **out)
+/* src NULL: open the store of `source`; else use src (one more reference). */
+static int view_open(const char *source, ckpt_store *src, const ckpt_view_opts *opts, ckpt_view **out)
 {
 	ckpt_view *v = calloc(1, sizeof(*v));
 	if (!v)
@@ -167,7 +168,7 @@ int ckpt_view_open(const char *source, const ckpt_view_opts *opts, ckpt_view **o
 		return -ENOMEM;
 	}
 	assert(root->ino == CKPT_ROOT_INO);
-	rc = layout_build_view(v, source);
+	rc = layout_build_view(v, source, src);
 	if (rc < 0) {
 		ckpt_view_destroy(v);
 		return rc;
@@ -191,6 +192,19 @@ int ckpt_view_open(const char *source, const ckpt_view_opts *opts, ckpt_view **o
 	}
 	*out = v;
 	return 0;
+}
+
+int ckpt_view_open(const char *source, const ckpt_view_opts *opts, ckpt_view **out)
+{
+	return view_open(source, NULL, opts, out);
+}
+
+int ckpt_view_open_store(ckpt_store *src, const ckpt_view_opts *opts, ckpt_view **out)
+{
+	ckpt_view_opts o = opts ? *opts : (ckpt_view_opts){ 0 };
+	o.read_only = 1; /* pending steps are staged as local folders of SOURCE */
+	o.spool_dir = NULL;
+	return view_open(src->root, src, &o, out);
 }
 
 void ckpt_view_destroy(ckpt_view *v)

@@ -78,6 +78,11 @@ typedef struct ckpt_attr {
  * pruned step answer -ENOENT (lookup, readdir) or -ESTALE (getattr, read).
  * Such nodes (the root and its steps) are not `immutable`. */
 int ckpt_view_open(const char *source, const ckpt_view_opts *opts, ckpt_view **out);
+/* The same over a store the caller made (tests, fuzzers: an in-memory
+ * store); the view takes its own reference and names it by src->root.
+ * Always read-only.  SOURCE-only behaviour follows src->root (a live root
+ * of an "s3://" name, a local one otherwise). */
+int ckpt_view_open_store(ckpt_store *src, const ckpt_view_opts *opts, ckpt_view **out);
 void ckpt_view_destroy(ckpt_view *v);
 
 /* What SOURCE was detected as: "root", "step" or "item". */

@@ -434,8 +434,9 @@ extern const struct node_ops dir_ops;
 /* Fill v's root from the source folder: detect what it is; a root's steps
  * become lazy step nodes (named only; built on first use).  A non-empty
  * source that is none of item, step or root is refused with -EMEDIUMTYPE
- * (logged: what was looked for) unless opts.force_root. */
-int layout_build_view(ckpt_view *v, const char *source);
+ * (logged: what was looked for) unless opts.force_root.  src: read that
+ * store (one more reference taken) instead of opening `source`'s. */
+int layout_build_view(ckpt_view *v, const char *source, ckpt_store *src);
 /* Build the committed step folder `name` of the source as a new directory
  * node of the root (not yet linked into the root's kids).  Takes no view
  * lock but res_lock/alloc_lock: callable without ns_lock. */

@@ -131,9 +131,12 @@ static int write_json_atomic(int dirfd, const char *name, const cJSON *j)
 	return rc;
 }
 
-static uint64_t u64_of(const cJSON *j)
+uint64_t w_json_to_u64(const cJSON *j)
 {
-	return cJSON_IsNumber(j) && j->valuedouble > 0 ? (uint64_t)j->valuedouble : 0;
+	if (!cJSON_IsNumber(j) || !(j->valuedouble > 0))
+		return 0;
+	/* 2^64 and up (a written 2^64-1 reads back as 2^64): saturated, no cast overflow */
+	return j->valuedouble < 18446744073709551616.0 ? (uint64_t)j->valuedouble : UINT64_MAX;
 }
 
 static char *join_keys(const char *const *keys, int depth)
@@ -190,19 +193,7 @@ static cJSON *decl_json(const struct ckpt_warray *a, int host)
 	return j;
 }
 
-/* A parsed declaration record. */
-struct decl {
-	const char *item;
-	const char *keys[CKPT_ORBAX_MAX_DEPTH];
-	int types[CKPT_ORBAX_MAX_DEPTH];
-	int depth;
-	ckpt_dtype dtype;
-	int rank;
-	uint64_t shape[CKPT_MAX_RANK], chunk[CKPT_MAX_RANK], shard[CKPT_MAX_RANK];
-	int host;
-};
-
-static int decl_parse(const cJSON *j, struct decl *d)
+int w_decl_parse(const cJSON *j, struct w_decl *d)
 {
 	memset(d, 0, sizeof(*d));
 	const cJSON *it = cJSON_GetObjectItemCaseSensitive(j, "item");
@@ -229,9 +220,9 @@ static int decl_parse(const cJSON *j, struct decl *d)
 		d->types[i] = ti->valueint;
 	}
 	for (int i = 0; i < d->rank; i++) {
-		d->shape[i] = u64_of(cJSON_GetArrayItem(sh, i));
-		d->chunk[i] = u64_of(cJSON_GetArrayItem(ch, i));
-		d->shard[i] = u64_of(cJSON_GetArrayItem(sd, i));
+		d->shape[i] = w_json_to_u64(cJSON_GetArrayItem(sh, i));
+		d->chunk[i] = w_json_to_u64(cJSON_GetArrayItem(ch, i));
+		d->shard[i] = w_json_to_u64(cJSON_GetArrayItem(sd, i));
 	}
 	d->dtype = ckpt_dtype_from_name(dt->valuestring);
 	const cJSON *h = cJSON_GetObjectItemCaseSensitive(j, "host");
@@ -241,7 +232,7 @@ static int decl_parse(const cJSON *j, struct decl *d)
 
 /* What differs between record d and the declaration (keys, dtype, shape)
  * or, with a, the array's chunk and shard shapes; NULL when nothing. */
-static const char *decl_differs(const struct decl *d, const char *const *keys, const int *types, int depth,
+static const char *decl_differs(const struct w_decl *d, const char *const *keys, const int *types, int depth,
 				ckpt_dtype dtype, int rank, const uint64_t *shape,
 				const struct ckpt_warray *a)
 {
@@ -287,12 +278,12 @@ int ckpt_hosts_declare(ckpt_step *st, const char *item, const char *const *keypa
 		return -ENOMEM;
 	int rc = decl_rel(item, name, rel, sizeof(rel));
 	cJSON *rec = NULL;
-	struct decl d;
+	struct w_decl d;
 	if (!rc) {
 		rc = read_json(h->cfd, rel, 1 << 20, &rec);
 		if (rc == -ENOENT)
 			rc = 0;
-		else if (!rc && decl_parse(rec, &d))
+		else if (!rc && w_decl_parse(rec, &d))
 			rc = -EINVAL;
 	}
 	const char *what = NULL;
@@ -321,7 +312,7 @@ int ckpt_hosts_declare(ckpt_step *st, const char *item, const char *const *keypa
 			rc = -errno;
 			if (rc == -EEXIST) {
 				rc = read_json(h->cfd, rel, 1 << 20, &rec);
-				if (!rc && decl_parse(rec, &d))
+				if (!rc && w_decl_parse(rec, &d))
 					rc = -EINVAL;
 				if (!rc && (what = decl_differs(&d, keypath, key_types, depth, dtype, rank,
 								shape, *out)))
@@ -357,10 +348,10 @@ int ckpt_hosts_adopt(ckpt_step *st, const char *item, const char *const *keypath
 		return -ENOMEM;
 	int rc = decl_rel(item, name, rel, sizeof(rel));
 	cJSON *rec = NULL;
-	struct decl d;
+	struct w_decl d;
 	if (!rc)
 		rc = read_json(h->cfd, rel, 1 << 20, &rec);
-	if (!rc && decl_parse(rec, &d))
+	if (!rc && w_decl_parse(rec, &d))
 		rc = -EINVAL;
 	if (!rc && decl_differs(&d, keypath, NULL, depth, d.dtype, d.rank, d.shape, NULL))
 		rc = -ENOENT; /* another key path with the same param name */
@@ -1014,8 +1005,8 @@ static const cJSON *host_entry(cJSON *done, const struct ckpt_warray *a)
 	const cJSON *e, *arrays = cJSON_GetObjectItemCaseSensitive(done, "arrays");
 	cJSON_ArrayForEach(e, arrays)
 	{
-		struct decl d;
-		if (decl_parse(e, &d) || strcmp(d.item, a->item->name) || d.depth != a->depth)
+		struct w_decl d;
+		if (w_decl_parse(e, &d) || strcmp(d.item, a->item->name) || d.depth != a->depth)
 			continue;
 		int same = 1;
 		for (int i = 0; i < d.depth && same; i++)
@@ -1038,11 +1029,11 @@ static int merge_array(struct whosts *h, struct ckpt_warray *a, cJSON **done)
 		const cJSON *e = host_entry(done[k], a), *t;
 		cJSON_ArrayForEach(t, (e ? cJSON_GetObjectItemCaseSensitive(e, "stored") : NULL))
 		{
-			uint64_t i = u64_of(cJSON_GetArrayItem(t, 0));
+			uint64_t i = w_json_to_u64(cJSON_GetArrayItem(t, 0));
 			if (i < a->nchunks && src[i].host < 0) {
 				src[i].host = k;
-				src[i].off = u64_of(cJSON_GetArrayItem(t, 1));
-				src[i].len = u64_of(cJSON_GetArrayItem(t, 2));
+				src[i].off = w_json_to_u64(cJSON_GetArrayItem(t, 1));
+				src[i].len = w_json_to_u64(cJSON_GetArrayItem(t, 2));
 			}
 		}
 	}
@@ -1120,8 +1111,8 @@ static int merge_array(struct whosts *h, struct ckpt_warray *a, cJSON **done)
 		int pfd = -1;
 		cJSON_ArrayForEach(t, (e ? cJSON_GetObjectItemCaseSensitive(e, "parts") : NULL))
 		{
-			uint64_t i = u64_of(cJSON_GetArrayItem(t, 0)), off = u64_of(cJSON_GetArrayItem(t, 1)),
-				 zl = u64_of(cJSON_GetArrayItem(t, 2));
+			uint64_t i = w_json_to_u64(cJSON_GetArrayItem(t, 0)), off = w_json_to_u64(cJSON_GetArrayItem(t, 1)),
+				 zl = w_json_to_u64(cJSON_GetArrayItem(t, 2));
 			if (i >= a->nchunks || src[i].host >= 0)
 				continue;
 			enum wc_state s = chunk_state(a, i, NULL, NULL);
@@ -1182,9 +1173,9 @@ static int merge_all(struct ckpt_step *st, cJSON **done, const char *final_name,
 		}
 		cJSON_ArrayForEach(e, cJSON_GetObjectItemCaseSensitive(done[k], "arrays"))
 		{
-			struct decl d;
+			struct w_decl d;
 			ckpt_warray *a = NULL;
-			if (rc || (rc = decl_parse(e, &d)))
+			if (rc || (rc = w_decl_parse(e, &d)))
 				break;
 			rc = ckpt_step_add_array(st, d.item, d.keys, d.types, d.depth, d.dtype, d.rank,
 						 d.shape, &a);

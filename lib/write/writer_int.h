@@ -26,6 +26,7 @@
 #include <stdatomic.h>
 #include <stdint.h>
 
+#include "orbax.h"
 #include "writer.h"
 
 #define W_MAX_CHUNKS ((uint64_t)1 << 24)
@@ -307,5 +308,26 @@ int w_write_ckpt_metadata(struct ckpt_step *st, int64_t commit_ns);
 struct cJSON *w_json_u64(uint64_t v);
 /* v[0..n) as a JSON array of such numbers; NULL on ENOMEM. */
 struct cJSON *w_json_shape(const uint64_t *v, int n);
+
+/* ---- writer_hosts.c: records one host reads from another ---- */
+
+/* A parsed declaration record (decl/<item>/<param>, and each entry of a
+ * done record's "arrays"): strings point into the cJSON tree. */
+struct w_decl {
+	const char *item;
+	const char *keys[CKPT_ORBAX_MAX_DEPTH];
+	int types[CKPT_ORBAX_MAX_DEPTH];
+	int depth;
+	ckpt_dtype dtype;
+	int rank;
+	uint64_t shape[CKPT_MAX_RANK], chunk[CKPT_MAX_RANK], shard[CKPT_MAX_RANK];
+	int host; /* -1 when absent */
+};
+
+/* 0 and *d, or -EINVAL when j is no usable declaration record (fuzz_hosts_done). */
+int w_decl_parse(const struct cJSON *j, struct w_decl *d);
+/* A record's count or offset: 0 when j is no number or not positive,
+ * UINT64_MAX when it is 2^64 or more (as the written 2^64-1 reads back). */
+uint64_t w_json_to_u64(const struct cJSON *j);
 
 #endif

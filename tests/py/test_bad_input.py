@@ -319,3 +319,39 @@ def test_bad_chunk(tmp_path, mount, expected, case, fixture, param, damage):
     assert U.errno_of(U.read_all, p) == errno.EIO
     check_others(m, expected, param)
     check_log_names(m, param)
+
+
+# ---------------------------------------------------------------------------
+# An item whose store cannot be opened (an empty manifest.ocdbt) whose
+# _METADATA also holds a malformed entry and two entries for one name: the
+# log lines about those entries have no item store to name.  `ckptfs info`
+# and the mount used to crash on them.
+
+def _ocdbt_unopenable_bad_entries(root):
+    write(root / "manifest.ocdbt", b"")
+    shutil.rmtree(root / "ocdbt.process_0")
+
+    def damage(m):
+        t = m["tree_metadata"]
+        t["('broken',)"] = {"key_metadata": "not a list", "value_metadata": {}}
+        first = next(iter(t))
+        t[first + " again"] = t[first]  # same key path: a name collision
+    edit_json(root / "_METADATA", damage)
+
+
+def test_unopenable_store_with_malformed_entries(tmp_path, mount, expected):
+    import subprocess
+    root = damaged_copy(tmp_path, "pytree_ocdbt_zarr2", _ocdbt_unopenable_bad_entries)
+    p = subprocess.run([str(U.BIN), "info", str(root)], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, f"ckptfs info exited {p.returncode}:\n{p.stderr[-4000:]}"
+    assert "malformed entry ('broken',)" in p.stderr
+    assert "name collision" in p.stderr
+    m = mount(root)
+    names = []
+    for top, dnames, fnames in os.walk(m.p()):
+        names += [os.path.join(top, f) for f in fnames if f.endswith(".npy")]
+    assert str(m.p(rel_of("params.embed.embedding"))) in names, names
+    for f in names:  # every array is listed and answers EIO: its store is unusable
+        assert U.errno_of(U.read_all, f) == errno.EIO, f
+    m.unmount()  # exit code 0, no sanitizer report
+    assert "malformed entry ('broken',)" in m.log()

@@ -1314,6 +1314,44 @@ static int emit(const char *dir)
 	return 0;
 }
 
+/* The numbers of multi-host records (fuzz_hosts_done: a written 2^64-1
+ * reads back as the double 2^64, whose cast to uint64_t overflowed). */
+static void test_host_records(void)
+{
+	static const struct {
+		const char *json;
+		uint64_t want;
+	} nums[] = { { "42", 42 },
+		     { "0", 0 },
+		     { "-3", 0 },
+		     { "\"7\"", 0 },
+		     { "9007199254740992", 9007199254740992ull },
+		     { "18446744073709551615", UINT64_MAX },
+		     { "1e300", UINT64_MAX } };
+	for (size_t i = 0; i < sizeof(nums) / sizeof(nums[0]); i++) {
+		cJSON *j = cJSON_Parse(nums[i].json);
+		CHECK(j != NULL);
+		CHECK(w_json_to_u64(j) == nums[i].want);
+		cJSON_Delete(j);
+	}
+	/* a declaration written with such a shape parses back to it */
+	uint64_t big[2] = { UINT64_MAX, 3 };
+	cJSON *r = cJSON_Parse("{\"item\":\"state\",\"keys\":[\"a\",\"b\"],\"key_types\":[1,1],"
+			       "\"dtype\":\"float32\",\"host\":2}");
+	cJSON_AddItemToObject(r, "shape", w_json_shape(big, 2));
+	cJSON_AddItemToObject(r, "chunk", w_json_shape(big, 2));
+	cJSON_AddItemToObject(r, "shard", w_json_shape(big, 2));
+	char *txt = cJSON_PrintUnformatted(r);
+	cJSON *back = txt ? cJSON_Parse(txt) : NULL;
+	struct w_decl d;
+	CHECK_EQ_INT(w_decl_parse(back, &d), 0);
+	CHECK(d.depth == 2 && d.rank == 2 && d.host == 2 && strcmp(d.keys[1], "b") == 0);
+	CHECK(d.shape[0] == UINT64_MAX && d.shape[1] == 3 && d.chunk[0] == UINT64_MAX && d.shard[1] == 3);
+	cJSON_Delete(back);
+	free(txt);
+	cJSON_Delete(r);
+}
+
 int main(int argc, char **argv)
 {
 	if (argc == 3 && strcmp(argv[1], "--emit") == 0)
@@ -1331,6 +1369,7 @@ int main(int argc, char **argv)
 	CHECK_RUN_CALL(run_slices, ("tinybudget", 3 * 4096, 4096, 1));
 	CHECK_RUN_CALL(run_slices, ("tinybudget2", 1, 8192, 0));
 	CHECK_RUN(test_kill);
+	CHECK_RUN(test_host_records);
 	/* Every pending byte was stored or dropped with its step. */
 	CHECK_EQ_INT(atomic_load(&ckpt_g_stats.bytes_pending), 0);
 	if (CHECK_ALL_CASES()) { /* the totals of every case */
