@@ -6,6 +6,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <cjson/cJSON.h>
+
 #include "safetensors.h"
 
 /* ---- small growable byte buffer ---------------------------------------- */
@@ -914,4 +916,178 @@ const char *ckpt_st_sharded_index(const ckpt_st_sharded *s, size_t *len)
 uint64_t ckpt_st_sharded_total_size(const ckpt_st_sharded *s)
 {
 	return s ? s->total : 0;
+}
+
+/* ---- reading a header ---------------------------------------------------- */
+
+ckpt_dtype ckpt_st_dtype_from_code(const char *code)
+{
+	for (int d = CKPT_DT_INVALID + 1; d < CKPT_DT_COUNT; d++) {
+		const ckpt_dtype_info *di = ckpt_dtype_get((ckpt_dtype)d);
+		if (code && di && di->st_code && !strcmp(di->st_code, code))
+			return (ckpt_dtype)d;
+	}
+	return CKPT_DT_INVALID;
+}
+
+void ckpt_st_entries_free(ckpt_st_entry *e, size_t n)
+{
+	for (size_t i = 0; e && i < n; i++)
+		free(e[i].name);
+	free(e);
+}
+
+static int name_cmp(const void *a, const void *b)
+{
+	return strcmp(*(const char *const *)a, *(const char *const *)b);
+}
+
+static int entry_cmp(const void *a, const void *b)
+{
+	const ckpt_st_entry *x = a, *y = b;
+	return x->begin < y->begin ? -1 : x->begin > y->begin ? 1 : 0;
+}
+
+/* A JSON number that is a whole number in [0, 2^53]: the exact values a
+ * double holds (offsets and extents of real files are far below). */
+static int json_u64(const cJSON *j, uint64_t *out)
+{
+	if (!cJSON_IsNumber(j) || j->valuedouble < 0 || j->valuedouble > 9007199254740992.0 ||
+	    j->valuedouble != (double)(uint64_t)j->valuedouble)
+		return -EINVAL;
+	*out = (uint64_t)j->valuedouble;
+	return 0;
+}
+
+static int parse_entry(const cJSON *t, ckpt_st_entry *e, const char **why)
+{
+	const cJSON *dt = cJSON_GetObjectItemCaseSensitive(t, "dtype");
+	const cJSON *sh = cJSON_GetObjectItemCaseSensitive(t, "shape");
+	const cJSON *off = cJSON_GetObjectItemCaseSensitive(t, "data_offsets");
+	if (!cJSON_IsObject(t) || !cJSON_IsString(dt) || !cJSON_IsArray(sh) || !cJSON_IsArray(off) ||
+	    cJSON_GetArraySize(off) != 2) {
+		*why = "a tensor needs \"dtype\", \"shape\" and two \"data_offsets\"";
+		return -EINVAL;
+	}
+	e->dtype = ckpt_st_dtype_from_code(dt->valuestring);
+	if (e->dtype == CKPT_DT_INVALID) {
+		*why = "unknown dtype";
+		return -EINVAL;
+	}
+	int rank = cJSON_GetArraySize(sh);
+	if (rank > CKPT_MAX_RANK) {
+		*why = "too many dimensions";
+		return -EINVAL;
+	}
+	e->rank = rank;
+	uint64_t elems = 1;
+	for (int d = 0; d < rank; d++) {
+		if (json_u64(cJSON_GetArrayItem(sh, d), &e->shape[d]) ||
+		    ckpt_mul_u64(elems, e->shape[d], &elems)) {
+			*why = "a dimension that is not a whole number below 2^53";
+			return -EINVAL;
+		}
+	}
+	uint64_t nbytes;
+	if (ckpt_mul_u64(elems, ckpt_dtype_get(e->dtype)->itemsize, &nbytes) ||
+	    json_u64(cJSON_GetArrayItem(off, 0), &e->begin) || json_u64(cJSON_GetArrayItem(off, 1), &e->end) ||
+	    e->end < e->begin || e->end - e->begin != nbytes) {
+		*why = "data_offsets do not hold exactly shape x itemsize bytes";
+		return -EINVAL;
+	}
+	return 0;
+}
+
+int ckpt_st_header_parse(const char *json, size_t len, ckpt_st_entry **out, size_t *n, uint64_t *data_size,
+			 const char **why)
+{
+	*out = NULL;
+	*n = 0;
+	*why = "";
+	if (len > 100000000) {
+		*why = "header larger than 100,000,000 bytes";
+		return -EINVAL;
+	}
+	cJSON *j = cJSON_ParseWithLength(json, len);
+	if (!cJSON_IsObject(j)) {
+		cJSON_Delete(j);
+		*why = "the header is not a JSON object";
+		return -EINVAL;
+	}
+	size_t cnt = 0;
+	const cJSON *t;
+	cJSON_ArrayForEach(t, j) cnt += strcmp(t->string, "__metadata__") != 0;
+	if (cnt > 10000000) {
+		cJSON_Delete(j);
+		return -E2BIG;
+	}
+	ckpt_st_entry *e = calloc(cnt ? cnt : 1, sizeof(*e));
+	if (!e) {
+		cJSON_Delete(j);
+		return -ENOMEM;
+	}
+	size_t k = 0;
+	int rc = 0;
+	cJSON_ArrayForEach(t, j)
+	{
+		if (!strcmp(t->string, "__metadata__")) {
+			const cJSON *m;
+			if (!cJSON_IsObject(t))
+				rc = -EINVAL, *why = "__metadata__ is not an object";
+			cJSON_ArrayForEach(m, t) if (!cJSON_IsString(m)) rc = -EINVAL,
+				*why = "__metadata__ values must be strings";
+			if (rc)
+				break;
+			continue;
+		}
+		if (!t->string[0] || !ckpt_st_utf8_valid(t->string)) {
+			rc = -EINVAL;
+			*why = "a tensor name that is empty or not UTF-8";
+			break;
+		}
+		if (!(e[k].name = strdup(t->string))) {
+			rc = -ENOMEM;
+			break;
+		}
+		rc = parse_entry(t, &e[k], why);
+		k++;
+		if (rc) {
+			ckpt_log(CKPT_LOG_ERR, "safetensors header: tensor '%s': %s", t->string, *why);
+			break;
+		}
+	}
+	cJSON_Delete(j);
+	if (!rc) {
+		qsort(e, k, sizeof(*e), entry_cmp);
+		uint64_t at = 0;
+		for (size_t i = 0; i < k && !rc; i++) {
+			if (e[i].begin != at) {
+				rc = -EINVAL;
+				*why = e[i].begin < at ? "tensors overlap" : "a gap between tensors";
+			}
+			at = e[i].end;
+		}
+		*data_size = at;
+	}
+	if (!rc && k > 1) { /* names unique: sorted copies of the pointers, neighbours compared */
+		const char **names = malloc(k * sizeof(*names));
+		if (!names) {
+			rc = -ENOMEM;
+		} else {
+			for (size_t i = 0; i < k; i++)
+				names[i] = e[i].name;
+			qsort(names, k, sizeof(*names), name_cmp);
+			for (size_t i = 1; i < k && !rc; i++)
+				if (!strcmp(names[i - 1], names[i]))
+					rc = -EINVAL, *why = "a tensor name given twice";
+			free(names);
+		}
+	}
+	if (rc) {
+		ckpt_st_entries_free(e, k);
+		return rc;
+	}
+	*out = e;
+	*n = k;
+	return 0;
 }

@@ -205,6 +205,36 @@ const char *ckpt_st_sharded_index(const ckpt_st_sharded *s, size_t *len);
 /* Sum of data bytes of all shards ("total_size"). */
 uint64_t ckpt_st_sharded_total_size(const ckpt_st_sharded *s);
 
+/* ---- reading a safetensors header (a file written into the mount) ---- */
+
+/* One tensor of a parsed header: data at [begin, end) of the data buffer. */
+typedef struct ckpt_st_entry {
+	char *name; /* owned by the parsed header */
+	ckpt_dtype dtype;
+	int rank;
+	uint64_t shape[CKPT_MAX_RANK];
+	uint64_t begin, end;
+} ckpt_st_entry;
+
+/* Parse the JSON header json[0..len) (the N bytes after the 8-byte
+ * length) as the reference reader checks it: an object whose members other
+ * than "__metadata__" (an object of strings; ignored) are tensors
+ * {"dtype": CODE, "shape": [..], "data_offsets": [B, E]}; CODE a dtype
+ * with a safetensors code; E - B == elements * itemsize; the tensors,
+ * sorted by B, cover [0, data size) with no gap and no overlap; names
+ * unique, non-empty, valid UTF-8.  On success *out holds *n entries sorted
+ * by begin (free with ckpt_st_entries_free) and *data_size the data
+ * buffer's size.  -EINVAL (*why a static reason; a bad tensor is also
+ * logged by name) for anything else, -ENOMEM, -E2BIG for more than 10^7
+ * tensors. */
+int ckpt_st_header_parse(const char *json, size_t len, ckpt_st_entry **out, size_t *n, uint64_t *data_size,
+			 const char **why);
+void ckpt_st_entries_free(ckpt_st_entry *e, size_t n);
+
+/* The dtype of safetensors code `code` ("BF16", "F8_E4M3", ...), or
+ * CKPT_DT_INVALID. */
+ckpt_dtype ckpt_st_dtype_from_code(const char *code);
+
 /* Write `s` JSON-escaped as above (without the surrounding quotes) into
  * buf, snprintf style: at most cap - 1 bytes plus a NUL when cap > 0.
  * Returns the full escaped length (without the NUL), so a result >= cap

@@ -26,6 +26,7 @@
 #include <cjson/cJSON.h>
 
 #include "npy.h"
+#include "safetensors.h"
 #include "sysio.h"
 #include "upload.h"
 #include "orbax.h"
@@ -81,6 +82,7 @@ struct pdir_node {
 	/* an item holding a stored copy (files of another step's item copied as
 	 * they are: an OCDBT database, zarr folders); set once, ns_lock */
 	int stored;
+	int is_stdir; /* X.safetensors.d/: shards of one safetensors import (set before publication) */
 };
 
 struct pfile {
@@ -98,6 +100,17 @@ struct pfile {
 	 * (its final name), written and read there; size is its size */
 	int is_raw;
 	char *rel;
+	/* X.safetensors being imported: hdr collects the 8-byte length and the
+	 * JSON header until they parse (data_off = 8 + N from then on); each of
+	 * its nst tensors is then an array of the step, st_arr[i], under the key
+	 * path of X plus the tensor's name split on '.'.  Fixed once parsed
+	 * (an O_TRUNC keeps them: the same header must come again). */
+	int is_st;
+	int is_index; /* model.safetensors.index.json of an X.safetensors.d/ (buffered) */
+	ckpt_st_entry *st;
+	size_t nst;
+	ckpt_warray **st_arr;
+	uint64_t st_data; /* bytes of the data buffer */
 	int dirty; /* written since its last flush: a writer is still at it */
 	/* marker: the explicit commit it asked for failed with this (then it
 	 * left the directory); a later close of another descriptor of the
@@ -138,6 +151,15 @@ static struct pfile_node *to_pfile(struct node *n)
 }
 
 static struct node *parent_of(ckpt_view *v, struct node *n);
+
+#define ST_SUFFIX ".safetensors" /* an imported safetensors file */
+#define ST_DIR_SUFFIX ".safetensors.d" /* the shards of one */
+
+static int has_suffix(const char *s, const char *suf)
+{
+	size_t a = strlen(s), b = strlen(suf);
+	return a > b && !strcmp(s + a - b, suf);
+}
 
 /* The process the current request comes from (ckpt_view_set_caller). */
 static _Thread_local pid_t caller_pid;
@@ -197,7 +219,7 @@ static int writers_alive(struct pstep *ps)
  * array data. */
 static int buffered(const struct pfile *pf)
 {
-	return pf->is_json || pf->is_meta || pf->is_marker;
+	return pf->is_json || pf->is_meta || pf->is_marker || pf->is_index;
 }
 
 /* ---- stored copies --------------------------------------------------------
@@ -430,6 +452,8 @@ static void pfile_destroy(ckpt_view *v, struct node *n)
 	free(pf->hdr);
 	free(pf->final);
 	free(pf->rel);
+	ckpt_st_entries_free(pf->st, pf->nst);
+	free(pf->st_arr);
 }
 
 static ssize_t pending_read(ckpt_view *v, struct node *n, uint64_t off, size_t len, void *dst);
@@ -603,6 +627,9 @@ int ckpt_view_mkdir(ckpt_view *v, ckpt_ino parent, const char *name, ckpt_attr *
 		} else {
 			rc = dir->kind == N_PSTEP ? ckpt_step_add_item(ps->step, name) : 0;
 			struct node *n = rc == 0 ? node_new(v, &pdir_ops, name, dir) : NULL;
+			if (n) /* shards of a safetensors import (before publication) */
+				to_pdir(n)->is_stdir = dir->kind == N_PDIR && has_suffix(name, ST_DIR_SUFFIX) &&
+						       !(item_of(v, dir) && to_pdir(item_of(v, dir))->stored);
 			if (rc == 0 && (!n || view_add_kid(dir, n) < 0))
 				rc = -ENOMEM;
 			if (rc == 0) {
@@ -829,6 +856,28 @@ static int new_pfile(ckpt_view *v, struct node *dir, const char *name, struct no
 	size_t el = strlen(eff);
 	int npy = el > 4 && !strcmp(eff + el - 4, ".npy");
 	int json = up && up->kind == N_PSTEP && !strcmp(eff, ckpt_step_json_file(dir->name));
+	int stdir = dir->kind == N_PDIR && to_pdir(dir)->is_stdir;
+	int st = it && !to_pdir(it)->stored && !meta && has_suffix(eff, ST_SUFFIX);
+	int index = stdir && !strcmp(eff, CKPT_ST_INDEX_NAME);
+	if (stdir && !st && !index) {
+		ckpt_log(CKPT_LOG_ERR, "%s: %s holds only *.safetensors shards and %s", name, dir->name,
+			 CKPT_ST_INDEX_NAME);
+		return -EPERM;
+	}
+	if (st || index) {
+		struct node *n = node_new(v, &pfile_ops, name, dir);
+		if (!n)
+			return -ENOMEM;
+		struct pfile_node *f = to_pfile(n);
+		f->ps = to_pdir(dir)->ps;
+		pthread_mutex_init(&f->pf.mu, NULL);
+		f->pf.is_st = st;
+		f->pf.is_index = index;
+		if (fin && !(f->pf.final = strdup(fin)))
+			return -ENOMEM;
+		*out = n;
+		return 0;
+	}
 	if (it && !meta && !npy && !json) {
 		int rc = make_stored(v, it, eff);
 		if (rc < 0)
@@ -1037,7 +1086,23 @@ static void check_file(struct check *c, struct node *dir, struct pfile_node *f)
 	pthread_mutex_lock(&pf->mu);
 	int dirty = pf->dirty, hdr = pf->arr != NULL, slice = pf->is_slice, buf = buffered(pf) || pf->is_raw;
 	ckpt_warray *arr = pf->arr;
+	int st = pf->is_st, st_hdr = pf->data_off != 0;
 	pthread_mutex_unlock(&pf->mu);
+	if (st) {
+		if (c->copy && dirty)
+			check_fail(c, -EBUSY, "%s/%s: still being copied", dir->name, f->n.name);
+		else if (!st_hdr)
+			check_fail(c, -ENODATA, "%s/%s: created, but its safetensors header was never completed",
+				   dir->name, f->n.name);
+		for (size_t i = 0; c->copy && st_hdr && !c->rc && i < pf->nst; i++) {
+			ckpt_warray_info info;
+			ckpt_warray_get_info(pf->st_arr[i], &info);
+			if (info.bytes_written < info.nbytes)
+				check_fail(c, -ENODATA, "%s/%s: tensor %s not written yet", dir->name, f->n.name,
+					   pf->st[i].name);
+		}
+		return;
+	}
 	if (c->copy && (dirty || pf->final)) {
 		check_fail(c, -EBUSY, "%s/%s: still being copied", dir->name, f->n.name);
 		return;
@@ -1061,6 +1126,51 @@ static void check_file(struct check *c, struct node *dir, struct pfile_node *f)
 	}
 }
 
+/* Every tensor the index of an X.safetensors.d/ names was in a shard. */
+static void check_index(struct check *c, struct node *stdir)
+{
+	struct node *ix = view_find_kid(stdir, CKPT_ST_INDEX_NAME);
+	if (!ix || ix->kind != N_PFILE)
+		return;
+	struct pfile *pf = &to_pfile(ix)->pf;
+	pthread_mutex_lock(&pf->mu);
+	cJSON *j = pf->hdr ? cJSON_ParseWithLength((const char *)pf->hdr, (size_t)pf->size) : NULL;
+	pthread_mutex_unlock(&pf->mu);
+	if (!j) {
+		check_fail(c, c->copy ? -EBUSY : -EINVAL, "%s/%s: not JSON", stdir->name, CKPT_ST_INDEX_NAME);
+		return;
+	}
+	const char *item, *keys[CKPT_ORBAX_MAX_DEPTH];
+	int types[CKPT_ORBAX_MAX_DEPTH], depth;
+	char stem[VIEW_NAME_BUF];
+	size_t sl = strlen(stdir->name) - strlen(ST_DIR_SUFFIX);
+	memcpy(stem, stdir->name, sl);
+	stem[sl] = 0;
+	char *kbuf = malloc((size_t)CKPT_ORBAX_MAX_DEPTH * VIEW_NAME_BUF);
+	int rc = kbuf ? key_path(c->v, parent_of(c->v, stdir), stem, &item, keys, types, &depth, kbuf) : -ENOMEM;
+	const cJSON *t;
+	cJSON_ArrayForEach(t, cJSON_GetObjectItemCaseSensitive(j, "weight_map"))
+	{
+		if (rc || c->rc)
+			break;
+		char *nb = strdup(t->string);
+		int d = depth;
+		for (char *p = nb, *q; p && d < CKPT_ORBAX_MAX_DEPTH; p = q) {
+			q = strchr(p, '.');
+			if (q)
+				*q++ = 0;
+			keys[d++] = p;
+		}
+		if (nb && !ckpt_step_find_array(c->ps->step, item, keys, d))
+			check_fail(c, -ENODATA, "%s: tensor %s (named in %s, file %s) is in no shard written",
+				   stdir->name, t->string, CKPT_ST_INDEX_NAME,
+				   cJSON_IsString(t) ? t->valuestring : "?");
+		free(nb);
+	}
+	free(kbuf);
+	cJSON_Delete(j);
+}
+
 static void check_dir(struct check *c, struct node *dir, int *content)
 {
 	struct dir_node *d = to_dir(dir);
@@ -1068,9 +1178,11 @@ static void check_dir(struct check *c, struct node *dir, int *content)
 		struct node *k = d->kids[i];
 		if (k->kind == N_PDIR) {
 			check_dir(c, k, content);
+			if (to_pdir(k)->is_stdir && !c->rc)
+				check_index(c, k);
 		} else if (k->kind == N_PFILE) {
 			struct pfile *pf = &to_pfile(k)->pf;
-			if (!pf->is_meta && !pf->is_marker)
+			if (!pf->is_meta && !pf->is_marker && !pf->is_index)
 				*content = 1;
 			check_file(c, dir, to_pfile(k));
 		}
@@ -1608,6 +1720,8 @@ int ckpt_view_unlink(ckpt_view *v, ckpt_ino parent, const char *name)
 			f->ps->commit_wanted = 0; /* the copy's request to commit is withdrawn */
 		pthread_mutex_unlock(&pf->mu);
 		rc = 0;
+		for (size_t i = 0; pf->is_st && pf->st_arr && i < pf->nst && rc == 0; i++)
+			rc = ckpt_warray_remove(pf->st_arr[i]); /* an import's tensors go with it */
 		if (arr)
 			rc = ckpt_warray_remove(arr); /* its bytes and folder go */
 		else if (json)
@@ -1889,6 +2003,270 @@ static ssize_t json_write_locked(ckpt_view *v, struct pfile_node *n, uint64_t of
 	return rc < 0 ? rc : (ssize_t)len;
 }
 
+/* ---- importing safetensors files --------------------------------------------
+ *
+ * `cp model.safetensors MNT/30/state/params.safetensors` (or shard files
+ * into MNT/30/state/params.safetensors.d/): the header is parsed as its
+ * bytes arrive, every tensor becomes an array of the step under
+ * params/<name split on '.'> (the read side's safetensors view joins key
+ * paths with '.'), and the data buffer is cut into writes of those arrays
+ * as it streams in: nothing is kept beyond the writer's chunk buffers.
+ * `__metadata__` is not kept (Orbax has no place for it). */
+
+
+/* The array key path of an imported file: its directory's, then X (from
+ * X.safetensors, or from X.safetensors.d/ for a shard). */
+static int st_prefix(ckpt_view *v, struct pfile_node *f, const char **item, const char **keys, int *types,
+		     int *depth, char *kbuf)
+{
+	struct node *dir = parent_of(v, &f->n);
+	const char *fname = f->pf.final ? f->pf.final : f->n.name;
+	char stem[VIEW_NAME_BUF];
+	const char *from = fname;
+	size_t cut = strlen(ST_SUFFIX);
+	if (dir->kind == N_PDIR && to_pdir(dir)->is_stdir) {
+		from = dir->name;
+		cut = strlen(ST_DIR_SUFFIX);
+		dir = parent_of(v, dir);
+	}
+	size_t sl = strlen(from) - cut;
+	if (sl >= sizeof(stem))
+		return -ENAMETOOLONG;
+	memcpy(stem, from, sl);
+	stem[sl] = 0;
+	return key_path(v, dir, stem, item, keys, types, depth, kbuf);
+}
+
+/* Declare the parsed tensors (pf->mu held): all or none. */
+static int st_declare(ckpt_view *v, struct pfile_node *f)
+{
+	struct pfile *pf = &f->pf;
+	const char *item, *keys[CKPT_ORBAX_MAX_DEPTH];
+	int types[CKPT_ORBAX_MAX_DEPTH], depth;
+	char *kbuf = malloc((size_t)CKPT_ORBAX_MAX_DEPTH * VIEW_NAME_BUF);
+	char *nbuf = NULL;
+	int rc = kbuf ? st_prefix(v, f, &item, keys, types, &depth, kbuf) : -ENOMEM;
+	if (rc == 0 && !(pf->st_arr = calloc(pf->nst ? pf->nst : 1, sizeof(*pf->st_arr))))
+		rc = -ENOMEM;
+	size_t i = 0;
+	for (; rc == 0 && i < pf->nst; i++) {
+		const ckpt_st_entry *e = &pf->st[i];
+		free(nbuf);
+		if (!(nbuf = strdup(e->name))) {
+			rc = -ENOMEM;
+			break;
+		}
+		int d = depth;
+		for (char *p = nbuf, *q; p && rc == 0; p = q) {
+			q = strchr(p, '.');
+			if (q)
+				*q++ = 0;
+			if (d == CKPT_ORBAX_MAX_DEPTH || !*p) {
+				ckpt_log(CKPT_LOG_ERR, "%s: tensor '%s': not a key path (empty part, or too deep)",
+					 f->n.name, e->name);
+				rc = -EINVAL;
+				break;
+			}
+			int digits = 1;
+			for (const char *c = p; *c; c++)
+				digits &= *c >= '0' && *c <= '9';
+			keys[d] = p;
+			types[d++] = digits ? CKPT_KEY_SEQ : CKPT_KEY_DICT;
+		}
+		if (rc == 0 && ckpt_step_find_array(f->ps->step, item, keys, d))
+			rc = -EEXIST; /* another file's array: names must not collide */
+		if (rc == 0)
+			rc = ckpt_hosts_declare(f->ps->step, item, keys, types, d, e->dtype, e->rank, e->shape,
+						&pf->st_arr[i]);
+		if (rc < 0)
+			ckpt_log(CKPT_LOG_ERR, "%s: tensor '%s' cannot be an array of the step: %s", f->n.name,
+				 e->name, strerror(-rc));
+	}
+	if (rc < 0 && pf->st_arr) { /* none: the file may be written again */
+		for (size_t k = 0; k < pf->nst; k++)
+			if (pf->st_arr[k])
+				ckpt_warray_remove(pf->st_arr[k]);
+		free(pf->st_arr);
+		pf->st_arr = NULL;
+	}
+	free(nbuf);
+	free(kbuf);
+	return rc < 0 ? (rc == -ENOMEM ? rc : -EINVAL) : 0;
+}
+
+/* Header phase of an imported file (pf->mu held): as collect_header. */
+static int st_collect(ckpt_view *v, struct pfile_node *f, uint64_t off, const uint8_t *data, size_t len,
+		      size_t *take)
+{
+	struct pfile *pf = &f->pf;
+	if (off > pf->have) {
+		ckpt_log(CKPT_LOG_ERR, "%s: write at %llu before the safetensors header is complete", f->n.name,
+			 (unsigned long long)off);
+		return -EINVAL;
+	}
+	uint64_t need = 8;
+	if (pf->have >= 8 || off + len >= 8) {
+		uint8_t lenb[8];
+		for (int i = 0; i < 8; i++)
+			lenb[i] = (uint64_t)i < pf->have ? pf->hdr[i] : data[i - off];
+		uint64_t n = ckpt_le64(lenb);
+		if (n > 100000000 || n < 2) {
+			ckpt_log(CKPT_LOG_ERR, "%s: not a safetensors file (header length %llu)", f->n.name,
+				 (unsigned long long)n);
+			pf->have = 0;
+			return -EINVAL;
+		}
+		need = 8 + n;
+	}
+	*take = off + len < need ? len : (size_t)(need - off);
+	if (off + *take > pf->cap) {
+		uint8_t *p = realloc(pf->hdr, (size_t)(off + *take));
+		if (!p)
+			return -ENOMEM;
+		pf->hdr = p;
+		pf->cap = (size_t)(off + *take);
+	}
+	memcpy(pf->hdr + off, data, *take);
+	if (off + *take > pf->have)
+		pf->have = (size_t)(off + *take);
+	if (need == 8 || pf->have < need) {
+		pf->size = pf->have;
+		return 0;
+	}
+	ckpt_st_entry *e;
+	size_t n;
+	uint64_t data_size;
+	const char *why;
+	int rc = ckpt_st_header_parse((const char *)pf->hdr + 8, (size_t)(need - 8), &e, &n, &data_size, &why);
+	if (rc == 0 && pf->st) { /* again after O_TRUNC: the same tensors or nothing */
+		int same = n == pf->nst && data_size == pf->st_data;
+		for (size_t i = 0; same && i < n; i++)
+			same = !strcmp(e[i].name, pf->st[i].name) && e[i].dtype == pf->st[i].dtype &&
+			       e[i].begin == pf->st[i].begin && e[i].rank == pf->st[i].rank &&
+			       !memcmp(e[i].shape, pf->st[i].shape, sizeof(uint64_t) * (size_t)e[i].rank);
+		ckpt_st_entries_free(e, n);
+		if (!same) {
+			ckpt_log(CKPT_LOG_ERR, "%s: written again with other tensors; rm it first to import anew",
+				 f->n.name);
+			rc = -EINVAL;
+		}
+	} else if (rc == 0) {
+		pf->st = e;
+		pf->nst = n;
+		pf->st_data = data_size;
+		rc = st_declare(v, f);
+		if (rc < 0) {
+			ckpt_st_entries_free(pf->st, pf->nst);
+			pf->st = NULL;
+			pf->nst = 0;
+		}
+	} else {
+		ckpt_log(CKPT_LOG_ERR, "%s: not a valid safetensors header: %s", f->n.name, why);
+		rc = -EINVAL;
+	}
+	if (rc < 0) {
+		pf->have = 0; /* forgotten: the writer may start over */
+		return rc;
+	}
+	pf->data_off = (size_t)need;
+	pf->size = need + pf->st_data;
+	return 1;
+}
+
+/* Data of an imported file: file bytes [off, off+len) past the header go to
+ * the tensors they belong to.  pf->st is fixed once data_off is set. */
+static int st_write_data(struct pfile_node *f, uint64_t off, const uint8_t *data, size_t len)
+{
+	struct pfile *pf = &f->pf;
+	uint64_t d = off - pf->data_off;
+	if (d + len > pf->st_data || d + len < d) {
+		ckpt_log(CKPT_LOG_ERR, "%s: write past the end of the data its header declares", f->n.name);
+		return -EFBIG;
+	}
+	size_t lo = 0, hi = pf->nst; /* first tensor with end > d */
+	while (lo < hi) {
+		size_t mid = (lo + hi) / 2;
+		if (pf->st[mid].end <= d)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	for (size_t i = lo; len && i < pf->nst; i++) {
+		const ckpt_st_entry *e = &pf->st[i];
+		if (e->end == e->begin)
+			continue;
+		size_t k = e->end - d < len ? (size_t)(e->end - d) : len;
+		int rc = ckpt_warray_write(pf->st_arr[i], NULL, d - e->begin, data, k);
+		if (rc < 0)
+			return rc;
+		d += k;
+		data += k;
+		len -= k;
+	}
+	return 0;
+}
+
+static ssize_t st_write_locked(ckpt_view *v, struct pfile_node *f, uint64_t off, const uint8_t *data,
+			       size_t len)
+{
+	struct pfile *pf = &f->pf;
+	size_t take = 0;
+	int rc = 0;
+	if (!pf->data_off) {
+		rc = st_collect(v, f, off, data, len, &take);
+		if (rc <= 0) {
+			pthread_mutex_unlock(&pf->mu);
+			return rc < 0 ? rc : (ssize_t)len;
+		}
+	} else if (off < pf->data_off) {
+		take = pf->data_off - off < len ? (size_t)(pf->data_off - off) : len;
+		if (memcmp(pf->hdr + off, data, take)) {
+			pthread_mutex_unlock(&pf->mu);
+			ckpt_log(CKPT_LOG_ERR, "%s: the safetensors header cannot change once written", f->n.name);
+			return -EINVAL;
+		}
+	}
+	pthread_mutex_unlock(&pf->mu);
+	if (take < len && (rc = st_write_data(f, off + take, data + take, len - take)) < 0)
+		return rc;
+	return (ssize_t)len;
+}
+
+/* Read back an imported file (io_lock shared, pf->mu held, released here). */
+static ssize_t st_read_locked(struct pfile *pf, uint64_t off, size_t len, uint8_t *dst)
+{
+	uint64_t size = pf->size;
+	size_t hl = pf->data_off ? pf->data_off : pf->have;
+	if (off >= size) {
+		pthread_mutex_unlock(&pf->mu);
+		return 0;
+	}
+	if (len > size - off)
+		len = (size_t)(size - off);
+	size_t done = 0;
+	if (off < hl) {
+		done = hl - (size_t)off < len ? hl - (size_t)off : len;
+		memcpy(dst, pf->hdr + off, done);
+	}
+	int parsed = pf->data_off != 0;
+	pthread_mutex_unlock(&pf->mu);
+	uint64_t d = off + done - hl;
+	for (size_t i = 0; parsed && done < len && i < pf->nst; i++) {
+		const ckpt_st_entry *e = &pf->st[i];
+		if (e->end <= d)
+			continue;
+		size_t k = e->end - d < len - done ? (size_t)(e->end - d) : len - done;
+		ssize_t r = ckpt_warray_read(pf->st_arr[i], NULL, d - e->begin, dst + done, k);
+		if (r < 0)
+			return r;
+		if ((size_t)r < k)
+			memset(dst + done + r, 0, k - (size_t)r);
+		done += k;
+		d += k;
+	}
+	return (ssize_t)done;
+}
+
 static ssize_t write_locked(ckpt_view *v, struct pfile_node *n, uint64_t off, const uint8_t *data, size_t len,
 			    int append)
 {
@@ -1917,6 +2295,8 @@ static ssize_t write_locked(ckpt_view *v, struct pfile_node *n, uint64_t off, co
 	}
 	if (buffered(pf))
 		return json_write_locked(v, n, off, data, len);
+	if (pf->is_st)
+		return st_write_locked(v, n, off, data, len);
 	if (pf->data_off)
 		return write_data(n, off, data, len);
 	size_t take = 0;
@@ -1968,6 +2348,16 @@ int ckpt_view_truncate(ckpt_view *v, ckpt_ino ino, uint64_t size)
 	pthread_mutex_lock(&pf->mu);
 	if (atomic_load(&f->ps->dead) || atomic_load(&n->orphan)) {
 		rc = refuse(n->name, "truncate");
+	} else if (pf->is_st && size == 0) {
+		/* a writer starting over: the tensors' bytes go, the same header must come again */
+		for (size_t i = 0; rc == 0 && pf->data_off && i < pf->nst; i++)
+			rc = ckpt_warray_forget(pf->st_arr[i], NULL);
+		if (!rc)
+			pf->data_off = pf->have = pf->size = pf->hwm = 0;
+	} else if (pf->is_st) {
+		rc = size == pf->size ? 0 : -EINVAL;
+		if (rc)
+			ckpt_log(CKPT_LOG_ERR, "%s: cannot resize an imported safetensors file", n->name);
 	} else if (pf->is_raw) {
 		char path[VIEW_PATH_MAX];
 		rc = tmp_file(f->ps, pf->rel, path, sizeof(path));
@@ -2022,6 +2412,11 @@ static ssize_t pending_read(ckpt_view *v, struct node *node, uint64_t off, size_
 	}
 	pthread_mutex_lock(&pf->mu);
 	uint64_t size = pf->size;
+	if (pf->is_st) {
+		ssize_t r = st_read_locked(pf, off, len, dst);
+		pthread_rwlock_unlock(&n->ps->io_lock);
+		return r;
+	}
 	if (pf->is_raw) {
 		pthread_mutex_unlock(&pf->mu);
 		size_t k = off < size ? (size_t)(size - off < len ? size - off : len) : 0;
