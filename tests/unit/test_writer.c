@@ -523,6 +523,9 @@ static void test_rewrite_holes(void)
 	ckpt_warray_get_info(a, &i0);
 	CHECK_EQ_INT(i0.chunks_stored, i0.chunks);
 	CHECK(i0.chunks > 4);
+	/* Other bytes over written ones are refused until forgotten (O_TRUNC). */
+	CHECK_EQ_INT(ckpt_warray_write(a, NULL, 0, va, n), -EINVAL);
+	CHECK_EQ_INT(ckpt_warray_forget(a, NULL), 0);
 	CHECK_EQ_INT(ckpt_warray_write(a, NULL, 0, va, n), 0);
 	/* b: everything but bytes [1000, 1003) and the last byte. */
 	CHECK_EQ_INT(ckpt_warray_write(b, NULL, 0, vb, 1000), 0);
@@ -706,7 +709,9 @@ static void test_random_regions(void)
 		}
 		CHECK_EQ_INT(ckpt_step_add_array(st, "state", k, kt, 1, dt, rank, shape, &a), 0);
 		uint8_t *model = calloc(1, n), *buf = malloc(n), *back = malloc(n + 8);
-		/* Overlapping random regions, each in random pieces. */
+		/* Overlapping random regions, each in random pieces; each one is
+		 * forgotten first (what O_TRUNC does), so that its new bytes may
+		 * differ from those of the regions before it. */
 		int nreg = 1 + (int)(rnd() % 4);
 		for (int q = 0; q < nreg; q++) {
 			ckpt_region r;
@@ -715,6 +720,9 @@ static void test_random_regions(void)
 			ckpt_region_count(&r, &rb);
 			rb *= isz;
 			fill_random(buf, rb, CKPT_DT_UINT8);
+			CHECK_EQ_INT(ckpt_warray_forget(a, &r), 0);
+			for (uint64_t b = 0; b < rb; b++)
+				model[model_off(&r, shape, isz, b)] = 0;
 			for (uint64_t off = 0; off < rb;) {
 				uint64_t len = 1 + rnd() % 23;
 				if (len > rb - off)
@@ -741,7 +749,17 @@ static void test_random_regions(void)
 			for (uint64_t b = 0; b < want && got == (ssize_t)want; b++)
 				bad_reads += back[b] != model[model_off(&r, shape, isz, b0 + b)];
 		}
-		/* Complete it and commit. */
+		/* The bytes not written read as unwritten: the commit says so. */
+		ckpt_warray_info wi;
+		ckpt_warray_get_info(a, &wi);
+		w_chunk_wait_idle(st);
+		CHECK_EQ_INT(w_chunk_check_all(st), 0);
+		if (wi.bytes_written < n)
+			CHECK_EQ_INT(ckpt_step_commit(st, name), -ENODATA);
+		/* Complete it (forgotten first: new bytes) and commit. */
+		CHECK_EQ_INT(ckpt_warray_forget(a, NULL), 0);
+		ckpt_warray_get_info(a, &wi);
+		CHECK_EQ_INT(wi.bytes_written, 0);
 		fill_random(model, n, CKPT_DT_UINT8);
 		CHECK_EQ_INT(write_stream_shuffled(a, model, n, 1 + rnd() % 40), 0);
 		CHECK_EQ_INT(ckpt_step_commit(st, name), 0);
@@ -1032,7 +1050,8 @@ static void test_decls_and_metadata(void)
 	snprintf(p, sizeof(p), "%s/43.orbax-checkpoint-tmp", root);
 	CHECK(!exists(p));
 
-	/* forget: chunks wholly inside the region become unwritten. */
+	/* forget: exactly the region's bytes become unwritten, also in chunks
+	 * only partly inside it. */
 	ckpt_writer_opts fo;
 	ckpt_writer_opts_init(&fo);
 	fo.chunk_bytes = 16; /* [3,4] float32: one row (16 bytes) a chunk */
@@ -1040,10 +1059,10 @@ static void test_decls_and_metadata(void)
 	CHECK_EQ_INT(ckpt_step_add_array(st, "state", k, kt, 3, CKPT_DT_FLOAT32, 2, s1, &a), 0);
 	CHECK_EQ_INT(ckpt_warray_write(a, NULL, 0, fv, sizeof(fv)), 0);
 	ckpt_region half = { .rank = 2, .start = { 1, 0 }, .stop = { 3, 2 } };
-	CHECK_EQ_INT(ckpt_warray_forget(a, &half), 0); /* no whole row inside: nothing */
+	CHECK_EQ_INT(ckpt_warray_forget(a, &half), 0); /* half of rows 1 and 2 */
 	ckpt_warray_info ai;
 	ckpt_warray_get_info(a, &ai);
-	CHECK_EQ_INT(ai.bytes_written, 48);
+	CHECK_EQ_INT(ai.bytes_written, 32);
 	ckpt_region rows = { .rank = 2, .start = { 1, 0 }, .stop = { 3, 4 } };
 	CHECK_EQ_INT(ckpt_warray_forget(a, &rows), 0);
 	ckpt_warray_get_info(a, &ai);
