@@ -8,7 +8,9 @@
  * chunk_set_state(), which asserts that the transition is one of the table
  * below and that the chunk's fields agree with its new state
  * (assert_chunk_state()).  Nothing else in the writer writes c->state,
- * c->live, c->pins, c->have or c->spill_slot.
+ * c->live, c->pins, c->have or c->spill_slot.  Chunk entries live in the
+ * sparse table of writer_table.c: a chunk without an entry is EMPTY, and
+ * the first write to it makes a zeroed (EMPTY) entry (w_chunk_touch).
  *
  * States (enum wc_state, writer_int.h):
  *
