@@ -170,6 +170,10 @@ struct wctx {
 	struct ckpt_warray *a;
 	const ckpt_stream_piece *p;
 	const uint8_t *src; /* write: the caller's bytes */
+	uint64_t byte_off; /* write: the range's first byte in the region's stream */
+	uint64_t span_coff, span_soff; /* write: the span being checked */
+	uint64_t bad_coff, bad_soff; /* write: the first differing byte (conflict set) */
+	int conflict;
 	uint8_t *dst; /* read: the caller's buffer */
 	const uint8_t *from; /* read: the chunk's bytes, NULL = all zero */
 	uint8_t *chunk; /* write: the chunk buffer */
@@ -190,16 +194,65 @@ static void span_write(void *ctx, uint64_t coff, uint64_t soff, uint64_t n)
 		w->added += (uint64_t)r;
 }
 
-/* Under the chunk buffer's lock (writer_chunk.c). */
+/* A covered run [s, e) of the chunk inside the span being checked: its
+ * bytes must equal the new ones, except that a covered zero may take any
+ * value (see writer.h). */
+static int check_run(void *ctx, uint64_t s, uint64_t e)
+{
+	struct wctx *w = ctx;
+	const uint8_t *old = w->chunk + s, *new = w->src + w->span_soff + (s - w->span_coff);
+	if (memcmp(old, new, e - s) == 0)
+		return 0;
+	for (uint64_t i = 0; i < e - s; i++)
+		if (old[i] != new[i] && old[i] != 0) {
+			w->conflict = 1;
+			w->bad_coff = s + i;
+			w->bad_soff = w->span_soff + (s - w->span_coff) + i;
+			return -EINVAL;
+		}
+	return 0;
+}
+
+static void span_check(void *ctx, uint64_t coff, uint64_t soff, uint64_t n)
+{
+	struct wctx *w = ctx;
+	if (w->conflict)
+		return;
+	w->span_coff = coff;
+	w->span_soff = soff;
+	w_cov_each(w->cov, coff, coff + n, check_run, w);
+}
+
+/* Under the chunk buffer's lock (writer_chunk.c): refuse the piece when it
+ * changes bytes already written, else copy it. */
 static int fill_piece(void *ctx, uint8_t *buf, struct wcov *cov, uint64_t *added)
 {
 	struct wctx *w = ctx;
 	w->chunk = buf;
 	w->cov = cov;
 	w->added = 0;
+	*added = 0;
+	if (cov->n || cov->bm) {
+		ckpt_stream_piece_spans(&w->a->grid, w->p, span_check, w);
+		if (w->conflict)
+			return -EINVAL;
+	}
 	ckpt_stream_piece_spans(&w->a->grid, w->p, span_write, w);
 	*added = w->added;
 	return w->rc;
+}
+
+/* Byte offset in the array's C-order bytes of byte coff of chunk cg. */
+static uint64_t array_byte(const struct ckpt_warray *a, const uint64_t *cg, uint64_t coff)
+{
+	uint64_t e = coff / a->isz, lin = 0, g[CKPT_MAX_RANK];
+	for (int d = a->rank - 1; d >= 0; d--) {
+		g[d] = cg[d] * a->inner[d] + e % a->inner[d];
+		e /= a->inner[d];
+	}
+	for (int d = 0; d < a->rank; d++)
+		lin = lin * a->shape[d] + g[d];
+	return lin * a->isz + coff % a->isz;
 }
 
 static int piece_write(void *ctx, const ckpt_stream_piece *p)
@@ -207,7 +260,14 @@ static int piece_write(void *ctx, const ckpt_stream_piece *p)
 	struct wctx *w = ctx;
 	w->p = p;
 	int rc = w_chunk_write(w->a, p->chunk, fill_piece, w);
-	if (rc && w->rc)
+	if (rc && w->conflict)
+		ckpt_log(CKPT_LOG_ERR,
+			 "writer: %s: write refused: byte %llu of the array (byte %llu of the written "
+			 "region's stream) was already written with another value; truncate the file "
+			 "(O_TRUNC) to write it again",
+			 w->a->relpath, (unsigned long long)array_byte(w->a, p->cg, w->bad_coff),
+			 (unsigned long long)(w->byte_off + w->bad_soff));
+	else if (rc && w->rc)
 		ckpt_log(CKPT_LOG_ERR, "writer: %s: out of memory for a coverage map", w->a->relpath);
 	return rc;
 }
@@ -235,11 +295,56 @@ int ckpt_warray_write(ckpt_warray *a, const ckpt_region *region, uint64_t byte_o
 		ckpt_log(CKPT_LOG_ERR, "writer: %s: write to a removed array", a->relpath);
 		return -ESTALE;
 	}
-	struct wctx w = { .a = a, .src = data };
+	struct wctx w = { .a = a, .src = data, .byte_off = byte_off };
 	int rc = ckpt_stream_pieces(&a->grid, &r, byte_off, end, piece_write, &w);
 	if (!rc)
 		CKPT_STAT_ADD(bytes_written, len);
 	return rc;
+}
+
+/* Forget: the bytes of a box (chunk-local, in-bounds) of one chunk. */
+struct dropctx {
+	const struct ckpt_warray *a;
+	uint64_t lo[CKPT_MAX_RANK], hi[CKPT_MAX_RANK];
+};
+
+/* Under the chunk buffer's lock: uncover and zero the box's bytes, run by
+ * run: along dim k, where every dim after k is whole (the padded chunk's
+ * extent), runs are contiguous. */
+static int drop_box(void *ctx, uint8_t *buf, struct wcov *cov, uint64_t *removed)
+{
+	const struct dropctx *f = ctx;
+	const struct ckpt_warray *a = f->a;
+	int rank = a->rank, k = rank - 1;
+	*removed = 0;
+	if (rank == 0)
+		return 0; /* one element: the whole chunk, reset instead */
+	while (k > 0 && f->lo[k] == 0 && f->hi[k] == a->inner[k])
+		k--;
+	uint64_t stride[CKPT_MAX_RANK], s = a->isz;
+	for (int d = rank - 1; d >= 0; d--) {
+		stride[d] = s;
+		s *= a->inner[d];
+	}
+	uint64_t l[CKPT_MAX_RANK];
+	for (int d = 0; d < k; d++)
+		l[d] = f->lo[d];
+	for (;;) {
+		uint64_t base = 0;
+		for (int d = 0; d < k; d++)
+			base += l[d] * stride[d];
+		uint64_t b0 = base + f->lo[k] * stride[k], b1 = base + f->hi[k] * stride[k];
+		int64_t r = w_cov_remove(cov, a->chunk_nbytes, b0, b1);
+		if (r < 0)
+			return (int)r;
+		*removed += (uint64_t)r;
+		memset(buf + b0, 0, b1 - b0);
+		int d = k - 1;
+		for (; d >= 0 && ++l[d] == f->hi[d]; d--)
+			l[d] = f->lo[d];
+		if (d < 0)
+			return 0;
+	}
 }
 
 int ckpt_warray_forget(ckpt_warray *a, const ckpt_region *region)
@@ -250,14 +355,32 @@ int ckpt_warray_forget(ckpt_warray *a, const ckpt_region *region)
 		return -EINVAL;
 	if (atomic_load(&a->step->state) != CKPT_STEP_PENDING)
 		return w_step_writable(a->step, a->relpath);
-	for (uint64_t i = 0; i < a->nchunks; i++) {
+	/* Only chunks with a table entry can hold bytes. */
+	for (uint64_t i = w_chunk_next(a, 0); i < a->nchunks; i = w_chunk_next(a, i + 1)) {
 		ckpt_region c;
 		w_chunk_region(a, i, &c);
-		int inside = 1;
-		for (int d = 0; inside && d < a->rank; d++)
-			inside = c.start[d] >= r.start[d] && c.stop[d] <= r.stop[d];
-		if (inside)
+		struct dropctx f = { .a = a };
+		int inside = 1, meets = 1;
+		for (int d = 0; meets && d < a->rank; d++) {
+			uint64_t lo = c.start[d] > r.start[d] ? c.start[d] : r.start[d];
+			uint64_t hi = c.stop[d] < r.stop[d] ? c.stop[d] : r.stop[d];
+			meets = lo < hi;
+			inside &= lo == c.start[d] && hi == c.stop[d];
+			f.lo[d] = lo - c.start[d]; /* c.start is the chunk's origin */
+			f.hi[d] = hi - c.start[d];
+		}
+		if (!meets)
+			continue;
+		if (inside) {
 			w_chunk_reset(a, i);
+			continue;
+		}
+		int rc = w_chunk_forget(a, i, drop_box, &f);
+		if (rc) {
+			ckpt_log(CKPT_LOG_ERR, "writer: %s: dropping the bytes of a region: %s", a->relpath,
+				 strerror(-rc));
+			return rc;
+		}
 	}
 	return 0;
 }

@@ -27,23 +27,46 @@
  * compression frees memory; if nothing can be freed that way (all
  * buffered chunks are partial, e.g. writers filling interleaved column
  * slices) partial chunks are spilled to an unlinked scratch file inside
- * the tmp folder and re-read when written again.  Writes never fail for
+ * the tmp folder and re-read when written again (only a spilled chunk's
+ * written bytes and the non-zero blocks of its coverage bitmap are written
+ * there: the rest of its slot stays a hole, so the file takes about the
+ * bytes written, not whole chunks).  Writes never fail for
  * lack of budget.  One exception: if a single chunk is bigger than the
  * budget, or all buffered chunks are pinned by writers in progress
  * and nothing else can be freed, the budget is exceeded rather than
  * deadlocking (by at most one chunk per writing thread).
  *
- * Memory outside the budget: about 48 bytes per declared inner chunk and
- * a hash entry per pytree node (both proportional to what was declared),
- * one ZSTD_compressBound(chunk) output buffer per compression thread, and
- * one chunk-sized scratch buffer per ckpt_warray_read call in progress.
+ * Memory outside the budget: a few hundred bytes per declared array and a
+ * hash entry per pytree node; the chunk and shard tables are sparse (pages
+ * of 1024 chunks / 256 shards made on the first write to one of them, about
+ * 48 bytes per chunk and 72 per shard of a touched page), so a declaration
+ * that nothing was written to costs a constant whatever its size; one
+ * ZSTD_compressBound(chunk) output buffer per compression thread, and one
+ * chunk-sized scratch buffer per ckpt_warray_read call in progress.
  *
  * Byte accounting: coverage is tracked per chunk at byte granularity and
- * counts distinct bytes, so rewriting bytes (mmap writeback, retries) is
- * legal and never double counted.  Writes may start and end mid-element.
+ * counts distinct bytes, so writing bytes again (mmap writeback, retries)
+ * is never double counted.  Writes may start and end mid-element.
  * Rewriting a chunk that was already compressed re-reads it, applies the
  * write and compresses it again (the old copy stays in the shard file as
  * dead bytes).
+ *
+ * Written bytes do not change (several writers, one value): a write over
+ * bytes already written must bring the same bytes -- a retry, mmap
+ * writeback, an array every process writes whole, overlapping slice files
+ * of one array all do.  A write that would change a written byte is
+ * refused with -EINVAL, logged with the array and the byte's offset in the
+ * array and in the written stream; the first writer's bytes stay.  One
+ * exception: a written zero may be overwritten with any value, because
+ * np.lib.format.open_memmap writes an array's last byte as zero to size the
+ * file before the data comes (so a conflict of a zero with another value is
+ * not detected).  To write other bytes, forget them first
+ * (ckpt_warray_forget: what an O_TRUNC of the file does).  Only bytes
+ * already covered are compared (the coverage map says which), with memcmp;
+ * a first write compares nothing.  The check is per chunk: pieces of the
+ * same write in earlier chunks may already be applied when a later chunk
+ * refuses.  The multi-host merge (writer_hosts.c) does not check: a host's
+ * whole chunk wins over other hosts' partial bytes (docs/format.md).
  *
  * Errors: negative errno, one ckpt_log line naming the array and the
  * reason for every user-visible failure.
@@ -172,12 +195,19 @@ const char *ckpt_step_json_file(const char *item);
 int ckpt_step_add_array(ckpt_step *st, const char *item, const char *const *keypath, const int *key_types,
 			int depth, ckpt_dtype dtype, int rank, const uint64_t *shape, ckpt_warray **out);
 
-/* Drop the bytes written to `region` (NULL = the whole array): every inner
- * chunk that lies wholly inside it becomes unwritten again (a later commit
- * reports it missing until it is written again); chunks only partly inside
- * keep their bytes.  For a writer that starts a file over (O_TRUNC).
- * Waits for compression of the affected chunks.  Must not run concurrently
- * with writes to the same chunks.  0, -EINVAL (bad region), -EROFS. */
+/* Drop the bytes written to `region` (NULL = the whole array): exactly the
+ * region's bytes become unwritten (zero, uncovered), in every chunk the
+ * region meets, also chunks only partly inside it (a column slice of row
+ * chunks), whatever their state: a chunk already compressed or spilled is
+ * re-read, loses the region's bytes and keeps the rest (it is compressed
+ * again once complete); a chunk wholly inside is reset.  A later commit
+ * fails with -ENODATA naming the array until the bytes are written again,
+ * and they may then take other values.  For a writer that starts a file
+ * over (O_TRUNC): a rewrite that dies half-way never commits a mix of old
+ * and new bytes.  Costs O(chunks written so far), not O(chunks declared).
+ * May run concurrently with writes to other bytes of the same chunks (other
+ * slice files); not with writes into the region.  0, -EINVAL (bad region),
+ * -EROFS, -ENOMEM/-EIO (re-reading a chunk failed; logged). */
 int ckpt_warray_forget(ckpt_warray *a, const ckpt_region *region);
 
 /* Remove a declared array from its pending step: its bytes are dropped,
@@ -197,7 +227,8 @@ int ckpt_warray_set_sharding(ckpt_warray *a, const char *json);
  * `region` (global coordinates; NULL = the whole array) from `data`.
  * Returns 0 once the bytes are in chunk buffers (or the spill file).
  *   -EINVAL  region rank differs from the array's, or a dim is empty or
- *            out of bounds;
+ *            out of bounds; or the write would change bytes already
+ *            written (see "Written bytes do not change" above; logged);
  *   -EFBIG   byte_off + len is past the end of the region's stream;
  *   -EROFS   the step was committed or aborted;
  *   -EIO/-ENOSPC/...  a spill or a re-read of a stored chunk failed, or

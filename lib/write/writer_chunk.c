@@ -8,7 +8,9 @@
  * chunk_set_state(), which asserts that the transition is one of the table
  * below and that the chunk's fields agree with its new state
  * (assert_chunk_state()).  Nothing else in the writer writes c->state,
- * c->live, c->pins, c->have or c->spill_slot.
+ * c->live, c->pins, c->have or c->spill_slot.  Chunk entries live in the
+ * sparse table of writer_table.c: a chunk without an entry is EMPTY, and
+ * the first write to it makes a zeroed (EMPTY) entry (w_chunk_touch).
  *
  * States (enum wc_state, writer_int.h):
  *
@@ -39,11 +41,16 @@
  *                                       +--> LIVE (back to SPILLED or STORED
  *                                                  when the re-read fails)
  *
+ *   and QUEUED, ERROR --> LIVE when w_chunk_forget drops bytes of a complete
+ *   chunk (a STORED or SPILLED one is re-read first, as for a write).
+ *
  * Transitions (all under array->mu; "+st" = step->mu taken inside as well):
  *
  *   from         to           function                 when
  *   EMPTY        LIVE         pin_write_locked (+st)   first write; buffer from the budget
  *   LIVE         QUEUED       unpin_locked (+st)       last pin dropped and have == need
+ *   QUEUED       LIVE         unpin_locked (+st)       w_chunk_forget dropped bytes of a
+ *   ERROR        LIVE         unpin_locked (+st)         complete chunk (pinned by it)
  *   LIVE         SPILLING     spill (+st)              budget full, chunk partial and unpinned
  *   SPILLING     SPILLED      spill (+st)              slot written; buffer freed
  *   SPILLING     LIVE         spill (+st)              slot write failed; back in the LRU
@@ -121,11 +128,21 @@ static void spill_slot_set(struct wchunk *c, uint64_t off)
 	c->spill_slot = off + 1;
 }
 
-/* Bytes of one spill slot of array a: the chunk buffer, then its coverage
- * bitmap, rounded up to 4 KiB so that slots can be punched out one by one. */
+/* A spill slot of array a: the chunk's bytes at the slot's offset, then its
+ * coverage bitmap at spill_bm_off, each rounded up to 4 KiB so that the
+ * slot's blocks can be punched out one by one.  Only the covered bytes and
+ * the bitmap's non-zero blocks are written: the rest of a slot stays a
+ * hole, so a spilled chunk takes about the bytes written, not the chunk. */
+#define SPILL_BLOCK 4096
+
+static uint64_t spill_bm_off(const struct ckpt_warray *a)
+{
+	return (a->chunk_nbytes + SPILL_BLOCK - 1) / SPILL_BLOCK * SPILL_BLOCK;
+}
+
 static uint64_t spill_slot_bytes(const struct ckpt_warray *a)
 {
-	return (a->chunk_nbytes + a->bm_bytes + 4095) / 4096 * 4096;
+	return spill_bm_off(a) + (a->bm_bytes + SPILL_BLOCK - 1) / SPILL_BLOCK * SPILL_BLOCK;
 }
 
 /* ---- invariants ---- */
@@ -140,8 +157,10 @@ static void budget_sub(uint64_t *v, uint64_t n)
  * NULL when nothing.  Under a->mu. */
 static const char *chunk_problem(const struct ckpt_warray *a, uint64_t idx)
 {
-	const struct wchunk *c = &a->chunks[idx];
+	const struct wchunk *c = w_chunk_at(a, idx);
 	uint64_t need = w_chunk_need(a, idx);
+	if (!c)
+		return NULL; /* no entry: EMPTY */
 	if (c->have > need)
 		return "more bytes covered than the chunk has";
 	if (c->live && (c->live->arr != a || c->live->idx != idx))
@@ -182,7 +201,7 @@ static void assert_chunk_state(const struct ckpt_warray *a, uint64_t idx)
 	const char *why = chunk_problem(a, idx);
 	if (why)
 		ckpt_log(CKPT_LOG_ERR, "writer: %s: chunk %llu (state %d): %s", a->relpath,
-			 (unsigned long long)idx, a->chunks[idx].state, why);
+			 (unsigned long long)idx, w_chunk_at(a, idx)->state, why);
 	assert(!why);
 }
 
@@ -191,10 +210,10 @@ static int transition_ok(int from, int to)
 	static const uint16_t ok[] = {
 		[WC_EMPTY] = 1u << WC_LIVE | 1u << WC_STORED,
 		[WC_LIVE] = 1u << WC_QUEUED | 1u << WC_SPILLING | 1u << WC_EMPTY,
-		[WC_QUEUED] = 1u << WC_COMPRESSING,
+		[WC_QUEUED] = 1u << WC_COMPRESSING | 1u << WC_LIVE,
 		[WC_COMPRESSING] = 1u << WC_STORED | 1u << WC_ERROR,
 		[WC_STORED] = 1u << WC_LOADING | 1u << WC_EMPTY,
-		[WC_ERROR] = 1u << WC_QUEUED | 1u << WC_EMPTY,
+		[WC_ERROR] = 1u << WC_QUEUED | 1u << WC_EMPTY | 1u << WC_LIVE,
 		[WC_SPILLING] = 1u << WC_SPILLED | 1u << WC_LIVE,
 		[WC_SPILLED] = 1u << WC_LOADING | 1u << WC_EMPTY,
 		[WC_LOADING] = 1u << WC_LIVE | 1u << WC_SPILLED | 1u << WC_STORED,
@@ -217,7 +236,8 @@ static void assert_chunk_transition(int from, int to)
  * the fields agree with `to`. */
 static void chunk_set_state(struct ckpt_warray *a, uint64_t idx, enum wc_state to)
 {
-	struct wchunk *c = &a->chunks[idx];
+	struct wchunk *c = w_chunk_at(a, idx);
+	assert(c);
 	assert_chunk_transition(c->state, to);
 	c->state = (uint8_t)to;
 	assert_chunk_state(a, idx);
@@ -267,6 +287,28 @@ static void queue_push_locked(struct ckpt_step *st, struct wlive *l)
 		st->qhead = l;
 	st->qtail = l;
 	pthread_cond_signal(&st->qcond);
+}
+
+/* A chunk that is no longer complete leaves the queue (it may not be
+ * spilled or freed while queued). */
+static void queue_remove_locked(struct ckpt_step *st, struct wlive *l)
+{
+	if (!l->in_queue)
+		return;
+	struct wlive *prev = NULL;
+	for (struct wlive *q = st->qhead; q; prev = q, q = q->qnext) {
+		if (q != l)
+			continue;
+		if (prev)
+			prev->qnext = q->qnext;
+		else
+			st->qhead = q->qnext;
+		if (st->qtail == q)
+			st->qtail = prev;
+		break;
+	}
+	l->qnext = NULL;
+	l->in_queue = 0;
 }
 
 /* ---- buffers and the budget ---- */
@@ -451,11 +493,104 @@ static int spill_fd(struct ckpt_step *st)
 	return fd;
 }
 
+/* Covered runs of a spilled chunk, merged across gaps shorter than a block
+ * (the gap's zeros cost no more blocks than the runs around it). */
+struct spill_runs {
+	int fd;
+	uint64_t off; /* the slot */
+	const uint8_t *buf;
+	uint64_t s, e; /* the run being gathered, e == 0: none */
+};
+
+static int spill_flush_run(struct spill_runs *r)
+{
+	int rc = r->e > r->s ? ckpt_pwrite_all(r->fd, r->buf + r->s, r->e - r->s, r->off + r->s) : 0;
+	r->s = r->e = 0;
+	return rc;
+}
+
+static int spill_run(void *ctx, uint64_t s, uint64_t e)
+{
+	struct spill_runs *r = ctx;
+	if (r->e && s - r->e < SPILL_BLOCK) {
+		r->e = e;
+		return 0;
+	}
+	int rc = spill_flush_run(r);
+	r->s = s;
+	r->e = e;
+	return rc;
+}
+
+/* Write the covered bytes of l and its bitmap (bitmap mode) to the slot at
+ * off.  A slot used before is punched out first, so that bytes and bitmap
+ * blocks it no longer covers are holes; where punching is not supported,
+ * the whole bitmap is written (the chunk bytes outside it are ignored on
+ * reading). */
+static int spill_write(struct ckpt_warray *a, int fd, uint64_t off, struct wlive *l, int reused)
+{
+	int sparse = 1;
+	if (reused && fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, (off_t)off,
+				(off_t)spill_slot_bytes(a)))
+		sparse = 0;
+	struct spill_runs r = { .fd = fd, .off = off, .buf = l->buf };
+	int rc = w_cov_each(&l->cov, 0, a->chunk_nbytes, spill_run, &r);
+	if (!rc)
+		rc = spill_flush_run(&r);
+	uint64_t bo = off + spill_bm_off(a);
+	const uint8_t *bm = (const uint8_t *)l->cov.bm;
+	if (!sparse)
+		return rc ? rc : ckpt_pwrite_all(fd, bm, a->bm_bytes, bo);
+	for (uint64_t b = 0; !rc && b < a->bm_bytes; b += SPILL_BLOCK) {
+		uint64_t n = a->bm_bytes - b < SPILL_BLOCK ? a->bm_bytes - b : SPILL_BLOCK;
+		int any = 0;
+		for (uint64_t w = 0; !any && w < n / 8; w++)
+			any = l->cov.bm[(b / 8) + w] != 0;
+		if (any)
+			rc = ckpt_pwrite_all(fd, bm + b, n, bo + b);
+	}
+	return rc;
+}
+
+/* pread of a spill slot: the file may end inside it (a slot's tail that was
+ * never written is a hole past the end of the file), which reads as zeros. */
+static int spill_pread(int fd, uint8_t *p, size_t len, uint64_t off)
+{
+	while (len) {
+		ssize_t n = pread(fd, p, len, (off_t)off);
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n < 0)
+			return -errno;
+		if (n == 0) {
+			memset(p, 0, len);
+			return 0;
+		}
+		p += n;
+		len -= (size_t)n;
+		off += (uint64_t)n;
+	}
+	return 0;
+}
+
+struct zero_gaps {
+	uint8_t *buf;
+	uint64_t at; /* end of the last covered run */
+};
+
+static int zero_gap(void *ctx, uint64_t s, uint64_t e)
+{
+	struct zero_gaps *z = ctx;
+	memset(z->buf + z->at, 0, s - z->at);
+	z->at = e;
+	return 0;
+}
+
 /* Write partial chunk idx of a to its spill slot and free its memory.
  * -EAGAIN when the chunk is no longer a spill candidate. */
 static int spill(struct ckpt_step *st, struct ckpt_warray *a, uint64_t idx)
 {
-	struct wchunk *c = &a->chunks[idx];
+	struct wchunk *c = w_chunk_at(a, idx);
 	pthread_mutex_lock(&a->mu);
 	struct wlive *l = c->live;
 	if (!l || c->state != WC_LIVE || c->pins || c->have == w_chunk_need(a, idx)) {
@@ -465,7 +600,8 @@ static int spill(struct ckpt_step *st, struct ckpt_warray *a, uint64_t idx)
 	pthread_mutex_lock(&st->mu);
 	lru_remove_locked(st, l); /* may be a newer live than the victim taken */
 	st->inflight += a->live_cost;
-	if (!spill_has_slot(c)) {
+	int reused = spill_has_slot(c);
+	if (!reused) {
 		spill_slot_set(c, st->spill_end);
 		st->spill_end += spill_slot_bytes(a);
 	}
@@ -478,9 +614,7 @@ static int spill(struct ckpt_step *st, struct ckpt_warray *a, uint64_t idx)
 	if (!rc)
 		rc = w_cov_to_bitmap(&l->cov, a->chunk_nbytes);
 	if (!rc)
-		rc = ckpt_pwrite_all(fd, l->buf, a->chunk_nbytes, off);
-	if (!rc)
-		rc = ckpt_pwrite_all(fd, l->cov.bm, a->bm_bytes, off + a->chunk_nbytes);
+		rc = spill_write(a, fd, off, l, reused);
 
 	pthread_mutex_lock(&a->mu);
 	if (!rc)
@@ -510,13 +644,26 @@ static int spill(struct ckpt_step *st, struct ckpt_warray *a, uint64_t idx)
 }
 
 /* Read spilled chunk c's slot into buf (chunk_nbytes) and, when cov is not
- * NULL, its coverage (cov must be in bitmap mode). */
+ * NULL, its coverage (cov must be in bitmap mode).  Bytes the bitmap does
+ * not cover read as zero, whatever the slot holds there. */
 static int spill_read(struct ckpt_warray *a, uint64_t off, uint8_t *buf, struct wcov *cov)
 {
 	int fd = spill_fd(a->step);
-	int rc = fd < 0 ? fd : ckpt_pread_all(fd, buf, a->chunk_nbytes, off);
-	if (!rc && cov)
-		rc = ckpt_pread_all(fd, cov->bm, a->bm_bytes, off + a->chunk_nbytes);
+	struct wcov tmp = { 0 };
+	if (!cov) {
+		if (!(tmp.bm = malloc(a->bm_bytes ? a->bm_bytes : 8)))
+			return -ENOMEM;
+		cov = &tmp;
+	}
+	int rc = fd < 0 ? fd : spill_pread(fd, buf, a->chunk_nbytes, off);
+	if (!rc)
+		rc = spill_pread(fd, (uint8_t *)cov->bm, a->bm_bytes, off + spill_bm_off(a));
+	if (!rc) {
+		struct zero_gaps z = { buf, 0 };
+		w_cov_each(cov, 0, a->chunk_nbytes, zero_gap, &z);
+		memset(buf + z.at, 0, a->chunk_nbytes - z.at);
+	}
+	free(tmp.bm);
 	return rc;
 }
 
@@ -535,21 +682,38 @@ static void pin_locked(struct ckpt_step *st, struct wchunk *c)
 	pthread_mutex_unlock(&st->mu);
 }
 
-/* Under a->mu: drop a pin, crediting `added` newly covered bytes; queues the
- * chunk for compression when it is complete, else makes it a spill
- * candidate. */
-static void unpin_locked(struct ckpt_warray *a, uint64_t idx, uint64_t added)
+/* Under a->mu: drop a pin, crediting `added` newly covered bytes and
+ * debiting `removed` forgotten ones (w_chunk_forget); queues the chunk for
+ * compression when it is complete, else makes it a spill candidate.  A
+ * complete chunk (QUEUED, ERROR) that lost bytes is LIVE again and leaves
+ * the queue. */
+static void unpin_locked(struct ckpt_warray *a, uint64_t idx, uint64_t added, uint64_t removed)
 {
 	struct ckpt_step *st = a->step;
-	struct wchunk *c = &a->chunks[idx];
+	struct wchunk *c = w_chunk_at(a, idx);
 	assert(c->pins > 0 && c->live);
+	assert(removed <= c->have + added);
 	c->have += added;
+	c->have -= removed;
 	a->have_total += added;
+	budget_sub(&a->have_total, removed);
 	c->pins--;
 	pthread_mutex_lock(&st->mu);
 	budget_sub(&st->pins_total, 1);
 	st->bytes_pending += added;
+	budget_sub(&st->bytes_pending, removed);
+	enum wc_state was = c->state;
+	int reopened = removed && (was == WC_QUEUED || was == WC_ERROR);
+	if (reopened && was == WC_QUEUED)
+		budget_sub(&st->inflight, a->live_cost);
 	int queue = 0;
+	if (reopened) {
+		/* Before the LRU/queue choice below, which reads the state. */
+		queue_remove_locked(st, c->live);
+		chunk_set_state(a, idx, WC_LIVE);
+		pthread_cond_broadcast(&st->memcond);
+		pthread_cond_broadcast(&st->idlecond);
+	}
 	if (c->pins == 0) {
 		budget_sub(&st->npinned, 1);
 		if (c->state == WC_LIVE) {
@@ -568,12 +732,14 @@ static void unpin_locked(struct ckpt_warray *a, uint64_t idx, uint64_t added)
 	if (st->pins_total == 0)
 		pthread_cond_broadcast(&st->idlecond);
 	pthread_mutex_unlock(&st->mu);
+	if (c->pins == 0)
+		pthread_cond_broadcast(&a->cond); /* w_chunk_reset waits for pins */
 	if (queue)
 		chunk_set_state(a, idx, WC_QUEUED);
 	else
 		assert_chunk_state(a, idx);
-	if (added)
-		CKPT_STAT_ADD(bytes_pending, (int64_t)added);
+	if (added != removed)
+		CKPT_STAT_ADD(bytes_pending, (int64_t)added - (int64_t)removed);
 }
 
 /* Under a->mu, state SPILLED or STORED, `fresh` a new buffer charged to the
@@ -582,7 +748,7 @@ static void unpin_locked(struct ckpt_warray *a, uint64_t idx, uint64_t added)
 static int reload_locked(struct ckpt_warray *a, uint64_t idx, struct wlive *fresh)
 {
 	struct ckpt_step *st = a->step;
-	struct wchunk *c = &a->chunks[idx];
+	struct wchunk *c = w_chunk_at(a, idx);
 	enum wc_state prev = c->state;
 	uint64_t off = c->off, len = c->len, soff = prev == WC_SPILLED ? spill_slot_off(c) : 0;
 	int rc;
@@ -626,7 +792,7 @@ static int reload_locked(struct ckpt_warray *a, uint64_t idx, struct wlive *fres
 	} else {
 		/* A stored chunk is written again: it is pending again. */
 		budget_sub(&a->nstored, 1);
-		a->shards[w_chunk_shard(a, idx)].unstored++;
+		w_shard_at(a, w_chunk_shard(a, idx))->unstored++;
 		st->bytes_pending += need;
 	}
 	pthread_cond_broadcast(&st->memcond);
@@ -644,14 +810,33 @@ static int reload_locked(struct ckpt_warray *a, uint64_t idx, struct wlive *fres
 
 /* Under a->mu (dropped and retaken while allocating or loading): pin chunk
  * idx for writing, giving it a live buffer (a new one, or re-read from the
- * spill file or the shard file). */
-static int pin_write_locked(struct ckpt_warray *a, uint64_t idx)
+ * spill file or the shard file).  With keep_empty, an EMPTY chunk is left
+ * alone and 1 returned (nothing pinned). */
+static int pin_write_locked(struct ckpt_warray *a, uint64_t idx, int keep_empty)
 {
 	struct ckpt_step *st = a->step;
-	struct wchunk *c = &a->chunks[idx];
+	struct wchunk *c = w_chunk_at(a, idx);
 	struct wlive *fresh = NULL;
 	int rc;
+	if (!c) {
+		if (keep_empty)
+			return 1;
+		if (!(c = w_chunk_touch(a, idx))) {
+			ckpt_log(CKPT_LOG_ERR, "writer: %s: out of memory for the chunk table", a->relpath);
+			return -ENOMEM;
+		}
+	}
 	for (;;) {
+		if (keep_empty && c->state == WC_EMPTY) {
+			if (fresh) {
+				pthread_mutex_unlock(&a->mu);
+				live_free(st, fresh);
+				pthread_mutex_lock(&a->mu);
+				fresh = NULL;
+				continue;
+			}
+			return 1;
+		}
 		switch (c->state) {
 		case WC_LIVE:
 		case WC_QUEUED:
@@ -692,20 +877,40 @@ static int pin_write_locked(struct ckpt_warray *a, uint64_t idx)
 int w_chunk_write(struct ckpt_warray *a, uint64_t idx, w_chunk_fill_fn fill, void *ctx)
 {
 	pthread_mutex_lock(&a->mu);
-	int rc = pin_write_locked(a, idx);
+	int rc = pin_write_locked(a, idx, 0);
 	if (rc) {
 		pthread_mutex_unlock(&a->mu);
 		return rc;
 	}
 	/* The pin keeps the buffer; its contents are under l->mu. */
-	struct wlive *l = a->chunks[idx].live;
+	struct wlive *l = w_chunk_at(a, idx)->live;
 	pthread_mutex_unlock(&a->mu);
 	uint64_t added = 0;
 	pthread_mutex_lock(&l->mu);
 	rc = fill(ctx, l->buf, &l->cov, &added);
 	pthread_mutex_unlock(&l->mu);
 	pthread_mutex_lock(&a->mu);
-	unpin_locked(a, idx, added);
+	unpin_locked(a, idx, added, 0);
+	pthread_mutex_unlock(&a->mu);
+	return rc;
+}
+
+int w_chunk_forget(struct ckpt_warray *a, uint64_t idx, w_chunk_fill_fn drop, void *ctx)
+{
+	pthread_mutex_lock(&a->mu);
+	int rc = pin_write_locked(a, idx, 1);
+	if (rc) { /* 1: EMPTY, nothing to drop */
+		pthread_mutex_unlock(&a->mu);
+		return rc < 0 ? rc : 0;
+	}
+	struct wlive *l = w_chunk_at(a, idx)->live;
+	pthread_mutex_unlock(&a->mu);
+	uint64_t removed = 0;
+	pthread_mutex_lock(&l->mu);
+	rc = drop(ctx, l->buf, &l->cov, &removed);
+	pthread_mutex_unlock(&l->mu);
+	pthread_mutex_lock(&a->mu);
+	unpin_locked(a, idx, 0, removed);
 	pthread_mutex_unlock(&a->mu);
 	return rc;
 }
@@ -713,8 +918,12 @@ int w_chunk_write(struct ckpt_warray *a, uint64_t idx, w_chunk_fill_fn fill, voi
 int w_chunk_read(struct ckpt_warray *a, uint64_t idx, uint8_t **scratch, w_chunk_copy_fn copy, void *ctx)
 {
 	struct ckpt_step *st = a->step;
-	struct wchunk *c = &a->chunks[idx];
+	struct wchunk *c = w_chunk_at(a, idx);
 	int rc = 0;
+	if (!c) { /* never written */
+		copy(ctx, NULL);
+		return 0;
+	}
 	pthread_mutex_lock(&a->mu);
 	while (c->state == WC_COMPRESSING || c->state == WC_SPILLING || c->state == WC_LOADING)
 		pthread_cond_wait(&a->cond, &a->mu);
@@ -734,7 +943,7 @@ int w_chunk_read(struct ckpt_warray *a, uint64_t idx, uint8_t **scratch, w_chunk
 		copy(ctx, l->buf);
 		pthread_mutex_unlock(&l->mu);
 		pthread_mutex_lock(&a->mu);
-		unpin_locked(a, idx, 0);
+		unpin_locked(a, idx, 0, 0);
 		pthread_mutex_unlock(&a->mu);
 		return 0;
 	}
@@ -778,7 +987,7 @@ int w_chunk_take_job(struct ckpt_step *st, struct ckpt_warray **aout, uint64_t *
 		uint64_t idx = l->idx;
 		pthread_mutex_unlock(&st->mu);
 
-		struct wchunk *c = &a->chunks[idx];
+		struct wchunk *c = w_chunk_at(a, idx);
 		pthread_mutex_lock(&a->mu);
 		l = c->live;
 		int requeued = 0;
@@ -807,7 +1016,7 @@ int w_chunk_store_done(struct ckpt_warray *a, uint64_t idx, int rc, uint64_t off
 		       const char *why)
 {
 	struct ckpt_step *st = a->step;
-	struct wchunk *c = &a->chunks[idx];
+	struct wchunk *c = w_chunk_at(a, idx);
 	uint64_t need = w_chunk_need(a, idx);
 	int shard_done = 0, spilled = 0;
 	uint64_t spilled_off = 0;
@@ -826,7 +1035,7 @@ int w_chunk_store_done(struct ckpt_warray *a, uint64_t idx, int rc, uint64_t off
 		c->live = NULL;
 		a->nstored++;
 		a->stored_bytes += len;
-		struct wshard *sh = &a->shards[w_chunk_shard(a, idx)];
+		struct wshard *sh = w_shard_at(a, w_chunk_shard(a, idx));
 		budget_sub(&sh->unstored, 1);
 		shard_done = sh->unstored == 0;
 		if (shard_done && st->sink.shard_done)
@@ -870,12 +1079,17 @@ int w_chunk_store_done(struct ckpt_warray *a, uint64_t idx, int rc, uint64_t off
 	return shard_done;
 }
 
-void w_chunk_adopt_stored(struct ckpt_warray *a, uint64_t idx, uint64_t off, uint64_t len)
+int w_chunk_adopt_stored(struct ckpt_warray *a, uint64_t idx, uint64_t off, uint64_t len)
 {
 	struct ckpt_step *st = a->step;
-	struct wchunk *c = &a->chunks[idx];
 	uint64_t need = w_chunk_need(a, idx);
 	pthread_mutex_lock(&a->mu);
+	struct wchunk *c = w_chunk_touch(a, idx);
+	if (!c) {
+		pthread_mutex_unlock(&a->mu);
+		ckpt_log(CKPT_LOG_ERR, "writer: %s: out of memory for the chunk table", a->relpath);
+		return -ENOMEM;
+	}
 	assert(c->state == WC_EMPTY && !c->live && !c->pins && !spill_has_slot(c));
 	c->off = off;
 	c->len = len;
@@ -883,12 +1097,13 @@ void w_chunk_adopt_stored(struct ckpt_warray *a, uint64_t idx, uint64_t off, uin
 	a->have_total += need;
 	a->nstored++;
 	a->stored_bytes += len;
-	budget_sub(&a->shards[w_chunk_shard(a, idx)].unstored, 1);
+	budget_sub(&w_shard_at(a, w_chunk_shard(a, idx))->unstored, 1);
 	chunk_set_state(a, idx, WC_STORED);
 	pthread_mutex_lock(&st->mu);
 	st->stored_bytes += len;
 	pthread_mutex_unlock(&st->mu);
 	pthread_mutex_unlock(&a->mu);
+	return 0;
 }
 
 void w_chunk_retry_errors(struct ckpt_step *st)
@@ -896,8 +1111,8 @@ void w_chunk_retry_errors(struct ckpt_step *st)
 	for (struct witem *it = st->items; it; it = it->next)
 		for (struct ckpt_warray *a = it->first; a; a = a->next) {
 			pthread_mutex_lock(&a->mu);
-			for (uint64_t i = 0; i < a->nchunks; i++) {
-				struct wchunk *c = &a->chunks[i];
+			for (uint64_t i = w_chunk_next(a, 0); i < a->nchunks; i = w_chunk_next(a, i + 1)) {
+				struct wchunk *c = w_chunk_at(a, i);
 				if (c->state != WC_ERROR)
 					continue;
 				pthread_mutex_lock(&st->mu);
@@ -917,7 +1132,9 @@ void w_chunk_retry_errors(struct ckpt_step *st)
 void w_chunk_reset(struct ckpt_warray *a, uint64_t idx)
 {
 	struct ckpt_step *st = a->step;
-	struct wchunk *c = &a->chunks[idx];
+	struct wchunk *c = w_chunk_at(a, idx);
+	if (!c) /* never written */
+		return;
 	pthread_mutex_lock(&a->mu);
 	/* QUEUED ends in STORED or ERROR by itself; pins are short-lived. */
 	while (c->pins || c->state == WC_QUEUED || c->state == WC_COMPRESSING || c->state == WC_SPILLING ||
@@ -937,7 +1154,7 @@ void w_chunk_reset(struct ckpt_warray *a, uint64_t idx)
 	a->have_total -= have;
 	if (prev == WC_STORED) {
 		budget_sub(&a->nstored, 1);
-		a->shards[w_chunk_shard(a, idx)].unstored++;
+		w_shard_at(a, w_chunk_shard(a, idx))->unstored++;
 		w_shard_unfinish_locked(a, w_chunk_shard(a, idx));
 	}
 	chunk_set_state(a, idx, WC_EMPTY);
@@ -976,14 +1193,15 @@ void w_chunk_wait_idle(struct ckpt_step *st)
 
 void w_chunk_free_all(struct ckpt_step *st, struct ckpt_warray *a)
 {
-	for (uint64_t i = 0; i < a->nchunks; i++) {
-		struct wlive *l = a->chunks[i].live;
+	for (uint64_t i = w_chunk_next(a, 0); i < a->nchunks; i = w_chunk_next(a, i + 1)) {
+		struct wchunk *c = w_chunk_at(a, i);
+		struct wlive *l = c->live;
 		if (l) {
 			pthread_mutex_destroy(&l->mu);
 			w_cov_free(&l->cov);
 			ckpt_hugebuf_free(l->buf, l->bufcap);
 			free(l);
-			a->chunks[i].live = NULL;
+			c->live = NULL;
 		}
 	}
 	(void)st;
@@ -1013,10 +1231,11 @@ int w_chunk_check_all(struct ckpt_step *st)
 		for (struct ckpt_warray *a = it->first; a; a = a->next) {
 			uint64_t have = 0, nstored = 0;
 			pthread_mutex_lock(&a->mu);
-			uint64_t *unstored = calloc(a->nshards ? a->nshards : 1, sizeof(uint64_t));
-			for (uint64_t i = 0; i < a->nchunks; i++) {
-				const struct wchunk *c = &a->chunks[i];
+			for (uint64_t i = w_chunk_next(a, 0); i < a->nchunks; i = w_chunk_next(a, i + 1)) {
+				const struct wchunk *c = w_chunk_at(a, i);
 				const char *why = chunk_problem(a, i);
+				if (!why && c->state != WC_EMPTY && !w_shard_at(a, w_chunk_shard(a, i)))
+					why = "written, but its shard has no entry";
 				if (why) {
 					ckpt_log(CKPT_LOG_ERR, "writer: %s: chunk %llu (state %d): %s",
 						 a->relpath, (unsigned long long)i, c->state, why);
@@ -1034,8 +1253,6 @@ int w_chunk_check_all(struct ckpt_step *st)
 					nstored++;
 				else
 					pending += c->have;
-				if (c->state != WC_STORED && unstored)
-					unstored[w_chunk_shard(a, i)]++;
 			}
 			if (have != a->have_total || nstored != a->nstored) {
 				ckpt_log(CKPT_LOG_ERR,
@@ -1043,14 +1260,24 @@ int w_chunk_check_all(struct ckpt_step *st)
 					 a->relpath);
 				bad++;
 			}
-			for (uint64_t s = 0; unstored && s < a->nshards; s++)
-				if (unstored[s] != a->shards[s].unstored) {
+			uint64_t per = 1;
+			for (int d = 0; d < a->rank; d++)
+				per *= a->mps[d];
+			for (uint64_t s = w_shard_next(a, 0); s < a->nshards; s = w_shard_next(a, s + 1)) {
+				const struct wshard *sh = w_shard_at(a, s);
+				uint64_t unstored = 0;
+				for (uint64_t e = 0; e < per; e++) {
+					uint64_t ci = w_shard_entry_chunk(a, s, e);
+					const struct wchunk *c = ci == UINT64_MAX ? NULL : w_chunk_at(a, ci);
+					unstored += ci != UINT64_MAX && (!c || c->state != WC_STORED);
+				}
+				if (unstored != sh->unstored) {
 					ckpt_log(CKPT_LOG_ERR,
 						 "writer: %s: shard %llu: unstored count is wrong",
 						 a->relpath, (unsigned long long)s);
 					bad++;
 				}
-			free(unstored);
+			}
 			pthread_mutex_unlock(&a->mu);
 		}
 	pthread_mutex_unlock(&st->decl_mu);

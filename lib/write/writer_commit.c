@@ -406,9 +406,15 @@ static uint64_t report_holes(struct ckpt_step *st)
 				continue;
 			if (bad++ >= 20)
 				continue;
+			/* The first chunk short of bytes: one without an entry,
+			 * or one whose entry has fewer than it needs. */
 			uint64_t first = 0;
-			while (first < a->nchunks && a->chunks[first].have == w_chunk_need(a, first))
+			while (first < a->nchunks) {
+				const struct wchunk *c = w_chunk_at(a, first);
+				if (!c || c->have != w_chunk_need(a, first))
+					break;
 				first++;
+			}
 			char box[512] = "[]";
 			if (first < a->nchunks) {
 				ckpt_region r;

@@ -201,11 +201,7 @@ void w_warray_free(struct ckpt_warray *a)
 	free(a->name);
 	free(a->relpath);
 	free(a->sharding);
-	if (a->shards)
-		for (uint64_t i = 0; i < a->nshards; i++)
-			pthread_mutex_destroy(&a->shards[i].mu);
-	free(a->shards);
-	free(a->chunks);
+	w_tab_free(a);
 	pthread_mutex_destroy(&a->mu);
 	pthread_cond_destroy(&a->cond);
 	free(a);
@@ -387,9 +383,9 @@ static int array_alloc(ckpt_step *st, struct witem *it, char *name, const char *
 	rc = -ENOMEM;
 	a->keys = calloc((size_t)depth, sizeof(char *));
 	a->ktypes = malloc((size_t)depth * sizeof(int));
-	a->chunks = a->nchunks ? calloc(a->nchunks, sizeof(struct wchunk)) : NULL;
-	a->shards = a->nshards ? calloc(a->nshards, sizeof(struct wshard)) : NULL;
-	if (!a->keys || !a->ktypes || (a->nchunks && !a->chunks) || (a->nshards && !a->shards) ||
+	/* The chunk and shard tables are sparse (writer_table.c): nothing is
+	 * allocated for them until a chunk is written. */
+	if (!a->keys || !a->ktypes ||
 	    asprintf(&a->relpath, "%s/%s", it->name, a->name) < 0) {
 		a->relpath = NULL;
 		goto fail;
@@ -399,10 +395,6 @@ static int array_alloc(ckpt_step *st, struct witem *it, char *name, const char *
 		if (!(a->keys[i] = strdup(keypath[i])))
 			goto fail;
 	}
-	for (uint64_t i = 0; i < a->nshards; i++)
-		pthread_mutex_init(&a->shards[i].mu, NULL);
-	for (uint64_t i = 0; i < a->nchunks; i++)
-		a->shards[w_chunk_shard(a, i)].unstored++;
 	/* A key with '/' makes nested folders (the param name "we/ird"). */
 	for (char *p = strchr(a->relpath, '/'); p; p = strchr(p + 1, '/')) {
 		*p = 0;
@@ -641,7 +633,7 @@ int ckpt_warray_remove(ckpt_warray *a)
 	st->removed = a;
 	pthread_mutex_unlock(&st->decl_mu);
 	/* Nobody finds it any more: drop its bytes and its folder. */
-	for (uint64_t i = 0; i < a->nchunks; i++)
+	for (uint64_t i = w_chunk_next(a, 0); i < a->nchunks; i = w_chunk_next(a, i + 1))
 		w_chunk_reset(a, i);
 	rc = ckpt_rmtree_at(st->dirfd, a->relpath);
 	if (rc && rc != -ENOENT)

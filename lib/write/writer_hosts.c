@@ -520,11 +520,12 @@ static int peek_fill(void *ctx, uint8_t *buf, struct wcov *cov, uint64_t *added)
 static enum wc_state chunk_state(struct ckpt_warray *a, uint64_t idx, uint64_t *off, uint64_t *len)
 {
 	pthread_mutex_lock(&a->mu);
-	enum wc_state s = a->chunks[idx].state;
+	const struct wchunk *c = w_chunk_at(a, idx);
+	enum wc_state s = c ? c->state : WC_EMPTY;
 	if (off)
-		*off = a->chunks[idx].off;
+		*off = c ? c->off : 0;
 	if (len)
-		*len = a->chunks[idx].len;
+		*len = c ? c->len : 0;
 	pthread_mutex_unlock(&a->mu);
 	return s;
 }
@@ -565,7 +566,7 @@ static int export_array(struct ckpt_step *st, struct ckpt_warray *a, int pfd, ui
 	size_t raw = (size_t)(p.n + (p.n + 7) / 8), zcap = ZSTD_compressBound(raw);
 	uint8_t *z = NULL;
 	int rc = 0;
-	for (uint64_t i = 0; i < a->nchunks && !rc; i++) {
+	for (uint64_t i = w_chunk_next(a, 0); i < a->nchunks && !rc; i = w_chunk_next(a, i + 1)) {
 		uint64_t off, len;
 		enum wc_state s = chunk_state(a, i, &off, &len);
 		if (s == WC_EMPTY)
@@ -602,10 +603,11 @@ static int export_array(struct ckpt_step *st, struct ckpt_warray *a, int pfd, ui
 	free(z);
 	/* Shard files written so far, and their folders. */
 	char path[4096], last[4096] = "";
-	for (uint64_t s = 0; s < a->nshards && !rc; s++) {
-		pthread_mutex_lock(&a->shards[s].mu);
-		uint64_t end = a->shards[s].end;
-		pthread_mutex_unlock(&a->shards[s].mu);
+	for (uint64_t s = w_shard_next(a, 0); s < a->nshards && !rc; s = w_shard_next(a, s + 1)) {
+		struct wshard *sh = w_shard_at(a, s);
+		pthread_mutex_lock(&sh->mu);
+		uint64_t end = sh->end;
+		pthread_mutex_unlock(&sh->mu);
 		if (!end)
 			continue;
 		if ((rc = w_shard_path(a, s, path, sizeof(path))) < 0)
@@ -857,10 +859,51 @@ static int collect_done(struct whosts *h, cJSON **done, int *missing, int *nmiss
 }
 
 /* Where a chunk comes from when another host stored it whole. */
+/* A chunk another host stored whole (the lowest host id of those that did). */
 struct src {
-	int host; /* -1: none */
+	uint64_t idx;
+	int host;
 	uint64_t off, len;
 };
+
+static int src_cmp(const void *x, const void *y)
+{
+	const struct src *p = x, *q = y;
+	if (p->idx != q->idx)
+		return p->idx < q->idx ? -1 : 1;
+	return p->host < q->host ? -1 : p->host > q->host;
+}
+
+static const struct src *src_find(const struct src *v, size_t n, uint64_t idx)
+{
+	size_t lo = 0, hi = n;
+	while (lo < hi) {
+		size_t mid = lo + (hi - lo) / 2;
+		if (v[mid].idx == idx)
+			return &v[mid];
+		if (v[mid].idx < idx)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	return NULL;
+}
+
+static int u64_cmp(const void *x, const void *y)
+{
+	uint64_t p = *(const uint64_t *)x, q = *(const uint64_t *)y;
+	return p < q ? -1 : p > q;
+}
+
+/* The entry of shard s of the primary (made if none of its chunks was
+ * written here); NULL on ENOMEM. */
+static struct wshard *shard_entry(struct ckpt_warray *a, uint64_t s)
+{
+	pthread_mutex_lock(&a->mu);
+	struct wshard *sh = w_shard_touch(a, s);
+	pthread_mutex_unlock(&a->mu);
+	return sh;
+}
 
 /* Apply bytes of a chunk under a bitmap (write path fill). */
 struct apply {
@@ -970,7 +1013,9 @@ static int copy_chunk(struct whosts *h, struct ckpt_warray *a, int k, uint64_t s
 	int out = openat(a->step->dirfd, pp, O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
 	if (in < 0 || out < 0)
 		rc = -errno;
-	struct wshard *sh = &a->shards[sidx];
+	struct wshard *sh = rc ? NULL : shard_entry(a, sidx);
+	if (!rc && !sh)
+		rc = -ENOMEM;
 	if (!rc) {
 		pthread_mutex_lock(&sh->mu);
 		*noff = sh->end;
@@ -1017,43 +1062,78 @@ static const cJSON *host_entry(cJSON *done, const struct ckpt_warray *a)
 	return NULL;
 }
 
-/* Merge every host's stored and partial chunks of a into the primary. */
+/* Merge every host's stored and partial chunks of a into the primary.
+ * O(chunks the hosts stored or wrote in part), not O(chunks declared). */
 static int merge_array(struct whosts *h, struct ckpt_warray *a, cJSON **done)
 {
-	struct src *src = calloc(a->nchunks ? a->nchunks : 1, sizeof(*src));
-	if (!src)
+	size_t nsrc = 0, cap = 0;
+	for (int k = 1; k < h->count; k++) {
+		const cJSON *e = host_entry(done[k], a);
+		cap += (size_t)cJSON_GetArraySize(e ? cJSON_GetObjectItemCaseSensitive(e, "stored") : NULL);
+	}
+	struct src *src = malloc((cap ? cap : 1) * sizeof(*src));
+	uint64_t *shs = malloc((cap ? cap : 1) * sizeof(*shs));
+	if (!src || !shs) {
+		free(src);
+		free(shs);
 		return -ENOMEM;
-	for (uint64_t i = 0; i < a->nchunks; i++)
-		src[i].host = -1;
+	}
 	for (int k = 1; k < h->count; k++) {
 		const cJSON *e = host_entry(done[k], a), *t;
 		cJSON_ArrayForEach(t, (e ? cJSON_GetObjectItemCaseSensitive(e, "stored") : NULL))
 		{
 			uint64_t i = w_json_to_u64(cJSON_GetArrayItem(t, 0));
-			if (i < a->nchunks && src[i].host < 0) {
-				src[i].host = k;
-				src[i].off = w_json_to_u64(cJSON_GetArrayItem(t, 1));
-				src[i].len = w_json_to_u64(cJSON_GetArrayItem(t, 2));
-			}
+			if (i < a->nchunks && nsrc < cap)
+				src[nsrc++] = (struct src){ .idx = i,
+							    .host = k,
+							    .off = w_json_to_u64(cJSON_GetArrayItem(t, 1)),
+							    .len = w_json_to_u64(cJSON_GetArrayItem(t, 2)) };
 		}
 	}
+	/* Sorted by chunk, the lowest host first; one entry per chunk. */
+	qsort(src, nsrc, sizeof(*src), src_cmp);
+	size_t u = 0;
+	for (size_t i = 0; i < nsrc; i++)
+		if (!u || src[u - 1].idx != src[i].idx)
+			src[u++] = src[i];
+	nsrc = u;
+	size_t nshs = 0;
+	for (size_t i = 0; i < nsrc; i++)
+		shs[nshs++] = w_chunk_shard(a, src[i].idx);
+	qsort(shs, nshs, sizeof(*shs), u64_cmp);
+	u = 0;
+	for (size_t i = 0; i < nshs; i++)
+		if (!u || shs[u - 1] != shs[i])
+			shs[u++] = shs[i];
+	nshs = u;
+	uint64_t per = 1;
+	for (int d = 0; d < a->rank; d++)
+		per *= a->mps[d];
 	int rc = 0;
 	/* Stored chunks: a whole shard of one host moves by rename; else the
 	 * compressed bytes are copied.  The primary's own complete chunks win. */
-	for (uint64_t s = 0; s < a->nshards && !rc; s++) {
+	for (size_t q = 0; q < nshs && !rc; q++) {
+		uint64_t s = shs[q];
 		int only = -2; /* -2: no chunk yet, -1: mixed, else the one host */
 		uint64_t end = 0;
-		for (uint64_t i = 0; i < a->nchunks; i++) {
-			if (w_chunk_shard(a, i) != s)
+		for (uint64_t e = 0; e < per; e++) {
+			uint64_t i = w_shard_entry_chunk(a, s, e);
+			if (i == UINT64_MAX)
 				continue;
-			int k = chunk_state(a, i, NULL, NULL) == WC_EMPTY ? src[i].host : -1;
+			const struct src *sc = src_find(src, nsrc, i);
+			int k = chunk_state(a, i, NULL, NULL) == WC_EMPTY && sc ? sc->host : -1;
 			only = only == -2 || only == k ? k : -1;
-			if (k >= 0 && src[i].off + src[i].len > end)
-				end = src[i].off + src[i].len;
+			if (k >= 0 && sc->off + sc->len > end)
+				end = sc->off + sc->len;
 		}
-		pthread_mutex_lock(&a->shards[s].mu);
-		int fresh = a->shards[s].end == 0;
-		pthread_mutex_unlock(&a->shards[s].mu);
+		struct wshard *sh = shard_entry(a, s);
+		if (!sh) {
+			rc = -ENOMEM;
+			break;
+		}
+		pthread_mutex_lock(&sh->mu);
+		int fresh = sh->end == 0;
+		pthread_mutex_unlock(&sh->mu);
 		if (only >= 0 && fresh) {
 			char hp[4400], pp[4096];
 			rc = host_path(a, only, s, hp, sizeof(hp));
@@ -1065,27 +1145,32 @@ static int merge_array(struct whosts *h, struct ckpt_warray *a, cJSON **done)
 				rc = -errno;
 			if (rc)
 				break;
-			pthread_mutex_lock(&a->shards[s].mu);
-			a->shards[s].end = end;
-			pthread_mutex_unlock(&a->shards[s].mu);
-			for (uint64_t i = 0; i < a->nchunks; i++)
-				if (w_chunk_shard(a, i) == s)
-					w_chunk_adopt_stored(a, i, src[i].off, src[i].len);
+			pthread_mutex_lock(&sh->mu);
+			sh->end = end;
+			pthread_mutex_unlock(&sh->mu);
+			for (uint64_t e = 0; e < per && !rc; e++) {
+				uint64_t i = w_shard_entry_chunk(a, s, e);
+				const struct src *sc = i == UINT64_MAX ? NULL : src_find(src, nsrc, i);
+				if (sc)
+					rc = w_chunk_adopt_stored(a, i, sc->off, sc->len);
+			}
 			h->moved++;
 			continue;
 		}
-		for (uint64_t i = 0; i < a->nchunks && !rc; i++) {
-			if (w_chunk_shard(a, i) != s || src[i].host < 0 ||
-			    chunk_state(a, i, NULL, NULL) != WC_EMPTY)
+		for (uint64_t e = 0; e < per && !rc; e++) {
+			uint64_t i = w_shard_entry_chunk(a, s, e);
+			const struct src *sc = i == UINT64_MAX ? NULL : src_find(src, nsrc, i);
+			if (!sc || chunk_state(a, i, NULL, NULL) != WC_EMPTY)
 				continue;
 			uint64_t noff = 0;
-			rc = copy_chunk(h, a, src[i].host, s, src[i].off, src[i].len, &noff);
-			if (!rc) {
-				w_chunk_adopt_stored(a, i, noff, src[i].len);
+			rc = copy_chunk(h, a, sc->host, s, sc->off, sc->len, &noff);
+			if (!rc)
+				rc = w_chunk_adopt_stored(a, i, noff, sc->len);
+			if (!rc)
 				h->copied++;
-			}
 		}
 	}
+	free(shs);
 	/* Chunks the primary holds in part and another host stored whole, and
 	 * chunks written in part by several hosts: through the write path. */
 	uint64_t n = a->chunk_nbytes, bml = (n + 7) / 8;
@@ -1093,11 +1178,12 @@ static int merge_array(struct whosts *h, struct ckpt_warray *a, cJSON **done)
 	uint8_t *buf = rc ? NULL : malloc(raw), *z = NULL;
 	if (!rc && !buf)
 		rc = -ENOMEM;
-	for (uint64_t i = 0; i < a->nchunks && !rc; i++) {
+	for (size_t q = 0; q < nsrc && !rc; q++) {
+		uint64_t i = src[q].idx;
 		enum wc_state s = chunk_state(a, i, NULL, NULL);
-		if (src[i].host < 0 || (s != WC_LIVE && s != WC_SPILLED))
+		if (s != WC_LIVE && s != WC_SPILLED)
 			continue;
-		rc = load_host_chunk(h, a, src[i].host, i, src[i].off, src[i].len, buf);
+		rc = load_host_chunk(h, a, src[q].host, i, src[q].off, src[q].len, buf);
 		if (!rc) {
 			inbounds_bitmap(a, i, buf + n);
 			struct apply ap = { a, buf, buf + n };
@@ -1113,7 +1199,7 @@ static int merge_array(struct whosts *h, struct ckpt_warray *a, cJSON **done)
 		{
 			uint64_t i = w_json_to_u64(cJSON_GetArrayItem(t, 0)), off = w_json_to_u64(cJSON_GetArrayItem(t, 1)),
 				 zl = w_json_to_u64(cJSON_GetArrayItem(t, 2));
-			if (i >= a->nchunks || src[i].host >= 0)
+			if (i >= a->nchunks || src_find(src, nsrc, i))
 				continue;
 			enum wc_state s = chunk_state(a, i, NULL, NULL);
 			if (s != WC_EMPTY && s != WC_LIVE && s != WC_SPILLED)

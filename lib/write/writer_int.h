@@ -12,9 +12,10 @@
  *   writer_chunk.c   every chunk state transition: budget, buffers, pins, queue,
  *                    spill, reload, stored/error/retry (the state table is there)
  *   writer_shard.c   shard files: path, O_DIRECT append, read-back, index + fsync
+ *   writer_table.c   the sparse chunk and shard tables (pages allocated on first touch)
  *   writer_geom.c    chunk and shard shapes, chunk coordinates
  *   writer_cov.c     byte coverage of a chunk buffer
- * writer_geom.c and writer_cov.c are leaves (base/ and format/ only).  A byte
+ * writer_table.c, writer_geom.c and writer_cov.c are leaves (base/ and format/ only).  A byte
  * range of a region's stream is cut into per-chunk pieces by format/slice.c
  * (ckpt_stream_pieces on ckpt_warray.grid).
  */
@@ -32,6 +33,10 @@
 #define W_MAX_CHUNKS ((uint64_t)1 << 24)
 #define W_COV_INLINE 32 /* intervals kept before switching to a bitmap */
 #define W_DIO_ALIGN 4096 /* O_DIRECT appends: offset, length and buffer alignment */
+#define W_CPAGE_SHIFT 10 /* chunk table: 1024 chunks a page */
+#define W_CPAGE ((uint64_t)1 << W_CPAGE_SHIFT)
+#define W_SPAGE_SHIFT 8 /* shard table: 256 shards a page */
+#define W_SPAGE ((uint64_t)1 << W_SPAGE_SHIFT)
 
 /* Chunk states.  writer_chunk.c owns every transition (its header has the
  * transition table and the fields each state implies); all happen under
@@ -71,7 +76,9 @@ struct wlive {
 	uint8_t in_queue, in_lru;
 };
 
-/* One inner chunk.  Under array->mu; written only by writer_chunk.c. */
+/* One inner chunk.  Under array->mu; written only by writer_chunk.c.  An
+ * entry of the sparse table (writer_table.c): a chunk without an entry is
+ * EMPTY. */
 struct wchunk {
 	uint8_t state; /* enum wc_state */
 	uint32_t pins; /* writers/readers using the buffer */
@@ -82,6 +89,8 @@ struct wchunk {
 	uint64_t off, len; /* STORED: extent in the shard file */
 };
 
+/* One shard file; an entry of the sparse shard table (writer_table.c),
+ * made when one of its chunks is first written. */
 struct wshard {
 	pthread_mutex_t mu; /* end */
 	uint64_t end; /* append offset (data bytes; the index goes here at commit) */
@@ -102,6 +111,9 @@ struct witem {
 	int stored; /* a stored copy: its folder holds the files as copied; committed as they are */
 	struct witem *next;
 };
+
+typedef _Atomic(struct wchunk *) w_chunk_page;
+typedef _Atomic(struct wshard *) w_shard_page;
 
 struct ckpt_warray {
 	struct ckpt_step *step;
@@ -130,10 +142,10 @@ struct ckpt_warray {
 
 	pthread_mutex_t mu;
 	pthread_cond_t cond;
-	struct wchunk *chunks;
-	struct wshard *shards;
+	_Atomic(w_chunk_page *) cdir; /* chunk table directory (writer_table.c), NULL: none touched */
+	_Atomic(w_shard_page *) sdir; /* shard table directory, NULL: none touched */
 	char *sharding;
-	uint64_t have_total; /* sum of chunks[].have */
+	uint64_t have_total; /* sum of the chunks' have */
 	uint64_t stored_bytes; /* compressed bytes appended (incl. dead copies) */
 	uint64_t nstored;
 	atomic_int err; /* last background errno (0 none); set by compression threads,
@@ -184,6 +196,30 @@ struct ckpt_step {
 	struct ckpt_step_sink sink; /* shard_done NULL: none (set before any write) */
 };
 
+/* ---- writer_table.c ---- */
+
+/* Chunk idx / shard sidx, NULL when it has no entry (an EMPTY chunk, a
+ * shard with no chunk written).  No lock needed for the lookup. */
+struct wchunk *w_chunk_at(const struct ckpt_warray *a, uint64_t idx);
+struct wshard *w_shard_at(const struct ckpt_warray *a, uint64_t sidx);
+/* Under a->mu: the entry of chunk idx (and of its shard) / of shard sidx,
+ * made (zeroed: EMPTY) if needed; NULL on ENOMEM. */
+struct wchunk *w_chunk_touch(struct ckpt_warray *a, uint64_t idx);
+struct wshard *w_shard_touch(struct ckpt_warray *a, uint64_t sidx);
+/* The first chunk (shard) >= idx whose table page exists, else nchunks
+ * (nshards): for (i = w_chunk_next(a, 0); i < n; i = w_chunk_next(a, i + 1))
+ * visits every chunk that may be non-EMPTY, O(touched pages). */
+uint64_t w_chunk_next(const struct ckpt_warray *a, uint64_t idx);
+uint64_t w_shard_next(const struct ckpt_warray *a, uint64_t sidx);
+/* In-bounds chunks of shard sidx; the chunk of entry e (C order in the
+ * shard's chunk grid) of shard sidx, UINT64_MAX when outside the array. */
+uint64_t w_shard_nchunks(const struct ckpt_warray *a, uint64_t sidx);
+uint64_t w_shard_entry_chunk(const struct ckpt_warray *a, uint64_t sidx, uint64_t e);
+/* Bytes allocated for both tables (tests). */
+uint64_t w_tab_bytes(const struct ckpt_warray *a);
+/* Free both tables (destroy the shard mutexes). */
+void w_tab_free(struct ckpt_warray *a);
+
 /* ---- writer_geom.c ---- */
 
 /* Choose inner chunk and shard shapes and fill the derived geometry of a
@@ -207,6 +243,13 @@ void w_chunk_region(const struct ckpt_warray *a, uint64_t idx, ckpt_region *r);
 /* Add [a, b) to the coverage; returns the number of bytes not covered
  * before, or -ENOMEM (the bitmap could not be allocated; nothing added). */
 int64_t w_cov_add(struct wcov *c, uint64_t nbytes, uint64_t a, uint64_t b);
+/* Remove [a, b); returns the number of bytes covered before, or -ENOMEM
+ * (a split needed the bitmap, which could not be allocated; nothing removed). */
+int64_t w_cov_remove(struct wcov *c, uint64_t nbytes, uint64_t a, uint64_t b);
+/* Call fn(ctx, s, e) for each maximal covered run [s, e) inside [a, b), in
+ * order; stops at and returns fn's first non-zero result. */
+int w_cov_each(const struct wcov *c, uint64_t a, uint64_t b, int (*fn)(void *ctx, uint64_t s, uint64_t e),
+	       void *ctx);
 void w_cov_fill(struct wcov *c, uint64_t nbytes); /* everything covered */
 void w_cov_free(struct wcov *c);
 /* Serialize as a bitmap of bm_bytes (for the spill slot) / restore. */
@@ -253,6 +296,12 @@ typedef void (*w_chunk_copy_fn)(void *ctx, const uint8_t *bytes);
  * or re-reading a spilled or stored chunk), run fill, unpin (queueing the
  * chunk for compression once complete).  fill's error or -errno. */
 int w_chunk_write(struct ckpt_warray *a, uint64_t idx, w_chunk_fill_fn fill, void *ctx);
+/* Drop bytes of chunk idx: pin it as for a write (a STORED or SPILLED chunk
+ * is re-read; an EMPTY one is left alone: 0 at once), run drop, which
+ * clears coverage and zeroes the bytes and sets *removed to the bytes no
+ * longer covered, unpin (a complete chunk that lost bytes is LIVE again).
+ * drop's error or -errno. */
+int w_chunk_forget(struct ckpt_warray *a, uint64_t idx, w_chunk_fill_fn drop, void *ctx);
 /* Read chunk idx: copy(ctx, bytes) with its live buffer (pinned, under its
  * lock), a copy read into *scratch (chunk_nbytes, allocated on first need,
  * the caller frees it), or NULL when never written.  0, -ENOMEM or -EIO. */
@@ -267,7 +316,7 @@ int w_chunk_store_done(struct ckpt_warray *a, uint64_t idx, int rc, uint64_t off
 		       const char *why);
 /* Multi-host commit (writer_hosts.c): an EMPTY chunk becomes STORED at
  * (off, len) of its shard file, whose bytes another host compressed. */
-void w_chunk_adopt_stored(struct ckpt_warray *a, uint64_t idx, uint64_t off, uint64_t len);
+int w_chunk_adopt_stored(struct ckpt_warray *a, uint64_t idx, uint64_t off, uint64_t len);
 /* Commit: queue every ERROR chunk again and clear the sticky errors. */
 void w_chunk_retry_errors(struct ckpt_step *st);
 /* Drop every byte of chunk idx (waits for BUSY and QUEUED states to end and

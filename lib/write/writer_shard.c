@@ -77,7 +77,7 @@ static int shard_open(struct ckpt_warray *a, uint64_t sidx, int flags)
 int w_shard_append(struct ckpt_warray *a, uint64_t sidx, uint8_t *z, size_t n, size_t zcap, uint64_t *off,
 		   int *fd_out, char *why, size_t wcap)
 {
-	struct wshard *sh = &a->shards[sidx];
+	struct wshard *sh = w_shard_at(a, sidx); /* made when its chunk was first written */
 	struct ckpt_step *st = a->step;
 	int direct = !atomic_load(&st->no_direct);
 	int fd = shard_open(a, sidx, O_WRONLY | O_CREAT | (direct ? O_DIRECT : 0));
@@ -181,10 +181,11 @@ static int shard_index(const struct ckpt_warray *a, uint64_t s, uint64_t n, uint
 		}
 		uint64_t off = UINT64_MAX, len = UINT64_MAX;
 		if (!out) {
-			if (a->chunks[lin].state != WC_STORED)
+			const struct wchunk *c = w_chunk_at(a, lin);
+			if (!c || c->state != WC_STORED)
 				return -EAGAIN; /* early finish: written again meanwhile */
-			off = a->chunks[lin].off;
-			len = a->chunks[lin].len;
+			off = c->off;
+			len = c->len;
 		}
 		ckpt_put_le64(ix + 16 * e, off);
 		ckpt_put_le64(ix + 16 * e + 8, len);
@@ -232,7 +233,7 @@ static int finish_one(struct ckpt_warray *a, uint64_t s, uint64_t n, uint8_t *ix
 	int rc = shard_index(a, s, n, ix);
 	assert(rc == 0); /* every in-bounds chunk is STORED at commit */
 	(void)rc;
-	return put_index(a, s, n, ix, a->shards[s].end);
+	return put_index(a, s, n, ix, w_shard_at(a, s)->end);
 }
 
 /* Finish shards s = first, first + stride, ... of a that are not finished
@@ -253,8 +254,9 @@ static void *finish_shards(void *arg)
 		return NULL;
 	}
 	int rc = 0;
+	/* Every shard has an entry: all its chunks are STORED at commit. */
 	for (uint64_t s = j->first; s < a->nshards && !rc; s += j->stride)
-		if (!a->shards[s].finished) /* no writer runs during the commit */
+		if (!w_shard_at(a, s)->finished) /* no writer runs during the commit */
 			rc = finish_one(a, s, j->n, ix);
 	free(ix);
 	j->rc = rc;
@@ -264,7 +266,7 @@ static void *finish_shards(void *arg)
 void w_shard_finish_early(struct ckpt_warray *a, uint64_t sidx)
 {
 	struct ckpt_step *st = a->step;
-	struct wshard *sh = &a->shards[sidx];
+	struct wshard *sh = w_shard_at(a, sidx);
 	uint64_t n = shard_entries(a);
 	pthread_mutex_lock(&a->mu);
 	assert(sh->finishing > 0);
@@ -308,7 +310,7 @@ void w_shard_finish_early(struct ckpt_warray *a, uint64_t sidx)
 void w_shard_unfinish_locked(struct ckpt_warray *a, uint64_t sidx)
 {
 	struct ckpt_step *st = a->step;
-	struct wshard *sh = &a->shards[sidx];
+	struct wshard *sh = w_shard_at(a, sidx);
 	sh->gen++;
 	if (!sh->finished)
 		return;
@@ -335,8 +337,8 @@ int w_shard_finish_all(struct ckpt_step *st, struct ckpt_warray *a)
 	uint64_t n = shard_entries(a);
 	/* Early finishes still running on compression threads end first. */
 	pthread_mutex_lock(&a->mu);
-	for (uint64_t s = 0; s < a->nshards; s++)
-		while (a->shards[s].finishing)
+	for (uint64_t s = w_shard_next(a, 0); s < a->nshards; s = w_shard_next(a, s + 1))
+		while (w_shard_at(a, s)->finishing)
 			pthread_cond_wait(&a->cond, &a->mu);
 	pthread_mutex_unlock(&a->mu);
 	uint64_t nthr = a->nshards < W_FINISH_THREADS ? a->nshards : W_FINISH_THREADS;

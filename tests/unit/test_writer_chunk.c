@@ -113,7 +113,18 @@ static void test_spill_reload_rewrite(const char *root)
 	CHECK_EQ_INT(si.bytes_pending, 0);
 	CHECK_EQ_INT(a->nstored, ROWS);
 
-	CHECK_EQ_INT(write_box(a, box(5, 6, 0, COLS), 1), 0); /* STORED -> LOADING -> LIVE -> ... */
+	/* Other bytes over written ones are refused; forgotten first, they are
+	 * written again: STORED -> EMPTY, then EMPTY -> LIVE -> ... */
+	CHECK_EQ_INT(write_box(a, box(5, 6, 0, COLS), 1), -EINVAL);
+	quiet_check(st, "after a refused rewrite of a stored chunk");
+	ckpt_region row5 = box(5, 6, 0, COLS);
+	CHECK_EQ_INT(ckpt_warray_forget(a, &row5), 0);
+	quiet_check(st, "after forgetting a stored chunk");
+	CHECK_EQ_INT(a->nstored, ROWS - 1);
+	CHECK_EQ_INT(write_box(a, box(5, 6, 0, COLS), 1), 0);
+	quiet_check(st, "after rewriting a forgotten chunk");
+	/* Same bytes again: STORED -> LOADING -> LIVE -> QUEUED -> ... */
+	CHECK_EQ_INT(write_box(a, box(5, 6, 0, COLS), 1), 0);
 	quiet_check(st, "after rewriting a stored chunk");
 	CHECK_EQ_INT(a->nstored, ROWS);
 	CHECK(read_matches(a, 0, 5, 1));
@@ -142,7 +153,7 @@ static void test_error_retry(const char *root)
 	fprintf(stderr, "(expected write errors follow)\n");
 	CHECK_EQ_INT(write_box(a, box(0, 2, 0, COLS), 0), 0); /* two complete chunks */
 	quiet_check(st, "after failed appends");
-	CHECK(a->chunks[0].state == WC_ERROR && a->chunks[1].state == WC_ERROR);
+	CHECK(w_chunk_at(a, 0)->state == WC_ERROR && w_chunk_at(a, 1)->state == WC_ERROR);
 	CHECK(atomic_load(&a->err) < 0); /* EFBIG, or EINVAL from a cut O_DIRECT write */
 	CHECK(ckpt_step_commit(st, "2") < 0);
 	quiet_check(st, "after a failed commit");
@@ -152,7 +163,7 @@ static void test_error_retry(const char *root)
 	quiet_check(st, "after the rest");
 	CHECK_EQ_INT(ckpt_step_commit(st, "2"), 0);
 	CHECK_EQ_INT(w_chunk_check_all(st), 0);
-	CHECK(a->chunks[0].state == WC_STORED && a->chunks[1].state == WC_STORED);
+	CHECK(w_chunk_at(a, 0)->state == WC_STORED && w_chunk_at(a, 1)->state == WC_STORED);
 	CHECK(read_matches(a, 0, ROWS, 0));
 	ckpt_step_destroy(st);
 }
