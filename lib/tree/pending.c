@@ -34,18 +34,51 @@
 #include "writer_hosts.h"
 #include "view_internal.h"
 
+/*
+ * The life of a pending step (ps->state; every change through ps_set(),
+ * which asserts the edge, and read with atomic loads):
+ *
+ *   from        to          by
+ *   OPEN        COMMITTING  commit_step: checks passed, ns_lock dropped
+ *   COMMITTING  OPEN        commit_step: the writer refused (holes, names,
+ *                           a copy not whole yet): the step stays pending
+ *   COMMITTING  SEALED      commit_step: the writer committed (renamed; on
+ *                           an object store: staged); its state is freed
+ *   SEALED      COMMITTED   commit_step: swapped for the committed step
+ *   SEALED      LOST        commit_step: object store, the upload failed;
+ *                           the staged copy is gone, nothing is left
+ *   OPEN        ABORTED     ckpt_view_rmdir (and new_step on ENOMEM)
+ *   LOST        ABORTED     ckpt_view_rmdir (the lost step's folder goes)
+ *
+ * What each state means for the rest of the file:
+ *   dead (no writes, reads ESTALE): SEALED, COMMITTED, LOST, ABORTED;
+ *   frozen (no namespace change): COMMITTING, SEALED and every dead state.
+ * OPEN -> COMMITTING and the ends of commit_step happen under ns_lock
+ * exclusive; COMMITTING -> SEALED under io_lock exclusive.
+ */
+enum ps_state { PS_OPEN, PS_COMMITTING, PS_SEALED, PS_COMMITTED, PS_LOST, PS_ABORTED, PS_NSTATES };
+
+static const char *const ps_names[PS_NSTATES] = { "open", "committing", "sealed", "committed", "lost", "aborted" };
+
+/* ps_edges[from] has bit `to` set for every legal edge (table above). */
+static const unsigned ps_edges[PS_NSTATES] = {
+	[PS_OPEN] = 1u << PS_COMMITTING | 1u << PS_ABORTED,
+	[PS_COMMITTING] = 1u << PS_OPEN | 1u << PS_SEALED,
+	[PS_SEALED] = 1u << PS_COMMITTED | 1u << PS_LOST,
+	[PS_LOST] = 1u << PS_ABORTED,
+};
+_Static_assert(PS_NSTATES <= 32, "ps_edges is a 32-bit mask per state");
+
 /* A pending step: the writer's step plus the lock that keeps commit apart
  * from writes.  Owned by its N_PSTEP node. */
 struct pstep {
-	/* NULL once committed or aborted: the writer's state (chunk buffers,
+	/* NULL once sealed or aborted: the writer's state (chunk buffers,
 	 * threads, declarations) is freed right away, under io_lock exclusive;
-	 * every later call on the step's orphaned nodes sees `dead` first. */
+	 * every later call on the step's orphaned nodes sees it dead first. */
 	struct ckpt_step *step;
 	pthread_rwlock_t io_lock;
-	atomic_bool dead; /* committed or aborted: no more writes (set under io_lock exclusive) */
-	atomic_bool committing; /* a commit runs without ns_lock (set and cleared under ns_lock exclusive) */
+	_Atomic int state; /* enum ps_state */
 	const char *final; /* while committing: the name it commits to (under ns_lock) */
-	atomic_bool committed; /* the commit succeeded (set once, under ns_lock exclusive) */
 	/* A copied commit_success.txt arrived (cp, tar, rsync of a step): the
 	 * step commits once it is complete (step_check), from the flush or
 	 * rename that completes it.  Under ns_lock exclusive. */
@@ -64,6 +97,32 @@ struct pstep {
 	 * step (whose compression threads call it). */
 	ckpt_bg_upload *bg;
 };
+
+static void ps_set(struct pstep *ps, enum ps_state to)
+{
+	int from = atomic_load(&ps->state);
+	if (from < 0 || from >= PS_NSTATES || !(ps_edges[from] & (1u << to))) {
+		ckpt_log(CKPT_LOG_ERR, "pending step: no edge %s -> %s", from >= 0 && from < PS_NSTATES ? ps_names[from] : "?",
+			 ps_names[to]);
+		assert(!"pending step state edge");
+	}
+	atomic_store(&ps->state, (int)to);
+}
+
+/* The invariants of a pending step in its state (an entry-point check). */
+static void assert_pstep(const struct pstep *ps)
+{
+	int st = atomic_load(&ps->state);
+	(void)st;
+	assert(st >= 0 && st < PS_NSTATES);
+	assert(st == PS_OPEN || st == PS_COMMITTING ? ps->step != NULL : ps->step == NULL);
+}
+
+static int ps_dead(struct pstep *ps)
+{
+	int st = atomic_load(&ps->state);
+	return st != PS_OPEN && st != PS_COMMITTING;
+}
 
 static int sink_shard_done(void *ctx, const char *rel)
 {
@@ -123,6 +182,10 @@ struct pfile {
 	char *final;
 	ckpt_dtype hint; /* named by user.ckpt.dtype before the header, else INVALID */
 	struct pfile_node *decl; /* slice files: the NAME.npy node that declared the array */
+	/* NAME.npy: slice files made for its array.  Once there is one, every
+	 * write of the array must keep the bytes already written (several
+	 * writers, one value: CKPT_WRITE_SAME); a lone file may rewrite its own. */
+	atomic_int nslices;
 	ckpt_warray *arr; /* NULL until the header has been parsed */
 	ckpt_region region; /* whole array or the slice */
 	uint8_t *hdr; /* header bytes (all bytes written before the header parsed) */
@@ -381,7 +444,7 @@ static int make_stored(ckpt_view *v, struct node *it, const char *why)
 /* No namespace change on the step: committed, aborted or committing. */
 static int frozen(struct pstep *ps)
 {
-	return atomic_load(&ps->dead) || atomic_load(&ps->committing);
+	return atomic_load(&ps->state) != PS_OPEN;
 }
 
 /* Refuse a change of committed data (or of a read-only mount), logged. */
@@ -435,7 +498,7 @@ static void pstep_destroy(ckpt_view *v, struct node *n)
 	}
 	ckpt_step_destroy(ps->step);
 	/* never committed: its objects are not a step; take them back */
-	ckpt_bg_upload_free(ps->bg, !atomic_load(&ps->committed));
+	ckpt_bg_upload_free(ps->bg, atomic_load(&ps->state) != PS_COMMITTED);
 	pthread_rwlock_destroy(&ps->io_lock);
 	for (int i = 0; i < ps->nwp; i++)
 		if (ps->wp[i].fd >= 0)
@@ -484,7 +547,7 @@ static const struct node_ops pfile_ops = {
 int ckpt_view_is_writable(ckpt_view *v, ckpt_ino ino)
 {
 	struct node *n = view_node(v, ino);
-	return n && n->kind == N_PFILE && !atomic_load(&to_pfile(n)->ps->dead);
+	return n && n->kind == N_PFILE && !ps_dead(to_pfile(n)->ps);
 }
 
 /* commit_success.txt of a committed step of a writable root: creating it
@@ -501,7 +564,7 @@ int ckpt_view_check_writable(ckpt_view *v, ckpt_ino ino)
 	struct node *n = view_node(v, ino);
 	if (!n)
 		return -ENOENT;
-	if (n->kind == N_PFILE && !atomic_load(&to_pfile(n)->ps->dead) && !atomic_load(&n->orphan))
+	if (n->kind == N_PFILE && !ps_dead(to_pfile(n)->ps) && !atomic_load(&n->orphan))
 		return 0;
 	if (is_commit_marker(v, n))
 		return 0; /* writes still answer EROFS; O_TRUNC does nothing */
@@ -533,7 +596,7 @@ int name_reserved(struct node *root, const char *name)
 	struct dir_node *d = to_dir(root);
 	for (size_t i = 0; i < d->nkids; i++) {
 		struct node *k = d->kids[i];
-		if (k->kind == N_PSTEP && atomic_load(&to_pdir(k)->ps->committing) && to_pdir(k)->ps->final &&
+		if (k->kind == N_PSTEP && (atomic_load(&to_pdir(k)->ps->state) == PS_COMMITTING || atomic_load(&to_pdir(k)->ps->state) == PS_SEALED) && to_pdir(k)->ps->final &&
 		    !strcmp(to_pdir(k)->ps->final, name))
 			return 1;
 	}
@@ -584,12 +647,13 @@ static int new_step(ckpt_view *v, struct node *root, const char *name, ckpt_attr
 	pthread_rwlock_init(&ps->io_lock, NULL);
 	pthread_mutex_init(&ps->wp_mu, NULL);
 	atomic_init(&ps->last_op_ns, ckpt_now_ns());
-	atomic_init(&ps->dead, false);
-	atomic_init(&ps->committing, false);
+	atomic_init(&ps->state, PS_OPEN);
 	to_pdir(n)->ps = ps; /* the node owns it from here on */
 	if (view_add_kid(root, n) < 0) {
 		ckpt_step_abort(st);
-		atomic_store(&ps->dead, true);
+		ckpt_step_destroy(st);
+		ps->step = NULL;
+		ps_set(ps, PS_ABORTED);
 		return -ENOMEM;
 	}
 	view_fill_attr(v, n, out);
@@ -663,8 +727,9 @@ static int commit_step(ckpt_view *v, struct node *sn, const char *final, int cop
 		ckpt_log(CKPT_LOG_ERR, "step %s: cannot commit as %s: that step exists", sn->name, final);
 		return -EEXIST;
 	}
+	assert_pstep(ps);
 	ps->final = final;
-	atomic_store(&ps->committing, true);
+	ps_set(ps, PS_COMMITTING);
 	pthread_rwlock_unlock(&v->ns_lock);
 
 	pthread_rwlock_wrlock(&ps->io_lock);
@@ -677,7 +742,7 @@ static int commit_step(ckpt_view *v, struct node *sn, const char *final, int cop
 	if (rc == 0)
 		rc = ckpt_hosts_commit(ps->step, final);
 	if (rc == 0) {
-		atomic_store(&ps->dead, true);
+		ps_set(ps, PS_SEALED);
 		/* The committed folder is all that is left of the step: free the
 		 * writer's buffers now, not at unmount (a training job commits a
 		 * step every few minutes).  Its orphaned files answer ESTALE. */
@@ -709,15 +774,24 @@ static int commit_step(ckpt_view *v, struct node *sn, const char *final, int cop
 
 	pthread_rwlock_wrlock(&v->ns_lock);
 	ps->final = NULL;
-	atomic_store(&ps->committing, false);
+	if (rc < 0 && atomic_load(&ps->state) == PS_SEALED) {
+		/* object store: committed here, not sent; the staged copy is gone */
+		ps_set(ps, PS_LOST);
+		ckpt_log(CKPT_LOG_ERR,
+			 "step %s: upload failed: %s; nothing of the step is kept (what was sent is deleted): "
+			 "rmdir it and write it again",
+			 sn->name, strerror(-rc));
+		return rc;
+	}
 	if (rc < 0) {
+		ps_set(ps, PS_OPEN);
 		if (rc != -EAGAIN)
 			ckpt_log(CKPT_LOG_ERR, "step %s: commit failed: %s; the step stays pending", sn->name,
 				 strerror(-rc));
 		return rc;
 	}
 	view_remove_kid(root, sn);
-	atomic_store(&ps->committed, true);
+	ps_set(ps, PS_COMMITTED);
 	atomic_store(&sn->orphan, true);
 	if (n)
 		n->written_here = 1;
@@ -1026,6 +1100,7 @@ static int new_pfile_as(ckpt_view *v, struct node *dir, const char *name, const 
 	if (decl) {
 		f->pf.is_slice = 1;
 		f->pf.decl = decl;
+		atomic_fetch_add(&decl->pf.nslices, 1);
 		f->pf.region = region;
 		f->pf.arr = NULL; /* set when this file's own header has been checked */
 		n->hidden = 1; /* slice files are hidden names */
@@ -1613,7 +1688,7 @@ int ckpt_view_create(ckpt_view *v, ckpt_ino parent, const char *name, ckpt_attr 
 	if (!dir) {
 		rc = -ENOENT;
 	} else if (!strcmp(name, CKPT_ORBAX_COMMIT_SUCCESS) &&
-		   ((dir->kind == N_PSTEP && atomic_load(&to_pdir(dir)->ps->committed)) ||
+		   ((dir->kind == N_PSTEP && atomic_load(&to_pdir(dir)->ps->state) == PS_COMMITTED) ||
 		    (dir->kind != N_PSTEP && dir->parent == CKPT_ROOT_INO && v->writable &&
 		     dir->ino != CKPT_ROOT_INO))) {
 		rc = -EEXIST; /* committed already: nothing to do */
@@ -1649,9 +1724,9 @@ int ckpt_view_rename(ckpt_view *v, ckpt_ino parent, const char *name, ckpt_ino n
 	if (!n)
 		rc = -ENOENT;
 	else if (n->kind == N_PSTEP && parent == CKPT_ROOT_INO && newparent == CKPT_ROOT_INO &&
-		 !atomic_load(&to_pdir(n)->ps->dead)) {
+		 !ps_dead(to_pdir(n)->ps)) {
 		struct node *step;
-		if (atomic_load(&to_pdir(n)->ps->committing)) {
+		if ((atomic_load(&to_pdir(n)->ps->state) == PS_COMMITTING || atomic_load(&to_pdir(n)->ps->state) == PS_SEALED)) {
 			rc = refuse(name, "rename (the step is committing)");
 		} else if (ckpt_orbax_name_ok(CKPT_NAME_STEP, newname, &why)) {
 			rc = commit_step(v, n, newname, 0, &step);
@@ -1744,15 +1819,16 @@ int ckpt_view_rmdir(ckpt_view *v, ckpt_ino parent, const char *name)
 	int rc;
 	if (!n) {
 		rc = -ENOENT;
-	} else if (n->kind == N_PSTEP && !atomic_load(&to_pdir(n)->ps->dead)) {
+	} else if (n->kind == N_PSTEP && (!ps_dead(to_pdir(n)->ps) || atomic_load(&to_pdir(n)->ps->state) == PS_LOST)) {
 		struct pstep *ps = to_pdir(n)->ps;
-		if (atomic_load(&ps->committing)) {
+		if ((atomic_load(&ps->state) == PS_COMMITTING || atomic_load(&ps->state) == PS_SEALED)) {
 			/* never wait for io_lock here: the commit needs ns_lock to finish */
 			rc = refuse(name, "remove (the step is committing)");
 		} else {
 			pthread_rwlock_wrlock(&ps->io_lock);
+			assert_pstep(ps);
 			ckpt_step_abort(ps->step);
-			atomic_store(&ps->dead, true);
+			ps_set(ps, PS_ABORTED);
 			ckpt_step_destroy(ps->step); /* nothing of it is kept */
 			ps->step = NULL;
 			ckpt_bg_upload_free(ps->bg, 1); /* aborts and deletes what was sent */
@@ -1838,6 +1914,12 @@ static int declare(ckpt_view *v, struct pfile_node *n, const ckpt_npy_info *h)
 	return 0;
 }
 
+/* Several files write this array: written bytes must stay as they are. */
+static unsigned same_flag(struct pfile *pf)
+{
+	return pf->is_slice || atomic_load(&pf->nslices) ? CKPT_WRITE_SAME : 0;
+}
+
 /*
  * Header phase (pf->mu held, no header parsed yet): collect the bytes from
  * offset 0 until the .npy header parses, then declare the array and hand
@@ -1921,7 +2003,7 @@ static int collect_header(ckpt_view *v, struct pfile_node *n, uint64_t off, cons
 	/* Bytes already collected past the header are data. */
 	size_t extra = pf->have > pf->data_off ? pf->have - pf->data_off : 0;
 	if (extra) {
-		rc = ckpt_warray_write(pf->arr, &pf->region, 0, pf->hdr + pf->data_off, extra);
+		rc = ckpt_warray_write_flags(pf->arr, &pf->region, 0, pf->hdr + pf->data_off, extra, same_flag(pf));
 		if (rc < 0)
 			return rc;
 	}
@@ -1949,7 +2031,8 @@ static ssize_t write_data(struct pfile_node *n, uint64_t off, const uint8_t *dat
 	uint64_t doff = off + hdr_part - pf->data_off;
 	pthread_mutex_unlock(&pf->mu);
 	if (len > hdr_part) {
-		int rc = ckpt_warray_write(pf->arr, &pf->region, doff, data + hdr_part, len - hdr_part);
+		int rc = ckpt_warray_write_flags(pf->arr, &pf->region, doff, data + hdr_part, len - hdr_part,
+						 same_flag(pf));
 		if (rc < 0)
 			return rc;
 	}
@@ -2307,7 +2390,8 @@ static ssize_t write_locked(ckpt_view *v, struct pfile_node *n, uint64_t off, co
 		return rc;
 	if (rc == 1 && take < len) {
 		/* pf->arr and pf->region are fixed once data_off is set */
-		rc = ckpt_warray_write(pf->arr, &pf->region, off + take - data_off, data + take, len - take);
+		rc = ckpt_warray_write_flags(pf->arr, &pf->region, off + take - data_off, data + take, len - take,
+					     same_flag(pf));
 		if (rc < 0)
 			return rc;
 	}
@@ -2325,7 +2409,7 @@ ssize_t ckpt_view_write(ckpt_view *v, ckpt_ino ino, uint64_t off, const void *da
 	struct pstep *ps = f->ps;
 	note_writer(ps);
 	pthread_rwlock_rdlock(&ps->io_lock);
-	ssize_t rc = atomic_load(&ps->dead) || atomic_load(&n->orphan) ? refuse(n->name, "write")
+	ssize_t rc = ps_dead(ps) || atomic_load(&n->orphan) ? refuse(n->name, "write")
 								       : write_locked(v, f, off, data, len,
 										      (flags & CKPT_WRITE_APPEND) != 0);
 	pthread_rwlock_unlock(&ps->io_lock);
@@ -2346,7 +2430,7 @@ int ckpt_view_truncate(ckpt_view *v, ckpt_ino ino, uint64_t size)
 	int rc = 0;
 	pthread_rwlock_rdlock(&f->ps->io_lock);
 	pthread_mutex_lock(&pf->mu);
-	if (atomic_load(&f->ps->dead) || atomic_load(&n->orphan)) {
+	if (ps_dead(f->ps) || atomic_load(&n->orphan)) {
 		rc = refuse(n->name, "truncate");
 	} else if (pf->is_st && size == 0) {
 		/* a writer starting over: the tensors' bytes go, the same header must come again */
@@ -2404,7 +2488,7 @@ static ssize_t pending_read(ckpt_view *v, struct node *node, uint64_t off, size_
 	struct pfile_node *n = to_pfile(node);
 	struct pfile *pf = &n->pf;
 	pthread_rwlock_rdlock(&n->ps->io_lock);
-	if (atomic_load(&n->ps->dead)) {
+	if (ps_dead(n->ps)) {
 		/* committed (the step's files are read from its folder under their
 		 * path now) or aborted: the writer's state is gone */
 		pthread_rwlock_unlock(&n->ps->io_lock);
@@ -2485,7 +2569,7 @@ static int set_dtype(struct pfile_node *f, const char *value, size_t size)
 	int rc = 0;
 	pthread_rwlock_rdlock(&f->ps->io_lock);
 	pthread_mutex_lock(&pf->mu);
-	int dead = atomic_load(&f->ps->dead); /* then the arrays are freed */
+	int dead = ps_dead(f->ps); /* then the arrays are freed */
 	ckpt_warray *known = dead ? NULL : pf->is_slice ? pf->decl->pf.arr : pf->arr;
 	ckpt_dtype have = CKPT_DT_INVALID;
 	if (known) {
@@ -2531,7 +2615,7 @@ int ckpt_view_setxattr(ckpt_view *v, ckpt_ino ino, const char *name, const char 
 		return -ENOENT;
 	/* the attributes a writer may set; the others describe an array */
 	int ours = !strcmp(name, "user.ckpt.sharding") || !strcmp(name, "user.ckpt.dtype");
-	if (n->kind != N_PFILE || atomic_load(&to_pfile(n)->ps->dead) || atomic_load(&n->orphan)) {
+	if (n->kind != N_PFILE || ps_dead(to_pfile(n)->ps) || atomic_load(&n->orphan)) {
 		/* Copy tools that preserve xattrs set what the source showed: the
 		 * same value changes nothing; names the mount has no use for are
 		 * not supported (the tools then skip them quietly). */
@@ -2565,7 +2649,7 @@ int ckpt_view_setxattr(ckpt_view *v, ckpt_ino ino, const char *name, const char 
 	pthread_mutex_lock(&pf->mu);
 	ckpt_warray *arr = pf->is_slice ? pf->decl->pf.arr : pf->arr;
 	pthread_mutex_unlock(&pf->mu);
-	if (atomic_load(&f->ps->dead)) {
+	if (ps_dead(f->ps)) {
 		rc = refuse(n->name, "set an extended attribute");
 	} else if (!arr) {
 		ckpt_log(CKPT_LOG_ERR, "%s: write the .npy header before setting its sharding", n->name);

@@ -174,6 +174,7 @@ struct wctx {
 	uint64_t span_coff, span_soff; /* write: the span being checked */
 	uint64_t bad_coff, bad_soff; /* write: the first differing byte (conflict set) */
 	int conflict;
+	int check; /* write: refuse changes of bytes already written (CKPT_WRITE_SAME) */
 	uint8_t *dst; /* read: the caller's buffer */
 	const uint8_t *from; /* read: the chunk's bytes, NULL = all zero */
 	uint8_t *chunk; /* write: the chunk buffer */
@@ -232,7 +233,7 @@ static int fill_piece(void *ctx, uint8_t *buf, struct wcov *cov, uint64_t *added
 	w->cov = cov;
 	w->added = 0;
 	*added = 0;
-	if (cov->n || cov->bm) {
+	if (w->check && (cov->n || cov->bm)) {
 		ckpt_stream_piece_spans(&w->a->grid, w->p, span_check, w);
 		if (w->conflict)
 			return -EINVAL;
@@ -275,6 +276,12 @@ static int piece_write(void *ctx, const ckpt_stream_piece *p)
 int ckpt_warray_write(ckpt_warray *a, const ckpt_region *region, uint64_t byte_off, const void *data,
 		      size_t len)
 {
+	return ckpt_warray_write_flags(a, region, byte_off, data, len, 0);
+}
+
+int ckpt_warray_write_flags(ckpt_warray *a, const ckpt_region *region, uint64_t byte_off, const void *data,
+			    size_t len, unsigned flags)
+{
 	ckpt_region r;
 	uint64_t rbytes, end;
 	if (w_region_check(a, region, &r, &rbytes)) {
@@ -295,7 +302,7 @@ int ckpt_warray_write(ckpt_warray *a, const ckpt_region *region, uint64_t byte_o
 		ckpt_log(CKPT_LOG_ERR, "writer: %s: write to a removed array", a->relpath);
 		return -ESTALE;
 	}
-	struct wctx w = { .a = a, .src = data, .byte_off = byte_off };
+	struct wctx w = { .a = a, .src = data, .byte_off = byte_off, .check = (flags & CKPT_WRITE_SAME) != 0 };
 	int rc = ckpt_stream_pieces(&a->grid, &r, byte_off, end, piece_write, &w);
 	if (!rc)
 		CKPT_STAT_ADD(bytes_written, len);

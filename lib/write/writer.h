@@ -51,12 +51,13 @@
  * write and compresses it again (the old copy stays in the shard file as
  * dead bytes).
  *
- * Written bytes do not change (several writers, one value): a write over
- * bytes already written must bring the same bytes -- a retry, mmap
- * writeback, an array every process writes whole, overlapping slice files
- * of one array all do.  A write that would change a written byte is
- * refused with -EINVAL, logged with the array and the byte's offset in the
- * array and in the written stream; the first writer's bytes stay.  One
+ * Several writers, one value (ckpt_warray_write_flags with CKPT_WRITE_SAME,
+ * which the mount uses when several files write one array): a write over
+ * bytes already written must bring the same bytes -- a retry, an array
+ * every process writes whole, overlapping slice files of one array all do.
+ * A write that would change a written byte is refused with -EINVAL,
+ * logged with the array and the byte's offset in the array and in the
+ * written stream; the first writer's bytes stay.  One
  * exception: a written zero may be overwritten with any value, because
  * np.lib.format.open_memmap writes an array's last byte as zero to size the
  * file before the data comes (so a conflict of a zero with another value is
@@ -236,6 +237,13 @@ int ckpt_warray_set_sharding(ckpt_warray *a, const char *json);
  * len 0 is a no-op. */
 int ckpt_warray_write(ckpt_warray *a, const ckpt_region *region, uint64_t byte_off, const void *data,
 		      size_t len);
+/* The same; flags CKPT_WRITE_SAME: bytes already written must not change
+ * (see above).  Without it (ckpt_warray_write) a write over written bytes
+ * replaces them: one writer rewriting its own file (mmap writeback of a
+ * page changed again, a pwrite that fixes values). */
+#define CKPT_WRITE_SAME 1u
+int ckpt_warray_write_flags(ckpt_warray *a, const ckpt_region *region, uint64_t byte_off, const void *data,
+			    size_t len, unsigned flags);
 
 /* Read back bytes [byte_off, byte_off + len) of `region`'s stream of a
  * pending array: what has been written, zeros where nothing was.  Chunks

@@ -176,20 +176,37 @@ def test_overlapping_slices_other_bytes_refused(wm, stored):
 
 
 def test_rewrite_after_truncate_takes_new_bytes(wm):
-    """O_TRUNC forgets the file's bytes first, so new values are fine; the
-    same file written again without O_TRUNC must bring the same bytes."""
+    """O_TRUNC forgets the file's bytes first, so new values are fine; a lone
+    file rewritten in place (no slice files share its array: mmap writeback
+    of a page changed again, a pwrite fixing values) takes the new bytes;
+    once slice files share the array, its written bytes stay as they are."""
     p = wm.p("30/state/a.npy")
     np.save(p, SMALL)
     np.save(p, SMALL2)                 # O_TRUNC: new values
-    fd = os.open(p, os.O_WRONLY)       # no O_TRUNC: a writer rewriting in place
+    body = npy_header(SMALL.dtype, SMALL.shape)
+    fd = os.open(p, os.O_WRONLY)       # no O_TRUNC: the one writer rewriting in place
     try:
-        body = npy_header(SMALL.dtype, SMALL.shape)
-        assert os.pwrite(fd, SMALL2.tobytes()[:8], len(body)) == 8            # same bytes: fine
-        assert U.errno_of(os.pwrite, fd, SMALL.tobytes()[:8], len(body)) == errno.EINVAL
+        assert os.pwrite(fd, SMALL.tobytes()[:8], len(body)) == 8
+        assert os.pwrite(fd, SMALL2.tobytes()[:8], len(body)) == 8
     finally:
         os.close(fd)
     commit(wm.p("30"))
     assert np.array_equal(np.load(p), SMALL2)
+
+
+def test_a_shared_array_keeps_its_written_bytes(wm):
+    p = wm.p("30/state/b.npy")
+    np.save(p, SMALL)
+    with open(wm.p("30/state/b[0:1].npy"), "wb") as f:   # a slice file: several writers now
+        f.write(npy_header(SMALL.dtype, (1,) + SMALL.shape[1:]) + SMALL[0:1].tobytes())
+    body = npy_header(SMALL.dtype, SMALL.shape)
+    fd = os.open(p, os.O_WRONLY)
+    try:
+        assert U.errno_of(os.pwrite, fd, SMALL2.tobytes()[:8], len(body)) == errno.EINVAL
+    finally:
+        os.close(fd)
+    commit(wm.p("30"))
+    assert np.array_equal(np.load(p), SMALL)
 
 
 # ---------------------------------------------------------------------------

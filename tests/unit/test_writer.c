@@ -523,8 +523,9 @@ static void test_rewrite_holes(void)
 	ckpt_warray_get_info(a, &i0);
 	CHECK_EQ_INT(i0.chunks_stored, i0.chunks);
 	CHECK(i0.chunks > 4);
-	/* Other bytes over written ones are refused until forgotten (O_TRUNC). */
-	CHECK_EQ_INT(ckpt_warray_write(a, NULL, 0, va, n), -EINVAL);
+	/* Other bytes over written ones are refused until forgotten (O_TRUNC)
+	 * when several writers share the array (CKPT_WRITE_SAME) ... */
+	CHECK_EQ_INT(ckpt_warray_write_flags(a, NULL, 0, va, n, CKPT_WRITE_SAME), -EINVAL);
 	CHECK_EQ_INT(ckpt_warray_forget(a, NULL), 0);
 	CHECK_EQ_INT(ckpt_warray_write(a, NULL, 0, va, n), 0);
 	/* b: everything but bytes [1000, 1003) and the last byte. */
@@ -846,19 +847,19 @@ static void test_overlap_rules(void)
 	/* Overlapping slice, same bytes: fine; other bytes: refused. */
 	fprintf(stderr, "(expected refused writes follow)\n");
 	box_stream(other, 64, 4, &low, sb);
-	CHECK_EQ_INT(ckpt_warray_write(a, &low, 0, sb, 40 * 256), -EINVAL);
+	CHECK_EQ_INT(ckpt_warray_write_flags(a, &low, 0, sb, 40 * 256, CKPT_WRITE_SAME), -EINVAL);
 	box_stream(v, 64, 4, &low, sb);
 	sb[16 * 256 + 5] ^= 0x40; /* one byte past the overlap (rows 40.. are new) */
 	sb[3] ^= 0x01; /* one byte inside it (row 24, stored) */
-	CHECK_EQ_INT(ckpt_warray_write(a, &low, 0, sb, 40 * 256), -EINVAL);
+	CHECK_EQ_INT(ckpt_warray_write_flags(a, &low, 0, sb, 40 * 256, CKPT_WRITE_SAME), -EINVAL);
 	sb[3] ^= 0x01;
-	CHECK_EQ_INT(ckpt_warray_write(a, &low, 0, sb, 40 * 256), 0);
+	CHECK_EQ_INT(ckpt_warray_write_flags(a, &low, 0, sb, 40 * 256, CKPT_WRITE_SAME), 0);
 	sb[16 * 256 + 5] ^= 0x40;
 	fprintf(stderr, "(end of expected refused writes)\n");
 	/* Row 40's byte 5 was written with the flipped value: forget the row,
 	 * write it right. */
 	ckpt_region r40 = { .rank = 2, .start = { 40, 0 }, .stop = { 41, 64 } };
-	CHECK_EQ_INT(ckpt_warray_write(a, &r40, 0, v + 40 * 256, 256), -EINVAL);
+	CHECK_EQ_INT(ckpt_warray_write_flags(a, &r40, 0, v + 40 * 256, 256, CKPT_WRITE_SAME), -EINVAL);
 	CHECK_EQ_INT(ckpt_warray_forget(a, &r40), 0);
 	CHECK_EQ_INT(ckpt_warray_write(a, &r40, 0, v + 40 * 256, 256), 0);
 	/* The whole array again (a retry): the same bytes. */

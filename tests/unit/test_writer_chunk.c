@@ -42,7 +42,7 @@ static int write_box(ckpt_warray *a, ckpt_region r, int gen)
 	size_t n = (r.stop[0] - r.start[0]) * (r.stop[1] - r.start[1]);
 	float *buf = malloc(n * sizeof(float));
 	fill(buf, &r, gen);
-	int rc = ckpt_warray_write(a, &r, 0, buf, n * sizeof(float));
+	int rc = ckpt_warray_write_flags(a, &r, 0, buf, n * sizeof(float), CKPT_WRITE_SAME);
 	free(buf);
 	return rc;
 }
