@@ -185,6 +185,7 @@ struct node {
 	/* transient: on the view's invalidation list (answered since last handed out there); dyn_lock */
 	struct node *inval_prev, *inval_next;
 	int on_inval;
+	int inval_swept; /* its parent's entry was invalidated while it was on the list (node.c) */
 	atomic_bool orphan; /* removed from its directory (committed/aborted/renamed/unlinked) */
 	atomic_bool gone; /* its source vanished (a step pruned from a live root): it and
 			   * everything below it answer -ENOENT/-ESTALE (node_is_gone) */
@@ -289,6 +290,7 @@ struct ckpt_view {
 	/* transient nodes answered by a lookup since ckpt_view_next_inval last
 	 * handed them out, oldest first (dyn_lock) */
 	struct node *inval_head, *inval_tail;
+	size_t inval_len; /* nodes on that list */
 	pthread_rwlock_t ns_lock; /* see the lock order above */
 	char *source; /* what was mounted, as given */
 	ckpt_store *src; /* its root store (also in stores[]): all discovery goes through it */
