@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "hash.h"
+#include "stats.h"
 #include "view_internal.h"
 
 /* ---- node table ----------------------------------------------------------- */
@@ -292,6 +293,7 @@ static int dyn_insert_locked(ckpt_view *v, struct node *n)
 		i = (i + 1) & mask;
 	v->dyn[i] = n;
 	v->ndyn++;
+	CKPT_STAT_ADD(hidden_nodes, 1);
 	return 0;
 }
 
@@ -325,6 +327,7 @@ static void dyn_remove_locked(ckpt_view *v, struct node *n)
 	}
 	v->dyn[i] = NULL;
 	v->ndyn--;
+	atomic_fetch_sub_explicit(&ckpt_g_stats.hidden_nodes, 1, memory_order_relaxed);
 	for (size_t j = (i + 1) & mask; v->dyn[j]; j = (j + 1) & mask) {
 		size_t home = dyn_hash(v->dyn[j]->parent, v->dyn[j]->name) & mask;
 		/* move j into the hole at i unless its home lies in (i, j] */
