@@ -490,8 +490,15 @@ BIG_BYTES = BIG_ROWS * BIG_COLS
 # spread over the request threads' heaps).  With one invalidation per name
 # and no bound it was 39-107 MiB, growing as long as lookups outran them.
 LOAD_RSS_BOUND = 48 << 20
-STALE_BOUND = 2.0            # s from a prune being visible to reads of its open files failing: measured
-                             # 0.01-0.5 s; before the prune's invalidations came first, > 15 s (starved)
+# Slice names alive at once (hidden_nodes in .ckptfs/stats, sampled every 50 ms):
+# CKPT_VIEW_INVAL_NAMES_CAP = 4096 waiting, plus those invalidated whose forget
+# is on its way; measured 4076-4319.  With no cap, 9160-10411 after 10 s, and
+# growing for as long as the load lasts.
+NAMES_BOUND = 4096 + 2048
+STALE_BOUND = 1.0            # s from a prune being visible to reads of its open files failing: measured
+                             # 0.01-0.5 s; with the names waiting capped but the prune not first,
+                             # 1.5-1.7 s; neither (one invalidation per name, then the prune): 1.4 s to
+                             # more than 15 s
 W1 = "state/params/layer_0/mlp/w1"
 FORK = multiprocessing.get_context("fork")
 
@@ -606,6 +613,7 @@ def test_live_root_under_load_prunes_promptly_and_stays_bounded(tmp_path, mount)
     wt = threading.Thread(target=writer)
     wt.start()
     held, waits, stale = {}, [], []
+    peak_names = 0
     try:
         # The watcher: every step's big file is opened and read whole (its
         # pages are then in the kernel's cache); once the step is gone from
@@ -644,6 +652,7 @@ def test_live_root_under_load_prunes_promptly_and_stays_bounded(tmp_path, mount)
                         time.sleep(0.01)
                 finally:
                     os.close(fd)
+            peak_names = max(peak_names, json.loads(U.read_all(m.p(".ckptfs/stats")))["hidden_nodes"])
             time.sleep(0.05)
     finally:
         wt.join()
@@ -657,6 +666,9 @@ def test_live_root_under_load_prunes_promptly_and_stays_bounded(tmp_path, mount)
     grew = U.vm(m.pid) - h0
     assert sum(done) > 1000, done
     assert len(waits) + len(stale) >= 5, "too few prunes seen"
+    assert peak_names <= NAMES_BOUND, (f"{peak_names} slice names were alive at once in the daemon "
+                                       f"(bound {NAMES_BOUND}): the names waiting for their invalidation "
+                                       f"are not capped")
     assert stale == [], (f"{len(stale)} of {len(stale) + len(waits)} pruned steps kept serving the deleted bytes "
                          f"to an open descriptor for more than {bound} s after the prune was visible")
 
