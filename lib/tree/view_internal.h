@@ -213,8 +213,8 @@ struct aref { /* one stored array, shared by its .npy, slices and shards */
 	ckpt_array *arr;
 	char *sharding; /* JSON string from _sharding, or NULL */
 	int ocdbt;
-	ckpt_ino step; /* the step of a live root it belongs to (0: none); set before publication */
-	int retired; /* its step is gone and its cached data dropped (res_lock) */
+	ckpt_ino step; /* the step of a live root it belongs to (0: none); res_lock */
+	int retired; /* its step is gone and its cached data dropped; res_lock */
 };
 
 /* N_ARRAY */
