@@ -14,15 +14,23 @@
  * run in a request handler (the lookup it waits for may need that very
  * thread): one thread of its own sends them.  What to invalidate is
  * libckpt's list of transient nodes answered since (ckpt_view_next_inval):
- * no queue here, nothing dropped, and no request handler ever waits for
- * this thread.
+ * no queue here, and no request handler ever waits for this thread.
+ * Readers that look names up in one directory outrun one invalidation per
+ * name (each waits for the lookups in progress there), so beyond a fixed
+ * number waiting (CKPT_VIEW_INVAL_NAMES_CAP) libckpt hands out the
+ * directory's own entry instead: its invalidation drops every unused
+ * dentry below it at once, and the names still in use are invalidated one
+ * by one afterwards.  The nodes waiting for the kernel's forget, hence the
+ * daemon's memory, stay bounded whatever the number of readers and names.
  *
  * The same thread drops the kernel's cached pages of files whose step
  * vanished from a live root (ckpt_view_next_inval_inode): an open
  * descriptor would otherwise go on reading them without asking; after the
- * invalidation its reads reach libckpt, which answers ESTALE.  It invalidates as soon as it is kicked: letting lookups
- * gather first (1 ms) gained no time under load and let the backlog, hence
- * memory, grow.
+ * invalidation its reads reach libckpt, which answers ESTALE.  Those come
+ * first: the queue of inodes is emptied before each name, so a prune is
+ * never queued behind a flood of names.  It invalidates as soon as it is
+ * kicked: letting lookups gather first (1 ms) gained no time under load
+ * and let the backlog, hence memory, grow.
  */
 #include <pthread.h>
 #include <string.h>
@@ -51,8 +59,15 @@ static void *inval_main(void *arg)
 		pthread_mutex_unlock(&iq.mu);
 		if (stop)
 			break;
-		ckpt_ino parent;
-		while (ckpt_view_next_inval(iq.view, &parent, name, sizeof(name)) == 1) {
+		for (;;) {
+			/* Files of a pruned step first, before every name: an open
+			 * descriptor reads their cached pages until they go. */
+			ckpt_ino ino;
+			while (ckpt_view_next_inval_inode(iq.view, &ino) == 1)
+				fuse_lowlevel_notify_inval_inode(iq.se, ino, 0, 0); /* -ENOENT: not cached */
+			ckpt_ino parent;
+			if (ckpt_view_next_inval(iq.view, &parent, name, sizeof(name)) != 1)
+				break;
 			/* -ENOENT when the dentry is gone already: nothing to do */
 			fuse_lowlevel_notify_inval_entry(iq.se, parent, name, strlen(name));
 			pthread_mutex_lock(&iq.mu);
@@ -61,9 +76,6 @@ static void *inval_main(void *arg)
 			if (stop)
 				return NULL;
 		}
-		ckpt_ino ino;
-		while (ckpt_view_next_inval_inode(iq.view, &ino) == 1)
-			fuse_lowlevel_notify_inval_inode(iq.se, ino, 0, 0); /* -ENOENT: not cached */
 	}
 	return NULL;
 }

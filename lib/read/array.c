@@ -52,7 +52,8 @@ struct ckpt_array {
 	/* Bumped whenever served bytes may have changed or their unit records
 	 * were dropped (forget_all, stale): see ckpt_array_open_check. */
 	atomic_uint changes;
-	atomic_int stale; /* the metadata changed: every read is -ESTALE */
+	atomic_int stale; /* the metadata changed, or the array was retired: every read is -ESTALE */
+	atomic_int retired; /* ckpt_arrays_retire: nothing of it is cached any more */
 	/* epoch + 1 of an epoch that served bytes of a unit that then changed:
 	 * the rest of that epoch is -ESTALE (a reader retrying, as the kernel
 	 * does after a failed read-ahead, must not get the new version next to
@@ -279,6 +280,41 @@ static void forget_all(ckpt_array *a)
 	if (a->recs)
 		memset(a->recs, 0, a->nrecs_cap * sizeof(*a->recs));
 	a->nrecs = 0;
+}
+
+/* Drop the cached chunks of the listed owners (sorted here). */
+static void drop_owners(ckpt_ctx *ctx, uint64_t *owners, size_t n)
+{
+	for (size_t i = 1; i < n; i++) /* insertion sort: a few hundred at most */
+		for (size_t j = i; j > 0 && owners[j - 1] > owners[j]; j--) {
+			uint64_t t = owners[j];
+			owners[j] = owners[j - 1];
+			owners[j - 1] = t;
+		}
+	ckpt_cache_drop_owners(ctx->cache, owners, n);
+}
+
+void ckpt_arrays_retire(ckpt_ctx *ctx, ckpt_array *const *arrs, size_t n)
+{
+	uint64_t owners[256];
+	size_t k = 0;
+	for (size_t i = 0; i < n; i++) {
+		ckpt_array *a = arrs[i];
+		if (atomic_exchange(&a->retired, 1))
+			continue;
+		atomic_store(&a->stale, 1);
+		pthread_mutex_lock(&a->mu);
+		uint64_t old = atomic_load(&a->owner);
+		forget_all(a); /* a fresh owner: nothing reaches the old chunks */
+		pthread_mutex_unlock(&a->mu);
+		ckpt_streams_forget(ctx->streams, (const void *)(uintptr_t)old);
+		owners[k++] = old;
+		if (k == sizeof(owners) / sizeof(owners[0])) {
+			drop_owners(ctx, owners, k);
+			k = 0;
+		}
+	}
+	drop_owners(ctx, owners, k);
 }
 
 /* Insert or update the record of su.  Caller holds a->mu. */
@@ -568,6 +604,8 @@ static int fill_chunk(void *arg, void *dst)
 {
 	struct fill_arg *f = arg;
 	ckpt_array *a = f->a;
+	if (atomic_load(&a->retired))
+		return -ESTALE; /* a read that began before the retirement: not cached */
 	ckpt_zarr_scratch *sc = scratch();
 	if (!sc)
 		return -ENOMEM;

@@ -101,6 +101,13 @@ void ckpt_array_revalidate(ckpt_array *a);
  */
 unsigned ckpt_array_open_check(ckpt_array *a, int *budget);
 
+/* The stored data of these arrays went for good (their step was deleted
+ * from the source): their decoded chunks leave the cache now (those in
+ * use at their release) and their stream cursors are dropped; from then on
+ * nothing of them is cached and every read is -ESTALE.  The arrays stay
+ * valid until ckpt_array_destroy.  Idempotent; thread-safe. */
+void ckpt_arrays_retire(ckpt_ctx *ctx, ckpt_array *const *arrs, size_t n);
+
 const ckpt_array_meta *ckpt_array_meta_of(const ckpt_array *a);
 ckpt_store *ckpt_array_store(const ckpt_array *a);
 const char *ckpt_array_prefix(const ckpt_array *a);

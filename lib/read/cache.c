@@ -13,7 +13,9 @@
  *  - c->bytes = the capacities of the buffers of table entries + spare
  *    buffers + buffers still held by FAILED entries (c->failed_bytes);
  *  - consumed READY entries (released with ckpt_cache_release_used) sit
- *    at the cold end of the LRU list, behind every other idle entry.
+ *    at the cold end of the LRU list, behind every other idle entry;
+ *  - an entry marked dropped (ckpt_cache_drop_owners) is never idle: it is
+ *    pinned or loading, and freed at its last release.
  *
  * Budget: a decode takes its buffer before it runs, so in-flight decodes
  * count like cached chunks.  A decode that finds no room (every byte
@@ -48,6 +50,7 @@ struct ckpt_centry {
 	int claimed; /* LOADING: someone is filling it (a reservation may not be) */
 	int consumed; /* READY, idle: its reader is done with it (cold end of the LRU) */
 	int starved; /* LOADING: its filler waits for room in the budget */
+	int dropped; /* its owner was dropped while it was pinned: freed at its last release */
 	unsigned refs;
 	struct ckpt_centry *hnext;
 	struct ckpt_centry *prev, *next; /* LRU */
@@ -574,8 +577,8 @@ static void put_ready(ckpt_cache *c, struct ckpt_centry *e, int consumed)
 	if (consumed && recyclable(e))
 		e->consumed = 1;
 	if (--e->refs == 0) {
-		if (e->cap > c->budget) {
-			/* Larger than the whole budget: never kept. */
+		if (e->cap > c->budget || e->dropped) {
+			/* Larger than the whole budget, or its owner was dropped: never kept. */
 			table_remove(c, e);
 			assert(c->bytes >= e->cap);
 			buf_free(e->data, e->cap);
@@ -625,6 +628,58 @@ int ckpt_cache_contains(ckpt_cache *c, uint64_t owner, uint64_t idx)
 	return r;
 }
 
+static int owner_listed(const uint64_t *owners, size_t n, uint64_t owner)
+{
+	size_t lo = 0, hi = n;
+	while (lo < hi) {
+		size_t mid = lo + (hi - lo) / 2;
+		if (owners[mid] == owner)
+			return 1;
+		if (owners[mid] < owner)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	return 0;
+}
+
+size_t ckpt_cache_drop_owners(ckpt_cache *c, const uint64_t *owners, size_t n)
+{
+	if (!n)
+		return 0;
+	size_t dropped = 0;
+	pthread_mutex_lock(&c->lock);
+	for (size_t i = 0; i < c->nbuckets; i++) {
+		struct ckpt_centry **pp = &c->table[i];
+		while (*pp) {
+			struct ckpt_centry *e = *pp;
+			if (!owner_listed(owners, n, e->owner)) {
+				pp = &e->hnext;
+				continue;
+			}
+			if (e->state != READY || e->refs > 0) {
+				e->dropped = 1; /* in use: freed at its last release */
+				pp = &e->hnext;
+				continue;
+			}
+			*pp = e->hnext;
+			c->count--;
+			lru_unlink(e);
+			assert(c->bytes >= e->cap);
+			buf_free(e->data, e->cap); /* not kept as a spare: the bytes go back */
+			c->bytes -= e->cap;
+			free(e);
+			dropped++;
+		}
+	}
+	atomic_store(&ckpt_g_stats.cache_bytes, c->bytes);
+	CKPT_STAT_ADD(cache_evictions, dropped);
+	if (dropped && c->waiting)
+		pthread_cond_broadcast(&c->room);
+	pthread_mutex_unlock(&c->lock);
+	return dropped;
+}
+
 uint64_t ckpt_cache_bytes(ckpt_cache *c)
 {
 	pthread_mutex_lock(&c->lock);
@@ -668,6 +723,7 @@ int ckpt_cache_check(ckpt_cache *c)
 			bad |= e->state == LOADING && (e->refs == 0 || e->prev || (!e->claimed && e->data));
 			bad |= e->state == READY && (!e->data || e->cap < e->size);
 			bad |= e->state == READY && (e->refs == 0) != (e->prev != NULL);
+			bad |= e->dropped && e->state == READY && e->refs == 0;
 			idle += e->state == READY && e->refs == 0;
 			if (e->data)
 				bytes += e->cap;

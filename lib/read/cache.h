@@ -86,6 +86,15 @@ void ckpt_cache_mark_used(ckpt_cache *c, ckpt_centry *e);
 /* 1 if (owner, idx) is cached or being loaded, else 0.  Never blocks on a load. */
 int ckpt_cache_contains(ckpt_cache *c, uint64_t owner, uint64_t idx);
 
+/* Drop every entry of the listed owners (owners sorted ascending, n of
+ * them), e.g. the arrays of a step that was deleted: idle entries at once,
+ * their buffers freed (not kept for reuse), so ckpt_cache_bytes goes down;
+ * entries pinned or being loaded are freed at their last release (until
+ * then a get of them shares them, as before).  Meant for owners nobody
+ * asks for again.  Counted as evictions.  Returns the number of entries
+ * freed now. */
+size_t ckpt_cache_drop_owners(ckpt_cache *c, const uint64_t *owners, size_t n);
+
 /* Bytes currently held (cached + pinned + reusable spare buffers). */
 uint64_t ckpt_cache_bytes(ckpt_cache *c);
 

@@ -208,6 +208,14 @@ static void add_array(ckpt_view *v, struct node *dir, ckpt_store *store, int ocd
 		ckpt_array_destroy(arr);
 		return;
 	}
+	if (v->live) { /* the step it belongs to: its cached data goes when the step is pruned */
+		const struct node *s = dir;
+		while (s && s->parent != CKPT_ROOT_INO)
+			s = view_node(v, s->parent);
+		pthread_mutex_lock(&v->res_lock); /* the aref is listed already */
+		ar->step = s && s->ino != CKPT_ROOT_INO ? s->ino : 0;
+		pthread_mutex_unlock(&v->res_lock);
+	}
 	if (sharding) {
 		char *key = ckpt_orbax_sharding_key(param);
 		const cJSON *s = key ? cJSON_GetObjectItemCaseSensitive(sharding, key) : NULL;

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "hash.h"
+#include "stats.h"
 #include "view_internal.h"
 
 /* ---- node table ----------------------------------------------------------- */
@@ -292,6 +293,7 @@ static int dyn_insert_locked(ckpt_view *v, struct node *n)
 		i = (i + 1) & mask;
 	v->dyn[i] = n;
 	v->ndyn++;
+	CKPT_STAT_ADD(hidden_nodes, 1);
 	return 0;
 }
 
@@ -325,6 +327,7 @@ static void dyn_remove_locked(ckpt_view *v, struct node *n)
 	}
 	v->dyn[i] = NULL;
 	v->ndyn--;
+	atomic_fetch_sub_explicit(&ckpt_g_stats.hidden_nodes, 1, memory_order_relaxed);
 	for (size_t j = (i + 1) & mask; v->dyn[j]; j = (j + 1) & mask) {
 		size_t home = dyn_hash(v->dyn[j]->parent, v->dyn[j]->name) & mask;
 		/* move j into the hole at i unless its home lies in (i, j] */
@@ -353,6 +356,22 @@ static void inval_unlink_locked(ckpt_view *v, struct node *n)
 		v->inval_tail = n->inval_prev;
 	n->inval_prev = n->inval_next = NULL;
 	n->on_inval = 0;
+	assert(v->inval_len > 0);
+	v->inval_len--;
+}
+
+static void inval_append_locked(ckpt_view *v, struct node *n)
+{
+	assert(!n->on_inval);
+	n->inval_prev = v->inval_tail;
+	n->inval_next = NULL;
+	if (v->inval_tail)
+		v->inval_tail->inval_next = n;
+	else
+		v->inval_head = n;
+	v->inval_tail = n;
+	n->on_inval = 1;
+	v->inval_len++;
 }
 
 /* n was answered to the kernel: count the reference, and put it on the
@@ -362,14 +381,8 @@ static void ref_locked(ckpt_view *v, struct node *n)
 	n->nlookup++;
 	if (n->on_inval)
 		return;
-	n->inval_prev = v->inval_tail;
-	n->inval_next = NULL;
-	if (v->inval_tail)
-		v->inval_tail->inval_next = n;
-	else
-		v->inval_head = n;
-	v->inval_tail = n;
-	n->on_inval = 1;
+	n->inval_swept = 0;
+	inval_append_locked(v, n);
 }
 
 /* ref: count a kernel reference on a transient result (under dyn_lock, so
@@ -458,6 +471,30 @@ void ckpt_view_forget(ckpt_view *v, ckpt_ino ino, uint64_t nlookup)
 		node_free(v, n);
 }
 
+/* Sweep directory p (dyn_lock held): every entry of the list under p that
+ * was not swept yet moves to the tail, marked swept.  The caller hands out
+ * p's own entry instead of theirs: invalidating a directory's entry makes
+ * the kernel drop the unused dentries below it at once (one invalidation,
+ * one lock of the grandparent, for any number of names), and their forgets
+ * take them off the list.  Those still on it when they come round again
+ * were in use or being looked up at the time: each is then invalidated on
+ * its own, so no answered name is ever left for the kernel to keep. */
+static void inval_sweep_locked(ckpt_view *v, ckpt_ino p)
+{
+	struct node *stop = v->inval_tail, *n = v->inval_head;
+	while (n) {
+		struct node *next = n->inval_next, *last = n;
+		if (n->parent == p && !n->inval_swept) {
+			inval_unlink_locked(v, n);
+			n->inval_swept = 1;
+			inval_append_locked(v, n);
+		}
+		if (last == stop)
+			break; /* the ones moved (now behind stop) are not looked at again */
+		n = next;
+	}
+}
+
 int ckpt_view_next_inval(ckpt_view *v, ckpt_ino *parent, char *name, size_t cap)
 {
 	pthread_mutex_lock(&v->dyn_lock);
@@ -465,6 +502,20 @@ int ckpt_view_next_inval(ckpt_view *v, ckpt_ino *parent, char *name, size_t cap)
 	int got = 0;
 	while (n && !got) {
 		struct node *next = n->inval_next;
+		if (v->inval_len > CKPT_VIEW_INVAL_NAMES_CAP && !n->inval_swept && n->parent != CKPT_ROOT_INO) {
+			/* Too many names wait (lookups outrun one invalidation per
+			 * name, each of which waits for the lookups in progress in
+			 * the directory): invalidate the directory's entry. */
+			const struct node *p = view_node(v, n->parent);
+			size_t len = p ? strlen(p->name) : cap;
+			if (len < cap && p->ino != CKPT_ROOT_INO) {
+				memcpy(name, p->name, len + 1);
+				*parent = p->parent;
+				inval_sweep_locked(v, p->ino);
+				got = 1;
+				break;
+			}
+		}
 		inval_unlink_locked(v, n);
 		size_t len = strlen(n->name);
 		if (len < cap) { /* longer names never came from the kernel */

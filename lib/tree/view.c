@@ -79,6 +79,35 @@ static void queue_gone_files(ckpt_view *v)
 		v->inval_notify(v->inval_arg);
 }
 
+/* After a rescan unlinked steps: their arrays' decoded chunks can never be
+ * read again (every read of a gone step answers ESTALE); drop them from the
+ * cache now rather than let them crowd out live data until they age out. */
+static void retire_gone_arrays(ckpt_view *v)
+{
+	ckpt_array **gone = NULL;
+	size_t n = 0, cap = 0;
+	pthread_mutex_lock(&v->res_lock);
+	for (size_t i = 0; i < v->narefs; i++) {
+		struct aref *ar = v->arefs[i];
+		const struct node *s = ar->step ? view_node(v, ar->step) : NULL;
+		if (ar->retired || !s || !atomic_load(&s->gone))
+			continue;
+		if (n == cap) {
+			size_t nc = cap ? cap * 2 : 64;
+			ckpt_array **a = realloc(gone, nc * sizeof(*a));
+			if (!a)
+				break; /* the next rescan with changes tries the rest */
+			gone = a;
+			cap = nc;
+		}
+		gone[n++] = ar->arr;
+		ar->retired = 1;
+	}
+	pthread_mutex_unlock(&v->res_lock);
+	ckpt_arrays_retire(v->ctx, gone, n);
+	free(gone);
+}
+
 int ckpt_view_next_inval_inode(ckpt_view *v, ckpt_ino *ino)
 {
 	pthread_mutex_lock(&v->inval_mu);
@@ -127,8 +156,10 @@ static void root_refresh(ckpt_view *v)
 		pthread_rwlock_wrlock(&v->ns_lock);
 		int changes = layout_apply_steps(v, l);
 		pthread_rwlock_unlock(&v->ns_lock);
-		if (changes)
+		if (changes) {
 			queue_gone_files(v);
+			retire_gone_arrays(v);
+		}
 		int64_t shown = atomic_load(&v->root_mtime), t = st.mtime_ns;
 		if (changes && t <= shown) /* object stores: no folder mtime */
 			t = wall_ns() > shown ? wall_ns() : shown + 1;

@@ -121,13 +121,23 @@ int ckpt_view_lookup(ckpt_view *v, ckpt_ino parent, const char *name, ckpt_attr 
  * view. */
 void ckpt_view_forget(ckpt_view *v, ckpt_ino ino, uint64_t nlookup);
 
+/* Answered transient names waiting for their entry invalidation beyond
+ * which a directory's entry is invalidated instead of one name
+ * (ckpt_view_next_inval): the nodes waiting for the kernel's forget stay
+ * about this many, whatever the number of readers and names. */
+#define CKPT_VIEW_INVAL_NAMES_CAP 4096
+
 /* Transient nodes answered by ckpt_view_lookup, oldest first, each handed
  * out once per answer: 1 and the parent and name (copied, NUL-terminated,
  * into name of cap bytes) of one, 0 when there are none.  A kernel keeps a
  * dentry until it is invalidated or memory runs short, so the daemon
  * invalidates each of these entries (away from request handlers) to get
  * the forget that frees the node.  A node freed meanwhile is not handed
- * out. */
+ * out.  When more than CKPT_VIEW_INVAL_NAMES_CAP wait, the entry handed
+ * out is that of the oldest one's directory (in its own parent), which
+ * stands for all of that directory's names waiting: the kernel drops their
+ * unused dentries with it; those it keeps (in use) are handed out again,
+ * one by one, later.  The caller invalidates whatever entry it gets. */
 int ckpt_view_next_inval(ckpt_view *v, ckpt_ino *parent, char *name, size_t cap);
 
 /* Directory entry number `index` (0-based, "." and ".." not included):

@@ -190,6 +190,7 @@ struct node {
 	/* transient: on the view's invalidation list (answered since last handed out there); dyn_lock */
 	struct node *inval_prev, *inval_next;
 	int on_inval;
+	int inval_swept; /* its parent's entry was invalidated while it was on the list (node.c) */
 	atomic_bool orphan; /* removed from its directory (committed/aborted/renamed/unlinked) */
 	atomic_bool gone; /* its source vanished (a step pruned from a live root): it and
 			   * everything below it answer -ENOENT/-ESTALE (node_is_gone) */
@@ -217,6 +218,8 @@ struct aref { /* one stored array, shared by its .npy, slices and shards */
 	ckpt_array *arr;
 	char *sharding; /* JSON string from _sharding, or NULL */
 	int ocdbt;
+	ckpt_ino step; /* the step of a live root it belongs to (0: none); res_lock */
+	int retired; /* its step is gone and its cached data dropped; res_lock */
 };
 
 /* N_ARRAY */
@@ -292,6 +295,7 @@ struct ckpt_view {
 	/* transient nodes answered by a lookup since ckpt_view_next_inval last
 	 * handed them out, oldest first (dyn_lock) */
 	struct node *inval_head, *inval_tail;
+	size_t inval_len; /* nodes on that list */
 	pthread_rwlock_t ns_lock; /* see the lock order above */
 	/* pending.c: the thread that commits stored copies once the processes
 	 * that copied them have exited (started on first need, under ns_lock) */

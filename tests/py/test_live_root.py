@@ -470,3 +470,218 @@ def test_pending_file_open_across_its_commit(tmp_path, mount):
     finally:
         os.close(fd)
     assert U.read_all(m.p("30/state/w.npy")) == want
+
+
+# ---- a live root under load ----------------------------------------------------
+
+import json  # noqa: E402  (this section's own imports)
+import multiprocessing  # noqa: E402
+import random  # noqa: E402
+
+LOAD_SECONDS = 10            # readers and the writer run this long
+LOAD_READERS = 6
+LOAD_PERIOD = 0.5            # the writer saves a step this often, keeping LOAD_KEEP
+LOAD_KEEP = 3
+BIG_ROWS, BIG_COLS, BIG_CHUNK = 8, 131_072, 32_768   # big/p/w: uint8, 1 MiB in 256 KiB raw chunks
+BIG_BYTES = BIG_ROWS * BIG_COLS
+# VmHWM growth allowed under the load: measured 25-35 MiB (the nodes of every
+# step saved meanwhile, the cached data of the steps kept, the slice names
+# waiting for the kernel's forget, at most about CKPT_VIEW_INVAL_NAMES_CAP,
+# spread over the request threads' heaps).  With one invalidation per name
+# and no bound it was 39-107 MiB, growing as long as lookups outran them.
+LOAD_RSS_BOUND = 48 << 20
+# Slice names alive at once (hidden_nodes in .ckptfs/stats, sampled every 50 ms):
+# CKPT_VIEW_INVAL_NAMES_CAP = 4096 waiting, plus those invalidated whose forget
+# is on its way; measured 4076-4319.  With no cap, 9160-10411 after 10 s, and
+# growing for as long as the load lasts.
+NAMES_BOUND = 4096 + 2048
+STALE_BOUND = 1.0            # s from a prune being visible to reads of its open files failing: measured
+                             # 0.01-0.5 s; with the names waiting capped but the prune not first,
+                             # 1.5-1.7 s; neither (one invalidation per name, then the prune): 1.4 s to
+                             # more than 15 s
+W1 = "state/params/layer_0/mlp/w1"
+FORK = multiprocessing.get_context("fork")
+
+
+def _big_item(item):
+    """p/w: uint8 [8, 131072], zarr v2, raw chunks [8, 32768] (256 KiB decoded each)."""
+    d = item / "p.w"
+    d.mkdir(parents=True)
+    (d / ".zarray").write_text(json.dumps({
+        "chunks": [BIG_ROWS, BIG_CHUNK], "compressor": None, "dimension_separator": ".", "dtype": "|u1",
+        "fill_value": None, "filters": None, "order": "C", "shape": [BIG_ROWS, BIG_COLS], "zarr_format": 2}))
+    v = (np.arange(BIG_BYTES, dtype=np.int64) % 253).astype(np.uint8).reshape(BIG_ROWS, BIG_COLS)
+    for c in range(BIG_COLS // BIG_CHUNK):
+        (d / f"0.{c}").write_bytes(np.ascontiguousarray(v[:, c * BIG_CHUNK:(c + 1) * BIG_CHUNK]).tobytes())
+    (item / "_METADATA").write_text(json.dumps({
+        "tree_metadata": {"('p', 'w')": {"key_metadata": [{"key": "p", "key_type": 2}, {"key": "w", "key_type": 2}],
+                                         "value_metadata": {"value_type": "jax.Array", "skip_deserialize": False,
+                                                            "write_shape": [BIG_ROWS, BIG_CHUNK]}}},
+        "use_ocdbt": False, "use_zarr3": False, "store_array_data_equal_to_fill_value": True,
+        "custom_metadata": None}))
+
+
+def _steps(mnt):
+    try:
+        return sorted(int(x) for x in os.listdir(mnt) if x.isdigit())
+    except OSError:
+        return []
+
+
+def _slice_reader(mnt, seed, until, out):
+    """Distinct slice names of w1 in the newest steps, each looked up
+    (stat), every 16th opened and read.  A name of a step pruned meanwhile
+    may fail."""
+    rnd = random.Random(seed)
+    done = 0
+    while time.monotonic() < until:
+        s = _steps(mnt)
+        if not s:
+            continue
+        step = rnd.choice(s[-2:])
+        for k in range(64):
+            a = rnd.randrange(32)
+            b = rnd.randrange(a + 1, 33)
+            c = rnd.randrange(128)
+            d = rnd.randrange(c + 1, 129)
+            p = f"{mnt}/{step}/{W1}[{a}:{b},{c}:{d}].npy"
+            try:
+                if k % 16:
+                    os.stat(p)
+                else:
+                    with open(p, "rb") as f:
+                        f.read()
+                done += 1
+            except OSError as e:
+                if e.errno not in GONE:
+                    raise
+                break
+    out.put(done)
+
+
+@pytest.mark.concurrent
+def test_live_root_under_load_prunes_promptly_and_stays_bounded(tmp_path, mount):
+    """Six processes look up and read distinct slice names while a writer
+    saves a step every 0.5 s into SOURCE and rm -r's the old ones (keeping
+    3).  A file of each step is opened and read before its prune; once the
+    prune is visible in the listing its reads fail (ESTALE/ENOENT/EIO)
+    within STALE_BOUND, never serving the deleted bytes after that; the
+    daemon's memory stays bounded (the answered slice names waiting for
+    their invalidation are capped); the cache drops the decoded data of
+    pruned steps."""
+    tpl = tmp_path / "tpl"
+    _writable_copy(U.FIXTURES / "manager" / "10", tpl)
+    _big_item(tpl / "big")
+    root = tmp_path / "root"
+    root.mkdir()
+
+    def save(n):
+        tmp = root / f"{n}{TMP}"
+        shutil.copytree(tpl, tmp)
+        os.rename(tmp, root / str(n))
+
+    for n in range(1, LOAD_KEEP + 1):
+        save(n)
+    m = mount(root)
+    mnt = str(m.p())
+    want_big = U.read_all(m.p("1/big/p/w.npy"))
+    assert len(want_big) > BIG_BYTES
+    h0 = U.vm(m.pid)
+
+    until = time.monotonic() + LOAD_SECONDS
+    q = FORK.Queue()
+    readers = [FORK.Process(target=_slice_reader, args=(mnt, k, until, q)) for k in range(LOAD_READERS)]
+    for p in readers:
+        p.start()
+    made = [LOAD_KEEP]
+    werr = []
+
+    def writer():
+        try:
+            nxt = time.monotonic()
+            while time.monotonic() < until:
+                made[0] += 1
+                save(made[0])
+                for old in sorted(int(x) for x in os.listdir(root) if x.isdigit())[:-LOAD_KEEP]:
+                    shutil.rmtree(root / str(old))
+                nxt += LOAD_PERIOD
+                time.sleep(max(0.0, nxt - time.monotonic()))
+        except Exception as e:  # reported by the test thread
+            werr.append(e)
+
+    bound = STALE_BOUND * (3 if U.sanitized() else 1)
+    wt = threading.Thread(target=writer)
+    wt.start()
+    held, waits, stale = {}, [], []
+    peak_names = 0
+    try:
+        # The watcher: every step's big file is opened and read whole (its
+        # pages are then in the kernel's cache); once the step is gone from
+        # the listing, reads through that descriptor must fail soon.
+        while time.monotonic() < until:
+            s = _steps(mnt)
+            for st in s:
+                if st not in held:
+                    try:
+                        fd = os.open(f"{mnt}/{st}/big/p/w.npy", os.O_RDONLY)
+                    except OSError as e:
+                        assert e.errno in GONE
+                        continue
+                    try:
+                        got = os.pread(fd, len(want_big), 0)
+                    except OSError as e:
+                        assert e.errno in GONE
+                        os.close(fd)
+                        continue
+                    assert got == want_big
+                    held[st] = fd
+            for st in [x for x in held if x not in s]:
+                fd = held.pop(st)
+                t0 = time.monotonic()
+                try:
+                    while True:
+                        err = U.errno_of(os.pread, fd, 4096, 0)
+                        waited = time.monotonic() - t0
+                        if err is not None:
+                            assert err in GONE, f"step {st}: read failed with {errno.errorcode[err]}"
+                            waits.append(waited)
+                            break
+                        if waited > bound:
+                            stale.append(st)
+                            break
+                        time.sleep(0.01)
+                finally:
+                    os.close(fd)
+            peak_names = max(peak_names, json.loads(U.read_all(m.p(".ckptfs/stats")))["hidden_nodes"])
+            time.sleep(0.05)
+    finally:
+        wt.join()
+        done = [q.get(timeout=60) for _ in readers]
+        for p in readers:
+            p.join(timeout=60)
+        for fd in held.values():
+            os.close(fd)
+    assert not werr, werr
+    assert all(p.exitcode == 0 for p in readers), [p.exitcode for p in readers]
+    grew = U.vm(m.pid) - h0
+    assert sum(done) > 1000, done
+    assert len(waits) + len(stale) >= 5, "too few prunes seen"
+    assert peak_names <= NAMES_BOUND, (f"{peak_names} slice names were alive at once in the daemon "
+                                       f"(bound {NAMES_BOUND}): the names waiting for their invalidation "
+                                       f"are not capped")
+    assert stale == [], (f"{len(stale)} of {len(stale) + len(waits)} pruned steps kept serving the deleted bytes "
+                         f"to an open descriptor for more than {bound} s after the prune was visible")
+
+    # every step but the last LOAD_KEEP was pruned: their decoded data is gone from the cache
+    assert U.wait_until(lambda: len(_steps(mnt)) == LOAD_KEEP, timeout=5)
+    kept = _steps(mnt)
+    for st in kept:
+        assert U.read_all(m.p(f"{st}/big/p/w.npy")) == want_big
+    stats = json.loads(U.read_all(m.p(".ckptfs/stats")))
+    assert stats["cache_bytes"] <= (LOAD_KEEP + 1) * BIG_BYTES, (
+        f"cache holds {stats['cache_bytes'] / 2**20:.1f} MiB after {made[0]} steps were saved and all but "
+        f"{LOAD_KEEP} pruned ({BIG_BYTES >> 20} MiB of decoded data each)")
+    if U.sanitized():
+        pytest.skip("memory bound not checked under sanitizers (prunes and cache checked)")
+    assert grew <= LOAD_RSS_BOUND, (f"the daemon's VmHWM grew by {grew / 2**20:.1f} MiB under the load "
+                                    f"(bound {LOAD_RSS_BOUND >> 20} MiB)")

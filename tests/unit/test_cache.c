@@ -251,6 +251,42 @@ static void test_budget(void)
 	ckpt_cache_destroy(budget_cache);
 }
 
+/* Dropping owners (a deleted step's arrays): idle entries are freed at
+ * once and their bytes leave ckpt_cache_bytes; pinned and reserved ones
+ * stay readable and are freed at their last release; other owners stay. */
+static void test_drop_owners(void)
+{
+	size_t mib = 1u << 20;
+	ckpt_cache *c;
+	ckpt_centry *e, *pin, *r;
+	CHECK_EQ_INT(ckpt_cache_create(64u << 20, &c), 0);
+	for (uint64_t owner = 10; owner < 14; owner++)
+		for (uint64_t i = 0; i < 4; i++) {
+			CHECK_EQ_INT(ckpt_cache_get(c, owner, i, mib, fill_pattern, &mib, &e), 0);
+			ckpt_cache_release(c, e);
+		}
+	CHECK(ckpt_cache_bytes(c) == 16 * mib);
+	CHECK_EQ_INT(ckpt_cache_get(c, 11, 0, mib, fill_pattern, &mib, &pin), 0);
+	CHECK_EQ_INT(ckpt_cache_reserve(c, 11, 9, mib, &r), 1);
+	const uint64_t owners[] = { 10, 11 };
+	CHECK(ckpt_cache_drop_owners(c, owners, 2) == 7); /* 8 cached, one pinned */
+	CHECK_EQ_INT(ckpt_cache_check(c), 0);
+	CHECK(ckpt_cache_bytes(c) == 9 * mib); /* owners 12, 13 and the pinned one */
+	CHECK(!ckpt_cache_contains(c, 10, 0) && !ckpt_cache_contains(c, 11, 1));
+	CHECK(ckpt_cache_contains(c, 12, 3) && ckpt_cache_contains(c, 13, 0));
+	CHECK_EQ_INT(((const unsigned char *)ckpt_centry_data(pin))[mib - 1], 0x5a);
+	ckpt_cache_release(c, pin);
+	CHECK(!ckpt_cache_contains(c, 11, 0));
+	CHECK(ckpt_cache_bytes(c) == 8 * mib);
+	CHECK_EQ_INT(ckpt_cache_fill_reserved(c, r, fill_pattern, &mib), 0);
+	CHECK(!ckpt_cache_contains(c, 11, 9)); /* reserved before the drop: not kept */
+	CHECK(ckpt_cache_bytes(c) == 8 * mib);
+	CHECK(ckpt_cache_drop_owners(c, owners, 2) == 0);
+	CHECK(ckpt_cache_drop_owners(c, owners, 0) == 0);
+	CHECK_EQ_INT(ckpt_cache_check(c), 0);
+	ckpt_cache_destroy(c);
+}
+
 int main(void)
 {
 	ckpt_cache *c;
@@ -384,5 +420,6 @@ int main(void)
 	ckpt_cache_destroy(c);
 
 	CHECK_RUN(test_budget);
+	CHECK_RUN(test_drop_owners);
 	return CHECK_DONE();
 }
