@@ -14,6 +14,8 @@
 #include "stream.h"
 #include "tlsbuf.h"
 
+#define SCRATCH_KEEP 16 /* idle decode scratch kept by a context */
+
 struct ckpt_ctx {
 	ckpt_cache *cache;
 	ckpt_streams *streams; /* units over CKPT_CACHE_UNIT_CAP, read as streams */
@@ -27,6 +29,9 @@ struct ckpt_ctx {
 	atomic_int inflight; /* prefetch tasks queued or running */
 	pthread_mutex_t drain_lock;
 	pthread_cond_t drained;
+	pthread_mutex_t sc_lock; /* sc_free */
+	ckpt_zarr_scratch *sc_free[SCRATCH_KEEP]; /* idle decode scratch */
+	int nsc;
 };
 
 /* Identity of one storage unit as last seen, and the epoch it was checked in. */
@@ -75,30 +80,27 @@ struct ckpt_array {
 	int logged_full;
 };
 
-/* Per-thread decode scratch, freed at thread exit. */
-static pthread_key_t scratch_key;
-static pthread_once_t scratch_once = PTHREAD_ONCE_INIT;
-
-static void scratch_free(void *p)
+/* Decode scratch (a zstd context and the stored bytes of a unit) is
+ * shared by the context's decodes, one at a time each: taken for one fill
+ * and given back.  Per thread instead, every FUSE worker the loop starts
+ * under load would fault in its own unit-sized buffers. */
+static ckpt_zarr_scratch *scratch_get(ckpt_ctx *ctx)
 {
-	ckpt_zarr_scratch_destroy(p);
+	pthread_mutex_lock(&ctx->sc_lock);
+	ckpt_zarr_scratch *sc = ctx->nsc ? ctx->sc_free[--ctx->nsc] : NULL;
+	pthread_mutex_unlock(&ctx->sc_lock);
+	return sc ? sc : ckpt_zarr_scratch_create();
 }
 
-static void scratch_init(void)
+static void scratch_put(ckpt_ctx *ctx, ckpt_zarr_scratch *sc)
 {
-	pthread_key_create(&scratch_key, scratch_free);
-}
-
-static ckpt_zarr_scratch *scratch(void)
-{
-	pthread_once(&scratch_once, scratch_init);
-	ckpt_zarr_scratch *sc = pthread_getspecific(scratch_key);
-	if (!sc) {
-		sc = ckpt_zarr_scratch_create();
-		if (sc)
-			pthread_setspecific(scratch_key, sc);
+	pthread_mutex_lock(&ctx->sc_lock);
+	if (ctx->nsc < SCRATCH_KEEP) {
+		ctx->sc_free[ctx->nsc++] = sc;
+		sc = NULL;
 	}
-	return sc;
+	pthread_mutex_unlock(&ctx->sc_lock);
+	ckpt_zarr_scratch_destroy(sc);
 }
 
 int ckpt_ctx_create(const ckpt_ctx_opts *opts, ckpt_ctx **out)
@@ -126,6 +128,7 @@ int ckpt_ctx_create(const ckpt_ctx_opts *opts, ckpt_ctx **out)
 	pthread_mutex_init(&ctx->pool_lock, NULL);
 	pthread_mutex_init(&ctx->drain_lock, NULL);
 	pthread_cond_init(&ctx->drained, NULL);
+	pthread_mutex_init(&ctx->sc_lock, NULL);
 	*out = ctx;
 	return 0;
 }
@@ -140,6 +143,9 @@ void ckpt_ctx_destroy(ckpt_ctx *ctx)
 	pthread_mutex_destroy(&ctx->pool_lock);
 	pthread_mutex_destroy(&ctx->drain_lock);
 	pthread_cond_destroy(&ctx->drained);
+	while (ctx->nsc > 0)
+		ckpt_zarr_scratch_destroy(ctx->sc_free[--ctx->nsc]);
+	pthread_mutex_destroy(&ctx->sc_lock);
 	free(ctx);
 }
 
@@ -568,13 +574,14 @@ static int fill_chunk(void *arg, void *dst)
 {
 	struct fill_arg *f = arg;
 	ckpt_array *a = f->a;
-	ckpt_zarr_scratch *sc = scratch();
+	ckpt_zarr_scratch *sc = scratch_get(a->ctx);
 	if (!sc)
 		return -ENOMEM;
 	struct ckpt_zarr_unit_id id;
 	unsigned ep = atomic_load(&a->epoch);
 	id.absent = -1; /* not known */
 	int rc = ckpt_zarr_read_unit_id(a->store, a->prefix, &a->meta, f->g, dst, sc, &id);
+	scratch_put(a->ctx, sc);
 	if (rc == -ENODATA) {
 		log_missing(a, f->g, linear_index(&a->meta, f->g));
 		return -EIO;
@@ -816,7 +823,21 @@ uint64_t ckpt_array_window(const ckpt_array *a)
 	 * finds the next chunks decoded (or being decoded) when it gets there. */
 	uint64_t bytes = a->ctx->prefetch_bytes;
 	uint64_t per_chunks = a->meta.unit_bytes * (uint64_t)(a->ctx->threads + 1);
-	return bytes > per_chunks ? bytes : per_chunks;
+	if (per_chunks > bytes)
+		bytes = per_chunks;
+	/* Chunks that do not span the trailing dimensions (an array split by
+	 * columns) are all needed at once by the stream bytes of one band of
+	 * chunks along dim 0: the next band (or the next file) must be on its
+	 * way a band ahead, or the decode threads idle while the reader copies.
+	 * At most a quarter of the cache, so two bands fit with room to spare. */
+	const ckpt_array_meta *m = &a->meta;
+	uint64_t band = m->nbytes;
+	if (m->rank > 0 && m->shape[0] > 0)
+		band = m->nbytes / m->shape[0] * (m->inner_shape[0] < m->shape[0] ? m->inner_shape[0] : m->shape[0]);
+	uint64_t cap = ckpt_cache_budget(a->ctx->cache) / 4;
+	if (band > cap)
+		band = cap;
+	return bytes > band ? bytes : band;
 }
 
 /* Read-ahead: decode the chunks behind the next window of the stream. */
