@@ -271,7 +271,12 @@ static void ckfs_op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *
 		return;
 	}
 	fi->keep_cache = a.immutable && changed == 0;
-	fi->direct_io = a.volatile_data || (writing && write_only(fi));
+	/* -o direct_read: replies go straight into the reader's buffer, not
+	 * through the mount's page cache (one kernel copy less per byte), at
+	 * the price of shared mmap (ENODEV: libfuse 3.14 cannot ask for
+	 * FUSE_DIRECT_IO_ALLOW_MMAP) and of warm re-reads (each goes to the
+	 * daemon's chunk cache). */
+	fi->direct_io = a.volatile_data || (writing && write_only(fi)) || (!writing && fs->opts.direct_read);
 	fi->noflush = !writing;
 	fuse_reply_open(req, fi);
 }

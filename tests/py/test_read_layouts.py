@@ -6,11 +6,13 @@ chunks split by rows, by columns (an array sharded P(None, 'y')), by both,
 with clipped edge chunks and with chunks larger than the array.  Layouts
 with too many pieces per read fall back to copying.  Every byte of every
 layout is checked here, with reads of many sizes at unaligned offsets
-(the kernel's page-cache reads and O_DIRECT-free preads at odd offsets
-both end up in the daemon's read handler), zstd-compressed and raw.
+(through the page cache, and with -o direct_read, where the daemon gets
+the reader's own offsets and sizes), zstd-compressed and raw.
 """
 
+import errno
 import json
+import mmap
 import os
 
 import numpy as np
@@ -61,18 +63,19 @@ def write_array(item, name, dtype, shape, chunks, compressed):
                                   "write_shape": shape}}
 
 
-@pytest.fixture(scope="module", params=["zstd", "raw"])
+@pytest.fixture(scope="module", params=["zstd", "raw", "zstd-direct_read"])
 def layouts(request, tmp_path_factory, module_mount):
     item = tmp_path_factory.mktemp("layouts") / "item"
     item.mkdir()
     tree, want = {}, {}
     for name, (dtype, shape, chunks) in ARRAYS.items():
         want[name], tree["('%s',)" % name] = write_array(item, name, dtype, shape, chunks,
-                                                         request.param == "zstd")
+                                                         request.param.startswith("zstd"))
     (item / "_METADATA").write_text(json.dumps({
         "tree_metadata": tree, "use_ocdbt": False, "use_zarr3": False,
         "store_array_data_equal_to_fill_value": True}))
-    return module_mount(item), want
+    opts = ["direct_read"] if request.param.endswith("direct_read") else []
+    return module_mount(item, *opts), want
 
 
 @pytest.mark.parametrize("name", list(ARRAYS))
@@ -101,3 +104,22 @@ def test_preads_at_odd_offsets(layouts, name):
                     assert os.pread(fd, n, off) == whole[off:off + n], (off, n)
     finally:
         os.close(fd)
+
+
+def test_direct_read_refuses_shared_mmap_and_reads_stay_right(layouts):
+    """-o direct_read: a shared mapping is refused (ENODEV: libfuse 3.14 cannot
+    negotiate FUSE_DIRECT_IO_ALLOW_MMAP); a private one and np.load work."""
+    m, want = layouts
+    path = m.path / "wide.npy"
+    direct = "direct_read" in " ".join(m.options)
+    with open(path, "rb") as f:
+        if direct:
+            with pytest.raises(OSError) as e:
+                mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+            assert e.value.errno == errno.ENODEV
+        else:
+            with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+                assert mm[-64:] == want["wide"].tobytes()[-64:]
+        with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY) as mm:
+            assert mm[-64:] == want["wide"].tobytes()[-64:]
+    assert np.load(path).tobytes() == want["wide"].tobytes()
