@@ -4,7 +4,7 @@
  * read through it costs the kernel round trip and the reply copy and
  * nothing else (no decode, no cache, no allocation per request).
  *
- *   null_fuse MOUNTPOINT [-o size=BYTES] [-o direct_io] [-o ready_fd=FD]
+ *   null_fuse MOUNTPOINT [-o size=BYTES] [-o direct_io] [-o splice] [-o ready_fd=FD]
  *             [FUSE options, e.g. -o max_threads=N]
  *
  * The file is MOUNTPOINT/data (default 512 MiB).  Its bytes are a fixed
@@ -16,12 +16,15 @@
  * default max_read / max_write and buffer of 1 MiB requests, and the
  * multi-threaded loop.  -o direct_io opens the file with FOPEN_DIRECT_IO:
  * reads bypass the page cache and arrive as the reader's own read sizes.
+ * -o splice replies with fuse_reply_data and FUSE_CAP_SPLICE_WRITE/MOVE
+ * (libfuse vmsplices the buffer into a pipe and splices it to /dev/fuse).
  * Runs in the foreground; writes 's' to ready_fd once mounted.
  */
 #define FUSE_USE_VERSION 34
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
+#include <alloca.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <fuse_lowlevel.h>
@@ -41,8 +44,9 @@
 static struct nf_opts {
 	char *size;
 	int direct_io;
+	int splice;
 	int ready_fd;
-} o = { NULL, 0, -1 };
+} o = { NULL, 0, 0, -1 };
 
 static uint64_t file_size = 512ull << 20;
 static unsigned char *pattern;
@@ -50,6 +54,7 @@ static unsigned char *pattern;
 static const struct fuse_opt nf_spec[] = {
 	{ "size=%s", offsetof(struct nf_opts, size), 0 },
 	{ "direct_io", offsetof(struct nf_opts, direct_io), 1 },
+	{ "splice", offsetof(struct nf_opts, splice), 1 },
 	{ "ready_fd=%d", offsetof(struct nf_opts, ready_fd), 0 },
 	FUSE_OPT_END
 };
@@ -75,6 +80,8 @@ static void nf_init(void *ud, struct fuse_conn_info *conn)
 	(void)ud;
 	conn->max_background = 64; /* as ckptfs */
 	conn->congestion_threshold = 48;
+	if (o.splice) /* replies through a pipe (vmsplice + splice) instead of writev */
+		conn->want |= conn->capable & (FUSE_CAP_SPLICE_WRITE | FUSE_CAP_SPLICE_MOVE);
 }
 
 static void nf_lookup(fuse_req_t req, fuse_ino_t parent, const char *name)
@@ -139,6 +146,17 @@ static void nf_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, stru
 		iov[n].iov_len = len;
 		n++;
 		done += len;
+	}
+	if (o.splice) {
+		struct fuse_bufvec *bv = alloca(sizeof(*bv) + sizeof(struct fuse_buf) * (size_t)n);
+		memset(bv, 0, sizeof(*bv) + sizeof(struct fuse_buf) * (size_t)n);
+		bv->count = (size_t)n;
+		for (int i = 0; i < n; i++) {
+			bv->buf[i].mem = iov[i].iov_base;
+			bv->buf[i].size = iov[i].iov_len;
+		}
+		fuse_reply_data(req, bv, FUSE_BUF_SPLICE_MOVE);
+		return;
 	}
 	fuse_reply_iov(req, iov, n);
 }
