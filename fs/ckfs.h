@@ -19,6 +19,7 @@ struct ckfs_opts {
 	int ready_fd;
 	int show_companions;
 	int read_ahead_kb;
+	int direct_read; /* -o direct_read: read-only opens bypass the page cache */
 	char *log_level;
 	char *write_buffer;
 	int zstd_level;

@@ -30,6 +30,7 @@ static const struct fuse_opt opt_spec[] = { OPT("cache_size=%s", cache_size, 0),
 					    OPT("ready_fd=%d", ready_fd, 0),
 					    OPT("show_companions", show_companions, 1),
 					    OPT("read_ahead_kb=%d", read_ahead_kb, 0),
+					    OPT("direct_read", direct_read, 1),
 					    OPT("log_level=%s", log_level, 0),
 					    OPT("safetensors_shard_size=%s", st_shard_size, 0),
 					    OPT("zstd_level=%d", zstd_level, 0),
@@ -89,6 +90,8 @@ static void usage(const char *prog)
 	       "    -o show_companions      list NAME.shards/ and X.safetensors in directories\n"
 	       "    -o read_ahead_kb=N      kernel read-ahead of the mount (default 1024; 0 keeps the "
 	       "kernel's)\n"
+	       "    -o direct_read          read-only opens bypass the kernel page cache (less CPU per\n"
+	       "                            byte for streaming readers; no shared mmap, no warm re-reads)\n"
 	       "    -o safetensors_shard_size=SIZE  shard size of X.safetensors.d/ (default 5G)\n"
 	       "    -o zstd_level=N         zstd level of written chunks (default 1)\n"
 	       "    -o write_buffer=SIZE    buffered bytes per pending step before writers wait (default "

@@ -271,20 +271,30 @@ static void ckfs_op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *
 		return;
 	}
 	fi->keep_cache = a.immutable && changed == 0;
-	fi->direct_io = a.volatile_data || (writing && write_only(fi));
+	/* -o direct_read: replies go straight into the reader's buffer, not
+	 * through the mount's page cache (one kernel copy less per byte), at
+	 * the price of shared mmap (ENODEV: libfuse 3.14 cannot ask for
+	 * FUSE_DIRECT_IO_ALLOW_MMAP) and of warm re-reads (each goes to the
+	 * daemon's chunk cache). */
+	fi->direct_io = a.volatile_data || (writing && write_only(fi)) || (!writing && fs->opts.direct_read);
 	fi->noflush = !writing;
 	fuse_reply_open(req, fi);
 }
+
+#define READ_IOV_MAX 1023 /* + libfuse's header = IOV_MAX */
 
 static void ckfs_op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, struct fuse_file_info *fi)
 {
 	(void)fi;
 	struct ckfs *fs = fs_of(req);
-	/* Straight from the decoded chunks where the layout allows it. */
-	struct iovec iov[8];
-	ckpt_pin *pins[8];
+	/* Straight from the decoded chunks where the layout allows it: one
+	 * piece per contiguous run of a chunk (a 1 MiB read of an array in
+	 * column chunks is one run per row and chunk).  libfuse adds the reply
+	 * header to the iovec, and writev takes at most IOV_MAX pieces. */
+	struct iovec iov[READ_IOV_MAX];
+	ckpt_pin *pins[READ_IOV_MAX];
 	int npins;
-	int k = ckpt_view_read_iov(fs->view, ino, (uint64_t)off, size, iov, 8, pins, &npins);
+	int k = ckpt_view_read_iov(fs->view, ino, (uint64_t)off, size, iov, READ_IOV_MAX, pins, &npins);
 	if (k >= 0) {
 		fuse_reply_iov(req, iov, k);
 		ckpt_view_unpin(fs->view, ino, pins, npins);

@@ -14,6 +14,8 @@
 #include "stream.h"
 #include "tlsbuf.h"
 
+#define SCRATCH_KEEP 16 /* idle decode scratch kept by a context */
+
 struct ckpt_ctx {
 	ckpt_cache *cache;
 	ckpt_streams *streams; /* units over CKPT_CACHE_UNIT_CAP, read as streams */
@@ -27,6 +29,9 @@ struct ckpt_ctx {
 	atomic_int inflight; /* prefetch tasks queued or running */
 	pthread_mutex_t drain_lock;
 	pthread_cond_t drained;
+	pthread_mutex_t sc_lock; /* sc_free */
+	ckpt_zarr_scratch *sc_free[SCRATCH_KEEP]; /* idle decode scratch */
+	int nsc;
 };
 
 /* Identity of one storage unit as last seen, and the epoch it was checked in. */
@@ -76,30 +81,27 @@ struct ckpt_array {
 	int logged_full;
 };
 
-/* Per-thread decode scratch, freed at thread exit. */
-static pthread_key_t scratch_key;
-static pthread_once_t scratch_once = PTHREAD_ONCE_INIT;
-
-static void scratch_free(void *p)
+/* Decode scratch (a zstd context and the stored bytes of a unit) is
+ * shared by the context's decodes, one at a time each: taken for one fill
+ * and given back.  Per thread instead, every FUSE worker the loop starts
+ * under load would fault in its own unit-sized buffers. */
+static ckpt_zarr_scratch *scratch_get(ckpt_ctx *ctx)
 {
-	ckpt_zarr_scratch_destroy(p);
+	pthread_mutex_lock(&ctx->sc_lock);
+	ckpt_zarr_scratch *sc = ctx->nsc ? ctx->sc_free[--ctx->nsc] : NULL;
+	pthread_mutex_unlock(&ctx->sc_lock);
+	return sc ? sc : ckpt_zarr_scratch_create();
 }
 
-static void scratch_init(void)
+static void scratch_put(ckpt_ctx *ctx, ckpt_zarr_scratch *sc)
 {
-	pthread_key_create(&scratch_key, scratch_free);
-}
-
-static ckpt_zarr_scratch *scratch(void)
-{
-	pthread_once(&scratch_once, scratch_init);
-	ckpt_zarr_scratch *sc = pthread_getspecific(scratch_key);
-	if (!sc) {
-		sc = ckpt_zarr_scratch_create();
-		if (sc)
-			pthread_setspecific(scratch_key, sc);
+	pthread_mutex_lock(&ctx->sc_lock);
+	if (ctx->nsc < SCRATCH_KEEP) {
+		ctx->sc_free[ctx->nsc++] = sc;
+		sc = NULL;
 	}
-	return sc;
+	pthread_mutex_unlock(&ctx->sc_lock);
+	ckpt_zarr_scratch_destroy(sc);
 }
 
 int ckpt_ctx_create(const ckpt_ctx_opts *opts, ckpt_ctx **out)
@@ -127,6 +129,7 @@ int ckpt_ctx_create(const ckpt_ctx_opts *opts, ckpt_ctx **out)
 	pthread_mutex_init(&ctx->pool_lock, NULL);
 	pthread_mutex_init(&ctx->drain_lock, NULL);
 	pthread_cond_init(&ctx->drained, NULL);
+	pthread_mutex_init(&ctx->sc_lock, NULL);
 	*out = ctx;
 	return 0;
 }
@@ -141,6 +144,9 @@ void ckpt_ctx_destroy(ckpt_ctx *ctx)
 	pthread_mutex_destroy(&ctx->pool_lock);
 	pthread_mutex_destroy(&ctx->drain_lock);
 	pthread_cond_destroy(&ctx->drained);
+	while (ctx->nsc > 0)
+		ckpt_zarr_scratch_destroy(ctx->sc_free[--ctx->nsc]);
+	pthread_mutex_destroy(&ctx->sc_lock);
 	free(ctx);
 }
 
@@ -606,13 +612,14 @@ static int fill_chunk(void *arg, void *dst)
 	ckpt_array *a = f->a;
 	if (atomic_load(&a->retired))
 		return -ESTALE; /* a read that began before the retirement: not cached */
-	ckpt_zarr_scratch *sc = scratch();
+	ckpt_zarr_scratch *sc = scratch_get(a->ctx);
 	if (!sc)
 		return -ENOMEM;
 	struct ckpt_zarr_unit_id id;
 	unsigned ep = atomic_load(&a->epoch);
 	id.absent = -1; /* not known */
 	int rc = ckpt_zarr_read_unit_id(a->store, a->prefix, &a->meta, f->g, dst, sc, &id);
+	scratch_put(a->ctx, sc);
 	if (rc == -ENODATA) {
 		log_missing(a, f->g, linear_index(&a->meta, f->g));
 		return -EIO;
@@ -734,26 +741,19 @@ static int next_index(int rank, const uint64_t *lo, const uint64_t *hi, uint64_t
 	return 0;
 }
 
-/* r is the whole array and each chunk holds a contiguous run of its
- * C-order stream (chunks span every dimension but the first). */
-static int contiguous_chunks(const ckpt_array_meta *m, const ckpt_region *r)
+/* r is the whole array, in C order: a reader of it that has read past a
+ * chunk's last element (chunk_stream_end) is done with that chunk. */
+static int whole_region(const ckpt_array_meta *m, const ckpt_region *r)
 {
 	if (m->rank == 0 || m->order_f)
 		return 0;
 	for (int d = 0; d < m->rank; d++)
-		if (r->start[d] != 0 || r->stop[d] != m->shape[d] ||
-		    (d > 0 && m->inner_shape[d] != m->shape[d]))
+		if (r->start[d] != 0 || r->stop[d] != m->shape[d])
 			return 0;
 	return 1;
 }
 
-/* A read that ends at byte `end` of the stream has consumed chunk k (its
- * last byte was read): a sequential reader will not need it again. */
-static int chunk_consumed(const ckpt_array_meta *m, uint64_t k, uint64_t end)
-{
-	uint64_t last = (k + 1) * m->unit_bytes;
-	return end >= (last < m->nbytes ? last : m->nbytes);
-}
+static uint64_t chunk_stream_end(const ckpt_array_meta *m, const uint64_t *g);
 
 /* A streamed unit (never cached): the cursor of (owner, unit) continues
  * where the last read stopped, so the unit's identity is checked around
@@ -820,7 +820,7 @@ static int read_elems(ckpt_array *a, const ckpt_region *r, uint64_t e0, uint64_t
 	grid_box(m, &bbox, lo, hi);
 
 	/* Several chunks: let the pool decode the others while we do the first. */
-	int contig = contiguous_chunks(m, r);
+	int whole = whole_region(m, r);
 	uint64_t nchunks = 1;
 	for (int d = 0; d < m->rank; d++)
 		nchunks *= hi[d] - lo[d] + 1;
@@ -850,7 +850,7 @@ static int read_elems(ckpt_array *a, const ckpt_region *r, uint64_t e0, uint64_t
 		ckpt_copy_chunk_to_stream(r, e0, e1, dst, ckpt_centry_data(e), origin, m->inner_shape,
 					  m->itemsize);
 		ckpt_cache_release_used(a->ctx->cache, e,
-					contig && chunk_consumed(m, g[0], e1 * m->itemsize));
+					whole && e1 * m->itemsize >= chunk_stream_end(m, g));
 	} while (next_index(m->rank, lo, hi, g));
 	return 0;
 }
@@ -861,7 +861,21 @@ uint64_t ckpt_array_window(const ckpt_array *a)
 	 * finds the next chunks decoded (or being decoded) when it gets there. */
 	uint64_t bytes = a->ctx->prefetch_bytes;
 	uint64_t per_chunks = a->meta.unit_bytes * (uint64_t)(a->ctx->threads + 1);
-	return bytes > per_chunks ? bytes : per_chunks;
+	if (per_chunks > bytes)
+		bytes = per_chunks;
+	/* Chunks that do not span the trailing dimensions (an array split by
+	 * columns) are all needed at once by the stream bytes of one band of
+	 * chunks along dim 0: the next band (or the next file) must be on its
+	 * way a band ahead, or the decode threads idle while the reader copies.
+	 * At most a quarter of the cache, so two bands fit with room to spare. */
+	const ckpt_array_meta *m = &a->meta;
+	uint64_t band = m->nbytes;
+	if (m->rank > 0 && m->shape[0] > 0)
+		band = m->nbytes / m->shape[0] * (m->inner_shape[0] < m->shape[0] ? m->inner_shape[0] : m->shape[0]);
+	uint64_t cap = ckpt_cache_budget(a->ctx->cache) / 4;
+	if (band > cap)
+		band = cap;
+	return bytes > band ? bytes : band;
 }
 
 /* Read-ahead: decode the chunks behind the next window of the stream. */
@@ -918,6 +932,41 @@ ssize_t ckpt_array_read(ckpt_array *a, const ckpt_region *r, uint64_t off, size_
 	return (ssize_t)len;
 }
 
+/* The whole-array layout ckpt_array_map serves: d0 is the last dimension
+ * a chunk does not span whole (-1: one chunk holds the array), so within
+ * a chunk, the elements of dims d0.. for fixed coordinates of dims < d0
+ * are one contiguous run ("segment"); seg = its length in the stream
+ * (inner_shape[d0] * the extents of the dims after d0, in bytes). */
+static int map_layout(const ckpt_array_meta *m, int *d0, uint64_t *seg)
+{
+	int d = m->rank - 1;
+	uint64_t rest = m->itemsize;
+	while (d >= 0 && m->inner_shape[d] == m->shape[d]) {
+		rest *= m->shape[d];
+		d--;
+	}
+	*d0 = d;
+	*seg = d >= 0 ? rest * m->inner_shape[d] : rest;
+	return 0;
+}
+
+/* Stream byte just past the last element of chunk g (whole-array region,
+ * C order): a sequential reader that has read up to there is done with g. */
+static uint64_t chunk_stream_end(const ckpt_array_meta *m, const uint64_t *g)
+{
+	uint64_t li = 0;
+	for (int d = 0; d < m->rank; d++) {
+		uint64_t last = (g[d] + 1) * m->inner_shape[d];
+		if (last > m->shape[d])
+			last = m->shape[d];
+		li = li * m->shape[d] + (last - 1);
+	}
+	return (li + 1) * m->itemsize;
+}
+
+/* At most this many distinct chunks behind one mapped read (pinned at once). */
+#define MAP_MAX_CHUNKS 64
+
 int ckpt_array_map(ckpt_array *a, const ckpt_region *r, uint64_t off, size_t len, struct iovec *iov,
 		   ckpt_pin **pins, int max)
 {
@@ -927,51 +976,93 @@ int ckpt_array_map(ckpt_array *a, const ckpt_region *r, uint64_t off, size_t len
 	if (atomic_load(&a->stale) || torn_now(a))
 		return -ESTALE;
 	for (int d = 0; d < m->rank; d++)
-		if (r->start[d] != 0 || r->stop[d] != m->shape[d] ||
-		    (d > 0 && m->inner_shape[d] != m->shape[d]))
+		if (r->start[d] != 0 || r->stop[d] != m->shape[d])
 			return -ENOTSUP;
 	uint64_t total = m->nbytes;
 	if (off >= total || len == 0)
 		return 0;
 	if (len > total - off)
 		len = (size_t)(total - off);
-	/* Chunk k along dim 0 holds stream bytes [k*cb, (k+1)*cb) (clipped). */
-	uint64_t cb = m->unit_bytes;
-	uint64_t k0 = off / cb, k1 = (off + len - 1) / cb;
-	if (k1 - k0 + 1 > (uint64_t)max)
-		return -ENOTSUP;
-	uint64_t g[CKPT_MAX_RANK] = { 0 };
-	for (uint64_t k = k1; k > k0; k--) { /* queue the later ones; we take the first now */
-		g[0] = k;
-		prefetch(a, g);
+	int d0;
+	uint64_t seg;
+	map_layout(m, &d0, &seg);
+	/* A row: the stream bytes of one position of dims < d0, cut into
+	 * segments of seg bytes (the last one clipped), one per chunk along d0. */
+	uint64_t row = d0 >= 0 ? seg / m->inner_shape[d0] * m->shape[d0] : total;
+	uint64_t end = off + len;
+	/* Pass 1: the pieces and their chunks (linear decode-unit index), or
+	 * -ENOTSUP when they do not fit (the caller copies instead). */
+	uint64_t cli[MAP_MAX_CHUNKS], cg[MAP_MAX_CHUNKS][CKPT_MAX_RANK];
+	int nch = 0, n = 0;
+	for (uint64_t p = off; p < end; n++) {
+		if (n == max)
+			return -ENOTSUP;
+		uint64_t rowi = p / row, in = p % row;
+		uint64_t j = in / seg, s0 = in % seg, slen = seg - s0;
+		if (j * seg + seg > row)
+			slen = row - j * seg - s0; /* the clipped last segment of the row */
+		if (slen > end - p)
+			slen = end - p;
+		/* chunk coordinates: dims < d0 from the row index, d0 = j, the rest 0 */
+		uint64_t g[CKPT_MAX_RANK] = { 0 }, local = 0, rem = rowi, mul = 1;
+		for (int d = d0 - 1; d >= 0; d--) {
+			uint64_t c = rem % m->shape[d];
+			rem /= m->shape[d];
+			g[d] = c / m->inner_shape[d];
+			local += (c % m->inner_shape[d]) * mul;
+			mul *= m->inner_shape[d];
+		}
+		if (d0 >= 0)
+			g[d0] = j;
+		uint64_t li = linear_index(m, g);
+		int c;
+		for (c = nch - 1; c >= 0 && cli[c] != li; c--)
+			;
+		if (c < 0) {
+			if (nch == MAP_MAX_CHUNKS)
+				return -ENOTSUP;
+			c = nch++;
+			cli[c] = li;
+			memcpy(cg[c], g, sizeof(g));
+		}
+		/* for now: the chunk slot and the offset inside the chunk */
+		iov[n].iov_base = (void *)(uintptr_t)c;
+		iov[n].iov_len = (size_t)slen;
+		pins[n] = (ckpt_pin *)(uintptr_t)(local * seg + s0);
+		p += slen;
 	}
-	int n = 0;
-	for (uint64_t k = k0; k <= k1; k++) {
-		g[0] = k;
-		int rc = get_chunk(a, g, &pins[n]);
+	/* Pass 2: queue the later chunks, take them all in order. */
+	for (int c = nch - 1; c > 0; c--)
+		prefetch(a, cg[c]);
+	ckpt_pin *held[MAP_MAX_CHUNKS];
+	for (int c = 0; c < nch; c++) {
+		int rc = get_chunk(a, cg[c], &held[c]);
 		if (rc < 0) {
-			while (n > 0)
-				ckpt_cache_release(a->ctx->cache, pins[--n]);
+			while (c > 0)
+				ckpt_cache_release(a->ctx->cache, held[--c]);
 			/* -EAGAIN: no room in the budget while this thread holds pins;
 			 * the copying path takes one chunk at a time. */
 			return rc == -EAGAIN ? -ENOTSUP : rc;
 		}
-		if (chunk_consumed(m, k, off + len))
-			ckpt_cache_mark_used(a->ctx->cache, pins[n]);
-		uint64_t from = k == k0 ? off - k * cb : 0;
-		uint64_t to = k == k1 ? off + len - k * cb : cb;
-		iov[n].iov_base = (uint8_t *)ckpt_centry_data(pins[n]) + from;
-		iov[n].iov_len = (size_t)(to - from);
-		n++;
+		if (end >= chunk_stream_end(m, cg[c]))
+			ckpt_cache_mark_used(a->ctx->cache, held[c]);
 	}
-	read_ahead(a, r, (off + len + m->itemsize - 1) / m->itemsize, total / m->itemsize);
+	for (int i = 0; i < n; i++) {
+		int c = (int)(uintptr_t)iov[i].iov_base;
+		iov[i].iov_base = (uint8_t *)ckpt_centry_data(held[c]) + (uintptr_t)pins[i];
+		pins[i] = NULL;
+	}
+	/* pins[0..n): the distinct chunks first, then NULLs (ckpt_ctx_unpin skips them) */
+	memcpy(pins, held, sizeof(*held) * (size_t)nch);
+	read_ahead(a, r, (end + m->itemsize - 1) / m->itemsize, total / m->itemsize);
 	CKPT_STAT_ADD(bytes_served, len);
 	return n;
 }
 
 void ckpt_ctx_unpin(ckpt_ctx *ctx, ckpt_pin *pin)
 {
-	ckpt_cache_release(ctx->cache, pin);
+	if (pin)
+		ckpt_cache_release(ctx->cache, pin);
 }
 
 void ckpt_array_prefetch(ckpt_array *a, const ckpt_region *r, uint64_t off, uint64_t len)

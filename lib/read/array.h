@@ -119,15 +119,17 @@ const char *ckpt_array_prefix(const ckpt_array *a);
  * are never cached: the next read tries the store again. */
 ssize_t ckpt_array_read(ckpt_array *a, const ckpt_region *r, uint64_t off, size_t len, void *dst);
 
-/* Zero-copy variant of ckpt_array_read for the common layout: when r is
- * the whole array and its chunks span every dimension but the first (so
- * each chunk holds a contiguous run of the C-order stream), map bytes
- * [off, off+len) onto at most `max` pieces of pinned cache memory:
- * iov[i] points into the chunk pinned by pins[i].  Returns the number of
- * pieces (0 at the end of the stream), -ENOTSUP when the layout or the
- * range does not allow it (the caller then copies with ckpt_array_read),
- * -EIO as ckpt_array_read.  Unpin every piece with ckpt_ctx_unpin once
- * the bytes have been sent. */
+/* Zero-copy variant of ckpt_array_read: when r is the whole array in C
+ * order, map bytes [off, off+len) onto at most `max` pieces of pinned
+ * cache memory, one per contiguous run of a chunk (a chunk spanning every
+ * dimension but the first is one run; an array split by columns gives one
+ * run per row and chunk).  pins[0..n) are the distinct chunks behind the
+ * pieces followed by NULLs; every iov[i] stays valid until all of them are
+ * unpinned.  Returns the number of pieces n (0 at the end of the stream),
+ * -ENOTSUP when the layout or the range does not allow it (more than `max`
+ * pieces, or than 64 chunks, behind the range; the caller then copies with
+ * ckpt_array_read), -EIO as ckpt_array_read.  Unpin every entry of
+ * pins[0..n) with ckpt_ctx_unpin (NULL is allowed) once the bytes are sent. */
 struct iovec;
 typedef struct ckpt_centry ckpt_pin;
 int ckpt_array_map(ckpt_array *a, const ckpt_region *r, uint64_t off, size_t len, struct iovec *iov,

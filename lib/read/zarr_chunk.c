@@ -642,11 +642,16 @@ int ckpt_zarr_read_unit_id(ckpt_store *s, const char *prefix, const ckpt_array_m
 				 s->root, key, (unsigned long long)size, (unsigned long long)m->unit_bytes);
 			return -EIO;
 		}
-		if (grow(&sc->buf, &sc->cap, (size_t)size) < 0)
-			return -ENOMEM;
-		if ((rc = read_exact(s, key, 0, (size_t)size, sc->buf)) < 0)
+		/* No bytes-to-bytes codec: the stored bytes are the unit, read in place. */
+		uint8_t *buf = m->nb2b == 0 && size == m->unit_bytes ? dst : NULL;
+		if (!buf) {
+			if (grow(&sc->buf, &sc->cap, (size_t)size) < 0)
+				return -ENOMEM;
+			buf = sc->buf;
+		}
+		if ((rc = read_exact(s, key, 0, (size_t)size, buf)) < 0)
 			return rc;
-		return decode_chain(m, s->root, key, sc->buf, (size_t)size, dst, sc);
+		return decode_chain(m, s->root, key, buf, (size_t)size, dst, sc);
 	}
 	/* sharding_indexed: find the inner chunk through the shard index. */
 	uint64_t nidx = m->inner_per_shard;

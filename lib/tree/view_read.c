@@ -243,6 +243,12 @@ static int array_read_iov(ckpt_view *v, struct node *node, uint64_t off, size_t 
 	struct array_node *n = to_array(node);
 	if (n->widen)
 		return -ENOTSUP; /* converted bytes: copied by array_read */
+	/* A transient node (slice name) may be freed by a FORGET as soon as the
+	 * reply completes, while the reply's iovec still names its header (a
+	 * checker reading the iovec after writev returns sees freed memory):
+	 * its bytes are copied by array_read. */
+	if (node->transient)
+		return -ENOTSUP;
 	if (off >= n->size)
 		return 0;
 	if (len > n->size - off)
