@@ -41,6 +41,32 @@ struct unit_rec {
 	unsigned epoch;
 };
 
+/*
+ * The life of an array (a->state; every change through arr_set(), which
+ * checks the edge against arr_edges):
+ *
+ *   from     to       by
+ *   LIVE     STALE    revalidate_meta: its metadata changed or went under
+ *                     the mount (shape, codecs, data may differ)
+ *   LIVE     RETIRED  ckpt_arrays_retire: its step was pruned from a root
+ *   STALE    RETIRED  ckpt_arrays_retire
+ *
+ * LIVE serves reads; STALE and RETIRED answer every read -ESTALE; RETIRED
+ * also caches nothing (its chunks' owner was dropped from the cache).
+ * Within LIVE, `owner`, `epoch`, `changes` and `torn` are counters, not
+ * states: a new owner when a stored unit changed (its cached chunks are
+ * unreachable), an epoch per open check, changes for the kernel's pages,
+ * and a torn epoch that served a unit which then changed.
+ */
+enum arr_state { ARR_LIVE, ARR_STALE, ARR_RETIRED, ARR_NSTATES };
+
+static const char *const arr_names[ARR_NSTATES] = { "live", "stale", "retired" };
+static const unsigned arr_edges[ARR_NSTATES] = {
+	[ARR_LIVE] = 1u << ARR_STALE | 1u << ARR_RETIRED,
+	[ARR_STALE] = 1u << ARR_RETIRED,
+};
+_Static_assert(ARR_NSTATES <= 32, "arr_edges is a 32-bit mask per state");
+
 #define MAX_UNIT_RECS (1u << 16) /* beyond (~5 MiB): forget them all, and the cached chunks */
 #define MAX_LOGGED (1u << 12) /* missing chunks logged one by one per array */
 #define OPEN_CHECK_MAX 64 /* unit identities checked by one ckpt_array_open_check */
@@ -57,8 +83,7 @@ struct ckpt_array {
 	/* Bumped whenever served bytes may have changed or their unit records
 	 * were dropped (forget_all, stale): see ckpt_array_open_check. */
 	atomic_uint changes;
-	atomic_int stale; /* the metadata changed, or the array was retired: every read is -ESTALE */
-	atomic_int retired; /* ckpt_arrays_retire: nothing of it is cached any more */
+	_Atomic int state; /* enum arr_state (the table above) */
 	/* epoch + 1 of an epoch that served bytes of a unit that then changed:
 	 * the rest of that epoch is -ESTALE (a reader retrying, as the kernel
 	 * does after a failed read-ahead, must not get the new version next to
@@ -300,15 +325,33 @@ static void drop_owners(ckpt_ctx *ctx, uint64_t *owners, size_t n)
 	ckpt_cache_drop_owners(ctx->cache, owners, n);
 }
 
+/* Move a to state `to` if that is an edge of the table: 1, or 0 when a was
+ * not in a state that leads there (another thread got there first). */
+static int arr_set(ckpt_array *a, enum arr_state to)
+{
+	int from = atomic_load(&a->state);
+	while (from != (int)to && (arr_edges[from] & (1u << to))) {
+		if (atomic_compare_exchange_weak(&a->state, &from, (int)to))
+			return 1;
+	}
+	if (from != (int)to)
+		ckpt_log(CKPT_LOG_DEBUG, "array %s: no edge %s -> %s", a->prefix, arr_names[from], arr_names[to]);
+	return 0;
+}
+
+static int arr_stale(const ckpt_array *a)
+{
+	return atomic_load(&a->state) != ARR_LIVE;
+}
+
 void ckpt_arrays_retire(ckpt_ctx *ctx, ckpt_array *const *arrs, size_t n)
 {
 	uint64_t owners[256];
 	size_t k = 0;
 	for (size_t i = 0; i < n; i++) {
 		ckpt_array *a = arrs[i];
-		if (atomic_exchange(&a->retired, 1))
-			continue;
-		atomic_store(&a->stale, 1);
+		if (!arr_set(a, ARR_RETIRED))
+			continue; /* retired already */
 		pthread_mutex_lock(&a->mu);
 		uint64_t old = atomic_load(&a->owner);
 		forget_all(a); /* a fresh owner: nothing reaches the old chunks */
@@ -431,10 +474,9 @@ static void check_meta(ckpt_array *a)
 	pthread_mutex_lock(&a->mu);
 	if (kept) {
 		a->meta_id = now;
-	} else if (!atomic_load(&a->stale)) {
+	} else if (arr_set(a, ARR_STALE)) {
 		ckpt_log(CKPT_LOG_ERR, "%s/%s: %s under the mount; reads of the array fail with ESTALE",
 			 a->store->root, key, rc == -ENOENT ? "metadata removed" : "metadata changed");
-		atomic_store(&a->stale, 1);
 		forget_all(a);
 	}
 	pthread_mutex_unlock(&a->mu);
@@ -443,11 +485,11 @@ static void check_meta(ckpt_array *a)
 unsigned ckpt_array_open_check(ckpt_array *a, int *budget)
 {
 	unsigned ep = atomic_fetch_add(&a->epoch, 1) + 1;
-	if (*budget > 0 && !atomic_load(&a->stale)) {
+	if (*budget > 0 && !arr_stale(a)) {
 		(*budget)--;
 		check_meta(a);
 	}
-	if (*budget <= 0 || atomic_load(&a->stale))
+	if (*budget <= 0 || arr_stale(a))
 		return atomic_load(&a->changes);
 	/* The next recorded units, round-robin over the record table. */
 	uint64_t su[OPEN_CHECK_MAX];
@@ -610,7 +652,7 @@ static int fill_chunk(void *arg, void *dst)
 {
 	struct fill_arg *f = arg;
 	ckpt_array *a = f->a;
-	if (atomic_load(&a->retired))
+	if (atomic_load(&a->state) == ARR_RETIRED)
 		return -ESTALE; /* a read that began before the retirement: not cached */
 	ckpt_zarr_scratch *sc = scratch_get(a->ctx);
 	if (!sc)
@@ -906,7 +948,7 @@ ssize_t ckpt_array_read(ckpt_array *a, const ckpt_region *r, uint64_t off, size_
 	if (ckpt_region_count(r, &count) < 0)
 		return -EOVERFLOW;
 	uint64_t total = count * m->itemsize;
-	if (atomic_load(&a->stale) || torn_now(a))
+	if (arr_stale(a) || torn_now(a))
 		return -ESTALE;
 	if (off >= total || len == 0)
 		return 0;
@@ -973,7 +1015,7 @@ int ckpt_array_map(ckpt_array *a, const ckpt_region *r, uint64_t off, size_t len
 	const ckpt_array_meta *m = &a->meta;
 	if (m->rank == 0 || m->order_f || a->streamed)
 		return -ENOTSUP;
-	if (atomic_load(&a->stale) || torn_now(a))
+	if (arr_stale(a) || torn_now(a))
 		return -ESTALE;
 	for (int d = 0; d < m->rank; d++)
 		if (r->start[d] != 0 || r->stop[d] != m->shape[d])

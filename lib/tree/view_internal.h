@@ -202,6 +202,7 @@ struct node {
 
 #define NODE_OPENED 1
 #define NODE_INVAL_QUEUED 2
+_Static_assert((NODE_OPENED & NODE_INVAL_QUEUED) == 0, "kcache holds both flags in one int");
 
 #ifndef container_of
 #define container_of(p, type, member) ((type *)((char *)(p)-offsetof(type, member)))

@@ -79,6 +79,8 @@ struct wlive {
 /* One inner chunk.  Under array->mu; written only by writer_chunk.c.  An
  * entry of the sparse table (writer_table.c): a chunk without an entry is
  * EMPTY. */
+_Static_assert(WC_LOADING < 256, "wchunk.state is a uint8_t");
+
 struct wchunk {
 	uint8_t state; /* enum wc_state */
 	uint32_t pins; /* writers/readers using the buffer */
@@ -89,15 +91,25 @@ struct wchunk {
 	uint64_t off, len; /* STORED: extent in the shard file */
 };
 
+/* Shard file states (writer_shard.c owns the transitions). */
+enum wsh_state {
+	WSH_OPEN = 0, /* chunks are appended; the index is written at commit */
+	WSH_FINISHED, /* index written, fsynced, handed to the step's sink (early finish) */
+};
+
+_Static_assert(WSH_FINISHED < 256, "wshard.state is a uint8_t");
+
 /* One shard file; an entry of the sparse shard table (writer_table.c),
  * made when one of its chunks is first written. */
 struct wshard {
 	pthread_mutex_t mu; /* end */
 	uint64_t end; /* append offset (data bytes; the index goes here at commit) */
 	uint64_t unstored; /* in-bounds chunks not STORED, under array->mu */
-	int dirs_made; /* under array->mu */
-	int finished; /* index written, fsynced, handed to the sink; under array->mu */
-	int finishing; /* early finishes in progress (w_shard_finish_early); under array->mu */
+	/* enum wsh_state, under array->mu; changed only by writer_shard.c's
+	 * shard_set_state (its header has the transition table) */
+	uint8_t state;
+	int finishing; /* a counter, not a state: early finishes in progress
+			* (w_shard_finish_early); under array->mu */
 	unsigned gen; /* bumped when a STORED chunk leaves STORED; under array->mu */
 };
 

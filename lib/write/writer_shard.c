@@ -256,11 +256,30 @@ static void *finish_shards(void *arg)
 	int rc = 0;
 	/* Every shard has an entry: all its chunks are STORED at commit. */
 	for (uint64_t s = j->first; s < a->nshards && !rc; s += j->stride)
-		if (!w_shard_at(a, s)->finished) /* no writer runs during the commit */
+		if (w_shard_at(a, s)->state == WSH_OPEN) /* no writer runs during the commit */
 			rc = finish_one(a, s, j->n, ix);
 	free(ix);
 	j->rc = rc;
 	return NULL;
+}
+
+/*
+ * Shard states (sh->state, under array->mu):
+ *
+ *   from      to        by
+ *   OPEN      FINISHED  w_shard_finish_early: every chunk STORED and nothing
+ *                       changed while its index was written: handed to the
+ *                       sink (object-store roots upload it at once)
+ *   FINISHED  OPEN      w_shard_unfinish_locked: a STORED chunk of it leaves
+ *                       STORED (written again, reset): the sink hears of it
+ *
+ * The commit finishes every shard still OPEN (finish_shards) and then the
+ * step is gone; a new shard entry starts OPEN (zeroed).
+ */
+static void shard_set_state(struct wshard *sh, enum wsh_state to)
+{
+	assert((sh->state == WSH_OPEN && to == WSH_FINISHED) || (sh->state == WSH_FINISHED && to == WSH_OPEN));
+	sh->state = (uint8_t)to;
 }
 
 void w_shard_finish_early(struct ckpt_warray *a, uint64_t sidx)
@@ -271,7 +290,7 @@ void w_shard_finish_early(struct ckpt_warray *a, uint64_t sidx)
 	pthread_mutex_lock(&a->mu);
 	assert(sh->finishing > 0);
 	unsigned gen = sh->gen;
-	int go = sh->unstored == 0 && !sh->finished;
+	int go = sh->unstored == 0 && sh->state == WSH_OPEN;
 	pthread_mutex_unlock(&a->mu);
 	int rc = -EAGAIN;
 	uint8_t *ix = go ? malloc((size_t)(16 * n + 4)) : NULL;
@@ -297,9 +316,9 @@ void w_shard_finish_early(struct ckpt_warray *a, uint64_t sidx)
 	char path[4096];
 	pthread_mutex_lock(&a->mu);
 	sh->finishing--;
-	if (!rc && sh->gen == gen && sh->unstored == 0 && !sh->finished &&
+	if (!rc && sh->gen == gen && sh->unstored == 0 && sh->state == WSH_OPEN &&
 	    w_shard_path(a, sidx, path, sizeof(path)) > 0) {
-		sh->finished = 1;
+		shard_set_state(sh, WSH_FINISHED);
 		if (st->sink.shard_done)
 			st->sink.shard_done(st->sink.ctx, path);
 	}
@@ -312,9 +331,9 @@ void w_shard_unfinish_locked(struct ckpt_warray *a, uint64_t sidx)
 	struct ckpt_step *st = a->step;
 	struct wshard *sh = w_shard_at(a, sidx);
 	sh->gen++;
-	if (!sh->finished)
+	if (sh->state != WSH_FINISHED)
 		return;
-	sh->finished = 0;
+	shard_set_state(sh, WSH_OPEN);
 	char path[4096];
 	if (st->sink.shard_changed && w_shard_path(a, sidx, path, sizeof(path)) > 0)
 		st->sink.shard_changed(st->sink.ctx, path);
