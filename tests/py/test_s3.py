@@ -495,3 +495,29 @@ def test_rename_commits_a_step_to_an_object_store_root(env, s3mount, tmp_path, m
                 any(p.iterdir())], "the staged copy is removed once uploaded"
     m2 = s3mount("wr3")
     assert np.array_equal(np.load(m2.p("40/state/sub/a.npy")), a)
+
+
+def test_an_upload_that_fails_after_the_local_commit_loses_the_step_and_says_so(env, s3mount, tmp_path,
+                                                                                  monkeypatch):
+    """The step committed in its local staging folder, then sending its last
+    objects failed: nothing of it is kept (what was sent is deleted), the log
+    says so instead of "the step stays pending", and rmdir takes the lost
+    step away so that it can be written again."""
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    m = s3mount("wr7", env.proxy_endpoint, "retries=1", "retry_base_ms=5")
+    os.mkdir(m.p("36"))
+    _write_step(str(m.p("36")), 36, writers=1)
+    env.fault("clear")
+    env.fault("status", "503:SlowDown", count=100000, match=f"PUT /ckpt/{PREFIX}/wr7/36/commit_success.txt")
+    with pytest.raises(OSError):
+        open(m.p("36/commit_success.txt"), "w").close()
+    env.fault("clear")
+    assert "nothing of the step is kept" in m.log()
+    assert "36: commit failed" not in m.log()
+    assert not [k for k in _keys(env, f"{PREFIX}/wr7/36/") if not k.endswith("/")]
+    os.rmdir(m.p("36"))
+    assert "36" not in os.listdir(m.p())
+    os.mkdir(m.p("36"))
+    _write_step(str(m.p("36")), 36, writers=1)
+    open(m.p("36/commit_success.txt"), "w").close()
+    assert f"{PREFIX}/wr7/36/commit_success.txt" in _keys(env, f"{PREFIX}/wr7/36/")
