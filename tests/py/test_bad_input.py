@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 import ckfs_util as U
+from ckfs_help import check_others, read_shard, rel_of, shard_layout, write, write_shard  # noqa: F401
 from crc32c_ref import crc32c
 
 try:
@@ -31,10 +32,6 @@ except ImportError:  # python3-zstandard; scripts/test installs it
 
 # ---------------------------------------------------------------------------
 # helpers to damage a copy
-
-def write(path, data):
-    path = Path(path)
-    path.write_bytes(data if isinstance(data, bytes) else data.encode())
 
 
 def edit_json(path, fn):
@@ -50,30 +47,6 @@ def edit_json_text(path, old, new):
     text = json.dumps(json.loads(path.read_text()))  # normalised: ', ' and ': '
     assert old in text, (old, text)
     path.write_text(text.replace(old, new, 1))
-
-
-def shard_layout(array_dir):
-    """(number of inner chunks per shard) for a zarr3 sharded array."""
-    z = json.loads((Path(array_dir) / "zarr.json").read_text())
-    outer = z["chunk_grid"]["configuration"]["chunk_shape"]
-    inner = z["codecs"][0]["configuration"]["chunk_shape"]
-    n = 1
-    for o, i in zip(outer, inner):
-        n *= -(-o // i)
-    return n
-
-
-def read_shard(path, n):
-    b = Path(path).read_bytes()
-    index = b[len(b) - 16 * n - 4:len(b) - 4]
-    entries = [list(struct.unpack_from("<QQ", index, 16 * i)) for i in range(n)]
-    return b, entries
-
-
-def write_shard(path, body, entries):
-    """Write `body` followed by an index of `entries` with a correct CRC."""
-    index = b"".join(struct.pack("<QQ", o, nb) for o, nb in entries)
-    write(path, body + index + struct.pack("<I", crc32c(index)))
 
 
 def damage_chunk_bytes(path, offset, new):
@@ -259,25 +232,6 @@ def damaged_copy(tmp_path, fixture, damage):
             os.chmod(os.path.join(dirpath, f), 0o644)
     damage(root)
     return root
-
-
-def rel_of(param):
-    return param.replace(".", "/") + ".npy"
-
-
-def check_others(m, expected, broken_param):
-    bad = []
-    for key, exp in expected.items():
-        if key == broken_param:
-            continue
-        try:
-            data = U.read_all(m.p(rel_of(key)))
-        except OSError as e:
-            bad.append(f"{rel_of(key)}: {e}")
-            continue
-        if not data.endswith(exp.data) or len(data) - len(exp.data) not in range(64, 64 * 1024, 64):
-            bad.append(f"{rel_of(key)}: wrong bytes")
-    assert not bad, "undamaged arrays do not read correctly:\n" + "\n".join(bad)
 
 
 def check_log_names(m, param):

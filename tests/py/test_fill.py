@@ -10,7 +10,7 @@ import os
 import numpy as np
 
 import ckfs_util as U
-from test_names import _writable_copy
+from ckfs_help import _writable_copy
 
 
 def _expected_f32(expected, key):

@@ -27,48 +27,15 @@ import numpy as np
 import pytest
 
 import ckfs_util as U
-from test_names import _writable_copy
-from test_write import assert_file_is, commit, small_step
+from ckfs_help import TMP, listing, save_orbax_style, wait_listing  # noqa: F401
+from ckfs_help import _writable_copy
+from ckfs_help import assert_file_is, commit, small_step
 
 # The option that makes a non-empty, non-checkpoint folder a root anyway.
 ROOT_OPTION = "root"
 
-TMP = ".orbax-checkpoint-tmp"
 ARR = "state/params/layer_0/attn/q_proj.npy"
 GONE = (errno.ENOENT, errno.ESTALE, errno.EIO)
-
-
-def save_orbax_style(root, step, src_step, tmp_suffix=""):
-    """Save `step` into root as Orbax does, copying the items of src_step.
-    Returns a callback list of check points: called with a label after each
-    stage so the test can look at the mount in between."""
-    tmp = Path(root) / f"{step}{TMP}{tmp_suffix}"
-    stages = []
-    os.mkdir(tmp)
-    shutil.copy(Path(src_step) / "_CHECKPOINT_METADATA", tmp / "_CHECKPOINT_METADATA")
-    stages.append(("tmp step created", tmp))
-    for item in sorted(os.listdir(src_step)):
-        s = Path(src_step) / item
-        if not s.is_dir():
-            continue
-        it = tmp / f"{item}{TMP}"
-        _writable_copy(s, it)
-        os.rename(it, tmp / item)
-    stages.append(("items finalized", tmp))
-    (tmp / "commit_success.txt").write_text(f"Checkpoint commit was successful to {Path(root) / str(step)}")
-    stages.append(("commit file written", tmp))
-    os.rename(tmp, Path(root) / str(step))
-    return stages
-
-
-def listing(m):
-    return sorted(os.listdir(m.p()))
-
-
-def wait_listing(m, want):
-    """Poll (not a timing assertion): a rescan may be driven by inotify."""
-    got = U.wait_until(lambda: listing(m) == want, timeout=5)
-    return listing(m) if not got else want
 
 
 @pytest.fixture(scope="module")

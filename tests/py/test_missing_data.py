@@ -36,9 +36,9 @@ import numpy as np
 import pytest
 
 import ckfs_util as U
-from test_bad_input import check_others, read_shard, shard_layout, write_shard
-from test_names import _writable_copy
-from test_write import root_with_step_10
+from ckfs_help import check_others, read_shard, shard_layout, write_shard
+from ckfs_help import _writable_copy
+from ckfs_help import root_with_step_10
 
 try:
     import zstandard

@@ -30,7 +30,7 @@ import pytest
 
 import ckfs_util as U
 import zarr3_verify as V
-from test_write import makedirs_in_mount
+from ckfs_help import makedirs_in_mount
 
 pytestmark = pytest.mark.concurrent
 

@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 
 import ckfs_util as U
-from test_names import unsafe_key_item
+from ckfs_help import unsafe_key_item
 
 TMP = ".orbax-checkpoint-tmp"
 

@@ -29,7 +29,7 @@ import pytest
 
 import ckfs_util as U
 import zarr3_verify as V
-from test_write import Arr, assert_file_is, commit, makedirs_in_mount, npy_bytes, rng
+from ckfs_help import Arr, assert_file_is, commit, makedirs_in_mount, npy_bytes, rng
 
 TMP = ".orbax-checkpoint-tmp"
 JSON_HANDLER = "orbax.checkpoint._src.handlers.json_checkpoint_handler.JsonCheckpointHandler"

@@ -156,3 +156,13 @@ def test_unit_tests_run_one_case_with_check_case():
     # a case with arguments and the writer's whole-run totals
     rc, out = run_unit(unit_binary("test_writer"), "test_all_dtypes")
     assert rc == 0 and "case test_all_dtypes" in out and " 0 failed" in out, out
+
+
+def test_test_modules_do_not_import_each_other():
+    """Helpers several test modules need live in ckfs_util.py / ckfs_help.py."""
+    bad = []
+    for p in sorted((ROOT / "tests" / "py").glob("*.py")):
+        for n, line in enumerate(p.read_text().splitlines(), 1):
+            if re.match(r"\s*(from|import)\s+test_\w+", line):
+                bad.append(f"{p.name}:{n}: {line.strip()}")
+    assert not bad, "test modules import other test modules:\n" + "\n".join(bad)

@@ -14,7 +14,7 @@ import subprocess
 import pytest
 
 import ckfs_util as U
-from test_live_root import save_orbax_style, wait_listing
+from ckfs_help import save_orbax_style, wait_listing
 
 
 def info(*args):

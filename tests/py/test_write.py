@@ -28,6 +28,7 @@ import numpy as np
 import pytest
 
 import ckfs_util as U
+from ckfs_help import Arr, assert_file_is, commit, makedirs_in_mount, npy_bytes, read_bytes, rng, root_with_step_10, small_step, tree_files  # noqa: F401
 import zarr3_verify as V
 
 # Every test here writes through the writer's compression threads, and step 30
@@ -41,45 +42,9 @@ FORK = multiprocessing.get_context("fork")
 # ---------------------------------------------------------------------------
 # helpers
 
-def npy_bytes(descr, shape, raw):
-    """A .npy v1.0 file with this descr (any text, e.g. '<V2') and shape,
-    as np.save writes it, followed by the raw C-order bytes."""
-    f = io.BytesIO()
-    np.lib.format.write_array_header_1_0(f, {"descr": descr, "fortran_order": False, "shape": tuple(shape)})
-    return f.getvalue() + bytes(raw)
-
 
 def header_len(descr, shape):
     return len(npy_bytes(descr, shape, b""))
-
-
-class Arr:
-    """An array written into the mount.
-
-    values: the data as a plain numpy array (bfloat16 as uint16 patterns,
-    8-bit floats as uint8); dtype: ckptfs/TensorStore dtype name; descr:
-    what the mount must serve in the .npy header."""
-
-    def __init__(self, values, dtype, descr=None):
-        self.values = np.array(values, order="C")  # keeps 0-d (ascontiguousarray would not)
-        self.dtype = dtype
-        self.descr = descr or np.lib.format.dtype_to_descr(self.values.dtype)
-
-    @property
-    def shape(self):
-        return self.values.shape
-
-    @property
-    def raw(self):
-        return self.values.tobytes()
-
-    def file_bytes(self, sl=None):
-        v = self.values if sl is None else np.ascontiguousarray(self.values[sl])
-        return npy_bytes(self.descr, v.shape, v.tobytes())
-
-
-def rng(seed):
-    return np.random.default_rng(seed)
 
 
 def plain_arrays(seed):
@@ -118,56 +83,9 @@ def bf16_patterns(r, shape):
     return (f.view(np.uint32) >> 16).astype(np.uint16)
 
 
-def makedirs_in_mount(root, rel_dir):
-    """mkdir -p inside a pending step (each level one mkdir)."""
-    p = Path(root)
-    for part in Path(rel_dir).parts:
-        p = p / part
-        if not p.exists():
-            os.mkdir(p)
-
-
 def write_bytes(path, data):
     with open(path, "wb") as f:
         f.write(data)
-
-
-def read_bytes(path):
-    with open(path, "rb") as f:
-        return f.read()
-
-
-def commit(step_dir):
-    open(Path(step_dir) / "commit_success.txt", "w").close()
-
-
-def tree_files(d):
-    """{relative path: (size, mtime_ns, sha256)} of every file under d."""
-    out = {}
-    for dirpath, dirnames, filenames in os.walk(d):
-        for fn in filenames:
-            p = Path(dirpath) / fn
-            st = p.stat()
-            out[str(p.relative_to(d))] = (st.st_size, st.st_mtime_ns, hashlib.sha256(p.read_bytes()).hexdigest())
-        for dn in dirnames:
-            out[str((Path(dirpath) / dn).relative_to(d)) + "/"] = None
-    return out
-
-
-def assert_file_is(path, arr, sl=None, what=""):
-    """The mounted .npy at path is byte for byte the file for arr (or its
-    slice), and np.load decodes it to the right values."""
-    want = arr.file_bytes(sl)
-    got = read_bytes(path)
-    if got != want:
-        n = min(len(got), len(want))
-        first = next((i for i in range(n) if got[i] != want[i]), n)
-        raise AssertionError(f"{what or path}: {len(got)} bytes served, {len(want)} expected; "
-                             f"first difference at byte {first}; served header {got[:128]!r}")
-    a = np.load(path)
-    v = arr.values if sl is None else arr.values[sl]
-    assert a.shape == v.shape, f"{path}: np.load shape {a.shape} != {v.shape}"
-    assert a.tobytes() == np.array(v, order="C").tobytes(), f"{path}: np.load values differ"
 
 
 # ---------------------------------------------------------------------------
@@ -525,28 +443,6 @@ def test_second_step_leaves_first_unchanged(step30, mount, tmp_path):
 
 # ---------------------------------------------------------------------------
 # rename commit, abort, invisibility of pending steps
-
-def small_step(step_dir, seed):
-    r = rng(seed)
-    exp = {"state/a.npy": Arr(r.standard_normal((12, 5)).astype(np.float32), "float32"),
-           "state/sub/b.npy": Arr(r.integers(0, 100, size=(7,), dtype=np.int64), "int64")}
-    os.mkdir(step_dir / "state")
-    os.mkdir(step_dir / "state" / "sub")
-    for rel, a in exp.items():
-        np.save(step_dir / rel, a.values)
-    return exp
-
-
-def root_with_step_10(mount, tmp_path):
-    """A new root folder (tmp_path/root), a writable mount m of it and step
-    10 written with small_step and committed; (src, m, exp)."""
-    src = tmp_path / "root"
-    src.mkdir()
-    m = mount(src)
-    os.mkdir(m.p("10"))
-    exp = small_step(m.p("10"), 10)
-    commit(m.p("10"))
-    return src, m, exp
 
 
 def test_rename_commits_under_new_name(mount, tmp_path):

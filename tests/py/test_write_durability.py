@@ -30,7 +30,7 @@ import numpy as np
 import pytest
 
 import ckfs_util as U
-from test_write import commit, tree_files
+from ckfs_help import commit, tree_files
 import zarr3_verify as V
 
 TMP = ".orbax-checkpoint-tmp"
