@@ -161,7 +161,7 @@ def test_unit_tests_run_one_case_with_check_case():
 def test_test_modules_do_not_import_each_other():
     """Helpers several test modules need live in ckfs_util.py / ckfs_help.py."""
     bad = []
-    for p in sorted((ROOT / "tests" / "py").glob("*.py")):
+    for p in sorted((U.REPO / "tests" / "py").glob("*.py")):
         for n, line in enumerate(p.read_text().splitlines(), 1):
             if re.match(r"\s*(from|import)\s+test_\w+", line):
                 bad.append(f"{p.name}:{n}: {line.strip()}")
