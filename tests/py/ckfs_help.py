@@ -256,3 +256,16 @@ def wait_listing(m, want):
     """Poll (not a timing assertion): a rescan may be driven by inotify."""
     got = U.wait_until(lambda: listing(m) == want, timeout=5)
     return listing(m) if not got else want
+
+
+# from test_missing_data.py: the fixture array that the shard tests rewrite
+Q = "params.layer_0.attn.q_proj"          # f32 [32, 48] in [8, 24] chunks
+Q_REL = "params/layer_0/attn/q_proj.npy"
+
+
+def new_shard_bytes(values):
+    """A one-chunk zarr v3 shard (zstd, index with CRC-32C) of float32 values."""
+    import zstandard
+    body = zstandard.ZstdCompressor().compress(np.ascontiguousarray(values, dtype="<f4").tobytes())
+    index = struct.pack("<QQ", 0, len(body))
+    return body + index + struct.pack("<I", crc32c(index))

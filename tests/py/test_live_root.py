@@ -305,7 +305,7 @@ needs_fincore = pytest.mark.skipif(shutil.which("fincore") is None, reason="finc
 
 @needs_fincore
 def test_unchanged_file_keeps_its_page_cache_changed_one_drops_it(tmp_path, mount):
-    from test_missing_data import Q, Q_REL, new_shard_bytes
+    from ckfs_help import Q, Q_REL, new_shard_bytes
     root = tmp_path / "z3"
     _writable_copy(U.FIXTURES / "pytree_zarr3", root)
     m = mount(root)

@@ -36,7 +36,7 @@ import numpy as np
 import pytest
 
 import ckfs_util as U
-from ckfs_help import check_others, read_shard, shard_layout, write_shard
+from ckfs_help import Q, Q_REL, new_shard_bytes, check_others, read_shard, shard_layout, write_shard
 from ckfs_help import _writable_copy
 from ckfs_help import root_with_step_10
 
@@ -45,8 +45,6 @@ try:
 except ImportError:  # python3-zstandard
     zstandard = None
 
-Q = "params.layer_0.attn.q_proj"          # f32 [32, 48] in [8, 24] chunks
-Q_REL = "params/layer_0/attn/q_proj.npy"
 GONE_ERRNOS = (errno.ENOENT, errno.EIO, errno.ESTALE)
 
 
@@ -388,14 +386,6 @@ def test_cp_r_fails_when_something_is_unreadable(case, damage, tmp_path, mount):
 
 # ---------------------------------------------------------------------------
 # data that changes or disappears under the mount
-
-def new_shard_bytes(values):
-    body = zstandard.ZstdCompressor().compress(np.ascontiguousarray(values, dtype="<f4").tobytes())
-    import struct
-    from crc32c_ref import crc32c
-    index = struct.pack("<QQ", 0, len(body))
-    return body + index + struct.pack("<I", crc32c(index))
-
 
 needs_zstd = pytest.mark.skipif(zstandard is None, reason="python3-zstandard is not installed")
 

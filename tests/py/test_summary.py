@@ -109,7 +109,7 @@ def test_written_step_while_namespace_changes(mount, tmp_path):
     exclusively (mkdir/rmdir of a pending step): every read finishes (the
     table is built outside that lock) and matches `ckptfs info`."""
     import threading
-    from test_write import commit, small_step
+    from ckfs_help import commit, small_step
 
     src = tmp_path / "root"
     shutil.copytree(U.FIXTURES / "manager", src)
