@@ -1,0 +1,161 @@
+/*
+ * test_torch.c - tensors of torch.save pickles and distributed-checkpoint
+ * metadata (format/torch.c): the data.pkl of the generated torch fixture
+ * (written by a real torch), the real .metadata of the fixtures, dense
+ * layouts and their refusals, chunk grids.
+ */
+#include <errno.h>
+#include <string.h>
+
+#include "check.h"
+#include "common.h"
+#include "pickle.h"
+#include "torch.h"
+
+static const struct ckpt_torch_tensor *find(const struct ckpt_torch_state *s, const char *name)
+{
+	for (size_t i = 0; i < s->n; i++)
+		if (strcmp(s->t[i].name, name) == 0)
+			return &s->t[i];
+	return NULL;
+}
+
+static void test_state(void)
+{
+	size_t n = 0;
+	char *b = check_slurp(CKPT_SRCDIR "/tests/fuzz/seeds/fuzz_pickle/state_data_pkl", &n);
+	CHECK(b != NULL);
+	if (!b)
+		return;
+	ckpt_pickle *p = NULL;
+	CHECK_EQ_INT(ckpt_pickle_load(b, n, "state.pt", &p), 0);
+	struct ckpt_torch_state s;
+	CHECK_EQ_INT(ckpt_torch_state_parse(ckpt_pickle_root(p), "state.pt", &s), 0);
+	CHECK_EQ_INT(s.n, 18);
+	const struct ckpt_torch_tensor *emb = find(&s, "model.model.embed_tokens.weight");
+	const struct ckpt_torch_tensor *head = find(&s, "model.lm_head.weight");
+	CHECK(emb && head);
+	if (emb && head) {
+		CHECK_EQ_INT(emb->depth, 4);
+		CHECK(strcmp(emb->path[0], "model") == 0 && strcmp(emb->path[3], "weight") == 0);
+		CHECK_EQ_INT(emb->dtype, CKPT_DT_BFLOAT16);
+		CHECK(emb->rank == 2 && emb->shape[0] == 16 && emb->shape[1] == 8);
+		CHECK(strcmp(emb->storage_key, head->storage_key) == 0); /* tied */
+	}
+	int order[CKPT_MAX_RANK];
+	uint64_t off, len;
+	const struct ckpt_torch_tensor *t = find(&s, "model.model.layers.1.transposed");
+	CHECK(t && ckpt_torch_dense(t, order, &off, &len) == 0 && order[0] == 1 && order[1] == 0 && off == 0 &&
+	      len == 96);
+	t = find(&s, "model.model.layers.1.offset_view");
+	CHECK(t && ckpt_torch_dense(t, order, &off, &len) == 0 && order[0] == 0 && off == 20 && len == 48);
+	t = find(&s, "model.model.layers.0.norm.weight"); /* a Parameter */
+	CHECK(t && t->dtype == CKPT_DT_FLOAT32 && t->rank == 1 && t->shape[0] == 8);
+	t = find(&s, "model.scalar");
+	CHECK(t && t->rank == 0 && ckpt_torch_dense(t, order, &off, &len) == 0 && len == 4);
+	t = find(&s, "model.complex.c128");
+	CHECK(t && t->dtype == CKPT_DT_COMPLEX128);
+	t = find(&s, "model.buffers.mask");
+	CHECK(t && t->dtype == CKPT_DT_BOOL);
+	t = find(&s, "step");
+	CHECK(t && t->dtype == CKPT_DT_INT64 && t->rank == 0);
+	ckpt_torch_state_free(&s);
+	ckpt_pickle_free(p);
+	free(b);
+}
+
+static void test_dense(void)
+{
+	struct ckpt_torch_tensor t = { .dtype = CKPT_DT_INT32, .rank = 2, .shape = { 3, 2 }, .stride = { 4, 2 },
+				       .storage_numel = 12 };
+	int order[CKPT_MAX_RANK];
+	uint64_t off, len;
+	CHECK_EQ_INT(ckpt_torch_dense(&t, order, &off, &len), -EINVAL); /* x[:, ::2] */
+	t.stride[0] = 2;
+	t.stride[1] = 1;
+	CHECK_EQ_INT(ckpt_torch_dense(&t, order, &off, &len), 0);
+	t.offset = 7; /* 7 + 6 > 12 */
+	CHECK_EQ_INT(ckpt_torch_dense(&t, order, &off, &len), -EINVAL);
+	/* (1, 6, 4) with strides (24, 1, 6): a transpose of the last two */
+	struct ckpt_torch_tensor u = { .dtype = CKPT_DT_FLOAT16, .rank = 3, .shape = { 1, 6, 4 },
+				       .stride = { 99, 1, 6 }, .storage_numel = 24 };
+	CHECK_EQ_INT(ckpt_torch_dense(&u, order, &off, &len), 0);
+	CHECK(order[0] == 0 && order[1] == 2 && order[2] == 1 && len == 48);
+	/* a (2, 3, 4) permuted (2, 0, 1): strides (1, 8, 2)... shape (4, 2, 3) of C strides (6, 3, 1) seen as order */
+	struct ckpt_torch_tensor w = { .dtype = CKPT_DT_UINT8, .rank = 3, .shape = { 3, 4, 2 }, .stride = { 1, 6, 3 },
+				       .storage_numel = 24 };
+	CHECK_EQ_INT(ckpt_torch_dense(&w, order, &off, &len), 0);
+	CHECK(order[0] == 1 && order[1] == 2 && order[2] == 0);
+	/* broadcast (stride 0) is not dense */
+	w.stride[0] = 0;
+	CHECK_EQ_INT(ckpt_torch_dense(&w, order, &off, &len), -EINVAL);
+}
+
+static void test_dcp(void)
+{
+	size_t n = 0;
+	char *b = check_slurp(CKPT_FIXTURES "/torch_dcp/.metadata", &n);
+	CHECK(b != NULL);
+	if (!b)
+		return;
+	ckpt_pickle *p = NULL;
+	CHECK_EQ_INT(ckpt_pickle_load(b, n, ".metadata", &p), 0);
+	struct ckpt_dcp_meta m;
+	CHECK_EQ_INT(ckpt_dcp_meta_parse(ckpt_pickle_root(p), ".metadata", &m), 0);
+	CHECK_EQ_INT(m.n, 10);
+	int seen = 0;
+	for (size_t i = 0; i < m.n; i++) {
+		const struct ckpt_dcp_entry *e = &m.e[i];
+		CHECK(!e->is_bytes && e->nchunks == 1 && strcmp(e->chunks[0].file, "__0_0.distcp") == 0);
+		if (strcmp(e->fqn, "params.embed.embedding") == 0) {
+			seen++;
+			CHECK(e->dtype == CKPT_DT_BFLOAT16 && e->rank == 2 && e->size[0] == 64 && e->size[1] == 32);
+			uint64_t grid[CKPT_MAX_RANK];
+			size_t idx[1];
+			CHECK(ckpt_dcp_grid(e, grid, idx) == 0 && grid[0] == 64 && grid[1] == 32 && idx[0] == 0);
+		}
+		if (strcmp(e->fqn, "step") == 0) {
+			seen++;
+			CHECK(e->dtype == CKPT_DT_INT32 && e->rank == 0);
+		}
+	}
+	CHECK_EQ_INT(seen, 2);
+	CHECK(m.version == NULL || strcmp(m.version, "1.0.0") == 0);
+	ckpt_dcp_meta_free(&m);
+	ckpt_pickle_free(p);
+	free(b);
+}
+
+static void test_grid(void)
+{
+	struct ckpt_dcp_chunk ch[4] = { 0 };
+	struct ckpt_dcp_entry e = { .rank = 2, .size = { 8, 6 }, .chunks = ch, .nchunks = 4 };
+	uint64_t offs[4][2] = { { 4, 3 }, { 0, 0 }, { 0, 3 }, { 4, 0 } };
+	for (int i = 0; i < 4; i++) {
+		ch[i].offsets[0] = offs[i][0];
+		ch[i].offsets[1] = offs[i][1];
+		ch[i].sizes[0] = 4;
+		ch[i].sizes[1] = 3;
+	}
+	uint64_t grid[CKPT_MAX_RANK];
+	size_t idx[4];
+	CHECK_EQ_INT(ckpt_dcp_grid(&e, grid, idx), 0);
+	CHECK(grid[0] == 4 && grid[1] == 3 && idx[0] == 3 && idx[1] == 0 && idx[2] == 1 && idx[3] == 2);
+	ch[3].offsets[1] = 3; /* two boxes at one place, one cell uncovered */
+	CHECK_EQ_INT(ckpt_dcp_grid(&e, grid, idx), -EINVAL);
+	ch[3].offsets[1] = 0;
+	ch[3].sizes[1] = 2; /* uneven */
+	CHECK_EQ_INT(ckpt_dcp_grid(&e, grid, idx), -EINVAL);
+	e.nchunks = 3; /* a gap */
+	ch[3].sizes[1] = 3;
+	CHECK_EQ_INT(ckpt_dcp_grid(&e, grid, idx), -EINVAL);
+}
+
+int main(void)
+{
+	CHECK_RUN(test_state);
+	CHECK_RUN(test_dense);
+	CHECK_RUN(test_dcp);
+	CHECK_RUN(test_grid);
+	return CHECK_DONE();
+}
