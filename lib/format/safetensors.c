@@ -915,3 +915,183 @@ uint64_t ckpt_st_sharded_total_size(const ckpt_st_sharded *s)
 {
 	return s ? s->total : 0;
 }
+
+/* ---- reading a safetensors header ---------------------------------------------- */
+
+#include <cjson/cJSON.h>
+
+ckpt_dtype ckpt_st_dtype(const char *code)
+{
+	if (!code)
+		return CKPT_DT_INVALID;
+	for (int d = 1; d < CKPT_DT_COUNT; d++) {
+		const ckpt_dtype_info *di = ckpt_dtype_get((ckpt_dtype)d);
+		if (di && di->st_code && strcmp(di->st_code, code) == 0)
+			return (ckpt_dtype)d;
+	}
+	return CKPT_DT_INVALID;
+}
+
+int ckpt_st_header_len(const uint8_t first8[8], uint64_t file_size, const char *what, uint64_t *n)
+{
+	uint64_t v = 0;
+	for (int i = 7; i >= 0; i--)
+		v = v << 8 | first8[i];
+	if (file_size < 8 || v > CKPT_ST_MAX_HEADER || v > file_size - 8) {
+		ckpt_log(CKPT_LOG_ERR, "%s: not a safetensors file (header length %llu for a file of %llu bytes)",
+			 what, (unsigned long long)v, (unsigned long long)file_size);
+		return -EINVAL;
+	}
+	*n = v;
+	return 0;
+}
+
+void ckpt_st_file_free(ckpt_st_file *f)
+{
+	if (!f)
+		return;
+	for (size_t i = 0; i < f->n; i++)
+		free(f->t[i].name);
+	free(f->t);
+	free(f->metadata_json);
+	free(f);
+}
+
+/* A JSON number that is a non-negative integer below 2^53. */
+static int st_uint(const cJSON *j, uint64_t *v)
+{
+	if (!cJSON_IsNumber(j) || j->valuedouble < 0 || j->valuedouble > 9007199254740992.0 ||
+	    j->valuedouble != (double)(uint64_t)j->valuedouble)
+		return -1;
+	*v = (uint64_t)j->valuedouble;
+	return 0;
+}
+
+static int st_by_begin(const void *a, const void *b)
+{
+	const ckpt_st_entry *x = *(const ckpt_st_entry *const *)a, *y = *(const ckpt_st_entry *const *)b;
+	return x->begin < y->begin ? -1 : x->begin > y->begin;
+}
+
+static int st_bad(const char *what, const char *name, const char *why)
+{
+	ckpt_log(CKPT_LOG_ERR, "%s: safetensors header%s%.200s: %s", what, name ? ", tensor " : "", name ? name : "",
+		 why);
+	return -EINVAL;
+}
+
+int ckpt_st_parse(const char *json, size_t n, uint64_t file_size, const char *what, ckpt_st_file **out)
+{
+	*out = NULL;
+	what = what ? what : "safetensors";
+	if (n > CKPT_ST_MAX_HEADER || file_size < 8 || n > file_size - 8)
+		return st_bad(what, NULL, "header larger than the file or the limit");
+	cJSON *root = cJSON_ParseWithLength(json, n);
+	if (!cJSON_IsObject(root)) {
+		cJSON_Delete(root);
+		return st_bad(what, NULL, "not a JSON object");
+	}
+	ckpt_st_file *f = calloc(1, sizeof(*f));
+	size_t cap = (size_t)cJSON_GetArraySize(root);
+	if (f)
+		f->t = calloc(cap ? cap : 1, sizeof(*f->t));
+	if (!f || !f->t) {
+		cJSON_Delete(root);
+		ckpt_st_file_free(f);
+		return -ENOMEM;
+	}
+	f->data_start = 8 + (uint64_t)n;
+	uint64_t data_len = file_size - f->data_start;
+	int rc = 0;
+	for (cJSON *e = root->child; e && !rc; e = e->next) {
+		if (!e->string || !ckpt_st_utf8_valid(e->string)) {
+			rc = st_bad(what, NULL, "a name is not UTF-8");
+			break;
+		}
+		if (strcmp(e->string, "__metadata__") == 0) {
+			int ok = cJSON_IsObject(e) && !f->metadata_json;
+			for (cJSON *m = ok ? e->child : NULL; m; m = m->next)
+				ok &= cJSON_IsString(m);
+			if (!ok) {
+				rc = st_bad(what, NULL, "__metadata__ is not a map of strings");
+				break;
+			}
+			f->metadata_json = cJSON_PrintUnformatted(e);
+			if (!f->metadata_json)
+				rc = -ENOMEM;
+			continue;
+		}
+		for (size_t i = 0; i < f->n; i++)
+			if (strcmp(f->t[i].name, e->string) == 0)
+				rc = st_bad(what, e->string, "name given twice");
+		if (rc)
+			break;
+		ckpt_st_entry *t = &f->t[f->n];
+		const cJSON *dt = cJSON_GetObjectItemCaseSensitive(e, "dtype");
+		const cJSON *sh = cJSON_GetObjectItemCaseSensitive(e, "shape");
+		const cJSON *off = cJSON_GetObjectItemCaseSensitive(e, "data_offsets");
+		if (!cJSON_IsObject(e) || !cJSON_IsString(dt) || !cJSON_IsArray(sh) || !cJSON_IsArray(off) ||
+		    cJSON_GetArraySize(off) != 2 || cJSON_GetArraySize(sh) > CKPT_MAX_RANK) {
+			rc = st_bad(what, e->string, "entry without dtype, shape and data_offsets");
+			break;
+		}
+		t->dtype = ckpt_st_dtype(dt->valuestring);
+		if (t->dtype == CKPT_DT_INVALID) {
+			rc = st_bad(what, e->string, "unknown dtype code");
+			break;
+		}
+		uint64_t numel = 1, b, en;
+		int over = 0;
+		for (const cJSON *d = sh->child; d; d = d->next) {
+			if (st_uint(d, &t->shape[t->rank])) {
+				over = 1;
+				break;
+			}
+			if (t->shape[t->rank] && numel > UINT64_MAX / t->shape[t->rank])
+				over = 1;
+			numel *= t->shape[t->rank];
+			t->rank++;
+		}
+		uint64_t isz = ckpt_dtype_get(t->dtype)->itemsize;
+		if (over || numel > UINT64_MAX / isz) {
+			rc = st_bad(what, e->string, "malformed shape");
+			break;
+		}
+		if (st_uint(off->child, &b) || st_uint(off->child->next, &en) || b > en || en > data_len) {
+			rc = st_bad(what, e->string, "data_offsets outside the data");
+			break;
+		}
+		if (en - b != numel * isz) {
+			rc = st_bad(what, e->string, "data_offsets do not match dtype and shape");
+			break;
+		}
+		t->begin = f->data_start + b;
+		t->end = f->data_start + en;
+		t->name = strdup(e->string);
+		if (!t->name)
+			rc = -ENOMEM;
+		else
+			f->n++;
+	}
+	cJSON_Delete(root);
+	if (!rc && f->n > 1) {
+		const ckpt_st_entry **s = malloc(f->n * sizeof(*s));
+		if (!s) {
+			rc = -ENOMEM;
+		} else {
+			for (size_t i = 0; i < f->n; i++)
+				s[i] = &f->t[i];
+			qsort(s, f->n, sizeof(*s), st_by_begin);
+			for (size_t i = 1; i < f->n && !rc; i++)
+				if (s[i]->begin < s[i - 1]->end)
+					rc = st_bad(what, s[i]->name, "tensors overlap");
+			free(s);
+		}
+	}
+	if (rc) {
+		ckpt_st_file_free(f);
+		return rc;
+	}
+	*out = f;
+	return 0;
+}

@@ -215,4 +215,39 @@ size_t ckpt_st_json_escape(const char *s, char *buf, size_t cap);
  * surrogates, nothing above U+10FFFF), else 0. */
 int ckpt_st_utf8_valid(const char *s);
 
+/* ---- reading a safetensors file's header -------------------------------------
+ *
+ * A file is [u64 LE N][N bytes of JSON][data]: the JSON object maps each
+ * tensor name to {"dtype", "shape", "data_offsets": [BEGIN, END]} (offsets
+ * relative to the data, which starts at 8 + N) and may hold a
+ * "__metadata__" map of strings.  The checks are the reference reader's:
+ * N at most CKPT_ST_MAX_HEADER and inside the file, a JSON object, known
+ * dtype codes, END - BEGIN the tensor's byte size, offsets inside the data,
+ * names unique; tensors may not overlap.
+ */
+typedef struct ckpt_st_entry {
+	char *name;
+	ckpt_dtype dtype;
+	int rank;
+	uint64_t shape[CKPT_MAX_RANK];
+	uint64_t begin, end; /* file offsets of the tensor's bytes (8 + N + data_offsets) */
+} ckpt_st_entry;
+
+typedef struct ckpt_st_file {
+	ckpt_st_entry *t; /* in the header's order */
+	size_t n;
+	uint64_t data_start; /* 8 + N */
+	char *metadata_json; /* "__metadata__" as compact JSON, NULL when absent */
+} ckpt_st_file;
+
+/* The header length N from the first 8 bytes of a file of file_size bytes:
+ * -EINVAL (logged, naming `what`) when it is too large for the limit or the file. */
+int ckpt_st_header_len(const uint8_t first8[8], uint64_t file_size, const char *what, uint64_t *n);
+/* Parse the n JSON bytes of the header of a file of file_size bytes.
+ * -EINVAL (logged) for a header the reference reader refuses; -ENOMEM. */
+int ckpt_st_parse(const char *json, size_t n, uint64_t file_size, const char *what, ckpt_st_file **out);
+void ckpt_st_file_free(ckpt_st_file *f);
+/* The dtype of a safetensors code ("BF16"), or INVALID. */
+ckpt_dtype ckpt_st_dtype(const char *code);
+
 #endif
