@@ -72,6 +72,12 @@ int ckpt_pickle_load(const void *buf, size_t len, const char *what, ckpt_pickle 
 const ckpt_pk *ckpt_pickle_root(const ckpt_pickle *p);
 void ckpt_pickle_free(ckpt_pickle *p);
 
+/* getattr (builtins or __builtin__) is accepted only to be applied to an
+ * enum class of the list (getattr(_MEM_FORMAT_ENCODING, "NAME"), how Python
+ * before 3.12 pickles an enum member): that makes a record of the enum class
+ * with args ("NAME",).  A bare getattr global has this name. */
+#define CKPT_PK_GETATTR "builtins.getattr"
+
 /* 1 when "module.name" is on the list of globals the reader accepts. */
 int ckpt_pickle_global_ok(const char *module, const char *name);
 

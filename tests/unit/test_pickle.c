@@ -149,13 +149,17 @@ static void test_refused(void)
 	refused(k_evil4, sizeof(k_evil4), -EPERM, "refused global builtins.eval");
 	REFUSED("\x80\x02" "ctorch._utils\n_rebuild_tensor_v3\n.", -EPERM, "torch._utils._rebuild_tensor_v3");
 	REFUSED("\x80\x02" "ctorch\nload\n.", -EPERM, "torch.load");
-	REFUSED("\x80\x02" "c__builtin__\ngetattr\n.", -EPERM, "__builtin__.getattr");
+	REFUSED("\x80\x02" "c__builtin__\neval\n.", -EPERM, "__builtin__.eval");
 	REFUSED("(cos\nsystem\nS'ls'\no.", -EPERM, "os.system");
 	REFUSED("(S'ls'\nios\nsystem\n.", -EPERM, "0x53");
 	REFUSED("\x80\x02\x82\x01.", -EPERM, "0x82"); /* EXT1 */
 	REFUSED("\x80\x05\x97.", -EPERM, "0x97"); /* NEXT_BUFFER */
 	REFUSED("Pfoo\n.", -EPERM, "0x50"); /* PERSID */
 	REFUSED("\x80\x02" "ctorch\nFloat Storage\n.", -EPERM, NULL);
+	/* getattr only of an enum member */
+	REFUSED("\x80\x02" "c__builtin__\ngetattr\ncos\nsystem\nX\x06\x00\x00\x00" "systemq\x00\x86R.", -EPERM, "os.system");
+	REFUSED("\x80\x02" "c__builtin__\ngetattr\nctorch\nSize\nX\x03\x00\x00\x00" "foo\x86R.", -EPERM,
+		"getattr other than of an enum member");
 	/* a whitelisted global may only build records: calling a str is refused */
 	REFUSED("\x80\x02X\x01\x00\x00\x00" "a)R.", -EINVAL, "not a global");
 }
@@ -177,8 +181,15 @@ static void test_bounds(void)
 	REFUSED("\x80\x02N\x8b\xff\xff\xff\x7f.", -EINVAL, NULL);
 	REFUSED("\x80\x02}N\x94u.", -EINVAL, NULL);
 	ckpt_log_quiet(0);
-	/* LONG1 of 9 bytes that fits; -1 */
+	/* getattr(enum class, "NAME") */
 	ckpt_pickle *p = NULL;
+	static const uint8_t ga[] = "\x80\x02" "c__builtin__\ngetattr\n"
+				    "ctorch.distributed.checkpoint.metadata\n_MEM_FORMAT_ENCODING\n"
+				    "X\x17\x00\x00\x00" "TORCH_CONTIGUOUS_FORMAT\x86R.";
+	CHECK_EQ_INT(ckpt_pickle_load(ga, sizeof(ga) - 1, "ga", &p), 0);
+	CHECK(p && ckpt_pk_is(ckpt_pickle_root(p), "torch.distributed.checkpoint.metadata._MEM_FORMAT_ENCODING"));
+	ckpt_pickle_free(p);
+	/* LONG1 of 9 bytes that fits; -1 */
 	static const uint8_t l9[] = "\x80\x02\x8a\x09\xff\xff\xff\xff\xff\xff\xff\xff\xff.";
 	CHECK_EQ_INT(ckpt_pickle_load(l9, sizeof(l9) - 1, "l9", &p), 0);
 	CHECK(p && ckpt_pickle_root(p)->kind == CKPT_PK_INT && ckpt_pickle_root(p)->i == -1);

@@ -151,8 +151,73 @@ static void test_grid(void)
 	CHECK_EQ_INT(ckpt_dcp_grid(&e, grid, idx), -EINVAL);
 }
 
+static int load_meta(const char *dir, ckpt_pickle **p, struct ckpt_dcp_meta *m)
+{
+	char path[512];
+	snprintf(path, sizeof(path), "%s/tests/fixtures/generated/torch/%s/.metadata", CKPT_SRCDIR, dir);
+	size_t n = 0;
+	char *b = check_slurp(path, &n);
+	if (!b)
+		return -ENOENT;
+	int rc = ckpt_pickle_load(b, n, dir, p);
+	free(b);
+	if (rc)
+		return rc;
+	rc = ckpt_dcp_meta_parse(ckpt_pickle_root(*p), dir, m);
+	if (rc)
+		ckpt_pickle_free(*p);
+	return rc;
+}
+
+static const struct ckpt_dcp_entry *entry(const struct ckpt_dcp_meta *m, const char *fqn)
+{
+	for (size_t i = 0; i < m->n; i++)
+		if (strcmp(m->e[i].fqn, fqn) == 0)
+			return &m->e[i];
+	return NULL;
+}
+
+static void test_dcp_variants(void)
+{
+	const char *dirs[] = { "dcp_two_ranks", "dcp_old_names", "dcp_zstd" };
+	for (int v = 0; v < 3; v++) {
+		ckpt_pickle *p = NULL;
+		struct ckpt_dcp_meta m;
+		CHECK_EQ_INT(load_meta(dirs[v], &p, &m), 0);
+		if (!p)
+			continue;
+		const struct ckpt_dcp_entry *w = entry(&m, "model.w"), *b = entry(&m, "model.b");
+		CHECK(w && b && entry(&m, "step"));
+		uint64_t grid[CKPT_MAX_RANK];
+		size_t idx[8];
+		if (w) {
+			CHECK(w->dtype == CKPT_DT_FLOAT32 && w->nchunks == 2);
+			CHECK(ckpt_dcp_grid(w, grid, idx) == 0 && grid[0] == 4 && grid[1] == 6);
+			CHECK(w->chunks[0].transform == (v == 2 ? CKPT_DCP_ZSTD : CKPT_DCP_RAW));
+			if (v != 1)
+				CHECK(strcmp(w->chunks[1].file, "__1_0.distcp") == 0);
+		}
+		if (b) {
+			CHECK(b->dtype == CKPT_DT_BFLOAT16 && b->nchunks == 4);
+			CHECK(ckpt_dcp_grid(b, grid, idx) == 0 && grid[0] == 2 && grid[1] == 2 && idx[1] == 1 &&
+			      idx[2] == 2);
+		}
+		const struct ckpt_dcp_entry *irr = entry(&m, "model.irregular"), *extra = entry(&m, "extra");
+		CHECK((v == 0) == (irr != NULL));
+		CHECK((v == 0) == (extra != NULL));
+		if (irr)
+			CHECK(ckpt_dcp_grid(irr, grid, idx) == -EINVAL);
+		if (extra)
+			CHECK(extra->is_bytes && extra->nchunks == 1 && extra->chunks[0].offset == 0);
+		CHECK((v == 1) == (m.version == NULL));
+		ckpt_dcp_meta_free(&m);
+		ckpt_pickle_free(p);
+	}
+}
+
 int main(void)
 {
+	CHECK_RUN(test_dcp_variants);
 	CHECK_RUN(test_state);
 	CHECK_RUN(test_dense);
 	CHECK_RUN(test_dcp);
