@@ -380,6 +380,28 @@ int ckpt_torch_dense(const struct ckpt_torch_tensor *t, int *order, uint64_t *by
 	return 0;
 }
 
+int ckpt_torch_key_split(const char *name, char *buf, size_t cap, const char **comps, int max)
+{
+	size_t n = strlen(name);
+	if (!n || n >= cap || strcmp(name, ".") == 0 || strcmp(name, "..") == 0 || strchr(name, '/') || max < 1)
+		return -EINVAL;
+	memcpy(buf, name, n + 1);
+	int split = name[0] != '.' && name[n - 1] != '.' && !strstr(name, "..");
+	int depth = 0;
+	char *s = buf;
+	for (;;) {
+		if (depth >= max)
+			return -EINVAL;
+		comps[depth++] = s;
+		char *dot = split ? strchr(s, '.') : NULL;
+		if (!dot)
+			break;
+		*dot = 0;
+		s = dot + 1;
+	}
+	return depth;
+}
+
 /* ---- distributed checkpoint metadata ------------------------------------------ */
 
 static int meta_bad(const char *what, const char *fqn, const char *why)

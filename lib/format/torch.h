@@ -59,6 +59,13 @@ ckpt_dtype ckpt_torch_dtype(const char *global);
  * overlapping view), or the block lies outside storage_numel elements. */
 int ckpt_torch_dense(const struct ckpt_torch_tensor *t, int *order, uint64_t *byte_off, uint64_t *byte_len);
 
+/* A tensor name as a key path: split on '.' (how the safetensors view
+ * joins the path back), unless a split would make an empty component, then
+ * the whole name is one component.  The components point into buf (cap
+ * bytes).  Returns the depth, or -EINVAL for a name that cannot be a path
+ * ("", ".", "..", a '/', too deep, too long). */
+int ckpt_torch_key_split(const char *name, char *buf, size_t cap, const char **comps, int max);
+
 /* ---- distributed checkpoints (.metadata) ---------------------------------- */
 
 enum ckpt_dcp_transform { CKPT_DCP_RAW = 0, CKPT_DCP_ZSTD = 1 };

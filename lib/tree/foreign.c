@@ -23,11 +23,21 @@
 /* Translators (foreign_*.c).  Order matters only where two could claim the
  * same bytes; none do. */
 extern const struct ckpt_foreign_fmt ckpt_foreign_npz;
+extern const struct ckpt_foreign_fmt ckpt_foreign_torch;
+extern const struct ckpt_foreign_fmt ckpt_foreign_dcp;
+extern const struct ckpt_foreign_fmt ckpt_foreign_safetensors;
+extern const struct ckpt_foreign_fmt ckpt_foreign_safetensors_dir;
 extern const struct ckpt_foreign_fmt ckpt_foreign_msgpack_file;
 extern const struct ckpt_foreign_fmt ckpt_foreign_msgpack_dir;
 
 static const struct ckpt_foreign_fmt *const formats[] = {
 	&ckpt_foreign_npz,
+	/* foreign_torch.c; safetensors before msgpack: a safetensors header
+	 * length can start like a msgpack map */
+	&ckpt_foreign_torch,
+	&ckpt_foreign_dcp,
+	&ckpt_foreign_safetensors,
+	&ckpt_foreign_safetensors_dir,
 	&ckpt_foreign_msgpack_file,
 	&ckpt_foreign_msgpack_dir,
 };
