@@ -68,6 +68,7 @@ static ssize_t frd_read(void *ctx, uint64_t off, size_t len, void *dst)
 struct tarch {
 	struct frd r;
 	struct ckpt_zip_dir dir;
+	const struct ckpt_zip_entry **sorted; /* the entries by name, for lookups */
 	char prefix[256]; /* the archive's top folder, with its '/' ("archive/") */
 	int big_endian;
 	ckpt_pickle *pk;
@@ -76,18 +77,44 @@ struct tarch {
 
 static void tarch_free(struct tarch *a)
 {
+	free(a->sorted);
+	a->sorted = NULL;
 	ckpt_torch_state_free(&a->st);
 	ckpt_pickle_free(a->pk);
 	ckpt_zip_dir_free(&a->dir);
 	a->pk = NULL;
 }
 
-static const struct ckpt_zip_entry *zfind(const struct ckpt_zip_dir *d, const char *prefix, const char *name)
+static int by_name(const void *x, const void *y)
 {
-	size_t pl = strlen(prefix);
-	for (size_t i = 0; i < d->n; i++)
-		if (strncmp(d->e[i].name, prefix, pl) == 0 && strcmp(d->e[i].name + pl, name) == 0)
-			return &d->e[i];
+	return strcmp((*(const struct ckpt_zip_entry *const *)x)->name, (*(const struct ckpt_zip_entry *const *)y)->name);
+}
+
+/* Member prefix + name (a binary search once the entries are sorted). */
+static const struct ckpt_zip_entry *zfind(struct tarch *a, const char *prefix, const char *name)
+{
+	char full[512];
+	if (snprintf(full, sizeof(full), "%s%s", prefix, name) >= (int)sizeof(full))
+		return NULL;
+	if (!a->sorted && a->dir.n) {
+		a->sorted = malloc(a->dir.n * sizeof(*a->sorted));
+		if (!a->sorted)
+			return NULL;
+		for (size_t i = 0; i < a->dir.n; i++)
+			a->sorted[i] = &a->dir.e[i];
+		qsort(a->sorted, a->dir.n, sizeof(*a->sorted), by_name);
+	}
+	size_t lo = 0, hi = a->dir.n;
+	while (lo < hi) {
+		size_t mid = lo + (hi - lo) / 2;
+		int c = strcmp(a->sorted[mid]->name, full);
+		if (c == 0)
+			return a->sorted[mid];
+		if (c < 0)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
 	return NULL;
 }
 
@@ -144,7 +171,7 @@ static int tarch_open(struct tarch *a, const char *what)
 	else if (rc == -EPERM || (rc == -EINVAL && buf))
 		why = "data.pkl cannot be read safely (see above)";
 	free(buf);
-	const struct ckpt_zip_entry *bo = rc == 0 ? zfind(&a->dir, a->prefix, "byteorder") : NULL;
+	const struct ckpt_zip_entry *bo = rc == 0 ? zfind(a, a->prefix, "byteorder") : NULL;
 	uint64_t boff;
 	char order[8] = { 0 };
 	if (bo && bo->csize < sizeof(order) && member_at(a, bo, &boff, &why) == 0 &&
@@ -169,7 +196,7 @@ static int tensor_at(struct tarch *a, const struct ckpt_torch_tensor *t, int *or
 {
 	char name[96];
 	snprintf(name, sizeof(name), "data/%s", t->storage_key);
-	const struct ckpt_zip_entry *e = zfind(&a->dir, a->prefix, name);
+	const struct ckpt_zip_entry *e = zfind(a, a->prefix, name);
 	if (!e) {
 		*why = "its storage member is missing";
 		return -EINVAL;
