@@ -305,3 +305,68 @@ def test_safetensors_sharded_folder(mount, tmp_path, expected):
         e = expected[k]
         check_tensor(m, k, e.dtype, e.shape, e.data)
     assert run_cli("verify", d).returncode == 0
+
+
+# ---- ZIP64: a torch.save archive with a storage beyond 4 GiB (sparse) -------------
+
+def zip64_torch(path, n, tail):
+    """A torch.save-shaped archive, written byte by byte: data.pkl holds a
+    uint8 tensor "w" of n elements over storage data/0 and a view "tail" of
+    its last len(tail) bytes; data/0 (n bytes, sparse but for the tail) needs
+    ZIP64 records.  Hand-written protocol-2 pickle, no torch."""
+    def u(s):
+        b = s.encode()
+        return b"X" + struct.pack("<I", len(b)) + b
+
+    def long1(v):
+        b = v.to_bytes(8, "little").rstrip(b"\0") or b"\0"
+        if b[-1] & 0x80:
+            b += b"\0"
+        return b"\x8a" + bytes([len(b)]) + b
+
+    def tensor(off, size):
+        return (b"ctorch._utils\n_rebuild_tensor_v2\n((" + u("storage") + b"ctorch\nByteStorage\n" + u("0") +
+                u("cpu") + long1(n) + b"tQ" + long1(off) + long1(size) + b"\x85K\x01\x85\x89"
+                b"ccollections\nOrderedDict\n)Rt" + b"R")
+    pkl = (b"\x80\x02}(" + u("w") + tensor(0, n) + u("tail") + tensor(n - len(tail), len(tail)) + b"u.")
+    cd = b""
+    with open(path, "wb") as f:
+        def member(name, size, data_writer, big):
+            nonlocal cd
+            off = f.tell()
+            nm = name.encode()
+            x = struct.pack("<HHQQ", 1, 16, size, size) if big else b""
+            s32 = 0xFFFFFFFF if big else size
+            f.write(struct.pack("<IHHHHHIIIHH", 0x04034b50, 45, 0, 0, 0, 0, 0, s32, s32, len(nm), len(x)) + nm + x)
+            data_writer()
+            cx = struct.pack("<HHQQQ", 1, 24, size, size, off) if big else b""
+            cd += struct.pack("<IHHHHHHIIIHHHHHII", 0x02014b50, 45, 45, 0, 0, 0, 0, 0, s32, s32, len(nm), len(cx),
+                              0, 0, 0, 0, 0xFFFFFFFF if big else off) + nm + cx
+
+        member("big/data.pkl", len(pkl), lambda: f.write(pkl), False)
+
+        def sparse():
+            start = f.tell()
+            f.truncate(start + n - len(tail))
+            f.seek(start + n - len(tail))
+            f.write(tail)
+        member("big/data/0", n, sparse, True)
+        cdoff = f.tell()
+        f.write(cd)
+        z64 = f.tell()
+        f.write(struct.pack("<IQHHIIQQQQ", 0x06064b50, 44, 45, 45, 0, 0, 2, 2, len(cd), cdoff))
+        f.write(struct.pack("<IIQI", 0x07064b50, 0, z64, 1))
+        f.write(struct.pack("<IHHHHIIH", 0x06054b50, 0, 0, 0xFFFF, 0xFFFF, 0xFFFFFFFF, 0xFFFFFFFF, 0))
+
+
+def test_torch_save_zip64(mount, tmp_path):
+    n = 2 ** 32 + 4096
+    tail = bytes(range(200, 232))
+    src = tmp_path / "big.pt"
+    zip64_torch(src, n, tail)
+    m = mount(src)
+    assert npy_data(m.p("tail.npy")) == tail
+    assert npy_data(m.p("w[%d:].npy" % (n - 40))) == bytes(8) + tail
+    assert os.getxattr(m.p("w.npy"), "user.ckpt.shape") == b"[%d]" % n
+    st = os.stat(m.p("w.npy"))
+    assert st.st_size == n + 128
