@@ -166,10 +166,13 @@ static int tarch_open(struct tarch *a, const char *what)
 		}
 		rc = n < 0 ? (int)n : 0;
 	}
-	if (rc == 0 && (rc = ckpt_pickle_load(buf, (size_t)pkl->csize, what, &a->pk)) == 0)
-		rc = ckpt_torch_state_parse(ckpt_pickle_root(a->pk), what, &a->st);
-	else if (rc == -EPERM || (rc == -EINVAL && buf))
-		why = "data.pkl cannot be read safely (see above)";
+	if (rc == 0) {
+		rc = ckpt_pickle_load(buf, (size_t)pkl->csize, what, &a->pk);
+		if (rc == 0)
+			rc = ckpt_torch_state_parse(ckpt_pickle_root(a->pk), what, &a->st);
+		if (rc == -EPERM || rc == -EINVAL)
+			why = "its data.pkl cannot be read (see above)";
+	}
 	free(buf);
 	const struct ckpt_zip_entry *bo = rc == 0 ? zfind(a, a->prefix, "byteorder") : NULL;
 	uint64_t boff;

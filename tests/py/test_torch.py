@@ -370,3 +370,20 @@ def test_torch_save_zip64(mount, tmp_path):
     assert os.getxattr(m.p("w.npy"), "user.ckpt.shape") == b"[%d]" % n
     st = os.stat(m.p("w.npy"))
     assert st.st_size == n + 128
+
+
+def test_dcp_metadata_refuses_other_globals(mount, tmp_path):
+    """.metadata is read with the same restricted reader: a global off the
+    list (here the os.system a plain pickle.load would run) refuses the mount."""
+    import shutil
+    d = tmp_path / "dcp"
+    shutil.copytree(os.path.join(TORCH_FX, "dcp_old_names"), d)
+    mark = tmp_path / "ran"
+    cmd = ("touch " + str(mark)).encode()
+    (d / ".metadata").write_bytes(b"\x80\x04\x8c\x02os\x8c\x06system\x93X" + struct.pack("<I", len(cmd)) + cmd +
+                                  b"\x85R.")
+    m = mount(d, expect_ready=False)
+    assert m.ready != b"s"
+    m.proc.wait(timeout=10)
+    assert "refused global os.system" in m.log(), m.log()
+    assert not mark.exists()
