@@ -251,6 +251,8 @@ def test_dcp_variants(mount, folder):
             assert st[k] == (ST_CODE[dt], list(shape), raw), k
     j = json.loads(run_cli("info", "--json", os.path.join(TORCH_FX, folder)).stdout)
     assert {a["key"].replace("/", ".") for a in j["arrays"]} >= {"model.w", "model.b", "step"}
+    p = run_cli("verify", os.path.join(TORCH_FX, folder))
+    assert p.returncode == (1 if folder == "dcp_two_ranks" else 0), p.stdout + p.stderr
 
 
 def test_dcp_offsets_beyond_2_31(mount, tmp_path):
@@ -287,6 +289,8 @@ def test_safetensors_file(mount, fixtures_dir, expected):
     b, _ = st_parse((fixtures_dir / "params.safetensors").read_bytes())
     assert a == b
     assert run_cli("verify", fixtures_dir / "params.safetensors").returncode == 0
+    j = json.loads(run_cli("info", "--json", fixtures_dir / "params.safetensors").stdout)
+    assert {a["key"].replace("/", ".") for a in j["arrays"]} == set(b)
 
 
 def test_safetensors_sharded_folder(mount, tmp_path, expected):
