@@ -25,11 +25,13 @@
 extern const struct ckpt_foreign_fmt ckpt_foreign_npz;
 extern const struct ckpt_foreign_fmt ckpt_foreign_msgpack_file;
 extern const struct ckpt_foreign_fmt ckpt_foreign_msgpack_dir;
+extern const struct ckpt_foreign_fmt ckpt_foreign_zarr_names;
 
 static const struct ckpt_foreign_fmt *const formats[] = {
 	&ckpt_foreign_npz,
 	&ckpt_foreign_msgpack_file,
 	&ckpt_foreign_msgpack_dir,
+	&ckpt_foreign_zarr_names,
 };
 
 #define NFORMATS (sizeof(formats) / sizeof(formats[0]))

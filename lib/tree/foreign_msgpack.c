@@ -498,3 +498,137 @@ const struct ckpt_foreign_fmt ckpt_foreign_msgpack_dir = {
 	.open = dir_open,
 	.main_file = CHECKPOINT_FILE,
 };
+
+/* ---- an Orbax 0.1 item without `checkpoint`: zarr folders named by key paths -- */
+
+#define NAMES_PROBE_MAX 16 /* subfolders a probe looks into */
+
+struct names {
+	char **v;
+	size_t n, cap;
+	size_t files; /* regular files other than commit_success.txt */
+	size_t max; /* stop collecting beyond this many (0: all) */
+	int oom;
+};
+
+static int names_cb(void *ctx, const char *name, const struct ckpt_store_stat *st)
+{
+	struct names *l = ctx;
+	if (name[0] == '.' || ckpt_orbax_is_unfinished(name))
+		return 0;
+	if (!st->is_dir) {
+		l->files += strcmp(name, CKPT_ORBAX_COMMIT_SUCCESS) != 0;
+		return 0;
+	}
+	if (l->max && l->n >= l->max)
+		return 0;
+	if (l->n == l->cap) {
+		size_t cap = l->cap ? 2 * l->cap : 16;
+		char **v = realloc(l->v, cap * sizeof(*v));
+		if (!v) {
+			l->oom = 1;
+			return 1;
+		}
+		l->v = v;
+		l->cap = cap;
+	}
+	if (!(l->v[l->n] = strdup(name))) {
+		l->oom = 1;
+		return 1;
+	}
+	l->n++;
+	return 0;
+}
+
+static void names_free(struct names *l)
+{
+	for (size_t i = 0; i < l->n; i++)
+		free(l->v[i]);
+	free(l->v);
+}
+
+static int has_file(ckpt_store *src, const char *dir, const char *name)
+{
+	char *k = join(dir, name);
+	struct ckpt_store_stat st;
+	int ok = k && ckpt_store_stat(src, k, &st) == 0;
+	free(k);
+	return ok;
+}
+
+static int ocdbt_cb(void *ctx, const char *name, const struct ckpt_store_stat *st)
+{
+	(void)ctx;
+	(void)st;
+	return strncmp(name, CKPT_ORBAX_OCDBT_PROCESS_PREFIX, strlen(CKPT_ORBAX_OCDBT_PROCESS_PREFIX)) == 0;
+}
+
+static int names_probe(ckpt_store *src, const char *key, const struct ckpt_store_stat *st, const uint8_t *head,
+		       size_t nhead)
+{
+	(void)head;
+	(void)nhead;
+	if (!st->is_dir || has_file(src, key, CHECKPOINT_FILE) || has_file(src, key, CKPT_ORBAX_METADATA) ||
+	    has_file(src, key, CKPT_ORBAX_OCDBT_MANIFEST) || has_file(src, key, CKPT_ORBAX_CKPT_METADATA) ||
+	    ckpt_store_listdir(src, key, ocdbt_cb, NULL) > 0)
+		return 0;
+	struct names l = { .max = NAMES_PROBE_MAX };
+	int ok = ckpt_store_listdir(src, key, names_cb, &l) >= 0 && !l.oom && l.n > 0 && l.files == 0;
+	for (size_t i = 0; ok && i < l.n; i++) {
+		char *k = join(key, l.v[i]);
+		ok = k && zarr_folder(src, k);
+		free(k);
+	}
+	names_free(&l);
+	return ok;
+}
+
+static int names_open(ckpt_store *src, const char *key, const struct ckpt_store_stat *st, ckpt_store **item)
+{
+	(void)st;
+	struct names l = { .max = 0 };
+	int rc = ckpt_store_listdir(src, key, names_cb, &l);
+	if (rc >= 0 && l.oom)
+		rc = -ENOMEM;
+	char name[4096];
+	snprintf(name, sizeof(name), "%s%s%s", src->root, *key ? "/" : "", key);
+	struct ckpt_vitem *vi = NULL;
+	if (rc >= 0)
+		rc = ckpt_vitem_new(name, &vi);
+	for (size_t i = 0; rc >= 0 && i < l.n; i++) {
+		char *k = join(key, l.v[i]);
+		if (!k) {
+			rc = -ENOMEM;
+			break;
+		}
+		if (zarr_folder(src, k)) {
+			/* the key path: the folder name split on '.' */
+			char buf[4096];
+			const char *path[CKPT_ORBAX_MAX_DEPTH];
+			int depth = 0;
+			snprintf(buf, sizeof(buf), "%s", l.v[i]);
+			for (char *p = buf; p && depth < CKPT_ORBAX_MAX_DEPTH;) {
+				char *dot = strchr(p, '.');
+				if (dot)
+					*dot = 0;
+				path[depth++] = p;
+				p = dot ? dot + 1 : NULL;
+			}
+			rc = ckpt_vitem_add_zarr(vi, path, depth, src, k);
+		}
+		free(k);
+	}
+	names_free(&l);
+	if (rc < 0) {
+		ckpt_vitem_free(vi);
+		return rc;
+	}
+	return ckpt_vitem_finish(vi, item);
+}
+
+const struct ckpt_foreign_fmt ckpt_foreign_zarr_names = {
+	.name = "orbax-zarr-folders",
+	.what = "an Orbax 0.1 item of zarr folders named by '.'-joined key paths",
+	.probe = names_probe,
+	.open = names_open,
+};

@@ -40,6 +40,9 @@ SOURCES = {
     "flax_single_checkpoint": {"flax_legacy/checkpoint_1": ""},
     "orbax_old": {"orbax_old/1/default": "1/default", "orbax_old/2/default": "2/default"},
     "orbax_old/2/default": {"orbax_old/2/default": ""},
+    "orbax_old_ocdbt/merged": {"orbax_old_ocdbt/merged": ""},
+    "orbax_old_ocdbt/unmerged": {"orbax_old_ocdbt/unmerged": ""},
+    "orbax_names": {"orbax_names": ""},
     "t5x": {"t5x/checkpoint_100": "checkpoint_100"},
     "t5x/checkpoint_100": {"t5x/checkpoint_100": ""},
 }
@@ -190,7 +193,8 @@ ST_CODE = {"float32": "F32", "float64": "F64", "int8": "I8", "int16": "I16", "in
 @pytest.mark.parametrize("source,folder", [
     ("npz/stored.npz", "params"), ("npz/compressed.npz", "params/llm"), ("flax_inline", "checkpoint_5/params"),
     ("flax_legacy", "checkpoint_2"), ("orbax_old", "1/default/params"),
-    ("t5x", "checkpoint_100/optimizer/target"),
+    ("t5x", "checkpoint_100/optimizer/target"), ("orbax_old_ocdbt/unmerged", "transformer%2Fembedder"),
+    ("orbax_names", "params"),
 ])
 def test_safetensors_view(source, folder, mounts):
     m = mounts(source)
@@ -300,3 +304,12 @@ def test_truncated_npz_member_is_eio(tmp_path, mount):
     with open(f, "r+b") as fh:
         fh.truncate(200)
     assert U.errno_of(lambda: U.read_all(m.p("u8.npy"))) in (errno.EIO,)
+
+
+def test_keys_with_slashes_keep_their_key_path(mounts):
+    """A pytree key holding '/' (Gemma's 'transformer/layer_0/attn/q_einsum')
+    is one folder, escaped as for Orbax items; .npz member names are paths."""
+    m = mounts("orbax_old_ocdbt/unmerged")
+    assert sorted(os.listdir(m.p())) == ["step.npy", "transformer%2Fembedder", "transformer%2Flayer_0%2Fattn%2Fq_einsum"]
+    m = mounts("npz/stored.npz")
+    assert "q_einsum" in os.listdir(m.p("params/llm/layers/attn"))
