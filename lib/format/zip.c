@@ -77,8 +77,8 @@ void ckpt_zip_dir_free(struct ckpt_zip_dir *d)
 
 /* The ZIP64 extra field of a central entry: the 8-byte values that stand
  * for fields saturated in the fixed part, in APPNOTE's order. */
-static int zip64_extra(const uint8_t *x, size_t xn, struct ckpt_zip_entry *e, int need_u, int need_c, int need_o,
-		       const char **why)
+static int zip64_extra(const uint8_t *x, size_t xn, struct ckpt_zip_entry *e, int need_u, int need_c,
+		       int need_o, const char **why)
 {
 	size_t p = 0;
 	while (p + 4 <= xn) {
@@ -114,7 +114,8 @@ static int zip64_extra(const uint8_t *x, size_t xn, struct ckpt_zip_entry *e, in
 	return 0;
 }
 
-int ckpt_zip_dir_read(ckpt_zip_read_fn rd, void *ctx, uint64_t size, struct ckpt_zip_dir *out, const char **why)
+int ckpt_zip_dir_read(ckpt_zip_read_fn rd, void *ctx, uint64_t size, struct ckpt_zip_dir *out,
+		      const char **why)
 {
 	memset(out, 0, sizeof(*out));
 	out->size = size;
@@ -219,8 +220,8 @@ int ckpt_zip_dir_read(ckpt_zip_read_fn rd, void *ctx, uint64_t size, struct ckpt
 		e->csize = le32(c + 20);
 		e->usize = le32(c + 24);
 		e->local_off = le32(c + 42);
-		if ((rc = zip64_extra(c + CENTRAL_LEN + nl, xl, e, e->usize == 0xffffffffu, e->csize == 0xffffffffu,
-				      e->local_off == 0xffffffffu, why)) < 0)
+		if ((rc = zip64_extra(c + CENTRAL_LEN + nl, xl, e, e->usize == 0xffffffffu,
+				      e->csize == 0xffffffffu, e->local_off == 0xffffffffu, why)) < 0)
 			break;
 		if (memchr(c + CENTRAL_LEN, 0, nl)) {
 			rc = fail(why, "a member name holding a NUL byte");

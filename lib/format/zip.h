@@ -51,7 +51,8 @@ int ckpt_zip_magic(const uint8_t *head, size_t n);
  * ckpt_zip_dir_free, also after a failure).  -EINVAL (and *why, static
  * English) for what is not a well-formed ZIP archive, a multi-disk one,
  * or one beyond the bounds; -ENOMEM; the callback's errors. */
-int ckpt_zip_dir_read(ckpt_zip_read_fn rd, void *ctx, uint64_t size, struct ckpt_zip_dir *out, const char **why);
+int ckpt_zip_dir_read(ckpt_zip_read_fn rd, void *ctx, uint64_t size, struct ckpt_zip_dir *out,
+		      const char **why);
 void ckpt_zip_dir_free(struct ckpt_zip_dir *d);
 
 /* Where entry e's stored bytes start: its local header read and checked

@@ -157,6 +157,12 @@ int ckpt_store_mem_put(ckpt_store *s, const char *key, const void *data, size_t 
 int ckpt_store_mem_put_range(ckpt_store *s, const char *key, ckpt_store *base, const char *base_key,
 			     uint64_t offset, uint64_t length);
 
+/* The same for bytes that are several ranges of base_key one after another
+ * (pieces: npieces (offset, length) pairs), such as an array Flax stored in
+ * pieces of 2^30 bytes. */
+int ckpt_store_mem_put_pieces(ckpt_store *s, const char *key, ckpt_store *base, const char *base_key,
+			      const uint64_t *pieces, size_t npieces);
+
 /* Folder `key` of memory store s shows folder `base_dir` of store `base`
  * ("" = its root): every key below it (key + "/" + rest) is base_dir +
  * "/" + rest of base, for size, read, stat, list and listdir.  A zarr

@@ -23,6 +23,8 @@ struct mem_entry {
 	ckpt_store *base; /* range or mount: the store read through (a reference) */
 	char *base_key; /* range: the file of base; mount: the folder of base ("" = its root) */
 	uint64_t off; /* range: first byte in base_key */
+	uint64_t *pieces; /* pieces: npieces (offset, length) pairs of base_key, read one after another */
+	size_t npieces;
 	int mount; /* 1: key is a folder whose contents are base's folder base_key */
 };
 
@@ -129,6 +131,29 @@ static ssize_t mem_read(ckpt_store *s, const char *key, uint64_t off, size_t len
 	if (!e->base) {
 		memcpy(dst, e->data + off, n);
 		return (ssize_t)n;
+	}
+	if (e->npieces) { /* the pieces in turn */
+		size_t done = 0;
+		uint64_t skip = off;
+		for (size_t i = 0; i < e->npieces && done < n; i++) {
+			uint64_t po = e->pieces[2 * i], pl = e->pieces[2 * i + 1];
+			if (skip >= pl) {
+				skip -= pl;
+				continue;
+			}
+			size_t k = pl - skip < n - done ? (size_t)(pl - skip) : n - done;
+			ssize_t r = e->base->ops->read(e->base, e->base_key, po + skip, k, (uint8_t *)dst + done);
+			if (r < 0)
+				return r;
+			if ((size_t)r < k) {
+				ckpt_log(CKPT_LOG_ERR, "%s/%s: %s/%s is shorter than the pieces it should hold", s->root,
+					 key, e->base->root, e->base_key);
+				return -EIO;
+			}
+			done += k;
+			skip = 0;
+		}
+		return (ssize_t)done;
 	}
 	uint64_t at;
 	if (ckpt_add_u64(e->off, off, &at) < 0)
@@ -333,6 +358,7 @@ static void mem_destroy(ckpt_store *s)
 		free(m->e[i].key);
 		free(m->e[i].data);
 		free(m->e[i].base_key);
+		free(m->e[i].pieces);
 		ckpt_store_destroy(m->e[i].base);
 	}
 	free(m->e);
@@ -376,6 +402,7 @@ static int mem_insert(mem_store *m, struct mem_entry ne)
 		free(o->key);
 		free(o->data);
 		free(o->base_key);
+		free(o->pieces);
 		ckpt_store_destroy(o->base);
 		*o = ne;
 		m->nmounts += (size_t)ne.mount;
@@ -388,6 +415,7 @@ static int mem_insert(mem_store *m, struct mem_entry ne)
 			free(ne.key);
 			free(ne.data);
 			free(ne.base_key);
+			free(ne.pieces);
 			ckpt_store_destroy(ne.base);
 			return -ENOMEM;
 		}
@@ -453,4 +481,32 @@ int ckpt_store_mem_put_folder(ckpt_store *s, const char *key, ckpt_store *base, 
 	}
 	return mem_insert((mem_store *)s,
 			  (struct mem_entry){ .key = k, .base = ckpt_store_ref(base), .base_key = bk, .mount = 1 });
+}
+
+int ckpt_store_mem_put_pieces(ckpt_store *s, const char *key, ckpt_store *base, const char *base_key,
+			      const uint64_t *pieces, size_t npieces)
+{
+	if (s->ops != &mem_ops || !base || base == s || !ckpt_store_key_ok(key) || !ckpt_store_key_ok(base_key) ||
+	    npieces == 0 || npieces > SIZE_MAX / (2 * sizeof(uint64_t)))
+		return -EINVAL;
+	uint64_t total = 0, end;
+	for (size_t i = 0; i < npieces; i++)
+		if (ckpt_add_u64(pieces[2 * i], pieces[2 * i + 1], &end) < 0 ||
+		    ckpt_add_u64(total, pieces[2 * i + 1], &total) < 0 || total > SIZE_MAX)
+			return -EINVAL;
+	char *k = strdup(key), *bk = strdup(base_key);
+	uint64_t *p = malloc(npieces * 2 * sizeof(uint64_t));
+	if (!k || !bk || !p) {
+		free(k);
+		free(bk);
+		free(p);
+		return -ENOMEM;
+	}
+	memcpy(p, pieces, npieces * 2 * sizeof(uint64_t));
+	return mem_insert((mem_store *)s, (struct mem_entry){ .key = k,
+							      .len = (size_t)total,
+							      .base = ckpt_store_ref(base),
+							      .base_key = bk,
+							      .pieces = p,
+							      .npieces = npieces });
 }

@@ -29,6 +29,7 @@ extern const struct ckpt_foreign_fmt ckpt_foreign_safetensors;
 extern const struct ckpt_foreign_fmt ckpt_foreign_safetensors_dir;
 extern const struct ckpt_foreign_fmt ckpt_foreign_msgpack_file;
 extern const struct ckpt_foreign_fmt ckpt_foreign_msgpack_dir;
+extern const struct ckpt_foreign_fmt ckpt_foreign_zarr_names;
 
 static const struct ckpt_foreign_fmt *const formats[] = {
 	&ckpt_foreign_npz,
@@ -40,6 +41,7 @@ static const struct ckpt_foreign_fmt *const formats[] = {
 	&ckpt_foreign_safetensors_dir,
 	&ckpt_foreign_msgpack_file,
 	&ckpt_foreign_msgpack_dir,
+	&ckpt_foreign_zarr_names,
 };
 
 #define NFORMATS (sizeof(formats) / sizeof(formats[0]))
@@ -78,7 +80,8 @@ const char *ckpt_foreign_what(void)
 		size_t o = 0;
 		buf[0] = 0;
 		for (size_t i = 0; i < NFORMATS && o < sizeof(buf); i++)
-			o += (size_t)snprintf(buf + o, sizeof(buf) - o, "%s%s", i ? ", " : "", formats[i]->what);
+			o += (size_t)snprintf(buf + o, sizeof(buf) - o, "%s%s", i ? ", " : "",
+					      formats[i]->what);
 		done = 1;
 	}
 	return buf;
@@ -202,8 +205,8 @@ static void meta_init(struct ckpt_zarr_meta *m, ckpt_dtype dt, int rank, const u
 	}
 	ch->a2b.id = CKPT_CODEC_BYTES;
 	ch->a2b.endian = ckpt_dtype_get(dt)->itemsize == 1 ? CKPT_ENDIAN_NONE
-			 : big				    ? CKPT_ENDIAN_BIG
-							    : CKPT_ENDIAN_LITTLE;
+			 : big				   ? CKPT_ENDIAN_BIG
+							   : CKPT_ENDIAN_LITTLE;
 }
 
 /* Chunk key of chunk `c` along dimension `dim` (all others 0). */
@@ -219,17 +222,53 @@ static void chunk_key(char *buf, size_t cap, const char *skey, int rank, int dim
 				      (unsigned long long)(d == dim ? c : 0));
 }
 
-int ckpt_vitem_add_array(struct ckpt_vitem *vi, const char *const *path, int depth, const struct ckpt_varray *a)
+/* Key k = bytes [from, from + len) of a's pieces laid end to end. */
+static int put_from_pieces(struct ckpt_vitem *vi, const char *k, const struct ckpt_varray *a, uint64_t from,
+			   uint64_t len)
+{
+	uint64_t *sel = malloc(a->npieces * 2 * sizeof(uint64_t));
+	if (!sel)
+		return -ENOMEM;
+	size_t n = 0;
+	uint64_t at = 0; /* stream offset of piece i */
+	for (size_t i = 0; i < a->npieces && len; i++) {
+		uint64_t po = a->pieces[2 * i], pl = a->pieces[2 * i + 1];
+		if (from < at + pl && pl) {
+			uint64_t skip = from - at, take = pl - skip < len ? pl - skip : len;
+			sel[2 * n] = po + skip;
+			sel[2 * n + 1] = take;
+			n++;
+			from += take;
+			len -= take;
+		}
+		at += pl;
+	}
+	int rc = n ? ckpt_store_mem_put_pieces(vi->mem, k, a->base, a->base_key, sel, n) : -EINVAL;
+	free(sel);
+	return rc;
+}
+
+int ckpt_vitem_add_array(struct ckpt_vitem *vi, const char *const *path, int depth,
+			 const struct ckpt_varray *a)
 {
 	const ckpt_dtype_info *di = ckpt_dtype_get(a->dtype);
 	if (!di || a->rank < 0 || a->rank > CKPT_MAX_RANK || !a->base || !a->base_key)
 		return -EINVAL;
 	uint64_t nbytes = di->itemsize, elems = 1;
 	for (int d = 0; d < a->rank; d++)
-		if (ckpt_mul_u64(nbytes, a->shape[d], &nbytes) < 0 || ckpt_mul_u64(elems, a->shape[d], &elems) < 0 ||
-		    nbytes > (1ull << 62))
+		if (ckpt_mul_u64(nbytes, a->shape[d], &nbytes) < 0 ||
+		    ckpt_mul_u64(elems, a->shape[d], &elems) < 0 || nbytes > (1ull << 62))
 			return -EINVAL;
-	if (a->codec == CKPT_VCODEC_RAW && a->length != nbytes)
+	uint64_t have = a->length;
+	if (a->npieces) {
+		if (a->codec != CKPT_VCODEC_RAW)
+			return -EINVAL;
+		have = 0;
+		for (size_t i = 0; i < a->npieces; i++)
+			if (ckpt_add_u64(have, a->pieces[2 * i + 1], &have) < 0)
+				return -EINVAL;
+	}
+	if (a->codec == CKPT_VCODEC_RAW && have != nbytes)
 		return -EINVAL;
 	char skey[32];
 	snprintf(skey, sizeof(skey), KEY_FMT, vi->n);
@@ -270,16 +309,20 @@ int ckpt_vitem_add_array(struct ckpt_vitem *vi, const char *const *path, int dep
 		for (uint64_t c = 0; c < nchunks; c++) {
 			char k[96];
 			chunk_key(k, sizeof(k), skey, a->rank, dim, c);
-			if ((rc = ckpt_store_mem_put_range(vi->mem, k, a->base, a->base_key, a->offset + c * cbytes,
-							   cbytes)) < 0)
+			if (a->npieces)
+				rc = put_from_pieces(vi, k, a, c * cbytes, cbytes);
+			else
+				rc = ckpt_store_mem_put_range(vi->mem, k, a->base, a->base_key,
+							      a->offset + c * cbytes, cbytes);
+			if (rc < 0)
 				return rc;
 		}
 	}
 	return add_leaf(vi, path, depth, "np.ndarray", skey, 1);
 }
 
-int ckpt_vitem_add_bytes(struct ckpt_vitem *vi, const char *const *path, int depth, ckpt_dtype dtype, int rank,
-			 const uint64_t *shape, const void *data, size_t len)
+int ckpt_vitem_add_bytes(struct ckpt_vitem *vi, const char *const *path, int depth, ckpt_dtype dtype,
+			 int rank, const uint64_t *shape, const void *data, size_t len)
 {
 	const ckpt_dtype_info *di = ckpt_dtype_get(dtype);
 	if (!di || rank < 0 || rank > CKPT_MAX_RANK)

@@ -52,6 +52,11 @@ struct ckpt_foreign_fmt {
 	/* The virtual item of `key` (*item: a new store reference).  -errno,
 	 * logged (the file and why). */
 	int (*open)(ckpt_store *src, const char *key, const struct ckpt_store_stat *st, ckpt_store **item);
+	/* Folder formats: the file that makes a folder this format's
+	 * ("checkpoint"); when open fails, the folder shows one entry of this
+	 * name that answers EIO.  NULL for file formats (the entry is named
+	 * after the file). */
+	const char *main_file;
 };
 
 /* The translator that claims `key` of src (a file or folder; st may be
@@ -90,6 +95,10 @@ struct ckpt_varray {
 	ckpt_store *base; /* borrowed; the item takes its own reference */
 	const char *base_key;
 	uint64_t offset, length;
+	/* RAW only: when npieces > 0 the bytes are these (offset, length) pairs
+	 * of base_key one after another (offset and length unused; borrowed) */
+	const uint64_t *pieces;
+	size_t npieces;
 };
 
 /*
@@ -108,9 +117,10 @@ struct ckpt_varray {
  * add_string: a text leaf (NAME.txt holding the string).
  * add_empty: an empty dict or list (an empty folder).
  */
-int ckpt_vitem_add_array(struct ckpt_vitem *vi, const char *const *path, int depth, const struct ckpt_varray *a);
-int ckpt_vitem_add_bytes(struct ckpt_vitem *vi, const char *const *path, int depth, ckpt_dtype dtype, int rank,
-			 const uint64_t *shape, const void *data, size_t len);
+int ckpt_vitem_add_array(struct ckpt_vitem *vi, const char *const *path, int depth,
+			 const struct ckpt_varray *a);
+int ckpt_vitem_add_bytes(struct ckpt_vitem *vi, const char *const *path, int depth, ckpt_dtype dtype,
+			 int rank, const uint64_t *shape, const void *data, size_t len);
 int ckpt_vitem_add_zarr(struct ckpt_vitem *vi, const char *const *path, int depth, ckpt_store *base,
 			const char *dir);
 int ckpt_vitem_add_string(struct ckpt_vitem *vi, const char *const *path, int depth, const char *value);

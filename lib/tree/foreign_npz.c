@@ -47,7 +47,8 @@ static int npz_probe(ckpt_store *src, const char *key, const struct ckpt_store_s
 }
 
 /* The .npy header at the start of a stored member's data. */
-static int stored_header(struct zrd *r, uint64_t off, uint64_t avail, struct ckpt_npz_header *h, const char **why)
+static int stored_header(struct zrd *r, uint64_t off, uint64_t avail, struct ckpt_npz_header *h,
+			 const char **why)
 {
 	size_t want = 4096;
 	for (int tries = 0; tries < 3; tries++) {
@@ -109,7 +110,8 @@ static int deflated_header(struct zrd *r, uint64_t off, uint64_t csize, struct c
 		size_t need = 0;
 		rc = ckpt_npz_header_parse(out, made, h, &need, why);
 		if (rc == -EAGAIN && zr != Z_OK) {
-			*why = zr == Z_STREAM_END ? "the member ends inside its .npy header" : "bad deflate data";
+			*why = zr == Z_STREAM_END ? "the member ends inside its .npy header"
+						  : "bad deflate data";
 			rc = -EINVAL;
 		}
 	}
@@ -186,8 +188,8 @@ static int add_member(struct ckpt_vitem *vi, struct zrd *r, const struct ckpt_zi
 			why = "its dtype, shape or byte order cannot be shown";
 	}
 	if (rc < 0) {
-		ckpt_log(CKPT_LOG_ERR, "%s/%s: member %s cannot be read (%s); listed, reads answer EIO", r->s->root,
-			 r->key, e->name, why ? why : strerror(-rc));
+		ckpt_log(CKPT_LOG_ERR, "%s/%s: member %s cannot be read (%s); listed, reads answer EIO",
+			 r->s->root, r->key, e->name, why ? why : strerror(-rc));
 		return ckpt_vitem_add_unreadable(vi, comps, depth);
 	}
 	return 0;
@@ -217,8 +219,8 @@ static int npz_open(ckpt_store *src, const char *key, const struct ckpt_store_st
 		if (e->name_len && e->name[e->name_len - 1] == '/')
 			continue; /* a folder entry */
 		if (e->name_len < 4 || strcmp(e->name + e->name_len - 4, ".npy") != 0) {
-			ckpt_log(CKPT_LOG_WARN, "%s/%s: member %s is not an .npy file, not shown", src->root, key,
-				 e->name);
+			ckpt_log(CKPT_LOG_WARN, "%s/%s: member %s is not an .npy file, not shown", src->root,
+				 key, e->name);
 			continue;
 		}
 		rc = add_member(vi, &r, &d, e);

@@ -440,7 +440,7 @@ static int build_foreign(ckpt_view *v, struct node *dir, const char *path, const
 			 int64_t mtime)
 {
 	ckpt_store *item = NULL;
-	struct ckpt_store_stat st;
+	struct ckpt_store_stat st = { 0 };
 	int rc = ckpt_store_stat(v->src, path, &st);
 	if (rc == 0)
 		rc = f->open(v->src, path, &st, &item);
@@ -448,7 +448,7 @@ static int build_foreign(ckpt_view *v, struct node *dir, const char *path, const
 		ckpt_store_destroy(item);
 	if (rc < 0) {
 		const char *base = strrchr(path, '/');
-		base = base ? base + 1 : *path ? path : "checkpoint";
+		base = st.is_dir && f->main_file ? f->main_file : base ? base + 1 : *path ? path : f->name;
 		char why[128];
 		snprintf(why, sizeof(why), "its %s data cannot be read: %s", f->name, strerror(-rc));
 		add_broken(v, dir, v->src->root, path, base, why, mtime);
@@ -684,6 +684,19 @@ static int is_step_file(ckpt_view *v, const char *name, const struct ckpt_store_
 	return !st->is_dir && ckpt_orbax_step_number(name, NULL) && ckpt_foreign_probe(v->src, name, st);
 }
 
+/* Legacy Flax keeps the arrays of step file X that were not written inline
+ * in folder X_gda/: part of step X, not a step of its own. */
+static int is_gda_folder(ckpt_view *v, const char *name, const struct ckpt_store_stat *st)
+{
+	size_t n = strlen(name);
+	char file[VIEW_NAME_BUF];
+	if (!st->is_dir || n <= 4 || n - 4 >= sizeof(file) || strcmp(name + n - 4, "_gda") != 0)
+		return 0;
+	memcpy(file, name, n - 4);
+	file[n - 4] = 0;
+	return ckpt_orbax_step_number(file, NULL) && exists_at(v, "", file, 0);
+}
+
 /* Object stores have no atomic rename: there Orbax writes a step under its
  * final name and writes commit_success.txt last, so a step folder without
  * it is still being written (on a file system the tmp-folder rename is the
@@ -698,7 +711,8 @@ static void root_entry(ckpt_view *v, void *arg, const char *name, const char *ke
 {
 	(void)key;
 	struct node *root = arg;
-	if (!(is_step_folder(name, st) || is_step_file(v, name, st)) || !step_committed(v, name))
+	if (!(is_step_folder(name, st) || is_step_file(v, name, st)) || is_gda_folder(v, name, st) ||
+	    !step_committed(v, name))
 		return;
 	struct node *step = new_step_node(v, name, st->mtime_ns ? st->mtime_ns : root->mtime_ns);
 	if (step)
@@ -717,7 +731,7 @@ static void list_entry(ckpt_view *v, void *arg, const char *name, const char *ke
 {
 	(void)key;
 	struct layout_steps *l = arg;
-	if (!(is_step_folder(name, st) || is_step_file(v, name, st)) || l->oom)
+	if (!(is_step_folder(name, st) || is_step_file(v, name, st)) || is_gda_folder(v, name, st) || l->oom)
 		return;
 	if (l->n == l->cap) {
 		size_t cap = l->cap ? l->cap * 2 : 64;
