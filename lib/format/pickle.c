@@ -33,6 +33,7 @@ static const char *const k_exact[] = {
 	"_codecs.encode",
 	"torch._utils._rebuild_tensor",
 	"torch._utils._rebuild_tensor_v2",
+	"torch._utils._rebuild_tensor_v3",
 	"torch._utils._rebuild_parameter",
 	"torch._utils._rebuild_parameter_with_state",
 	"torch.storage.UntypedStorage",

@@ -119,7 +119,8 @@ static int is_tensor(const ckpt_pk *o)
 {
 	o = unwrap_param(o);
 	return o && o->kind == CKPT_PK_RECORD &&
-	       (ckpt_pk_is(o, "torch._utils._rebuild_tensor_v2") || ckpt_pk_is(o, "torch._utils._rebuild_tensor"));
+	       (ckpt_pk_is(o, "torch._utils._rebuild_tensor_v2") || ckpt_pk_is(o, "torch._utils._rebuild_tensor") ||
+		ckpt_pk_is(o, "torch._utils._rebuild_tensor_v3"));
 }
 
 static char *joined(struct walk *w)
@@ -175,6 +176,20 @@ static int add_tensor(struct walk *w, const ckpt_pk *rec)
 	int64_t numel, off;
 	if (ckpt_pk_int(p->v[4], &numel) || numel < 0)
 		return tensor_bad(w, "malformed storage size");
+	/* _rebuild_tensor_v3(storage, offset, size, stride, requires_grad, hooks,
+	 * dtype[, metadata]): the dtype is an argument; over an untyped storage
+	 * the persistent id counts bytes, the offset elements of that dtype */
+	if (ckpt_pk_is(rec, "torch._utils._rebuild_tensor_v3")) {
+		ckpt_dtype d3 = a->n >= 7 && a->v[6]->kind == CKPT_PK_GLOBAL ? ckpt_torch_dtype(a->v[6]->s)
+									       : CKPT_DT_INVALID;
+		if (d3 == CKPT_DT_INVALID)
+			return tensor_bad(w, "_rebuild_tensor_v3 without a dtype ckptfs has");
+		if (ckpt_pk_is_attr(p->v[1], "UntypedStorage"))
+			numel /= (int64_t)ckpt_dtype_get(d3)->itemsize;
+		else if (d3 != dt)
+			return tensor_bad(w, "dtype differs from its storage's");
+		dt = d3;
+	}
 	if (ckpt_pk_int(a->v[1], &off) || off < 0)
 		return tensor_bad(w, "malformed storage offset");
 	int64_t size[CKPT_MAX_RANK], stride[CKPT_MAX_RANK];

@@ -147,7 +147,7 @@ static void test_refused(void)
 {
 	refused(k_evil, sizeof(k_evil), -EPERM, "refused global os.system");
 	refused(k_evil4, sizeof(k_evil4), -EPERM, "refused global builtins.eval");
-	REFUSED("\x80\x02" "ctorch._utils\n_rebuild_tensor_v3\n.", -EPERM, "torch._utils._rebuild_tensor_v3");
+	REFUSED("\x80\x02" "ctorch._utils\n_rebuild_tensor_v9\n.", -EPERM, "torch._utils._rebuild_tensor_v9");
 	REFUSED("\x80\x02" "ctorch\nload\n.", -EPERM, "torch.load");
 	REFUSED("\x80\x02" "c__builtin__\neval\n.", -EPERM, "__builtin__.eval");
 	REFUSED("(cos\nsystem\nS'ls'\no.", -EPERM, "os.system");

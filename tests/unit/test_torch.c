@@ -215,8 +215,31 @@ static void test_dcp_variants(void)
 	}
 }
 
+static void test_rebuild_v3(void)
+{
+	/* _rebuild_tensor_v3 over an untyped storage of 16 bytes: uint16 view [1:4] */
+	static const char pk[] = "\x80\x02}X\x01\x00\x00\x00" "tctorch._utils\n_rebuild_tensor_v3\n"
+				 "((X\x07\x00\x00\x00" "storagectorch.storage\nUntypedStorage\n"
+				 "X\x01\x00\x00\x00" "0X\x03\x00\x00\x00" "cpuK\x10tQK\x01K\x03\x85K\x01\x85\x89"
+				 "ccollections\nOrderedDict\n)Rctorch\nuint16\ntRs.";
+	ckpt_pickle *p = NULL;
+	CHECK_EQ_INT(ckpt_pickle_load(pk, sizeof(pk) - 1, "v3", &p), 0);
+	struct ckpt_torch_state s;
+	CHECK_EQ_INT(ckpt_torch_state_parse(ckpt_pickle_root(p), "v3", &s), 0);
+	CHECK_EQ_INT(s.n, 1);
+	if (s.n == 1) {
+		int order[CKPT_MAX_RANK];
+		uint64_t off, len;
+		CHECK(s.t[0].dtype == CKPT_DT_UINT16 && s.t[0].storage_numel == 8 && strcmp(s.t[0].name, "t") == 0);
+		CHECK(ckpt_torch_dense(&s.t[0], order, &off, &len) == 0 && off == 2 && len == 6);
+	}
+	ckpt_torch_state_free(&s);
+	ckpt_pickle_free(p);
+}
+
 int main(void)
 {
+	CHECK_RUN(test_rebuild_v3);
 	CHECK_RUN(test_dcp_variants);
 	CHECK_RUN(test_state);
 	CHECK_RUN(test_dense);
