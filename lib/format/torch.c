@@ -660,3 +660,67 @@ int ckpt_dcp_grid(const struct ckpt_dcp_entry *e, uint64_t *grid, size_t *index)
 	free(seen);
 	return rc;
 }
+
+static uint64_t gcd64(uint64_t a, uint64_t b)
+{
+	while (b) {
+		uint64_t t = a % b;
+		a = b;
+		b = t;
+	}
+	return a;
+}
+
+int ckpt_dcp_cells(const struct ckpt_dcp_entry *e, uint64_t *cell)
+{
+	if (e->is_bytes)
+		return -EINVAL;
+	uint64_t n[CKPT_MAX_RANK], total = 1;
+	for (int d = 0; d < e->rank; d++) {
+		uint64_t g = e->size[d];
+		for (size_t i = 0; i < e->nchunks; i++)
+			g = gcd64(gcd64(g, e->chunks[i].offsets[d]), e->chunks[i].sizes[d]);
+		cell[d] = g ? g : 1;
+		n[d] = e->size[d] / cell[d];
+		if (n[d] && total > CKPT_DCP_MAX_CELLS / n[d])
+			return -EINVAL;
+		total *= n[d];
+	}
+	if (total == 0)
+		return 0; /* an empty tensor: nothing to tile */
+	uint8_t *seen = calloc((size_t)total, 1);
+	if (!seen)
+		return -ENOMEM;
+	int rc = 0;
+	size_t marked = 0;
+	for (size_t i = 0; i < e->nchunks && !rc; i++) {
+		const struct ckpt_dcp_chunk *c = &e->chunks[i];
+		uint64_t m[CKPT_MAX_RANK], q[CKPT_MAX_RANK] = { 0 }, cells = 1;
+		for (int d = 0; d < e->rank; d++) {
+			m[d] = c->sizes[d] / cell[d];
+			cells *= m[d];
+		}
+		if (cells == 0)
+			continue;
+		for (;;) {
+			uint64_t pos = 0;
+			for (int d = 0; d < e->rank; d++)
+				pos = pos * n[d] + c->offsets[d] / cell[d] + q[d];
+			if (seen[pos]) {
+				rc = -EINVAL; /* two boxes overlap */
+				break;
+			}
+			seen[pos] = 1;
+			marked++;
+			int d = e->rank - 1;
+			while (d >= 0 && ++q[d] == m[d])
+				q[d--] = 0;
+			if (d < 0)
+				break;
+		}
+	}
+	free(seen);
+	if (!rc && marked != total)
+		rc = -EINVAL; /* a gap */
+	return rc;
+}

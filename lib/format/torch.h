@@ -109,4 +109,13 @@ void ckpt_dcp_meta_free(struct ckpt_dcp_meta *m);
  * the boxes form no such grid (gaps, overlaps, uneven boxes). */
 int ckpt_dcp_grid(const struct ckpt_dcp_entry *e, uint64_t *grid, size_t *index);
 
+/* The coarsest regular grid in which every chunk box of e is a whole number
+ * of cells: along dimension d, cell[d] is the greatest common divisor of the
+ * tensor's size and every box's offset and size (so even sharding gives the
+ * boxes themselves, and a shorter last shard gives smaller cells).  The
+ * boxes must tile the tensor exactly once.  -EINVAL when they do not (gaps,
+ * overlaps) or the grid would have more than CKPT_DCP_MAX_CELLS cells. */
+#define CKPT_DCP_MAX_CELLS (1u << 22)
+int ckpt_dcp_cells(const struct ckpt_dcp_entry *e, uint64_t *cell);
+
 #endif

@@ -502,9 +502,109 @@ static int unzstd(const uint8_t *in, size_t n, uint8_t **out, size_t *outn, cons
 	return 0;
 }
 
-/* One chunk of a DCP tensor into grid cell `key` of the side store. */
+#define MAX_RUNS_PER_CELL 65536u
+
+/* The grid cells of box c (cell shape g, grid counts n) into folder zdir of
+ * the side store: each cell's bytes are one range, or several (a cell
+ * narrower than its box), of the box's C-order elements, which lie at
+ * `at` in fkey of src, or in plain[at...] when the item was decompressed. */
+static int put_cells(struct build *b, ckpt_store *src, const char *fkey, const uint8_t *plain, uint64_t at,
+		     const struct ckpt_dcp_entry *e, const struct ckpt_dcp_chunk *c, const uint64_t *g,
+		     const char *zdir, const char **why)
+{
+	int r = e->rank;
+	uint64_t isz = ckpt_dtype_get(e->dtype)->itemsize;
+	uint64_t m[CKPT_MAX_RANK], q[CKPT_MAX_RANK] = { 0 }, bs[CKPT_MAX_RANK + 1];
+	uint64_t cells = 1;
+	/* bs[d]: elements between neighbours along d in the box's C order */
+	bs[r] = 1;
+	for (int d = r - 1; d >= 0; d--)
+		bs[d] = d + 1 < r ? bs[d + 1] * c->sizes[d + 1] : 1;
+	for (int d = 0; d < r; d++) {
+		m[d] = c->sizes[d] / g[d];
+		cells *= m[d];
+	}
+	if (cells == 0)
+		return 0;
+	/* j: the dims from j on are whole in a cell; runs are contiguous over
+	 * dims j-1.. and there are prod(g[0..j-2]) of them per cell */
+	int j = r;
+	while (j > 0 && g[j - 1] == c->sizes[j - 1])
+		j--;
+	uint64_t run = j == 0 ? (r ? c->sizes[0] * bs[0] : 1) : g[j - 1] * bs[j - 1], nruns = 1;
+	for (int d = 0; d + 1 < j; d++)
+		nruns *= g[d];
+	if (nruns > MAX_RUNS_PER_CELL) {
+		*why = "its chunk boxes make grid cells of too many pieces";
+		return -EINVAL;
+	}
+	uint64_t *pieces = malloc(2 * nruns * sizeof(*pieces));
+	size_t cellbytes = (size_t)(run * isz * nruns);
+	uint8_t *copy = plain && nruns > 1 ? malloc(cellbytes ? cellbytes : 1) : NULL;
+	if (!pieces || (plain && nruns > 1 && !copy)) {
+		free(pieces);
+		free(copy);
+		return -ENOMEM;
+	}
+	int rc = 0;
+	for (;;) {
+		uint64_t coord[CKPT_MAX_RANK], start[CKPT_MAX_RANK];
+		for (int d = 0; d < r; d++) {
+			start[d] = q[d] * g[d];
+			coord[d] = c->offsets[d] / g[d] + q[d];
+		}
+		char key[512];
+		grid_key(key, sizeof(key), zdir, r, coord);
+		/* every run of the cell: an odometer over dims 0..j-2 inside the cell */
+		uint64_t w[CKPT_MAX_RANK] = { 0 };
+		for (uint64_t k = 0; k < nruns; k++) {
+			uint64_t el = 0;
+			for (int d = 0; d < r; d++)
+				el += (start[d] + (d + 1 < j ? w[d] : 0)) * bs[d];
+			pieces[2 * k] = at + el * isz;
+			pieces[2 * k + 1] = run * isz;
+			for (int d = j - 2; d >= 0; d--) {
+				if (++w[d] < g[d])
+					break;
+				w[d] = 0;
+			}
+		}
+		if (plain) {
+			uint64_t total = run * isz * nruns;
+			if (b->mem_bytes + total > ZSTD_TOTAL_MAX) {
+				*why = "more than 1 GiB of zstd-compressed chunks";
+				rc = -EINVAL;
+			} else {
+				b->mem_bytes += total;
+				if (nruns == 1) {
+					rc = ckpt_store_mem_put(b->side, key, plain + pieces[0], (size_t)pieces[1]);
+				} else {
+					for (uint64_t k = 0; k < nruns; k++)
+						memcpy(copy + k * run * isz, plain + pieces[2 * k], (size_t)pieces[2 * k + 1]);
+					rc = ckpt_store_mem_put(b->side, key, copy, (size_t)total);
+				}
+			}
+		} else if (nruns == 1) {
+			rc = ckpt_store_mem_put_range(b->side, key, src, fkey, pieces[0], pieces[1]);
+		} else {
+			rc = ckpt_store_mem_put_pieces(b->side, key, src, fkey, pieces, (size_t)nruns);
+		}
+		if (rc)
+			break;
+		int d = r - 1;
+		while (d >= 0 && ++q[d] == m[d])
+			q[d--] = 0;
+		if (d < 0)
+			break;
+	}
+	free(pieces);
+	free(copy);
+	return rc;
+}
+
+/* One chunk box of a DCP tensor: locate the tensor in its item, put its cells. */
 static int dcp_chunk(struct build *b, ckpt_store *src, const char *dir, const struct ckpt_dcp_entry *e,
-		     const struct ckpt_dcp_chunk *c, const char *key, int *big, const char **why)
+		     const struct ckpt_dcp_chunk *c, const uint64_t *g, const char *zdir, int *big, const char **why)
 {
 	char fkey[4096];
 	if (strchr(c->file, '/') || strcmp(c->file, ".") == 0 || strcmp(c->file, "..") == 0 ||
@@ -569,19 +669,8 @@ static int dcp_chunk(struct build *b, ckpt_store *src, const char *dir, const st
 			}
 	}
 	*big = a.big_endian;
-	if (rc == 0 && len) {
-		if (plain) {
-			if (b->mem_bytes + len > ZSTD_TOTAL_MAX) {
-				*why = "more than 1 GiB of zstd-compressed chunks";
-				rc = -EINVAL;
-			} else {
-				b->mem_bytes += len;
-				rc = ckpt_store_mem_put(b->side, key, plain + off, (size_t)len);
-			}
-		} else {
-			rc = ckpt_store_mem_put_range(b->side, key, src, fkey, c->offset + off, len);
-		}
-	}
+	if (rc == 0 && len)
+		rc = put_cells(b, src, fkey, plain, plain ? off : c->offset + off, e, c, g, zdir, why);
 	tarch_free(&a);
 	free(plain);
 	if (rc == -EIO || rc == -EPERM)
@@ -592,47 +681,30 @@ static int dcp_chunk(struct build *b, ckpt_store *src, const char *dir, const st
 static int dcp_tensor(struct build *b, ckpt_store *src, const char *dir, const struct ckpt_dcp_entry *e,
 		      const char *const *comps, int depth, const char **why)
 {
-	uint64_t grid[CKPT_MAX_RANK], n[CKPT_MAX_RANK];
-	size_t *index = calloc(e->nchunks ? e->nchunks : 1, sizeof(*index));
-	if (!index)
-		return -ENOMEM;
-	int rc = ckpt_dcp_grid(e, grid, index);
+	uint64_t g[CKPT_MAX_RANK];
+	int rc = ckpt_dcp_cells(e, g);
 	if (rc) {
-		free(index);
-		*why = rc == -ENOMEM ? NULL : "its chunk boxes form no regular grid (uneven or overlapping shards)";
+		*why = rc == -ENOMEM ? NULL : "its chunk boxes do not tile the tensor (gaps or overlaps)";
 		return rc;
 	}
-	if ((rc = side_store(b))) {
-		free(index);
+	if ((rc = side_store(b)))
 		return rc;
-	}
 	char zdir[32];
 	snprintf(zdir, sizeof(zdir), "d%zu", b->nside++);
-	for (int d = 0; d < e->rank; d++)
-		n[d] = e->size[d] ? e->size[d] / grid[d] : 1;
 	int big = -1;
 	for (size_t i = 0; i < e->nchunks && rc == 0; i++) {
-		uint64_t coord[CKPT_MAX_RANK];
-		size_t pos = index[i];
-		for (int d = e->rank - 1; d >= 0; d--) {
-			coord[d] = pos % n[d];
-			pos /= n[d];
-		}
-		char key[512];
-		grid_key(key, sizeof(key), zdir, e->rank, coord);
 		int cbig = 0;
-		rc = dcp_chunk(b, src, dir, e, &e->chunks[i], key, &cbig, why);
+		rc = dcp_chunk(b, src, dir, e, &e->chunks[i], g, zdir, &cbig, why);
 		if (rc == 0 && big >= 0 && cbig != big) {
 			*why = "its chunks differ in byte order";
 			rc = -EINVAL;
 		}
 		big = cbig;
 	}
-	free(index);
 	if (rc)
 		return rc;
 	struct ckpt_zarr_meta m;
-	meta_init(&m, 2, e->dtype, e->rank, e->size, grid, big > 0);
+	meta_init(&m, 2, e->dtype, e->rank, e->size, g, big > 0);
 	if ((rc = put_meta(b->side, zdir, &m)))
 		return rc;
 	return ckpt_vitem_add_zarr(b->vi, comps, depth, b->side, zdir);

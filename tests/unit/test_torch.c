@@ -146,9 +146,26 @@ static void test_grid(void)
 	ch[3].offsets[1] = 0;
 	ch[3].sizes[1] = 2; /* uneven */
 	CHECK_EQ_INT(ckpt_dcp_grid(&e, grid, idx), -EINVAL);
+	CHECK_EQ_INT(ckpt_dcp_cells(&e, grid), -EINVAL); /* uneven, and a gap at (4:8, 2:3) */
 	e.nchunks = 3; /* a gap */
 	ch[3].sizes[1] = 3;
 	CHECK_EQ_INT(ckpt_dcp_grid(&e, grid, idx), -EINVAL);
+	CHECK_EQ_INT(ckpt_dcp_cells(&e, grid), -EINVAL);
+	e.nchunks = 4;
+	CHECK_EQ_INT(ckpt_dcp_cells(&e, grid), 0);
+	CHECK(grid[0] == 4 && grid[1] == 3);
+	/* rows 0:5, 5:8 of 8: cells of one row */
+	struct ckpt_dcp_chunk rc2[2] = { { .offsets = { 0 }, .sizes = { 5 } }, { .offsets = { 5 }, .sizes = { 3 } } };
+	struct ckpt_dcp_entry r1 = { .rank = 1, .size = { 8 }, .chunks = rc2, .nchunks = 2 };
+	CHECK(ckpt_dcp_cells(&r1, grid) == 0 && grid[0] == 1);
+	rc2[1].offsets[0] = 4; /* overlap at row 4 (and row 7 uncovered) */
+	CHECK_EQ_INT(ckpt_dcp_cells(&r1, grid), -EINVAL);
+	/* rank 0: one box */
+	struct ckpt_dcp_chunk c0 = { 0 };
+	struct ckpt_dcp_entry s0 = { .rank = 0, .chunks = &c0, .nchunks = 1 };
+	CHECK_EQ_INT(ckpt_dcp_cells(&s0, grid), 0);
+	s0.nchunks = 0;
+	CHECK_EQ_INT(ckpt_dcp_cells(&s0, grid), -EINVAL);
 }
 
 static int load_meta(const char *dir, ckpt_pickle **p, struct ckpt_dcp_meta *m)
@@ -205,8 +222,17 @@ static void test_dcp_variants(void)
 		const struct ckpt_dcp_entry *irr = entry(&m, "model.irregular"), *extra = entry(&m, "extra");
 		CHECK((v == 0) == (irr != NULL));
 		CHECK((v == 0) == (extra != NULL));
-		if (irr)
+		if (irr) {
 			CHECK(ckpt_dcp_grid(irr, grid, idx) == -EINVAL);
+			CHECK(ckpt_dcp_cells(irr, grid) == 0 && grid[0] == 1 && grid[1] == 2);
+		}
+		const struct ckpt_dcp_entry *ov = entry(&m, "model.overlap"), *cols = entry(&m, "model.cols");
+		CHECK((v == 0) == (ov != NULL));
+		if (ov)
+			CHECK(ckpt_dcp_cells(ov, grid) == -EINVAL);
+		CHECK(cols && ckpt_dcp_cells(cols, grid) == 0 && grid[0] == 4 && grid[1] == 1);
+		if (w)
+			CHECK(ckpt_dcp_cells(w, grid) == 0 && grid[0] == 4 && grid[1] == 6);
 		if (extra)
 			CHECK(extra->is_bytes && extra->nchunks == 1 && extra->chunks[0].offset == 0);
 		CHECK((v == 1) == (m.version == NULL));
