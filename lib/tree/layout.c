@@ -865,8 +865,8 @@ static int probe_cb(void *ctx, const char *name, const struct ckpt_store_stat *s
 	p->entries++;
 	if (st->is_dir && (ckpt_orbax_step_number(name, NULL) || ckpt_orbax_is_unfinished(name)))
 		p->steps++;
-	if (!st->is_dir && name[0] != '.' && ckpt_orbax_step_number(name, NULL) && p->nfiles < STEP_FILE_PROBE_MAX &&
-	    (p->files[p->nfiles] = strdup(name))) {
+	if (!st->is_dir && name[0] != '.' && ckpt_orbax_step_number(name, NULL) &&
+	    p->nfiles < STEP_FILE_PROBE_MAX && (p->files[p->nfiles] = strdup(name))) {
 		p->fst[p->nfiles++] = *st;
 	}
 	return 0;
@@ -917,7 +917,8 @@ static int build_single_file(ckpt_view *v, const char *source, int remote)
 	if ((rc = ckpt_store_stat(src, name, &st)) == 0 && !st.is_dir)
 		f = ckpt_foreign_probe(src, name, &st);
 	if (!f) {
-		ckpt_log(CKPT_LOG_ERR, "%s: not a checkpoint file: it is none of %s", source, ckpt_foreign_what());
+		ckpt_log(CKPT_LOG_ERR, "%s: not a checkpoint file: it is none of %s", source,
+			 ckpt_foreign_what());
 		free(dir);
 		return rc < 0 ? rc : -EMEDIUMTYPE;
 	}
@@ -1053,10 +1054,11 @@ int layout_build_view(ckpt_view *v, const char *source, ckpt_store *given)
 	}
 	if (p.entries && !p.steps && !v->opts.force_root) {
 		ckpt_log(CKPT_LOG_ERR,
-			 "%s: not a checkpoint: found none of " CKPT_ORBAX_METADATA " or " CKPT_ORBAX_OCDBT_MANIFEST
-			 " / " CKPT_ORBAX_OCDBT_PROCESS_PREFIX "* (an item), " CKPT_ORBAX_CKPT_METADATA
-			 " or " CKPT_ORBAX_MARKER_FILE
-			 " or an item folder (a step), or a step folder such as 30/ or step_30/ (a CheckpointManager root), "
+			 "%s: not a checkpoint: found none of " CKPT_ORBAX_METADATA
+			 " or " CKPT_ORBAX_OCDBT_MANIFEST " / " CKPT_ORBAX_OCDBT_PROCESS_PREFIX
+			 "* (an item), " CKPT_ORBAX_CKPT_METADATA " or " CKPT_ORBAX_MARKER_FILE
+			 " or an item folder (a step), or a step folder such as 30/ or step_30/ (a "
+			 "CheckpointManager root), "
 			 "or any of %s; "
 			 "mount it with -o root to use this non-empty folder as a root for new steps anyway",
 			 src->root, ckpt_foreign_what());
