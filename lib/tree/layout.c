@@ -672,9 +672,11 @@ static struct node *new_step_node(ckpt_view *v, const char *name, int64_t mtime)
 
 /* The folders of a root that are steps: not the manager's metadata/ folder,
  * not hidden, not unfinished (for_each_entry skips those). */
+static int is_t5x_tmp(const char *name);
+
 static int is_step_folder(const char *name, const struct ckpt_store_stat *st)
 {
-	return st->is_dir && strcmp(name, CKPT_ORBAX_ROOT_METADATA_DIR) != 0;
+	return st->is_dir && strcmp(name, CKPT_ORBAX_ROOT_METADATA_DIR) != 0 && !is_t5x_tmp(name);
 }
 
 /* A step that is one file (legacy Flax's checkpoint_<N>): a step name and
@@ -682,6 +684,24 @@ static int is_step_folder(const char *name, const struct ckpt_store_stat *st)
 static int is_step_file(ckpt_view *v, const char *name, const struct ckpt_store_stat *st)
 {
 	return !st->is_dir && ckpt_orbax_step_number(name, NULL) && ckpt_foreign_probe(v->src, name, st);
+}
+
+/* T5X saves a step into "<step name>.tmp-<seconds>" and renames it: unfinished. */
+static int is_t5x_tmp(const char *name)
+{
+	const char *t = strstr(name, ".tmp-");
+	if (!t || !t[5] || t == name)
+		return 0;
+	for (const char *p = t + 5; *p; p++)
+		if (*p < '0' || *p > '9')
+			return 0;
+	char step[VIEW_NAME_BUF];
+	size_t n = (size_t)(t - name);
+	if (n >= sizeof(step))
+		return 0;
+	memcpy(step, name, n);
+	step[n] = 0;
+	return ckpt_orbax_step_number(step, NULL);
 }
 
 /* Legacy Flax keeps the arrays of step file X that were not written inline

@@ -355,3 +355,19 @@ def test_object_store_mount_is_the_same_tree(source, s3, tmp_path, monkeypatch, 
         assert got == want
     finally:
         m.unmount(check=True)
+
+
+def test_t5x_tmp_folder_is_no_step(tmp_path, mount):
+    """T5X writes checkpoint_<N>.tmp-<seconds>/ and renames it: unfinished."""
+    root = tmp_path / "root"
+    shutil.copytree(WF / "t5x", root)
+    shutil.copytree(root / "checkpoint_100", root / "checkpoint_200.tmp-1700000000")
+    m = mount(root, "ro")
+    assert os.listdir(m.p()) == ["checkpoint_100"]
+
+
+def test_gda_folder_belongs_to_its_step(mounts):
+    """Legacy Flax's checkpoint_<N>_gda/ holds arrays of step checkpoint_<N>,
+    it is no step of its own."""
+    m = mounts("flax_legacy")
+    assert sorted(os.listdir(m.p())) == ["checkpoint_1", "checkpoint_2"]
