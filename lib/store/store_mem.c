@@ -142,11 +142,13 @@ static ssize_t mem_read(ckpt_store *s, const char *key, uint64_t off, size_t len
 				continue;
 			}
 			size_t k = pl - skip < n - done ? (size_t)(pl - skip) : n - done;
-			ssize_t r = e->base->ops->read(e->base, e->base_key, po + skip, k, (uint8_t *)dst + done);
+			ssize_t r =
+				e->base->ops->read(e->base, e->base_key, po + skip, k, (uint8_t *)dst + done);
 			if (r < 0)
 				return r;
 			if ((size_t)r < k) {
-				ckpt_log(CKPT_LOG_ERR, "%s/%s: %s/%s is shorter than the pieces it should hold", s->root,
+				ckpt_log(CKPT_LOG_ERR,
+					 "%s/%s: %s/%s is shorter than the pieces it should hold", s->root,
 					 key, e->base->root, e->base_key);
 				return -EIO;
 			}
@@ -450,7 +452,8 @@ int ckpt_store_mem_put(ckpt_store *s, const char *key, const void *data, size_t 
 int ckpt_store_mem_put_range(ckpt_store *s, const char *key, ckpt_store *base, const char *base_key,
 			     uint64_t offset, uint64_t length)
 {
-	if (s->ops != &mem_ops || !base || base == s || !ckpt_store_key_ok(key) || !ckpt_store_key_ok(base_key))
+	if (s->ops != &mem_ops || !base || base == s || !ckpt_store_key_ok(key) ||
+	    !ckpt_store_key_ok(base_key))
 		return -EINVAL;
 	uint64_t end;
 	if (ckpt_add_u64(offset, length, &end) < 0 || length > SIZE_MAX)
@@ -479,15 +482,16 @@ int ckpt_store_mem_put_folder(ckpt_store *s, const char *key, ckpt_store *base, 
 		free(bk);
 		return -ENOMEM;
 	}
-	return mem_insert((mem_store *)s,
-			  (struct mem_entry){ .key = k, .base = ckpt_store_ref(base), .base_key = bk, .mount = 1 });
+	return mem_insert(
+		(mem_store *)s,
+		(struct mem_entry){ .key = k, .base = ckpt_store_ref(base), .base_key = bk, .mount = 1 });
 }
 
 int ckpt_store_mem_put_pieces(ckpt_store *s, const char *key, ckpt_store *base, const char *base_key,
 			      const uint64_t *pieces, size_t npieces)
 {
-	if (s->ops != &mem_ops || !base || base == s || !ckpt_store_key_ok(key) || !ckpt_store_key_ok(base_key) ||
-	    npieces == 0 || npieces > SIZE_MAX / (2 * sizeof(uint64_t)))
+	if (s->ops != &mem_ops || !base || base == s || !ckpt_store_key_ok(key) ||
+	    !ckpt_store_key_ok(base_key) || npieces == 0 || npieces > SIZE_MAX / (2 * sizeof(uint64_t)))
 		return -EINVAL;
 	uint64_t total = 0, end;
 	for (size_t i = 0; i < npieces; i++)

@@ -90,7 +90,8 @@ const char *ckpt_foreign_what(void)
 /* ---- the builder ------------------------------------------------------------ */
 
 #define CHUNK_TARGET (8u << 20) /* raw arrays: chunks of about this many bytes */
-#define KEY_FMT "a/%zu"
+/* zero-padded: leaves are added in key order, so each insert appends */
+#define KEY_FMT "a/%010zu"
 
 struct ckpt_vitem {
 	ckpt_store *mem;
@@ -365,7 +366,7 @@ int ckpt_vitem_add_zarr(struct ckpt_vitem *vi, const char *const *path, int dept
 int ckpt_vitem_add_string(struct ckpt_vitem *vi, const char *const *path, int depth, const char *value)
 {
 	char skey[32];
-	snprintf(skey, sizeof(skey), "s/%zu", vi->n);
+	snprintf(skey, sizeof(skey), "s/%010zu", vi->n);
 	if (!cJSON_AddStringToObject(vi->strings, skey, value))
 		return -ENOMEM;
 	return add_leaf(vi, path, depth, "string", skey, -1);
@@ -379,7 +380,7 @@ int ckpt_vitem_add_empty(struct ckpt_vitem *vi, const char *const *path, int dep
 int ckpt_vitem_add_unreadable(struct ckpt_vitem *vi, const char *const *path, int depth)
 {
 	char skey[32];
-	snprintf(skey, sizeof(skey), "x/%zu", vi->n); /* no metadata there: the tree lists it broken */
+	snprintf(skey, sizeof(skey), "x/%010zu", vi->n); /* no metadata there: the tree lists it broken */
 	return add_leaf(vi, path, depth, "np.ndarray", skey, 1);
 }
 

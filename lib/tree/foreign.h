@@ -138,7 +138,7 @@ size_t ckpt_vitem_leaves(const struct ckpt_vitem *vi);
 int ckpt_vitem_finish(struct ckpt_vitem *vi, ckpt_store **out);
 
 /* The store key under which a virtual item keeps the array of leaf `i`
- * ("a/<i>"); the `ckptfs_key` member of that leaf's value_metadata in the
+ * ("a/<i>", i zero-padded); the `ckptfs_key` member of that leaf's value_metadata in the
  * synthesized _METADATA names it, and layout.c opens the array there. */
 #define CKPT_VITEM_KEY_MEMBER "ckptfs_key"
 

@@ -563,8 +563,8 @@ static int ocdbt_cb(void *ctx, const char *name, const struct ckpt_store_stat *s
 	return strncmp(name, CKPT_ORBAX_OCDBT_PROCESS_PREFIX, strlen(CKPT_ORBAX_OCDBT_PROCESS_PREFIX)) == 0;
 }
 
-static int names_probe(ckpt_store *src, const char *key, const struct ckpt_store_stat *st, const uint8_t *head,
-		       size_t nhead)
+static int names_probe(ckpt_store *src, const char *key, const struct ckpt_store_stat *st,
+		       const uint8_t *head, size_t nhead)
 {
 	(void)head;
 	(void)nhead;

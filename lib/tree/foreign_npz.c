@@ -77,50 +77,57 @@ static int stored_header(struct zrd *r, uint64_t off, uint64_t avail, struct ckp
 }
 
 /* The .npy header at the start of a deflated member: inflate its first
- * bytes (at most the header's bound). */
+ * bytes, reading the member 4 KiB at a time, until the header parses (at
+ * most its bound). */
 static int deflated_header(struct zrd *r, uint64_t off, uint64_t csize, struct ckpt_npz_header *h,
 			   const char **why)
 {
-	size_t cin = csize < (CKPT_NPZ_MAX_HEADER + 4096) ? (size_t)csize : CKPT_NPZ_MAX_HEADER + 4096;
+	enum { IN_STEP = 4096 };
 	size_t cap = CKPT_NPZ_MAX_HEADER + 16;
-	uint8_t *in = malloc(cin ? cin : 1), *out = malloc(cap);
+	uint8_t *in = malloc(IN_STEP), *out = malloc(cap);
 	int rc = -ENOMEM;
-	if (!in || !out)
-		goto done;
-	ssize_t got = ckpt_store_read(r->s, r->key, off, cin, in);
-	if (got < 0) {
-		rc = (int)got;
-		goto done;
-	}
 	z_stream z;
 	memset(&z, 0, sizeof(z));
-	if (inflateInit2(&z, -MAX_WBITS) != Z_OK)
+	if (!in || !out || inflateInit2(&z, -MAX_WBITS) != Z_OK)
 		goto done;
 	size_t made = 0;
+	uint64_t fed = 0;
+	int zr = Z_OK;
 	rc = -EAGAIN;
-	/* inflate a little at a time until the header parses */
-	z.next_in = in;
-	z.avail_in = (uInt)got;
 	while (rc == -EAGAIN && made < cap) {
-		size_t step = made < 4096 ? 4096 - made : cap - made;
+		if (z.avail_in == 0 && fed < csize) {
+			size_t k = csize - fed < IN_STEP ? (size_t)(csize - fed) : IN_STEP;
+			ssize_t got = ckpt_store_read(r->s, r->key, off + fed, k, in);
+			if (got <= 0) {
+				rc = got < 0 ? (int)got : -EINVAL;
+				*why = "the member ends early";
+				break;
+			}
+			fed += (uint64_t)got;
+			z.next_in = in;
+			z.avail_in = (uInt)got;
+		}
+		size_t step = cap - made < IN_STEP ? cap - made : IN_STEP;
 		z.next_out = out + made;
 		z.avail_out = (uInt)step;
-		int zr = inflate(&z, Z_NO_FLUSH);
+		zr = inflate(&z, Z_NO_FLUSH);
 		made += step - z.avail_out;
 		size_t need = 0;
 		rc = ckpt_npz_header_parse(out, made, h, &need, why);
-		if (rc == -EAGAIN && zr != Z_OK) {
-			*why = zr == Z_STREAM_END ? "the member ends inside its .npy header"
-						  : "bad deflate data";
+		if (rc == -EAGAIN && (zr == Z_STREAM_END || (zr != Z_OK && zr != Z_BUF_ERROR) ||
+				      (zr == Z_BUF_ERROR && fed >= csize))) {
+			*why = zr == Z_STREAM_END || zr == Z_BUF_ERROR
+				       ? "the member ends inside its .npy header"
+				       : "bad deflate data";
 			rc = -EINVAL;
 		}
 	}
-	inflateEnd(&z);
 	if (rc == -EAGAIN) {
 		*why = ".npy header too long";
 		rc = -EINVAL;
 	}
 done:
+	inflateEnd(&z);
 	free(in);
 	free(out);
 	return rc;

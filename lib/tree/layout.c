@@ -672,9 +672,11 @@ static struct node *new_step_node(ckpt_view *v, const char *name, int64_t mtime)
 
 /* The folders of a root that are steps: not the manager's metadata/ folder,
  * not hidden, not unfinished (for_each_entry skips those). */
+static int is_t5x_tmp(const char *name);
+
 static int is_step_folder(const char *name, const struct ckpt_store_stat *st)
 {
-	return st->is_dir && strcmp(name, CKPT_ORBAX_ROOT_METADATA_DIR) != 0;
+	return st->is_dir && strcmp(name, CKPT_ORBAX_ROOT_METADATA_DIR) != 0 && !is_t5x_tmp(name);
 }
 
 /* A step that is one file (legacy Flax's checkpoint_<N>): a step name and
@@ -682,6 +684,24 @@ static int is_step_folder(const char *name, const struct ckpt_store_stat *st)
 static int is_step_file(ckpt_view *v, const char *name, const struct ckpt_store_stat *st)
 {
 	return !st->is_dir && ckpt_orbax_step_number(name, NULL) && ckpt_foreign_probe(v->src, name, st);
+}
+
+/* T5X saves a step into "<step name>.tmp-<seconds>" and renames it: unfinished. */
+static int is_t5x_tmp(const char *name)
+{
+	const char *t = strstr(name, ".tmp-");
+	if (!t || !t[5] || t == name)
+		return 0;
+	for (const char *p = t + 5; *p; p++)
+		if (*p < '0' || *p > '9')
+			return 0;
+	char step[VIEW_NAME_BUF];
+	size_t n = (size_t)(t - name);
+	if (n >= sizeof(step))
+		return 0;
+	memcpy(step, name, n);
+	step[n] = 0;
+	return ckpt_orbax_step_number(step, NULL);
 }
 
 /* Legacy Flax keeps the arrays of step file X that were not written inline
@@ -703,7 +723,17 @@ static int is_gda_folder(ckpt_view *v, const char *name, const struct ckpt_store
  * commit, and commit_success.txt is optional). */
 static int step_committed(ckpt_view *v, const char *name)
 {
-	return !ckpt_store_source_is_remote(v->source) || exists_at(v, name, CKPT_ORBAX_COMMIT_SUCCESS, 0);
+	if (!ckpt_store_source_is_remote(v->source) || exists_at(v, name, CKPT_ORBAX_COMMIT_SUCCESS, 0))
+		return 1;
+	/* Flax and T5X steps (foreign.h) have no such marker: there the file that
+	 * describes the step (a step file, a folder's `checkpoint`) is written
+	 * last.  Not a folder of bare zarr arrays: that may be an Orbax step
+	 * still being written. */
+	struct ckpt_store_stat st;
+	if (ckpt_store_stat(v->src, name, &st) < 0)
+		return 0;
+	const struct ckpt_foreign_fmt *f = ckpt_foreign_probe(v->src, name, &st);
+	return f && (!st.is_dir || f->main_file);
 }
 
 static void root_entry(ckpt_view *v, void *arg, const char *name, const char *key,
@@ -855,8 +885,8 @@ static int probe_cb(void *ctx, const char *name, const struct ckpt_store_stat *s
 	p->entries++;
 	if (st->is_dir && (ckpt_orbax_step_number(name, NULL) || ckpt_orbax_is_unfinished(name)))
 		p->steps++;
-	if (!st->is_dir && name[0] != '.' && ckpt_orbax_step_number(name, NULL) && p->nfiles < STEP_FILE_PROBE_MAX &&
-	    (p->files[p->nfiles] = strdup(name))) {
+	if (!st->is_dir && name[0] != '.' && ckpt_orbax_step_number(name, NULL) &&
+	    p->nfiles < STEP_FILE_PROBE_MAX && (p->files[p->nfiles] = strdup(name))) {
 		p->fst[p->nfiles++] = *st;
 	}
 	return 0;
@@ -874,10 +904,11 @@ static void probe_step_files(ckpt_view *v, struct probe *p)
 	p->nfiles = 0;
 }
 
-/* SOURCE is one local file: a foreign format's (an .npz archive, a legacy
- * Flax checkpoint_<N> file, ...) or refused.  The source's store is the
- * file's folder. */
-static int build_single_file(ckpt_view *v, const char *source)
+/* SOURCE is one file (a local one, or an object of an object store): a
+ * foreign format's (an .npz archive, a legacy Flax checkpoint_<N> file,
+ * ...) or refused.  The source's store is the file's folder (the object's
+ * parent prefix). */
+static int build_single_file(ckpt_view *v, const char *source, int remote)
 {
 	char *dir = strdup(source);
 	if (!dir)
@@ -885,8 +916,15 @@ static int build_single_file(ckpt_view *v, const char *source)
 	char *slash = strrchr(dir, '/');
 	const char *name = slash ? slash + 1 : dir;
 	ckpt_store *src = NULL;
-	int rc = slash ? (slash == dir ? ckpt_store_dir_open("/", &src) : (*slash = 0, ckpt_store_dir_open(dir, &src)))
-		       : ckpt_store_dir_open(".", &src);
+	int rc;
+	if (remote) {
+		*slash = 0; /* "s3://bucket/x.npz" -> "s3://bucket" */
+		rc = ckpt_store_open_source(dir, v->opts.store, &src);
+	} else {
+		rc = slash ? (slash == dir ? ckpt_store_dir_open("/", &src)
+					   : (*slash = 0, ckpt_store_dir_open(dir, &src)))
+			   : ckpt_store_dir_open(".", &src);
+	}
 	if (rc == 0 && (rc = view_own_store(v, src)) < 0)
 		ckpt_store_destroy(src);
 	if (rc < 0) {
@@ -899,7 +937,8 @@ static int build_single_file(ckpt_view *v, const char *source)
 	if ((rc = ckpt_store_stat(src, name, &st)) == 0 && !st.is_dir)
 		f = ckpt_foreign_probe(src, name, &st);
 	if (!f) {
-		ckpt_log(CKPT_LOG_ERR, "%s: not a checkpoint file: it is none of %s", source, ckpt_foreign_what());
+		ckpt_log(CKPT_LOG_ERR, "%s: not a checkpoint file: it is none of %s", source,
+			 ckpt_foreign_what());
 		free(dir);
 		return rc < 0 ? rc : -EMEDIUMTYPE;
 	}
@@ -952,11 +991,31 @@ static int has_item_folder(ckpt_view *v)
 	return found;
 }
 
+/* 1 when an object-store SOURCE "scheme://bucket/.../name" names an object
+ * (a file of its parent prefix). */
+static int remote_file(ckpt_view *v, const char *source)
+{
+	if (!ckpt_store_source_is_remote(source))
+		return 0;
+	const char *b = strstr(source, "://");
+	const char *slash = b ? strrchr(b + 3, '/') : NULL;
+	if (!slash || !slash[1])
+		return 0;
+	char *dir = strndup(source, (size_t)(slash - source));
+	ckpt_store *s = NULL;
+	struct ckpt_store_stat st;
+	int is_file = dir && ckpt_store_open_source(dir, v->opts.store, &s) == 0 &&
+		      ckpt_store_stat(s, slash + 1, &st) == 0 && !st.is_dir;
+	ckpt_store_destroy(s);
+	free(dir);
+	return is_file;
+}
+
 int layout_build_view(ckpt_view *v, const char *source, ckpt_store *given)
 {
 	struct stat sb;
 	if (!given && !ckpt_store_source_is_remote(source) && stat(source, &sb) == 0 && S_ISREG(sb.st_mode))
-		return build_single_file(v, source);
+		return build_single_file(v, source, 0);
 	ckpt_store *src = given ? ckpt_store_ref(given) : NULL;
 	int rc = given ? 0 : ckpt_store_open_source(source, v->opts.store, &src);
 	if (rc < 0)
@@ -1004,6 +1063,9 @@ int layout_build_view(ckpt_view *v, const char *source, ckpt_store *given)
 	probe_step_files(v, &p);
 	if (rc < 0)
 		return rc;
+	/* "s3://bucket/x.npz" names an object, not a prefix: nothing below it */
+	if (p.entries == 0 && !given && remote_file(v, source))
+		return build_single_file(v, source, 1);
 	if (p.entries && !p.steps && !v->opts.force_root && has_item_folder(v)) {
 		v->kind = "step";
 		root->mtime_ns = commit_time(v, "", now);
@@ -1012,10 +1074,11 @@ int layout_build_view(ckpt_view *v, const char *source, ckpt_store *given)
 	}
 	if (p.entries && !p.steps && !v->opts.force_root) {
 		ckpt_log(CKPT_LOG_ERR,
-			 "%s: not a checkpoint: found none of " CKPT_ORBAX_METADATA " or " CKPT_ORBAX_OCDBT_MANIFEST
-			 " / " CKPT_ORBAX_OCDBT_PROCESS_PREFIX "* (an item), " CKPT_ORBAX_CKPT_METADATA
-			 " or " CKPT_ORBAX_MARKER_FILE
-			 " or an item folder (a step), or a step folder such as 30/ or step_30/ (a CheckpointManager root), "
+			 "%s: not a checkpoint: found none of " CKPT_ORBAX_METADATA
+			 " or " CKPT_ORBAX_OCDBT_MANIFEST " / " CKPT_ORBAX_OCDBT_PROCESS_PREFIX
+			 "* (an item), " CKPT_ORBAX_CKPT_METADATA " or " CKPT_ORBAX_MARKER_FILE
+			 " or an item folder (a step), or a step folder such as 30/ or step_30/ (a "
+			 "CheckpointManager root), "
 			 "or any of %s; "
 			 "mount it with -o root to use this non-empty folder as a root for new steps anyway",
 			 src->root, ckpt_foreign_what());

@@ -313,3 +313,61 @@ def test_keys_with_slashes_keep_their_key_path(mounts):
     assert sorted(os.listdir(m.p())) == ["step.npy", "transformer%2Fembedder", "transformer%2Flayer_0%2Fattn%2Fq_einsum"]
     m = mounts("npz/stored.npz")
     assert "q_einsum" in os.listdir(m.p("params/llm/layers/attn"))
+
+
+# ---------------------------------------------------------------- from an object store
+
+def _s3env():
+    import sys
+    sys.path.insert(0, str(U.REPO / "tests" / "s3"))
+    import s3env
+    return s3env
+
+
+@pytest.fixture(scope="module")
+def s3(tmp_path_factory):
+    s3env = _s3env()
+    if s3env.available():
+        pytest.skip(s3env.available())
+    with s3env.S3Env(tmp_path_factory.mktemp("s3wf")) as e:
+        e.upload_tree(WF, "wf")
+        yield e, s3env
+
+
+@pytest.mark.parametrize("source", ["npz/stored.npz", "npz/compressed.npz", "flax_inline", "flax_legacy",
+                                    "orbax_old/2/default", "orbax_old_ocdbt/unmerged", "t5x"])
+def test_object_store_mount_is_the_same_tree(source, s3, tmp_path, monkeypatch, mount):
+    """Every layout (an .npz object too) reads through s3:// exactly as from
+    its folder: the translators read only through the store."""
+    env, s3env = s3
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "S3RVER")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "x")
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent")
+    m = U.Mount("placeholder", tmp_path / "s3m", tmp_path / "s3m.log", options=["ro", f"endpoint={env.endpoint}"])
+    m.source = f"s3://{s3env.BUCKET}/wf/{source}"
+    try:
+        m.start()
+        local = mount(WF / source, "ro")
+        for rel, e in arrays_of(source):
+            assert U.read_all(m.p(rel)) == U.read_all(local.p(rel)), rel
+        got = sorted(os.path.relpath(os.path.join(d, f), m.p()) for d, _, fs in os.walk(m.p()) for f in fs)
+        want = sorted(os.path.relpath(os.path.join(d, f), local.p()) for d, _, fs in os.walk(local.p()) for f in fs)
+        assert got == want
+    finally:
+        m.unmount(check=True)
+
+
+def test_t5x_tmp_folder_is_no_step(tmp_path, mount):
+    """T5X writes checkpoint_<N>.tmp-<seconds>/ and renames it: unfinished."""
+    root = tmp_path / "root"
+    shutil.copytree(WF / "t5x", root)
+    shutil.copytree(root / "checkpoint_100", root / "checkpoint_200.tmp-1700000000")
+    m = mount(root, "ro")
+    assert os.listdir(m.p()) == ["checkpoint_100"]
+
+
+def test_gda_folder_belongs_to_its_step(mounts):
+    """Legacy Flax's checkpoint_<N>_gda/ holds arrays of step checkpoint_<N>,
+    it is no step of its own."""
+    m = mounts("flax_legacy")
+    assert sorted(os.listdir(m.p())) == ["checkpoint_1", "checkpoint_2"]

@@ -475,7 +475,8 @@ static void test_mem_ranges(void)
 	CHECK_EQ_INT(st.is_dir, 1);
 	struct keys k = { 0 };
 	CHECK_EQ_INT(ckpt_store_list(m, "z/a/", key_cb, &k), 0);
-	CHECK(k.all && strstr(k.all, "z/a/0.0\n") && strstr(k.all, "z/a/.zarray\n") && strstr(k.all, "z/a/sub/x\n"));
+	CHECK(k.all && strstr(k.all, "z/a/0.0\n") && strstr(k.all, "z/a/.zarray\n") &&
+	      strstr(k.all, "z/a/sub/x\n"));
 	free(k.all);
 	k = (struct keys){ 0 };
 	CHECK_EQ_INT(ckpt_store_list(m, "z/", key_cb, &k), 0);
