@@ -74,9 +74,12 @@ static const char *const k_dcp_names[] = {
 };
 
 static const char *const k_torch_dtypes[] = {
-	"float32", "float64", "float16", "bfloat16", "int8", "uint8", "int16", "uint16", "int32", "uint32",
-	"int64", "uint64", "bool", "complex32", "complex64", "complex128", "float8_e4m3fn", "float8_e5m2",
-	"float8_e4m3fnuz", "float8_e5m2fnuz", "float8_e8m0fnu", NULL,
+	"float32",	  "float64",	 "float16",	    "bfloat16",
+	"int8",		  "uint8",	 "int16",	    "uint16",
+	"int32",	  "uint32",	 "int64",	    "uint64",
+	"bool",		  "complex32",	 "complex64",	    "complex128",
+	"float8_e4m3fn",  "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz",
+	"float8_e8m0fnu", NULL,
 };
 
 static const char *const k_pathlib[] = {
@@ -96,7 +99,8 @@ static int ident_ok(const char *s)
 	if (!*s)
 		return 0;
 	for (; *s; s++)
-		if (!((*s >= 'a' && *s <= 'z') || (*s >= 'A' && *s <= 'Z') || (*s >= '0' && *s <= '9') || *s == '_'))
+		if (!((*s >= 'a' && *s <= 'z') || (*s >= 'A' && *s <= 'Z') || (*s >= '0' && *s <= '9') ||
+		      *s == '_'))
 			return 0;
 	return 1;
 }
@@ -111,7 +115,8 @@ int ckpt_pickle_global_ok(const char *module, const char *name)
 		return 1;
 	if (in_list(k_dcp_mods, module) && in_list(k_dcp_names, name))
 		return 1;
-	if ((strcmp(module, "pathlib") == 0 || strcmp(module, "pathlib._local") == 0) && in_list(k_pathlib, name))
+	if ((strcmp(module, "pathlib") == 0 || strcmp(module, "pathlib._local") == 0) &&
+	    in_list(k_pathlib, name))
 		return 1;
 	if (strcmp(module, "torch") == 0) {
 		if (in_list(k_torch_dtypes, name))
@@ -324,7 +329,8 @@ static int push_global(struct pm *m, const char *mod, size_t ml, const char *nam
 	ms[ml] = 0;
 	memcpy(ns, name, nl);
 	ns[nl] = 0;
-	int is_getattr = (strcmp(ms, "builtins") == 0 || strcmp(ms, "__builtin__") == 0) && strcmp(ns, "getattr") == 0;
+	int is_getattr =
+		(strcmp(ms, "builtins") == 0 || strcmp(ms, "__builtin__") == 0) && strcmp(ns, "getattr") == 0;
 	if (is_getattr) /* only ever applied to an enum class (make_record) */
 		snprintf(ms, sizeof(ms), "builtins");
 	if (!is_getattr && !ckpt_pickle_global_ok(ms, ns)) {
@@ -333,8 +339,9 @@ static int push_global(struct pm *m, const char *mod, size_t ml, const char *nam
 		for (char *c = shown; *c; c++)
 			if ((unsigned char)*c < 0x20 || (unsigned char)*c >= 0x7f)
 				*c = '?';
-		ckpt_log(CKPT_LOG_ERR, "%s: pickle: refused global %s (not a plain data type this reader knows)",
-			 m->what, shown);
+		ckpt_log(CKPT_LOG_ERR,
+			 "%s: pickle: refused global %s (not a plain data type this reader knows)", m->what,
+			 shown);
 		return -EPERM;
 	}
 	ckpt_pk *o = pk_new(m, CKPT_PK_GLOBAL);
@@ -396,7 +403,10 @@ static int push_unicode_text(struct pm *m, const char *s, size_t n)
 			c = 0;
 			for (size_t j = 0; j < hex; j++) {
 				char h = s[i + 2 + j];
-				int d = h >= '0' && h <= '9' ? h - '0' : h >= 'a' && h <= 'f' ? h - 'a' + 10 : h >= 'A' && h <= 'F' ? h - 'A' + 10 : -1;
+				int d = h >= '0' && h <= '9'   ? h - '0'
+					: h >= 'a' && h <= 'f' ? h - 'a' + 10
+					: h >= 'A' && h <= 'F' ? h - 'A' + 10
+							       : -1;
 				if (d < 0 || c > 0x10ffff) {
 					free(o);
 					return bad(m, "bad escape in UNICODE");
@@ -536,10 +546,14 @@ static int make_record(struct pm *m, ckpt_pk *fn, ckpt_pk *args)
 	if (strcmp(fn->s, CKPT_PK_GETATTR) == 0) {
 		/* Python < 3.12 pickles an enum member as getattr(EnumClass, "NAME"):
 		 * allowed for the enum classes of the list, nothing else */
-		const ckpt_pk *cls = args->n == 2 ? args->v[0] : NULL, *member = args->n == 2 ? args->v[1] : NULL;
-		if (!cls || cls->kind != CKPT_PK_GLOBAL || (!ckpt_pk_is_attr(cls, "MEM_FORMAT_ENCODING") && !ckpt_pk_is_attr(cls, "_MEM_FORMAT_ENCODING")) ||
+		const ckpt_pk *cls = args->n == 2 ? args->v[0] : NULL,
+			      *member = args->n == 2 ? args->v[1] : NULL;
+		if (!cls || cls->kind != CKPT_PK_GLOBAL ||
+		    (!ckpt_pk_is_attr(cls, "MEM_FORMAT_ENCODING") &&
+		     !ckpt_pk_is_attr(cls, "_MEM_FORMAT_ENCODING")) ||
 		    member->kind != CKPT_PK_STR || !ident_ok(member->s)) {
-			ckpt_log(CKPT_LOG_ERR, "%s: pickle: refused getattr other than of an enum member", m->what);
+			ckpt_log(CKPT_LOG_ERR, "%s: pickle: refused getattr other than of an enum member",
+				 m->what);
 			return -EPERM;
 		}
 		ckpt_pk *r = pk_new(m, CKPT_PK_RECORD), *t = pk_new(m, CKPT_PK_TUPLE);
@@ -926,7 +940,9 @@ const ckpt_pk *ckpt_pickle_root(const ckpt_pickle *p)
 int ckpt_pickle_load(const void *buf, size_t len, const char *what, ckpt_pickle **out)
 {
 	*out = NULL;
-	struct pm m = { .start = buf, .p = buf, .end = (const uint8_t *)buf + len, .what = what ? what : "pickle" };
+	struct pm m = {
+		.start = buf, .p = buf, .end = (const uint8_t *)buf + len, .what = what ? what : "pickle"
+	};
 	m.out = calloc(1, sizeof(*m.out));
 	if (!m.out)
 		return -ENOMEM;
@@ -968,7 +984,8 @@ const ckpt_pk *ckpt_pk_get(const ckpt_pk *d, const char *key)
 
 int ckpt_pk_is(const ckpt_pk *o, const char *name)
 {
-	return o && (o->kind == CKPT_PK_RECORD || o->kind == CKPT_PK_GLOBAL) && o->s && strcmp(o->s, name) == 0;
+	return o && (o->kind == CKPT_PK_RECORD || o->kind == CKPT_PK_GLOBAL) && o->s &&
+	       strcmp(o->s, name) == 0;
 }
 
 int ckpt_pk_is_attr(const ckpt_pk *o, const char *attr)

@@ -938,8 +938,9 @@ int ckpt_st_header_len(const uint8_t first8[8], uint64_t file_size, const char *
 	for (int i = 7; i >= 0; i--)
 		v = v << 8 | first8[i];
 	if (file_size < 8 || v > CKPT_ST_MAX_HEADER || v > file_size - 8) {
-		ckpt_log(CKPT_LOG_ERR, "%s: not a safetensors file (header length %llu for a file of %llu bytes)",
-			 what, (unsigned long long)v, (unsigned long long)file_size);
+		ckpt_log(CKPT_LOG_ERR,
+			 "%s: not a safetensors file (header length %llu for a file of %llu bytes)", what,
+			 (unsigned long long)v, (unsigned long long)file_size);
 		return -EINVAL;
 	}
 	*n = v;
@@ -975,8 +976,8 @@ static int st_by_begin(const void *a, const void *b)
 
 static int st_bad(const char *what, const char *name, const char *why)
 {
-	ckpt_log(CKPT_LOG_ERR, "%s: safetensors header%s%.200s: %s", what, name ? ", tensor " : "", name ? name : "",
-		 why);
+	ckpt_log(CKPT_LOG_ERR, "%s: safetensors header%s%.200s: %s", what, name ? ", tensor " : "",
+		 name ? name : "", why);
 	return -EINVAL;
 }
 

@@ -101,7 +101,8 @@ static int key_ok(const char *s)
 	if (!*s)
 		return 0;
 	for (; *s; s++)
-		if (!((*s >= 'a' && *s <= 'z') || (*s >= 'A' && *s <= 'Z') || (*s >= '0' && *s <= '9') || *s == '_'))
+		if (!((*s >= 'a' && *s <= 'z') || (*s >= 'A' && *s <= 'Z') || (*s >= '0' && *s <= '9') ||
+		      *s == '_'))
 			return 0;
 	return 1;
 }
@@ -119,7 +120,8 @@ static int is_tensor(const ckpt_pk *o)
 {
 	o = unwrap_param(o);
 	return o && o->kind == CKPT_PK_RECORD &&
-	       (ckpt_pk_is(o, "torch._utils._rebuild_tensor_v2") || ckpt_pk_is(o, "torch._utils._rebuild_tensor") ||
+	       (ckpt_pk_is(o, "torch._utils._rebuild_tensor_v2") ||
+		ckpt_pk_is(o, "torch._utils._rebuild_tensor") ||
 		ckpt_pk_is(o, "torch._utils._rebuild_tensor_v3"));
 }
 
@@ -181,7 +183,7 @@ static int add_tensor(struct walk *w, const ckpt_pk *rec)
 	 * the persistent id counts bytes, the offset elements of that dtype */
 	if (ckpt_pk_is(rec, "torch._utils._rebuild_tensor_v3")) {
 		ckpt_dtype d3 = a->n >= 7 && a->v[6]->kind == CKPT_PK_GLOBAL ? ckpt_torch_dtype(a->v[6]->s)
-									       : CKPT_DT_INVALID;
+									     : CKPT_DT_INVALID;
 		if (d3 == CKPT_DT_INVALID)
 			return tensor_bad(w, "_rebuild_tensor_v3 without a dtype ckptfs has");
 		if (ckpt_pk_is_attr(p->v[1], "UntypedStorage"))
@@ -398,7 +400,8 @@ int ckpt_torch_dense(const struct ckpt_torch_tensor *t, int *order, uint64_t *by
 int ckpt_torch_key_split(const char *name, char *buf, size_t cap, const char **comps, int max)
 {
 	size_t n = strlen(name);
-	if (!n || n >= cap || strcmp(name, ".") == 0 || strcmp(name, "..") == 0 || strchr(name, '/') || max < 1)
+	if (!n || n >= cap || strcmp(name, ".") == 0 || strcmp(name, "..") == 0 || strchr(name, '/') ||
+	    max < 1)
 		return -EINVAL;
 	memcpy(buf, name, n + 1);
 	int split = name[0] != '.' && name[n - 1] != '.' && !strstr(name, "..");
@@ -445,7 +448,8 @@ static int tensor_dtype(const ckpt_pk *props, ckpt_dtype *dt)
 	const ckpt_pk *d = NULL;
 	if (props && props->kind == CKPT_PK_RECORD && props->state) {
 		if (props->state->kind == CKPT_PK_TUPLE && props->state->n >= 1)
-			d = props->state->v[0]; /* __getstate__: (dtype, layout, requires_grad, memory_format, pin) */
+			d = props->state->v
+				    [0]; /* __getstate__: (dtype, layout, requires_grad, memory_format, pin) */
 		else
 			d = ckpt_pk_field(props, "dtype");
 	}
@@ -481,8 +485,8 @@ static int transform_of(const ckpt_pk *td, enum ckpt_dcp_transform *t)
 }
 
 /* Fill chunk c (already boxed) of e from the storage_data entry naming it. */
-static int chunk_storage(const char *what, const ckpt_pk *sd, struct ckpt_dcp_entry *e, struct ckpt_dcp_chunk *c,
-			 size_t ci)
+static int chunk_storage(const char *what, const ckpt_pk *sd, struct ckpt_dcp_entry *e,
+			 struct ckpt_dcp_chunk *c, size_t ci)
 {
 	const ckpt_pk *found = NULL;
 	for (size_t i = 0; i + 1 < sd->n && !found; i += 2) {
@@ -511,11 +515,13 @@ static int chunk_storage(const char *what, const ckpt_pk *sd, struct ckpt_dcp_en
 	const ckpt_pk *rp = ckpt_pk_field(found, "relative_path");
 	int64_t off, len;
 	if (!rp || rp->kind != CKPT_PK_STR || strlen(rp->s) != rp->len || !*rp->s ||
-	    ckpt_pk_int(ckpt_pk_field(found, "offset"), &off) || ckpt_pk_int(ckpt_pk_field(found, "length"), &len) ||
-	    off < 0 || len < 0 || (uint64_t)off > UINT64_MAX - (uint64_t)len)
+	    ckpt_pk_int(ckpt_pk_field(found, "offset"), &off) ||
+	    ckpt_pk_int(ckpt_pk_field(found, "length"), &len) || off < 0 || len < 0 ||
+	    (uint64_t)off > UINT64_MAX - (uint64_t)len)
 		return meta_bad(what, e->fqn, "malformed storage entry");
 	if (transform_of(ckpt_pk_field(found, "transform_descriptors"), &c->transform))
-		return meta_bad(what, e->fqn, "unknown transform of a storage entry (only stream.zstd/1 is read)");
+		return meta_bad(what, e->fqn,
+				"unknown transform of a storage entry (only stream.zstd/1 is read)");
 	c->file = strdup(rp->s);
 	if (!c->file)
 		return -ENOMEM;
@@ -585,7 +591,8 @@ int ckpt_dcp_meta_parse(const ckpt_pk *root, const char *what, struct ckpt_dcp_m
 	if (!sdm || sdm->kind != CKPT_PK_DICT)
 		return meta_bad(what, NULL, "no state_dict_metadata");
 	if (!sd || sd->kind != CKPT_PK_DICT)
-		return meta_bad(what, NULL, "no storage_data (written by a storage layer ckptfs does not read)");
+		return meta_bad(what, NULL,
+				"no storage_data (written by a storage layer ckptfs does not read)");
 	const ckpt_pk *ver = ckpt_pk_field(root, "version");
 	if (ver && ver->kind == CKPT_PK_STR && !(out->version = strdup(ver->s)))
 		return -ENOMEM;

@@ -87,7 +87,8 @@ static void tarch_free(struct tarch *a)
 
 static int by_name(const void *x, const void *y)
 {
-	return strcmp((*(const struct ckpt_zip_entry *const *)x)->name, (*(const struct ckpt_zip_entry *const *)y)->name);
+	return strcmp((*(const struct ckpt_zip_entry *const *)x)->name,
+		      (*(const struct ckpt_zip_entry *const *)y)->name);
 }
 
 /* Member prefix + name (a binary search once the entries are sorted). */
@@ -141,7 +142,8 @@ static int tarch_open(struct tarch *a, const char *what)
 	for (size_t i = 0; rc == 0 && i < a->dir.n && !pkl; i++) {
 		const char *n = a->dir.e[i].name;
 		const char *slash = strchr(n, '/');
-		if (slash && strcmp(slash + 1, "data.pkl") == 0 && (size_t)(slash - n) + 1 < sizeof(a->prefix)) {
+		if (slash && strcmp(slash + 1, "data.pkl") == 0 &&
+		    (size_t)(slash - n) + 1 < sizeof(a->prefix)) {
 			pkl = &a->dir.e[i];
 			memcpy(a->prefix, n, (size_t)(slash - n) + 1);
 			a->prefix[slash - n + 1] = 0;
@@ -194,8 +196,8 @@ static int tarch_open(struct tarch *a, const char *what)
 
 /* Where tensor t's elements lie in the archive: *off (archive offset of the
  * dense block), *len, *order (the block's dimension order). */
-static int tensor_at(struct tarch *a, const struct ckpt_torch_tensor *t, int *order, uint64_t *off, uint64_t *len,
-		     const char **why)
+static int tensor_at(struct tarch *a, const struct ckpt_torch_tensor *t, int *order, uint64_t *off,
+		     uint64_t *len, const char **why)
 {
 	char name[96];
 	snprintf(name, sizeof(name), "data/%s", t->storage_key);
@@ -209,7 +211,8 @@ static int tensor_at(struct tarch *a, const struct ckpt_torch_tensor *t, int *or
 	if (rc)
 		return rc;
 	if (ckpt_torch_dense(t, order, &boff, &blen)) {
-		*why = "its strides make no dense block in any dimension order (a strided or overlapping view)";
+		*why = "its strides make no dense block in any dimension order (a strided or overlapping "
+		       "view)";
 		return -EINVAL;
 	}
 	if (boff > e->csize || blen > e->csize - boff) {
@@ -247,7 +250,8 @@ static int put_meta(ckpt_store *s, const char *dir, const struct ckpt_zarr_meta 
 	if (!txt)
 		return -ENOTSUP;
 	char k[64];
-	snprintf(k, sizeof(k), "%s/%s", dir, m->zarr_format == 3 ? CKPT_ORBAX_ZARR3_META : CKPT_ORBAX_ZARR2_META);
+	snprintf(k, sizeof(k), "%s/%s", dir,
+		 m->zarr_format == 3 ? CKPT_ORBAX_ZARR3_META : CKPT_ORBAX_ZARR2_META);
 	int rc = ckpt_store_mem_put(s, k, txt, strlen(txt));
 	free(txt);
 	return rc;
@@ -269,8 +273,8 @@ static void meta_init(struct ckpt_zarr_meta *m, int format, ckpt_dtype dt, int r
 	m->sep = '.';
 	m->codecs.a2b.id = CKPT_CODEC_BYTES;
 	m->codecs.a2b.endian = ckpt_dtype_get(dt)->itemsize == 1 ? CKPT_ENDIAN_NONE
-			       : big				  ? CKPT_ENDIAN_BIG
-								  : CKPT_ENDIAN_LITTLE;
+			       : big				 ? CKPT_ENDIAN_BIG
+								 : CKPT_ENDIAN_LITTLE;
 }
 
 static void grid_key(char *buf, size_t cap, const char *dir, int rank, const uint64_t *coord)
@@ -294,9 +298,15 @@ static int add_block(struct build *b, const char *const *comps, int depth, ckpt_
 		rev &= order[d] == rank - 1 - d;
 	}
 	if (ident || rev) {
-		struct ckpt_varray a = { .dtype = dt, .rank = rank, .fortran_order = !ident, .big_endian = big,
-					 .codec = CKPT_VCODEC_RAW, .base = base, .base_key = base_key,
-					 .offset = off, .length = len };
+		struct ckpt_varray a = { .dtype = dt,
+					 .rank = rank,
+					 .fortran_order = !ident,
+					 .big_endian = big,
+					 .codec = CKPT_VCODEC_RAW,
+					 .base = base,
+					 .base_key = base_key,
+					 .offset = off,
+					 .length = len };
 		memcpy(a.shape, shape, sizeof(uint64_t) * (size_t)rank);
 		return ckpt_vitem_add_array(b->vi, comps, depth, &a);
 	}
@@ -314,8 +324,8 @@ static int add_block(struct build *b, const char *const *comps, int depth, ckpt_
 		m.codecs.a2a[0].order[d] = order[d];
 	uint64_t zero[CKPT_MAX_RANK] = { 0 };
 	grid_key(key, sizeof(key), dir, rank, zero);
-	if ((rc = put_meta(b->side, dir, &m)) || (len && (rc = ckpt_store_mem_put_range(b->side, key, base, base_key,
-											  off, len))))
+	if ((rc = put_meta(b->side, dir, &m)) ||
+	    (len && (rc = ckpt_store_mem_put_range(b->side, key, base, base_key, off, len))))
 		return rc;
 	return ckpt_vitem_add_zarr(b->vi, comps, depth, b->side, dir);
 }
@@ -334,8 +344,8 @@ static int finish(struct build *b, int rc, ckpt_store **item)
 
 /* ---- torch.save files ---------------------------------------------------------- */
 
-static const uint8_t k_legacy_magic[] = { 0x80, 0x02, 0x8a, 0x0a, 0x6c, 0xfc, 0x9c, 0x46,
-					  0xf9, 0x20, 0x6a, 0xa8, 0x50, 0x19 };
+static const uint8_t k_legacy_magic[] = { 0x80, 0x02, 0x8a, 0x0a, 0x6c, 0xfc, 0x9c,
+					  0x46, 0xf9, 0x20, 0x6a, 0xa8, 0x50, 0x19 };
 
 static int is_legacy(const uint8_t *head, size_t n)
 {
@@ -343,13 +353,15 @@ static int is_legacy(const uint8_t *head, size_t n)
 		return 1; /* torch < 1.6: pickles one after another */
 	/* the tar format of early torch: members sys_info, pickle, storages, tensors */
 	if (n >= 263 && memcmp(head + 257, "ustar", 5) == 0)
-		return !strncmp((const char *)head, "sys_info", 9) || !strncmp((const char *)head, "pickle", 7) ||
-		       !strncmp((const char *)head, "storages", 9) || !strncmp((const char *)head, "tensors", 8);
+		return !strncmp((const char *)head, "sys_info", 9) ||
+		       !strncmp((const char *)head, "pickle", 7) ||
+		       !strncmp((const char *)head, "storages", 9) ||
+		       !strncmp((const char *)head, "tensors", 8);
 	return 0;
 }
 
-static int torch_probe(ckpt_store *src, const char *key, const struct ckpt_store_stat *st, const uint8_t *head,
-		       size_t nhead)
+static int torch_probe(ckpt_store *src, const char *key, const struct ckpt_store_stat *st,
+		       const uint8_t *head, size_t nhead)
 {
 	(void)src;
 	(void)key;
@@ -375,10 +387,11 @@ static int torch_open(ckpt_store *src, const char *key, const struct ckpt_store_
 	if (hn < 0)
 		return (int)hn;
 	if (is_legacy(head, (size_t)hn)) {
-		ckpt_log(CKPT_LOG_ERR,
-			 "%s: a torch.save file in the legacy format of torch before 1.6 (not a ZIP archive); "
-			 "ckptfs reads only the ZIP format: load and save it again with a newer torch",
-			 what);
+		ckpt_log(
+			CKPT_LOG_ERR,
+			"%s: a torch.save file in the legacy format of torch before 1.6 (not a ZIP archive); "
+			"ckptfs reads only the ZIP format: load and save it again with a newer torch",
+			what);
 		return -EMEDIUMTYPE;
 	}
 	struct tarch a = { .r = { src, key, 0, st->size, NULL } };
@@ -393,7 +406,8 @@ static int torch_open(ckpt_store *src, const char *key, const struct ckpt_store_
 		return rc;
 	}
 	if (a.st.skipped)
-		ckpt_log(CKPT_LOG_INFO, "%s: %zu entries that are not tensors are not shown", what, a.st.skipped);
+		ckpt_log(CKPT_LOG_INFO, "%s: %zu entries that are not tensors are not shown", what,
+			 a.st.skipped);
 	for (size_t i = 0; i < a.st.n && rc >= 0; i++) {
 		const struct ckpt_torch_tensor *t = &a.st.t[i];
 		if (t->depth > CKPT_ORBAX_MAX_DEPTH)
@@ -403,10 +417,11 @@ static int torch_open(ckpt_store *src, const char *key, const struct ckpt_store_
 		uint64_t off, len;
 		rc = tensor_at(&a, t, order, &off, &len, &why);
 		if (rc == 0)
-			rc = add_block(&b, (const char *const *)t->path, t->depth, t->dtype, t->rank, t->shape, order,
-				       a.big_endian, src, key, off, len);
+			rc = add_block(&b, (const char *const *)t->path, t->depth, t->dtype, t->rank,
+				       t->shape, order, a.big_endian, src, key, off, len);
 		if (rc < 0 && rc != -ENOMEM) {
-			ckpt_log(CKPT_LOG_ERR, "%s: tensor %s cannot be served (%s); listed, reads answer EIO", what,
+			ckpt_log(CKPT_LOG_ERR,
+				 "%s: tensor %s cannot be served (%s); listed, reads answer EIO", what,
 				 t->name, why ? why : strerror(-rc));
 			rc = ckpt_vitem_add_unreadable(b.vi, (const char *const *)t->path, t->depth);
 		}
@@ -440,8 +455,8 @@ static int dcp_probe(ckpt_store *src, const char *key, const struct ckpt_store_s
 	char k[4096];
 	struct ckpt_store_stat ms;
 	uint8_t b[2];
-	return key_join(k, sizeof(k), key, DCP_METADATA) == 0 && ckpt_store_stat(src, k, &ms) == 0 && !ms.is_dir &&
-	       ckpt_store_read(src, k, 0, 2, b) == 2 && b[0] == 0x80 && b[1] >= 2 && b[1] <= 5;
+	return key_join(k, sizeof(k), key, DCP_METADATA) == 0 && ckpt_store_stat(src, k, &ms) == 0 &&
+	       !ms.is_dir && ckpt_store_read(src, k, 0, 2, b) == 2 && b[0] == 0x80 && b[1] >= 2 && b[1] <= 5;
 }
 
 /* Decompress a zstd item (bounded). */
@@ -577,10 +592,12 @@ static int put_cells(struct build *b, ckpt_store *src, const char *fkey, const u
 			} else {
 				b->mem_bytes += total;
 				if (nruns == 1) {
-					rc = ckpt_store_mem_put(b->side, key, plain + pieces[0], (size_t)pieces[1]);
+					rc = ckpt_store_mem_put(b->side, key, plain + pieces[0],
+								(size_t)pieces[1]);
 				} else {
 					for (uint64_t k = 0; k < nruns; k++)
-						memcpy(copy + k * run * isz, plain + pieces[2 * k], (size_t)pieces[2 * k + 1]);
+						memcpy(copy + k * run * isz, plain + pieces[2 * k],
+						       (size_t)pieces[2 * k + 1]);
 					rc = ckpt_store_mem_put(b->side, key, copy, (size_t)total);
 				}
 			}
@@ -604,7 +621,8 @@ static int put_cells(struct build *b, ckpt_store *src, const char *fkey, const u
 
 /* One chunk box of a DCP tensor: locate the tensor in its item, put its cells. */
 static int dcp_chunk(struct build *b, ckpt_store *src, const char *dir, const struct ckpt_dcp_entry *e,
-		     const struct ckpt_dcp_chunk *c, const uint64_t *g, const char *zdir, int *big, const char **why)
+		     const struct ckpt_dcp_chunk *c, const uint64_t *g, const char *zdir, int *big,
+		     const char **why)
 {
 	char fkey[4096];
 	if (strchr(c->file, '/') || strcmp(c->file, ".") == 0 || strcmp(c->file, "..") == 0 ||
@@ -629,8 +647,9 @@ static int dcp_chunk(struct build *b, ckpt_store *src, const char *dir, const st
 		size_t pn = 0;
 		if (!z)
 			return -ENOMEM;
-		ssize_t got = c->length > ZSTD_ITEM_MAX ? -EFBIG : ckpt_store_read(src, fkey, c->offset,
-										   (size_t)c->length, z);
+		ssize_t got = c->length > ZSTD_ITEM_MAX
+				      ? -EFBIG
+				      : ckpt_store_read(src, fkey, c->offset, (size_t)c->length, z);
 		if (got >= 0 && (uint64_t)got == c->length)
 			rc = unzstd(z, (size_t)got, &plain, &pn, why);
 		else {
@@ -751,13 +770,15 @@ static int dcp_open(ckpt_store *src, const char *key, const struct ckpt_store_st
 		const char *comps[CKPT_TORCH_MAX_PATH];
 		int depth = ckpt_torch_key_split(e->fqn, buf, sizeof(buf), comps, CKPT_TORCH_MAX_PATH);
 		if (depth < 0) {
-			ckpt_log(CKPT_LOG_WARN, "%s: tensor name '%.200s' cannot be a path, not shown", what, e->fqn);
+			ckpt_log(CKPT_LOG_WARN, "%s: tensor name '%.200s' cannot be a path, not shown", what,
+				 e->fqn);
 			continue;
 		}
 		const char *why = NULL;
 		rc = dcp_tensor(&b, src, key, e, comps, depth, &why);
 		if (rc < 0 && rc != -ENOMEM) {
-			ckpt_log(CKPT_LOG_ERR, "%s: tensor %s cannot be served (%s); listed, reads answer EIO", what,
+			ckpt_log(CKPT_LOG_ERR,
+				 "%s: tensor %s cannot be served (%s); listed, reads answer EIO", what,
 				 e->fqn, why ? why : strerror(-rc));
 			rc = ckpt_vitem_add_unreadable(b.vi, comps, depth);
 		}
@@ -784,7 +805,8 @@ static int st_head_ok(const uint8_t *head, size_t nhead, uint64_t size)
 	uint64_t n = 0;
 	for (int i = 7; i >= 0; i--)
 		n = n << 8 | head[i];
-	return n >= 2 && n <= CKPT_ST_MAX_HEADER && n <= size - 8 && head[8] == '{' && (head[9] == '"' || head[9] == '}');
+	return n >= 2 && n <= CKPT_ST_MAX_HEADER && n <= size - 8 && head[8] == '{' &&
+	       (head[9] == '"' || head[9] == '}');
 }
 
 /* Every tensor of safetensors file fkey into b. */
@@ -815,7 +837,8 @@ static int st_add_file(struct build *b, ckpt_store *src, const char *fkey, uint6
 		const char *comps[CKPT_TORCH_MAX_PATH];
 		int depth = ckpt_torch_key_split(t->name, buf, sizeof(buf), comps, CKPT_TORCH_MAX_PATH);
 		if (depth < 0) {
-			ckpt_log(CKPT_LOG_WARN, "%s: tensor name '%.200s' cannot be a path, not shown", what, t->name);
+			ckpt_log(CKPT_LOG_WARN, "%s: tensor name '%.200s' cannot be a path, not shown", what,
+				 t->name);
 			continue;
 		}
 		int order[CKPT_MAX_RANK];
@@ -824,7 +847,8 @@ static int st_add_file(struct build *b, ckpt_store *src, const char *fkey, uint6
 		rc = add_block(b, comps, depth, t->dtype, t->rank, t->shape, order, 0, src, fkey, t->begin,
 			       t->end - t->begin);
 		if (rc < 0 && rc != -ENOMEM) {
-			ckpt_log(CKPT_LOG_ERR, "%s: tensor %s cannot be served (%s); listed, reads answer EIO", what,
+			ckpt_log(CKPT_LOG_ERR,
+				 "%s: tensor %s cannot be served (%s); listed, reads answer EIO", what,
 				 t->name, strerror(-rc));
 			rc = ckpt_vitem_add_unreadable(b->vi, comps, depth);
 		}
@@ -833,8 +857,8 @@ static int st_add_file(struct build *b, ckpt_store *src, const char *fkey, uint6
 	return rc;
 }
 
-static int st_file_probe(ckpt_store *src, const char *key, const struct ckpt_store_stat *st, const uint8_t *head,
-			 size_t nhead)
+static int st_file_probe(ckpt_store *src, const char *key, const struct ckpt_store_stat *st,
+			 const uint8_t *head, size_t nhead)
 {
 	(void)src;
 	(void)key;
@@ -860,15 +884,15 @@ const struct ckpt_foreign_fmt ckpt_foreign_safetensors = {
 	.open = st_file_open,
 };
 
-static int st_dir_probe(ckpt_store *src, const char *key, const struct ckpt_store_stat *st, const uint8_t *head,
-			size_t nhead)
+static int st_dir_probe(ckpt_store *src, const char *key, const struct ckpt_store_stat *st,
+			const uint8_t *head, size_t nhead)
 {
 	(void)head;
 	(void)nhead;
 	char k[4096];
 	struct ckpt_store_stat is;
-	return st->is_dir && key_join(k, sizeof(k), key, ST_INDEX) == 0 && ckpt_store_stat(src, k, &is) == 0 &&
-	       !is.is_dir;
+	return st->is_dir && key_join(k, sizeof(k), key, ST_INDEX) == 0 &&
+	       ckpt_store_stat(src, k, &is) == 0 && !is.is_dir;
 }
 
 static int st_dir_open(ckpt_store *src, const char *key, const struct ckpt_store_stat *st, ckpt_store **item)
@@ -885,7 +909,8 @@ static int st_dir_open(ckpt_store *src, const char *key, const struct ckpt_store
 	free(txt);
 	const cJSON *wm = cJSON_GetObjectItemCaseSensitive(idx, "weight_map");
 	if (!cJSON_IsObject(wm)) {
-		ckpt_log(CKPT_LOG_ERR, "%s/" ST_INDEX ": %s", what, rc < 0 ? strerror(-rc) : "no weight_map object");
+		ckpt_log(CKPT_LOG_ERR, "%s/" ST_INDEX ": %s", what,
+			 rc < 0 ? strerror(-rc) : "no weight_map object");
 		cJSON_Delete(idx);
 		return -EIO;
 	}
@@ -902,8 +927,8 @@ static int st_dir_open(ckpt_store *src, const char *key, const struct ckpt_store
 	for (const cJSON *e = wm->child; e && rc == 0; e = e->next) {
 		if (!cJSON_IsString(e) || strchr(e->valuestring, '/') || !strcmp(e->valuestring, "..") ||
 		    !strcmp(e->valuestring, ".") || !*e->valuestring) {
-			ckpt_log(CKPT_LOG_ERR, "%s/" ST_INDEX ": tensor %.200s names no file of the folder", what,
-				 e->string);
+			ckpt_log(CKPT_LOG_ERR, "%s/" ST_INDEX ": tensor %.200s names no file of the folder",
+				 what, e->string);
 			rc = -EIO;
 			break;
 		}

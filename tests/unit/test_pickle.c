@@ -147,21 +147,36 @@ static void test_refused(void)
 {
 	refused(k_evil, sizeof(k_evil), -EPERM, "refused global os.system");
 	refused(k_evil4, sizeof(k_evil4), -EPERM, "refused global builtins.eval");
-	REFUSED("\x80\x02" "ctorch._utils\n_rebuild_tensor_v9\n.", -EPERM, "torch._utils._rebuild_tensor_v9");
-	REFUSED("\x80\x02" "ctorch\nload\n.", -EPERM, "torch.load");
-	REFUSED("\x80\x02" "c__builtin__\neval\n.", -EPERM, "__builtin__.eval");
+	REFUSED("\x80\x02"
+		"ctorch._utils\n_rebuild_tensor_v9\n.",
+		-EPERM, "torch._utils._rebuild_tensor_v9");
+	REFUSED("\x80\x02"
+		"ctorch\nload\n.",
+		-EPERM, "torch.load");
+	REFUSED("\x80\x02"
+		"c__builtin__\neval\n.",
+		-EPERM, "__builtin__.eval");
 	REFUSED("(cos\nsystem\nS'ls'\no.", -EPERM, "os.system");
 	REFUSED("(S'ls'\nios\nsystem\n.", -EPERM, "0x53");
 	REFUSED("\x80\x02\x82\x01.", -EPERM, "0x82"); /* EXT1 */
 	REFUSED("\x80\x05\x97.", -EPERM, "0x97"); /* NEXT_BUFFER */
 	REFUSED("Pfoo\n.", -EPERM, "0x50"); /* PERSID */
-	REFUSED("\x80\x02" "ctorch\nFloat Storage\n.", -EPERM, NULL);
+	REFUSED("\x80\x02"
+		"ctorch\nFloat Storage\n.",
+		-EPERM, NULL);
 	/* getattr only of an enum member */
-	REFUSED("\x80\x02" "c__builtin__\ngetattr\ncos\nsystem\nX\x06\x00\x00\x00" "systemq\x00\x86R.", -EPERM, "os.system");
-	REFUSED("\x80\x02" "c__builtin__\ngetattr\nctorch\nSize\nX\x03\x00\x00\x00" "foo\x86R.", -EPERM,
-		"getattr other than of an enum member");
+	REFUSED("\x80\x02"
+		"c__builtin__\ngetattr\ncos\nsystem\nX\x06\x00\x00\x00"
+		"systemq\x00\x86R.",
+		-EPERM, "os.system");
+	REFUSED("\x80\x02"
+		"c__builtin__\ngetattr\nctorch\nSize\nX\x03\x00\x00\x00"
+		"foo\x86R.",
+		-EPERM, "getattr other than of an enum member");
 	/* a whitelisted global may only build records: calling a str is refused */
-	REFUSED("\x80\x02X\x01\x00\x00\x00" "a)R.", -EINVAL, "not a global");
+	REFUSED("\x80\x02X\x01\x00\x00\x00"
+		"a)R.",
+		-EINVAL, "not a global");
 }
 
 static void test_bounds(void)
@@ -169,25 +184,36 @@ static void test_bounds(void)
 	ckpt_log_quiet(1);
 	REFUSED("\x80\x02h\x05.", -EINVAL, NULL); /* BINGET of nothing */
 	REFUSED("\x80\x02Nr\xff\xff\xff\xff.", -EINVAL, NULL); /* LONG_BINPUT index 2^32-1 */
-	REFUSED("\x80\x02]\x94h\x00" "a.", -EINVAL, NULL); /* list appended to itself */
+	REFUSED("\x80\x02]\x94h\x00"
+		"a.",
+		-EINVAL, NULL); /* list appended to itself */
 	REFUSED("\x80\x02\x8a\x09\x00\x00\x00\x00\x00\x00\x00\x00\x01.", -EINVAL, NULL); /* 2^64 */
 	REFUSED("\x80\x02\x8a\x09\x00\x00\x00\x00\x00\x00\x00\x80\x00.", -EINVAL, NULL); /* 2^63 */
-	REFUSED("\x80\x02\x8a\x09\xff\xff\xff\xff\xff\xff\xff\xff\xff\x86.", -EINVAL, NULL); /* TUPLE2 of one value */
+	REFUSED("\x80\x02\x8a\x09\xff\xff\xff\xff\xff\xff\xff\xff\xff\x86.", -EINVAL,
+		NULL); /* TUPLE2 of one value */
 	REFUSED("\x80\x06N.", -EINVAL, NULL); /* protocol 6 */
 	REFUSED("\x80\x02NN.", -EINVAL, NULL); /* two values at STOP */
 	REFUSED("\x80\x02(N.", -EINVAL, NULL); /* MARK left at STOP */
-	REFUSED("\x80\x02" "X\xff\xff\xff\x7f" "ab.", -EINVAL, NULL); /* length past the end */
-	REFUSED("\x80\x02" "\x8d\xff\xff\xff\xff\xff\xff\xff\xff.", -EINVAL, NULL);
+	REFUSED("\x80\x02"
+		"X\xff\xff\xff\x7f"
+		"ab.",
+		-EINVAL, NULL); /* length past the end */
+	REFUSED("\x80\x02"
+		"\x8d\xff\xff\xff\xff\xff\xff\xff\xff.",
+		-EINVAL, NULL);
 	REFUSED("\x80\x02N\x8b\xff\xff\xff\x7f.", -EINVAL, NULL);
 	REFUSED("\x80\x02}N\x94u.", -EINVAL, NULL);
 	ckpt_log_quiet(0);
 	/* getattr(enum class, "NAME") */
 	ckpt_pickle *p = NULL;
-	static const uint8_t ga[] = "\x80\x02" "c__builtin__\ngetattr\n"
+	static const uint8_t ga[] = "\x80\x02"
+				    "c__builtin__\ngetattr\n"
 				    "ctorch.distributed.checkpoint.metadata\n_MEM_FORMAT_ENCODING\n"
-				    "X\x17\x00\x00\x00" "TORCH_CONTIGUOUS_FORMAT\x86R.";
+				    "X\x17\x00\x00\x00"
+				    "TORCH_CONTIGUOUS_FORMAT\x86R.";
 	CHECK_EQ_INT(ckpt_pickle_load(ga, sizeof(ga) - 1, "ga", &p), 0);
-	CHECK(p && ckpt_pk_is(ckpt_pickle_root(p), "torch.distributed.checkpoint.metadata._MEM_FORMAT_ENCODING"));
+	CHECK(p &&
+	      ckpt_pk_is(ckpt_pickle_root(p), "torch.distributed.checkpoint.metadata._MEM_FORMAT_ENCODING"));
 	ckpt_pickle_free(p);
 	/* LONG1 of 9 bytes that fits; -1 */
 	static const uint8_t l9[] = "\x80\x02\x8a\x09\xff\xff\xff\xff\xff\xff\xff\xff\xff.";
@@ -216,7 +242,8 @@ static void test_bounds(void)
 	CHECK(ckpt_pickle_global_ok("torch", "BFloat16Storage"));
 	CHECK(ckpt_pickle_global_ok("torch", "bfloat16"));
 	CHECK(ckpt_pickle_global_ok("torch.distributed._shard.sharded_tensor.metadata", "TensorProperties"));
-	CHECK(ckpt_pickle_global_ok("torch.distributed._shard.sharded_tensor.metadata", "MEM_FORMAT_ENCODING"));
+	CHECK(ckpt_pickle_global_ok("torch.distributed._shard.sharded_tensor.metadata",
+				    "MEM_FORMAT_ENCODING"));
 	CHECK(ckpt_pickle_global_ok("pathlib._local", "PosixPath"));
 	CHECK(!ckpt_pickle_global_ok("torch", "Storage.x"));
 	CHECK(!ckpt_pickle_global_ok("torch", "load"));

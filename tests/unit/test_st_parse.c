@@ -41,7 +41,8 @@ static void test_fixture(void)
 static void test_roundtrip(void)
 {
 	uint64_t s1[2] = { 3, 4 }, s2[1] = { 5 };
-	ckpt_st_tensor t[3] = { { "a.b", CKPT_DT_FLOAT32, 2, s1 }, { "c", CKPT_DT_BFLOAT16, 1, s2 },
+	ckpt_st_tensor t[3] = { { "a.b", CKPT_DT_FLOAT32, 2, s1 },
+				{ "c", CKPT_DT_BFLOAT16, 1, s2 },
 				{ "s", CKPT_DT_INT64, 0, NULL } };
 	ckpt_st_meta meta[1] = { { "format", "pt" } };
 	ckpt_st_layout *l = NULL;
@@ -66,10 +67,14 @@ static void test_refused(void)
 	ckpt_st_file *f = NULL;
 	ckpt_log_quiet(1);
 	CHECK_EQ_INT(parse_str("[1]", 0, &f), -EINVAL);
-	CHECK_EQ_INT(parse_str("{\"a\":{\"dtype\":\"F33\",\"shape\":[1],\"data_offsets\":[0,4]}}", 4, &f), -EINVAL);
-	CHECK_EQ_INT(parse_str("{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,4]}}", 8, &f), -EINVAL);
-	CHECK_EQ_INT(parse_str("{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}", 3, &f), -EINVAL);
-	CHECK_EQ_INT(parse_str("{\"a\":{\"dtype\":\"F32\",\"shape\":[-1],\"data_offsets\":[0,4]}}", 4, &f), -EINVAL);
+	CHECK_EQ_INT(parse_str("{\"a\":{\"dtype\":\"F33\",\"shape\":[1],\"data_offsets\":[0,4]}}", 4, &f),
+		     -EINVAL);
+	CHECK_EQ_INT(parse_str("{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,4]}}", 8, &f),
+		     -EINVAL);
+	CHECK_EQ_INT(parse_str("{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}", 3, &f),
+		     -EINVAL);
+	CHECK_EQ_INT(parse_str("{\"a\":{\"dtype\":\"F32\",\"shape\":[-1],\"data_offsets\":[0,4]}}", 4, &f),
+		     -EINVAL);
 	CHECK_EQ_INT(parse_str("{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]},"
 			       "\"b\":{\"dtype\":\"I32\",\"shape\":[1],\"data_offsets\":[2,6]}}",
 			       8, &f),

@@ -45,8 +45,8 @@ static void test_state(void)
 	int order[CKPT_MAX_RANK];
 	uint64_t off, len;
 	const struct ckpt_torch_tensor *t = find(&s, "model.model.layers.1.transposed");
-	CHECK(t && ckpt_torch_dense(t, order, &off, &len) == 0 && order[0] == 1 && order[1] == 0 && off == 0 &&
-	      len == 96);
+	CHECK(t && ckpt_torch_dense(t, order, &off, &len) == 0 && order[0] == 1 && order[1] == 0 &&
+	      off == 0 && len == 96);
 	t = find(&s, "model.model.layers.1.offset_view");
 	CHECK(t && ckpt_torch_dense(t, order, &off, &len) == 0 && order[0] == 0 && off == 20 && len == 48);
 	t = find(&s, "model.model.layers.0.norm.weight"); /* a Parameter */
@@ -66,8 +66,9 @@ static void test_state(void)
 
 static void test_dense(void)
 {
-	struct ckpt_torch_tensor t = { .dtype = CKPT_DT_INT32, .rank = 2, .shape = { 3, 2 }, .stride = { 4, 2 },
-				       .storage_numel = 12 };
+	struct ckpt_torch_tensor t = {
+		.dtype = CKPT_DT_INT32, .rank = 2, .shape = { 3, 2 }, .stride = { 4, 2 }, .storage_numel = 12
+	};
 	int order[CKPT_MAX_RANK];
 	uint64_t off, len;
 	CHECK_EQ_INT(ckpt_torch_dense(&t, order, &off, &len), -EINVAL); /* x[:, ::2] */
@@ -77,12 +78,18 @@ static void test_dense(void)
 	t.offset = 7; /* 7 + 6 > 12 */
 	CHECK_EQ_INT(ckpt_torch_dense(&t, order, &off, &len), -EINVAL);
 	/* (1, 6, 4) with strides (24, 1, 6): a transpose of the last two */
-	struct ckpt_torch_tensor u = { .dtype = CKPT_DT_FLOAT16, .rank = 3, .shape = { 1, 6, 4 },
-				       .stride = { 99, 1, 6 }, .storage_numel = 24 };
+	struct ckpt_torch_tensor u = { .dtype = CKPT_DT_FLOAT16,
+				       .rank = 3,
+				       .shape = { 1, 6, 4 },
+				       .stride = { 99, 1, 6 },
+				       .storage_numel = 24 };
 	CHECK_EQ_INT(ckpt_torch_dense(&u, order, &off, &len), 0);
 	CHECK(order[0] == 0 && order[1] == 2 && order[2] == 1 && len == 48);
 	/* a (2, 3, 4) permuted (2, 0, 1): strides (1, 8, 2)... shape (4, 2, 3) of C strides (6, 3, 1) seen as order */
-	struct ckpt_torch_tensor w = { .dtype = CKPT_DT_UINT8, .rank = 3, .shape = { 3, 4, 2 }, .stride = { 1, 6, 3 },
+	struct ckpt_torch_tensor w = { .dtype = CKPT_DT_UINT8,
+				       .rank = 3,
+				       .shape = { 3, 4, 2 },
+				       .stride = { 1, 6, 3 },
 				       .storage_numel = 24 };
 	CHECK_EQ_INT(ckpt_torch_dense(&w, order, &off, &len), 0);
 	CHECK(order[0] == 1 && order[1] == 2 && order[2] == 0);
@@ -109,10 +116,12 @@ static void test_dcp(void)
 		CHECK(!e->is_bytes && e->nchunks == 1 && strcmp(e->chunks[0].file, "__0_0.distcp") == 0);
 		if (strcmp(e->fqn, "params.embed.embedding") == 0) {
 			seen++;
-			CHECK(e->dtype == CKPT_DT_BFLOAT16 && e->rank == 2 && e->size[0] == 64 && e->size[1] == 32);
+			CHECK(e->dtype == CKPT_DT_BFLOAT16 && e->rank == 2 && e->size[0] == 64 &&
+			      e->size[1] == 32);
 			uint64_t grid[CKPT_MAX_RANK];
 			size_t idx[1];
-			CHECK(ckpt_dcp_grid(e, grid, idx) == 0 && grid[0] == 64 && grid[1] == 32 && idx[0] == 0);
+			CHECK(ckpt_dcp_grid(e, grid, idx) == 0 && grid[0] == 64 && grid[1] == 32 &&
+			      idx[0] == 0);
 		}
 		if (strcmp(e->fqn, "step") == 0) {
 			seen++;
@@ -155,7 +164,8 @@ static void test_grid(void)
 	CHECK_EQ_INT(ckpt_dcp_cells(&e, grid), 0);
 	CHECK(grid[0] == 4 && grid[1] == 3);
 	/* rows 0:5, 5:8 of 8: cells of one row */
-	struct ckpt_dcp_chunk rc2[2] = { { .offsets = { 0 }, .sizes = { 5 } }, { .offsets = { 5 }, .sizes = { 3 } } };
+	struct ckpt_dcp_chunk rc2[2] = { { .offsets = { 0 }, .sizes = { 5 } },
+					 { .offsets = { 5 }, .sizes = { 3 } } };
 	struct ckpt_dcp_entry r1 = { .rank = 1, .size = { 8 }, .chunks = rc2, .nchunks = 2 };
 	CHECK(ckpt_dcp_cells(&r1, grid) == 0 && grid[0] == 1);
 	rc2[1].offsets[0] = 4; /* overlap at row 4 (and row 7 uncovered) */
@@ -216,8 +226,8 @@ static void test_dcp_variants(void)
 		}
 		if (b) {
 			CHECK(b->dtype == CKPT_DT_BFLOAT16 && b->nchunks == 4);
-			CHECK(ckpt_dcp_grid(b, grid, idx) == 0 && grid[0] == 2 && grid[1] == 2 && idx[1] == 1 &&
-			      idx[2] == 2);
+			CHECK(ckpt_dcp_grid(b, grid, idx) == 0 && grid[0] == 2 && grid[1] == 2 &&
+			      idx[1] == 1 && idx[2] == 2);
 		}
 		const struct ckpt_dcp_entry *irr = entry(&m, "model.irregular"), *extra = entry(&m, "extra");
 		CHECK((v == 0) == (irr != NULL));
@@ -244,9 +254,13 @@ static void test_dcp_variants(void)
 static void test_rebuild_v3(void)
 {
 	/* _rebuild_tensor_v3 over an untyped storage of 16 bytes: uint16 view [1:4] */
-	static const char pk[] = "\x80\x02}X\x01\x00\x00\x00" "tctorch._utils\n_rebuild_tensor_v3\n"
-				 "((X\x07\x00\x00\x00" "storagectorch.storage\nUntypedStorage\n"
-				 "X\x01\x00\x00\x00" "0X\x03\x00\x00\x00" "cpuK\x10tQK\x01K\x03\x85K\x01\x85\x89"
+	static const char pk[] = "\x80\x02}X\x01\x00\x00\x00"
+				 "tctorch._utils\n_rebuild_tensor_v3\n"
+				 "((X\x07\x00\x00\x00"
+				 "storagectorch.storage\nUntypedStorage\n"
+				 "X\x01\x00\x00\x00"
+				 "0X\x03\x00\x00\x00"
+				 "cpuK\x10tQK\x01K\x03\x85K\x01\x85\x89"
 				 "ccollections\nOrderedDict\n)Rctorch\nuint16\ntRs.";
 	ckpt_pickle *p = NULL;
 	CHECK_EQ_INT(ckpt_pickle_load(pk, sizeof(pk) - 1, "v3", &p), 0);
@@ -256,7 +270,8 @@ static void test_rebuild_v3(void)
 	if (s.n == 1) {
 		int order[CKPT_MAX_RANK];
 		uint64_t off, len;
-		CHECK(s.t[0].dtype == CKPT_DT_UINT16 && s.t[0].storage_numel == 8 && strcmp(s.t[0].name, "t") == 0);
+		CHECK(s.t[0].dtype == CKPT_DT_UINT16 && s.t[0].storage_numel == 8 &&
+		      strcmp(s.t[0].name, "t") == 0);
 		CHECK(ckpt_torch_dense(&s.t[0], order, &off, &len) == 0 && off == 2 && len == 6);
 	}
 	ckpt_torch_state_free(&s);
