@@ -393,3 +393,20 @@ def test_dcp_metadata_refuses_other_globals(mount, tmp_path):
     m.proc.wait(timeout=10)
     assert "refused global os.system" in m.log(), m.log()
     assert not mark.exists()
+
+
+def test_torch_save_big_endian(mount, tmp_path):
+    """An archive whose byteorder member says "big": served little-endian."""
+    def u(s):
+        return b"X" + struct.pack("<I", len(s)) + s.encode()
+    pkl = (b"\x80\x02}" + u("w") + b"ctorch._utils\n_rebuild_tensor_v2\n((" + u("storage") + b"ctorch\nIntStorage\n" +
+           u("0") + u("cpu") + b"K\x04tQK\x01K\x03\x85K\x01\x85\x89ccollections\nOrderedDict\n)RtRs.")
+    src = tmp_path / "be.pt"
+    with zipfile.ZipFile(src, "w", zipfile.ZIP_STORED) as z:
+        z.writestr("be/data.pkl", pkl)
+        z.writestr("be/byteorder", b"big")
+        z.writestr("be/data/0", np.array([9, 1, 2, 3], dtype=">i4").tobytes())
+        z.writestr("be/version", b"3\n")
+    m = mount(src)
+    assert npy_data(m.p("w.npy")) == np.array([1, 2, 3], dtype="<i4").tobytes()
+    assert (np.load(m.p("w.npy")) == [1, 2, 3]).all()
