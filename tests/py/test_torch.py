@@ -410,3 +410,15 @@ def test_torch_save_big_endian(mount, tmp_path):
     m = mount(src)
     assert npy_data(m.p("w.npy")) == np.array([1, 2, 3], dtype="<i4").tobytes()
     assert (np.load(m.p("w.npy")) == [1, 2, 3]).all()
+
+
+def test_torch_save_training_checkpoint(mount):
+    """{"model": state_dict() (an OrderedDict with _metadata), "optimizer":
+    Adam's state_dict (int keys), "epoch": 3}: every tensor, numbers left out."""
+    m = mount(os.path.join(TORCH_FX, "module.pt"))
+    exp = fx_expected("expected.json", "module.pt")
+    assert "optimizer.state.0.exp_avg" in exp
+    for k, (dt, shape, raw) in exp.items():
+        check_tensor(m, k, dt, shape, raw)
+    assert sorted(os.listdir(m.p())) == ["model", "optimizer"]
+    assert "entries that are not tensors are not shown" in m.log()
