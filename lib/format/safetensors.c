@@ -918,176 +918,188 @@ uint64_t ckpt_st_sharded_total_size(const ckpt_st_sharded *s)
 	return s ? s->total : 0;
 }
 
-/* ---- reading a header ---------------------------------------------------- */
+/* ---- reading a safetensors header ---------------------------------------------- */
 
-ckpt_dtype ckpt_st_dtype_from_code(const char *code)
+#include <cjson/cJSON.h>
+
+ckpt_dtype ckpt_st_dtype(const char *code)
 {
-	for (int d = CKPT_DT_INVALID + 1; d < CKPT_DT_COUNT; d++) {
+	if (!code)
+		return CKPT_DT_INVALID;
+	for (int d = 1; d < CKPT_DT_COUNT; d++) {
 		const ckpt_dtype_info *di = ckpt_dtype_get((ckpt_dtype)d);
-		if (code && di && di->st_code && !strcmp(di->st_code, code))
+		if (di && di->st_code && strcmp(di->st_code, code) == 0)
 			return (ckpt_dtype)d;
 	}
 	return CKPT_DT_INVALID;
 }
 
-void ckpt_st_entries_free(ckpt_st_entry *e, size_t n)
+int ckpt_st_header_len(const uint8_t first8[8], uint64_t file_size, const char *what, uint64_t *n)
 {
-	for (size_t i = 0; e && i < n; i++)
-		free(e[i].name);
-	free(e);
+	uint64_t v = 0;
+	for (int i = 7; i >= 0; i--)
+		v = v << 8 | first8[i];
+	if (file_size < 8 || v > CKPT_ST_MAX_HEADER || v > file_size - 8) {
+		ckpt_log(CKPT_LOG_ERR,
+			 "%s: not a safetensors file (header length %llu for a file of %llu bytes)", what,
+			 (unsigned long long)v, (unsigned long long)file_size);
+		return -EINVAL;
+	}
+	*n = v;
+	return 0;
 }
 
-static int name_cmp(const void *a, const void *b)
+void ckpt_st_file_free(ckpt_st_file *f)
 {
-	return strcmp(*(const char *const *)a, *(const char *const *)b);
+	if (!f)
+		return;
+	for (size_t i = 0; i < f->n; i++)
+		free(f->t[i].name);
+	free(f->t);
+	free(f->metadata_json);
+	free(f);
 }
 
-static int entry_cmp(const void *a, const void *b)
-{
-	const ckpt_st_entry *x = a, *y = b;
-	return x->begin < y->begin ? -1 : x->begin > y->begin ? 1 : 0;
-}
-
-/* A JSON number that is a whole number in [0, 2^53]: the exact values a
- * double holds (offsets and extents of real files are far below). */
-static int json_u64(const cJSON *j, uint64_t *out)
+/* A JSON number that is a non-negative integer below 2^53. */
+static int st_uint(const cJSON *j, uint64_t *v)
 {
 	if (!cJSON_IsNumber(j) || j->valuedouble < 0 || j->valuedouble > 9007199254740992.0 ||
 	    j->valuedouble != (double)(uint64_t)j->valuedouble)
-		return -EINVAL;
-	*out = (uint64_t)j->valuedouble;
+		return -1;
+	*v = (uint64_t)j->valuedouble;
 	return 0;
 }
 
-static int parse_entry(const cJSON *t, ckpt_st_entry *e, const char **why)
+static int st_by_begin(const void *a, const void *b)
 {
-	const cJSON *dt = cJSON_GetObjectItemCaseSensitive(t, "dtype");
-	const cJSON *sh = cJSON_GetObjectItemCaseSensitive(t, "shape");
-	const cJSON *off = cJSON_GetObjectItemCaseSensitive(t, "data_offsets");
-	if (!cJSON_IsObject(t) || !cJSON_IsString(dt) || !cJSON_IsArray(sh) || !cJSON_IsArray(off) ||
-	    cJSON_GetArraySize(off) != 2) {
-		*why = "a tensor needs \"dtype\", \"shape\" and two \"data_offsets\"";
-		return -EINVAL;
-	}
-	e->dtype = ckpt_st_dtype_from_code(dt->valuestring);
-	if (e->dtype == CKPT_DT_INVALID) {
-		*why = "unknown dtype";
-		return -EINVAL;
-	}
-	int rank = cJSON_GetArraySize(sh);
-	if (rank > CKPT_MAX_RANK) {
-		*why = "too many dimensions";
-		return -EINVAL;
-	}
-	e->rank = rank;
-	uint64_t elems = 1;
-	for (int d = 0; d < rank; d++) {
-		if (json_u64(cJSON_GetArrayItem(sh, d), &e->shape[d]) ||
-		    ckpt_mul_u64(elems, e->shape[d], &elems)) {
-			*why = "a dimension that is not a whole number below 2^53";
-			return -EINVAL;
-		}
-	}
-	uint64_t nbytes;
-	if (ckpt_mul_u64(elems, ckpt_dtype_get(e->dtype)->itemsize, &nbytes) ||
-	    json_u64(cJSON_GetArrayItem(off, 0), &e->begin) || json_u64(cJSON_GetArrayItem(off, 1), &e->end) ||
-	    e->end < e->begin || e->end - e->begin != nbytes) {
-		*why = "data_offsets do not hold exactly shape x itemsize bytes";
-		return -EINVAL;
-	}
-	return 0;
+	const ckpt_st_entry *x = *(const ckpt_st_entry *const *)a, *y = *(const ckpt_st_entry *const *)b;
+	return x->begin < y->begin ? -1 : x->begin > y->begin;
 }
 
-int ckpt_st_header_parse(const char *json, size_t len, ckpt_st_entry **out, size_t *n, uint64_t *data_size,
-			 const char **why)
+static int st_bad(const char *what, const char *name, const char *why)
+{
+	ckpt_log(CKPT_LOG_ERR, "%s: safetensors header%s%.200s: %s", what, name ? ", tensor " : "",
+		 name ? name : "", why);
+	return -EINVAL;
+}
+
+int ckpt_st_parse(const char *json, size_t n, uint64_t file_size, const char *what, ckpt_st_file **out)
 {
 	*out = NULL;
-	*n = 0;
-	*why = "";
-	if (len > 100000000) {
-		*why = "header larger than 100,000,000 bytes";
-		return -EINVAL;
+	what = what ? what : "safetensors";
+	if (n > CKPT_ST_MAX_HEADER || file_size < 8 || n > file_size - 8)
+		return st_bad(what, NULL, "header larger than the file or the limit");
+	cJSON *root = cJSON_ParseWithLength(json, n);
+	if (!cJSON_IsObject(root)) {
+		cJSON_Delete(root);
+		return st_bad(what, NULL, "not a JSON object");
 	}
-	cJSON *j = cJSON_ParseWithLength(json, len);
-	if (!cJSON_IsObject(j)) {
-		cJSON_Delete(j);
-		*why = "the header is not a JSON object";
-		return -EINVAL;
-	}
-	size_t cnt = 0;
-	const cJSON *t;
-	cJSON_ArrayForEach(t, j) cnt += strcmp(t->string, "__metadata__") != 0;
-	if (cnt > 10000000) {
-		cJSON_Delete(j);
-		return -E2BIG;
-	}
-	ckpt_st_entry *e = calloc(cnt ? cnt : 1, sizeof(*e));
-	if (!e) {
-		cJSON_Delete(j);
+	ckpt_st_file *f = calloc(1, sizeof(*f));
+	size_t cap = (size_t)cJSON_GetArraySize(root);
+	if (f)
+		f->t = calloc(cap ? cap : 1, sizeof(*f->t));
+	if (!f || !f->t) {
+		cJSON_Delete(root);
+		ckpt_st_file_free(f);
 		return -ENOMEM;
 	}
-	size_t k = 0;
+	f->data_start = 8 + (uint64_t)n;
+	uint64_t data_len = file_size - f->data_start;
 	int rc = 0;
-	cJSON_ArrayForEach(t, j)
-	{
-		if (!strcmp(t->string, "__metadata__")) {
-			const cJSON *m;
-			if (!cJSON_IsObject(t))
-				rc = -EINVAL, *why = "__metadata__ is not an object";
-			cJSON_ArrayForEach(m, t) if (!cJSON_IsString(m)) rc = -EINVAL,
-				*why = "__metadata__ values must be strings";
-			if (rc)
+	for (cJSON *e = root->child; e && !rc; e = e->next) {
+		if (!e->string || !ckpt_st_utf8_valid(e->string)) {
+			rc = st_bad(what, NULL, "a name is not UTF-8");
+			break;
+		}
+		if (strcmp(e->string, "__metadata__") == 0) {
+			int ok = cJSON_IsObject(e) && !f->metadata_json;
+			for (cJSON *m = ok ? e->child : NULL; m; m = m->next)
+				ok &= cJSON_IsString(m);
+			if (!ok) {
+				rc = st_bad(what, NULL, "__metadata__ is not a map of strings");
 				break;
+			}
+			f->metadata_json = cJSON_PrintUnformatted(e);
+			if (!f->metadata_json)
+				rc = -ENOMEM;
 			continue;
 		}
-		if (!t->string[0] || !ckpt_st_utf8_valid(t->string)) {
-			rc = -EINVAL;
-			*why = "a tensor name that is empty or not UTF-8";
+		for (size_t i = 0; i < f->n; i++)
+			if (strcmp(f->t[i].name, e->string) == 0)
+				rc = st_bad(what, e->string, "name given twice");
+		if (rc)
+			break;
+		ckpt_st_entry *t = &f->t[f->n];
+		const cJSON *dt = cJSON_GetObjectItemCaseSensitive(e, "dtype");
+		const cJSON *sh = cJSON_GetObjectItemCaseSensitive(e, "shape");
+		const cJSON *off = cJSON_GetObjectItemCaseSensitive(e, "data_offsets");
+		if (!cJSON_IsObject(e) || !cJSON_IsString(dt) || !cJSON_IsArray(sh) || !cJSON_IsArray(off) ||
+		    cJSON_GetArraySize(off) != 2 || cJSON_GetArraySize(sh) > CKPT_MAX_RANK) {
+			rc = st_bad(what, e->string, "entry without dtype, shape and data_offsets");
 			break;
 		}
-		if (!(e[k].name = strdup(t->string))) {
-			rc = -ENOMEM;
+		t->dtype = ckpt_st_dtype(dt->valuestring);
+		if (t->dtype == CKPT_DT_INVALID) {
+			rc = st_bad(what, e->string, "unknown dtype code");
 			break;
 		}
-		rc = parse_entry(t, &e[k], why);
-		k++;
-		if (rc) {
-			ckpt_log(CKPT_LOG_ERR, "safetensors header: tensor '%s': %s", t->string, *why);
-			break;
-		}
-	}
-	cJSON_Delete(j);
-	if (!rc) {
-		qsort(e, k, sizeof(*e), entry_cmp);
-		uint64_t at = 0;
-		for (size_t i = 0; i < k && !rc; i++) {
-			if (e[i].begin != at) {
-				rc = -EINVAL;
-				*why = e[i].begin < at ? "tensors overlap" : "a gap between tensors";
+		uint64_t numel = 1, b, en;
+		int over = 0;
+		for (const cJSON *d = sh->child; d; d = d->next) {
+			if (st_uint(d, &t->shape[t->rank])) {
+				over = 1;
+				break;
 			}
-			at = e[i].end;
+			if (t->shape[t->rank] && numel > UINT64_MAX / t->shape[t->rank])
+				over = 1;
+			numel *= t->shape[t->rank];
+			t->rank++;
 		}
-		*data_size = at;
+		uint64_t isz = ckpt_dtype_get(t->dtype)->itemsize;
+		if (over || numel > UINT64_MAX / isz) {
+			rc = st_bad(what, e->string, "malformed shape");
+			break;
+		}
+		if (st_uint(off->child, &b) || st_uint(off->child->next, &en) || b > en || en > data_len) {
+			rc = st_bad(what, e->string, "data_offsets outside the data");
+			break;
+		}
+		if (en - b != numel * isz) {
+			rc = st_bad(what, e->string, "data_offsets do not match dtype and shape");
+			break;
+		}
+		t->begin = f->data_start + b;
+		t->end = f->data_start + en;
+		t->name = strdup(e->string);
+		if (!t->name)
+			rc = -ENOMEM;
+		else
+			f->n++;
 	}
-	if (!rc && k > 1) { /* names unique: sorted copies of the pointers, neighbours compared */
-		const char **names = malloc(k * sizeof(*names));
-		if (!names) {
+	cJSON_Delete(root);
+	if (!rc && f->n > 0) {
+		/* the data buffer is covered from its start, no gap, no overlap */
+		const ckpt_st_entry **s = malloc(f->n * sizeof(*s));
+		if (!s) {
 			rc = -ENOMEM;
 		} else {
-			for (size_t i = 0; i < k; i++)
-				names[i] = e[i].name;
-			qsort(names, k, sizeof(*names), name_cmp);
-			for (size_t i = 1; i < k && !rc; i++)
-				if (!strcmp(names[i - 1], names[i]))
-					rc = -EINVAL, *why = "a tensor name given twice";
-			free(names);
+			for (size_t i = 0; i < f->n; i++)
+				s[i] = &f->t[i];
+			qsort(s, f->n, sizeof(*s), st_by_begin);
+			if (s[0]->begin != f->data_start)
+				rc = st_bad(what, s[0]->name, "a gap before the first tensor");
+			for (size_t i = 1; i < f->n && !rc; i++)
+				if (s[i]->begin < s[i - 1]->end)
+					rc = st_bad(what, s[i]->name, "tensors overlap");
+				else if (s[i]->begin > s[i - 1]->end)
+					rc = st_bad(what, s[i]->name, "a gap between tensors");
+			free(s);
 		}
 	}
 	if (rc) {
-		ckpt_st_entries_free(e, k);
+		ckpt_st_file_free(f);
 		return rc;
 	}
-	*out = e;
-	*n = k;
+	*out = f;
 	return 0;
 }

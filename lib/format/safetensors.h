@@ -205,36 +205,6 @@ const char *ckpt_st_sharded_index(const ckpt_st_sharded *s, size_t *len);
 /* Sum of data bytes of all shards ("total_size"). */
 uint64_t ckpt_st_sharded_total_size(const ckpt_st_sharded *s);
 
-/* ---- reading a safetensors header (a file written into the mount) ---- */
-
-/* One tensor of a parsed header: data at [begin, end) of the data buffer. */
-typedef struct ckpt_st_entry {
-	char *name; /* owned by the parsed header */
-	ckpt_dtype dtype;
-	int rank;
-	uint64_t shape[CKPT_MAX_RANK];
-	uint64_t begin, end;
-} ckpt_st_entry;
-
-/* Parse the JSON header json[0..len) (the N bytes after the 8-byte
- * length) as the reference reader checks it: an object whose members other
- * than "__metadata__" (an object of strings; ignored) are tensors
- * {"dtype": CODE, "shape": [..], "data_offsets": [B, E]}; CODE a dtype
- * with a safetensors code; E - B == elements * itemsize; the tensors,
- * sorted by B, cover [0, data size) with no gap and no overlap; names
- * unique, non-empty, valid UTF-8.  On success *out holds *n entries sorted
- * by begin (free with ckpt_st_entries_free) and *data_size the data
- * buffer's size.  -EINVAL (*why a static reason; a bad tensor is also
- * logged by name) for anything else, -ENOMEM, -E2BIG for more than 10^7
- * tensors. */
-int ckpt_st_header_parse(const char *json, size_t len, ckpt_st_entry **out, size_t *n, uint64_t *data_size,
-			 const char **why);
-void ckpt_st_entries_free(ckpt_st_entry *e, size_t n);
-
-/* The dtype of safetensors code `code` ("BF16", "F8_E4M3", ...), or
- * CKPT_DT_INVALID. */
-ckpt_dtype ckpt_st_dtype_from_code(const char *code);
-
 /* Write `s` JSON-escaped as above (without the surrounding quotes) into
  * buf, snprintf style: at most cap - 1 bytes plus a NUL when cap > 0.
  * Returns the full escaped length (without the NUL), so a result >= cap
@@ -244,5 +214,40 @@ size_t ckpt_st_json_escape(const char *s, char *buf, size_t cap);
 /* 1 when the NUL-terminated string is valid UTF-8 (no overlong forms, no
  * surrogates, nothing above U+10FFFF), else 0. */
 int ckpt_st_utf8_valid(const char *s);
+
+/* ---- reading a safetensors file's header -------------------------------------
+ *
+ * A file is [u64 LE N][N bytes of JSON][data]: the JSON object maps each
+ * tensor name to {"dtype", "shape", "data_offsets": [BEGIN, END]} (offsets
+ * relative to the data, which starts at 8 + N) and may hold a
+ * "__metadata__" map of strings.  The checks are the reference reader's:
+ * N at most CKPT_ST_MAX_HEADER and inside the file, a JSON object, known
+ * dtype codes, END - BEGIN the tensor's byte size, offsets inside the data,
+ * names unique; tensors may not overlap.
+ */
+typedef struct ckpt_st_entry {
+	char *name;
+	ckpt_dtype dtype;
+	int rank;
+	uint64_t shape[CKPT_MAX_RANK];
+	uint64_t begin, end; /* file offsets of the tensor's bytes (8 + N + data_offsets) */
+} ckpt_st_entry;
+
+typedef struct ckpt_st_file {
+	ckpt_st_entry *t; /* in the header's order */
+	size_t n;
+	uint64_t data_start; /* 8 + N */
+	char *metadata_json; /* "__metadata__" as compact JSON, NULL when absent */
+} ckpt_st_file;
+
+/* The header length N from the first 8 bytes of a file of file_size bytes:
+ * -EINVAL (logged, naming `what`) when it is too large for the limit or the file. */
+int ckpt_st_header_len(const uint8_t first8[8], uint64_t file_size, const char *what, uint64_t *n);
+/* Parse the n JSON bytes of the header of a file of file_size bytes.
+ * -EINVAL (logged) for a header the reference reader refuses; -ENOMEM. */
+int ckpt_st_parse(const char *json, size_t n, uint64_t file_size, const char *what, ckpt_st_file **out);
+void ckpt_st_file_free(ckpt_st_file *f);
+/* The dtype of a safetensors code ("BF16"), or INVALID. */
+ckpt_dtype ckpt_st_dtype(const char *code);
 
 #endif

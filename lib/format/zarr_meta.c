@@ -801,6 +801,13 @@ static int parse_v2(const cJSON *root, const struct num_text *fraw, struct ckpt_
 			const cJSON *l = member(comp, c->id == CKPT_CODEC_LZ4 ? "acceleration" : "level");
 			if (l && json_int(l, &c->level) < 0)
 				return fail(why, "bad compression level", -EINVAL);
+		} else if (strcmp(id->valuestring, CKPT_ZARR_RAW_DEFLATE_ID) == 0) {
+			c->id = CKPT_CODEC_RAW_DEFLATE;
+			const cJSON *sk = member(comp, "skip");
+			uint64_t v = 0;
+			if (sk && (json_u64(sk, &v) < 0 || v > CKPT_ZARR_MAX_SKIP))
+				return fail(why, "bad skip of " CKPT_ZARR_RAW_DEFLATE_ID, -EINVAL);
+			c->skip = (uint32_t)v;
 		} else if (strcmp(id->valuestring, "crc32c") == 0) {
 			/* numcodecs CRC32C: the checksum after the data, as zarr v3's crc32c */
 			const cJSON *loc = member(comp, "location");
@@ -1236,6 +1243,7 @@ static cJSON *codec_json(const struct ckpt_zarr_codec *c, int rank, int *bad)
 	case CKPT_CODEC_ZLIB: /* zarr v2 only */
 	case CKPT_CODEC_LZ4:
 	case CKPT_CODEC_BZ2:
+	case CKPT_CODEC_RAW_DEFLATE:
 	case CKPT_CODEC_NONE:
 		break;
 	}
@@ -1339,6 +1347,10 @@ static cJSON *emit_v2(const struct ckpt_zarr_meta *m, int *bad)
 			put(comp, "id", cJSON_CreateString("lz4"), bad);
 		} else if (c->id == CKPT_CODEC_CRC32C) {
 			put(comp, "id", cJSON_CreateString("crc32c"), bad);
+		} else if (c->id == CKPT_CODEC_RAW_DEFLATE) {
+			put(comp, "id", cJSON_CreateString(CKPT_ZARR_RAW_DEFLATE_ID), bad);
+			if (c->skip)
+				put(comp, "skip", raw_u64(c->skip), bad);
 		} else {
 			cJSON_Delete(comp);
 			return NULL;

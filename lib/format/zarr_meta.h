@@ -32,7 +32,9 @@
 
 #define CKPT_ZARR_MAX_A2A 4 /* array -> array codecs per chain */
 #define CKPT_ZARR_MAX_B2B 4 /* bytes -> bytes codecs per chain */
-#define CKPT_ZARR_MAX_NESTING 3 /* sharding_indexed inside sharding_indexed ... */
+#define CKPT_ZARR_MAX_NESTING 3
+#define CKPT_ZARR_RAW_DEFLATE_ID "ckptfs.raw_deflate" /* see CKPT_CODEC_RAW_DEFLATE */
+#define CKPT_ZARR_MAX_SKIP (1u << 20) /* sharding_indexed inside sharding_indexed ... */
 
 enum ckpt_zarr_codec_id {
 	CKPT_CODEC_NONE = 0, /* no codec (an absent index chain) */
@@ -50,6 +52,10 @@ enum ckpt_zarr_codec_id {
 	CKPT_CODEC_ZLIB, /* "zlib": RFC 1950 stream */
 	CKPT_CODEC_LZ4, /* "lz4": 4-byte little-endian decoded size + one LZ4 block */
 	CKPT_CODEC_BZ2, /* "bz2": one bzip2 stream */
+	/* bytes -> bytes, ckptfs's own v2 compressor name "ckptfs.raw_deflate":
+	 * one raw RFC 1951 deflate stream (no header: a ZIP method-8 member),
+	 * used by the virtual items foreign formats are translated into */
+	CKPT_CODEC_RAW_DEFLATE,
 };
 
 enum ckpt_zarr_endian {
@@ -81,6 +87,9 @@ struct ckpt_zarr_codec {
 	 * (zarr-python's numcodecs.zarr3 codecs: zlib, gzip, bz2, lz4, zstd,
 	 * blosc, crc32c) */
 	int numcodecs;
+	/* RAW_DEFLATE: decoded bytes before the chunk's own (an .npy header
+	 * inside a deflated .npz member), dropped; at most CKPT_ZARR_MAX_SKIP */
+	uint32_t skip;
 	/* SHARDING: owned by the codec (freed by ckpt_zarr_meta_free) */
 	struct ckpt_zarr_sharding *sharding;
 };

@@ -90,6 +90,10 @@ static int plan_chain(const struct ckpt_zarr_chain *ch, ckpt_array_meta *m, cons
 		case CKPT_CODEC_BZ2:
 			b = CKPT_B2B_BZ2;
 			break;
+		case CKPT_CODEC_RAW_DEFLATE:
+			b = CKPT_B2B_RAW_DEFLATE;
+			m->deflate_skip = c->skip;
+			break;
 		default:
 			*why = m->zarr_format == 2 ? "unsupported compressor"
 						   : "unsupported bytes->bytes codec";
@@ -367,22 +371,42 @@ static int untranspose(const ckpt_array_meta *m, uint8_t *p, ckpt_zarr_scratch *
 
 static const char *zlib_what(int b)
 {
-	return b == CKPT_B2B_GZIP ? "gzip" : "zlib";
+	return b == CKPT_B2B_GZIP ? "gzip" : b == CKPT_B2B_RAW_DEFLATE ? "deflate" : "zlib";
 }
 
-/* gzip / zlib stream (either header: inflate detects it) -> exactly `want`
- * bytes; never writes past dst + want. */
+/* gzip / zlib stream (either header: inflate detects it), or a raw deflate
+ * stream (CKPT_B2B_RAW_DEFLATE) -> exactly `want` bytes; never writes past
+ * dst + want. */
 static int inflate_to(const char *root, const char *key, int b, const uint8_t *src, size_t n, uint8_t *dst,
-		      size_t want)
+		      size_t want, uint32_t skip)
 {
 	z_stream z;
 	memset(&z, 0, sizeof(z));
-	if (inflateInit2(&z, 32 + MAX_WBITS) != Z_OK)
+	if (inflateInit2(&z, b == CKPT_B2B_RAW_DEFLATE ? -MAX_WBITS : 32 + MAX_WBITS) != Z_OK)
 		return -ENOMEM;
 	size_t in_left = n, out_left = want;
 	const uint8_t *in = src;
 	uint8_t *out = dst, spill;
 	int zr = Z_OK, larger = 0;
+	/* bytes before the unit's own (skip < 2^20, so avail_in fits): dropped */
+	while (skip && zr == Z_OK) {
+		uint8_t junk[4096];
+		uInt ai = in_left > UINT32_MAX ? UINT32_MAX : (uInt)in_left;
+		uInt ao = skip < sizeof(junk) ? skip : (uInt)sizeof(junk);
+		z.next_in = (Bytef *)in;
+		z.avail_in = ai;
+		z.next_out = junk;
+		z.avail_out = ao;
+		zr = inflate(&z, Z_NO_FLUSH);
+		size_t used = ai - z.avail_in, made = ao - z.avail_out;
+		in += used;
+		in_left -= used;
+		skip -= (uint32_t)made;
+		if (zr == Z_OK && !used && !made)
+			zr = Z_BUF_ERROR;
+		if (zr == Z_STREAM_END && (skip || want))
+			zr = Z_DATA_ERROR; /* ends inside the header */
+	}
 	/* avail_in/avail_out are 32-bit: feed in pieces.  Once the chunk is
 	 * full, a 1-byte spill buffer tells "stream ends here" from "more data". */
 	while (zr == Z_OK) {
@@ -424,7 +448,7 @@ static int inflate_to(const char *root, const char *key, int b, const uint8_t *s
 
 /* One compressor: src (n bytes) -> exactly `want` bytes at dst. */
 static int decompress(const char *root, const char *key, int b, const uint8_t *src, size_t n, uint8_t *dst,
-		      size_t want, ckpt_zarr_scratch *sc)
+		      size_t want, ckpt_zarr_scratch *sc, uint32_t skip)
 {
 	switch (b) {
 	case CKPT_B2B_ZSTD: {
@@ -444,7 +468,8 @@ static int decompress(const char *root, const char *key, int b, const uint8_t *s
 	}
 	case CKPT_B2B_GZIP:
 	case CKPT_B2B_ZLIB:
-		return inflate_to(root, key, b, src, n, dst, want);
+	case CKPT_B2B_RAW_DEFLATE:
+		return inflate_to(root, key, b, src, n, dst, want, b == CKPT_B2B_RAW_DEFLATE ? skip : 0);
 	case CKPT_B2B_BLOSC: {
 		size_t nbytes = 0, cbytes = 0, bsize = 0;
 		if (n < BLOSC_MIN_HEADER_LENGTH || blosc_cbuffer_validate(src, n, &nbytes) < 0 ||
@@ -523,7 +548,7 @@ static int decode_chain(const ckpt_array_meta *m, const char *root, const char *
 				return -ENOMEM;
 			out = sc->tmp;
 		}
-		int rc = decompress(root, key, m->b2b[i], cur, n, out, want, sc);
+		int rc = decompress(root, key, m->b2b[i], cur, n, out, want, sc, m->deflate_skip);
 		if (rc < 0)
 			return rc;
 		cur = out;

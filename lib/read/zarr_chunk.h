@@ -50,6 +50,7 @@ enum ckpt_b2b {
 	CKPT_B2B_BLOSC = 5, /* a blosc 1 frame (any internal compressor and shuffle) */
 	CKPT_B2B_LZ4 = 6, /* numcodecs lz4: 4-byte LE decoded size + an LZ4 block */
 	CKPT_B2B_BZ2 = 7, /* a bzip2 stream */
+	CKPT_B2B_RAW_DEFLATE = 8, /* raw RFC 1951 deflate (ZIP method 8; ckptfs.raw_deflate) */
 };
 
 typedef struct ckpt_array_meta {
@@ -74,6 +75,7 @@ typedef struct ckpt_array_meta {
 	int nb2b; /* bytes->bytes codecs, in encode order */
 	uint8_t b2b[CKPT_ZARR_MAX_B2B];
 	int zstd_level; /* informational */
+	uint32_t deflate_skip; /* CKPT_B2B_RAW_DEFLATE: decoded bytes dropped before the unit */
 	char sep; /* chunk key separator */
 	int key_c_prefix; /* v3 default encoding: "c/..." */
 	uint8_t fill[16]; /* one element of the fill value */

@@ -145,6 +145,33 @@ int ckpt_store_dir_open(const char *dir, ckpt_store **out);
 int ckpt_store_mem_open(const char *name, ckpt_store **out);
 int ckpt_store_mem_put(ckpt_store *s, const char *key, const void *data, size_t len);
 
+/* Key `key` of memory store s whose bytes are `length` bytes of file
+ * `base_key` of store `base` from `offset` on: nothing is read now; size
+ * and stat answer `length`, read() reads that range of the base lazily
+ * (through base->ops, so the bytes are counted once), and a base file
+ * shorter than the range is -EIO (logged).  s holds a reference on base
+ * until it is destroyed.  The same key again replaces what it held.
+ * -EINVAL for a malformed key, a base that is s, an offset + length that
+ * overflows; -ENOMEM.  This is how a foreign format's array is served
+ * from its original file (tree/foreign.h). */
+int ckpt_store_mem_put_range(ckpt_store *s, const char *key, ckpt_store *base, const char *base_key,
+			     uint64_t offset, uint64_t length);
+
+/* The same for bytes that are several ranges of base_key one after another
+ * (pieces: npieces (offset, length) pairs), such as an array Flax stored in
+ * pieces of 2^30 bytes. */
+int ckpt_store_mem_put_pieces(ckpt_store *s, const char *key, ckpt_store *base, const char *base_key,
+			      const uint64_t *pieces, size_t npieces);
+
+/* Folder `key` of memory store s shows folder `base_dir` of store `base`
+ * ("" = its root): every key below it (key + "/" + rest) is base_dir +
+ * "/" + rest of base, for size, read, stat, list and listdir.  A zarr
+ * array folder that a foreign format keeps as it is (an old Orbax leaf,
+ * a T5X leaf) is put so.  A key below key given literally or as a range
+ * is not looked up (the folder answers).  Holds a reference on base.
+ * -EINVAL, -ENOMEM as above. */
+int ckpt_store_mem_put_folder(ckpt_store *s, const char *key, ckpt_store *base, const char *base_dir);
+
 /* OCDBT store over an item folder: the root manifest.ocdbt if present,
  * else the union of ocdbt.process_<i>/ databases.  -ENOENT when the folder
  * holds no OCDBT database, -EIO (logged) when it is corrupt.

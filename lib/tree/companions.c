@@ -393,7 +393,9 @@ static int make_widened(ckpt_view *v, struct node *dir, const char *name, size_t
 	return 0;
 }
 
-/* X.safetensors or X.safetensors.d/ of sub-directory X of dir. */
+/* X.safetensors or X.safetensors.d/ of sub-directory X of dir; with an
+ * empty X (".safetensors", ".safetensors.d"), of dir itself: at the top of
+ * a mount, the whole checkpoint under its full key names. */
 static int make_safetensors(ckpt_view *v, struct node *dir, const char *name, size_t stem, int sharded,
 			    struct node **out)
 {
@@ -402,9 +404,11 @@ static int make_safetensors(ckpt_view *v, struct node *dir, const char *name, si
 		return -ENOENT;
 	memcpy(base, name, stem);
 	base[stem] = 0;
-	struct node *sub = view_find_kid(dir, base);
+	struct node *sub = stem ? view_find_kid(dir, base) : dir;
 	if (!sub || sub->kind != N_DIR)
 		return -ENOENT;
+	if (!stem && dir->ino == CKPT_ROOT_INO && strcmp(v->kind, "root") == 0)
+		return -ENOENT; /* not every step of a root at once */
 	int lrc = node_load(v, sub); /* a step of a root builds its kids on first use */
 	if (lrc < 0)
 		return lrc;
@@ -447,6 +451,8 @@ static int dir_lookup(ckpt_view *v, struct node *dir, const char *name, struct n
 		*out = n;
 		return 0;
 	}
+	if (strcmp(name, ".safetensors.d") == 0 || strcmp(name, ".safetensors") == 0) /* dir itself */
+		return make_safetensors(v, dir, name, 0, name[12] == '.', out);
 	if (node_ends_with(name, ".safetensors.d", &stem))
 		return make_safetensors(v, dir, name, stem, 1, out);
 	if (node_ends_with(name, ".safetensors", &stem))

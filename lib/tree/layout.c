@@ -8,10 +8,12 @@
  */
 #include <cjson/cJSON.h>
 #include <stdatomic.h>
+#include <sys/stat.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "foreign.h"
 #include "npy.h"
 #include "orbax.h"
 #include "view_internal.h"
@@ -30,14 +32,20 @@ static int key_join(char *buf, size_t cap, const char *dir, const char *name)
 	return n >= 0 && (size_t)n < cap ? 0 : -ENAMETOOLONG;
 }
 
-/* 1 when dir/name exists as a file (want_dir 0) or folder (want_dir 1). */
-static int exists_at(ckpt_view *v, const char *dir, const char *name, int want_dir)
+/* 1 when dir/name of store src exists as a file (want_dir 0) or folder (want_dir 1). */
+static int exists_in(ckpt_store *src, const char *dir, const char *name, int want_dir)
 {
 	char k[VIEW_PATH_MAX];
 	struct ckpt_store_stat st;
-	if (key_join(k, sizeof(k), dir, name) < 0 || ckpt_store_stat(v->src, k, &st) < 0)
+	if (key_join(k, sizeof(k), dir, name) < 0 || ckpt_store_stat(src, k, &st) < 0)
 		return 0;
 	return want_dir ? st.is_dir : !st.is_dir;
+}
+
+/* The same in the source's store. */
+static int exists_at(ckpt_view *v, const char *dir, const char *name, int want_dir)
+{
+	return exists_in(v->src, dir, name, want_dir);
 }
 
 static int ocdbt_cb(void *ctx, const char *name, const struct ckpt_store_stat *st)
@@ -47,11 +55,16 @@ static int ocdbt_cb(void *ctx, const char *name, const struct ckpt_store_stat *s
 	return strncmp(name, CKPT_ORBAX_OCDBT_PROCESS_PREFIX, strlen(CKPT_ORBAX_OCDBT_PROCESS_PREFIX)) == 0;
 }
 
+static int has_ocdbt_in(ckpt_store *src, const char *dir)
+{
+	if (exists_in(src, dir, CKPT_ORBAX_OCDBT_MANIFEST, 0))
+		return 1;
+	return ckpt_store_listdir(src, dir, ocdbt_cb, NULL) > 0;
+}
+
 static int has_ocdbt(ckpt_view *v, const char *dir)
 {
-	if (exists_at(v, dir, CKPT_ORBAX_OCDBT_MANIFEST, 0))
-		return 1;
-	return ckpt_store_listdir(v->src, dir, ocdbt_cb, NULL) > 0;
+	return has_ocdbt_in(v->src, dir);
 }
 
 static int is_item(ckpt_view *v, const char *dir)
@@ -59,19 +72,23 @@ static int is_item(ckpt_view *v, const char *dir)
 	return exists_at(v, dir, CKPT_ORBAX_METADATA, 0) || has_ocdbt(v, dir);
 }
 
-static cJSON *read_json(ckpt_view *v, const char *dir, const char *name)
+static cJSON *read_json_in(ckpt_store *src, const char *dir, const char *name)
 {
 	char k[VIEW_PATH_MAX];
 	size_t len;
 	char *txt;
-	if (key_join(k, sizeof(k), dir, name) < 0 ||
-	    ckpt_store_read_small(v->src, k, MAX_JSON, &txt, &len) < 0)
+	if (key_join(k, sizeof(k), dir, name) < 0 || ckpt_store_read_small(src, k, MAX_JSON, &txt, &len) < 0)
 		return NULL;
 	cJSON *j = cJSON_ParseWithLength(txt, len);
 	free(txt);
 	if (!j)
-		ckpt_log(CKPT_LOG_WARN, "%s/%s: invalid JSON, ignored", v->src->root, k);
+		ckpt_log(CKPT_LOG_WARN, "%s/%s: invalid JSON, ignored", src->root, k);
 	return j;
+}
+
+static cJSON *read_json(ckpt_view *v, const char *dir, const char *name)
+{
+	return read_json_in(v->src, dir, name);
 }
 
 /* Commit time of a step/checkpoint folder: _CHECKPOINT_METADATA's
@@ -281,24 +298,26 @@ static int scan_cb(void *arg, const char *key, uint64_t size)
 	return 0;
 }
 
-/* A pytree item folder (key `path`) -> dir's children. */
-static void build_item(ckpt_view *v, struct node *dir, const char *path, int64_t mtime)
+/* A pytree item folder (key `path` of store isrc: the source's store, or a
+ * virtual item of a foreign format, foreign.h, whose synthesized metadata
+ * files are not shown) -> dir's children. */
+static void build_item_in(ckpt_view *v, struct node *dir, ckpt_store *isrc, const char *path, int64_t mtime)
 {
 	static const char *const meta_files[] = { CKPT_ORBAX_CKPT_METADATA, CKPT_ORBAX_METADATA,
 						  CKPT_ORBAX_SHARDING, CKPT_ORBAX_COMMIT_SUCCESS,
 						  CKPT_ORBAX_MARKER_FILE };
-	for (size_t i = 0; i < sizeof(meta_files) / sizeof(meta_files[0]); i++)
+	int virt = isrc != v->src;
+	for (size_t i = 0; !virt && i < sizeof(meta_files) / sizeof(meta_files[0]); i++)
 		add_file_if(v, dir, path, meta_files[i], mtime);
-	cJSON *meta = read_json(v, path, CKPT_ORBAX_METADATA);
-	int ocdbt = has_ocdbt(v, path) ||
+	cJSON *meta = read_json_in(isrc, path, CKPT_ORBAX_METADATA);
+	int ocdbt = has_ocdbt_in(isrc, path) ||
 		    (meta && cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(meta, "use_ocdbt")));
 	ckpt_store *store = NULL;
-	int rc =
-		ocdbt ? ckpt_store_ocdbt_open_on(v->src, path, &store) : ckpt_store_sub(v->src, path, &store);
+	int rc = ocdbt ? ckpt_store_ocdbt_open_on(isrc, path, &store) : ckpt_store_sub(isrc, path, &store);
 	if (rc < 0) {
 		/* The arrays _METADATA names stay listed (reads answer EIO). */
 		ckpt_log(CKPT_LOG_ERR, "%s/%s: cannot open the %s store (%s); its arrays answer EIO",
-			 v->src->root, path, ocdbt ? "OCDBT" : "folder", strerror(-rc));
+			 isrc->root, path, ocdbt ? "OCDBT" : "folder", strerror(-rc));
 		store = NULL;
 	} else if (view_own_store(v, store) < 0) {
 		ckpt_store_destroy(store);
@@ -308,9 +327,9 @@ static void build_item(ckpt_view *v, struct node *dir, const char *path, int64_t
 	/* where log lines name the item: its store's root, or the item's folder
 	 * when no store could be opened */
 	char nowhere[VIEW_PATH_MAX];
-	snprintf(nowhere, sizeof(nowhere), "%s%s%s", v->src->root, *path ? "/" : "", path);
+	snprintf(nowhere, sizeof(nowhere), "%s%s%s", isrc->root, *path ? "/" : "", path);
 	const char *where = store ? store->root : nowhere;
-	cJSON *sharding = read_json(v, path, CKPT_ORBAX_SHARDING);
+	cJSON *sharding = read_json_in(isrc, path, CKPT_ORBAX_SHARDING);
 	cJSON *strings = NULL;
 	const cJSON *tree = meta ? cJSON_GetObjectItemCaseSensitive(meta, "tree_metadata") : NULL;
 	int format = 0, all_stored = 0;
@@ -387,15 +406,22 @@ static void build_item(ckpt_view *v, struct node *dir, const char *path, int64_t
 		}
 		const char *type = vt->valuestring;
 		char fname[VIEW_NAME_BUF];
+		/* a virtual item (foreign.h) names each leaf's store key, and
+		 * whether every chunk of it is stored */
+		const cJSON *vkey = virt ? cJSON_GetObjectItemCaseSensitive(vm, CKPT_VITEM_KEY_MEMBER) : NULL;
+		const cJSON *vall = virt ? cJSON_GetObjectItemCaseSensitive(vm, "ckptfs_all_stored") : NULL;
+		if (cJSON_IsString(vkey) && strlen(vkey->valuestring) < sizeof(param))
+			strcpy(param, vkey->valuestring);
 		if (!strcmp(type, "jax.Array") || !strcmp(type, "np.ndarray") || !strcmp(type, "scalar")) {
 			snprintf(fname, sizeof(fname), "%s.npy", esc);
-			add_array(v, d, store, ocdbt, param, fname, format, all_stored, sharding, mtime);
+			add_array(v, d, store, ocdbt, param, fname, format,
+				  cJSON_IsBool(vall) ? cJSON_IsTrue(vall) : all_stored, sharding, mtime);
 		} else if (!strcmp(type, "Dict") || !strcmp(type, "List") || !strcmp(type, "Tuple") ||
 			   !strcmp(type, "NamedTuple")) {
 			add_dir(v, d, esc, mtime);
 		} else if (!strcmp(type, "string")) {
 			if (!strings)
-				strings = read_json(v, path, CKPT_ORBAX_STRINGS);
+				strings = read_json_in(isrc, path, CKPT_ORBAX_STRINGS);
 			const cJSON *s = strings ? cJSON_GetObjectItemCaseSensitive(strings, param) : NULL;
 			snprintf(fname, sizeof(fname), "%s.txt", esc);
 			if (cJSON_IsString(s) && !view_find_kid(d, fname))
@@ -407,6 +433,37 @@ out:
 	cJSON_Delete(meta);
 	cJSON_Delete(sharding);
 	cJSON_Delete(strings);
+}
+
+static void build_item(ckpt_view *v, struct node *dir, const char *path, int64_t mtime)
+{
+	build_item_in(v, dir, v->src, path, mtime);
+}
+
+/* `path` (a file or folder of the source) in a foreign format `f`
+ * (foreign.h) -> dir's children, through its virtual item.  When it cannot
+ * be read, dir holds one unreadable entry named after it (reads answer
+ * EIO; the reason is logged): never an empty folder that looks fine. */
+static int build_foreign(ckpt_view *v, struct node *dir, const char *path, const struct ckpt_foreign_fmt *f,
+			 int64_t mtime)
+{
+	ckpt_store *item = NULL;
+	struct ckpt_store_stat st = { 0 };
+	int rc = ckpt_store_stat(v->src, path, &st);
+	if (rc == 0)
+		rc = f->open(v->src, path, &st, &item);
+	if (rc == 0 && (rc = view_own_store(v, item)) < 0)
+		ckpt_store_destroy(item);
+	if (rc < 0) {
+		const char *base = strrchr(path, '/');
+		base = st.is_dir && f->main_file ? f->main_file : base ? base + 1 : *path ? path : f->name;
+		char why[128];
+		snprintf(why, sizeof(why), "its %s data cannot be read: %s", f->name, strerror(-rc));
+		add_broken(v, dir, v->src->root, path, base, why, mtime);
+		return rc;
+	}
+	build_item_in(v, dir, item, "", mtime);
+	return 0;
 }
 
 /* Call fn(v, arg, name, key, st) for each regular file and folder of folder
@@ -495,7 +552,10 @@ static void step_entry(ckpt_view *v, void *arg, const char *name, const char *ke
 	struct node *item = add_dir(v, w->dir, name, w->mtime);
 	if (!item)
 		return;
-	if (is_item(v, key))
+	const struct ckpt_foreign_fmt *f = ckpt_foreign_probe(v->src, key, st);
+	if (f)
+		build_foreign(v, item, key, f, w->mtime);
+	else if (is_item(v, key))
 		build_item(v, item, key, w->mtime);
 	else
 		mirror_item(v, item, key, w->mtime);
@@ -503,6 +563,13 @@ static void step_entry(ckpt_view *v, void *arg, const char *name, const char *ke
 
 static void build_step(ckpt_view *v, struct node *dir, const char *path, int64_t mtime)
 {
+	/* a step that is one foreign file or folder (legacy Flax checkpoint_<N>
+	 * file, a T5X checkpoint_<N>/ folder, an old Orbax direct save) */
+	const struct ckpt_foreign_fmt *f = ckpt_foreign_probe(v->src, path, NULL);
+	if (f) {
+		build_foreign(v, dir, path, f, mtime);
+		return;
+	}
 	if (is_item(v, path)) { /* a direct (non-composite) save: the step is the item */
 		build_item(v, dir, path, mtime);
 		return;
@@ -613,9 +680,49 @@ static struct node *new_step_node(ckpt_view *v, const char *name, int64_t mtime)
 
 /* The folders of a root that are steps: not the manager's metadata/ folder,
  * not hidden, not unfinished (for_each_entry skips those). */
+static int is_t5x_tmp(const char *name);
+
 static int is_step_folder(const char *name, const struct ckpt_store_stat *st)
 {
-	return st->is_dir && strcmp(name, CKPT_ORBAX_ROOT_METADATA_DIR) != 0;
+	return st->is_dir && strcmp(name, CKPT_ORBAX_ROOT_METADATA_DIR) != 0 && !is_t5x_tmp(name);
+}
+
+/* A step that is one file (legacy Flax's checkpoint_<N>): a step name and
+ * content a foreign translator claims. */
+static int is_step_file(ckpt_view *v, const char *name, const struct ckpt_store_stat *st)
+{
+	return !st->is_dir && ckpt_orbax_step_number(name, NULL) && ckpt_foreign_probe(v->src, name, st);
+}
+
+/* T5X saves a step into "<step name>.tmp-<seconds>" and renames it: unfinished. */
+static int is_t5x_tmp(const char *name)
+{
+	const char *t = strstr(name, ".tmp-");
+	if (!t || !t[5] || t == name)
+		return 0;
+	for (const char *p = t + 5; *p; p++)
+		if (*p < '0' || *p > '9')
+			return 0;
+	char step[VIEW_NAME_BUF];
+	size_t n = (size_t)(t - name);
+	if (n >= sizeof(step))
+		return 0;
+	memcpy(step, name, n);
+	step[n] = 0;
+	return ckpt_orbax_step_number(step, NULL);
+}
+
+/* Legacy Flax keeps the arrays of step file X that were not written inline
+ * in folder X_gda/: part of step X, not a step of its own. */
+static int is_gda_folder(ckpt_view *v, const char *name, const struct ckpt_store_stat *st)
+{
+	size_t n = strlen(name);
+	char file[VIEW_NAME_BUF];
+	if (!st->is_dir || n <= 4 || n - 4 >= sizeof(file) || strcmp(name + n - 4, "_gda") != 0)
+		return 0;
+	memcpy(file, name, n - 4);
+	file[n - 4] = 0;
+	return ckpt_orbax_step_number(file, NULL) && exists_at(v, "", file, 0);
 }
 
 /* Object stores have no atomic rename: there Orbax writes a step under its
@@ -624,7 +731,17 @@ static int is_step_folder(const char *name, const struct ckpt_store_stat *st)
  * commit, and commit_success.txt is optional). */
 static int step_committed(ckpt_view *v, const char *name)
 {
-	return !ckpt_store_source_is_remote(v->source) || exists_at(v, name, CKPT_ORBAX_COMMIT_SUCCESS, 0);
+	if (!ckpt_store_source_is_remote(v->source) || exists_at(v, name, CKPT_ORBAX_COMMIT_SUCCESS, 0))
+		return 1;
+	/* Flax and T5X steps (foreign.h) have no such marker: there the file that
+	 * describes the step (a step file, a folder's `checkpoint`) is written
+	 * last.  Not a folder of bare zarr arrays: that may be an Orbax step
+	 * still being written. */
+	struct ckpt_store_stat st;
+	if (ckpt_store_stat(v->src, name, &st) < 0)
+		return 0;
+	const struct ckpt_foreign_fmt *f = ckpt_foreign_probe(v->src, name, &st);
+	return f && (!st.is_dir || f->main_file);
 }
 
 static void root_entry(ckpt_view *v, void *arg, const char *name, const char *key,
@@ -632,7 +749,8 @@ static void root_entry(ckpt_view *v, void *arg, const char *name, const char *ke
 {
 	(void)key;
 	struct node *root = arg;
-	if (!is_step_folder(name, st) || !step_committed(v, name))
+	if (!(is_step_folder(name, st) || is_step_file(v, name, st)) || is_gda_folder(v, name, st) ||
+	    !step_committed(v, name))
 		return;
 	struct node *step = new_step_node(v, name, st->mtime_ns ? st->mtime_ns : root->mtime_ns);
 	if (step)
@@ -649,10 +767,9 @@ struct layout_steps {
 static void list_entry(ckpt_view *v, void *arg, const char *name, const char *key,
 		       const struct ckpt_store_stat *st)
 {
-	(void)v;
 	(void)key;
 	struct layout_steps *l = arg;
-	if (!is_step_folder(name, st) || l->oom)
+	if (!(is_step_folder(name, st) || is_step_file(v, name, st)) || is_gda_folder(v, name, st) || l->oom)
 		return;
 	if (l->n == l->cap) {
 		size_t cap = l->cap ? l->cap * 2 : 64;
@@ -761,8 +878,13 @@ int layout_apply_steps(ckpt_view *v, struct layout_steps *l)
 
 /* ---- what SOURCE is ----------------------------------------------------------- */
 
+#define STEP_FILE_PROBE_MAX 8 /* step-named files whose content is looked at */
+
 struct probe {
 	size_t entries, steps;
+	char *files[STEP_FILE_PROBE_MAX]; /* step-named files (legacy Flax steps?) */
+	struct ckpt_store_stat fst[STEP_FILE_PROBE_MAX];
+	int nfiles;
 };
 
 static int probe_cb(void *ctx, const char *name, const struct ckpt_store_stat *st)
@@ -771,6 +893,73 @@ static int probe_cb(void *ctx, const char *name, const struct ckpt_store_stat *s
 	p->entries++;
 	if (st->is_dir && (ckpt_orbax_step_number(name, NULL) || ckpt_orbax_is_unfinished(name)))
 		p->steps++;
+	if (!st->is_dir && name[0] != '.' && ckpt_orbax_step_number(name, NULL) &&
+	    p->nfiles < STEP_FILE_PROBE_MAX && (p->files[p->nfiles] = strdup(name))) {
+		p->fst[p->nfiles++] = *st;
+	}
+	return 0;
+}
+
+/* Step files among those probe_cb noted (the names first, then the reads:
+ * no store call inside a listing). */
+static void probe_step_files(ckpt_view *v, struct probe *p)
+{
+	for (int i = 0; i < p->nfiles; i++) {
+		if (ckpt_foreign_probe(v->src, p->files[i], &p->fst[i]))
+			p->steps++;
+		free(p->files[i]);
+	}
+	p->nfiles = 0;
+}
+
+/* SOURCE is one file (a local one, or an object of an object store): a
+ * foreign format's (an .npz archive, a legacy Flax checkpoint_<N> file,
+ * ...) or refused.  The source's store is the file's folder (the object's
+ * parent prefix). */
+static int build_single_file(ckpt_view *v, const char *source, int remote)
+{
+	char *dir = strdup(source);
+	if (!dir)
+		return -ENOMEM;
+	char *slash = strrchr(dir, '/');
+	const char *name = slash ? slash + 1 : dir;
+	ckpt_store *src = NULL;
+	int rc;
+	if (remote) {
+		*slash = 0; /* "s3://bucket/x.npz" -> "s3://bucket" */
+		rc = ckpt_store_open_source(dir, v->opts.store, &src);
+	} else {
+		rc = slash ? (slash == dir ? ckpt_store_dir_open("/", &src)
+					   : (*slash = 0, ckpt_store_dir_open(dir, &src)))
+			   : ckpt_store_dir_open(".", &src);
+	}
+	if (rc == 0 && (rc = view_own_store(v, src)) < 0)
+		ckpt_store_destroy(src);
+	if (rc < 0) {
+		free(dir);
+		return rc;
+	}
+	v->src = src;
+	struct ckpt_store_stat st;
+	const struct ckpt_foreign_fmt *f = NULL;
+	if ((rc = ckpt_store_stat(src, name, &st)) == 0 && !st.is_dir)
+		f = ckpt_foreign_probe(src, name, &st);
+	if (!f) {
+		ckpt_log(CKPT_LOG_ERR, "%s: not a checkpoint file: it is none of %s", source,
+			 ckpt_foreign_what());
+		free(dir);
+		return rc < 0 ? rc : -EMEDIUMTYPE;
+	}
+	ckpt_store *item = NULL;
+	if ((rc = f->open(src, name, &st, &item)) == 0 && (rc = view_own_store(v, item)) < 0)
+		ckpt_store_destroy(item);
+	free(dir);
+	if (rc < 0)
+		return rc;
+	v->kind = "item";
+	struct node *root = view_node(v, CKPT_ROOT_INO);
+	root->mtime_ns = st.mtime_ns;
+	build_item_in(v, root, item, "", root->mtime_ns);
 	return 0;
 }
 
@@ -810,8 +999,31 @@ static int has_item_folder(ckpt_view *v)
 	return found;
 }
 
+/* 1 when an object-store SOURCE "scheme://bucket/.../name" names an object
+ * (a file of its parent prefix). */
+static int remote_file(ckpt_view *v, const char *source)
+{
+	if (!ckpt_store_source_is_remote(source))
+		return 0;
+	const char *b = strstr(source, "://");
+	const char *slash = b ? strrchr(b + 3, '/') : NULL;
+	if (!slash || !slash[1])
+		return 0;
+	char *dir = strndup(source, (size_t)(slash - source));
+	ckpt_store *s = NULL;
+	struct ckpt_store_stat st;
+	int is_file = dir && ckpt_store_open_source(dir, v->opts.store, &s) == 0 &&
+		      ckpt_store_stat(s, slash + 1, &st) == 0 && !st.is_dir;
+	ckpt_store_destroy(s);
+	free(dir);
+	return is_file;
+}
+
 int layout_build_view(ckpt_view *v, const char *source, ckpt_store *given)
 {
+	struct stat sb;
+	if (!given && !ckpt_store_source_is_remote(source) && stat(source, &sb) == 0 && S_ISREG(sb.st_mode))
+		return build_single_file(v, source, 0);
 	ckpt_store *src = given ? ckpt_store_ref(given) : NULL;
 	int rc = given ? 0 : ckpt_store_open_source(source, v->opts.store, &src);
 	if (rc < 0)
@@ -828,6 +1040,20 @@ int layout_build_view(ckpt_view *v, const char *source, ckpt_store *given)
 		return -ENOTDIR;
 	struct node *root = view_node(v, CKPT_ROOT_INO);
 	int64_t now = st.mtime_ns;
+	const struct ckpt_foreign_fmt *f = ckpt_foreign_probe(src, "", &st);
+	if (f) { /* an item or step in a foreign format (foreign.h) */
+		ckpt_store *item = NULL;
+		if ((rc = f->open(src, "", &st, &item)) < 0)
+			return rc;
+		if ((rc = view_own_store(v, item)) < 0) {
+			ckpt_store_destroy(item);
+			return rc;
+		}
+		v->kind = "item";
+		root->mtime_ns = commit_time(v, "", now);
+		build_item_in(v, root, item, "", root->mtime_ns);
+		return 0;
+	}
 	if (is_item(v, "")) {
 		v->kind = "item";
 		root->mtime_ns = commit_time(v, "", now);
@@ -840,9 +1066,14 @@ int layout_build_view(ckpt_view *v, const char *source, ckpt_store *given)
 		build_step(v, root, "", root->mtime_ns);
 		return 0;
 	}
-	struct probe p = { 0, 0 };
-	if ((rc = ckpt_store_listdir(src, "", probe_cb, &p)) < 0)
+	struct probe p = { .entries = 0 };
+	rc = ckpt_store_listdir(src, "", probe_cb, &p);
+	probe_step_files(v, &p);
+	if (rc < 0)
 		return rc;
+	/* "s3://bucket/x.npz" names an object, not a prefix: nothing below it */
+	if (p.entries == 0 && !given && remote_file(v, source))
+		return build_single_file(v, source, 1);
 	if (p.entries && !p.steps && !v->opts.force_root && has_item_folder(v)) {
 		v->kind = "step";
 		root->mtime_ns = commit_time(v, "", now);
@@ -851,12 +1082,14 @@ int layout_build_view(ckpt_view *v, const char *source, ckpt_store *given)
 	}
 	if (p.entries && !p.steps && !v->opts.force_root) {
 		ckpt_log(CKPT_LOG_ERR,
-			 "%s: not a checkpoint: found none of " CKPT_ORBAX_METADATA " or " CKPT_ORBAX_OCDBT_MANIFEST
-			 " / " CKPT_ORBAX_OCDBT_PROCESS_PREFIX "* (an item), " CKPT_ORBAX_CKPT_METADATA
-			 " or " CKPT_ORBAX_MARKER_FILE
-			 " or an item folder (a step), or a step folder such as 30/ or step_30/ (a CheckpointManager root); "
+			 "%s: not a checkpoint: found none of " CKPT_ORBAX_METADATA
+			 " or " CKPT_ORBAX_OCDBT_MANIFEST " / " CKPT_ORBAX_OCDBT_PROCESS_PREFIX
+			 "* (an item), " CKPT_ORBAX_CKPT_METADATA " or " CKPT_ORBAX_MARKER_FILE
+			 " or an item folder (a step), or a step folder such as 30/ or step_30/ (a "
+			 "CheckpointManager root), "
+			 "or any of %s; "
 			 "mount it with -o root to use this non-empty folder as a root for new steps anyway",
-			 src->root);
+			 src->root, ckpt_foreign_what());
 		return -EMEDIUMTYPE;
 	}
 	v->kind = "root";

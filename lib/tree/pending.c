@@ -507,6 +507,13 @@ static void pstep_destroy(ckpt_view *v, struct node *n)
 	free(ps);
 }
 
+static void st_entries_free(ckpt_st_entry *e, size_t n)
+{
+	for (size_t i = 0; e && i < n; i++)
+		free(e[i].name);
+	free(e);
+}
+
 static void pfile_destroy(ckpt_view *v, struct node *n)
 {
 	(void)v;
@@ -515,7 +522,7 @@ static void pfile_destroy(ckpt_view *v, struct node *n)
 	free(pf->hdr);
 	free(pf->final);
 	free(pf->rel);
-	ckpt_st_entries_free(pf->st, pf->nst);
+	st_entries_free(pf->st, pf->nst);
 	free(pf->st_arr);
 }
 
@@ -2177,6 +2184,43 @@ static int st_declare(ckpt_view *v, struct pfile_node *f)
 	return rc < 0 ? (rc == -ENOMEM ? rc : -EINVAL) : 0;
 }
 
+static int st_entry_cmp(const void *a, const void *b)
+{
+	const ckpt_st_entry *x = a, *y = b;
+	return x->begin < y->begin ? -1 : x->begin > y->begin;
+}
+
+/* The tensors of an imported file's header (format/safetensors.c checks it
+ * as the reference reader does), sorted by data offset, their offsets made
+ * relative to the data buffer; *data_size the buffer's size.  The file's
+ * final size is not known while it is written: offsets are checked against
+ * one another only. */
+static int st_entries_parse(struct pfile_node *f, const char *json, size_t len, ckpt_st_entry **out, size_t *n,
+			    uint64_t *data_size)
+{
+	ckpt_st_file *stf = NULL;
+	int rc = ckpt_st_parse(json, len, UINT64_MAX, f->n.name, &stf);
+	if (rc < 0)
+		return rc;
+	ckpt_st_entry *e = calloc(stf->n ? stf->n : 1, sizeof(*e));
+	*data_size = 0;
+	for (size_t i = 0; e && i < stf->n; i++) {
+		e[i] = stf->t[i];
+		e[i].begin -= stf->data_start;
+		e[i].end -= stf->data_start;
+		if (e[i].end > *data_size)
+			*data_size = e[i].end;
+		stf->t[i].name = NULL; /* moved */
+	}
+	*n = stf->n;
+	ckpt_st_file_free(stf);
+	if (!e)
+		return -ENOMEM;
+	qsort(e, *n, sizeof(*e), st_entry_cmp);
+	*out = e;
+	return 0;
+}
+
 /* Header phase of an imported file (pf->mu held): as collect_header. */
 static int st_collect(ckpt_view *v, struct pfile_node *f, uint64_t off, const uint8_t *data, size_t len,
 		      size_t *take)
@@ -2219,15 +2263,14 @@ static int st_collect(ckpt_view *v, struct pfile_node *f, uint64_t off, const ui
 	ckpt_st_entry *e;
 	size_t n;
 	uint64_t data_size;
-	const char *why;
-	int rc = ckpt_st_header_parse((const char *)pf->hdr + 8, (size_t)(need - 8), &e, &n, &data_size, &why);
+	int rc = st_entries_parse(f, (const char *)pf->hdr + 8, (size_t)(need - 8), &e, &n, &data_size);
 	if (rc == 0 && pf->st) { /* again after O_TRUNC: the same tensors or nothing */
 		int same = n == pf->nst && data_size == pf->st_data;
 		for (size_t i = 0; same && i < n; i++)
 			same = !strcmp(e[i].name, pf->st[i].name) && e[i].dtype == pf->st[i].dtype &&
 			       e[i].begin == pf->st[i].begin && e[i].rank == pf->st[i].rank &&
 			       !memcmp(e[i].shape, pf->st[i].shape, sizeof(uint64_t) * (size_t)e[i].rank);
-		ckpt_st_entries_free(e, n);
+		st_entries_free(e, n);
 		if (!same) {
 			ckpt_log(CKPT_LOG_ERR, "%s: written again with other tensors; rm it first to import anew",
 				 f->n.name);
@@ -2239,13 +2282,12 @@ static int st_collect(ckpt_view *v, struct pfile_node *f, uint64_t off, const ui
 		pf->st_data = data_size;
 		rc = st_declare(v, f);
 		if (rc < 0) {
-			ckpt_st_entries_free(pf->st, pf->nst);
+			st_entries_free(pf->st, pf->nst);
 			pf->st = NULL;
 			pf->nst = 0;
 		}
-	} else {
-		ckpt_log(CKPT_LOG_ERR, "%s: not a valid safetensors header: %s", f->n.name, why);
-		rc = -EINVAL;
+	} else if (rc != -ENOMEM) {
+		rc = -EINVAL; /* logged by the parser */
 	}
 	if (rc < 0) {
 		pf->have = 0; /* forgotten: the writer may start over */

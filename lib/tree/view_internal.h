@@ -10,6 +10,8 @@
  *                 ops of the committed file kinds (array, file, safetensors, stats)
  *   companions.c  hidden names made on lookup: NAME[slice].npy, NAME.shards/,
  *                 X.safetensors, X.safetensors.d/; the ops of committed directories
+ *   foreign.c, foreign_*.c  formats that are not Orbax -> virtual Orbax items
+ *                 (stores only: no node; see foreign.h)
  *   layout.c      source folder -> nodes (root/step/item detection, _METADATA walk)
  *   pending.c     the write protocol on the namespace; the ops of pending kinds
  *   view.c        open/destroy, lookup, readdir, getattr, read, xattr: dispatch

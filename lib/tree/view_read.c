@@ -417,7 +417,15 @@ static int st_read_iov(ckpt_view *v, struct node *node, uint64_t off, size_t len
 		}
 		done = p->dst_off + p->len;
 	}
-	/* Out of iovec room: a short reply is fine, the kernel asks again. */
+	/* Out of iovec room: a short reply would tell the kernel the file ends
+	 * there (it trims its cached size), so copy instead. */
+	uint64_t fsize = ckpt_st_layout_file_size(n->st);
+	if (off < fsize && done < (fsize - off < len ? fsize - off : len)) {
+		for (int j = 0; j < *npins; j++)
+			ckpt_ctx_unpin(v->ctx, pins[j]);
+		*npins = 0;
+		return -ENOTSUP;
+	}
 	st_after_read(n, off, done, hlen);
 	return k;
 }

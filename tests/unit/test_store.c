@@ -429,6 +429,78 @@ static void test_mem(void)
 	ckpt_store_destroy(root);
 }
 
+/* Byte ranges of another store's file and whole folders of another store
+ * (the virtual items of foreign formats, tree/foreign.h). */
+static void test_mem_ranges(void)
+{
+	ckpt_store *base, *m;
+	CHECK_EQ_INT(ckpt_store_mem_open("mem:base", &base), 0);
+	CHECK_EQ_INT(ckpt_store_mem_put(base, "file", "0123456789", 10), 0);
+	CHECK_EQ_INT(ckpt_store_mem_put(base, "arr/.zarray", "{}", 2), 0);
+	CHECK_EQ_INT(ckpt_store_mem_put(base, "arr/0.0", "CHUNK", 5), 0);
+	CHECK_EQ_INT(ckpt_store_mem_put(base, "arr/sub/x", "X", 1), 0);
+	CHECK_EQ_INT(ckpt_store_mem_open("mem:virt", &m), 0);
+	CHECK_EQ_INT(ckpt_store_mem_put_range(m, "v/r", base, "file", 3, 4), 0);
+	CHECK_EQ_INT(ckpt_store_mem_put_range(m, "v/long", base, "file", 8, 5), 0); /* past the end */
+	CHECK_EQ_INT(ckpt_store_mem_put_range(m, "v/bad", m, "file", 0, 1), -EINVAL); /* itself */
+	CHECK_EQ_INT(ckpt_store_mem_put_range(m, "v/of", base, "file", UINT64_MAX, 2), -EINVAL);
+	CHECK_EQ_INT(ckpt_store_mem_put_folder(m, "z/a", base, "arr"), 0);
+	CHECK_EQ_INT(ckpt_store_mem_put(m, "z/b", "lit", 3), 0);
+	ckpt_store_destroy(base); /* m holds it */
+	uint64_t size;
+	char buf[16] = { 0 };
+	CHECK_EQ_INT(ckpt_store_size(m, "v/r", &size), 0);
+	CHECK_EQ_INT(size, 4);
+	CHECK_EQ_INT(ckpt_store_read(m, "v/r", 0, 16, buf), 4);
+	CHECK(memcmp(buf, "3456", 4) == 0);
+	CHECK_EQ_INT(ckpt_store_read(m, "v/r", 2, 1, buf), 1);
+	CHECK(buf[0] == '5');
+	CHECK_EQ_INT(ckpt_store_read(m, "v/r", 4, 1, buf), 0);
+	CHECK_EQ_INT(ckpt_store_read(m, "v/long", 0, 16, buf), -EIO); /* the file is shorter */
+	/* the mounted folder */
+	CHECK_EQ_INT(ckpt_store_size(m, "z/a/0.0", &size), 0);
+	CHECK_EQ_INT(size, 5);
+	CHECK_EQ_INT(ckpt_store_read(m, "z/a/0.0", 1, 16, buf), 4);
+	CHECK(memcmp(buf, "HUNK", 4) == 0);
+	CHECK_EQ_INT(ckpt_store_size(m, "z/a/nope", &size), -ENOENT);
+	CHECK_EQ_INT(ckpt_store_size(m, "z/a", &size), -ENOENT); /* a folder */
+	struct ckpt_store_stat st;
+	CHECK_EQ_INT(ckpt_store_stat(m, "z/a", &st), 0);
+	CHECK_EQ_INT(st.is_dir, 1);
+	CHECK_EQ_INT(ckpt_store_stat(m, "z/a/sub", &st), 0);
+	CHECK_EQ_INT(st.is_dir, 1);
+	CHECK_EQ_INT(ckpt_store_stat(m, "z/a/.zarray", &st), 0);
+	CHECK(st.is_dir == 0 && st.size == 2);
+	CHECK_EQ_INT(ckpt_store_stat(m, "v", &st), 0);
+	CHECK_EQ_INT(st.is_dir, 1);
+	struct keys k = { 0 };
+	CHECK_EQ_INT(ckpt_store_list(m, "z/a/", key_cb, &k), 0);
+	CHECK(k.all && strstr(k.all, "z/a/0.0\n") && strstr(k.all, "z/a/.zarray\n") &&
+	      strstr(k.all, "z/a/sub/x\n"));
+	free(k.all);
+	k = (struct keys){ 0 };
+	CHECK_EQ_INT(ckpt_store_list(m, "z/", key_cb, &k), 0);
+	CHECK(k.all && strstr(k.all, "z/a/0.0\n") && strstr(k.all, "z/b\n") && !strstr(k.all, "v/"));
+	free(k.all);
+	k = (struct keys){ 0 };
+	CHECK_EQ_INT(ckpt_store_list(m, "z/a/s", key_cb, &k), 0);
+	CHECK(k.all && strcmp(k.all, "z/a/sub/x\n") == 0);
+	free(k.all);
+	struct seen ls = { 0 };
+	CHECK_EQ_INT(ckpt_store_listdir(m, "z", seen_cb, &ls), 0);
+	CHECK_EQ_INT(ls.n, 2);
+	CHECK(find(&ls, "a") >= 0 && ls.dirs[find(&ls, "a")] == 1);
+	CHECK(find(&ls, "b") >= 0 && ls.dirs[find(&ls, "b")] == 0);
+	ls = (struct seen){ 0 };
+	CHECK_EQ_INT(ckpt_store_listdir(m, "z/a", seen_cb, &ls), 0);
+	CHECK_EQ_INT(ls.n, 3);
+	CHECK(find(&ls, "sub") >= 0 && ls.dirs[find(&ls, "sub")] == 1);
+	ls = (struct seen){ 0 };
+	CHECK_EQ_INT(ckpt_store_listdir(m, "", seen_cb, &ls), 0);
+	CHECK_EQ_INT(ls.n, 2);
+	ckpt_store_destroy(m);
+}
+
 /* ---------------------------------------------------------------- ListObjectsV2 answers */
 
 struct lp_got {
@@ -935,6 +1007,7 @@ int main(int argc, char **argv)
 	CHECK_RUN(test_folder);
 	CHECK_RUN(test_ocdbt_on);
 	CHECK_RUN(test_mem);
+	CHECK_RUN(test_mem_ranges);
 	CHECK_RUN(test_s3_list_parse);
 	sh("rm -rf %s", tmp);
 	return CHECK_DONE();

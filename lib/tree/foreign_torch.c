@@ -1,0 +1,964 @@
+/*
+ * foreign_torch.c - PyTorch checkpoints as virtual Orbax items (foreign.h):
+ *
+ *   torch        a torch.save file (the ZIP format of torch >= 1.6): data.pkl
+ *                read with the restricted pickle reader (format/pickle.h,
+ *                nothing is ever called), every tensor a view of a stored
+ *                member data/<key>, served as a byte range of the file.  The
+ *                older non-ZIP and tar formats are recognized and refused.
+ *   dcp          a distributed-checkpoint folder: .metadata names every
+ *                tensor's chunk boxes and where each chunk's item lies (a
+ *                torch.save archive of the chunk inside a data file, maybe a
+ *                zstd stream of one); a tensor whose boxes form a regular
+ *                grid is a zarr array with that chunk grid.
+ *   safetensors  a .safetensors file, or a folder of shards with
+ *                model.safetensors.index.json.
+ *
+ * Names: a tensor's name (a state-dict key, an fqn, a safetensors name) is
+ * split on '.' into its key path, so that the safetensors view of the tree
+ * joins it back to the original name.
+ */
+#include <cjson/cJSON.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <zstd.h>
+
+#include "common.h"
+#include "foreign.h"
+#include "orbax.h"
+#include "pickle.h"
+#include "safetensors.h"
+#include "torch.h"
+#include "zarr_meta.h"
+#include "zip.h"
+
+#define PICKLE_MAX (64u << 20) /* data.pkl, .metadata */
+#define INDEX_MAX (64u << 20) /* model.safetensors.index.json */
+#define ZSTD_ITEM_MAX (256u << 20) /* one decompressed zstd item */
+#define ZSTD_TOTAL_MAX (1024u << 20) /* all zstd items of one checkpoint, kept in memory */
+#define DCP_METADATA ".metadata"
+#define ST_INDEX "model.safetensors.index.json"
+
+/* ---- byte sources: a range of a store's file, or memory ----------------------- */
+
+struct frd {
+	ckpt_store *s;
+	const char *key;
+	uint64_t base, size;
+	const uint8_t *mem; /* when set: the bytes themselves (size of them) */
+};
+
+static ssize_t frd_read(void *ctx, uint64_t off, size_t len, void *dst)
+{
+	struct frd *r = ctx;
+	if (off >= r->size)
+		return 0;
+	if (len > r->size - off)
+		len = (size_t)(r->size - off);
+	if (r->mem) {
+		memcpy(dst, r->mem + off, len);
+		return (ssize_t)len;
+	}
+	return ckpt_store_read(r->s, r->key, r->base + off, len, dst);
+}
+
+/* ---- one torch.save archive ---------------------------------------------------- */
+
+struct tarch {
+	struct frd r;
+	struct ckpt_zip_dir dir;
+	const struct ckpt_zip_entry **sorted; /* the entries by name, for lookups */
+	char prefix[256]; /* the archive's top folder, with its '/' ("archive/") */
+	int big_endian;
+	ckpt_pickle *pk;
+	struct ckpt_torch_state st;
+};
+
+static void tarch_free(struct tarch *a)
+{
+	free(a->sorted);
+	a->sorted = NULL;
+	ckpt_torch_state_free(&a->st);
+	ckpt_pickle_free(a->pk);
+	ckpt_zip_dir_free(&a->dir);
+	a->pk = NULL;
+}
+
+static int by_name(const void *x, const void *y)
+{
+	return strcmp((*(const struct ckpt_zip_entry *const *)x)->name,
+		      (*(const struct ckpt_zip_entry *const *)y)->name);
+}
+
+/* Member prefix + name (a binary search once the entries are sorted). */
+static const struct ckpt_zip_entry *zfind(struct tarch *a, const char *prefix, const char *name)
+{
+	char full[512];
+	if (snprintf(full, sizeof(full), "%s%s", prefix, name) >= (int)sizeof(full))
+		return NULL;
+	if (!a->sorted && a->dir.n) {
+		a->sorted = malloc(a->dir.n * sizeof(*a->sorted));
+		if (!a->sorted)
+			return NULL;
+		for (size_t i = 0; i < a->dir.n; i++)
+			a->sorted[i] = &a->dir.e[i];
+		qsort(a->sorted, a->dir.n, sizeof(*a->sorted), by_name);
+	}
+	size_t lo = 0, hi = a->dir.n;
+	while (lo < hi) {
+		size_t mid = lo + (hi - lo) / 2;
+		int c = strcmp(a->sorted[mid]->name, full);
+		if (c == 0)
+			return a->sorted[mid];
+		if (c < 0)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	return NULL;
+}
+
+/* Where member e's bytes lie in the archive (stored members only). */
+static int member_at(struct tarch *a, const struct ckpt_zip_entry *e, uint64_t *off, const char **why)
+{
+	if (e->flags & 1) {
+		*why = "an encrypted member";
+		return -EINVAL;
+	}
+	if (e->method != 0) {
+		*why = "a compressed member (torch.save stores them)";
+		return -EINVAL;
+	}
+	return ckpt_zip_data_offset(frd_read, &a->r, &a->dir, e, off, why);
+}
+
+/* Read the directory, data.pkl and byteorder of the archive a->r; parse the tensors. */
+static int tarch_open(struct tarch *a, const char *what)
+{
+	const char *why = "?";
+	int rc = ckpt_zip_dir_read(frd_read, &a->r, a->r.size, &a->dir, &why);
+	const struct ckpt_zip_entry *pkl = NULL;
+	for (size_t i = 0; rc == 0 && i < a->dir.n && !pkl; i++) {
+		const char *n = a->dir.e[i].name;
+		const char *slash = strchr(n, '/');
+		if (slash && strcmp(slash + 1, "data.pkl") == 0 &&
+		    (size_t)(slash - n) + 1 < sizeof(a->prefix)) {
+			pkl = &a->dir.e[i];
+			memcpy(a->prefix, n, (size_t)(slash - n) + 1);
+			a->prefix[slash - n + 1] = 0;
+		}
+	}
+	if (rc == 0 && !pkl) {
+		why = "no <archive>/data.pkl member";
+		rc = -EINVAL;
+	}
+	uint64_t off = 0;
+	if (rc == 0 && (rc = member_at(a, pkl, &off, &why)) == 0 && pkl->csize > PICKLE_MAX) {
+		why = "data.pkl larger than 64 MiB";
+		rc = -EINVAL;
+	}
+	uint8_t *buf = NULL;
+	if (rc == 0) {
+		buf = malloc(pkl->csize ? (size_t)pkl->csize : 1);
+		ssize_t n = buf ? frd_read(&a->r, off, (size_t)pkl->csize, buf) : -ENOMEM;
+		if (n >= 0 && (uint64_t)n != pkl->csize) {
+			why = "data.pkl is cut short";
+			n = -EINVAL;
+		}
+		rc = n < 0 ? (int)n : 0;
+	}
+	if (rc == 0) {
+		rc = ckpt_pickle_load(buf, (size_t)pkl->csize, what, &a->pk);
+		if (rc == 0)
+			rc = ckpt_torch_state_parse(ckpt_pickle_root(a->pk), what, &a->st);
+		if (rc == -EPERM || rc == -EINVAL)
+			why = "its data.pkl cannot be read (see above)";
+	}
+	free(buf);
+	const struct ckpt_zip_entry *bo = rc == 0 ? zfind(a, a->prefix, "byteorder") : NULL;
+	uint64_t boff;
+	char order[8] = { 0 };
+	if (bo && bo->csize < sizeof(order) && member_at(a, bo, &boff, &why) == 0 &&
+	    frd_read(&a->r, boff, (size_t)bo->csize, order) == (ssize_t)bo->csize) {
+		if (strcmp(order, "big") == 0)
+			a->big_endian = 1;
+		else if (strcmp(order, "little") != 0) {
+			why = "an unknown byteorder";
+			rc = -EINVAL;
+		}
+	}
+	if (rc < 0 && rc != -ENOMEM)
+		ckpt_log(CKPT_LOG_ERR, "%s: not a readable torch.save archive: %s", what,
+			 rc == -EINVAL || rc == -EPERM ? why : strerror(-rc));
+	return rc;
+}
+
+/* Where tensor t's elements lie in the archive: *off (archive offset of the
+ * dense block), *len, *order (the block's dimension order). */
+static int tensor_at(struct tarch *a, const struct ckpt_torch_tensor *t, int *order, uint64_t *off,
+		     uint64_t *len, const char **why)
+{
+	char name[96];
+	snprintf(name, sizeof(name), "data/%s", t->storage_key);
+	const struct ckpt_zip_entry *e = zfind(a, a->prefix, name);
+	if (!e) {
+		*why = "its storage member is missing";
+		return -EINVAL;
+	}
+	uint64_t moff, boff, blen;
+	int rc = member_at(a, e, &moff, why);
+	if (rc)
+		return rc;
+	if (ckpt_torch_dense(t, order, &boff, &blen)) {
+		*why = "its strides make no dense block in any dimension order (a strided or overlapping "
+		       "view)";
+		return -EINVAL;
+	}
+	if (boff > e->csize || blen > e->csize - boff) {
+		*why = "its elements lie outside its storage member";
+		return -EINVAL;
+	}
+	*off = moff + boff;
+	*len = blen;
+	return 0;
+}
+
+/* ---- building arrays ----------------------------------------------------------- */
+
+struct build {
+	struct ckpt_vitem *vi;
+	ckpt_store *side; /* zarr folders the item cannot describe itself (a general
+			     transpose, a DCP chunk grid, decompressed items) */
+	size_t nside;
+	uint64_t mem_bytes; /* bytes copied into side */
+	const char *what;
+};
+
+static int side_store(struct build *b)
+{
+	if (b->side)
+		return 0;
+	char name[512];
+	snprintf(name, sizeof(name), "%s (arrays)", b->what);
+	return ckpt_store_mem_open(name, &b->side);
+}
+
+static int put_meta(ckpt_store *s, const char *dir, const struct ckpt_zarr_meta *m)
+{
+	char *txt = ckpt_zarr_meta_emit(m);
+	if (!txt)
+		return -ENOTSUP;
+	char k[64];
+	snprintf(k, sizeof(k), "%s/%s", dir,
+		 m->zarr_format == 3 ? CKPT_ORBAX_ZARR3_META : CKPT_ORBAX_ZARR2_META);
+	int rc = ckpt_store_mem_put(s, k, txt, strlen(txt));
+	free(txt);
+	return rc;
+}
+
+/* A zarr model of dtype/shape with the given chunk shape, raw bytes. */
+static void meta_init(struct ckpt_zarr_meta *m, int format, ckpt_dtype dt, int rank, const uint64_t *shape,
+		      const uint64_t *chunk, int big)
+{
+	memset(m, 0, sizeof(*m));
+	m->zarr_format = format;
+	m->dtype = dt;
+	m->rank = rank;
+	for (int d = 0; d < rank; d++) {
+		m->shape[d] = shape[d];
+		m->chunk_shape[d] = chunk[d] ? chunk[d] : 1;
+	}
+	m->key_encoding = CKPT_ZARR_KEYS_V2;
+	m->sep = '.';
+	m->codecs.a2b.id = CKPT_CODEC_BYTES;
+	m->codecs.a2b.endian = ckpt_dtype_get(dt)->itemsize == 1 ? CKPT_ENDIAN_NONE
+			       : big				 ? CKPT_ENDIAN_BIG
+								 : CKPT_ENDIAN_LITTLE;
+}
+
+static void grid_key(char *buf, size_t cap, const char *dir, int rank, const uint64_t *coord)
+{
+	size_t o = (size_t)snprintf(buf, cap, "%s/", dir);
+	if (rank == 0)
+		snprintf(buf + o, cap - o, "0");
+	for (int d = 0; d < rank && o < cap; d++)
+		o += (size_t)snprintf(buf + o, cap - o, "%s%llu", d ? "." : "", (unsigned long long)coord[d]);
+}
+
+/* A dense block of `len` bytes at off of base_key: the array of `shape`
+ * whose elements lie in dimension order `order` (order[0] slowest). */
+static int add_block(struct build *b, const char *const *comps, int depth, ckpt_dtype dt, int rank,
+		     const uint64_t *shape, const int *order, int big, ckpt_store *base, const char *base_key,
+		     uint64_t off, uint64_t len)
+{
+	int ident = 1, rev = rank > 1;
+	for (int d = 0; d < rank; d++) {
+		ident &= order[d] == d;
+		rev &= order[d] == rank - 1 - d;
+	}
+	if (ident || rev) {
+		struct ckpt_varray a = { .dtype = dt,
+					 .rank = rank,
+					 .fortran_order = !ident,
+					 .big_endian = big,
+					 .codec = CKPT_VCODEC_RAW,
+					 .base = base,
+					 .base_key = base_key,
+					 .offset = off,
+					 .length = len };
+		memcpy(a.shape, shape, sizeof(uint64_t) * (size_t)rank);
+		return ckpt_vitem_add_array(b->vi, comps, depth, &a);
+	}
+	/* any other order: zarr v3 with a transpose codec, one chunk */
+	int rc = side_store(b);
+	if (rc)
+		return rc;
+	char dir[32], key[64];
+	snprintf(dir, sizeof(dir), "t%zu", b->nside++);
+	struct ckpt_zarr_meta m;
+	meta_init(&m, 3, dt, rank, shape, shape, big);
+	m.codecs.na2a = 1;
+	m.codecs.a2a[0].id = CKPT_CODEC_TRANSPOSE;
+	for (int d = 0; d < rank; d++)
+		m.codecs.a2a[0].order[d] = order[d];
+	uint64_t zero[CKPT_MAX_RANK] = { 0 };
+	grid_key(key, sizeof(key), dir, rank, zero);
+	if ((rc = put_meta(b->side, dir, &m)) ||
+	    (len && (rc = ckpt_store_mem_put_range(b->side, key, base, base_key, off, len))))
+		return rc;
+	return ckpt_vitem_add_zarr(b->vi, comps, depth, b->side, dir);
+}
+
+static int finish(struct build *b, int rc, ckpt_store **item)
+{
+	if (rc < 0) {
+		ckpt_vitem_free(b->vi);
+		ckpt_store_destroy(b->side);
+		return rc;
+	}
+	rc = ckpt_vitem_finish(b->vi, item);
+	ckpt_store_destroy(b->side); /* the item holds its own reference */
+	return rc;
+}
+
+/* ---- torch.save files ---------------------------------------------------------- */
+
+static const uint8_t k_legacy_magic[] = { 0x80, 0x02, 0x8a, 0x0a, 0x6c, 0xfc, 0x9c,
+					  0x46, 0xf9, 0x20, 0x6a, 0xa8, 0x50, 0x19 };
+
+static int is_legacy(const uint8_t *head, size_t n)
+{
+	if (n >= sizeof(k_legacy_magic) && memcmp(head, k_legacy_magic, sizeof(k_legacy_magic)) == 0)
+		return 1; /* torch < 1.6: pickles one after another */
+	/* the tar format of early torch: members sys_info, pickle, storages, tensors */
+	if (n >= 263 && memcmp(head + 257, "ustar", 5) == 0)
+		return !strncmp((const char *)head, "sys_info", 9) ||
+		       !strncmp((const char *)head, "pickle", 7) ||
+		       !strncmp((const char *)head, "storages", 9) ||
+		       !strncmp((const char *)head, "tensors", 8);
+	return 0;
+}
+
+static int torch_probe(ckpt_store *src, const char *key, const struct ckpt_store_stat *st,
+		       const uint8_t *head, size_t nhead)
+{
+	(void)src;
+	(void)key;
+	if (st->is_dir)
+		return 0;
+	if (is_legacy(head, nhead))
+		return 1;
+	if (nhead < 30 || ckpt_le32(head) != 0x04034b50u)
+		return 0;
+	/* torch.save writes <archive>/data.pkl first */
+	size_t nl = (size_t)head[26] | (size_t)head[27] << 8;
+	if (30 + nl > nhead || nl < 9 || memcmp(head + 30 + nl - 9, "/data.pkl", 9) != 0)
+		return 0;
+	return memchr(head + 30, '/', nl - 9) == NULL;
+}
+
+static int torch_open(ckpt_store *src, const char *key, const struct ckpt_store_stat *st, ckpt_store **item)
+{
+	char what[4096];
+	snprintf(what, sizeof(what), "%s/%s", src->root, key);
+	uint8_t head[300];
+	ssize_t hn = ckpt_store_read(src, key, 0, sizeof(head), head);
+	if (hn < 0)
+		return (int)hn;
+	if (is_legacy(head, (size_t)hn)) {
+		ckpt_log(
+			CKPT_LOG_ERR,
+			"%s: a torch.save file in the legacy format of torch before 1.6 (not a ZIP archive); "
+			"ckptfs reads only the ZIP format: load and save it again with a newer torch",
+			what);
+		return -EMEDIUMTYPE;
+	}
+	struct tarch a = { .r = { src, key, 0, st->size, NULL } };
+	int rc = tarch_open(&a, what);
+	if (rc < 0) {
+		tarch_free(&a);
+		return rc == -ENOMEM ? rc : -EIO;
+	}
+	struct build b = { .what = what };
+	if ((rc = ckpt_vitem_new(what, &b.vi)) < 0) {
+		tarch_free(&a);
+		return rc;
+	}
+	if (a.st.skipped)
+		ckpt_log(CKPT_LOG_INFO, "%s: %zu entries that are not tensors are not shown", what,
+			 a.st.skipped);
+	for (size_t i = 0; i < a.st.n && rc >= 0; i++) {
+		const struct ckpt_torch_tensor *t = &a.st.t[i];
+		if (t->depth > CKPT_ORBAX_MAX_DEPTH)
+			continue;
+		const char *why = NULL;
+		int order[CKPT_MAX_RANK];
+		uint64_t off, len;
+		rc = tensor_at(&a, t, order, &off, &len, &why);
+		if (rc == 0)
+			rc = add_block(&b, (const char *const *)t->path, t->depth, t->dtype, t->rank,
+				       t->shape, order, a.big_endian, src, key, off, len);
+		if (rc < 0 && rc != -ENOMEM) {
+			ckpt_log(CKPT_LOG_ERR,
+				 "%s: tensor %s cannot be served (%s); listed, reads answer EIO", what,
+				 t->name, why ? why : strerror(-rc));
+			rc = ckpt_vitem_add_unreadable(b.vi, (const char *const *)t->path, t->depth);
+		}
+	}
+	tarch_free(&a);
+	return finish(&b, rc, item);
+}
+
+const struct ckpt_foreign_fmt ckpt_foreign_torch = {
+	.name = "torch",
+	.what = "a torch.save file (ZIP format)",
+	.probe = torch_probe,
+	.open = torch_open,
+};
+
+/* ---- distributed checkpoints --------------------------------------------------- */
+
+static int key_join(char *buf, size_t cap, const char *dir, const char *name)
+{
+	int n = snprintf(buf, cap, "%s%s%s", dir, *dir ? "/" : "", name);
+	return n >= 0 && (size_t)n < cap ? 0 : -ENAMETOOLONG;
+}
+
+static int dcp_probe(ckpt_store *src, const char *key, const struct ckpt_store_stat *st, const uint8_t *head,
+		     size_t nhead)
+{
+	(void)head;
+	(void)nhead;
+	if (!st->is_dir)
+		return 0;
+	char k[4096];
+	struct ckpt_store_stat ms;
+	uint8_t b[2];
+	return key_join(k, sizeof(k), key, DCP_METADATA) == 0 && ckpt_store_stat(src, k, &ms) == 0 &&
+	       !ms.is_dir && ckpt_store_read(src, k, 0, 2, b) == 2 && b[0] == 0x80 && b[1] >= 2 && b[1] <= 5;
+}
+
+/* Decompress a zstd item (bounded). */
+static int unzstd(const uint8_t *in, size_t n, uint8_t **out, size_t *outn, const char **why)
+{
+	ZSTD_DStream *z = ZSTD_createDStream();
+	size_t cap = 1 << 16, made = 0;
+	uint8_t *buf = malloc(cap);
+	if (!z || !buf) {
+		ZSTD_freeDStream(z);
+		free(buf);
+		return -ENOMEM;
+	}
+	ZSTD_DCtx_setParameter(z, ZSTD_d_windowLogMax, 27);
+	ZSTD_inBuffer ib = { in, n, 0 };
+	int rc = 0;
+	size_t zr = 1;
+	while (ib.pos < ib.size || zr != 0) {
+		if (made == cap) {
+			if (cap >= ZSTD_ITEM_MAX) {
+				*why = "a zstd item larger than 256 MiB once decompressed";
+				rc = -EINVAL;
+				break;
+			}
+			uint8_t *nb = realloc(buf, cap * 2);
+			if (!nb) {
+				rc = -ENOMEM;
+				break;
+			}
+			buf = nb;
+			cap *= 2;
+		}
+		ZSTD_outBuffer ob = { buf, cap, made };
+		size_t before = ib.pos;
+		zr = ZSTD_decompressStream(z, &ob, &ib);
+		if (ZSTD_isError(zr)) {
+			*why = "bad zstd data";
+			rc = -EINVAL;
+			break;
+		}
+		int progress = ob.pos != made || ib.pos != before;
+		made = ob.pos;
+		if (!progress && ib.pos == ib.size) {
+			if (zr != 0) {
+				*why = "a zstd item cut short";
+				rc = -EINVAL;
+			}
+			break;
+		}
+	}
+	ZSTD_freeDStream(z);
+	if (rc) {
+		free(buf);
+		return rc;
+	}
+	*out = buf;
+	*outn = made;
+	return 0;
+}
+
+#define MAX_RUNS_PER_CELL 65536u
+
+/* The grid cells of box c (cell shape g, grid counts n) into folder zdir of
+ * the side store: each cell's bytes are one range, or several (a cell
+ * narrower than its box), of the box's C-order elements, which lie at
+ * `at` in fkey of src, or in plain[at...] when the item was decompressed. */
+static int put_cells(struct build *b, ckpt_store *src, const char *fkey, const uint8_t *plain, uint64_t at,
+		     const struct ckpt_dcp_entry *e, const struct ckpt_dcp_chunk *c, const uint64_t *g,
+		     const char *zdir, const char **why)
+{
+	int r = e->rank;
+	uint64_t isz = ckpt_dtype_get(e->dtype)->itemsize;
+	uint64_t m[CKPT_MAX_RANK], q[CKPT_MAX_RANK] = { 0 }, bs[CKPT_MAX_RANK + 1];
+	uint64_t cells = 1;
+	/* bs[d]: elements between neighbours along d in the box's C order */
+	bs[r] = 1;
+	for (int d = r - 1; d >= 0; d--)
+		bs[d] = d + 1 < r ? bs[d + 1] * c->sizes[d + 1] : 1;
+	for (int d = 0; d < r; d++) {
+		m[d] = c->sizes[d] / g[d];
+		cells *= m[d];
+	}
+	if (cells == 0)
+		return 0;
+	/* j: the dims from j on are whole in a cell; runs are contiguous over
+	 * dims j-1.. and there are prod(g[0..j-2]) of them per cell */
+	int j = r;
+	while (j > 0 && g[j - 1] == c->sizes[j - 1])
+		j--;
+	uint64_t run = j == 0 ? (r ? c->sizes[0] * bs[0] : 1) : g[j - 1] * bs[j - 1], nruns = 1;
+	for (int d = 0; d + 1 < j; d++)
+		nruns *= g[d];
+	if (nruns > MAX_RUNS_PER_CELL) {
+		*why = "its chunk boxes make grid cells of too many pieces";
+		return -EINVAL;
+	}
+	uint64_t *pieces = malloc(2 * nruns * sizeof(*pieces));
+	size_t cellbytes = (size_t)(run * isz * nruns);
+	uint8_t *copy = plain && nruns > 1 ? malloc(cellbytes ? cellbytes : 1) : NULL;
+	if (!pieces || (plain && nruns > 1 && !copy)) {
+		free(pieces);
+		free(copy);
+		return -ENOMEM;
+	}
+	int rc = 0;
+	for (;;) {
+		uint64_t coord[CKPT_MAX_RANK], start[CKPT_MAX_RANK];
+		for (int d = 0; d < r; d++) {
+			start[d] = q[d] * g[d];
+			coord[d] = c->offsets[d] / g[d] + q[d];
+		}
+		char key[512];
+		grid_key(key, sizeof(key), zdir, r, coord);
+		/* every run of the cell: an odometer over dims 0..j-2 inside the cell */
+		uint64_t w[CKPT_MAX_RANK] = { 0 };
+		for (uint64_t k = 0; k < nruns; k++) {
+			uint64_t el = 0;
+			for (int d = 0; d < r; d++)
+				el += (start[d] + (d + 1 < j ? w[d] : 0)) * bs[d];
+			pieces[2 * k] = at + el * isz;
+			pieces[2 * k + 1] = run * isz;
+			for (int d = j - 2; d >= 0; d--) {
+				if (++w[d] < g[d])
+					break;
+				w[d] = 0;
+			}
+		}
+		if (plain) {
+			uint64_t total = run * isz * nruns;
+			if (b->mem_bytes + total > ZSTD_TOTAL_MAX) {
+				*why = "more than 1 GiB of zstd-compressed chunks";
+				rc = -EINVAL;
+			} else {
+				b->mem_bytes += total;
+				if (nruns == 1) {
+					rc = ckpt_store_mem_put(b->side, key, plain + pieces[0],
+								(size_t)pieces[1]);
+				} else {
+					for (uint64_t k = 0; k < nruns; k++)
+						memcpy(copy + k * run * isz, plain + pieces[2 * k],
+						       (size_t)pieces[2 * k + 1]);
+					rc = ckpt_store_mem_put(b->side, key, copy, (size_t)total);
+				}
+			}
+		} else if (nruns == 1) {
+			rc = ckpt_store_mem_put_range(b->side, key, src, fkey, pieces[0], pieces[1]);
+		} else {
+			rc = ckpt_store_mem_put_pieces(b->side, key, src, fkey, pieces, (size_t)nruns);
+		}
+		if (rc)
+			break;
+		int d = r - 1;
+		while (d >= 0 && ++q[d] == m[d])
+			q[d--] = 0;
+		if (d < 0)
+			break;
+	}
+	free(pieces);
+	free(copy);
+	return rc;
+}
+
+/* One chunk box of a DCP tensor: locate the tensor in its item, put its cells. */
+static int dcp_chunk(struct build *b, ckpt_store *src, const char *dir, const struct ckpt_dcp_entry *e,
+		     const struct ckpt_dcp_chunk *c, const uint64_t *g, const char *zdir, int *big,
+		     const char **why)
+{
+	char fkey[4096];
+	if (strchr(c->file, '/') || strcmp(c->file, ".") == 0 || strcmp(c->file, "..") == 0 ||
+	    key_join(fkey, sizeof(fkey), dir, c->file)) {
+		*why = "a data file name that is not a plain file name";
+		return -EINVAL;
+	}
+	struct ckpt_store_stat fs;
+	int rc = ckpt_store_stat(src, fkey, &fs);
+	if (rc < 0 || fs.is_dir) {
+		*why = "its data file is missing";
+		return -EINVAL;
+	}
+	if (c->offset > fs.size || c->length > fs.size - c->offset) {
+		*why = "its item lies beyond the end of its data file";
+		return -EINVAL;
+	}
+	uint8_t *plain = NULL;
+	struct tarch a = { .r = { src, fkey, c->offset, c->length, NULL } };
+	if (c->transform == CKPT_DCP_ZSTD) {
+		uint8_t *z = malloc(c->length ? (size_t)c->length : 1);
+		size_t pn = 0;
+		if (!z)
+			return -ENOMEM;
+		ssize_t got = c->length > ZSTD_ITEM_MAX
+				      ? -EFBIG
+				      : ckpt_store_read(src, fkey, c->offset, (size_t)c->length, z);
+		if (got >= 0 && (uint64_t)got == c->length)
+			rc = unzstd(z, (size_t)got, &plain, &pn, why);
+		else {
+			*why = got == -EFBIG ? "a zstd item larger than 256 MiB" : "its item cannot be read";
+			rc = got < 0 && got != -EFBIG ? (int)got : -EINVAL;
+		}
+		free(z);
+		if (rc)
+			return rc;
+		a.r = (struct frd){ NULL, NULL, 0, pn, plain };
+	}
+	char what[512];
+	snprintf(what, sizeof(what), "%s: chunk item of %s in %s", b->what, e->fqn, c->file);
+	rc = tarch_open(&a, what);
+	int order[CKPT_MAX_RANK];
+	uint64_t off = 0, len = 0;
+	if (rc == 0 && a.st.n != 1) {
+		*why = "its item holds no single tensor";
+		rc = -EINVAL;
+	}
+	const struct ckpt_torch_tensor *t = rc == 0 ? &a.st.t[0] : NULL;
+	if (t) {
+		int same = t->dtype == e->dtype && t->rank == e->rank;
+		for (int d = 0; same && d < t->rank; d++)
+			same = t->shape[d] == c->sizes[d];
+		if (!same) {
+			*why = "its item's tensor differs in dtype or shape from the chunk box";
+			rc = -EINVAL;
+		}
+	}
+	if (rc == 0 && (rc = tensor_at(&a, t, order, &off, &len, why)) == 0) {
+		for (int d = 0; d < t->rank && rc == 0; d++)
+			if (order[d] != d && t->shape[d] > 1) {
+				*why = "its item's tensor is not in C order";
+				rc = -EINVAL;
+			}
+	}
+	*big = a.big_endian;
+	if (rc == 0 && len)
+		rc = put_cells(b, src, fkey, plain, plain ? off : c->offset + off, e, c, g, zdir, why);
+	tarch_free(&a);
+	free(plain);
+	if (rc == -EIO || rc == -EPERM)
+		*why = *why ? *why : "its item cannot be read";
+	return rc;
+}
+
+static int dcp_tensor(struct build *b, ckpt_store *src, const char *dir, const struct ckpt_dcp_entry *e,
+		      const char *const *comps, int depth, const char **why)
+{
+	uint64_t g[CKPT_MAX_RANK];
+	int rc = ckpt_dcp_cells(e, g);
+	if (rc) {
+		*why = rc == -ENOMEM ? NULL : "its chunk boxes do not tile the tensor (gaps or overlaps)";
+		return rc;
+	}
+	if ((rc = side_store(b)))
+		return rc;
+	char zdir[32];
+	snprintf(zdir, sizeof(zdir), "d%zu", b->nside++);
+	int big = -1;
+	for (size_t i = 0; i < e->nchunks && rc == 0; i++) {
+		int cbig = 0;
+		rc = dcp_chunk(b, src, dir, e, &e->chunks[i], g, zdir, &cbig, why);
+		if (rc == 0 && big >= 0 && cbig != big) {
+			*why = "its chunks differ in byte order";
+			rc = -EINVAL;
+		}
+		big = cbig;
+	}
+	if (rc)
+		return rc;
+	struct ckpt_zarr_meta m;
+	meta_init(&m, 2, e->dtype, e->rank, e->size, g, big > 0);
+	if ((rc = put_meta(b->side, zdir, &m)))
+		return rc;
+	return ckpt_vitem_add_zarr(b->vi, comps, depth, b->side, zdir);
+}
+
+static int dcp_open(ckpt_store *src, const char *key, const struct ckpt_store_stat *st, ckpt_store **item)
+{
+	(void)st;
+	char what[4096], mk[4096];
+	snprintf(what, sizeof(what), "%s%s%s", src->root, *key ? "/" : "", key);
+	int rc = key_join(mk, sizeof(mk), key, DCP_METADATA);
+	char *txt = NULL;
+	size_t len = 0;
+	if (rc == 0)
+		rc = ckpt_store_read_small(src, mk, PICKLE_MAX, &txt, &len);
+	if (rc < 0) {
+		ckpt_log(CKPT_LOG_ERR, "%s/" DCP_METADATA ": cannot be read (%s)", what, strerror(-rc));
+		return -EIO;
+	}
+	char mwhat[4200];
+	snprintf(mwhat, sizeof(mwhat), "%s/" DCP_METADATA, what);
+	ckpt_pickle *pk = NULL;
+	struct ckpt_dcp_meta md = { 0 };
+	rc = ckpt_pickle_load(txt, len, mwhat, &pk);
+	free(txt);
+	if (rc == 0)
+		rc = ckpt_dcp_meta_parse(ckpt_pickle_root(pk), mwhat, &md);
+	ckpt_pickle_free(pk);
+	if (rc < 0)
+		return rc == -ENOMEM ? rc : -EIO;
+	struct build b = { .what = what };
+	if ((rc = ckpt_vitem_new(what, &b.vi)) < 0) {
+		ckpt_dcp_meta_free(&md);
+		return rc;
+	}
+	size_t nbytes = 0;
+	for (size_t i = 0; i < md.n && rc >= 0; i++) {
+		const struct ckpt_dcp_entry *e = &md.e[i];
+		if (e->is_bytes) {
+			nbytes++;
+			continue;
+		}
+		char buf[4096];
+		const char *comps[CKPT_TORCH_MAX_PATH];
+		int depth = ckpt_torch_key_split(e->fqn, buf, sizeof(buf), comps, CKPT_TORCH_MAX_PATH);
+		if (depth < 0) {
+			ckpt_log(CKPT_LOG_WARN, "%s: tensor name '%.200s' cannot be a path, not shown", what,
+				 e->fqn);
+			continue;
+		}
+		const char *why = NULL;
+		rc = dcp_tensor(&b, src, key, e, comps, depth, &why);
+		if (rc < 0 && rc != -ENOMEM) {
+			ckpt_log(CKPT_LOG_ERR,
+				 "%s: tensor %s cannot be served (%s); listed, reads answer EIO", what,
+				 e->fqn, why ? why : strerror(-rc));
+			rc = ckpt_vitem_add_unreadable(b.vi, comps, depth);
+		}
+	}
+	if (nbytes)
+		ckpt_log(CKPT_LOG_INFO, "%s: %zu non-tensor (bytes) entries are not shown", what, nbytes);
+	ckpt_dcp_meta_free(&md);
+	return finish(&b, rc, item);
+}
+
+const struct ckpt_foreign_fmt ckpt_foreign_dcp = {
+	.name = "torch-dcp",
+	.what = "a PyTorch distributed checkpoint folder (.metadata)",
+	.probe = dcp_probe,
+	.open = dcp_open,
+};
+
+/* ---- safetensors ------------------------------------------------------------------- */
+
+static int st_head_ok(const uint8_t *head, size_t nhead, uint64_t size)
+{
+	if (nhead < 10 || size < 10)
+		return 0;
+	uint64_t n = 0;
+	for (int i = 7; i >= 0; i--)
+		n = n << 8 | head[i];
+	return n >= 2 && n <= CKPT_ST_MAX_HEADER && n <= size - 8 && head[8] == '{' &&
+	       (head[9] == '"' || head[9] == '}');
+}
+
+/* Every tensor of safetensors file fkey into b. */
+static int st_add_file(struct build *b, ckpt_store *src, const char *fkey, uint64_t size, const char *what)
+{
+	uint8_t h8[8];
+	uint64_t n = 0;
+	ssize_t got = ckpt_store_read(src, fkey, 0, 8, h8);
+	if (got != 8) {
+		ckpt_log(CKPT_LOG_ERR, "%s: cannot read its header", what);
+		return -EIO;
+	}
+	int rc = ckpt_st_header_len(h8, size, what, &n);
+	if (rc)
+		return -EIO;
+	char *json = malloc((size_t)n + 1);
+	if (!json)
+		return -ENOMEM;
+	got = ckpt_store_read(src, fkey, 8, (size_t)n, json);
+	ckpt_st_file *f = NULL;
+	rc = got == (ssize_t)n ? ckpt_st_parse(json, (size_t)n, size, what, &f) : -EIO;
+	free(json);
+	if (rc < 0)
+		return rc == -ENOMEM ? rc : -EIO;
+	for (size_t i = 0; i < f->n && rc >= 0; i++) {
+		const ckpt_st_entry *t = &f->t[i];
+		char buf[4096];
+		const char *comps[CKPT_TORCH_MAX_PATH];
+		int depth = ckpt_torch_key_split(t->name, buf, sizeof(buf), comps, CKPT_TORCH_MAX_PATH);
+		if (depth < 0) {
+			ckpt_log(CKPT_LOG_WARN, "%s: tensor name '%.200s' cannot be a path, not shown", what,
+				 t->name);
+			continue;
+		}
+		int order[CKPT_MAX_RANK];
+		for (int d = 0; d < t->rank; d++)
+			order[d] = d;
+		rc = add_block(b, comps, depth, t->dtype, t->rank, t->shape, order, 0, src, fkey, t->begin,
+			       t->end - t->begin);
+		if (rc < 0 && rc != -ENOMEM) {
+			ckpt_log(CKPT_LOG_ERR,
+				 "%s: tensor %s cannot be served (%s); listed, reads answer EIO", what,
+				 t->name, strerror(-rc));
+			rc = ckpt_vitem_add_unreadable(b->vi, comps, depth);
+		}
+	}
+	ckpt_st_file_free(f);
+	return rc;
+}
+
+static int st_file_probe(ckpt_store *src, const char *key, const struct ckpt_store_stat *st,
+			 const uint8_t *head, size_t nhead)
+{
+	(void)src;
+	(void)key;
+	return !st->is_dir && st_head_ok(head, nhead, st->size);
+}
+
+static int st_file_open(ckpt_store *src, const char *key, const struct ckpt_store_stat *st, ckpt_store **item)
+{
+	char what[4096];
+	snprintf(what, sizeof(what), "%s/%s", src->root, key);
+	struct build b = { .what = what };
+	int rc = ckpt_vitem_new(what, &b.vi);
+	if (rc < 0)
+		return rc;
+	rc = st_add_file(&b, src, key, st->size, what);
+	return finish(&b, rc, item);
+}
+
+const struct ckpt_foreign_fmt ckpt_foreign_safetensors = {
+	.name = "safetensors",
+	.what = "a safetensors file",
+	.probe = st_file_probe,
+	.open = st_file_open,
+};
+
+static int st_dir_probe(ckpt_store *src, const char *key, const struct ckpt_store_stat *st,
+			const uint8_t *head, size_t nhead)
+{
+	(void)head;
+	(void)nhead;
+	char k[4096];
+	struct ckpt_store_stat is;
+	return st->is_dir && key_join(k, sizeof(k), key, ST_INDEX) == 0 &&
+	       ckpt_store_stat(src, k, &is) == 0 && !is.is_dir;
+}
+
+static int st_dir_open(ckpt_store *src, const char *key, const struct ckpt_store_stat *st, ckpt_store **item)
+{
+	(void)st;
+	char what[4096], k[4096];
+	snprintf(what, sizeof(what), "%s%s%s", src->root, *key ? "/" : "", key);
+	char *txt = NULL;
+	size_t len = 0;
+	int rc = key_join(k, sizeof(k), key, ST_INDEX);
+	if (rc == 0)
+		rc = ckpt_store_read_small(src, k, INDEX_MAX, &txt, &len);
+	cJSON *idx = rc == 0 ? cJSON_ParseWithLength(txt, len) : NULL;
+	free(txt);
+	const cJSON *wm = cJSON_GetObjectItemCaseSensitive(idx, "weight_map");
+	if (!cJSON_IsObject(wm)) {
+		ckpt_log(CKPT_LOG_ERR, "%s/" ST_INDEX ": %s", what,
+			 rc < 0 ? strerror(-rc) : "no weight_map object");
+		cJSON_Delete(idx);
+		return -EIO;
+	}
+	struct build b = { .what = what };
+	if ((rc = ckpt_vitem_new(what, &b.vi)) < 0) {
+		cJSON_Delete(idx);
+		return rc;
+	}
+	/* each shard file once, in the order the map first names it */
+	const cJSON **files = calloc((size_t)cJSON_GetArraySize(wm) + 1, sizeof(*files));
+	size_t nf = 0;
+	if (!files)
+		rc = -ENOMEM;
+	for (const cJSON *e = wm->child; e && rc == 0; e = e->next) {
+		if (!cJSON_IsString(e) || strchr(e->valuestring, '/') || !strcmp(e->valuestring, "..") ||
+		    !strcmp(e->valuestring, ".") || !*e->valuestring) {
+			ckpt_log(CKPT_LOG_ERR, "%s/" ST_INDEX ": tensor %.200s names no file of the folder",
+				 what, e->string);
+			rc = -EIO;
+			break;
+		}
+		size_t j = 0;
+		while (j < nf && strcmp(files[j]->valuestring, e->valuestring))
+			j++;
+		if (j == nf)
+			files[nf++] = e;
+	}
+	for (size_t j = 0; j < nf && rc >= 0; j++) {
+		struct ckpt_store_stat fs;
+		char fwhat[8300];
+		if ((rc = key_join(k, sizeof(k), key, files[j]->valuestring)) < 0)
+			break;
+		snprintf(fwhat, sizeof(fwhat), "%s/%s", what, files[j]->valuestring);
+		if ((rc = ckpt_store_stat(src, k, &fs)) < 0 || fs.is_dir) {
+			ckpt_log(CKPT_LOG_ERR, "%s: missing shard of " ST_INDEX, fwhat);
+			rc = -EIO;
+			break;
+		}
+		rc = st_add_file(&b, src, k, fs.size, fwhat);
+	}
+	free(files);
+	cJSON_Delete(idx);
+	return finish(&b, rc, item);
+}
+
+const struct ckpt_foreign_fmt ckpt_foreign_safetensors_dir = {
+	.name = "safetensors",
+	.what = "a folder of safetensors shards with " ST_INDEX,
+	.probe = st_dir_probe,
+	.open = st_dir_open,
+};

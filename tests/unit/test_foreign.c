@@ -1,0 +1,267 @@
+/*
+ * test_foreign.c - the parsers of foreign checkpoint bytes (format/zip.h,
+ * format/npz.h, format/msgpack.h) on hostile input, and the virtual-item
+ * builder (tree/foreign.h) read back through the zarr reader.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "array.h"
+#include "check.h"
+#include "common.h"
+#include "foreign.h"
+#include "msgpack.h"
+#include "npz.h"
+#include "slice.h"
+#include "store.h"
+#include "zip.h"
+
+struct buf {
+	const uint8_t *p;
+	size_t n;
+};
+
+static ssize_t rd(void *ctx, uint64_t off, size_t len, void *dst)
+{
+	struct buf *b = ctx;
+	if (off >= b->n)
+		return 0;
+	size_t k = b->n - (size_t)off < len ? b->n - (size_t)off : len;
+	memcpy(dst, b->p + off, k);
+	return (ssize_t)k;
+}
+
+static int mp(const void *p, size_t n, struct ckpt_mp **out)
+{
+	struct buf b = { p, n };
+	const char *why;
+	return ckpt_mp_parse(rd, &b, n, out, &why);
+}
+
+static void test_msgpack(void)
+{
+	struct ckpt_mp *m;
+	/* {"w": ext1([[2], "float32", bin 8 bytes])}: the bin's offset in the file */
+	static const uint8_t doc[] = { 0x81, 0xa1, 'w', 0xc7, 0x15, 0x01, 0x93, 0x91, 0x02,
+				       0xa7, 'f',  'l', 'o',  'a',  't',  '3',	'2',  0xc4,
+				       0x08, 0,	   0,	0x80, 0x3f, 0,	  0,	0,    0x40 };
+	CHECK_EQ_INT(mp(doc, sizeof(doc), &m), 0);
+	const struct ckpt_mp *w = ckpt_mp_get(m, "w");
+	CHECK(w && w->type == CKPT_MP_EXT && w->ext_type == 1 && w->n == 1);
+	const struct ckpt_mp *d = &w->kids[0];
+	CHECK(d->type == CKPT_MP_ARRAY && d->n == 3 && d->kids[2].type == CKPT_MP_BIN);
+	CHECK_EQ_INT(d->kids[2].off, 19);
+	CHECK_EQ_INT(d->kids[2].len, 8);
+	CHECK(d->kids[1].str && strcmp(d->kids[1].str, "float32") == 0);
+	ckpt_mp_free(m);
+	/* hostile counts: refused before anything is allocated for them */
+	static const uint8_t big_array[] = { 0xdd, 0xff, 0xff, 0xff, 0xff, 0x00 };
+	CHECK_EQ_INT(mp(big_array, sizeof(big_array), &m), -EINVAL);
+	static const uint8_t big_map[] = { 0xdf, 0x7f, 0xff, 0xff, 0xff, 0xa1, 'a', 0x01 };
+	CHECK_EQ_INT(mp(big_map, sizeof(big_map), &m), -EINVAL);
+	static const uint8_t big_bin[] = { 0xc6, 0xff, 0xff, 0xff, 0xf0, 0x00 };
+	CHECK_EQ_INT(mp(big_bin, sizeof(big_bin), &m), -EINVAL);
+	static const uint8_t empty_ext[] = { 0xc7, 0x00, 0x01 };
+	CHECK_EQ_INT(mp(empty_ext, sizeof(empty_ext), &m), -EINVAL);
+	/* an ext document that does not fill its payload exactly */
+	static const uint8_t short_ext[] = { 0xc7, 0x02, 0x01, 0x90, 0x90 };
+	CHECK_EQ_INT(mp(short_ext, sizeof(short_ext), &m), -EINVAL);
+	static const uint8_t trailing[] = { 0x80, 0x00 };
+	CHECK_EQ_INT(mp(trailing, sizeof(trailing), &m), -EINVAL);
+	static const uint8_t never[] = { 0xc1 };
+	CHECK_EQ_INT(mp(never, sizeof(never), &m), -EINVAL);
+	/* nesting beyond the bound */
+	uint8_t deep[200];
+	memset(deep, 0x91, sizeof(deep));
+	deep[sizeof(deep) - 1] = 0x90;
+	CHECK_EQ_INT(mp(deep, sizeof(deep), &m), -EINVAL);
+	/* sign extension of int 8..32, a uint 64 past INT64_MAX */
+	static const uint8_t ints[] = { 0x93, 0xd0, 0xfe, 0xd2, 0xff, 0xff, 0xff, 0xfd, 0xcf,
+					0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff };
+	CHECK_EQ_INT(mp(ints, sizeof(ints), &m), 0);
+	CHECK(m->kids[0].v.i == -2 && m->kids[1].v.i == -3 && m->kids[2].type == CKPT_MP_UINT);
+	ckpt_mp_free(m);
+	/* magic */
+	CHECK(ckpt_mp_magic(doc, sizeof(doc)));
+	static const uint8_t png[] = { 0x89, 'P', 'N', 'G', 0x0d, 0x0a };
+	CHECK(!ckpt_mp_magic(png, sizeof(png)));
+}
+
+static void test_npz_header(void)
+{
+	struct ckpt_npz_header h;
+	size_t need = 0;
+	const char *why;
+	char hdr[128];
+	const char *dict = "{'descr': '>i4', 'fortran_order': True, 'shape': (2, 3), }";
+	size_t dl = strlen(dict);
+	memcpy(hdr, "\x93NUMPY\x01\x00", 8);
+	hdr[8] = (char)(dl + 1);
+	hdr[9] = 0;
+	memcpy(hdr + 10, dict, dl);
+	hdr[10 + dl] = '\n';
+	size_t n = 11 + dl;
+	CHECK_EQ_INT(ckpt_npz_header_parse((const uint8_t *)hdr, n, &h, &need, &why), 0);
+	CHECK(h.dtype == CKPT_DT_INT32 && h.big_endian && h.fortran_order && h.rank == 2 && h.shape[1] == 3);
+	CHECK_EQ_INT(h.data_offset, n);
+	CHECK_EQ_INT(h.nbytes, 24);
+	CHECK_EQ_INT(ckpt_npz_header_parse((const uint8_t *)hdr, n - 5, &h, &need, &why), -EAGAIN);
+	CHECK_EQ_INT(need, n);
+	/* '|V2' is bfloat16; an object dtype is refused */
+	const char *d2 = "{'descr': '|V2', 'fortran_order': False, 'shape': ()}";
+	dl = strlen(d2);
+	hdr[8] = (char)dl;
+	memcpy(hdr + 10, d2, dl);
+	CHECK_EQ_INT(ckpt_npz_header_parse((const uint8_t *)hdr, 10 + dl, &h, &need, &why), 0);
+	CHECK(h.dtype == CKPT_DT_BFLOAT16 && h.void2 && h.rank == 0);
+	const char *d3 = "{'descr': '|O', 'fortran_order': False, 'shape': ()}";
+	dl = strlen(d3);
+	hdr[8] = (char)dl;
+	memcpy(hdr + 10, d3, dl);
+	CHECK_EQ_INT(ckpt_npz_header_parse((const uint8_t *)hdr, 10 + dl, &h, &need, &why), -ENOTSUP);
+	/* key paths */
+	char kb[64];
+	const char *c[8];
+	CHECK_EQ_INT(ckpt_npz_key_path("params/img/w.npy", kb, sizeof(kb), c, 8), 3);
+	CHECK(strcmp(c[0], "params") == 0 && strcmp(c[2], "w") == 0);
+	CHECK_EQ_INT(ckpt_npz_key_path("a//b.npy", kb, sizeof(kb), c, 8), -EINVAL);
+	CHECK_EQ_INT(ckpt_npz_key_path("a/../b.npy", kb, sizeof(kb), c, 8), -EINVAL);
+	CHECK_EQ_INT(ckpt_npz_key_path("/a.npy", kb, sizeof(kb), c, 8), -EINVAL);
+}
+
+static void put16(uint8_t *p, unsigned v)
+{
+	p[0] = (uint8_t)v;
+	p[1] = (uint8_t)(v >> 8);
+}
+
+static void put32(uint8_t *p, uint32_t v)
+{
+	put16(p, v & 0xffff);
+	put16(p + 2, v >> 16);
+}
+
+static void test_zip(void)
+{
+	/* one stored member "a.npy" of 3 bytes, then its central entry and the end record */
+	uint8_t z[256] = { 0 };
+	size_t o = 0;
+	put32(z, 0x04034b50);
+	put16(z + 8, 0);
+	put32(z + 18, 3);
+	put32(z + 22, 3);
+	put16(z + 26, 5);
+	memcpy(z + 30, "a.npy", 5);
+	memcpy(z + 35, "xyz", 3);
+	o = 38;
+	size_t cd = o;
+	put32(z + o, 0x02014b50);
+	put32(z + o + 20, 3);
+	put32(z + o + 24, 3);
+	put16(z + o + 28, 5);
+	put32(z + o + 42, 0);
+	memcpy(z + o + 46, "a.npy", 5);
+	o += 51;
+	size_t eocd = o;
+	put32(z + o, 0x06054b50);
+	put16(z + o + 8, 1);
+	put16(z + o + 10, 1);
+	put32(z + o + 12, (uint32_t)(eocd - cd));
+	put32(z + o + 16, (uint32_t)cd);
+	o += 22;
+	struct buf b = { z, o };
+	struct ckpt_zip_dir d;
+	const char *why;
+	CHECK(ckpt_zip_magic(z, o));
+	CHECK_EQ_INT(ckpt_zip_dir_read(rd, &b, o, &d, &why), 0);
+	CHECK_EQ_INT(d.n, 1);
+	CHECK(strcmp(d.e[0].name, "a.npy") == 0 && d.e[0].csize == 3 && d.e[0].method == 0);
+	uint64_t off;
+	CHECK_EQ_INT(ckpt_zip_data_offset(rd, &b, &d, &d.e[0], &off, &why), 0);
+	CHECK_EQ_INT(off, 35);
+	ckpt_zip_dir_free(&d);
+	/* a count the directory cannot hold */
+	put16(z + eocd + 8, 0xfff0);
+	put16(z + eocd + 10, 0xfff0);
+	CHECK_EQ_INT(ckpt_zip_dir_read(rd, &b, o, &d, &why), -EINVAL);
+	ckpt_zip_dir_free(&d);
+	put16(z + eocd + 8, 1);
+	put16(z + eocd + 10, 1);
+	/* a member whose size runs past the data */
+	put32(z + cd + 20, 1000);
+	CHECK_EQ_INT(ckpt_zip_dir_read(rd, &b, o, &d, &why), -EINVAL);
+	ckpt_zip_dir_free(&d);
+	put32(z + cd + 20, 3);
+	/* a saturated offset without its ZIP64 extra field */
+	put32(z + cd + 42, 0xffffffffu);
+	CHECK_EQ_INT(ckpt_zip_dir_read(rd, &b, o, &d, &why), -EINVAL);
+	ckpt_zip_dir_free(&d);
+	put32(z + cd + 42, 0);
+	/* a local header naming another member */
+	z[31] = 'X';
+	CHECK_EQ_INT(ckpt_zip_dir_read(rd, &b, o, &d, &why), 0);
+	CHECK_EQ_INT(ckpt_zip_data_offset(rd, &b, &d, &d.e[0], &off, &why), -EINVAL);
+	ckpt_zip_dir_free(&d);
+	/* no end record */
+	CHECK_EQ_INT(ckpt_zip_dir_read(rd, &b, o - 1, &d, &why), -EINVAL);
+	ckpt_zip_dir_free(&d);
+}
+
+/* A virtual item: an F-order big-endian array as a range, read back. */
+static void test_vitem(void)
+{
+	ckpt_store *base, *item;
+	CHECK_EQ_INT(ckpt_store_mem_open("mem:file", &base), 0);
+	/* int16 [2,3] = [[1,2,3],[4,5,6]] in Fortran order, big endian, after 5 junk bytes */
+	static const uint8_t file[] = { 9, 9, 9, 9, 9, 0, 1, 0, 4, 0, 2, 0, 5, 0, 3, 0, 6 };
+	CHECK_EQ_INT(ckpt_store_mem_put(base, "f", file, sizeof(file)), 0);
+	struct ckpt_vitem *vi;
+	CHECK_EQ_INT(ckpt_vitem_new("virt", &vi), 0);
+	const char *path[] = { "p", "w" };
+	struct ckpt_varray a = { .dtype = CKPT_DT_INT16,
+				 .rank = 2,
+				 .shape = { 2, 3 },
+				 .fortran_order = 1,
+				 .big_endian = 1,
+				 .base = base,
+				 .base_key = "f",
+				 .offset = 5,
+				 .length = 12 };
+	CHECK_EQ_INT(ckpt_vitem_add_array(vi, path, 2, &a), 0);
+	a.length = 11;
+	CHECK_EQ_INT(ckpt_vitem_add_array(vi, path, 2, &a), -EINVAL); /* not what the shape needs */
+	CHECK_EQ_INT(ckpt_vitem_leaves(vi), 1);
+	CHECK_EQ_INT(ckpt_vitem_finish(vi, &item), 0);
+	ckpt_store_destroy(base);
+	ckpt_ctx *ctx;
+	CHECK_EQ_INT(ckpt_ctx_create(NULL, &ctx), 0);
+	ckpt_array *arr;
+	CHECK_EQ_INT(ckpt_array_open(ctx, item, "a/0000000000", 2, &arr), 0);
+	int16_t got[6];
+	ckpt_region r;
+	uint64_t shape[2] = { 2, 3 };
+	ckpt_region_full(&r, 2, shape);
+	CHECK_EQ_INT(ckpt_array_read(arr, &r, 0, sizeof(got), got), (int)sizeof(got));
+	for (int i = 0; i < 6; i++)
+		CHECK_EQ_INT(got[i], i + 1);
+	ckpt_array_destroy(arr);
+	ckpt_ctx_destroy(ctx);
+	char *meta;
+	size_t ml;
+	CHECK_EQ_INT(ckpt_store_read_small(item, "_METADATA", 1 << 20, &meta, &ml), 0);
+	CHECK(strstr(meta, "\"key_metadata\"") && strstr(meta, "a/0000000000"));
+	free(meta);
+	ckpt_store_destroy(item);
+}
+
+int main(void)
+{
+	ckpt_log_set_level(CKPT_LOG_ERR);
+	CHECK_RUN(test_msgpack);
+	CHECK_RUN(test_npz_header);
+	CHECK_RUN(test_zip);
+	CHECK_RUN(test_vitem);
+	return CHECK_DONE();
+}
