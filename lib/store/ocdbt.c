@@ -440,7 +440,7 @@ static int file_size(ckpt_ocdbt *db, uint32_t gid, uint64_t *size)
 	if (sized)
 		return 0;
 	uint64_t n = 0;
-	int rc = db->base->ops->size(db->base, f->rel, &n);
+	int rc = ckpt_store_size(db->base, f->rel, &n);
 	if (rc) {
 		ckpt_log(CKPT_LOG_ERR, "ocdbt: %s: cannot open data file: %s", f->abs, strerror(-rc));
 		return rc == -ENOENT || rc == -ENOTDIR ? -EIO : rc;
@@ -463,7 +463,7 @@ static int file_read(ckpt_ocdbt *db, uint32_t gid, void *dst, size_t len, uint64
 	*got = 0;
 	while (done < len) {
 		ssize_t n =
-			db->base->ops->read(db->base, f->rel, off + done, len - done, (uint8_t *)dst + done);
+			ckpt_store_read_raw(db->base, f->rel, off + done, len - done, (uint8_t *)dst + done);
 		if (n < 0) {
 			*got = done;
 			return (int)n;
@@ -1205,7 +1205,7 @@ out:
 static int read_file(ckpt_ocdbt *db, const char *key, uint64_t max, uint8_t **out, size_t *len)
 {
 	uint64_t size;
-	int rc = db->base->ops->size(db->base, key, &size);
+	int rc = ckpt_store_size(db->base, key, &size);
 	if (rc)
 		return rc;
 	if (size > max)
@@ -1215,7 +1215,7 @@ static int read_file(ckpt_ocdbt *db, const char *key, uint64_t max, uint8_t **ou
 		return -ENOMEM;
 	size_t done = 0;
 	while (done < size) {
-		ssize_t n = db->base->ops->read(db->base, key, done, (size_t)size - done, buf + done);
+		ssize_t n = ckpt_store_read_raw(db->base, key, done, (size_t)size - done, buf + done);
 		if (n < 0) {
 			free(buf);
 			return (int)n;

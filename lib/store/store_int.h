@@ -15,6 +15,10 @@ char *ckpt_store_join(const char *a, const char *b);
 int ckpt_store_listdir_from_keys(ckpt_store *s, const char *dir, ckpt_store_dir_cb cb, void *ctx);
 int ckpt_store_stat_from_keys(ckpt_store *s, const char *key, struct ckpt_store_stat *st);
 
+/* ckpt_store_read without the stats, for stores that read through another
+ * store and count what they read themselves (OCDBT). */
+ssize_t ckpt_store_read_raw(ckpt_store *s, const char *key, uint64_t off, size_t len, void *dst);
+
 /* The innermost store below sub-store views, and `key` as a key of it
  * (*full malloc'd).  -ENOMEM. */
 int ckpt_store_unwrap(ckpt_store *s, const char *key, ckpt_store **base, char **full);

@@ -100,8 +100,6 @@ static int lentry_cmp(const void *a, const void *b)
 static int s3_listdir(ckpt_store *st, const char *dir, ckpt_store_dir_cb cb, void *ctx)
 {
 	struct s3_store *s = (struct s3_store *)st;
-	if (*dir && !ckpt_store_key_ok(dir))
-		return -ENOENT;
 	char *name = objname(s, dir);
 	if (!name)
 		return -ENOMEM;
@@ -184,8 +182,6 @@ static int s3_stat(ckpt_store *st, const char *key, struct ckpt_store_stat *out)
 		out->is_dir = 1;
 		return 0;
 	}
-	if (!ckpt_store_key_ok(key))
-		return -ENOENT;
 	char *name = objname(s, key);
 	if (!name)
 		return -ENOMEM;
@@ -219,8 +215,6 @@ static int s3_stat(ckpt_store *st, const char *key, struct ckpt_store_stat *out)
 static int s3_size(ckpt_store *st, const char *key, uint64_t *size)
 {
 	struct s3_store *s = (struct s3_store *)st;
-	if (!ckpt_store_key_ok(key))
-		return -ENOENT;
 	char *name = objname(s, key);
 	if (!name)
 		return -ENOMEM;
@@ -237,8 +231,6 @@ static int s3_size(ckpt_store *st, const char *key, uint64_t *size)
 static ssize_t s3_read(ckpt_store *st, const char *key, uint64_t off, size_t len, void *dst)
 {
 	struct s3_store *s = (struct s3_store *)st;
-	if (!ckpt_store_key_ok(key))
-		return -ENOENT;
 	char *name = objname(s, key);
 	if (!name)
 		return -ENOMEM;
