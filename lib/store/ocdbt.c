@@ -1157,7 +1157,7 @@ static int visit(ckpt_ocdbt *db, struct walk *w, uint32_t gid, uint32_t trans_le
 			nhi = nb;
 		}
 		const struct dft_entry *ce = &nd.tab.e[nd.fid[i]];
-		if (i >= jfirst + jn && nd.n > 1 && ckpt_store_s3_connections(db->base) > 0) {
+		if (i >= jfirst + jn && nd.n > 1 && ckpt_store_connections(db->base) > 1) {
 			/* the next batch of siblings, fetched at once */
 			pthread_t th[PREFETCH_BATCH];
 			int started[PREFETCH_BATCH] = { 0 };

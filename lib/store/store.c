@@ -67,6 +67,12 @@ int ckpt_store_stat(ckpt_store *s, const char *key, struct ckpt_store_stat *st)
 	return s->ops->stat(s, key, st);
 }
 
+unsigned ckpt_store_connections(ckpt_store *s)
+{
+	unsigned n = s->ops->connections ? s->ops->connections(s) : CKPT_STORE_FOLDER_CONNECTIONS;
+	return n ? n : 1;
+}
+
 ckpt_store *ckpt_store_ref(ckpt_store *s)
 {
 	__atomic_add_fetch(&s->extra_refs, 1, __ATOMIC_RELAXED);
@@ -242,6 +248,11 @@ static int sub_stat(ckpt_store *s, const char *key, struct ckpt_store_stat *st)
 	return rc;
 }
 
+static unsigned sub_connections(ckpt_store *s)
+{
+	return ckpt_store_connections(((struct sub_store *)s)->parent);
+}
+
 static void sub_destroy(ckpt_store *s)
 {
 	struct sub_store *u = (struct sub_store *)s;
@@ -258,6 +269,7 @@ static const struct ckpt_store_ops sub_ops = {
 	.listdir = sub_listdir,
 	.stat = sub_stat,
 	.destroy = sub_destroy,
+	.connections = sub_connections,
 };
 
 int ckpt_store_unwrap(ckpt_store *s, const char *key, ckpt_store **base, char **full)

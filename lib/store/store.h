@@ -80,7 +80,13 @@ struct ckpt_store_ops {
 	 * stores allow it) is reported as the file. */
 	int (*stat)(ckpt_store *s, const char *key, struct ckpt_store_stat *st);
 	void (*destroy)(ckpt_store *s);
+	/* Requests worth having in flight at once (>= 1): an object store's
+	 * connections, a view's (sub-store, OCDBT) those of the store below it.
+	 * NULL: CKPT_STORE_FOLDER_CONNECTIONS. */
+	unsigned (*connections)(ckpt_store *s);
 };
+
+#define CKPT_STORE_FOLDER_CONNECTIONS 4 /* a folder: a few reads at once */
 
 /* Every store implementation embeds this as its first member (zeroed, then
  * ops and root set). */
@@ -180,6 +186,9 @@ ssize_t ckpt_store_read(ckpt_store *s, const char *key, uint64_t off, size_t len
 int ckpt_store_list(ckpt_store *s, const char *prefix, ckpt_store_list_cb cb, void *ctx);
 int ckpt_store_listdir(ckpt_store *s, const char *dir, ckpt_store_dir_cb cb, void *ctx);
 int ckpt_store_stat(ckpt_store *s, const char *key, struct ckpt_store_stat *st);
+/* Requests worth sending at once (ops->connections; >= 1): callers size their
+ * parallel I/O (uploads, OCDBT node fetches) by it. */
+unsigned ckpt_store_connections(ckpt_store *s);
 /* Take one more reference (returns s). */
 ckpt_store *ckpt_store_ref(ckpt_store *s);
 /* Drop one reference; the last frees the store.  NULL is a no-op. */

@@ -38,10 +38,6 @@ typedef int (*ckpt_s3_list_cb)(void *ctx, const char *key, const char *etag, uin
 int ckpt_s3_list_parse(const char *body, size_t len, ckpt_s3_list_cb cb, void *ctx, int *truncated,
 		       char **token);
 
-/* Requests an object store (or a view of one) sends at once; 0 for
- * other stores. */
-unsigned ckpt_store_s3_connections(ckpt_store *s);
-
 /* On-disk cache of object-store byte ranges (diskcache.c): entries keyed
  * by object identity (id: endpoint URL and object name), ETag and range,
  * bounded by max bytes (0: 10 GiB), least recently used evicted first.

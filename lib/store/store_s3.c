@@ -311,6 +311,11 @@ static void s3_destroy(ckpt_store *st)
 	free(s);
 }
 
+static unsigned s3_connections(ckpt_store *st)
+{
+	return ((struct s3_store *)st)->conns;
+}
+
 static const struct ckpt_store_ops s3_ops = {
 	.size = s3_size,
 	.read = s3_read,
@@ -318,6 +323,7 @@ static const struct ckpt_store_ops s3_ops = {
 	.listdir = s3_listdir,
 	.stat = s3_stat,
 	.destroy = s3_destroy,
+	.connections = s3_connections,
 };
 
 /* ---------------------------------------------------------------- configuration */
@@ -455,16 +461,6 @@ int ckpt_store_s3_open(const char *source, const struct ckpt_store_opts *o, ckpt
 fail:
 	s3_destroy(&s->base);
 	return rc;
-}
-
-unsigned ckpt_store_s3_connections(ckpt_store *st)
-{
-	ckpt_store *b;
-	char *k;
-	if (ckpt_store_unwrap(st, "", &b, &k) != 0)
-		return 0;
-	free(k);
-	return b->ops == &s3_ops ? ((struct s3_store *)b)->conns : 0;
 }
 
 struct s3_store *s3_store_of(ckpt_store *st)

@@ -577,6 +577,36 @@ static void test_bad_keys(void)
 	ckpt_store_destroy(m);
 }
 
+/* Every store answers how many requests to send at once; views answer
+ * for the store below them. */
+static void test_connections(void)
+{
+	ckpt_store *d, *m, *sub, *o, *s3, *s3sub;
+	CHECK_EQ_INT(ckpt_store_dir_open(FIX "/std_ocdbt_zarr3", &d), 0);
+	CHECK_EQ_INT(ckpt_store_connections(d), CKPT_STORE_FOLDER_CONNECTIONS);
+	CHECK_EQ_INT(ckpt_store_ocdbt_open_on(d, "", &o), 0);
+	CHECK_EQ_INT(ckpt_store_connections(o), CKPT_STORE_FOLDER_CONNECTIONS);
+	ckpt_store_destroy(o);
+	CHECK_EQ_INT(ckpt_store_sub(d, "d", &sub), 0);
+	CHECK_EQ_INT(ckpt_store_connections(sub), CKPT_STORE_FOLDER_CONNECTIONS);
+	ckpt_store_destroy(sub);
+	ckpt_store_destroy(d);
+	CHECK_EQ_INT(ckpt_store_mem_open(NULL, &m), 0);
+	CHECK_EQ_INT(ckpt_store_connections(m), 1);
+	ckpt_store_destroy(m);
+	/* an object store: its -o connections (no request is sent at open) */
+	struct ckpt_store_opts so = { 0 };
+	so.endpoint = "http://127.0.0.1:9";
+	so.anonymous = 1;
+	so.connections = 7;
+	CHECK_EQ_INT(ckpt_store_open_source("s3://bucket/pre", &so, &s3), 0);
+	CHECK_EQ_INT(ckpt_store_connections(s3), 7);
+	CHECK_EQ_INT(ckpt_store_sub(s3, "a/b", &s3sub), 0);
+	CHECK_EQ_INT(ckpt_store_connections(s3sub), 7);
+	ckpt_store_destroy(s3sub);
+	ckpt_store_destroy(s3);
+}
+
 /* ---------------------------------------------------------------- ListObjectsV2 answers */
 
 struct lp_got {
@@ -1084,6 +1114,7 @@ int main(int argc, char **argv)
 	CHECK_RUN(test_ocdbt_on);
 	CHECK_RUN(test_mem);
 	CHECK_RUN(test_bad_keys);
+	CHECK_RUN(test_connections);
 	CHECK_RUN(test_s3_list_parse);
 	sh("rm -rf %s", tmp);
 	return CHECK_DONE();
