@@ -180,6 +180,13 @@ int ckpt_store_sub(ckpt_store *parent, const char *prefix, ckpt_store **out);
  * Same errors as ckpt_store_ocdbt_open(); holds a reference on base. */
 int ckpt_store_ocdbt_open_on(ckpt_store *base, const char *dir, ckpt_store **out);
 
+struct ckpt_pool;
+/* The same, fetching B+tree nodes on `pool` (base/pool.h: the reader's
+ * decode threads, used only while this call runs) when base serves several
+ * requests at once; NULL: threads of the open's own, stopped before it
+ * returns. */
+int ckpt_store_ocdbt_open_pool(ckpt_store *base, const char *dir, struct ckpt_pool *pool, ckpt_store **out);
+
 /* Dispatchers; read() also counts backing_bytes_read in ckpt_g_stats. */
 int ckpt_store_size(ckpt_store *s, const char *key, uint64_t *size);
 ssize_t ckpt_store_read(ckpt_store *s, const char *key, uint64_t off, size_t len, void *dst);

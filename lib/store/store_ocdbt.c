@@ -63,6 +63,11 @@ static const struct ckpt_store_ops ocdbt_ops = {
 
 int ckpt_store_ocdbt_open_on(ckpt_store *base, const char *dir, ckpt_store **out)
 {
+	return ckpt_store_ocdbt_open_pool(base, dir, NULL, out);
+}
+
+int ckpt_store_ocdbt_open_pool(ckpt_store *base, const char *dir, struct ckpt_pool *pool, ckpt_store **out)
+{
 	*out = NULL;
 	struct ocdbt_store *o = calloc(1, sizeof(*o));
 	if (!o)
@@ -73,7 +78,7 @@ int ckpt_store_ocdbt_open_on(ckpt_store *base, const char *dir, ckpt_store **out
 		free(o);
 		return -ENOMEM;
 	}
-	int rc = ckpt_ocdbt_open_store(base, dir ? dir : "", &o->db);
+	int rc = ckpt_ocdbt_open_store_pool(base, dir ? dir : "", pool, &o->db);
 	if (rc) {
 		free(o->base.root);
 		free(o);

@@ -293,8 +293,8 @@ static void build_item(ckpt_view *v, struct node *dir, const char *path, int64_t
 	int ocdbt = has_ocdbt(v, path) ||
 		    (meta && cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(meta, "use_ocdbt")));
 	ckpt_store *store = NULL;
-	int rc =
-		ocdbt ? ckpt_store_ocdbt_open_on(v->src, path, &store) : ckpt_store_sub(v->src, path, &store);
+	int rc = ocdbt ? ckpt_store_ocdbt_open_pool(v->src, path, ckpt_ctx_pool(v->ctx), &store)
+		       : ckpt_store_sub(v->src, path, &store);
 	if (rc < 0) {
 		/* The arrays _METADATA names stay listed (reads answer EIO). */
 		ckpt_log(CKPT_LOG_ERR, "%s/%s: cannot open the %s store (%s); its arrays answer EIO",
