@@ -5,8 +5,10 @@
  * key-value database read through either of them (key = OCDBT key).
  *
  * Keys are '/'-separated, never start or end with '/', never contain an
- * empty, "." or ".." component (such keys are simply absent: -ENOENT).  The
- * empty key "" names the root of the store (a folder).
+ * empty, "." or ".." component (such keys are simply absent: -ENOENT; the
+ * dispatchers below check every key once, so no backend sees one, even an
+ * OCDBT database that stores such a key).  The empty key "" names the root
+ * of the store (a folder).
  *
  * Discovery (what tree/layout.c uses, and all it may use, so that every
  * backend works without tree/ knowing which one it has):
