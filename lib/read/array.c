@@ -20,8 +20,11 @@ struct ckpt_ctx {
 	ckpt_cache *cache;
 	ckpt_streams *streams; /* units over CKPT_CACHE_UNIT_CAP, read as streams */
 	/* Started on first use, not at create: a daemon that forks after
-	 * building its view (fuse_daemonize) must not lose its threads. */
+	 * building its view (fuse_daemonize) must not lose its threads.  One
+	 * started before a fork (an OCDBT item opened while the view was built)
+	 * is left to the parent, and the child starts its own (pool_pid). */
 	_Atomic(ckpt_pool *) pool;
+	pid_t pool_pid; /* the process that started pool */
 	pthread_mutex_t pool_lock;
 	int threads;
 	uint64_t prefetch_bytes;
@@ -727,14 +730,24 @@ static void prefetch_run(void *arg)
 static ckpt_pool *ctx_pool(ckpt_ctx *ctx)
 {
 	ckpt_pool *p = atomic_load(&ctx->pool);
-	if (p)
+	pid_t me = getpid();
+	if (p && ctx->pool_pid == me)
 		return p;
 	pthread_mutex_lock(&ctx->pool_lock);
 	p = atomic_load(&ctx->pool);
-	if (!p && ckpt_pool_create(ctx->threads, 256, &p) == 0)
+	if (p && ctx->pool_pid != me)
+		p = NULL; /* its threads stayed in the parent: never touched again */
+	if (!p && ckpt_pool_create(ctx->threads, 256, &p) == 0) {
+		ctx->pool_pid = me;
 		atomic_store(&ctx->pool, p);
+	}
 	pthread_mutex_unlock(&ctx->pool_lock);
 	return p;
+}
+
+ckpt_pool *ckpt_ctx_pool(ckpt_ctx *ctx)
+{
+	return ctx_pool(ctx);
 }
 
 /* Queue the decode of chunk g unless it is cached, being loaded or already

@@ -34,6 +34,13 @@ typedef struct ckpt_ctx_opts {
 int ckpt_ctx_create(const ckpt_ctx_opts *opts, ckpt_ctx **out);
 void ckpt_ctx_destroy(ckpt_ctx *ctx);
 
+struct ckpt_pool;
+/* The context's decode threads (base/pool.h), started on first use (in a
+ * child after a fork, anew), for other work that reads ahead: the OCDBT
+ * B+tree node fetches of ckpt_store_ocdbt_open_pool.  NULL when no thread
+ * could be started. */
+struct ckpt_pool *ckpt_ctx_pool(ckpt_ctx *ctx);
+
 /* Open the array whose zarr metadata is stored under `prefix` in `store`
  * (`prefix/zarr.json` or `prefix/.zarray`; format 0 tries v3 then v2).
  * The store must outlive the array.  Returns -ENOENT when no metadata

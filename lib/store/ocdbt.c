@@ -18,6 +18,7 @@
  */
 #include <pthread.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -27,6 +28,7 @@
 #include "common.h"
 #include "crc32c.h"
 #include "ocdbt.h"
+#include "pool.h"
 #include "stats.h"
 #include "store.h"
 #include "store_int.h"
@@ -296,6 +298,9 @@ struct ckpt_ocdbt {
 	size_t root_len;
 	struct lim lim;
 	ckpt_store *base; /* one reference; NULL only for the fuzzing entry */
+	ckpt_pool *pool; /* B+tree node prefetch at open (not owned), or NULL */
+	ckpt_pool *own_pool; /* else this open's own, stopped when the open ends */
+	bool own_pool_failed;
 
 	struct ofile *files;
 	size_t nfiles, capfiles;
@@ -440,7 +445,7 @@ static int file_size(ckpt_ocdbt *db, uint32_t gid, uint64_t *size)
 	if (sized)
 		return 0;
 	uint64_t n = 0;
-	int rc = db->base->ops->size(db->base, f->rel, &n);
+	int rc = ckpt_store_size(db->base, f->rel, &n);
 	if (rc) {
 		ckpt_log(CKPT_LOG_ERR, "ocdbt: %s: cannot open data file: %s", f->abs, strerror(-rc));
 		return rc == -ENOENT || rc == -ENOTDIR ? -EIO : rc;
@@ -463,7 +468,7 @@ static int file_read(ckpt_ocdbt *db, uint32_t gid, void *dst, size_t len, uint64
 	*got = 0;
 	while (done < len) {
 		ssize_t n =
-			db->base->ops->read(db->base, f->rel, off + done, len - done, (uint8_t *)dst + done);
+			ckpt_store_read_raw(db->base, f->rel, off + done, len - done, (uint8_t *)dst + done);
 		if (n < 0) {
 			*got = done;
 			return (int)n;
@@ -1056,31 +1061,142 @@ out:
 }
 
 /*
- * Children of an interior node fetched in parallel when the base store is an
- * object store (one request per node otherwise runs one round trip after
- * another): up to PREFETCH_BATCH siblings at once, each by its own thread;
- * visit() then decodes them in order.  Only file_read (thread-safe; the data
- * file table is not changed while they run) is called from the threads.
+ * Children of an interior node fetched in parallel when the base store
+ * serves several requests at once (ckpt_store_connections > 1; one request
+ * per node otherwise runs one round trip after another): up to
+ * PREFETCH_BATCH siblings at once as tasks of a pool, the one given at open
+ * (the reader's decode threads) or else one started for this open only and
+ * stopped when it ends; visit() then decodes them in order.  The visitor
+ * runs every job of its batch that no worker has taken yet itself and
+ * waits only for the jobs workers are running, so a batch never waits for a
+ * busy worker (nor for none: a pool whose queue is full, or that is a
+ * worker's own).  A batch lives until its last queued task has run (refs).
+ * Only file_read (thread-safe; the data file table is not changed while
+ * they run) is called from the tasks.
  */
 #define PREFETCH_BATCH 16
 
+enum { PRE_NONE, PRE_QUEUED, PRE_RUNNING, PRE_DONE };
+
+struct pre_batch;
+
 struct pre_job {
+	struct pre_batch *b;
 	ckpt_ocdbt *db;
 	uint32_t gid;
 	uint64_t off, len;
-	uint8_t *buf; /* NULL when the fetch failed (read_node then tries again) */
+	uint8_t *buf; /* NULL when not fetched or the fetch failed (read_node then tries again) */
+	atomic_int state; /* PRE_*: QUEUED -> RUNNING by whoever takes it, -> DONE under b->mu */
 };
 
-static void *pre_thread(void *arg)
+struct pre_batch {
+	pthread_mutex_t mu;
+	pthread_cond_t cv;
+	atomic_int refs; /* the visitor's, plus one per task in a pool's queue */
+	struct pre_job jobs[PREFETCH_BATCH];
+};
+
+static void pre_fetch(struct pre_job *j)
 {
-	struct pre_job *j = arg;
 	size_t got = 0;
 	j->buf = malloc(j->len ? j->len : 1);
 	if (j->buf && (file_read(j->db, j->gid, j->buf, j->len, j->off, &got) != 0 || got != j->len)) {
 		free(j->buf);
 		j->buf = NULL;
 	}
-	return NULL;
+}
+
+static void batch_put(struct pre_batch *b)
+{
+	if (atomic_fetch_sub(&b->refs, 1) != 1)
+		return;
+	for (size_t k = 0; k < PREFETCH_BATCH; k++)
+		free(b->jobs[k].buf); /* fetched, not visited (an earlier child failed) */
+	pthread_mutex_destroy(&b->mu);
+	pthread_cond_destroy(&b->cv);
+	free(b);
+}
+
+/* Take job j (queued) and run it; 1 when this call ran it. */
+static int pre_take(struct pre_job *j)
+{
+	int q = PRE_QUEUED;
+	if (!atomic_compare_exchange_strong(&j->state, &q, PRE_RUNNING))
+		return 0;
+	pre_fetch(j);
+	pthread_mutex_lock(&j->b->mu);
+	atomic_store(&j->state, PRE_DONE);
+	pthread_cond_broadcast(&j->b->cv);
+	pthread_mutex_unlock(&j->b->mu);
+	return 1;
+}
+
+static void pre_task(void *arg)
+{
+	struct pre_job *j = arg;
+	struct pre_batch *b = j->b;
+	pre_take(j);
+	batch_put(b);
+}
+
+/* The pool prefetch tasks go to: the one given at open, else this open's own. */
+static ckpt_pool *pre_pool(ckpt_ocdbt *db)
+{
+	if (db->pool)
+		return db->pool;
+	if (!db->own_pool && !db->own_pool_failed) {
+		unsigned n = ckpt_store_connections(db->base);
+		if (ckpt_pool_create(n < PREFETCH_BATCH ? (int)n : PREFETCH_BATCH, 4 * PREFETCH_BATCH,
+				     &db->own_pool) != 0) {
+			db->own_pool = NULL;
+			db->own_pool_failed = true; /* every job then runs in the visitor */
+		}
+	}
+	return db->own_pool;
+}
+
+/* Fetch children [i, i + n) of nd as one batch (n <= PREFETCH_BATCH): a
+ * new batch, or NULL when out of memory (then nothing is prefetched). */
+static struct pre_batch *pre_batch_run(ckpt_ocdbt *db, const struct node *nd, size_t i, size_t n,
+				       uint64_t node_cap)
+{
+	struct pre_batch *b = calloc(1, sizeof(*b));
+	if (!b)
+		return NULL;
+	pthread_mutex_init(&b->mu, NULL);
+	pthread_cond_init(&b->cv, NULL);
+	atomic_init(&b->refs, 1);
+	ckpt_pool *pool = pre_pool(db);
+	for (size_t k = 0; k < n; k++) {
+		const struct dft_entry *ke = &nd->tab.e[nd->fid[i + k]];
+		struct pre_job *j = &b->jobs[k];
+		uint64_t fsz;
+		j->b = b;
+		j->db = db;
+		j->gid = ke->gid;
+		j->off = nd->off[i + k];
+		j->len = nd->len[i + k];
+		int want = nd->len[i + k] <= node_cap && file_size(db, ke->gid, &fsz) == 0 &&
+			   nd->off[i + k] + nd->len[i + k] <= fsz;
+		atomic_init(&j->state, want ? PRE_QUEUED : PRE_NONE);
+	}
+	for (size_t k = 0; pool && k < n; k++) {
+		if (atomic_load(&b->jobs[k].state) != PRE_QUEUED)
+			continue;
+		atomic_fetch_add(&b->refs, 1);
+		if (ckpt_pool_try_submit(pool, pre_task, &b->jobs[k]) != 0) {
+			atomic_fetch_sub(&b->refs, 1); /* queue full: the visitor runs it */
+			break;
+		}
+	}
+	for (size_t k = 0; k < n; k++)
+		pre_take(&b->jobs[k]);
+	pthread_mutex_lock(&b->mu);
+	for (size_t k = 0; k < n; k++)
+		while (atomic_load(&b->jobs[k].state) == PRE_RUNNING)
+			pthread_cond_wait(&b->cv, &b->mu);
+	pthread_mutex_unlock(&b->mu);
+	return b;
 }
 
 /*
@@ -1091,8 +1207,8 @@ static int visit(ckpt_ocdbt *db, struct walk *w, uint32_t gid, uint32_t trans_le
 		 uint8_t *pre, unsigned height, const uint8_t *P, size_t plen, const uint8_t *lo,
 		 size_t lolen, const uint8_t *hi, size_t hilen)
 {
-	struct pre_job jobs[PREFETCH_BATCH];
-	size_t jfirst = 0, jn = 0; /* jobs hold children [jfirst, jfirst + jn) */
+	struct pre_batch *pb = NULL;
+	size_t jfirst = 0, jn = 0; /* pb holds children [jfirst, jfirst + jn) */
 	struct perr e = { { 0 } };
 	uint8_t *raw = NULL, *owned = NULL, *kb = NULL, *nb = NULL;
 	const uint8_t *body;
@@ -1157,28 +1273,20 @@ static int visit(ckpt_ocdbt *db, struct walk *w, uint32_t gid, uint32_t trans_le
 			nhi = nb;
 		}
 		const struct dft_entry *ce = &nd.tab.e[nd.fid[i]];
-		if (i >= jfirst + jn && nd.n > 1 && ckpt_store_s3_connections(db->base) > 0) {
+		if (i >= jfirst + jn && nd.n > 1 && ckpt_store_connections(db->base) > 1) {
 			/* the next batch of siblings, fetched at once */
-			pthread_t th[PREFETCH_BATCH];
-			int started[PREFETCH_BATCH] = { 0 };
+			if (pb)
+				batch_put(pb);
 			jfirst = i;
 			jn = nd.n - i < PREFETCH_BATCH ? nd.n - i : PREFETCH_BATCH;
-			for (size_t k = 0; k < jn; k++) {
-				const struct dft_entry *ke = &nd.tab.e[nd.fid[i + k]];
-				uint64_t fsz;
-				jobs[k] = (struct pre_job){ db, ke->gid, nd.off[i + k], nd.len[i + k], NULL };
-				if (nd.len[i + k] <= w->node_cap && file_size(db, ke->gid, &fsz) == 0 &&
-				    nd.off[i + k] + nd.len[i + k] <= fsz)
-					started[k] = pthread_create(&th[k], NULL, pre_thread, &jobs[k]) == 0;
-			}
-			for (size_t k = 0; k < jn; k++)
-				if (started[k])
-					pthread_join(th[k], NULL);
+			pb = pre_batch_run(db, &nd, i, jn, w->node_cap);
+			if (!pb)
+				jn = 0;
 		}
 		uint8_t *cpre = NULL;
-		if (i >= jfirst && i < jfirst + jn) {
-			cpre = jobs[i - jfirst].buf;
-			jobs[i - jfirst].buf = NULL;
+		if (pb && i >= jfirst && i < jfirst + jn) {
+			cpre = pb->jobs[i - jfirst].buf;
+			pb->jobs[i - jfirst].buf = NULL;
 		}
 		rc = visit(db, w, ce->gid, ce->trans_len, nd.off[i], nd.len[i], cpre, height - 1, kb,
 			   plen + nd.scp[i], kb, flen, nhi, nhilen);
@@ -1186,8 +1294,8 @@ static int visit(ckpt_ocdbt *db, struct walk *w, uint32_t gid, uint32_t trans_le
 			e.msg[0] = '\0'; /* already logged by the child */
 	}
 out:
-	for (size_t k = 0; k < jn; k++)
-		free(jobs[k].buf); /* fetched, not visited (an earlier child failed) */
+	if (pb)
+		batch_put(pb); /* frees what was fetched, not visited (an earlier child failed) */
 	if (rc == -EIO && e.msg[0])
 		ckpt_log(CKPT_LOG_ERR, "ocdbt: %s: B+tree node at offset %llu length %llu: %s",
 			 db->files[gid].abs, (unsigned long long)off, (unsigned long long)len, e.msg);
@@ -1205,7 +1313,7 @@ out:
 static int read_file(ckpt_ocdbt *db, const char *key, uint64_t max, uint8_t **out, size_t *len)
 {
 	uint64_t size;
-	int rc = db->base->ops->size(db->base, key, &size);
+	int rc = ckpt_store_size(db->base, key, &size);
 	if (rc)
 		return rc;
 	if (size > max)
@@ -1215,7 +1323,7 @@ static int read_file(ckpt_ocdbt *db, const char *key, uint64_t max, uint8_t **ou
 		return -ENOMEM;
 	size_t done = 0;
 	while (done < size) {
-		ssize_t n = db->base->ops->read(db->base, key, done, (size_t)size - done, buf + done);
+		ssize_t n = ckpt_store_read_raw(db->base, key, done, (size_t)size - done, buf + done);
 		if (n < 0) {
 			free(buf);
 			return (int)n;
@@ -1494,6 +1602,11 @@ static int proc_cb(void *ctx, const char *name, const struct ckpt_store_stat *st
 
 int ckpt_ocdbt_open_store(ckpt_store *base, const char *dir, ckpt_ocdbt **out)
 {
+	return ckpt_ocdbt_open_store_pool(base, dir, NULL, out);
+}
+
+int ckpt_ocdbt_open_store_pool(ckpt_store *base, const char *dir, ckpt_pool *pool, ckpt_ocdbt **out)
+{
 	*out = NULL;
 	ckpt_store *item;
 	int rc = ckpt_store_sub(base, dir, &item);
@@ -1505,6 +1618,7 @@ int ckpt_ocdbt_open_store(ckpt_store *base, const char *dir, ckpt_ocdbt **out)
 		return -ENOMEM;
 	}
 	db->base = item;
+	db->pool = pool;
 	rc = open_one(db, "", true);
 	if (rc == -ENOENT) {
 		/* No merged root: the union of ocdbt.process_<id>/ databases. */
@@ -1538,6 +1652,10 @@ int ckpt_ocdbt_open_store(ckpt_store *base, const char *dir, ckpt_ocdbt **out)
 		if (!rc && opened > 1)
 			rc = sort_union(db);
 	}
+	/* the prefetch is over: no pool is kept past the open */
+	ckpt_pool_destroy(db->own_pool);
+	db->own_pool = NULL;
+	db->pool = NULL;
 	if (rc)
 		goto fail;
 	if (db->skipped_nul)

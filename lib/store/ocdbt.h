@@ -56,6 +56,14 @@ struct ckpt_store;
  * on it, so the caller may destroy its own). */
 int ckpt_ocdbt_open_store(struct ckpt_store *base, const char *dir, ckpt_ocdbt **out);
 
+struct ckpt_pool;
+/* The same, fetching the children of B+tree nodes on `pool` (pool.h: the
+ * reader's decode threads; used only during the open) when the base store
+ * serves several requests at once.  NULL: threads started for the open and
+ * stopped before it returns. */
+int ckpt_ocdbt_open_store_pool(struct ckpt_store *base, const char *dir, struct ckpt_pool *pool,
+			       ckpt_ocdbt **out);
+
 /* Free the handle, its index and its reference on the base store.  NULL is a no-op. */
 void ckpt_ocdbt_close(ckpt_ocdbt *db);
 

@@ -12,14 +12,30 @@
 #include "store.h"
 #include "store_int.h"
 
+/*
+ * The one key check: every key a dispatcher passes to a store's ops is well
+ * formed (ckpt_store_key_ok; "" too where it names the root folder), so no
+ * backend sees "..", an absolute path, an empty or "." component or a
+ * trailing '/'.  Such keys are simply absent: -ENOENT.  list()'s prefix is
+ * a byte prefix, not a key, and is passed on as it is.
+ */
 int ckpt_store_size(ckpt_store *s, const char *key, uint64_t *size)
 {
+	if (!ckpt_store_key_ok(key))
+		return -ENOENT;
 	return s->ops->size(s, key, size);
+}
+
+ssize_t ckpt_store_read_raw(ckpt_store *s, const char *key, uint64_t off, size_t len, void *dst)
+{
+	if (!ckpt_store_key_ok(key))
+		return -ENOENT;
+	return s->ops->read(s, key, off, len, dst);
 }
 
 ssize_t ckpt_store_read(ckpt_store *s, const char *key, uint64_t off, size_t len, void *dst)
 {
-	ssize_t n = s->ops->read(s, key, off, len, dst);
+	ssize_t n = ckpt_store_read_raw(s, key, off, len, dst);
 	if (n > 0) {
 		CKPT_STAT_ADD(backing_bytes_read, (uint64_t)n);
 		CKPT_STAT_ADD(backing_reads, 1);
@@ -34,13 +50,27 @@ int ckpt_store_list(ckpt_store *s, const char *prefix, ckpt_store_list_cb cb, vo
 
 int ckpt_store_listdir(ckpt_store *s, const char *dir, ckpt_store_dir_cb cb, void *ctx)
 {
-	return s->ops->listdir(s, dir ? dir : "", cb, ctx);
+	if (!dir)
+		dir = "";
+	if (*dir && !ckpt_store_key_ok(dir))
+		return -ENOENT;
+	return s->ops->listdir(s, dir, cb, ctx);
 }
 
 int ckpt_store_stat(ckpt_store *s, const char *key, struct ckpt_store_stat *st)
 {
 	memset(st, 0, sizeof(*st));
-	return s->ops->stat(s, key ? key : "", st);
+	if (!key)
+		key = "";
+	if (*key && !ckpt_store_key_ok(key))
+		return -ENOENT;
+	return s->ops->stat(s, key, st);
+}
+
+unsigned ckpt_store_connections(ckpt_store *s)
+{
+	unsigned n = s->ops->connections ? s->ops->connections(s) : CKPT_STORE_FOLDER_CONNECTIONS;
+	return n ? n : 1;
 }
 
 ckpt_store *ckpt_store_ref(ckpt_store *s)
@@ -145,8 +175,6 @@ static char *sub_key(struct sub_store *u, const char *key)
 static int sub_size(ckpt_store *s, const char *key, uint64_t *size)
 {
 	struct sub_store *u = (struct sub_store *)s;
-	if (!ckpt_store_key_ok(key))
-		return -ENOENT;
 	char *k = sub_key(u, key);
 	if (!k)
 		return -ENOMEM;
@@ -158,8 +186,6 @@ static int sub_size(ckpt_store *s, const char *key, uint64_t *size)
 static ssize_t sub_read(ckpt_store *s, const char *key, uint64_t off, size_t len, void *dst)
 {
 	struct sub_store *u = (struct sub_store *)s;
-	if (!ckpt_store_key_ok(key))
-		return -ENOENT;
 	char *k = sub_key(u, key);
 	if (!k)
 		return -ENOMEM;
@@ -203,8 +229,6 @@ static int sub_list(ckpt_store *s, const char *prefix, ckpt_store_list_cb cb, vo
 static int sub_listdir(ckpt_store *s, const char *dir, ckpt_store_dir_cb cb, void *ctx)
 {
 	struct sub_store *u = (struct sub_store *)s;
-	if (*dir && !ckpt_store_key_ok(dir))
-		return -ENOENT;
 	char *k = sub_key(u, dir);
 	if (!k)
 		return -ENOMEM;
@@ -216,14 +240,17 @@ static int sub_listdir(ckpt_store *s, const char *dir, ckpt_store_dir_cb cb, voi
 static int sub_stat(ckpt_store *s, const char *key, struct ckpt_store_stat *st)
 {
 	struct sub_store *u = (struct sub_store *)s;
-	if (*key && !ckpt_store_key_ok(key))
-		return -ENOENT;
 	char *k = sub_key(u, key);
 	if (!k)
 		return -ENOMEM;
 	int rc = u->parent->ops->stat(u->parent, k, st);
 	free(k);
 	return rc;
+}
+
+static unsigned sub_connections(ckpt_store *s)
+{
+	return ckpt_store_connections(((struct sub_store *)s)->parent);
 }
 
 static void sub_destroy(ckpt_store *s)
@@ -242,6 +269,7 @@ static const struct ckpt_store_ops sub_ops = {
 	.listdir = sub_listdir,
 	.stat = sub_stat,
 	.destroy = sub_destroy,
+	.connections = sub_connections,
 };
 
 int ckpt_store_unwrap(ckpt_store *s, const char *key, ckpt_store **base, char **full)
@@ -324,8 +352,6 @@ static int kl_cb(void *ctx, const char *key, uint64_t size)
 
 int ckpt_store_listdir_from_keys(ckpt_store *s, const char *dir, ckpt_store_dir_cb cb, void *ctx)
 {
-	if (*dir && !ckpt_store_key_ok(dir))
-		return -ENOENT;
 	size_t dn = strlen(dir);
 	char *p = malloc(dn + 2);
 	if (!p)
@@ -365,8 +391,6 @@ int ckpt_store_stat_from_keys(ckpt_store *s, const char *key, struct ckpt_store_
 		st->is_dir = 1;
 		return 0;
 	}
-	if (!ckpt_store_key_ok(key))
-		return -ENOENT;
 	uint64_t size;
 	int rc = s->ops->size(s, key, &size);
 	if (rc == 0) {

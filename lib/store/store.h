@@ -5,8 +5,10 @@
  * key-value database read through either of them (key = OCDBT key).
  *
  * Keys are '/'-separated, never start or end with '/', never contain an
- * empty, "." or ".." component (such keys are simply absent: -ENOENT).  The
- * empty key "" names the root of the store (a folder).
+ * empty, "." or ".." component (such keys are simply absent: -ENOENT; the
+ * dispatchers below check every key once, so no backend sees one, even an
+ * OCDBT database that stores such a key).  The empty key "" names the root
+ * of the store (a folder).
  *
  * Discovery (what tree/layout.c uses, and all it may use, so that every
  * backend works without tree/ knowing which one it has):
@@ -80,7 +82,13 @@ struct ckpt_store_ops {
 	 * stores allow it) is reported as the file. */
 	int (*stat)(ckpt_store *s, const char *key, struct ckpt_store_stat *st);
 	void (*destroy)(ckpt_store *s);
+	/* Requests worth having in flight at once (>= 1): an object store's
+	 * connections, a view's (sub-store, OCDBT) those of the store below it.
+	 * NULL: CKPT_STORE_FOLDER_CONNECTIONS. */
+	unsigned (*connections)(ckpt_store *s);
 };
+
+#define CKPT_STORE_FOLDER_CONNECTIONS 4 /* a folder: a few reads at once */
 
 /* Every store implementation embeds this as its first member (zeroed, then
  * ops and root set). */
@@ -201,12 +209,22 @@ int ckpt_store_sub(ckpt_store *parent, const char *prefix, ckpt_store **out);
  * Same errors as ckpt_store_ocdbt_open(); holds a reference on base. */
 int ckpt_store_ocdbt_open_on(ckpt_store *base, const char *dir, ckpt_store **out);
 
+struct ckpt_pool;
+/* The same, fetching B+tree nodes on `pool` (base/pool.h: the reader's
+ * decode threads, used only while this call runs) when base serves several
+ * requests at once; NULL: threads of the open's own, stopped before it
+ * returns. */
+int ckpt_store_ocdbt_open_pool(ckpt_store *base, const char *dir, struct ckpt_pool *pool, ckpt_store **out);
+
 /* Dispatchers; read() also counts backing_bytes_read in ckpt_g_stats. */
 int ckpt_store_size(ckpt_store *s, const char *key, uint64_t *size);
 ssize_t ckpt_store_read(ckpt_store *s, const char *key, uint64_t off, size_t len, void *dst);
 int ckpt_store_list(ckpt_store *s, const char *prefix, ckpt_store_list_cb cb, void *ctx);
 int ckpt_store_listdir(ckpt_store *s, const char *dir, ckpt_store_dir_cb cb, void *ctx);
 int ckpt_store_stat(ckpt_store *s, const char *key, struct ckpt_store_stat *st);
+/* Requests worth sending at once (ops->connections; >= 1): callers size their
+ * parallel I/O (uploads, OCDBT node fetches) by it. */
+unsigned ckpt_store_connections(ckpt_store *s);
 /* Take one more reference (returns s). */
 ckpt_store *ckpt_store_ref(ckpt_store *s);
 /* Drop one reference; the last frees the store.  NULL is a no-op. */

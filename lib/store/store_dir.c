@@ -136,8 +136,6 @@ static int open_reg(dir_store *d, const char *key, struct stat *st)
 static int dir_stat(ckpt_store *s, const char *key, struct ckpt_store_stat *out)
 {
 	dir_store *d = (dir_store *)s;
-	if (*key && !ckpt_store_key_ok(key))
-		return -ENOENT;
 	int fd = safe_open(d, key, O_PATH);
 	if (fd < 0)
 		return open_err(d, key, fd);
@@ -165,8 +163,6 @@ static int dir_stat(ckpt_store *s, const char *key, struct ckpt_store_stat *out)
 
 static int dir_size(ckpt_store *s, const char *key, uint64_t *size)
 {
-	if (!ckpt_store_key_ok(key))
-		return -ENOENT;
 	struct ckpt_store_stat st = { 0 }; /* gcc -O2 cannot see that open_err() never returns 0 */
 	int rc = dir_stat(s, key, &st);
 	if (rc)
@@ -180,8 +176,6 @@ static int dir_size(ckpt_store *s, const char *key, uint64_t *size)
 static ssize_t dir_read(ckpt_store *s, const char *key, uint64_t off, size_t len, void *dst)
 {
 	dir_store *d = (dir_store *)s;
-	if (!ckpt_store_key_ok(key))
-		return -ENOENT;
 	struct stat st;
 	int fd = open_reg(d, key, &st);
 	if (fd < 0)
@@ -207,8 +201,6 @@ static ssize_t dir_read(ckpt_store *s, const char *key, uint64_t off, size_t len
 static int dir_listdir(ckpt_store *s, const char *dir, ckpt_store_dir_cb cb, void *ctx)
 {
 	dir_store *d = (dir_store *)s;
-	if (*dir && !ckpt_store_key_ok(dir))
-		return -ENOENT;
 	int fd = safe_open(d, dir, O_RDONLY | O_DIRECTORY);
 	if (fd < 0)
 		return open_err(d, dir, fd);

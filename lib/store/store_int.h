@@ -1,6 +1,32 @@
 /*
  * store_int.h - helpers shared by the store implementations (not for
  * other layers).
+ *
+ * Files, bottom-up: each calls only files listed above it, never one below;
+ * store.c reaches the backends only through their ops tables (struct
+ * ckpt_store_ops), save the opens in ckpt_store_open_source.
+ *   store.c        the dispatchers (the one key check, stats), reference
+ *                  counts, sub-stores, SOURCE and its options; the helpers
+ *                  below (join, unwrap, listdir/stat from flat keys)
+ *   sigv4.c        SHA-256, URI encoding, AWS Signature V4
+ *   diskcache.c    on-disk cache of object-store byte ranges
+ *   http.c         libcurl: kept-alive connections, one attempt, what is
+ *                  retryable, backoff
+ *   store_dir.c    a folder (openat2, no symlinks, regular files only)
+ *   store_mem.c    key -> bytes in memory (tests, fuzzers)
+ *   ocdbt.c        the OCDBT decoder, reading through any base store; its
+ *                  node prefetch runs on a pool (base/pool.c) given at open
+ *   store_ocdbt.c  the OCDBT store: the vtable over ocdbt.c
+ *   s3_xml.c       object-store XML: elements, ListObjectsV2 pages,
+ *                  timestamps (pure; the fuzz_s3_list target's)
+ *   s3_creds.c     region and credentials; bearer tokens kept fresh
+ *   s3_request.c   signed requests, retries, pinned objects, HEAD, listings,
+ *                  validated and coalesced range GETs
+ *   store_s3.c     the object store: the vtable, configuration at open
+ *   s3_upload.c    PUT, multipart uploads, DELETE, stale-upload cleanup
+ *                  (upload.h)
+ *   upload_tree.c  a step folder uploaded in commit order; background uploads
+ * The object store's files share s3_int.h.
  */
 #ifndef CKPT_STORE_INT_H
 #define CKPT_STORE_INT_H
@@ -15,6 +41,10 @@ char *ckpt_store_join(const char *a, const char *b);
 int ckpt_store_listdir_from_keys(ckpt_store *s, const char *dir, ckpt_store_dir_cb cb, void *ctx);
 int ckpt_store_stat_from_keys(ckpt_store *s, const char *key, struct ckpt_store_stat *st);
 
+/* ckpt_store_read without the stats, for stores that read through another
+ * store and count what they read themselves (OCDBT). */
+ssize_t ckpt_store_read_raw(ckpt_store *s, const char *key, uint64_t off, size_t len, void *dst);
+
 /* The innermost store below sub-store views, and `key` as a key of it
  * (*full malloc'd).  -ENOMEM. */
 int ckpt_store_unwrap(ckpt_store *s, const char *key, ckpt_store **base, char **full);
@@ -28,15 +58,11 @@ int ckpt_store_s3_open(const char *source, const struct ckpt_store_opts *o, ckpt
  * (is_prefix 1); keys decoded from XML entities and, with
  * <EncodingType>url, from URL form.  *truncated: <IsTruncated>true;
  * *token: <NextContinuationToken> then (malloc'd), else NULL.  Returns 0,
- * cb's non-zero value (stops), or -ENOMEM.  (store_s3.c; fuzz_s3_list.) */
+ * cb's non-zero value (stops), or -ENOMEM.  (s3_xml.c; fuzz_s3_list.) */
 typedef int (*ckpt_s3_list_cb)(void *ctx, const char *key, const char *etag, uint64_t size, int64_t mtime_ns,
 			       int is_prefix);
 int ckpt_s3_list_parse(const char *body, size_t len, ckpt_s3_list_cb cb, void *ctx, int *truncated,
 		       char **token);
-
-/* Requests an object store (or a view of one) sends at once; 0 for
- * other stores. */
-unsigned ckpt_store_s3_connections(ckpt_store *s);
 
 /* On-disk cache of object-store byte ranges (diskcache.c): entries keyed
  * by object identity (id: endpoint URL and object name), ETag and range,

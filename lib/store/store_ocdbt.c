@@ -15,6 +15,7 @@
 struct ocdbt_store {
 	struct ckpt_store base; /* first member: ckpt_store * <-> struct ocdbt_store * */
 	ckpt_ocdbt *db;
+	ckpt_store *under; /* the store it reads through (the handle holds the reference) */
 };
 
 static ckpt_ocdbt *db_of(ckpt_store *s)
@@ -37,6 +38,11 @@ static int ocdbt_list(ckpt_store *s, const char *prefix, ckpt_store_list_cb cb, 
 	return ckpt_ocdbt_list(db_of(s), prefix ? prefix : "", cb, ctx);
 }
 
+static unsigned ocdbt_connections(ckpt_store *s)
+{
+	return ckpt_store_connections(((struct ocdbt_store *)s)->under);
+}
+
 static void ocdbt_destroy(ckpt_store *s)
 {
 	struct ocdbt_store *o = (struct ocdbt_store *)s;
@@ -52,9 +58,15 @@ static const struct ckpt_store_ops ocdbt_ops = {
 	.listdir = ckpt_store_listdir_from_keys,
 	.stat = ckpt_store_stat_from_keys,
 	.destroy = ocdbt_destroy,
+	.connections = ocdbt_connections,
 };
 
 int ckpt_store_ocdbt_open_on(ckpt_store *base, const char *dir, ckpt_store **out)
+{
+	return ckpt_store_ocdbt_open_pool(base, dir, NULL, out);
+}
+
+int ckpt_store_ocdbt_open_pool(ckpt_store *base, const char *dir, struct ckpt_pool *pool, ckpt_store **out)
 {
 	*out = NULL;
 	struct ocdbt_store *o = calloc(1, sizeof(*o));
@@ -66,12 +78,13 @@ int ckpt_store_ocdbt_open_on(ckpt_store *base, const char *dir, ckpt_store **out
 		free(o);
 		return -ENOMEM;
 	}
-	int rc = ckpt_ocdbt_open_store(base, dir ? dir : "", &o->db);
+	int rc = ckpt_ocdbt_open_store_pool(base, dir ? dir : "", pool, &o->db);
 	if (rc) {
 		free(o->base.root);
 		free(o);
 		return rc;
 	}
+	o->under = base;
 	*out = &o->base;
 	return 0;
 }

@@ -257,8 +257,8 @@ int ckpt_store_upload_tree_rest(ckpt_store *s, const char *local_dir, const char
 	c.local = local_dir;
 	c.prefix = prefix;
 	pthread_mutex_init(&c.mu, NULL);
-	unsigned conns = ckpt_store_s3_connections(s);
-	if (conns && threads > conns)
+	unsigned conns = ckpt_store_connections(s);
+	if (threads > conns)
 		threads = conns; /* more would hold buffers while waiting for a connection */
 	if (threads < 1)
 		threads = 1;
@@ -449,8 +449,8 @@ int ckpt_bg_upload_new(ckpt_store *s, const char *local_dir, const char *prefix,
 	u->prefix = strdup(prefix);
 	pthread_mutex_init(&u->mu, NULL);
 	pthread_cond_init(&u->cond, NULL);
-	unsigned conns = ckpt_store_s3_connections(s);
-	if (conns && threads > conns)
+	unsigned conns = ckpt_store_connections(s);
+	if (threads > conns)
 		threads = conns;
 	if (threads < 1)
 		threads = 1;

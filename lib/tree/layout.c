@@ -313,7 +313,8 @@ static void build_item_in(ckpt_view *v, struct node *dir, ckpt_store *isrc, cons
 	int ocdbt = has_ocdbt_in(isrc, path) ||
 		    (meta && cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(meta, "use_ocdbt")));
 	ckpt_store *store = NULL;
-	int rc = ocdbt ? ckpt_store_ocdbt_open_on(isrc, path, &store) : ckpt_store_sub(isrc, path, &store);
+	int rc = ocdbt ? ckpt_store_ocdbt_open_pool(isrc, path, ckpt_ctx_pool(v->ctx), &store)
+		       : ckpt_store_sub(isrc, path, &store);
 	if (rc < 0) {
 		/* The arrays _METADATA names stay listed (reads answer EIO). */
 		ckpt_log(CKPT_LOG_ERR, "%s/%s: cannot open the %s store (%s); its arrays answer EIO",

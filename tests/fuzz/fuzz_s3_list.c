@@ -1,6 +1,6 @@
 /*
  * fuzz_s3_list.c - libFuzzer target over the ListObjectsV2 answer parser of
- * the object store (ckpt_s3_list_parse, store_s3.c):
+ * the object store (ckpt_s3_list_parse, s3_xml.c):
  *   1. the input as an answer body (NUL-terminated copy of exactly its
  *      bytes): every key and ETag handed to the callback is a string inside
  *      the allocation, the continuation token only when truncated;

@@ -12,7 +12,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <dirent.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -22,6 +24,7 @@
 #include "common.h"
 #include "crc32c.h"
 #include "ocdbt.h"
+#include "pool.h"
 #include "store.h"
 
 #define FIX CKPT_FIXTURES
@@ -1480,6 +1483,175 @@ static void test_10k(void)
 	run("rm -rf '%s' '%s'", d, e);
 }
 
+/* ------------------------------------------------------------ node prefetch on a pool */
+
+/* A store over another that records which threads read through it and
+ * answers 8 connections (so that OCDBT prefetches sibling nodes). */
+struct spy_store {
+	struct ckpt_store base;
+	ckpt_store *in;
+	pthread_mutex_t mu;
+	long tids[256];
+	int n;
+};
+
+static int spy_size(ckpt_store *s, const char *key, uint64_t *size)
+{
+	return ckpt_store_size(((struct spy_store *)s)->in, key, size);
+}
+
+static ssize_t spy_read(ckpt_store *s, const char *key, uint64_t off, size_t len, void *dst)
+{
+	struct spy_store *p = (struct spy_store *)s;
+	pthread_mutex_lock(&p->mu);
+	if (p->n < 256)
+		p->tids[p->n++] = (long)syscall(SYS_gettid);
+	pthread_mutex_unlock(&p->mu);
+	return ckpt_store_read(p->in, key, off, len, dst);
+}
+
+static int spy_list(ckpt_store *s, const char *prefix, ckpt_store_list_cb cb, void *ctx)
+{
+	return ckpt_store_list(((struct spy_store *)s)->in, prefix, cb, ctx);
+}
+
+static int spy_listdir(ckpt_store *s, const char *dir, ckpt_store_dir_cb cb, void *ctx)
+{
+	return ckpt_store_listdir(((struct spy_store *)s)->in, dir, cb, ctx);
+}
+
+static int spy_stat(ckpt_store *s, const char *key, struct ckpt_store_stat *st)
+{
+	return ckpt_store_stat(((struct spy_store *)s)->in, key, st);
+}
+
+static unsigned spy_connections(ckpt_store *s)
+{
+	(void)s;
+	return 8;
+}
+
+static void spy_destroy(ckpt_store *s)
+{
+	struct spy_store *p = (struct spy_store *)s;
+	ckpt_store_destroy(p->in);
+	pthread_mutex_destroy(&p->mu);
+	free(p->base.root);
+	free(p);
+}
+
+static const struct ckpt_store_ops spy_ops = { spy_size, spy_read, spy_list, spy_listdir, spy_stat, spy_destroy,
+					       spy_connections };
+
+static struct spy_store *spy_open(const char *dir)
+{
+	struct spy_store *p = calloc(1, sizeof(*p));
+	p->base.ops = &spy_ops;
+	p->base.root = strdup("spy");
+	pthread_mutex_init(&p->mu, NULL);
+	CHECK_EQ_INT(ckpt_store_dir_open(dir, &p->in), 0);
+	return p;
+}
+
+/* Threads of this process now. */
+static int task_ids(long *out, int cap)
+{
+	DIR *d = opendir("/proc/self/task");
+	int n = 0;
+	for (struct dirent *e; d && (e = readdir(d)) != NULL;)
+		if (e->d_name[0] != '.' && n < cap)
+			out[n++] = atol(e->d_name);
+	if (d)
+		closedir(d);
+	return n;
+}
+
+struct blocker {
+	pthread_mutex_t mu;
+	pthread_cond_t cv;
+	int go;
+};
+
+static void block_task(void *arg)
+{
+	struct blocker *b = arg;
+	pthread_mutex_lock(&b->mu);
+	while (!b->go)
+		pthread_cond_wait(&b->cv, &b->mu);
+	pthread_mutex_unlock(&b->mu);
+}
+
+static void test_pool_prefetch(void)
+{
+	char d[512];
+	tmp_path(d, sizeof(d), "prefetch");
+	static const char *const ka[] = { "a/.zarray", "a/0" }, *const kb[] = { "b/.zarray", "b/0" };
+	static const char *const kc[] = { "c/.zarray", "c/0" }, *const kd[] = { "d/.zarray", "d/0" };
+	struct buf n[5] = { leaf_body(ka, 2), leaf_body(kb, 2), leaf_body(kc, 2), leaf_body(kd, 2) };
+	struct child c[4];
+	uint64_t off = 0;
+	const char *first[] = { "a/.zarray", "b/.zarray", "c/.zarray", "d/.zarray" };
+	for (int i = 0; i < 4; i++) {
+		c[i] = (struct child){ first[i], off, 18 + n[i].n };
+		off += 18 + n[i].n;
+	}
+	n[4] = interior_body(1, "d/x", c, 4); /* an interior root over four leaves */
+	CHECK_EQ_INT(build_and_open(d, n, 5, 4, 1, 100000000, 0), 0);
+	for (int i = 0; i < 5; i++)
+		bfree(&n[i]);
+
+	/* every node is read by this thread or by a thread of the pool given:
+	 * no thread is started for the open */
+	ckpt_pool *pool;
+	CHECK_EQ_INT(ckpt_pool_create(3, 64, &pool), 0);
+	long before[256];
+	int nb = task_ids(before, 256);
+	for (int round = 0; round < 20; round++) {
+		struct spy_store *spy = spy_open(d);
+		ckpt_store *o = NULL;
+		CHECK_EQ_INT(ckpt_store_ocdbt_open_pool(&spy->base, "", pool, &o), 0);
+		uint64_t sz = 0;
+		CHECK_EQ_INT(ckpt_store_size(o, "d/0", &sz), 0);
+		CHECK_EQ_INT(sz, 3);
+		CHECK(spy->n >= 6); /* manifest, root, four leaves */
+		for (int i = 0; i < spy->n; i++) {
+			int known = 0;
+			for (int k = 0; k < nb; k++)
+				known |= spy->tids[i] == before[k];
+			if (!known) {
+				CHECK(known);
+				break;
+			}
+		}
+		ckpt_store_destroy(o);
+		ckpt_store_destroy(&spy->base);
+	}
+
+	/* a pool whose only worker is busy (a decode pool's tasks, or the very
+	 * thread opening): the opening thread fetches the nodes itself */
+	ckpt_pool *one;
+	CHECK_EQ_INT(ckpt_pool_create(1, 64, &one), 0);
+	struct blocker bl = { PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0 };
+	CHECK_EQ_INT(ckpt_pool_submit(one, block_task, &bl), 0);
+	alarm(20);
+	struct spy_store *spy = spy_open(d);
+	ckpt_store *o = NULL;
+	CHECK_EQ_INT(ckpt_store_ocdbt_open_pool(&spy->base, "", one, &o), 0);
+	long me = (long)syscall(SYS_gettid);
+	for (int i = 0; i < spy->n; i++)
+		CHECK(spy->tids[i] == me);
+	alarm(0);
+	ckpt_store_destroy(o);
+	ckpt_store_destroy(&spy->base);
+	pthread_mutex_lock(&bl.mu);
+	bl.go = 1;
+	pthread_cond_broadcast(&bl.cv);
+	pthread_mutex_unlock(&bl.mu);
+	ckpt_pool_destroy(one); /* runs the batch's stale tasks: they find their jobs taken */
+	ckpt_pool_destroy(pool);
+	run("rm -rf '%s'", d);
+}
+
 /* ------------------------------------------------------------ fuzz entry */
 
 static void test_fuzz_entry(void)
@@ -1514,6 +1686,7 @@ int main(void)
 	CHECK_RUN_CALL(test_union_fixture, (FIX "/v1_pytree/state", "union_v1"));
 	CHECK_RUN(test_corrupt_fixtures);
 	CHECK_RUN(test_crafted);
+	CHECK_RUN(test_pool_prefetch);
 	CHECK_RUN(test_fuzz_entry);
 	if (have_python()) {
 		CHECK_RUN(test_generated);

@@ -14,6 +14,7 @@
 
 #include "check.h"
 #include "common.h"
+#include "crc32c.h"
 #include "store.h"
 #include "store_int.h"
 #include "upload.h"
@@ -499,6 +500,183 @@ static void test_mem_ranges(void)
 	CHECK_EQ_INT(ckpt_store_listdir(m, "", seen_cb, &ls), 0);
 	CHECK_EQ_INT(ls.n, 2);
 	ckpt_store_destroy(m);
+}
+
+/* ---------------------------------------------------------------- malformed keys */
+
+/* A tiny OCDBT database (one leaf of inline values, raw envelopes) put
+ * into a memory store as manifest.ocdbt and d/x: OCDBT keys are any bytes,
+ * so a hostile database can hold keys that are not store keys. */
+struct obuf {
+	uint8_t p[4096];
+	size_t n;
+};
+
+static void ob_put(struct obuf *b, const void *d, size_t n)
+{
+	memcpy(b->p + b->n, d, n);
+	b->n += n;
+}
+
+static void ob_var(struct obuf *b, uint64_t v)
+{
+	do {
+		uint8_t x = (uint8_t)((v & 0x7f) | (v >> 7 ? 0x80 : 0));
+		ob_put(b, &x, 1);
+		v >>= 7;
+	} while (v);
+}
+
+static void ob_u8(struct obuf *b, uint8_t v)
+{
+	ob_put(b, &v, 1);
+}
+
+static void ob_str(struct obuf *b, const char *s)
+{
+	ob_put(b, s, strlen(s));
+}
+
+/* magic, length, version 0, no compression, body, CRC-32C */
+static void ob_envelope(struct obuf *out, uint32_t magic, const struct obuf *body)
+{
+	uint8_t m[4] = { (uint8_t)(magic >> 24), (uint8_t)(magic >> 16), (uint8_t)(magic >> 8), (uint8_t)magic };
+	out->n = 0;
+	ob_put(out, m, 4);
+	uint8_t len[8] = { 0 };
+	ob_put(out, len, 8);
+	ob_var(out, 0);
+	ob_var(out, 0);
+	ob_put(out, body->p, body->n);
+	out->n += 4;
+	ckpt_put_le64(out->p + 4, out->n);
+	ckpt_put_le32(out->p + out->n - 4, ckpt_crc32c(0, out->p, out->n - 4));
+}
+
+static ckpt_store *hostile_ocdbt(const char *const *keys, size_t n)
+{
+	struct obuf leaf = { .n = 0 }, node, man = { .n = 0 }, menv;
+	ob_u8(&leaf, 0); /* height 0 */
+	ob_var(&leaf, 0); /* no data files */
+	ob_var(&leaf, n);
+	for (size_t i = 1; i < n; i++)
+		ob_var(&leaf, 0); /* no shared prefix */
+	for (size_t i = 0; i < n; i++)
+		ob_var(&leaf, strlen(keys[i]));
+	for (size_t i = 0; i < n; i++)
+		ob_str(&leaf, keys[i]);
+	for (size_t i = 0; i < n; i++)
+		ob_var(&leaf, strlen(keys[i])); /* the value is the key's text */
+	for (size_t i = 0; i < n; i++)
+		ob_u8(&leaf, 0);
+	for (size_t i = 0; i < n; i++)
+		ob_str(&leaf, keys[i]);
+	ob_envelope(&node, 0x0cdb20de, &leaf);
+	uint8_t uuid[16] = { 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16 };
+	ob_put(&man, uuid, 16);
+	ob_var(&man, 0); /* single-file manifest */
+	ob_var(&man, 1024);
+	ob_var(&man, 100000000);
+	ob_u8(&man, 4);
+	ob_var(&man, 0);
+	ob_var(&man, 1); /* data files: d/x */
+	ob_var(&man, 3);
+	ob_var(&man, 0);
+	ob_str(&man, "d/x");
+	ob_var(&man, 1); /* one version, its root the leaf */
+	ob_var(&man, 1);
+	ob_u8(&man, 0);
+	ob_var(&man, 0);
+	ob_var(&man, 0);
+	ob_var(&man, node.n);
+	ob_var(&man, 1);
+	ob_var(&man, node.n);
+	ob_var(&man, 0);
+	uint8_t ts[8];
+	ckpt_put_le64(ts, 1700000000000000000ull);
+	ob_put(&man, ts, 8);
+	ob_var(&man, 0);
+	ob_envelope(&menv, 0x0cdb3a2a, &man);
+	ckpt_store *mem, *o = NULL;
+	CHECK_EQ_INT(ckpt_store_mem_open(NULL, &mem), 0);
+	CHECK_EQ_INT(ckpt_store_mem_put(mem, "manifest.ocdbt", menv.p, menv.n), 0);
+	CHECK_EQ_INT(ckpt_store_mem_put(mem, "d/x", node.p, node.n), 0);
+	CHECK_EQ_INT(ckpt_store_ocdbt_open_on(mem, "", &o), 0);
+	ckpt_store_destroy(mem);
+	return o;
+}
+
+/* Every backend gets the dispatcher's key check: a key with "..", ".", an
+ * empty component, a leading or trailing '/' is absent (-ENOENT) for every
+ * operation, even where the backend holds that very name (an OCDBT key). */
+static void test_bad_keys(void)
+{
+	static const char *const keys[] = { "../x", "/abs", "a/./b", "a//b", "a/b", "a/b/", "ok" };
+	static const char *const bad[] = { "../x", "/abs", "a/./b", "a//b", "a/b/" };
+	ckpt_store *o = hostile_ocdbt(keys, sizeof(keys) / sizeof(keys[0]));
+	ckpt_store *m;
+	CHECK_EQ_INT(ckpt_store_mem_open(NULL, &m), 0);
+	CHECK_EQ_INT(ckpt_store_mem_put(m, "a/b", "a/b", 3), 0);
+	CHECK_EQ_INT(ckpt_store_mem_put(m, "ok", "ok", 2), 0);
+	ckpt_store *stores[] = { o, m };
+	for (size_t i = 0; i < 2; i++) {
+		ckpt_store *s = stores[i];
+		if (!s)
+			continue;
+		uint64_t size = 0;
+		char buf[8];
+		struct ckpt_store_stat st;
+		struct seen ls = { 0 };
+		CHECK_EQ_INT(ckpt_store_size(s, "a/b", &size), 0); /* well-formed keys still answer */
+		CHECK_EQ_INT(size, 3);
+		CHECK_EQ_INT(ckpt_store_read(s, "ok", 0, sizeof(buf), buf), 2);
+		CHECK_EQ_INT(ckpt_store_stat(s, "a", &st), 0);
+		CHECK_EQ_INT(st.is_dir, 1);
+		for (size_t k = 0; k < sizeof(bad) / sizeof(bad[0]); k++) {
+			CHECK_EQ_INT(ckpt_store_size(s, bad[k], &size), -ENOENT);
+			CHECK_EQ_INT(ckpt_store_read(s, bad[k], 0, sizeof(buf), buf), -ENOENT);
+			CHECK_EQ_INT(ckpt_store_stat(s, bad[k], &st), -ENOENT);
+			CHECK_EQ_INT(ckpt_store_listdir(s, bad[k], seen_cb, &ls), -ENOENT);
+		}
+		CHECK_EQ_INT(ckpt_store_size(s, "", &size), -ENOENT);
+		CHECK_EQ_INT(ckpt_store_read(s, "", 0, sizeof(buf), buf), -ENOENT);
+		char *txt = NULL;
+		size_t len = 0;
+		CHECK_EQ_INT(ckpt_store_read_small(s, "../x", 64, &txt, &len), -ENOENT);
+		CHECK(txt == NULL);
+	}
+	ckpt_store_destroy(o);
+	ckpt_store_destroy(m);
+}
+
+/* Every store answers how many requests to send at once; views answer
+ * for the store below them. */
+static void test_connections(void)
+{
+	ckpt_store *d, *m, *sub, *o, *s3, *s3sub;
+	CHECK_EQ_INT(ckpt_store_dir_open(FIX "/std_ocdbt_zarr3", &d), 0);
+	CHECK_EQ_INT(ckpt_store_connections(d), CKPT_STORE_FOLDER_CONNECTIONS);
+	CHECK_EQ_INT(ckpt_store_ocdbt_open_on(d, "", &o), 0);
+	CHECK_EQ_INT(ckpt_store_connections(o), CKPT_STORE_FOLDER_CONNECTIONS);
+	ckpt_store_destroy(o);
+	CHECK_EQ_INT(ckpt_store_sub(d, "d", &sub), 0);
+	CHECK_EQ_INT(ckpt_store_connections(sub), CKPT_STORE_FOLDER_CONNECTIONS);
+	ckpt_store_destroy(sub);
+	ckpt_store_destroy(d);
+	CHECK_EQ_INT(ckpt_store_mem_open(NULL, &m), 0);
+	CHECK_EQ_INT(ckpt_store_connections(m), 1);
+	ckpt_store_destroy(m);
+	/* an object store: its -o connections (no request is sent at open) */
+	struct ckpt_store_opts so = { 0 };
+	so.endpoint = "http://127.0.0.1:9";
+	so.anonymous = 1;
+	so.connections = 7;
+	CHECK_EQ_INT(ckpt_store_open_source("s3://bucket/pre", &so, &s3), 0);
+	CHECK_EQ_INT(ckpt_store_connections(s3), 7);
+	CHECK_EQ_INT(ckpt_store_sub(s3, "a/b", &s3sub), 0);
+	CHECK_EQ_INT(ckpt_store_connections(s3sub), 7);
+	ckpt_store_destroy(s3sub);
+	ckpt_store_destroy(s3);
 }
 
 /* ---------------------------------------------------------------- ListObjectsV2 answers */
@@ -1008,6 +1186,8 @@ int main(int argc, char **argv)
 	CHECK_RUN(test_ocdbt_on);
 	CHECK_RUN(test_mem);
 	CHECK_RUN(test_mem_ranges);
+	CHECK_RUN(test_bad_keys);
+	CHECK_RUN(test_connections);
 	CHECK_RUN(test_s3_list_parse);
 	sh("rm -rf %s", tmp);
 	return CHECK_DONE();

@@ -11,6 +11,7 @@
 #include <string.h>
 #include <fcntl.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 #include <blosc.h>
 #include <bzlib.h>
@@ -21,6 +22,7 @@
 #include "array.h"
 #include "check.h"
 #include "crc32c.h"
+#include "pool.h"
 #include "zarr_chunk.h"
 
 static char dir[256];
@@ -449,6 +451,43 @@ static void test_missing(ckpt_store *s)
 	ckpt_ctx_destroy(ctx);
 }
 
+/* The context's pool, started before a fork (an OCDBT item opened while the
+ * daemon built its view): the child gets a pool of its own whose tasks run,
+ * the parent keeps its own. */
+static void set_flag(void *arg)
+{
+	*(volatile int *)arg = 1;
+}
+
+static int pool_runs(ckpt_pool *p)
+{
+	volatile int flag = 0;
+	if (!p || ckpt_pool_submit(p, set_flag, (void *)&flag) != 0)
+		return 0;
+	for (int i = 0; i < 2000 && !flag; i++)
+		usleep(1000);
+	return flag;
+}
+
+static void test_ctx_pool_fork(void)
+{
+	ckpt_ctx *ctx;
+	CHECK_EQ_INT(ckpt_ctx_create(NULL, &ctx), 0);
+	ckpt_pool *p = ckpt_ctx_pool(ctx);
+	CHECK(p != NULL && ckpt_ctx_pool(ctx) == p);
+	CHECK(pool_runs(p));
+	pid_t pid = fork();
+	if (pid == 0) {
+		ckpt_pool *q = ckpt_ctx_pool(ctx);
+		_exit(q && q != p && pool_runs(q) ? 0 : 1);
+	}
+	int st = 0;
+	CHECK(pid > 0 && waitpid(pid, &st, 0) == pid);
+	CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+	CHECK(ckpt_ctx_pool(ctx) == p);
+	ckpt_ctx_destroy(ctx);
+}
+
 int main(void)
 {
 	snprintf(dir, sizeof(dir), "/tmp/ckpt_test_zarr.XXXXXX");
@@ -460,6 +499,7 @@ int main(void)
 	CHECK_RUN_CALL(test_big_endian_crc, (s));
 	CHECK_RUN_CALL(test_v2_fortran, (s));
 	CHECK_RUN(test_refused);
+	CHECK_RUN(test_ctx_pool_fork);
 	CHECK_RUN_CALL(test_compressors, (s));
 	CHECK_RUN_CALL(test_transpose, (s));
 	CHECK_RUN_CALL(test_missing, (s));
