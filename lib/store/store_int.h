@@ -1,6 +1,21 @@
 /*
  * store_int.h - helpers shared by the store implementations (not for
  * other layers).
+ *
+ * Files, from the bottom up (each calls only the ones above it in this
+ * list; calls the other way go through a store's ops table):
+ *   store.c         dispatchers (calls through ops), reference counting,
+ *                   sub-stores, key helpers, listdir/stat from flat keys
+ *   sigv4.c         SHA-256, HMAC, AWS Signature Version 4
+ *   http.c          HTTP requests (libcurl), retries and backoff
+ *   diskcache.c     on-disk cache of object-store byte ranges
+ *   store_dir.c     backend: a local folder
+ *   store_mem.c     backend: keys held in memory
+ *   store_s3.c      backend: an object store (s3://, gs://)
+ *   upload_tree.c   uploading a committed step to an object store
+ *   store_source.c  SOURCE as the user wrote it: store options, which backend
+ *   ocdbt.c         the OCDBT reader (through any store)
+ *   store_ocdbt.c   backend: an OCDBT database as a store
  */
 #ifndef CKPT_STORE_INT_H
 #define CKPT_STORE_INT_H
