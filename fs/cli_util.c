@@ -5,7 +5,6 @@
 #include <string.h>
 
 #include "cli.h"
-#include "store/store.h"
 
 int cli_open_view(const char *source, ckpt_view **v, char **real)
 {

@@ -14,8 +14,6 @@
 #include <unistd.h>
 
 #include "ckfs.h"
-#include "base/sysio.h"
-#include "store/store.h"
 
 #ifndef CKPT_VERSION
 #error "CKPT_VERSION comes from CMake (project VERSION)"

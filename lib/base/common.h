@@ -18,21 +18,11 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "support.h"
+
 #define CKPT_MAX_RANK 32 /* highest array rank accepted anywhere */
 
-enum ckpt_log_level { CKPT_LOG_ERR = 0, CKPT_LOG_WARN = 1, CKPT_LOG_INFO = 2, CKPT_LOG_DEBUG = 3 };
-
-/* Log one line (a trailing newline is added).  Messages above the current
- * level (ckpt_log_set_level, default INFO) are dropped. */
-void ckpt_log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-void ckpt_log_set_level(int level);
-/* Send log lines to `sink` (NULL: back to stderr).  The sink gets the
- * level and the message without the "ckptfs: <level>: " prefix; it may be
- * called from any thread at once.  Every error line also counts in
- * ckpt_g_stats.errors_logged, whatever the level filter. */
-typedef void (*ckpt_log_sink_fn)(int level, const char *msg);
-void ckpt_log_set_sink(ckpt_log_sink_fn sink);
-const char *ckpt_log_level_name(int level); /* "error", "warning", "info", "debug" */
+/* ckpt_log and its level and sink: public (ckpt/support.h). */
 /* While on, this thread's error, warning and info lines are logged as
  * debug lines (not counted as errors): for probes whose failure is an
  * expected answer.  Returns the previous setting. */

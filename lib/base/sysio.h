@@ -16,6 +16,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "support.h"
+
 /* Read exactly len bytes at off.  0, -EIO when the file ends first, or
  * -errno. */
 int ckpt_pread_all(int fd, void *buf, size_t len, uint64_t off);
@@ -41,11 +43,7 @@ int ckpt_write_file_sync_at(int dirfd, const char *path, const void *buf, size_t
 int ckpt_fsync_dir(const char *path);
 int ckpt_fsync_dir_at(int dirfd, const char *path);
 
-/* Remove path and, if it is a folder, everything below it.  Symlinks are
- * removed, never followed.  0 when path is gone (also when it was absent),
- * else the first -errno met (removal goes on past errors); -ELOOP past 64
- * levels of folders. */
-int ckpt_rmtree(const char *path);
+/* ckpt_rmtree: public (ckpt/support.h). */
 int ckpt_rmtree_at(int dirfd, const char *path);
 
 /* CLOCK_MONOTONIC in nanoseconds: for durations, never for timestamps. */

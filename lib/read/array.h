@@ -21,15 +21,12 @@
 #include "slice.h"
 #include "store.h"
 #include "zarr_chunk.h"
+#include "support.h"
 
 typedef struct ckpt_ctx ckpt_ctx;
 typedef struct ckpt_array ckpt_array;
 
-typedef struct ckpt_ctx_opts {
-	uint64_t cache_bytes; /* decoded-chunk cache budget (0: 256 MiB) */
-	int threads; /* decode threads (0: number of CPUs) */
-	uint64_t prefetch_bytes; /* read-ahead window for sequential readers (0: 8 MiB) */
-} ckpt_ctx_opts;
+/* ckpt_ctx_opts: public (ckpt/support.h). */
 
 int ckpt_ctx_create(const ckpt_ctx_opts *opts, ckpt_ctx **out);
 void ckpt_ctx_destroy(ckpt_ctx *ctx);

@@ -77,7 +77,7 @@ static int metadata_refresh(struct s3_store *s)
 	return 0;
 }
 
-int s3_bearer_refresh(struct s3_store *s)
+int ckpt_s3_bearer_refresh(struct s3_store *s)
 {
 	if (s->meta_url)
 		return metadata_refresh(s);
@@ -286,7 +286,7 @@ static int on_gce(void)
 }
 
 /* Region and credentials of a new store (s3_int.h). */
-int s3_creds_setup(struct s3_store *s, const struct ckpt_store_opts *o)
+int ckpt_s3_creds_setup(struct s3_store *s, const struct ckpt_store_opts *o)
 {
 	int rc;
 	/* region */
@@ -308,7 +308,7 @@ int s3_creds_setup(struct s3_store *s, const struct ckpt_store_opts *o)
 			s->token_file = strdup(o->token_file);
 			if (!s->token_file)
 				return -ENOMEM;
-			rc = s3_bearer_refresh(s);
+			rc = ckpt_s3_bearer_refresh(s);
 			if (rc)
 				return rc;
 		} else {

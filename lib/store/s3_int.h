@@ -118,13 +118,13 @@ static inline char *objname(struct s3_store *s, const char *key)
 
 /* Next element <tag> (or <tag attr...>) in [p, end): its content in
  * [*c, *ce), *next after the closing tag.  0 found, -1 not. */
-int s3_xml_elem(const char *p, const char *end, const char *tag, const char **c, const char **ce,
+int ckpt_s3_xml_elem(const char *p, const char *end, const char *tag, const char **c, const char **ce,
 		const char **next);
 /* Text of [c, ce) with XML entities decoded (and, when url, form-decoded);
  * malloc'd, NULL when out of memory. */
-char *s3_xml_text(const char *c, const char *ce, int url);
+char *ckpt_s3_xml_text(const char *c, const char *ce, int url);
 /* A UTC calendar time as ns since 1970; 0 (unknown) outside 1970..2200. */
-int64_t s3_tm_ns(struct tm *tm);
+int64_t ckpt_s3_tm_ns(struct tm *tm);
 /* (ckpt_s3_list_parse, in store_int.h, is there too.) */
 
 /* ---------------------------------------------------------------- s3_creds.c */
@@ -133,40 +133,40 @@ int64_t s3_tm_ns(struct tm *tm);
  * options, the environment, the profile files, the token file, the GCE
  * metadata server (store.h says in which order).  0, -EINVAL (a named
  * profile that does not exist), -EACCES (an unreadable token file), -ENOMEM. */
-int s3_creds_setup(struct s3_store *s, const struct ckpt_store_opts *o);
+int ckpt_s3_creds_setup(struct s3_store *s, const struct ckpt_store_opts *o);
 /* Bearer token up to date (re-read the token file when it changed, or ask
  * the metadata server when the token is about to expire); 0 when the store
  * has no such token.  0 or -EACCES (logged). */
-int s3_bearer_refresh(struct s3_store *s);
+int ckpt_s3_bearer_refresh(struct s3_store *s);
 
 /* ---------------------------------------------------------------- s3_request.c */
 
 /* Pin (size, etag) of an object the first time it is seen; copy the pinned
  * entry to *out (NULL: no copy).  0 or -ENOMEM. */
-int s3_obj_pin(struct s3_store *s, const char *name, uint64_t size, const char *etag, int64_t mtime_ns,
+int ckpt_s3_obj_pin(struct s3_store *s, const char *name, uint64_t size, const char *etag, int64_t mtime_ns,
 	       struct obj *out);
 /* The object was (re)written: what readers pin from now on is the new one. */
-void s3_obj_replace(struct s3_store *s, const char *name, uint64_t size, const char *etag);
+void ckpt_s3_obj_replace(struct s3_store *s, const char *name, uint64_t size, const char *etag);
 /* Signed request with retries.  0 with *resp holding a 2xx/304 answer;
  * otherwise -ENOENT (404, not logged), -EACCES, -ESTALE, -EIO (logged). */
-int s3_request(struct s3_store *s, const struct rq *r, struct ckpt_http_resp *resp);
-/* HEAD of object `name`, pinned; 0 or -errno as s3_request. */
-int s3_head(struct s3_store *s, const char *name, struct obj *out);
+int ckpt_s3_request(struct s3_store *s, const struct rq *r, struct ckpt_http_resp *resp);
+/* HEAD of object `name`, pinned; 0 or -errno as ckpt_s3_request. */
+int ckpt_s3_head(struct s3_store *s, const char *name, struct obj *out);
 /* Pinned metadata of an object, asking the server when not seen yet. */
-int s3_meta(struct s3_store *s, const char *name, struct obj *out);
+int ckpt_s3_meta(struct s3_store *s, const char *name, struct obj *out);
 /* ListObjectsV2 of every key starting with `pfx` (full object names), cb
  * for each entry; every page unless one_page. */
-int s3_list_objects(struct s3_store *s, const char *pfx, int delim, unsigned max_keys, int one_page,
+int ckpt_s3_list_objects(struct s3_store *s, const char *pfx, int delim, unsigned max_keys, int one_page,
 		    page_cb cb, void *ctx);
 /* GET [first, last] of `name` (pinned as *o) into dst through the slot
  * queue, merged with queued neighbours (s3_request.c's header).  0 or
  * -errno (logged). */
-int s3_coalesced_get(struct s3_store *s, const char *name, const char *key, const struct obj *o,
+int ckpt_s3_coalesced_get(struct s3_store *s, const char *name, const char *key, const struct obj *o,
 		     uint64_t first, uint64_t last, void *dst);
 
 /* ---------------------------------------------------------------- store_s3.c */
 
 /* st as an object store, or NULL when it is another kind of store. */
-struct s3_store *s3_store_of(ckpt_store *st);
+struct s3_store *ckpt_s3_store_of(ckpt_store *st);
 
 #endif

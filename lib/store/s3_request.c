@@ -77,7 +77,7 @@ static struct obj *obj_find_locked(struct s3_store *s, const char *name)
 
 /* Pin (size, etag) of an object the first time it is seen; copy the pinned
  * entry to *out. */
-int s3_obj_pin(struct s3_store *s, const char *name, uint64_t size, const char *etag, int64_t mtime_ns,
+int ckpt_s3_obj_pin(struct s3_store *s, const char *name, uint64_t size, const char *etag, int64_t mtime_ns,
 	       struct obj *out)
 {
 	pthread_mutex_lock(&s->mu);
@@ -127,7 +127,7 @@ static void obj_mark_stale(struct s3_store *s, const char *name)
 }
 
 /* The object was (re)written: what readers pin from now on is the new one. */
-void s3_obj_replace(struct s3_store *s, const char *name, uint64_t size, const char *etag)
+void ckpt_s3_obj_replace(struct s3_store *s, const char *name, uint64_t size, const char *etag)
 {
 	pthread_mutex_lock(&s->mu);
 	struct obj *o = obj_find_locked(s, name);
@@ -212,7 +212,7 @@ static int attempt(struct s3_store *s, const struct rq *r, struct ckpt_http_resp
 		    addh(hdrs, &nh, "Authorization: %s", auth) < 0)
 			goto out;
 	} else if (s->auth == AUTH_BEARER) {
-		rc = s3_bearer_refresh(s);
+		rc = ckpt_s3_bearer_refresh(s);
 		if (rc)
 			goto out;
 		rc = -ENOMEM;
@@ -263,7 +263,7 @@ static void err_code(const struct ckpt_http_resp *resp, char *buf, size_t cap)
 {
 	const char *c, *ce, *nx;
 	buf[0] = 0;
-	if (resp->body && s3_xml_elem(resp->body, resp->body + resp->len, "Code", &c, &ce, &nx) == 0) {
+	if (resp->body && ckpt_s3_xml_elem(resp->body, resp->body + resp->len, "Code", &c, &ce, &nx) == 0) {
 		size_t n = (size_t)(ce - c);
 		if (n >= cap)
 			n = cap - 1;
@@ -277,7 +277,7 @@ static void err_code(const struct ckpt_http_resp *resp, char *buf, size_t cap)
  * Perform with retries.  0 with *resp holding a 2xx/304 answer; otherwise
  * -ENOENT (404, not logged), -EACCES, -ESTALE, -EIO (logged).
  */
-int s3_request(struct s3_store *s, const struct rq *r, struct ckpt_http_resp *resp)
+int ckpt_s3_request(struct s3_store *s, const struct rq *r, struct ckpt_http_resp *resp)
 {
 	unsigned attempts = s->retries + 1;
 	char what[160];
@@ -318,11 +318,11 @@ int s3_request(struct s3_store *s, const struct rq *r, struct ckpt_http_resp *re
 
 /* ---------------------------------------------------------------- metadata */
 
-int s3_head(struct s3_store *s, const char *name, struct obj *out)
+int ckpt_s3_head(struct s3_store *s, const char *name, struct obj *out)
 {
 	struct rq r = { "HEAD", name, "", NULL, NULL, NULL, 0, 0, "HEAD", NULL, 0, NULL, NULL };
 	struct ckpt_http_resp resp;
-	int rc = s3_request(s, &r, &resp);
+	int rc = ckpt_s3_request(s, &r, &resp);
 	if (rc)
 		return rc;
 	ckpt_http_resp_free(&resp);
@@ -334,17 +334,17 @@ int s3_head(struct s3_store *s, const char *name, struct obj *out)
 	if (resp.last_modified[0]) {
 		struct tm tm = { 0 };
 		if (strptime(resp.last_modified, "%a, %d %b %Y %H:%M:%S GMT", &tm))
-			mt = s3_tm_ns(&tm);
+			mt = ckpt_s3_tm_ns(&tm);
 	}
-	return s3_obj_pin(s, name, (uint64_t)resp.content_length, resp.etag, mt, out);
+	return ckpt_s3_obj_pin(s, name, (uint64_t)resp.content_length, resp.etag, mt, out);
 }
 
 /* Pinned metadata of an object, asking the server when not seen yet. */
-int s3_meta(struct s3_store *s, const char *name, struct obj *out)
+int ckpt_s3_meta(struct s3_store *s, const char *name, struct obj *out)
 {
 	if (obj_get(s, name, out) == 0)
 		return 0;
-	return s3_head(s, name, out);
+	return ckpt_s3_head(s, name, out);
 }
 
 struct page_tramp {
@@ -361,7 +361,7 @@ static int page_tramp_cb(void *ctx, const char *key, const char *etag, uint64_t 
 }
 
 /* ListObjectsV2 of every key starting with `pfx` (full object names). */
-int s3_list_objects(struct s3_store *s, const char *pfx, int delim, unsigned max_keys, int one_page,
+int ckpt_s3_list_objects(struct s3_store *s, const char *pfx, int delim, unsigned max_keys, int one_page,
 		    page_cb cb, void *ctx)
 {
 	char *token = NULL;
@@ -387,7 +387,7 @@ int s3_list_objects(struct s3_store *s, const char *pfx, int delim, unsigned max
 		struct rq r = { "GET",	NULL, q, NULL, NULL, NULL, 0, (size_t)64 << 20,
 				"LIST", NULL, 0, NULL, NULL };
 		struct ckpt_http_resp resp;
-		rc = s3_request(s, &r, &resp);
+		rc = ckpt_s3_request(s, &r, &resp);
 		free(q);
 		if (rc == -ENOENT) {
 			ckpt_log(CKPT_LOG_ERR, "%s: LIST: no such bucket", s->base.root);
@@ -440,7 +440,7 @@ static int fetch_range(struct s3_store *s, const char *name, const char *key, co
 			0,     NULL, NULL };
 	struct ckpt_http_resp resp;
 	__atomic_add_fetch(&s->gets, 1, __ATOMIC_RELAXED);
-	int rc = s3_request(s, &r, &resp);
+	int rc = ckpt_s3_request(s, &r, &resp);
 	if (rc == -ESTALE) {
 		ckpt_log(CKPT_LOG_ERR, "%s/%s: object changed since it was first seen (ETag no longer %s)",
 			 s->base.root, key, o->etag);
@@ -506,7 +506,7 @@ static void take_neighbours(struct s3_store *s, const struct greq *me, uint64_t 
 
 /* GET [first, last] of `name` into dst through the slot queue, merged with
  * queued neighbours (see the top of the file). */
-int s3_coalesced_get(struct s3_store *s, const char *name, const char *key, const struct obj *o,
+int ckpt_s3_coalesced_get(struct s3_store *s, const char *name, const char *key, const struct obj *o,
 		     uint64_t first, uint64_t last, void *dst)
 {
 	struct greq me = { NULL, name, key, o, first, last, dst, 0, 0, 0 };

@@ -28,7 +28,7 @@ static int writable(ckpt_store *st, const char *key, struct s3_store **out, char
 	int rc = ckpt_store_unwrap(st, key, &b, &k);
 	if (rc)
 		return rc;
-	struct s3_store *s = s3_store_of(b);
+	struct s3_store *s = ckpt_s3_store_of(b);
 	if (!s) {
 		free(k);
 		return -EROFS;
@@ -72,10 +72,10 @@ int ckpt_store_put(ckpt_store *st, const char *key, const void *buf, size_t len,
 			hash,
 			(flags & CKPT_PUT_CREATE_ONLY) ? "If-None-Match: *" : NULL };
 	struct ckpt_http_resp resp;
-	rc = s3_request(s, &r, &resp);
+	rc = ckpt_s3_request(s, &r, &resp);
 	if (rc == 0) {
 		ckpt_http_resp_free(&resp);
-		s3_obj_replace(s, name, len, resp.etag);
+		ckpt_s3_obj_replace(s, name, len, resp.etag);
 	} else if (rc == -ESTALE) {
 		rc = -EEXIST; /* 412: create-only and it exists */
 	} else if (rc == -ENOENT) {
@@ -95,7 +95,7 @@ int ckpt_store_delete(ckpt_store *st, const char *key)
 		return rc;
 	struct rq r = { "DELETE", name, "", NULL, NULL, NULL, 0, 0, "DELETE", NULL, 0, NULL, NULL };
 	struct ckpt_http_resp resp;
-	rc = s3_request(s, &r, &resp);
+	rc = ckpt_s3_request(s, &r, &resp);
 	if (rc == 0)
 		ckpt_http_resp_free(&resp);
 	if (rc == -ENOENT)
@@ -119,9 +119,9 @@ struct ckpt_upload {
 static char *xml_first(const struct ckpt_http_resp *resp, const char *tag)
 {
 	const char *c, *ce, *nx;
-	if (!resp->body || s3_xml_elem(resp->body, resp->body + resp->len, tag, &c, &ce, &nx) != 0)
+	if (!resp->body || ckpt_s3_xml_elem(resp->body, resp->body + resp->len, tag, &c, &ce, &nx) != 0)
 		return NULL;
-	return s3_xml_text(c, ce, 0);
+	return ckpt_s3_xml_text(c, ce, 0);
 }
 
 static void upload_free(ckpt_upload *u)
@@ -172,7 +172,7 @@ int ckpt_upload_begin(ckpt_store *st, const char *key, ckpt_upload **out)
 			NULL,
 			"Content-Type: application/octet-stream" };
 	struct ckpt_http_resp resp;
-	rc = s3_request(s, &r, &resp);
+	rc = ckpt_s3_request(s, &r, &resp);
 	free(q);
 	if (rc == 0) {
 		u->upload_id = xml_first(&resp, "UploadId");
@@ -225,7 +225,7 @@ int ckpt_upload_part(ckpt_upload *u, unsigned part, const void *buf, size_t len)
 	ckpt_sha256_hex(buf, len, hash);
 	struct rq r = { "PUT", u->name, q, NULL, NULL, NULL, 0, 0, "UploadPart", buf, len, hash, NULL };
 	struct ckpt_http_resp resp;
-	int rc = s3_request(u->s, &r, &resp);
+	int rc = ckpt_s3_request(u->s, &r, &resp);
 	free(q);
 	if (rc)
 		return rc == -ENOENT ? -EIO : rc;
@@ -252,7 +252,7 @@ void ckpt_upload_abort(ckpt_upload *u)
 		struct rq r = { "DELETE", u->name, q,	 NULL, NULL, NULL, 0, 0, "AbortMultipartUpload",
 				NULL,	  0,	   NULL, NULL };
 		struct ckpt_http_resp resp;
-		int rc = s3_request(u->s, &r, &resp);
+		int rc = ckpt_s3_request(u->s, &r, &resp);
 		if (rc == 0)
 			ckpt_http_resp_free(&resp);
 		else if (rc != -ENOENT)
@@ -323,7 +323,7 @@ int ckpt_upload_complete(ckpt_upload *u)
 			hash,
 			"Content-Type: application/xml" };
 	struct ckpt_http_resp resp;
-	rc = s3_request(s, &r, &resp);
+	rc = ckpt_s3_request(s, &r, &resp);
 	free(q);
 	free(body);
 	if (rc == 0) {
@@ -336,7 +336,7 @@ int ckpt_upload_complete(ckpt_upload *u)
 			rc = -EIO;
 		} else {
 			char *etag = xml_first(&resp, "ETag");
-			s3_obj_replace(s, u->name, total, etag ? etag : resp.etag);
+			ckpt_s3_obj_replace(s, u->name, total, etag ? etag : resp.etag);
 			free(etag);
 		}
 		free(code);
@@ -344,7 +344,7 @@ int ckpt_upload_complete(ckpt_upload *u)
 	} else if (rc == -ENOENT) {
 		/* NoSuchUpload after a retry: the first attempt may have completed it. */
 		struct obj o;
-		rc = s3_head(s, u->name, &o) == 0 && o.size == total ? 0 : -EIO;
+		rc = ckpt_s3_head(s, u->name, &o) == 0 && o.size == total ? 0 : -EIO;
 		if (rc)
 			ckpt_log(CKPT_LOG_ERR, "%s: CompleteMultipartUpload %s: upload unknown to the server",
 				 s->base.root, u->name);
@@ -372,22 +372,22 @@ int ckpt_store_abort_stale_uploads(ckpt_store *st, const char *prefix)
 	struct rq r = { "GET", NULL, q,	   NULL, NULL, NULL, 0, (size_t)16 << 20, "ListMultipartUploads",
 			NULL,  0,    NULL, NULL };
 	struct ckpt_http_resp resp;
-	rc = s3_request(s, &r, &resp);
+	rc = ckpt_s3_request(s, &r, &resp);
 	free(q);
 	if (rc)
 		return rc == -EIO ? -ENOTSUP : rc;
 	int n = 0;
 	const char *b = resp.body ? resp.body : "", *e = b + resp.len, *c, *ce, *nx;
-	for (const char *p = b; s3_xml_elem(p, e, "Upload", &c, &ce, &nx) == 0; p = nx) {
+	for (const char *p = b; ckpt_s3_xml_elem(p, e, "Upload", &c, &ce, &nx) == 0; p = nx) {
 		const char *kc, *kce, *kn;
-		if (s3_xml_elem(c, ce, "Key", &kc, &kce, &kn) != 0)
+		if (ckpt_s3_xml_elem(c, ce, "Key", &kc, &kce, &kn) != 0)
 			continue;
-		char *key = s3_xml_text(kc, kce, 0);
-		if (s3_xml_elem(c, ce, "UploadId", &kc, &kce, &kn) != 0) {
+		char *key = ckpt_s3_xml_text(kc, kce, 0);
+		if (ckpt_s3_xml_elem(c, ce, "UploadId", &kc, &kce, &kn) != 0) {
 			free(key);
 			continue;
 		}
-		char *id = s3_xml_text(kc, kce, 0);
+		char *id = ckpt_s3_xml_text(kc, kce, 0);
 		ckpt_upload *u = calloc(1, sizeof(*u));
 		if (!key || !id || !u) {
 			free(key);

@@ -15,7 +15,7 @@
 
 /* Next element <tag> (or <tag attr...>) in [p, end): its content in
  * [*c, *ce), *next after the closing tag.  0 found, -1 not. */
-int s3_xml_elem(const char *p, const char *end, const char *tag, const char **c, const char **ce,
+int ckpt_s3_xml_elem(const char *p, const char *end, const char *tag, const char **c, const char **ce,
 		const char **next)
 {
 	size_t tl = strlen(tag);
@@ -64,7 +64,7 @@ static int hexval(int c)
 }
 
 /* Text of [c, ce) with XML entities decoded (and, when url, form-decoded). */
-char *s3_xml_text(const char *c, const char *ce, int url)
+char *ckpt_s3_xml_text(const char *c, const char *ce, int url)
 {
 	char *r = malloc((size_t)(ce - c) + 1), *o = r;
 	if (!r)
@@ -125,7 +125,7 @@ char *s3_xml_text(const char *c, const char *ce, int url)
 
 /* A UTC calendar time as ns since 1970; 0 (unknown) outside 1970..2200,
  * where the product would overflow. */
-int64_t s3_tm_ns(struct tm *tm)
+int64_t ckpt_s3_tm_ns(struct tm *tm)
 {
 	if (tm->tm_year < 70 || tm->tm_year > 300)
 		return 0;
@@ -149,7 +149,7 @@ static int64_t parse_iso_ns(const char *s)
 	tm.tm_hour = h;
 	tm.tm_min = mi;
 	tm.tm_sec = (int)sec;
-	return s3_tm_ns(&tm) + (int64_t)((sec - (int)sec) * 1e9);
+	return ckpt_s3_tm_ns(&tm) + (int64_t)((sec - (int)sec) * 1e9);
 }
 
 int ckpt_s3_list_parse(const char *body, size_t len, ckpt_s3_list_cb cb, void *ctx, int *truncated,
@@ -160,21 +160,21 @@ int ckpt_s3_list_parse(const char *body, size_t len, ckpt_s3_list_cb cb, void *c
 	int rc = 0;
 	*truncated = 0;
 	*token = NULL;
-	int url = s3_xml_elem(b, e, "EncodingType", &c, &ce, &nx) == 0 && ce - c == 3 &&
+	int url = ckpt_s3_xml_elem(b, e, "EncodingType", &c, &ce, &nx) == 0 && ce - c == 3 &&
 		  strncmp(c, "url", 3) == 0;
-	for (const char *p = b; rc == 0 && s3_xml_elem(p, e, "Contents", &c, &ce, &nx) == 0; p = nx) {
+	for (const char *p = b; rc == 0 && ckpt_s3_xml_elem(p, e, "Contents", &c, &ce, &nx) == 0; p = nx) {
 		const char *kc, *kce, *kn;
-		if (s3_xml_elem(c, ce, "Key", &kc, &kce, &kn) != 0)
+		if (ckpt_s3_xml_elem(c, ce, "Key", &kc, &kce, &kn) != 0)
 			continue;
-		char *key = s3_xml_text(kc, kce, url);
+		char *key = ckpt_s3_xml_text(kc, kce, url);
 		char *etag = NULL;
 		uint64_t size = 0;
 		int64_t mt = 0;
-		if (s3_xml_elem(c, ce, "ETag", &kc, &kce, &kn) == 0)
-			etag = s3_xml_text(kc, kce, 0);
-		if (s3_xml_elem(c, ce, "Size", &kc, &kce, &kn) == 0)
+		if (ckpt_s3_xml_elem(c, ce, "ETag", &kc, &kce, &kn) == 0)
+			etag = ckpt_s3_xml_text(kc, kce, 0);
+		if (ckpt_s3_xml_elem(c, ce, "Size", &kc, &kce, &kn) == 0)
 			size = strtoull(kc, NULL, 10);
-		if (s3_xml_elem(c, ce, "LastModified", &kc, &kce, &kn) == 0)
+		if (ckpt_s3_xml_elem(c, ce, "LastModified", &kc, &kce, &kn) == 0)
 			mt = parse_iso_ns(kc);
 		if (!key)
 			rc = -ENOMEM;
@@ -183,20 +183,20 @@ int ckpt_s3_list_parse(const char *body, size_t len, ckpt_s3_list_cb cb, void *c
 		free(key);
 		free(etag);
 	}
-	for (const char *p = b; rc == 0 && s3_xml_elem(p, e, "CommonPrefixes", &c, &ce, &nx) == 0; p = nx) {
+	for (const char *p = b; rc == 0 && ckpt_s3_xml_elem(p, e, "CommonPrefixes", &c, &ce, &nx) == 0; p = nx) {
 		const char *kc, *kce, *kn;
-		if (s3_xml_elem(c, ce, "Prefix", &kc, &kce, &kn) != 0)
+		if (ckpt_s3_xml_elem(c, ce, "Prefix", &kc, &kce, &kn) != 0)
 			continue;
-		char *key = s3_xml_text(kc, kce, url);
+		char *key = ckpt_s3_xml_text(kc, kce, url);
 		rc = key ? cb(ctx, key, NULL, 0, 0, 1) : -ENOMEM;
 		free(key);
 	}
 	if (rc)
 		return rc;
-	*truncated = s3_xml_elem(b, e, "IsTruncated", &c, &ce, &nx) == 0 && ce - c == 4 &&
+	*truncated = ckpt_s3_xml_elem(b, e, "IsTruncated", &c, &ce, &nx) == 0 && ce - c == 4 &&
 		     strncmp(c, "true", 4) == 0;
-	if (*truncated && s3_xml_elem(b, e, "NextContinuationToken", &c, &ce, &nx) == 0) {
-		*token = s3_xml_text(c, ce, 0);
+	if (*truncated && ckpt_s3_xml_elem(b, e, "NextContinuationToken", &c, &ce, &nx) == 0) {
+		*token = ckpt_s3_xml_text(c, ce, 0);
 		if (!*token)
 			return -ENOMEM;
 	}

@@ -46,6 +46,8 @@
 #include <stdint.h>
 #include <sys/types.h>
 
+#include "support.h"
+
 typedef struct ckpt_store ckpt_store;
 
 /* Listing callback: return 0 to continue, non-zero to stop (that value is
@@ -98,47 +100,7 @@ struct ckpt_store {
 	int extra_refs; /* references beyond the first; atomic, 0 when fresh */
 };
 
-/*
- * Credentials (never options, so never in ps; never logged):
- *   s3://  AWS_ACCESS_KEY_ID + AWS_SECRET_ACCESS_KEY (+ AWS_SESSION_TOKEN),
- *          else the profile's keys in AWS_SHARED_CREDENTIALS_FILE
- *          (~/.aws/credentials) or AWS_CONFIG_FILE (~/.aws/config), else
- *          anonymous.  Requests are signed with SigV4.
- *   gs://  token_file= (re-read when it changes), else
- *          GOOGLE_OAUTH_ACCESS_TOKEN, else HMAC keys found as for s3://
- *          (SigV4, region "auto"), else the metadata server on a Google
- *          Cloud machine (or GCE_METADATA_HOST), else anonymous.
- *
- * Options of object stores (ignored by folder stores).  Every string is
- * borrowed for the duration of ckpt_store_open_source() only (copied).
- * A zeroed struct (or NULL) means: every default below.
- */
-struct ckpt_store_opts {
-	const char *endpoint; /* "http://127.0.0.1:4568" (path-style URLs); NULL: AWS_ENDPOINT_URL_S3,
-				 AWS_ENDPOINT_URL, else https://s3.REGION.amazonaws.com (S3) or
-				 https://storage.googleapis.com (GCS) */
-	const char *region; /* NULL: AWS_REGION, AWS_DEFAULT_REGION, profile, "us-east-1"; "auto" for gs:// */
-	const char *profile; /* NULL: AWS_PROFILE, AWS_DEFAULT_PROFILE, "default" */
-	const char *token_file; /* gs://: file holding an OAuth2 bearer token (re-read when it changes) */
-	int anonymous; /* 1: send no credentials even when some are found */
-	unsigned connections; /* concurrent HTTP requests; 0 = 16 */
-	unsigned
-		retries; /* attempts after the first on transient failures; 0 = 5, CKPT_STORE_NO_RETRY = none */
-	unsigned timeout_ms; /* per attempt (connect + stall detection); 0 = 30000 */
-	unsigned retry_base_ms; /* first backoff (doubles, full jitter, capped at 5 s); 0 = 100 */
-	const char *cache_dir; /* keep fetched ranges in this folder across remounts; NULL: none */
-	uint64_t cache_dir_size; /* bound of cache_dir in bytes; 0 = 10 GiB */
-};
-
-#define CKPT_STORE_NO_RETRY 0xffffffffu
-
-/* Apply one mount option to `o`: endpoint=, region=, profile=, token_file=,
- * anonymous (or anonymous=1), connections=, retries=, timeout_ms=,
- * retry_base_ms=, cache_dir=, cache_dir_size= (K/M/G/T suffixes).  Returns 1 when `key` is one of these (string values are
- * borrowed: keep them alive until ckpt_store_open_source), 0 when it is not
- * a store option, -EINVAL for a bad value.  No option carries a secret, so
- * mount options are safe to show in ps. */
-int ckpt_store_opts_set(struct ckpt_store_opts *o, const char *key, const char *value);
+/* struct ckpt_store_opts, ckpt_store_opts_set: public (ckpt/support.h). */
 
 /* Folder store over `dir` (a zarr per-array item folder, a step, a root).
  * -errno on failure. */
@@ -194,10 +156,7 @@ int ckpt_store_ocdbt_open(const char *dir, ckpt_store **out);
  */
 int ckpt_store_open_source(const char *source, const struct ckpt_store_opts *o, ckpt_store **out);
 
-/* 1 when SOURCE names an object store (s3:// or gs://): not a local path,
- * so callers must not realpath() it, and (until the object-store write path
- * exists) must mount it read-only. */
-int ckpt_store_source_is_remote(const char *source);
+/* ckpt_store_source_is_remote: public (ckpt/support.h). */
 
 /* A view of `parent` below folder `prefix` ("a/b": key "k" of the view is
  * key "a/b/k" of the parent).  Holds a reference on parent.  Does not check

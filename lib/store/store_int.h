@@ -2,30 +2,33 @@
  * store_int.h - helpers shared by the store implementations (not for
  * other layers).
  *
- * Files, bottom-up: each calls only files listed above it, never one below;
- * store.c reaches the backends only through their ops tables (struct
- * ckpt_store_ops), save the opens in ckpt_store_open_source.
- *   store.c        the dispatchers (the one key check, stats), reference
- *                  counts, sub-stores, SOURCE and its options; the helpers
- *                  below (join, unwrap, listdir/stat from flat keys)
- *   sigv4.c        SHA-256, URI encoding, AWS Signature V4
- *   diskcache.c    on-disk cache of object-store byte ranges
- *   http.c         libcurl: kept-alive connections, one attempt, what is
- *                  retryable, backoff
- *   store_dir.c    a folder (openat2, no symlinks, regular files only)
- *   store_mem.c    key -> bytes in memory (tests, fuzzers)
- *   ocdbt.c        the OCDBT decoder, reading through any base store; its
- *                  node prefetch runs on a pool (base/pool.c) given at open
- *   store_ocdbt.c  the OCDBT store: the vtable over ocdbt.c
- *   s3_xml.c       object-store XML: elements, ListObjectsV2 pages,
- *                  timestamps (pure; the fuzz_s3_list target's)
- *   s3_creds.c     region and credentials; bearer tokens kept fresh
- *   s3_request.c   signed requests, retries, pinned objects, HEAD, listings,
- *                  validated and coalesced range GETs
- *   store_s3.c     the object store: the vtable, configuration at open
- *   s3_upload.c    PUT, multipart uploads, DELETE, stale-upload cleanup
- *                  (upload.h)
- *   upload_tree.c  a step folder uploaded in commit order; background uploads
+ * Files, from the bottom up (each calls only the ones above it in this
+ * list; calls the other way go through a store's ops table):
+ *   store.c         the dispatchers (the one key check, stats; calls through
+ *                   ops), reference counts, sub-stores, key helpers,
+ *                   listdir/stat from flat keys
+ *   sigv4.c         SHA-256, HMAC, URI encoding, AWS Signature Version 4
+ *   http.c          libcurl: kept-alive connections, one attempt, what is
+ *                   retryable, backoff
+ *   diskcache.c     on-disk cache of object-store byte ranges
+ *   store_dir.c     backend: a local folder (openat2, no symlinks, regular
+ *                   files only)
+ *   store_mem.c     backend: keys held in memory (tests, fuzzers, virtual
+ *                   items of foreign formats)
+ *   s3_xml.c        object-store XML: elements, ListObjectsV2 pages,
+ *                   timestamps (pure; the fuzz_s3_list target's)
+ *   s3_creds.c      region and credentials; bearer tokens kept fresh
+ *   s3_request.c    signed requests, retries, pinned objects, HEAD, listings,
+ *                   validated and coalesced range GETs
+ *   store_s3.c      backend: an object store (s3://, gs://): the vtable,
+ *                   configuration at open
+ *   s3_upload.c     PUT, multipart uploads, DELETE, stale-upload cleanup
+ *                   (upload.h)
+ *   upload_tree.c   a step folder uploaded in commit order; background uploads
+ *   store_source.c  SOURCE as the user wrote it: store options, which backend
+ *   ocdbt.c         the OCDBT reader (through any store); its node prefetch
+ *                   runs on a pool (base/pool.c) given at open
+ *   store_ocdbt.c   backend: an OCDBT database as a store
  * The object store's files share s3_int.h.
  */
 #ifndef CKPT_STORE_INT_H

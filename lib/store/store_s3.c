@@ -61,7 +61,7 @@ static int ld_cb(struct s3_store *s, void *ctx, const char *key, const char *eta
 		}
 		if (rest[n - 1] == '/' || strchr(rest, '/'))
 			return 0;
-		int rc = s3_obj_pin(s, key, size, etag, mt, NULL);
+		int rc = ckpt_s3_obj_pin(s, key, size, etag, mt, NULL);
 		if (rc)
 			return rc;
 	} else {
@@ -115,7 +115,7 @@ static int s3_listdir(ckpt_store *st, const char *dir, ckpt_store_dir_cb cb, voi
 	pfx[nl] = 0;
 	free(name);
 	struct ld_ctx c = { nl, { NULL, 0, 0, 0 } };
-	int rc = s3_list_objects(s, pfx, 1, 1000, 0, ld_cb, &c);
+	int rc = ckpt_s3_list_objects(s, pfx, 1, 1000, 0, ld_cb, &c);
 	free(pfx);
 	if (rc == 0 && c.res.n == 0 && !c.res.marker && *dir)
 		rc = -ENOENT;
@@ -146,7 +146,7 @@ static int fl_cb(struct s3_store *s, void *ctx, const char *key, const char *eta
 	size_t n = strlen(key);
 	if (is_prefix || n <= c->strip || key[n - 1] == '/')
 		return 0;
-	int rc = s3_obj_pin(s, key, size, etag, mt, NULL);
+	int rc = ckpt_s3_obj_pin(s, key, size, etag, mt, NULL);
 	if (rc)
 		return rc;
 	return c->cb(c->ctx, key + c->strip, size);
@@ -161,7 +161,7 @@ static int s3_list(ckpt_store *st, const char *prefix, ckpt_store_list_cb cb, vo
 		return -ENOMEM;
 	sprintf(full, "%s%s%s", s->prefix, pl ? "/" : "", prefix ? prefix : "");
 	struct fl_ctx c = { pl ? pl + 1 : 0, cb, ctx };
-	int rc = s3_list_objects(s, full, 0, 1000, 0, fl_cb, &c);
+	int rc = ckpt_s3_list_objects(s, full, 0, 1000, 0, fl_cb, &c);
 	free(full);
 	return rc;
 }
@@ -186,7 +186,7 @@ static int s3_stat(ckpt_store *st, const char *key, struct ckpt_store_stat *out)
 	if (!name)
 		return -ENOMEM;
 	struct obj o;
-	int rc = s3_meta(s, name, &o);
+	int rc = ckpt_s3_meta(s, name, &o);
 	if (rc == 0) {
 		out->size = o.size;
 		out->mtime_ns = o.mtime_ns;
@@ -200,7 +200,7 @@ static int s3_stat(ckpt_store *st, const char *key, struct ckpt_store_stat *out)
 			pfx[n] = '/';
 			pfx[n + 1] = 0;
 			int any = 0;
-			rc = s3_list_objects(s, pfx, 1, 1, 1, any_cb, &any);
+			rc = ckpt_s3_list_objects(s, pfx, 1, 1, 1, any_cb, &any);
 			if (rc == 0 && !any)
 				rc = -ENOENT;
 			if (rc == 0)
@@ -219,7 +219,7 @@ static int s3_size(ckpt_store *st, const char *key, uint64_t *size)
 	if (!name)
 		return -ENOMEM;
 	struct obj o;
-	int rc = s3_meta(s, name, &o);
+	int rc = ckpt_s3_meta(s, name, &o);
 	free(name);
 	if (rc == 0)
 		*size = o.size;
@@ -235,7 +235,7 @@ static ssize_t s3_read(ckpt_store *st, const char *key, uint64_t off, size_t len
 	if (!name)
 		return -ENOMEM;
 	struct obj o;
-	int rc = s3_meta(s, name, &o);
+	int rc = ckpt_s3_meta(s, name, &o);
 	if (rc) {
 		free(name);
 		return rc;
@@ -266,7 +266,7 @@ static ssize_t s3_read(ckpt_store *st, const char *key, uint64_t off, size_t len
 	if (id && ckpt_dcache_get(s->dcache, id, o.etag, first, last - first + 1, buf) == 0) {
 		rc = 0;
 	} else {
-		rc = s3_coalesced_get(s, name, key, &o, first, last, buf);
+		rc = ckpt_s3_coalesced_get(s, name, key, &o, first, last, buf);
 		if (rc == 0 && id)
 			ckpt_dcache_put(s->dcache, id, o.etag, first, last - first + 1, buf);
 	}
@@ -415,7 +415,7 @@ int ckpt_store_s3_open(const char *source, const struct ckpt_store_opts *o, ckpt
 	s->retries = o->retries == CKPT_STORE_NO_RETRY ? 0 : o->retries ? o->retries : 5;
 	s->retry_base_ms = o->retry_base_ms ? o->retry_base_ms : 100;
 
-	rc = s3_creds_setup(s, o);
+	rc = ckpt_s3_creds_setup(s, o);
 	if (rc)
 		goto fail;
 
@@ -463,7 +463,7 @@ fail:
 	return rc;
 }
 
-struct s3_store *s3_store_of(ckpt_store *st)
+struct s3_store *ckpt_s3_store_of(ckpt_store *st)
 {
 	return st && st->ops == &s3_ops ? (struct s3_store *)st : NULL;
 }

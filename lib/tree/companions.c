@@ -434,6 +434,8 @@ static int make_safetensors(ckpt_view *v, struct node *dir, const char *name, si
 }
 
 /* The hidden companion `name` of committed directory dir, or -ENOENT/-EINVAL. */
+static int meta_dir(ckpt_view *v, struct node *dir, const char *name, struct node **out);
+
 static int dir_lookup(ckpt_view *v, struct node *dir, const char *name, struct node **out)
 {
 	size_t stem;
@@ -457,7 +459,28 @@ static int dir_lookup(ckpt_view *v, struct node *dir, const char *name, struct n
 		return make_safetensors(v, dir, name, stem, 1, out);
 	if (node_ends_with(name, ".safetensors", &stem))
 		return make_safetensors(v, dir, name, stem, 0, out);
-	return summary_meta_dir(v, dir, name, out); /* STEP/.ckptfs/ */
+	return meta_dir(v, dir, name, out); /* STEP/.ckptfs/ */
+}
+
+/* dir_ops lookup of `name` in dir: for ".ckptfs" in a committed step of a
+ * root, 0 and a new hidden .ckptfs/ directory holding the summary files
+ * (summary.c); -ENOENT otherwise.  Called with ns_lock shared; builds
+ * nothing. */
+static int meta_dir(ckpt_view *v, struct node *dir, const char *name, struct node **out)
+{
+	/* committed steps of a root only (the root's own .ckptfs/ is made at open) */
+	if (strcmp(name, ".ckptfs") || strcmp(v->kind, "root") || dir->ino == CKPT_ROOT_INO ||
+	    dir->parent != CKPT_ROOT_INO || !strcmp(dir->name, ".ckptfs"))
+		return -ENOENT;
+	struct node *meta = node_new(v, &dir_ops, ".ckptfs", dir);
+	if (!meta)
+		return -ENOMEM;
+	meta->hidden = 1;
+	int rc = summary_add_files(v, meta);
+	if (rc < 0)
+		return rc;
+	*out = meta;
+	return 0;
 }
 
 /* Companion entry c of dir (show_companions): NAME.shards for each array,

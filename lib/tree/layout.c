@@ -845,6 +845,21 @@ static int listed(const struct layout_steps *l, const char *name)
 	return 0;
 }
 
+/* The root's list of steps has one owner, this file: a pending step
+ * (pending.c) only says, through its ops, which final name it takes while
+ * it commits. */
+int name_reserved(struct node *root, const char *name)
+{
+	struct dir_node *d = to_dir(root);
+	for (size_t i = 0; i < d->nkids; i++) {
+		struct node *k = d->kids[i];
+		const char *final = k->ops->reserves ? k->ops->reserves(k) : NULL;
+		if (final && !strcmp(final, name))
+			return 1;
+	}
+	return 0;
+}
+
 int layout_apply_steps(ckpt_view *v, struct layout_steps *l)
 {
 	int changes = 0;

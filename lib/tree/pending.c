@@ -528,12 +528,15 @@ static void pfile_destroy(ckpt_view *v, struct node *n)
 
 static ssize_t pending_read(ckpt_view *v, struct node *n, uint64_t off, size_t len, void *dst);
 
+static const char *pstep_reserves(struct node *k);
+
 static const struct node_ops pstep_ops = {
 	.kind = N_PSTEP,
 	.size = sizeof(struct pdir_node),
 	.getattr = pdir_attr,
 	.readdir = node_readdir_kids,
 	.destroy = pstep_destroy,
+	.reserves = pstep_reserves,
 };
 
 static const struct node_ops pdir_ops = {
@@ -597,17 +600,13 @@ static int key_of_name(const char *name, char *buf, size_t cap)
 
 /* ---- namespace -------------------------------------------------------- */
 
-/* A committing step of the root takes `name` (ns_lock held). */
-int name_reserved(struct node *root, const char *name)
+/* pstep_ops.reserves: the final name of a committing step (ns_lock held);
+ * layout.c's name_reserved asks every pending step of the root. */
+static const char *pstep_reserves(struct node *k)
 {
-	struct dir_node *d = to_dir(root);
-	for (size_t i = 0; i < d->nkids; i++) {
-		struct node *k = d->kids[i];
-		if (k->kind == N_PSTEP && (atomic_load(&to_pdir(k)->ps->state) == PS_COMMITTING || atomic_load(&to_pdir(k)->ps->state) == PS_SEALED) && to_pdir(k)->ps->final &&
-		    !strcmp(to_pdir(k)->ps->final, name))
-			return 1;
-	}
-	return 0;
+	struct pstep *ps = to_pdir(k)->ps;
+	int st = atomic_load(&ps->state);
+	return st == PS_COMMITTING || st == PS_SEALED ? ps->final : NULL;
 }
 
 static int new_step(ckpt_view *v, struct node *root, const char *name, ckpt_attr *out)

@@ -5,12 +5,15 @@
  * on lookup) and in the root of a one-step or one-item mount (next to
  * .ckptfs/stats).
  *
- * The table is built by walking the view through its public calls
- * (ckpt_view_readdir, ckpt_view_getxattr), which take ns_lock shared
- * themselves; so it is built only where no view lock is held: on a read,
- * an open or a getattr of the file, never on a lookup (which runs under
- * ns_lock: a second shared acquisition can wait forever behind a queued
- * writer).  The text is kept on the node once built (a committed step
+ * The table is built by walking the nodes (node.c) the way the public
+ * calls do: each directory entry under ns_lock shared, taken here, and each
+ * xattr with no view lock (the user.ckpt.shards one takes ns_lock shared
+ * itself).  So it is built only where no view lock is held (precondition of
+ * ckpt_view_summary and of every function below that reaches the walk): on
+ * a read, an open or a getattr of the file, never on a lookup (which runs
+ * under ns_lock: a second shared acquisition can wait forever behind a
+ * queued writer).  This file calls only node.c, never the public view API
+ * (view.c is above it in the file map).  The text is kept on the node once built (a committed step
  * never changes); until then the file's size is 0.  It is served with
  * direct I/O, so a reader never depends on a size it saw before the build.
  */
@@ -113,7 +116,12 @@ static uint64_t elements(const char *shape)
 
 static ssize_t xattr(ckpt_view *v, ckpt_ino ino, const char *name, char *buf, size_t cap)
 {
-	ssize_t n = ckpt_view_getxattr(v, ino, name, buf, cap - 1);
+	/* what ckpt_view_getxattr does for user.* names; no view lock held */
+	struct node *nd = view_node(v, ino);
+	ssize_t n = !nd			? -ENOENT
+		    : node_is_gone(v, nd)	? -ESTALE
+		    : !nd->ops->getxattr ? -ENODATA
+					 : nd->ops->getxattr(v, nd, name, buf, cap - 1);
 	buf[n >= 0 ? (size_t)n : 0] = 0;
 	return n;
 }
@@ -177,6 +185,24 @@ static int visit(struct info *in, const char *path, const ckpt_attr *a)
 	return 0;
 }
 
+/* Entry `index` of dir, as ckpt_view_readdir answers it (without the root
+ * rescan): ns_lock shared is taken here, so none may be held. */
+static int entry(ckpt_view *v, ckpt_ino ino, uint64_t index, const char **name, ckpt_attr *attr)
+{
+	pthread_rwlock_rdlock(&v->ns_lock);
+	struct node *dir = view_node(v, ino);
+	struct node *n = NULL;
+	int rc = !dir || node_is_gone(v, dir) ? -ENOENT
+		 : !dir->ops->readdir	      ? -ENOTDIR
+					      : dir->ops->readdir(v, dir, index, &n);
+	if (rc == 1) {
+		*name = n->name;
+		view_fill_attr(v, n, attr);
+	}
+	pthread_rwlock_unlock(&v->ns_lock);
+	return rc;
+}
+
 /* Every entry below dir, depth first in listing order (hidden names are
  * not listed, so .ckptfs/ never shows up). */
 static int walk(struct info *in, ckpt_ino dir, const char *prefix, int depth)
@@ -184,9 +210,9 @@ static int walk(struct info *in, ckpt_ino dir, const char *prefix, int depth)
 	if (depth > 256)
 		return 0;
 	for (uint64_t i = 0;; i++) {
-		const char *name;
+		const char *name = "";
 		ckpt_attr a;
-		int rc = ckpt_view_readdir(in->v, dir, i, &name, &a);
+		int rc = entry(in->v, dir, i, &name, &a);
 		if (rc <= 0)
 			return rc;
 		size_t len = strlen(prefix) + strlen(name) + 2;
@@ -435,12 +461,16 @@ static char *dir_path(ckpt_view *v, ckpt_ino dir)
 int ckpt_view_summary(ckpt_view *v, ckpt_ino dir, const char *source, int json, char **buf, size_t *len)
 {
 	ckpt_attr a;
-	int rc = ckpt_view_getattr(v, dir, &a);
-	if (rc < 0)
-		return rc;
+	struct node *dn = view_node(v, dir);
+	if (!dn)
+		return -ENOENT;
+	if (node_is_gone(v, dn))
+		return -ESTALE;
+	view_fill_attr(v, dn, &a);
 	if (!a.is_dir)
 		return -ENOTDIR;
-	const char *kind = ckpt_view_kind(v);
+	int rc = 0;
+	const char *kind = v->kind;
 	struct info in = { .v = v };
 	in.step_depth = !strcmp(kind, "root") ? 0 : -1;
 	in.item_depth = !strcmp(kind, "root") ? 1 : !strcmp(kind, "step") ? 0 : -1;
@@ -598,19 +628,3 @@ int summary_add_files(ckpt_view *v, struct node *meta)
 	return 0;
 }
 
-int summary_meta_dir(ckpt_view *v, struct node *dir, const char *name, struct node **out)
-{
-	/* committed steps of a root only (the root's own .ckptfs/ is made at open) */
-	if (strcmp(name, META_DIR) || strcmp(v->kind, "root") || dir->ino == CKPT_ROOT_INO ||
-	    dir->parent != CKPT_ROOT_INO || !strcmp(dir->name, META_DIR))
-		return -ENOENT;
-	struct node *meta = node_new(v, &dir_ops, META_DIR, dir);
-	if (!meta)
-		return -ENOMEM;
-	meta->hidden = 1;
-	int rc = summary_add_files(v, meta);
-	if (rc < 0)
-		return rc;
-	*out = meta;
-	return 0;
-}

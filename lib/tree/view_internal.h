@@ -8,11 +8,17 @@
  *   view_xattr.c  user.ckpt.* xattrs of array files
  *   view_read.c   reads, zero-copy map, read-ahead / next-file warming; the
  *                 ops of the committed file kinds (array, file, safetensors, stats)
+ *   summary.c     the table of arrays of a directory, and the summary files
  *   companions.c  hidden names made on lookup: NAME[slice].npy, NAME.shards/,
  *                 X.safetensors, X.safetensors.d/; the ops of committed directories
- *   foreign.c, foreign_*.c  formats that are not Orbax -> virtual Orbax items
+ *   foreign_vitem.c  the virtual-item builder of formats that are not Orbax
  *                 (stores only: no node; see foreign.h)
- *   layout.c      source folder -> nodes (root/step/item detection, _METADATA walk)
+ *   foreign_npz.c  .npz archives -> a virtual item (translator)
+ *   foreign_msgpack.c  Flax / old Orbax / T5X msgpack checkpoints (translator)
+ *   foreign_torch.c  torch.save, DCP, safetensors files and folders (translator)
+ *   foreign.c     the translator table: which format a SOURCE or folder is
+ *   layout.c      source folder -> nodes (root/step/item detection, _METADATA walk);
+ *                 the root's list of steps (which names a committing step takes)
  *   pending.c     the write protocol on the namespace; the ops of pending kinds
  *   view.c        open/destroy, lookup, readdir, getattr, read, xattr: dispatch
  *
@@ -169,6 +175,9 @@ struct node_ops {
 	 * depend on (called with no view lock held; never from a lookup or a
 	 * readdir, which answer under ns_lock).  NULL: nothing. */
 	void (*prepare)(ckpt_view *v, struct node *n);
+	/* Pending steps: the final name the step takes while it commits
+	 * (committing or sealed), else NULL.  Read with ns_lock held.  NULL: none. */
+	const char *(*reserves)(struct node *n);
 };
 
 /* The head of every node. */
@@ -471,14 +480,11 @@ int layout_apply_steps(ckpt_view *v, struct layout_steps *l);
  * `ckptfs info` for meta's parent, built on first open/read/getattr,
  * outside ns_lock) to the .ckptfs/ directory meta before it is published. */
 int summary_add_files(ckpt_view *v, struct node *meta);
-/* dir_ops lookup of `name` in dir: for ".ckptfs" in a committed step of a
- * root, 0 and a new hidden .ckptfs/ directory holding the summary files;
- * -ENOENT otherwise.  Called with ns_lock shared; builds nothing. */
-int summary_meta_dir(ckpt_view *v, struct node *dir, const char *name, struct node **out);
 
-/* ---- pending.c ------------------------------------------------------------- */
+/* ---- layout.c (the root's steps) ------------------------------------------- */
 
-/* 1 when a committing step of the root takes `name` (ns_lock held). */
+/* 1 when a committing step of the root takes `name` (ns_lock held): asks
+ * each pending step through its ops (reserves). */
 int name_reserved(struct node *root, const char *name);
 
 #endif

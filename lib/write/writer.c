@@ -48,7 +48,8 @@ static void step_free(struct ckpt_step *st)
 	if (st->rootfd >= 0)
 		close(st->rootfd);
 	w_nodes_free(st);
-	w_hosts_free(st);
+	if (st->hosts_free)
+		st->hosts_free(st); /* the multi-host wrapper's state */
 	free(st->root);
 	free(st->name);
 	free(st->tmpname);

@@ -51,7 +51,7 @@ struct whosts {
 		merged; /* primary's last merge: shard files renamed, chunks copied / merged */
 };
 
-void w_hosts_free(struct ckpt_step *st)
+static void w_hosts_free(struct ckpt_step *st)
 {
 	struct whosts *h = st->hosts;
 	if (!h)
@@ -468,6 +468,7 @@ int ckpt_hosts_step_begin(const char *root, const char *step_name, const ckpt_wr
 	if (rc)
 		goto fail;
 	st->hosts = h;
+	st->hosts_free = w_hosts_free;
 	*out = st;
 	ckpt_log(CKPT_LOG_INFO, "writer: step %s: host %d of %d begins%s%s", step_name, h->index, h->count,
 		 h->index ? "" : " attempt ", h->index ? "" : h->attempt);

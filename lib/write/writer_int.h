@@ -3,9 +3,10 @@
  * header: see writer.h for the API and its contracts.
  *
  * Files, top to bottom (each calls only files below it, never one above):
+ *   writer_hosts.c   several hosts, one step: a wrapper around a step (its state
+ *                    is its own), declaration records, done records, the
+ *                    primary's merge (then writer_commit.c commits)
  *   writer.c         begin, write, read back, abort, destroy (the API entry points)
- *   writer_hosts.c   several hosts, one step: declaration records, done records,
- *                    the primary's merge (then writer_commit.c commits)
  *   writer_commit.c  the commit protocol: holes report, metadata files, rename
  *   writer_decl.c    items, arrays, pytree key-path consistency, queries
  *   writer_zpool.c   compression threads: take a job, compress, append, report
@@ -204,7 +205,12 @@ struct ckpt_step {
 	atomic_int state; /* enum ckpt_step_state; read by writes without a lock */
 	int nthreads;
 	pthread_t *threads;
-	struct whosts *hosts; /* multi-host step (writer_hosts.c), NULL for one host */
+	/* Multi-host step: the wrapper's state (writer_hosts.c), NULL for one
+	 * host.  The wrapper owns it: it sets hosts_free with it, and the step
+	 * only hands it back to hosts_free when freed (writer.c never calls
+	 * writer_hosts.c, which is above it in the file map). */
+	struct whosts *hosts;
+	void (*hosts_free)(struct ckpt_step *st);
 	struct ckpt_step_sink sink; /* shard_done NULL: none (set before any write) */
 };
 
@@ -350,9 +356,6 @@ int w_chunk_check_all(struct ckpt_step *st);
 /* ---- writer_zpool.c ---- */
 int w_zpool_start(struct ckpt_step *st);
 void w_zpool_stop(struct ckpt_step *st);
-
-/* ---- writer_hosts.c ---- */
-void w_hosts_free(struct ckpt_step *st);
 
 /* ---- writer_decl.c ---- */
 int w_nodes_create(struct ckpt_step *st);

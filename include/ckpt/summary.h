@@ -1,5 +1,5 @@
 /*
- * summary.h - the table of arrays of a directory of a view, as `ckptfs info`
+ * ckpt/summary.h - the table of arrays of a directory of a view, as `ckptfs info`
  * prints it and as MNT/STEP/.ckptfs/summary.txt (and summary.json) serve it.
  * Metadata only: built from readdir and the user.ckpt.* xattrs, it never
  * reads array data (logical bytes are shape x itemsize, stored bytes what

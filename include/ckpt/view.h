@@ -1,5 +1,5 @@
 /*
- * view.h - the mounted tree: nodes (steps, items, pytree directories,
+ * ckpt/view.h - the mounted tree: nodes (steps, items, pytree directories,
  * array files, metadata files, and the hidden companions: slice files,
  * NAME.shards/ directories, X.safetensors files, .ckptfs/stats) addressed by
  * stable inode numbers, with lookup, readdir, attributes, xattrs and reads.
@@ -22,7 +22,10 @@
 #include <stdint.h>
 #include <sys/types.h>
 
-#include "array.h"
+#include "support.h"
+
+/* Opaque here; read/array.h and read/cache.h define them. */
+typedef struct ckpt_centry ckpt_pin;
 
 typedef struct ckpt_view ckpt_view;
 typedef uint64_t ckpt_ino;
