@@ -41,7 +41,7 @@
 #define CKPT_FOREIGN_HEAD 512 /* bytes of a file given to every probe */
 
 struct ckpt_foreign_fmt {
-	const char *name; /* "npz", "msgpack", ...: log lines, `ckptfs info` (user.ckpt.format) */
+	const char *name; /* "npz", "flax-msgpack", ...: in log lines */
 	const char *what; /* what it looks for, in words, for the not-a-checkpoint message */
 	/* 1 when `key` of src (a file when st->is_dir is 0, then head holds its
 	 * first nhead bytes, nhead = min(size, CKPT_FOREIGN_HEAD); else a folder,

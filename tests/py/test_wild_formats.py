@@ -371,3 +371,12 @@ def test_gda_folder_belongs_to_its_step(mounts):
     it is no step of its own."""
     m = mounts("flax_legacy")
     assert sorted(os.listdir(m.p())) == ["checkpoint_1", "checkpoint_2"]
+
+
+def test_xattrs_of_npz_members(mounts):
+    m = mounts("npz/compressed.npz")
+    assert os.getxattr(m.p("u8.npy"), "user.ckpt.codec") == b"deflate"
+    assert os.getxattr(m.p("u8.npy"), "user.ckpt.shape") == b"[200]"
+    m = mounts("npz/stored.npz")
+    assert os.getxattr(m.p("u8.npy"), "user.ckpt.codec") == b"raw"
+    assert os.getxattr(m.p("params/llm/layers/attn/q_einsum/w.npy"), "user.ckpt.dtype") == b"bfloat16"
