@@ -44,6 +44,7 @@ struct mctx {
 	const char *dir; /* the folder placeholders are relative to ("" = src's root) */
 	ckpt_store *ocdbt; /* dir's OCDBT database, opened on first need */
 	int ocdbt_tried;
+	struct subdb *subdbs; /* databases of dir's subfolders, tried so far */
 	cJSON *strings; /* dir's _strings.json */
 	int strings_tried;
 	struct ckpt_vitem *vi;
@@ -52,6 +53,30 @@ struct mctx {
 	int depth;
 	size_t unreadable;
 };
+
+/* The OCDBT database of a subfolder of the item (NULL: none there). */
+struct subdb {
+	char *dir;
+	ckpt_store *db;
+	struct subdb *next;
+};
+
+static ckpt_store *subdb_of(struct mctx *c, const char *dir)
+{
+	for (struct subdb *d = c->subdbs; d; d = d->next)
+		if (!strcmp(d->dir, dir))
+			return d->db;
+	struct subdb *d = calloc(1, sizeof(*d));
+	if (!d || !(d->dir = strdup(dir))) {
+		free(d);
+		return NULL;
+	}
+	if (ckpt_store_ocdbt_open_on(c->src, dir, &d->db) < 0)
+		d->db = NULL;
+	d->next = c->subdbs;
+	c->subdbs = d;
+	return d->db;
+}
 
 struct frd {
 	ckpt_store *s;
@@ -134,6 +159,18 @@ static int placeholder(struct mctx *c, const char *name)
 	}
 	if (c->ocdbt && zarr_folder(c->ocdbt, name))
 		return ckpt_vitem_add_zarr(c->vi, c->path, c->depth, c->ocdbt, name);
+	/* Orbax 0.4 put a name holding '/' into the database of its folder:
+	 * "a/b/w" is key "w" of the database in a/b/ */
+	const char *slash = strrchr(name, '/');
+	if (slash) {
+		char *sub = strndup(name, (size_t)(slash - name));
+		char *sk = sub ? join(c->dir, sub) : NULL;
+		ckpt_store *db = sk ? subdb_of(c, sk) : NULL;
+		free(sub);
+		free(sk);
+		if (db && zarr_folder(db, slash + 1))
+			return ckpt_vitem_add_zarr(c->vi, c->path, c->depth, db, slash + 1);
+	}
 	if (!c->strings_tried) {
 		c->strings_tried = 1;
 		char *sk = join(c->dir, CKPT_ORBAX_STRINGS);
@@ -417,6 +454,12 @@ static int translate(ckpt_store *src, const char *file, const char *dir, uint64_
 	}
 	ckpt_mp_free(doc);
 	ckpt_store_destroy(c.ocdbt);
+	for (struct subdb *d = c.subdbs, *nx; d; d = nx) {
+		nx = d->next;
+		ckpt_store_destroy(d->db);
+		free(d->dir);
+		free(d);
+	}
 	cJSON_Delete(c.strings);
 	return rc;
 }

@@ -42,6 +42,7 @@ SOURCES = {
     "orbax_old/2/default": {"orbax_old/2/default": ""},
     "orbax_old_ocdbt/merged": {"orbax_old_ocdbt/merged": ""},
     "orbax_old_ocdbt/unmerged": {"orbax_old_ocdbt/unmerged": ""},
+    "orbax_old_ocdbt/per_folder": {"orbax_old_ocdbt/per_folder": ""},
     "orbax_names": {"orbax_names": ""},
     "t5x": {"t5x/checkpoint_100": "checkpoint_100"},
     "t5x/checkpoint_100": {"t5x/checkpoint_100": ""},
