@@ -21,8 +21,12 @@
  * item).  Layout detection asks the table wherever it finds a SOURCE, a
  * step or an item it does not know as Orbax.
  *
- * Writing a translator: ckpt_vitem_new, one ckpt_vitem_add_* per leaf
- * (arrays, strings, empty nodes), ckpt_vitem_finish for the store.
+ * Writing a translator: a file lib/tree/foreign_<name>.c defining a const
+ * struct ckpt_foreign_fmt (its bytes parsed by a pure lib/format/<name>.c),
+ * declared extern and appended to formats[] in foreign.c (probes are asked
+ * in that order; the first that claims wins).  Its open: ckpt_vitem_new,
+ * one ckpt_vitem_add_* per leaf (arrays, strings, empty nodes),
+ * ckpt_vitem_finish for the store.
  * Errors are negative errno, logged once by the translator with the file
  * and the reason.
  */
@@ -53,9 +57,12 @@ struct ckpt_foreign_fmt {
 	 * logged (the file and why). */
 	int (*open)(ckpt_store *src, const char *key, const struct ckpt_store_stat *st, ckpt_store **item);
 	/* Folder formats: the file that makes a folder this format's
-	 * ("checkpoint"); when open fails, the folder shows one entry of this
-	 * name that answers EIO.  NULL for file formats (the entry is named
-	 * after the file). */
+	 * ("checkpoint"), written last by its tool; when open fails, the folder
+	 * shows one entry of this name that answers EIO; on an object-store
+	 * root a step folder this format claims counts as committed only when
+	 * this is set.  NULL for file formats (the entry is named after the
+	 * file; a step file counts as committed) and for folders recognized
+	 * without one file. */
 	const char *main_file;
 };
 
