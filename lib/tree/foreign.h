@@ -137,6 +137,10 @@ int ckpt_vitem_add_empty(struct ckpt_vitem *vi, const char *const *path, int dep
  * of leaving it out silently. */
 int ckpt_vitem_add_unreadable(struct ckpt_vitem *vi, const char *const *path, int depth);
 
+/* The most leaves of one item (its synthesized _METADATA stays well within
+ * what the tree reads); one more is -EFBIG (logged), which fails the item. */
+#define CKPT_VITEM_MAX_LEAVES (1u << 17)
+
 /* Leaves added so far. */
 size_t ckpt_vitem_leaves(const struct ckpt_vitem *vi);
 
