@@ -45,6 +45,9 @@ struct mctx {
 	ckpt_store *ocdbt; /* dir's OCDBT database, opened on first need */
 	int ocdbt_tried;
 	struct subdb *subdbs; /* databases of dir's subfolders, tried so far */
+	char **folders; /* dir's subfolders, sorted (listed once: no stat for a name not there) */
+	size_t nfolders;
+	int listed; /* 1 listed, -1 could not be listed (then every name is looked up) */
 	cJSON *strings; /* dir's _strings.json */
 	int strings_tried;
 	struct ckpt_vitem *vi;
@@ -139,6 +142,48 @@ static int zarr_folder(ckpt_store *s, const char *dir)
 /* An array TensorStore wrote under `name` (an item's param name, or a T5X
  * spec's relative path): a zarr folder of dir, else the dir's OCDBT
  * database; else a string leaf of _strings.json. */
+static int dir_cb(void *ctx, const char *name, const struct ckpt_store_stat *st)
+{
+	struct mctx *c = ctx;
+	if (!st->is_dir)
+		return 0;
+	if ((c->nfolders & (c->nfolders + 1)) == 0 || !c->folders) { /* grow at 0, 1, 3, 7, ... */
+		char **v = realloc(c->folders, (2 * c->nfolders + 2) * sizeof(*v));
+		if (!v)
+			return -ENOMEM;
+		c->folders = v;
+	}
+	if (!(c->folders[c->nfolders] = strdup(name)))
+		return -ENOMEM;
+	c->nfolders++;
+	return 0;
+}
+
+static int cmp_str(const void *a, const void *b)
+{
+	return strcmp(*(const char *const *)a, *(const char *const *)b);
+}
+
+/* 0 when dir surely has no subfolder named as name's first component. */
+static int maybe_folder(struct mctx *c, const char *name)
+{
+	if (!c->listed) {
+		c->listed = ckpt_store_listdir(c->src, c->dir, dir_cb, c) < 0 ? -1 : 1;
+		if (c->listed > 0 && c->nfolders)
+			qsort(c->folders, c->nfolders, sizeof(*c->folders), cmp_str);
+	}
+	if (c->listed < 0)
+		return 1;
+	char first[256];
+	size_t n = strcspn(name, "/");
+	if (n >= sizeof(first))
+		return 1;
+	memcpy(first, name, n);
+	first[n] = 0;
+	const char *key = first;
+	return c->nfolders && bsearch(&key, c->folders, c->nfolders, sizeof(*c->folders), cmp_str) != NULL;
+}
+
 static int placeholder(struct mctx *c, const char *name)
 {
 	if (!*name || !ckpt_store_key_ok(name))
@@ -147,7 +192,7 @@ static int placeholder(struct mctx *c, const char *name)
 	if (!k)
 		return -ENOMEM;
 	int rc = 1;
-	if (zarr_folder(c->src, k))
+	if (maybe_folder(c, name) && zarr_folder(c->src, k))
 		rc = ckpt_vitem_add_zarr(c->vi, c->path, c->depth, c->src, k);
 	free(k);
 	if (rc <= 0)
@@ -454,6 +499,9 @@ static int translate(ckpt_store *src, const char *file, const char *dir, uint64_
 	}
 	ckpt_mp_free(doc);
 	ckpt_store_destroy(c.ocdbt);
+	for (size_t i = 0; i < c.nfolders; i++)
+		free(c.folders[i]);
+	free(c.folders);
 	for (struct subdb *d = c.subdbs, *nx; d; d = nx) {
 		nx = d->next;
 		ckpt_store_destroy(d->db);
