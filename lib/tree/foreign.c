@@ -5,6 +5,7 @@
  * foreign_vitem.c.
  */
 #include <cjson/cJSON.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -68,18 +69,20 @@ const struct ckpt_foreign_fmt *ckpt_foreign_probe(ckpt_store *src, const char *k
 	return NULL;
 }
 
+static char what_buf[1024];
+static pthread_once_t what_once = PTHREAD_ONCE_INIT;
+
+static void what_init(void)
+{
+	size_t o = 0;
+	for (size_t i = 0; i < NFORMATS && o < sizeof(what_buf); i++)
+		o += (size_t)snprintf(what_buf + o, sizeof(what_buf) - o, "%s%s", i ? ", " : "",
+				      formats[i]->what);
+}
+
 const char *ckpt_foreign_what(void)
 {
-	static char buf[1024];
-	static int done;
-	if (!done) { /* the same text every time: a benign race writes the same bytes */
-		size_t o = 0;
-		buf[0] = 0;
-		for (size_t i = 0; i < NFORMATS && o < sizeof(buf); i++)
-			o += (size_t)snprintf(buf + o, sizeof(buf) - o, "%s%s", i ? ", " : "",
-					      formats[i]->what);
-		done = 1;
-	}
-	return buf;
+	pthread_once(&what_once, what_init);
+	return what_buf;
 }
 

@@ -21,8 +21,12 @@
  * item).  Layout detection asks the table wherever it finds a SOURCE, a
  * step or an item it does not know as Orbax.
  *
- * Writing a translator: ckpt_vitem_new, one ckpt_vitem_add_* per leaf
- * (arrays, strings, empty nodes), ckpt_vitem_finish for the store.
+ * Writing a translator: a file lib/tree/foreign_<name>.c defining a const
+ * struct ckpt_foreign_fmt (its bytes parsed by a pure lib/format/<name>.c),
+ * declared extern and appended to formats[] in foreign.c (probes are asked
+ * in that order; the first that claims wins).  Its open: ckpt_vitem_new,
+ * one ckpt_vitem_add_* per leaf (arrays, strings, empty nodes),
+ * ckpt_vitem_finish for the store.
  * Errors are negative errno, logged once by the translator with the file
  * and the reason.
  */
@@ -41,7 +45,7 @@
 #define CKPT_FOREIGN_HEAD 512 /* bytes of a file given to every probe */
 
 struct ckpt_foreign_fmt {
-	const char *name; /* "npz", "msgpack", ...: log lines, `ckptfs info` (user.ckpt.format) */
+	const char *name; /* "npz", "flax-msgpack", ...: in log lines */
 	const char *what; /* what it looks for, in words, for the not-a-checkpoint message */
 	/* 1 when `key` of src (a file when st->is_dir is 0, then head holds its
 	 * first nhead bytes, nhead = min(size, CKPT_FOREIGN_HEAD); else a folder,
@@ -53,9 +57,12 @@ struct ckpt_foreign_fmt {
 	 * logged (the file and why). */
 	int (*open)(ckpt_store *src, const char *key, const struct ckpt_store_stat *st, ckpt_store **item);
 	/* Folder formats: the file that makes a folder this format's
-	 * ("checkpoint"); when open fails, the folder shows one entry of this
-	 * name that answers EIO.  NULL for file formats (the entry is named
-	 * after the file). */
+	 * ("checkpoint"), written last by its tool; when open fails, the folder
+	 * shows one entry of this name that answers EIO; on an object-store
+	 * root a step folder this format claims counts as committed only when
+	 * this is set.  NULL for file formats (the entry is named after the
+	 * file; a step file counts as committed) and for folders recognized
+	 * without one file. */
 	const char *main_file;
 };
 
@@ -129,6 +136,10 @@ int ckpt_vitem_add_empty(struct ckpt_vitem *vi, const char *const *path, int dep
  * as NAME.npy, reads answer EIO, so that a copy of the tree fails instead
  * of leaving it out silently. */
 int ckpt_vitem_add_unreadable(struct ckpt_vitem *vi, const char *const *path, int depth);
+
+/* The most leaves of one item (its synthesized _METADATA stays well within
+ * what the tree reads); one more is -EFBIG (logged), which fails the item. */
+#define CKPT_VITEM_MAX_LEAVES (1u << 17)
 
 /* Leaves added so far. */
 size_t ckpt_vitem_leaves(const struct ckpt_vitem *vi);

@@ -44,6 +44,10 @@ struct mctx {
 	const char *dir; /* the folder placeholders are relative to ("" = src's root) */
 	ckpt_store *ocdbt; /* dir's OCDBT database, opened on first need */
 	int ocdbt_tried;
+	struct subdb *subdbs; /* databases of dir's subfolders, tried so far */
+	char **folders; /* dir's subfolders, sorted (listed once: no stat for a name not there) */
+	size_t nfolders;
+	int listed; /* 1 listed, -1 could not be listed (then every name is looked up) */
 	cJSON *strings; /* dir's _strings.json */
 	int strings_tried;
 	struct ckpt_vitem *vi;
@@ -52,6 +56,30 @@ struct mctx {
 	int depth;
 	size_t unreadable;
 };
+
+/* The OCDBT database of a subfolder of the item (NULL: none there). */
+struct subdb {
+	char *dir;
+	ckpt_store *db;
+	struct subdb *next;
+};
+
+static ckpt_store *subdb_of(struct mctx *c, const char *dir)
+{
+	for (struct subdb *d = c->subdbs; d; d = d->next)
+		if (!strcmp(d->dir, dir))
+			return d->db;
+	struct subdb *d = calloc(1, sizeof(*d));
+	if (!d || !(d->dir = strdup(dir))) {
+		free(d);
+		return NULL;
+	}
+	if (ckpt_store_ocdbt_open_on(c->src, dir, &d->db) < 0)
+		d->db = NULL;
+	d->next = c->subdbs;
+	c->subdbs = d;
+	return d->db;
+}
 
 struct frd {
 	ckpt_store *s;
@@ -114,6 +142,48 @@ static int zarr_folder(ckpt_store *s, const char *dir)
 /* An array TensorStore wrote under `name` (an item's param name, or a T5X
  * spec's relative path): a zarr folder of dir, else the dir's OCDBT
  * database; else a string leaf of _strings.json. */
+static int dir_cb(void *ctx, const char *name, const struct ckpt_store_stat *st)
+{
+	struct mctx *c = ctx;
+	if (!st->is_dir)
+		return 0;
+	if ((c->nfolders & (c->nfolders + 1)) == 0 || !c->folders) { /* grow at 0, 1, 3, 7, ... */
+		char **v = realloc(c->folders, (2 * c->nfolders + 2) * sizeof(*v));
+		if (!v)
+			return -ENOMEM;
+		c->folders = v;
+	}
+	if (!(c->folders[c->nfolders] = strdup(name)))
+		return -ENOMEM;
+	c->nfolders++;
+	return 0;
+}
+
+static int cmp_str(const void *a, const void *b)
+{
+	return strcmp(*(const char *const *)a, *(const char *const *)b);
+}
+
+/* 0 when dir surely has no subfolder named as name's first component. */
+static int maybe_folder(struct mctx *c, const char *name)
+{
+	if (!c->listed) {
+		c->listed = ckpt_store_listdir(c->src, c->dir, dir_cb, c) < 0 ? -1 : 1;
+		if (c->listed > 0 && c->nfolders)
+			qsort(c->folders, c->nfolders, sizeof(*c->folders), cmp_str);
+	}
+	if (c->listed < 0)
+		return 1;
+	char first[256];
+	size_t n = strcspn(name, "/");
+	if (n >= sizeof(first))
+		return 1;
+	memcpy(first, name, n);
+	first[n] = 0;
+	const char *key = first;
+	return c->nfolders && bsearch(&key, c->folders, c->nfolders, sizeof(*c->folders), cmp_str) != NULL;
+}
+
 static int placeholder(struct mctx *c, const char *name)
 {
 	if (!*name || !ckpt_store_key_ok(name))
@@ -122,7 +192,7 @@ static int placeholder(struct mctx *c, const char *name)
 	if (!k)
 		return -ENOMEM;
 	int rc = 1;
-	if (zarr_folder(c->src, k))
+	if (maybe_folder(c, name) && zarr_folder(c->src, k))
 		rc = ckpt_vitem_add_zarr(c->vi, c->path, c->depth, c->src, k);
 	free(k);
 	if (rc <= 0)
@@ -134,6 +204,18 @@ static int placeholder(struct mctx *c, const char *name)
 	}
 	if (c->ocdbt && zarr_folder(c->ocdbt, name))
 		return ckpt_vitem_add_zarr(c->vi, c->path, c->depth, c->ocdbt, name);
+	/* Orbax 0.4 put a name holding '/' into the database of its folder:
+	 * "a/b/w" is key "w" of the database in a/b/ */
+	const char *slash = strrchr(name, '/');
+	if (slash) {
+		char *sub = strndup(name, (size_t)(slash - name));
+		char *sk = sub ? join(c->dir, sub) : NULL;
+		ckpt_store *db = sk ? subdb_of(c, sk) : NULL;
+		free(sub);
+		free(sk);
+		if (db && zarr_folder(db, slash + 1))
+			return ckpt_vitem_add_zarr(c->vi, c->path, c->depth, db, slash + 1);
+	}
 	if (!c->strings_tried) {
 		c->strings_tried = 1;
 		char *sk = join(c->dir, CKPT_ORBAX_STRINGS);
@@ -417,6 +499,15 @@ static int translate(ckpt_store *src, const char *file, const char *dir, uint64_
 	}
 	ckpt_mp_free(doc);
 	ckpt_store_destroy(c.ocdbt);
+	for (size_t i = 0; i < c.nfolders; i++)
+		free(c.folders[i]);
+	free(c.folders);
+	for (struct subdb *d = c.subdbs, *nx; d; d = nx) {
+		nx = d->next;
+		ckpt_store_destroy(d->db);
+		free(d->dir);
+		free(d);
+	}
 	cJSON_Delete(c.strings);
 	return rc;
 }

@@ -10,6 +10,7 @@
  *   a/<i>/...        or, for an array kept as a zarr folder, that folder.
  */
 #include <cjson/cJSON.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -71,18 +72,21 @@ static int add_leaf(struct ckpt_vitem *vi, const char *const *path, int depth, c
 {
 	if (depth < 1 || depth > CKPT_ORBAX_MAX_DEPTH)
 		return -EINVAL;
+	if (vi->n >= CKPT_VITEM_MAX_LEAVES) {
+		ckpt_log(CKPT_LOG_ERR, "%s: more than %u leaves: not shown", vi->mem->root,
+			 (unsigned)CKPT_VITEM_MAX_LEAVES);
+		return -EFBIG;
+	}
 	cJSON *leaf = cJSON_CreateObject(), *keys = cJSON_CreateArray(), *vm = cJSON_CreateObject();
 	int bad = !leaf || !keys || !vm;
 	for (int i = 0; i < depth && !bad; i++) {
 		cJSON *k = cJSON_CreateObject();
-		bad = !k || !cJSON_AddStringToObject(k, "key", path[i]) ||
-		      !cJSON_AddNumberToObject(k, "key_type", 2) || !cJSON_AddItemToArray(keys, k);
+		bad = !k || !cJSON_AddStringToObject(k, "key", path[i]) || !cJSON_AddItemToArray(keys, k);
 		if (!k)
 			break;
 	}
 	if (!bad)
 		bad = !cJSON_AddStringToObject(vm, "value_type", type) ||
-		      !cJSON_AddBoolToObject(vm, "skip_deserialize", 0) ||
 		      (skey && !cJSON_AddStringToObject(vm, CKPT_VITEM_KEY_MEMBER, skey)) ||
 		      (all_stored >= 0 && !cJSON_AddBoolToObject(vm, "ckptfs_all_stored", all_stored));
 	char name[32];

@@ -42,6 +42,7 @@ SOURCES = {
     "orbax_old/2/default": {"orbax_old/2/default": ""},
     "orbax_old_ocdbt/merged": {"orbax_old_ocdbt/merged": ""},
     "orbax_old_ocdbt/unmerged": {"orbax_old_ocdbt/unmerged": ""},
+    "orbax_old_ocdbt/per_folder": {"orbax_old_ocdbt/per_folder": ""},
     "orbax_names": {"orbax_names": ""},
     "t5x": {"t5x/checkpoint_100": "checkpoint_100"},
     "t5x/checkpoint_100": {"t5x/checkpoint_100": ""},
@@ -371,3 +372,23 @@ def test_gda_folder_belongs_to_its_step(mounts):
     it is no step of its own."""
     m = mounts("flax_legacy")
     assert sorted(os.listdir(m.p())) == ["checkpoint_1", "checkpoint_2"]
+
+
+def test_xattrs_of_npz_members(mounts):
+    m = mounts("npz/compressed.npz")
+    assert os.getxattr(m.p("u8.npy"), "user.ckpt.codec") == b"deflate"
+    assert os.getxattr(m.p("u8.npy"), "user.ckpt.shape") == b"[200]"
+    m = mounts("npz/stored.npz")
+    assert os.getxattr(m.p("u8.npy"), "user.ckpt.codec") == b"raw"
+    assert os.getxattr(m.p("params/llm/layers/attn/q_einsum/w.npy"), "user.ckpt.dtype") == b"bfloat16"
+
+
+def test_a_folder_that_is_no_checkpoint_names_the_other_formats(tmp_path, mount):
+    d = tmp_path / "junk"
+    d.mkdir()
+    (d / "checkpoint").write_text("model_checkpoint_path: \"ckpt-1\"\n")  # TensorFlow's, not MessagePack
+    (d / "notes.txt").write_text("x")
+    m = mount(d, "ro", expect_ready=False)
+    assert m.ready != b"s"
+    log = m.log()
+    assert "not a checkpoint" in log and ".npz archive" in log and "MessagePack `checkpoint`" in log, log

@@ -256,6 +256,62 @@ static void test_vitem(void)
 	ckpt_store_destroy(item);
 }
 
+/* A raw array past the chunk target is cut into whole-row chunks (each a
+ * range of the file); pieces laid end to end are cut the same way. */
+static void test_vitem_chunks(void)
+{
+	enum { ROWS = 5, COLS = 1 << 20 }; /* uint32: 4 MiB rows, 20 MiB in all */
+	size_t nb = (size_t)ROWS * COLS * 4;
+	uint32_t *file = malloc(nb + 7);
+	CHECK(file != NULL);
+	if (!file)
+		return;
+	for (size_t i = 0; i < (size_t)ROWS * COLS; i++)
+		file[i] = (uint32_t)(i * 2654435761u);
+	ckpt_store *base, *item;
+	CHECK_EQ_INT(ckpt_store_mem_open("mem:big", &base), 0);
+	CHECK_EQ_INT(ckpt_store_mem_put(base, "f", file, nb), 0);
+	struct ckpt_vitem *vi;
+	CHECK_EQ_INT(ckpt_vitem_new("virt", &vi), 0);
+	const char *p1[] = { "whole" }, *p2[] = { "pieces" };
+	struct ckpt_varray a = { .dtype = CKPT_DT_UINT32,
+				 .rank = 2,
+				 .shape = { ROWS, COLS },
+				 .base = base,
+				 .base_key = "f",
+				 .length = nb };
+	CHECK_EQ_INT(ckpt_vitem_add_array(vi, p1, 1, &a), 0);
+	/* the same bytes as three pieces of odd sizes */
+	uint64_t pieces[6] = { 0, 1000, 1000, nb / 2 - 1000, nb / 2, nb / 2 };
+	a.pieces = pieces;
+	a.npieces = 3;
+	CHECK_EQ_INT(ckpt_vitem_add_array(vi, p2, 1, &a), 0);
+	CHECK_EQ_INT(ckpt_vitem_finish(vi, &item), 0);
+	ckpt_store_destroy(base);
+	uint64_t size;
+	CHECK_EQ_INT(ckpt_store_size(item, "a/0000000000/1.0", &size), 0); /* one row a chunk */
+	CHECK_EQ_INT(size, (uint64_t)COLS * 4);
+	ckpt_ctx *ctx;
+	CHECK_EQ_INT(ckpt_ctx_create(NULL, &ctx), 0);
+	const char *keys[] = { "a/0000000000", "a/0000000001" };
+	for (int k = 0; k < 2; k++) {
+		ckpt_array *arr;
+		CHECK_EQ_INT(ckpt_array_open(ctx, item, keys[k], 2, &arr), 0);
+		ckpt_region r;
+		uint64_t shape[2] = { ROWS, COLS };
+		ckpt_region_full(&r, 2, shape);
+		/* a window across the boundary of rows 1 and 2 */
+		uint32_t got[64];
+		uint64_t at = (uint64_t)2 * COLS * 4 - 128;
+		CHECK_EQ_INT(ckpt_array_read(arr, &r, at, sizeof(got), got), (int)sizeof(got));
+		CHECK(memcmp(got, (const uint8_t *)file + at, sizeof(got)) == 0);
+		ckpt_array_destroy(arr);
+	}
+	ckpt_ctx_destroy(ctx);
+	ckpt_store_destroy(item);
+	free(file);
+}
+
 int main(void)
 {
 	ckpt_log_set_level(CKPT_LOG_ERR);
@@ -263,5 +319,6 @@ int main(void)
 	CHECK_RUN(test_npz_header);
 	CHECK_RUN(test_zip);
 	CHECK_RUN(test_vitem);
+	CHECK_RUN(test_vitem_chunks);
 	return CHECK_DONE();
 }
