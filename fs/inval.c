@@ -51,12 +51,12 @@ static void *inval_main(void *arg)
 	(void)arg;
 	char name[4096];
 	for (;;) {
-		pthread_mutex_lock(&iq.mu);
+		ckpt_lock(&iq.mu, CKPT_RANK_FS_INVAL);
 		while (!iq.kicked && !iq.stop)
 			pthread_cond_wait(&iq.cv, &iq.mu);
 		int stop = iq.stop;
 		iq.kicked = 0;
-		pthread_mutex_unlock(&iq.mu);
+		ckpt_unlock(&iq.mu, CKPT_RANK_FS_INVAL);
 		if (stop)
 			break;
 		for (;;) {
@@ -70,9 +70,9 @@ static void *inval_main(void *arg)
 				break;
 			/* -ENOENT when the dentry is gone already: nothing to do */
 			fuse_lowlevel_notify_inval_entry(iq.se, parent, name, strlen(name));
-			pthread_mutex_lock(&iq.mu);
+			ckpt_lock(&iq.mu, CKPT_RANK_FS_INVAL);
 			stop = iq.stop;
-			pthread_mutex_unlock(&iq.mu);
+			ckpt_unlock(&iq.mu, CKPT_RANK_FS_INVAL);
 			if (stop)
 				return NULL;
 		}
@@ -100,22 +100,22 @@ int ckfs_inval_start(struct fuse_session *se, ckpt_view *view)
 
 void ckfs_inval_kick(void)
 {
-	pthread_mutex_lock(&iq.mu);
+	ckpt_lock(&iq.mu, CKPT_RANK_FS_INVAL);
 	if (!iq.kicked) {
 		iq.kicked = 1;
 		pthread_cond_signal(&iq.cv);
 	}
-	pthread_mutex_unlock(&iq.mu);
+	ckpt_unlock(&iq.mu, CKPT_RANK_FS_INVAL);
 }
 
 void ckfs_inval_stop(void)
 {
 	if (!iq.started)
 		return;
-	pthread_mutex_lock(&iq.mu);
+	ckpt_lock(&iq.mu, CKPT_RANK_FS_INVAL);
 	iq.stop = 1;
 	pthread_cond_signal(&iq.cv);
-	pthread_mutex_unlock(&iq.mu);
+	ckpt_unlock(&iq.mu, CKPT_RANK_FS_INVAL);
 	pthread_join(iq.th, NULL);
 	iq.started = 0;
 }

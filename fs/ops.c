@@ -1,6 +1,7 @@
 /*
  * ops.c - one handler per FUSE low-level operation.  libckpt returns
- * negative errno; it becomes fuse_reply_err(-rc) here and nowhere else.
+ * negative errno; every error reply goes through reply_err() (the one
+ * fuse_reply_err call), which checks it is one.
  * Every handler replies exactly once on every path.
  */
 #include <stdlib.h>
@@ -41,6 +42,19 @@ static void to_stat(const struct ckfs *fs, const ckpt_attr *a, struct stat *st)
 	st->st_atim = st->st_mtim;
 }
 
+/* The error funnel: rc is 0 (success, for the replies that carry no data)
+ * or a negative errno from libckpt, and the kernel gets -rc.  Anything
+ * else (a positive value, or one beyond the errno range) is a bug upstream:
+ * it is logged once per call and answered EIO, never passed on raw. */
+static void reply_err(fuse_req_t req, int rc)
+{
+	if (rc > 0 || rc < -4095) {
+		ckpt_log(CKPT_LOG_ERR, "internal error: reply with %d, not a negative errno: EIO instead", rc);
+		rc = -EIO;
+	}
+	fuse_reply_err(req, -rc);
+}
+
 /* Under allow_other, only the mounting user may change anything (create
  * or commit steps, write arrays, set xattrs) unless -o allow_other_writes:
  * otherwise any local user could commit a step a training job restores. */
@@ -53,7 +67,7 @@ static int may_write(fuse_req_t req)
 	ckpt_log(CKPT_LOG_WARN,
 		 "%s: write request from uid %u refused (only uid %u writes; see allow_other_writes)",
 		 fs->opts.source, (unsigned)c->uid, (unsigned)fs->owner_uid);
-	fuse_reply_err(req, EACCES);
+	reply_err(req, -EACCES);
 	return 0;
 }
 
@@ -110,7 +124,7 @@ static void ckfs_op_lookup(fuse_req_t req, fuse_ino_t parent, const char *name)
 	ckpt_attr a;
 	int rc = ckpt_view_lookup(fs->view, parent, name, &a);
 	if (rc < 0) {
-		fuse_reply_err(req, -rc);
+		reply_err(req, rc);
 		return;
 	}
 	struct fuse_entry_param e;
@@ -145,7 +159,7 @@ static void reply_attr(fuse_req_t req, fuse_ino_t ino, int rc)
 	if (rc == 0)
 		rc = ckpt_view_getattr(fs->view, ino, &a);
 	if (rc < 0) {
-		fuse_reply_err(req, -rc);
+		reply_err(req, rc);
 		return;
 	}
 	struct stat st;
@@ -163,17 +177,17 @@ static void ckfs_op_opendir(fuse_req_t req, fuse_ino_t ino, struct fuse_file_inf
 {
 	struct ckfs *fs = fs_of(req);
 	if (fs->no_opendir) {
-		fuse_reply_err(req, ENOSYS); /* the kernel stops sending OPENDIR */
+		reply_err(req, -ENOSYS); /* the kernel stops sending OPENDIR */
 		return;
 	}
 	ckpt_attr a;
 	int rc = ckpt_view_getattr(fs->view, ino, &a);
 	if (rc < 0) {
-		fuse_reply_err(req, -rc);
+		reply_err(req, rc);
 		return;
 	}
 	if (!a.is_dir) {
-		fuse_reply_err(req, ENOTDIR);
+		reply_err(req, -ENOTDIR);
 		return;
 	}
 	fi->cache_readdir = a.immutable;
@@ -186,7 +200,7 @@ static void do_readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, i
 	struct ckfs *fs = fs_of(req);
 	char *buf = thread_buf(size);
 	if (!buf) {
-		fuse_reply_err(req, ENOMEM);
+		reply_err(req, -ENOMEM);
 		return;
 	}
 	size_t used = 0;
@@ -203,7 +217,7 @@ static void do_readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, i
 		if (rc < 0) {
 			if (used) /* return what we have; the error shows next time */
 				break;
-			fuse_reply_err(req, -rc);
+			reply_err(req, rc);
 			return;
 		}
 		if (rc == 0 && i >= 2)
@@ -244,22 +258,22 @@ static void ckfs_op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *
 	ckpt_attr a;
 	int rc = ckpt_view_getattr(fs->view, ino, &a);
 	if (rc < 0) {
-		fuse_reply_err(req, -rc);
+		reply_err(req, rc);
 		return;
 	}
 	if (a.is_dir) {
-		fuse_reply_err(req, EISDIR);
+		reply_err(req, -EISDIR);
 		return;
 	}
 	int writing = (fi->flags & O_ACCMODE) != O_RDONLY || (fi->flags & O_TRUNC);
 	if (writing && !may_write(req))
 		return;
 	if (writing && (rc = ckpt_view_check_writable(fs->view, ino)) < 0) {
-		fuse_reply_err(req, -rc);
+		reply_err(req, rc);
 		return;
 	}
 	if ((fi->flags & O_TRUNC) && (rc = ckpt_view_truncate(fs->view, ino, 0)) < 0) {
-		fuse_reply_err(req, -rc);
+		reply_err(req, rc);
 		return;
 	}
 	/* Revalidates the stored data behind the file: the kernel keeps its
@@ -267,7 +281,7 @@ static void ckfs_op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *
 	 * stale. */
 	int changed = ckpt_view_open_file(fs->view, ino);
 	if (changed < 0) {
-		fuse_reply_err(req, -changed);
+		reply_err(req, changed);
 		return;
 	}
 	fi->keep_cache = a.immutable && changed == 0;
@@ -301,17 +315,17 @@ static void ckfs_op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
 		return;
 	}
 	if (k != -ENOTSUP) {
-		fuse_reply_err(req, -k);
+		reply_err(req, k);
 		return;
 	}
 	char *buf = thread_buf(size);
 	if (!buf) {
-		fuse_reply_err(req, ENOMEM);
+		reply_err(req, -ENOMEM);
 		return;
 	}
 	ssize_t n = ckpt_view_read(fs->view, ino, (uint64_t)off, size, buf);
 	if (n < 0) {
-		fuse_reply_err(req, (int)-n);
+		reply_err(req, (int)n);
 		return;
 	}
 	fuse_reply_buf(req, buf, (size_t)n);
@@ -321,7 +335,7 @@ static void ckfs_op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
 static void reply_xattr(fuse_req_t req, ssize_t n, const char *buf, size_t size)
 {
 	if (n < 0)
-		fuse_reply_err(req, (int)-n);
+		reply_err(req, (int)n);
 	else if (size == 0)
 		fuse_reply_xattr(req, (size_t)n);
 	else
@@ -332,7 +346,7 @@ static void ckfs_op_getxattr(fuse_req_t req, fuse_ino_t ino, const char *name, s
 {
 	char *buf = size ? thread_buf(size) : NULL;
 	if (size && !buf) {
-		fuse_reply_err(req, ENOMEM);
+		reply_err(req, -ENOMEM);
 		return;
 	}
 	reply_xattr(req, ckpt_view_getxattr(fs_of(req)->view, ino, name, buf, size), buf, size);
@@ -342,7 +356,7 @@ static void ckfs_op_listxattr(fuse_req_t req, fuse_ino_t ino, size_t size)
 {
 	char *buf = size ? thread_buf(size) : NULL;
 	if (size && !buf) {
-		fuse_reply_err(req, ENOMEM);
+		reply_err(req, -ENOMEM);
 		return;
 	}
 	reply_xattr(req, ckpt_view_listxattr(fs_of(req)->view, ino, buf, size), buf, size);
@@ -401,7 +415,7 @@ static void ckfs_op_statfs(fuse_req_t req, fuse_ino_t ino)
 static void reply_entry_or_err(fuse_req_t req, int rc, const ckpt_attr *a)
 {
 	if (rc < 0) {
-		fuse_reply_err(req, -rc);
+		reply_err(req, rc);
 		return;
 	}
 	struct fuse_entry_param e;
@@ -431,12 +445,12 @@ static void ckfs_op_create(fuse_req_t req, fuse_ino_t parent, const char *name, 
 	ckpt_attr a;
 	int rc = ckpt_view_create(fs->view, parent, name, &a);
 	if (rc < 0) {
-		fuse_reply_err(req, -rc);
+		reply_err(req, rc);
 		return;
 	}
 	if ((fi->flags & O_TRUNC) && ckpt_view_is_writable(fs->view, a.ino) &&
 	    (rc = ckpt_view_truncate(fs->view, a.ino, 0)) < 0 && a.size) {
-		fuse_reply_err(req, -rc);
+		reply_err(req, rc);
 		return;
 	}
 	struct fuse_entry_param e;
@@ -455,7 +469,7 @@ static void ckfs_op_write(fuse_req_t req, fuse_ino_t ino, const char *buf, size_
 	ssize_t n = ckpt_view_write(fs_of(req)->view, ino, (uint64_t)off, buf, size,
 				    (fi->flags & O_APPEND) ? CKPT_WRITE_APPEND : 0);
 	if (n < 0)
-		fuse_reply_err(req, (int)-n);
+		reply_err(req, (int)n);
 	else
 		fuse_reply_write(req, (size_t)n);
 }
@@ -463,13 +477,13 @@ static void ckfs_op_write(fuse_req_t req, fuse_ino_t ino, const char *buf, size_
 static void ckfs_op_unlink(fuse_req_t req, fuse_ino_t parent, const char *name)
 {
 	if (may_write(req))
-		fuse_reply_err(req, -ckpt_view_unlink(fs_of(req)->view, parent, name));
+		reply_err(req, ckpt_view_unlink(fs_of(req)->view, parent, name));
 }
 
 static void ckfs_op_rmdir(fuse_req_t req, fuse_ino_t parent, const char *name)
 {
 	if (may_write(req))
-		fuse_reply_err(req, -ckpt_view_rmdir(fs_of(req)->view, parent, name));
+		reply_err(req, ckpt_view_rmdir(fs_of(req)->view, parent, name));
 }
 
 static void ckfs_op_rename(fuse_req_t req, fuse_ino_t parent, const char *name, fuse_ino_t newparent,
@@ -477,11 +491,11 @@ static void ckfs_op_rename(fuse_req_t req, fuse_ino_t parent, const char *name, 
 {
 	ckpt_view_set_caller(fuse_req_ctx(req)->pid);
 	if (flags & ~(unsigned)RENAME_NOREPLACE) {
-		fuse_reply_err(req, EINVAL);
+		reply_err(req, -EINVAL);
 		return;
 	}
 	if (may_write(req))
-		fuse_reply_err(req, -ckpt_view_rename(fs_of(req)->view, parent, name, newparent, newname));
+		reply_err(req, ckpt_view_rename(fs_of(req)->view, parent, name, newparent, newname));
 }
 
 /* Only a size change of a pending file means anything; time updates are
@@ -510,7 +524,7 @@ static void ckfs_op_fsync(fuse_req_t req, fuse_ino_t ino, int datasync, struct f
 	(void)ino;
 	(void)datasync;
 	(void)fi;
-	fuse_reply_err(req, 0);
+	reply_err(req, 0);
 }
 
 /* A close of a file opened for writing: the commit marker commits here
@@ -519,7 +533,7 @@ static void ckfs_op_flush(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info 
 {
 	ckpt_view_set_caller(fuse_req_ctx(req)->pid);
 	(void)fi;
-	fuse_reply_err(req, -ckpt_view_flush(fs_of(req)->view, ino));
+	reply_err(req, ckpt_view_flush(fs_of(req)->view, ino));
 }
 
 static void ckfs_op_setxattr(fuse_req_t req, fuse_ino_t ino, const char *name, const char *value, size_t size,
@@ -527,7 +541,7 @@ static void ckfs_op_setxattr(fuse_req_t req, fuse_ino_t ino, const char *name, c
 {
 	(void)flags;
 	if (may_write(req))
-		fuse_reply_err(req, -ckpt_view_setxattr(fs_of(req)->view, ino, name, value, size));
+		reply_err(req, ckpt_view_setxattr(fs_of(req)->view, ino, name, value, size));
 }
 
 const struct fuse_lowlevel_ops ckfs_ops = {

@@ -12,6 +12,7 @@
  *              returning 0 or a negative errno (opaque ckpt_view);
  *   summary.h  the table of arrays of a directory;
  *   tlsbuf.h   the per-thread reply buffers;
+ *   lockrank.h the lock order as a table, and the lock wrappers that check it;
  *   support.h  logging, read-context and object-store options, ckpt_rmtree.
  * The layers include these headers too (they implement them).
  */
@@ -19,6 +20,7 @@
 #define CKPT_H
 
 #include "ckpt/support.h"
+#include "ckpt/lockrank.h"
 #include "ckpt/tlsbuf.h"
 #include "ckpt/view.h"
 #include "ckpt/summary.h"

@@ -36,6 +36,7 @@
 #include <string.h>
 
 #include "cache.h"
+#include "lockrank.h"
 #include "common.h"
 #include "hugebuf.h"
 #include "stats.h"
@@ -384,7 +385,7 @@ enum { FILL_READER, FILL_PREFETCH };
  * published as cancelled: its waiters load it themselves). */
 static int do_fill(ckpt_cache *c, struct ckpt_centry *e, ckpt_cache_fill_fn fill, void *arg, int mode)
 {
-	pthread_mutex_lock(&c->lock);
+	ckpt_lock(&c->lock, CKPT_RANK_CACHE);
 	assert(e->state == LOADING && e->claimed && !e->data && e->refs > 0);
 	int rc = 0;
 	for (;;) {
@@ -401,18 +402,18 @@ static int do_fill(ckpt_cache *c, struct ckpt_centry *e, ckpt_cache_fill_fn fill
 		c->waiting--;
 	}
 	e->starved = 0;
-	pthread_mutex_unlock(&c->lock);
+	ckpt_unlock(&c->lock, CKPT_RANK_CACHE);
 	if (rc == 0) {
 		CKPT_STAT_ADD(cache_misses, 1);
 		rc = fill(arg, e->data);
 	}
-	pthread_mutex_lock(&c->lock);
+	ckpt_lock(&c->lock, CKPT_RANK_CACHE);
 	publish(c, e, rc == -EAGAIN ? -ECANCELED : rc);
 	if (rc < 0)
 		put_failed(c, e);
 	if (rc == -EAGAIN && mode == FILL_PREFETCH)
 		rc = -ECANCELED;
-	pthread_mutex_unlock(&c->lock);
+	ckpt_unlock(&c->lock, CKPT_RANK_CACHE);
 	return rc;
 }
 
@@ -442,28 +443,28 @@ static void put_any(ckpt_cache *c, struct ckpt_centry *e)
 
 int ckpt_cache_fill_reserved(ckpt_cache *c, ckpt_centry *e, ckpt_cache_fill_fn fill, void *arg)
 {
-	pthread_mutex_lock(&c->lock);
+	ckpt_lock(&c->lock, CKPT_RANK_CACHE);
 	if (e->claimed) {
 		/* A reader needed it first and loads (or loaded) it itself. */
 		int rc = e->state == FAILED ? e->err : 0;
 		put_any(c, e);
-		pthread_mutex_unlock(&c->lock);
+		ckpt_unlock(&c->lock, CKPT_RANK_CACHE);
 		return rc;
 	}
 	e->claimed = 1;
-	pthread_mutex_unlock(&c->lock);
+	ckpt_unlock(&c->lock, CKPT_RANK_CACHE);
 	int rc = do_fill(c, e, fill, arg, FILL_PREFETCH);
 	if (rc == 0) {
-		pthread_mutex_lock(&c->lock);
+		ckpt_lock(&c->lock, CKPT_RANK_CACHE);
 		put_ready(c, e, 0);
-		pthread_mutex_unlock(&c->lock);
+		ckpt_unlock(&c->lock, CKPT_RANK_CACHE);
 	}
 	return rc;
 }
 
 int ckpt_cache_reserve(ckpt_cache *c, uint64_t owner, uint64_t idx, size_t size, ckpt_centry **out)
 {
-	pthread_mutex_lock(&c->lock);
+	ckpt_lock(&c->lock, CKPT_RANK_CACHE);
 	struct ckpt_centry *e = c->table[bucket(c, owner, idx)];
 	while (e && !(e->owner == owner && e->idx == idx))
 		e = e->hnext;
@@ -472,20 +473,20 @@ int ckpt_cache_reserve(ckpt_cache *c, uint64_t owner, uint64_t idx, size_t size,
 		*out = insert_loading(c, owner, idx, size);
 		rc = *out ? 1 : -ENOMEM;
 	}
-	pthread_mutex_unlock(&c->lock);
+	ckpt_unlock(&c->lock, CKPT_RANK_CACHE);
 	return rc;
 }
 
 void ckpt_cache_cancel(ckpt_cache *c, ckpt_centry *e)
 {
-	pthread_mutex_lock(&c->lock);
+	ckpt_lock(&c->lock, CKPT_RANK_CACHE);
 	if (e->claimed) {
 		put_any(c, e); /* a reader is filling (or filled) it */
 	} else {
 		publish(c, e, -ECANCELED);
 		put_failed(c, e);
 	}
-	pthread_mutex_unlock(&c->lock);
+	ckpt_unlock(&c->lock, CKPT_RANK_CACHE);
 }
 
 /* The reader's side of a LOADING entry it holds a reference to, called with
@@ -495,7 +496,7 @@ static int claim_and_fill(ckpt_cache *c, struct ckpt_centry *e, ckpt_cache_fill_
 			  ckpt_centry **out)
 {
 	e->claimed = 1;
-	pthread_mutex_unlock(&c->lock);
+	ckpt_unlock(&c->lock, CKPT_RANK_CACHE);
 	int rc = do_fill(c, e, fill, arg, FILL_READER);
 	if (rc == 0) {
 		held_pins++;
@@ -507,7 +508,7 @@ static int claim_and_fill(ckpt_cache *c, struct ckpt_centry *e, ckpt_cache_fill_
 int ckpt_cache_get(ckpt_cache *c, uint64_t owner, uint64_t idx, size_t size, ckpt_cache_fill_fn fill,
 		   void *arg, ckpt_centry **out)
 {
-	pthread_mutex_lock(&c->lock);
+	ckpt_lock(&c->lock, CKPT_RANK_CACHE);
 	for (;;) {
 		struct ckpt_centry *e = c->table[bucket(c, owner, idx)];
 		while (e && !(e->owner == owner && e->idx == idx))
@@ -516,7 +517,7 @@ int ckpt_cache_get(ckpt_cache *c, uint64_t owner, uint64_t idx, size_t size, ckp
 			/* Miss: insert a LOADING entry, then fill without the lock. */
 			e = insert_loading(c, owner, idx, size);
 			if (!e) {
-				pthread_mutex_unlock(&c->lock);
+				ckpt_unlock(&c->lock, CKPT_RANK_CACHE);
 				return -ENOMEM;
 			}
 			return claim_and_fill(c, e, fill, arg, out);
@@ -526,7 +527,7 @@ int ckpt_cache_get(ckpt_cache *c, uint64_t owner, uint64_t idx, size_t size, ckp
 			if (e->refs == 1)
 				lru_unlink(e);
 			e->consumed = 0;
-			pthread_mutex_unlock(&c->lock);
+			ckpt_unlock(&c->lock, CKPT_RANK_CACHE);
 			CKPT_STAT_ADD(cache_hits, 1);
 			held_pins++;
 			*out = e;
@@ -542,14 +543,14 @@ int ckpt_cache_get(ckpt_cache *c, uint64_t owner, uint64_t idx, size_t size, ckp
 		while (e->state == LOADING) {
 			if (held_pins > 0 && e->starved) {
 				e->refs--;
-				pthread_mutex_unlock(&c->lock);
+				ckpt_unlock(&c->lock, CKPT_RANK_CACHE);
 				return -EAGAIN;
 			}
 			pthread_cond_wait(&c->loaded, &c->lock);
 		}
 		if (e->state == READY) {
 			e->consumed = 0;
-			pthread_mutex_unlock(&c->lock);
+			ckpt_unlock(&c->lock, CKPT_RANK_CACHE);
 			CKPT_STAT_ADD(cache_hits, 1);
 			held_pins++;
 			*out = e;
@@ -558,7 +559,7 @@ int ckpt_cache_get(ckpt_cache *c, uint64_t owner, uint64_t idx, size_t size, ckp
 		int err = e->err;
 		put_failed(c, e);
 		if (err != -ECANCELED) {
-			pthread_mutex_unlock(&c->lock);
+			ckpt_unlock(&c->lock, CKPT_RANK_CACHE);
 			return err;
 		}
 		/* A cancelled prefetch: look again (and load it ourselves). */
@@ -596,20 +597,20 @@ static void put_ready(ckpt_cache *c, struct ckpt_centry *e, int consumed)
 
 void ckpt_cache_release_used(ckpt_cache *c, ckpt_centry *e, int consumed)
 {
-	pthread_mutex_lock(&c->lock);
+	ckpt_lock(&c->lock, CKPT_RANK_CACHE);
 	put_ready(c, e, consumed);
-	pthread_mutex_unlock(&c->lock);
+	ckpt_unlock(&c->lock, CKPT_RANK_CACHE);
 	if (held_pins > 0)
 		held_pins--;
 }
 
 void ckpt_cache_mark_used(ckpt_cache *c, ckpt_centry *e)
 {
-	pthread_mutex_lock(&c->lock);
+	ckpt_lock(&c->lock, CKPT_RANK_CACHE);
 	assert(e->state == READY && e->refs > 0);
 	if (recyclable(e))
 		e->consumed = 1;
-	pthread_mutex_unlock(&c->lock);
+	ckpt_unlock(&c->lock, CKPT_RANK_CACHE);
 }
 
 void ckpt_cache_release(ckpt_cache *c, ckpt_centry *e)
@@ -619,12 +620,12 @@ void ckpt_cache_release(ckpt_cache *c, ckpt_centry *e)
 
 int ckpt_cache_contains(ckpt_cache *c, uint64_t owner, uint64_t idx)
 {
-	pthread_mutex_lock(&c->lock);
+	ckpt_lock(&c->lock, CKPT_RANK_CACHE);
 	struct ckpt_centry *e = c->table[bucket(c, owner, idx)];
 	while (e && !(e->owner == owner && e->idx == idx))
 		e = e->hnext;
 	int r = e && e->state != FAILED;
-	pthread_mutex_unlock(&c->lock);
+	ckpt_unlock(&c->lock, CKPT_RANK_CACHE);
 	return r;
 }
 
@@ -648,7 +649,7 @@ size_t ckpt_cache_drop_owners(ckpt_cache *c, const uint64_t *owners, size_t n)
 	if (!n)
 		return 0;
 	size_t dropped = 0;
-	pthread_mutex_lock(&c->lock);
+	ckpt_lock(&c->lock, CKPT_RANK_CACHE);
 	for (size_t i = 0; i < c->nbuckets; i++) {
 		struct ckpt_centry **pp = &c->table[i];
 		while (*pp) {
@@ -676,15 +677,15 @@ size_t ckpt_cache_drop_owners(ckpt_cache *c, const uint64_t *owners, size_t n)
 	CKPT_STAT_ADD(cache_evictions, dropped);
 	if (dropped && c->waiting)
 		pthread_cond_broadcast(&c->room);
-	pthread_mutex_unlock(&c->lock);
+	ckpt_unlock(&c->lock, CKPT_RANK_CACHE);
 	return dropped;
 }
 
 uint64_t ckpt_cache_bytes(ckpt_cache *c)
 {
-	pthread_mutex_lock(&c->lock);
+	ckpt_lock(&c->lock, CKPT_RANK_CACHE);
 	uint64_t b = c->bytes;
-	pthread_mutex_unlock(&c->lock);
+	ckpt_unlock(&c->lock, CKPT_RANK_CACHE);
 	return b;
 }
 
@@ -712,7 +713,7 @@ void ckpt_cache_destroy(ckpt_cache *c)
 int ckpt_cache_check(ckpt_cache *c)
 {
 	int bad = 0;
-	pthread_mutex_lock(&c->lock);
+	ckpt_lock(&c->lock, CKPT_RANK_CACHE);
 	uint64_t bytes = c->failed_bytes;
 	size_t count = 0, idle = 0, lru = 0;
 	for (size_t i = 0; i < c->nbuckets; i++)
@@ -740,6 +741,6 @@ int ckpt_cache_check(ckpt_cache *c)
 	for (int i = 0; i < c->nspare && i < NSPARE; i++)
 		bytes += c->spare[i].cap;
 	bad |= bytes != c->bytes;
-	pthread_mutex_unlock(&c->lock);
+	ckpt_unlock(&c->lock, CKPT_RANK_CACHE);
 	return bad ? -EUCLEAN : 0;
 }

@@ -99,12 +99,12 @@ static void list_units(ckpt_view *v, struct shards_node *sd)
 static struct shards_node *ensure_units(ckpt_view *v, struct node *n)
 {
 	struct shards_node *sd = to_shards(n);
-	pthread_mutex_lock(&sd->units_mu);
+	ckpt_lock(&sd->units_mu, CKPT_RANK_UNITS);
 	if (!sd->listed) {
 		list_units(v, sd);
 		sd->listed = 1;
 	}
-	pthread_mutex_unlock(&sd->units_mu);
+	ckpt_unlock(&sd->units_mu, CKPT_RANK_UNITS);
 	return sd;
 }
 

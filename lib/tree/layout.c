@@ -229,9 +229,9 @@ static void add_array(ckpt_view *v, struct node *dir, ckpt_store *store, int ocd
 		const struct node *s = dir;
 		while (s && s->parent != CKPT_ROOT_INO)
 			s = view_node(v, s->parent);
-		pthread_mutex_lock(&v->res_lock); /* the aref is listed already */
+		ckpt_lock(&v->res_lock, CKPT_RANK_RES); /* the aref is listed already */
 		ar->step = s && s->ino != CKPT_ROOT_INO ? s->ino : 0;
-		pthread_mutex_unlock(&v->res_lock);
+		ckpt_unlock(&v->res_lock, CKPT_RANK_RES);
 	}
 	if (sharding) {
 		char *key = ckpt_orbax_sharding_key(param);
@@ -617,13 +617,13 @@ static int step_load(ckpt_view *v, struct node *n)
 	struct step_node *s = to_step(n);
 	if (atomic_load_explicit(&s->loaded, memory_order_acquire))
 		return 0;
-	pthread_mutex_lock(&s->load_mu);
+	ckpt_lock(&s->load_mu, CKPT_RANK_LOAD);
 	if (!atomic_load_explicit(&s->loaded, memory_order_relaxed)) {
 		layout_step_touch(v, n);
 		build_step(v, n, n->name, atomic_load(&s->mtime));
 		atomic_store_explicit(&s->loaded, true, memory_order_release);
 	}
-	pthread_mutex_unlock(&s->load_mu);
+	ckpt_unlock(&s->load_mu, CKPT_RANK_LOAD);
 	return 0;
 }
 
@@ -821,9 +821,9 @@ int layout_list_steps(ckpt_view *v, struct layout_steps **out)
 		struct node *root = view_node(v, CKPT_ROOT_INO);
 		size_t keep = 0;
 		for (size_t i = 0; i < l->n; i++) {
-			pthread_rwlock_rdlock(&v->ns_lock);
+			ckpt_rdlock(&v->ns_lock, CKPT_RANK_NS);
 			int known = view_find_kid(root, l->names[i]) != NULL;
-			pthread_rwlock_unlock(&v->ns_lock);
+			ckpt_rwunlock(&v->ns_lock, CKPT_RANK_NS);
 			if (known || step_committed(v, l->names[i])) {
 				l->names[keep] = l->names[i];
 				l->mtime[keep++] = l->mtime[i];

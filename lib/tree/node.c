@@ -58,20 +58,20 @@ struct node *node_new(ckpt_view *v, const struct node_ops *ops, const char *name
 	n->parent = parent ? parent->ino : CKPT_ROOT_INO;
 	n->mtime_ns = parent ? parent->mtime_ns : 0;
 	n->gen = 1;
-	pthread_mutex_lock(&v->alloc_lock);
+	ckpt_lock(&v->alloc_lock, CKPT_RANK_ALLOC);
 	if (v->nfree) {
 		/* a number a freed transient node had: a new generation */
 		n->ino = v->free_inos[--v->nfree];
 		n->gen = ++v->last_gen;
 		uint64_t j = n->ino - 1;
 		__atomic_store_n(&v->pages[j >> PAGE_BITS][j & ((1u << PAGE_BITS) - 1)], n, __ATOMIC_RELEASE);
-		pthread_mutex_unlock(&v->alloc_lock);
+		ckpt_unlock(&v->alloc_lock, CKPT_RANK_ALLOC);
 		return n;
 	}
 	uint64_t i = atomic_load_explicit(&v->count, memory_order_relaxed);
 	size_t pg = (size_t)(i >> PAGE_BITS);
 	if (pg >= NPAGES) {
-		pthread_mutex_unlock(&v->alloc_lock);
+		ckpt_unlock(&v->alloc_lock, CKPT_RANK_ALLOC);
 		free(n->name);
 		free(n);
 		ckpt_log(CKPT_LOG_ERR, "too many nodes in the view");
@@ -80,7 +80,7 @@ struct node *node_new(ckpt_view *v, const struct node_ops *ops, const char *name
 	if (!v->pages[pg]) {
 		v->pages[pg] = calloc((size_t)1 << PAGE_BITS, sizeof(struct node *));
 		if (!v->pages[pg]) {
-			pthread_mutex_unlock(&v->alloc_lock);
+			ckpt_unlock(&v->alloc_lock, CKPT_RANK_ALLOC);
 			free(n->name);
 			free(n);
 			return NULL;
@@ -89,7 +89,7 @@ struct node *node_new(ckpt_view *v, const struct node_ops *ops, const char *name
 	n->ino = i + 1;
 	__atomic_store_n(&v->pages[pg][i & ((1u << PAGE_BITS) - 1)], n, __ATOMIC_RELEASE);
 	atomic_store_explicit(&v->count, i + 1, memory_order_release);
-	pthread_mutex_unlock(&v->alloc_lock);
+	ckpt_unlock(&v->alloc_lock, CKPT_RANK_ALLOC);
 	return n;
 }
 
@@ -107,7 +107,7 @@ void node_free(ckpt_view *v, struct node *n)
 		n->ops->destroy(v, n);
 	ckpt_ino ino = n->ino;
 	uint64_t i = ino - 1;
-	pthread_mutex_lock(&v->alloc_lock);
+	ckpt_lock(&v->alloc_lock, CKPT_RANK_ALLOC);
 	assert(view_node(v, ino) == n);
 	__atomic_store_n(&v->pages[i >> PAGE_BITS][i & ((1u << PAGE_BITS) - 1)], NULL, __ATOMIC_RELEASE);
 	if (v->nfree == v->capfree) {
@@ -120,7 +120,7 @@ void node_free(ckpt_view *v, struct node *n)
 	}
 	if (v->nfree < v->capfree)
 		v->free_inos[v->nfree++] = ino; /* else the number is never reused */
-	pthread_mutex_unlock(&v->alloc_lock);
+	ckpt_unlock(&v->alloc_lock, CKPT_RANK_ALLOC);
 	node_free_memory(n);
 }
 
@@ -247,6 +247,7 @@ static uint64_t dyn_hash(ckpt_ino parent, const char *name)
 
 static struct node *dyn_find_locked(ckpt_view *v, ckpt_ino parent, const char *name)
 {
+	ckpt_assert_held(CKPT_RANK_DYN);
 	if (!v->ndyn_buckets)
 		return NULL;
 	size_t mask = v->ndyn_buckets - 1;
@@ -263,6 +264,7 @@ static struct node *dyn_find_locked(ckpt_view *v, ckpt_ino parent, const char *n
  * of two above the count); 0, or -ENOMEM with the old table kept. */
 static int dyn_rehash_locked(ckpt_view *v, size_t nb)
 {
+	ckpt_assert_held(CKPT_RANK_DYN);
 	struct node **t = calloc(nb, sizeof(*t));
 	if (!t)
 		return -ENOMEM;
@@ -281,6 +283,7 @@ static int dyn_rehash_locked(ckpt_view *v, size_t nb)
 
 static int dyn_insert_locked(ckpt_view *v, struct node *n)
 {
+	ckpt_assert_held(CKPT_RANK_DYN);
 	assert(n->hidden);
 	if ((v->ndyn + 1) * 2 > v->ndyn_buckets) {
 		int rc = dyn_rehash_locked(v, v->ndyn_buckets ? v->ndyn_buckets * 2 : 256);
@@ -299,17 +302,17 @@ static int dyn_insert_locked(ckpt_view *v, struct node *n)
 
 struct node *view_dyn_find(ckpt_view *v, ckpt_ino parent, const char *name)
 {
-	pthread_mutex_lock(&v->dyn_lock);
+	ckpt_lock(&v->dyn_lock, CKPT_RANK_DYN);
 	struct node *n = dyn_find_locked(v, parent, name);
-	pthread_mutex_unlock(&v->dyn_lock);
+	ckpt_unlock(&v->dyn_lock, CKPT_RANK_DYN);
 	return n;
 }
 
 int view_dyn_add(ckpt_view *v, struct node *n)
 {
-	pthread_mutex_lock(&v->dyn_lock);
+	ckpt_lock(&v->dyn_lock, CKPT_RANK_DYN);
 	int rc = dyn_insert_locked(v, n);
-	pthread_mutex_unlock(&v->dyn_lock);
+	ckpt_unlock(&v->dyn_lock, CKPT_RANK_DYN);
 	return rc;
 }
 
@@ -319,6 +322,7 @@ int view_dyn_add(ckpt_view *v, struct node *n)
  * every probe chain unbroken; the table halves when it is mostly empty. */
 static void dyn_remove_locked(ckpt_view *v, struct node *n)
 {
+	ckpt_assert_held(CKPT_RANK_DYN);
 	size_t mask = v->ndyn_buckets - 1;
 	size_t i = dyn_hash(n->parent, n->name) & mask;
 	while (v->dyn[i] != n) {
@@ -344,6 +348,7 @@ static void dyn_remove_locked(ckpt_view *v, struct node *n)
 /* The invalidation list (dyn_lock held). */
 static void inval_unlink_locked(ckpt_view *v, struct node *n)
 {
+	ckpt_assert_held(CKPT_RANK_DYN);
 	if (!n->on_inval)
 		return;
 	if (n->inval_prev)
@@ -362,6 +367,7 @@ static void inval_unlink_locked(ckpt_view *v, struct node *n)
 
 static void inval_append_locked(ckpt_view *v, struct node *n)
 {
+	ckpt_assert_held(CKPT_RANK_DYN);
 	assert(!n->on_inval);
 	n->inval_prev = v->inval_tail;
 	n->inval_next = NULL;
@@ -378,6 +384,7 @@ static void inval_append_locked(ckpt_view *v, struct node *n)
  * invalidation list (dyn_lock held). */
 static void ref_locked(ckpt_view *v, struct node *n)
 {
+	ckpt_assert_held(CKPT_RANK_DYN);
 	n->nlookup++;
 	if (n->on_inval)
 		return;
@@ -396,11 +403,11 @@ static int lookup(ckpt_view *v, struct node *dir, const char *name, int ref, str
 		return lrc;
 	struct node *n = node_has_kids(dir) ? view_find_kid(dir, name) : NULL;
 	if (!n) {
-		pthread_mutex_lock(&v->dyn_lock);
+		ckpt_lock(&v->dyn_lock, CKPT_RANK_DYN);
 		n = dyn_find_locked(v, dir->ino, name);
 		if (n && ref && n->transient)
 			ref_locked(v, n);
-		pthread_mutex_unlock(&v->dyn_lock);
+		ckpt_unlock(&v->dyn_lock, CKPT_RANK_DYN);
 	}
 	if (!n) {
 		if (!dir->ops->lookup)
@@ -414,11 +421,11 @@ static int lookup(ckpt_view *v, struct node *dir, const char *name, int ref, str
 			n = made; /* the directory keeps it (shard files) */
 			assert(!n->transient);
 		} else {
-			pthread_mutex_lock(&v->dyn_lock);
+			ckpt_lock(&v->dyn_lock, CKPT_RANK_DYN);
 			n = dyn_find_locked(v, dir->ino, name);
 			if (!n) {
 				if (dyn_insert_locked(v, made) < 0) {
-					pthread_mutex_unlock(&v->dyn_lock);
+					ckpt_unlock(&v->dyn_lock, CKPT_RANK_DYN);
 					if (made->transient)
 						node_free(v, made);
 					return -ENOMEM;
@@ -427,7 +434,7 @@ static int lookup(ckpt_view *v, struct node *dir, const char *name, int ref, str
 			}
 			if (ref && n->transient)
 				ref_locked(v, n);
-			pthread_mutex_unlock(&v->dyn_lock);
+			ckpt_unlock(&v->dyn_lock, CKPT_RANK_DYN);
 			/* A racing lookup that lost: its node was never handed out. */
 			if (n != made && made->transient)
 				node_free(v, made);
@@ -439,6 +446,7 @@ static int lookup(ckpt_view *v, struct node *dir, const char *name, int ref, str
 
 int node_lookup_locked(ckpt_view *v, struct node *dir, const char *name, struct node **out)
 {
+	ckpt_assert_held(CKPT_RANK_NS);
 	return lookup(v, dir, name, 0, out);
 }
 
@@ -449,10 +457,10 @@ int node_lookup_ref(ckpt_view *v, struct node *dir, const char *name, struct nod
 
 void ckpt_view_forget(ckpt_view *v, ckpt_ino ino, uint64_t nlookup)
 {
-	pthread_mutex_lock(&v->dyn_lock);
+	ckpt_lock(&v->dyn_lock, CKPT_RANK_DYN);
 	struct node *n = view_node(v, ino);
 	if (!n || !n->transient) {
-		pthread_mutex_unlock(&v->dyn_lock);
+		ckpt_unlock(&v->dyn_lock, CKPT_RANK_DYN);
 		return; /* other nodes live as long as the view */
 	}
 	if (nlookup > n->nlookup) {
@@ -466,7 +474,7 @@ void ckpt_view_forget(ckpt_view *v, ckpt_ino ino, uint64_t nlookup)
 		inval_unlink_locked(v, n);
 		dyn_remove_locked(v, n);
 	}
-	pthread_mutex_unlock(&v->dyn_lock);
+	ckpt_unlock(&v->dyn_lock, CKPT_RANK_DYN);
 	if (last)
 		node_free(v, n);
 }
@@ -481,6 +489,7 @@ void ckpt_view_forget(ckpt_view *v, ckpt_ino ino, uint64_t nlookup)
  * its own, so no answered name is ever left for the kernel to keep. */
 static void inval_sweep_locked(ckpt_view *v, ckpt_ino p)
 {
+	ckpt_assert_held(CKPT_RANK_DYN);
 	struct node *stop = v->inval_tail, *n = v->inval_head;
 	while (n) {
 		struct node *next = n->inval_next, *last = n;
@@ -497,7 +506,7 @@ static void inval_sweep_locked(ckpt_view *v, ckpt_ino p)
 
 int ckpt_view_next_inval(ckpt_view *v, ckpt_ino *parent, char *name, size_t cap)
 {
-	pthread_mutex_lock(&v->dyn_lock);
+	ckpt_lock(&v->dyn_lock, CKPT_RANK_DYN);
 	struct node *n = v->inval_head;
 	int got = 0;
 	while (n && !got) {
@@ -525,7 +534,7 @@ int ckpt_view_next_inval(ckpt_view *v, ckpt_ino *parent, char *name, size_t cap)
 		}
 		n = next;
 	}
-	pthread_mutex_unlock(&v->dyn_lock);
+	ckpt_unlock(&v->dyn_lock, CKPT_RANK_DYN);
 	return got;
 }
 
@@ -550,13 +559,13 @@ void view_fill_attr(ckpt_view *v, struct node *n, ckpt_attr *a)
 
 int view_own_store(ckpt_view *v, ckpt_store *s)
 {
-	pthread_mutex_lock(&v->res_lock);
+	ckpt_lock(&v->res_lock, CKPT_RANK_RES);
 	ckpt_store **p = realloc(v->stores, (v->nstores + 1) * sizeof(*p));
 	if (p) {
 		v->stores = p;
 		v->stores[v->nstores++] = s;
 	}
-	pthread_mutex_unlock(&v->res_lock);
+	ckpt_unlock(&v->res_lock, CKPT_RANK_RES);
 	return p ? 0 : -ENOMEM;
 }
 
@@ -567,13 +576,13 @@ struct aref *view_new_aref(ckpt_view *v, ckpt_array *arr, int ocdbt)
 		return NULL;
 	ar->arr = arr;
 	ar->ocdbt = ocdbt;
-	pthread_mutex_lock(&v->res_lock);
+	ckpt_lock(&v->res_lock, CKPT_RANK_RES);
 	struct aref **p = realloc(v->arefs, (v->narefs + 1) * sizeof(*p));
 	if (p) {
 		v->arefs = p;
 		v->arefs[v->narefs++] = ar;
 	}
-	pthread_mutex_unlock(&v->res_lock);
+	ckpt_unlock(&v->res_lock, CKPT_RANK_RES);
 	if (!p) {
 		free(ar);
 		return NULL;

@@ -240,7 +240,7 @@ static void note_writer(struct pstep *ps)
 	pid_t pid = caller_pid;
 	if (pid <= 0)
 		return;
-	pthread_mutex_lock(&ps->wp_mu);
+	ckpt_lock(&ps->wp_mu, CKPT_RANK_WP);
 	int i = 0;
 	while (i < ps->nwp && ps->wp[i].pid != pid)
 		i++;
@@ -249,13 +249,13 @@ static void note_writer(struct pstep *ps)
 		ps->wp[i].fd = (int)syscall(SYS_pidfd_open, pid, 0);
 		ps->nwp++;
 	}
-	pthread_mutex_unlock(&ps->wp_mu);
+	ckpt_unlock(&ps->wp_mu, CKPT_RANK_WP);
 }
 
 /* A process that wrote into the step is still running. */
 static int writers_alive(struct pstep *ps)
 {
-	pthread_mutex_lock(&ps->wp_mu);
+	ckpt_lock(&ps->wp_mu, CKPT_RANK_WP);
 	for (int i = 0; i < ps->nwp;) {
 		int gone;
 		if (ps->wp[i].fd >= 0) {
@@ -273,7 +273,7 @@ static int writers_alive(struct pstep *ps)
 		ps->wp[i] = ps->wp[--ps->nwp];
 	}
 	int alive = ps->nwp > 0;
-	pthread_mutex_unlock(&ps->wp_mu);
+	ckpt_unlock(&ps->wp_mu, CKPT_RANK_WP);
 	return alive;
 }
 
@@ -420,7 +420,7 @@ static int make_stored(ckpt_view *v, struct node *it, const char *why)
 		rc = rel_of(v, it, pf->final ? pf->final : k->name, rel, sizeof(rel));
 		if (rc)
 			break;
-		pthread_mutex_lock(&pf->mu);
+		ckpt_lock(&pf->mu, CKPT_RANK_PF);
 		int fd = raw_open(ps, rel, O_WRONLY | O_CREAT | O_TRUNC);
 		rc = fd < 0 ? fd : ckpt_pwrite_all(fd, pf->hdr, (size_t)pf->size, 0);
 		if (fd >= 0)
@@ -431,7 +431,7 @@ static int make_stored(ckpt_view *v, struct node *it, const char *why)
 			pf->is_meta = 0;
 			pf->is_raw = 1;
 		}
-		pthread_mutex_unlock(&pf->mu);
+		ckpt_unlock(&pf->mu, CKPT_RANK_PF);
 	}
 	if (rc == 0) {
 		pd->stored = 1;
@@ -478,9 +478,9 @@ static void pfile_attr(ckpt_view *v, struct node *n, ckpt_attr *a)
 	struct pfile *pf = &to_pfile(n)->pf;
 	a->immutable = 0;
 	a->mode = 0644;
-	pthread_mutex_lock(&pf->mu);
+	ckpt_lock(&pf->mu, CKPT_RANK_PF);
 	a->size = pf->size;
-	pthread_mutex_unlock(&pf->mu);
+	ckpt_unlock(&pf->mu, CKPT_RANK_PF);
 }
 
 static void pstep_destroy(ckpt_view *v, struct node *n)
@@ -668,7 +668,7 @@ static int new_step(ckpt_view *v, struct node *root, const char *name, ckpt_attr
 
 int ckpt_view_mkdir(ckpt_view *v, ckpt_ino parent, const char *name, ckpt_attr *out)
 {
-	pthread_rwlock_wrlock(&v->ns_lock);
+	ckpt_wrlock(&v->ns_lock, CKPT_RANK_NS);
 	struct node *dir = view_node(v, parent);
 	int rc = 0;
 	if (!dir) {
@@ -711,7 +711,7 @@ int ckpt_view_mkdir(ckpt_view *v, ckpt_ino parent, const char *name, ckpt_attr *
 	} else {
 		rc = refuse(name, "make a directory");
 	}
-	pthread_rwlock_unlock(&v->ns_lock);
+	ckpt_rwunlock(&v->ns_lock, CKPT_RANK_NS);
 	return rc;
 }
 
@@ -736,9 +736,9 @@ static int commit_step(ckpt_view *v, struct node *sn, const char *final, int cop
 	assert_pstep(ps);
 	ps->final = final;
 	ps_set(ps, PS_COMMITTING);
-	pthread_rwlock_unlock(&v->ns_lock);
+	ckpt_rwunlock(&v->ns_lock, CKPT_RANK_NS);
 
-	pthread_rwlock_wrlock(&ps->io_lock);
+	ckpt_wrlock(&ps->io_lock, CKPT_RANK_IO);
 	/* Shards uploaded while writing: wait for them before the tmp folder
 	 * is renamed; a failed one fails the commit (its objects are deleted,
 	 * a retried commit sends everything). */
@@ -755,7 +755,7 @@ static int commit_step(ckpt_view *v, struct node *sn, const char *final, int cop
 		ckpt_step_destroy(ps->step);
 		ps->step = NULL;
 	}
-	pthread_rwlock_unlock(&ps->io_lock);
+	ckpt_rwunlock(&ps->io_lock, CKPT_RANK_IO);
 	if (rc == 0 && v->opts.spool_dir) { /* object store: send the staged step, marker last */
 		char staged[VIEW_PATH_MAX];
 		snprintf(staged, sizeof(staged), "%s/%s", v->opts.spool_dir, final);
@@ -778,7 +778,7 @@ static int commit_step(ckpt_view *v, struct node *sn, const char *final, int cop
 	/* Read the committed step back (not linked yet: nobody sees it). */
 	struct node *n = rc == 0 ? layout_new_step(v, final) : NULL;
 
-	pthread_rwlock_wrlock(&v->ns_lock);
+	ckpt_wrlock(&v->ns_lock, CKPT_RANK_NS);
 	ps->final = NULL;
 	if (rc < 0 && atomic_load(&ps->state) == PS_SEALED) {
 		/* object store: committed here, not sent; the staged copy is gone */
@@ -1070,9 +1070,9 @@ static int new_pfile_as(ckpt_view *v, struct node *dir, const char *name, const 
 			decl = adopt_decl(v, dir, base);
 		ckpt_warray *darr = NULL;
 		if (decl) {
-			pthread_mutex_lock(&decl->pf.mu);
+			ckpt_lock(&decl->pf.mu, CKPT_RANK_PF);
 			darr = decl->pf.arr;
-			pthread_mutex_unlock(&decl->pf.mu);
+			ckpt_unlock(&decl->pf.mu, CKPT_RANK_PF);
 		}
 		if (!darr) {
 			ckpt_log(CKPT_LOG_ERR, "%s: %s is not declared yet (write its .npy header first)",
@@ -1164,11 +1164,11 @@ static void check_fail(struct check *c, int rc, const char *fmt, ...)
 static void check_file(struct check *c, struct node *dir, struct pfile_node *f)
 {
 	struct pfile *pf = &f->pf;
-	pthread_mutex_lock(&pf->mu);
+	ckpt_lock(&pf->mu, CKPT_RANK_PF);
 	int dirty = pf->dirty, hdr = pf->arr != NULL, slice = pf->is_slice, buf = buffered(pf) || pf->is_raw;
 	ckpt_warray *arr = pf->arr;
 	int st = pf->is_st, st_hdr = pf->data_off != 0;
-	pthread_mutex_unlock(&pf->mu);
+	ckpt_unlock(&pf->mu, CKPT_RANK_PF);
 	if (st) {
 		if (c->copy && dirty)
 			check_fail(c, -EBUSY, "%s/%s: still being copied", dir->name, f->n.name);
@@ -1214,9 +1214,9 @@ static void check_index(struct check *c, struct node *stdir)
 	if (!ix || ix->kind != N_PFILE)
 		return;
 	struct pfile *pf = &to_pfile(ix)->pf;
-	pthread_mutex_lock(&pf->mu);
+	ckpt_lock(&pf->mu, CKPT_RANK_PF);
 	cJSON *j = pf->hdr ? cJSON_ParseWithLength((const char *)pf->hdr, (size_t)pf->size) : NULL;
-	pthread_mutex_unlock(&pf->mu);
+	ckpt_unlock(&pf->mu, CKPT_RANK_PF);
 	if (!j) {
 		check_fail(c, c->copy ? -EBUSY : -EINVAL, "%s/%s: not JSON", stdir->name, CKPT_ST_INDEX_NAME);
 		return;
@@ -1279,9 +1279,9 @@ static cJSON *copied_json(struct node *dir, const char *name, int *bad)
 	if (!k || k->kind != N_PFILE || !to_pfile(k)->pf.is_meta)
 		return NULL;
 	struct pfile *pf = &to_pfile(k)->pf;
-	pthread_mutex_lock(&pf->mu);
+	ckpt_lock(&pf->mu, CKPT_RANK_PF);
 	cJSON *j = pf->hdr ? cJSON_ParseWithLength((const char *)pf->hdr, (size_t)pf->size) : NULL;
-	pthread_mutex_unlock(&pf->mu);
+	ckpt_unlock(&pf->mu, CKPT_RANK_PF);
 	*bad = j == NULL;
 	return j;
 }
@@ -1459,7 +1459,7 @@ static void *copy_thread_main(void *arg)
 	while (!atomic_load(&v->copy_stop)) {
 		struct timespec ts = { 0, 100 * 1000 * 1000 };
 		nanosleep(&ts, NULL);
-		pthread_rwlock_wrlock(&v->ns_lock);
+		ckpt_wrlock(&v->ns_lock, CKPT_RANK_NS);
 		struct node *root = view_node(v, CKPT_ROOT_INO);
 		for (int again = 1; again && !atomic_load(&v->copy_stop);) {
 			again = 0;
@@ -1485,7 +1485,7 @@ static void *copy_thread_main(void *arg)
 				break;
 			}
 		}
-		pthread_rwlock_unlock(&v->ns_lock);
+		ckpt_rwunlock(&v->ns_lock, CKPT_RANK_NS);
 	}
 	return NULL;
 }
@@ -1633,17 +1633,17 @@ static struct node *step_of(ckpt_view *v, struct node *n)
 
 int ckpt_view_flush(ckpt_view *v, ckpt_ino ino)
 {
-	pthread_rwlock_wrlock(&v->ns_lock);
+	ckpt_wrlock(&v->ns_lock, CKPT_RANK_NS);
 	struct node *n = view_node(v, ino);
 	int rc = 0;
 	if (n && n->kind == N_PFILE && atomic_load(&n->orphan)) {
 		rc = to_pfile(n)->pf.is_marker ? to_pfile(n)->pf.commit_err : 0;
 	} else if (n && n->kind == N_PFILE) {
 		struct pfile_node *f = to_pfile(n);
-		pthread_mutex_lock(&f->pf.mu);
+		ckpt_lock(&f->pf.mu, CKPT_RANK_PF);
 		int dirty = f->pf.dirty;
 		f->pf.dirty = 0;
-		pthread_mutex_unlock(&f->pf.mu);
+		ckpt_unlock(&f->pf.mu, CKPT_RANK_PF);
 		struct node *sn = step_of(v, n);
 		if (sn && !frozen(f->ps) && !atomic_load(&sn->orphan)) {
 			if (f->pf.is_marker && !dirty && !f->pf.final) {
@@ -1663,7 +1663,7 @@ int ckpt_view_flush(ckpt_view *v, ckpt_ino ino)
 			}
 		}
 	}
-	pthread_rwlock_unlock(&v->ns_lock);
+	ckpt_rwunlock(&v->ns_lock, CKPT_RANK_NS);
 	return rc;
 }
 
@@ -1686,7 +1686,7 @@ int ckpt_view_setattr_meta(ckpt_view *v, ckpt_ino ino)
 
 int ckpt_view_create(ckpt_view *v, ckpt_ino parent, const char *name, ckpt_attr *out)
 {
-	pthread_rwlock_wrlock(&v->ns_lock);
+	ckpt_wrlock(&v->ns_lock, CKPT_RANK_NS);
 	struct node *dir = view_node(v, parent);
 	int rc = 0;
 	int live = dir && (dir->kind == N_PSTEP || dir->kind == N_PDIR) && !frozen(to_pdir(dir)->ps) &&
@@ -1716,13 +1716,13 @@ int ckpt_view_create(ckpt_view *v, ckpt_ino parent, const char *name, ckpt_attr 
 	} else {
 		rc = refuse(name, "create a file");
 	}
-	pthread_rwlock_unlock(&v->ns_lock);
+	ckpt_rwunlock(&v->ns_lock, CKPT_RANK_NS);
 	return rc;
 }
 
 int ckpt_view_rename(ckpt_view *v, ckpt_ino parent, const char *name, ckpt_ino newparent, const char *newname)
 {
-	pthread_rwlock_wrlock(&v->ns_lock);
+	ckpt_wrlock(&v->ns_lock, CKPT_RANK_NS);
 	struct node *dir = view_node(v, parent);
 	struct node *n = dir && node_has_kids(dir) ? view_find_kid(dir, name) : NULL;
 	int rc;
@@ -1748,16 +1748,16 @@ int ckpt_view_rename(ckpt_view *v, ckpt_ino parent, const char *name, ckpt_ino n
 		rc = nn ? 0 : view_find_kid(dir, newname) ? -EEXIST : -ENOMEM;
 		if (rc == 0) {
 			/* no write of the step runs while the name changes (writes read it) */
-			pthread_rwlock_wrlock(&f->ps->io_lock);
+			ckpt_wrlock(&f->ps->io_lock, CKPT_RANK_IO);
 			view_remove_kid(dir, n);
-			pthread_mutex_lock(&f->pf.mu);
+			ckpt_lock(&f->pf.mu, CKPT_RANK_PF);
 			char *old = n->name;
 			n->name = nn;
 			free(f->pf.final);
 			f->pf.final = NULL;
-			pthread_mutex_unlock(&f->pf.mu);
+			ckpt_unlock(&f->pf.mu, CKPT_RANK_PF);
 			rc = view_add_kid(dir, n);
-			pthread_rwlock_unlock(&f->ps->io_lock);
+			ckpt_rwunlock(&f->ps->io_lock, CKPT_RANK_IO);
 			free(old);
 			struct node *sn = step_of(v, dir);
 			if (rc == 0 && sn && f->ps->commit_wanted)
@@ -1770,13 +1770,13 @@ int ckpt_view_rename(ckpt_view *v, ckpt_ino parent, const char *name, ckpt_ino n
 	} else {
 		rc = refuse(name, "rename");
 	}
-	pthread_rwlock_unlock(&v->ns_lock);
+	ckpt_rwunlock(&v->ns_lock, CKPT_RANK_NS);
 	return rc;
 }
 
 int ckpt_view_unlink(ckpt_view *v, ckpt_ino parent, const char *name)
 {
-	pthread_rwlock_wrlock(&v->ns_lock);
+	ckpt_wrlock(&v->ns_lock, CKPT_RANK_NS);
 	struct node *dir = view_node(v, parent);
 	struct node *n = dir && (dir->kind == N_PDIR || dir->kind == N_DIR) ? view_find_kid(dir, name) : NULL;
 	int rc;
@@ -1790,8 +1790,8 @@ int ckpt_view_unlink(ckpt_view *v, ckpt_ino parent, const char *name)
 		/* No write of the step runs while its array is removed. */
 		struct pfile_node *f = to_pfile(n);
 		struct pfile *pf = &f->pf;
-		pthread_rwlock_wrlock(&f->ps->io_lock);
-		pthread_mutex_lock(&pf->mu);
+		ckpt_wrlock(&f->ps->io_lock, CKPT_RANK_IO);
+		ckpt_lock(&pf->mu, CKPT_RANK_PF);
 		ckpt_warray *arr = pf->is_slice ? NULL : pf->arr;
 		int json = pf->is_json;
 		char raw[VIEW_PATH_MAX];
@@ -1799,7 +1799,7 @@ int ckpt_view_unlink(ckpt_view *v, ckpt_ino parent, const char *name)
 			ckpt_log(CKPT_LOG_WARN, "%s: unlink: %s", raw, strerror(errno));
 		if (pf->is_marker)
 			f->ps->commit_wanted = 0; /* the copy's request to commit is withdrawn */
-		pthread_mutex_unlock(&pf->mu);
+		ckpt_unlock(&pf->mu, CKPT_RANK_PF);
 		rc = 0;
 		for (size_t i = 0; pf->is_st && pf->st_arr && i < pf->nst && rc == 0; i++)
 			rc = ckpt_warray_remove(pf->st_arr[i]); /* an import's tensors go with it */
@@ -1807,19 +1807,19 @@ int ckpt_view_unlink(ckpt_view *v, ckpt_ino parent, const char *name)
 			rc = ckpt_warray_remove(arr); /* its bytes and folder go */
 		else if (json)
 			rc = ckpt_step_set_json(f->ps->step, dir->name, NULL, 0);
-		pthread_rwlock_unlock(&f->ps->io_lock);
+		ckpt_rwunlock(&f->ps->io_lock, CKPT_RANK_IO);
 		if (rc == 0) {
 			view_remove_kid(dir, n);
 			atomic_store(&n->orphan, true);
 		}
 	}
-	pthread_rwlock_unlock(&v->ns_lock);
+	ckpt_rwunlock(&v->ns_lock, CKPT_RANK_NS);
 	return rc;
 }
 
 int ckpt_view_rmdir(ckpt_view *v, ckpt_ino parent, const char *name)
 {
-	pthread_rwlock_wrlock(&v->ns_lock);
+	ckpt_wrlock(&v->ns_lock, CKPT_RANK_NS);
 	struct node *dir = view_node(v, parent);
 	struct node *n = dir && node_has_kids(dir) ? view_find_kid(dir, name) : NULL;
 	int rc;
@@ -1831,7 +1831,7 @@ int ckpt_view_rmdir(ckpt_view *v, ckpt_ino parent, const char *name)
 			/* never wait for io_lock here: the commit needs ns_lock to finish */
 			rc = refuse(name, "remove (the step is committing)");
 		} else {
-			pthread_rwlock_wrlock(&ps->io_lock);
+			ckpt_wrlock(&ps->io_lock, CKPT_RANK_IO);
 			assert_pstep(ps);
 			ckpt_step_abort(ps->step);
 			ps_set(ps, PS_ABORTED);
@@ -1839,7 +1839,7 @@ int ckpt_view_rmdir(ckpt_view *v, ckpt_ino parent, const char *name)
 			ps->step = NULL;
 			ckpt_bg_upload_free(ps->bg, 1); /* aborts and deletes what was sent */
 			ps->bg = NULL;
-			pthread_rwlock_unlock(&ps->io_lock);
+			ckpt_rwunlock(&ps->io_lock, CKPT_RANK_IO);
 			view_remove_kid(dir, n);
 			atomic_store(&n->orphan, true);
 			ckpt_log(CKPT_LOG_INFO, "step %s: aborted", name);
@@ -1853,7 +1853,7 @@ int ckpt_view_rmdir(ckpt_view *v, ckpt_ino parent, const char *name)
 	} else {
 		rc = n->kind == N_DIR ? refuse(name, "remove") : -ENOTDIR;
 	}
-	pthread_rwlock_unlock(&v->ns_lock);
+	ckpt_rwunlock(&v->ns_lock, CKPT_RANK_NS);
 	return rc;
 }
 
@@ -2030,12 +2030,12 @@ static ssize_t write_data(struct pfile_node *n, uint64_t off, const uint8_t *dat
 	if (hdr_part > len)
 		hdr_part = len;
 	if (hdr_part && memcmp(pf->hdr + off, data, hdr_part)) {
-		pthread_mutex_unlock(&pf->mu);
+		ckpt_unlock(&pf->mu, CKPT_RANK_PF);
 		ckpt_log(CKPT_LOG_ERR, "%s: the .npy header cannot change once written", n->n.name);
 		return -EINVAL;
 	}
 	uint64_t doff = off + hdr_part - pf->data_off;
-	pthread_mutex_unlock(&pf->mu);
+	ckpt_unlock(&pf->mu, CKPT_RANK_PF);
 	if (len > hdr_part) {
 		int rc = ckpt_warray_write_flags(pf->arr, &pf->region, doff, data + hdr_part, len - hdr_part,
 						 same_flag(pf));
@@ -2049,6 +2049,7 @@ static ssize_t write_data(struct pfile_node *n, uint64_t off, const uint8_t *dat
 /* The content of a JSON file changed (pf->mu held): hand it to the writer. */
 static int json_set_locked(ckpt_view *v, struct pfile_node *n)
 {
+	ckpt_assert_held(CKPT_RANK_PF);
 	struct node *dir = parent_of(v, &n->n);
 	return ckpt_step_set_json(n->ps->step, dir->name, n->pf.hdr ? (const char *)n->pf.hdr : "",
 				  (size_t)n->pf.size);
@@ -2057,6 +2058,7 @@ static int json_set_locked(ckpt_view *v, struct pfile_node *n)
 /* Resize a JSON file's buffer to size bytes (pf->mu held), zero-filling. */
 static int json_resize_locked(struct pfile *pf, uint64_t size)
 {
+	ckpt_assert_held(CKPT_RANK_PF);
 	if (size > ((uint64_t)64 << 20))
 		return -EFBIG;
 	if (size > pf->cap) {
@@ -2078,6 +2080,7 @@ static int json_resize_locked(struct pfile *pf, uint64_t size)
 static ssize_t json_write_locked(ckpt_view *v, struct pfile_node *n, uint64_t off, const uint8_t *data,
 				 size_t len)
 {
+	ckpt_assert_held(CKPT_RANK_PF);
 	struct pfile *pf = &n->pf;
 	uint64_t end = off + len;
 	int rc = end < off ? -EFBIG : 0;
@@ -2088,7 +2091,7 @@ static ssize_t json_write_locked(ckpt_view *v, struct pfile_node *n, uint64_t of
 		if (pf->is_json)
 			rc = json_set_locked(v, n);
 	}
-	pthread_mutex_unlock(&pf->mu);
+	ckpt_unlock(&pf->mu, CKPT_RANK_PF);
 	return rc < 0 ? rc : (ssize_t)len;
 }
 
@@ -2333,24 +2336,25 @@ static int st_write_data(struct pfile_node *f, uint64_t off, const uint8_t *data
 static ssize_t st_write_locked(ckpt_view *v, struct pfile_node *f, uint64_t off, const uint8_t *data,
 			       size_t len)
 {
+	ckpt_assert_held(CKPT_RANK_PF);
 	struct pfile *pf = &f->pf;
 	size_t take = 0;
 	int rc = 0;
 	if (!pf->data_off) {
 		rc = st_collect(v, f, off, data, len, &take);
 		if (rc <= 0) {
-			pthread_mutex_unlock(&pf->mu);
+			ckpt_unlock(&pf->mu, CKPT_RANK_PF);
 			return rc < 0 ? rc : (ssize_t)len;
 		}
 	} else if (off < pf->data_off) {
 		take = pf->data_off - off < len ? (size_t)(pf->data_off - off) : len;
 		if (memcmp(pf->hdr + off, data, take)) {
-			pthread_mutex_unlock(&pf->mu);
+			ckpt_unlock(&pf->mu, CKPT_RANK_PF);
 			ckpt_log(CKPT_LOG_ERR, "%s: the safetensors header cannot change once written", f->n.name);
 			return -EINVAL;
 		}
 	}
-	pthread_mutex_unlock(&pf->mu);
+	ckpt_unlock(&pf->mu, CKPT_RANK_PF);
 	if (take < len && (rc = st_write_data(f, off + take, data + take, len - take)) < 0)
 		return rc;
 	return (ssize_t)len;
@@ -2359,10 +2363,11 @@ static ssize_t st_write_locked(ckpt_view *v, struct pfile_node *f, uint64_t off,
 /* Read back an imported file (io_lock shared, pf->mu held, released here). */
 static ssize_t st_read_locked(struct pfile *pf, uint64_t off, size_t len, uint8_t *dst)
 {
+	ckpt_assert_held(CKPT_RANK_PF);
 	uint64_t size = pf->size;
 	size_t hl = pf->data_off ? pf->data_off : pf->have;
 	if (off >= size) {
-		pthread_mutex_unlock(&pf->mu);
+		ckpt_unlock(&pf->mu, CKPT_RANK_PF);
 		return 0;
 	}
 	if (len > size - off)
@@ -2373,7 +2378,7 @@ static ssize_t st_read_locked(struct pfile *pf, uint64_t off, size_t len, uint8_
 		memcpy(dst, pf->hdr + off, done);
 	}
 	int parsed = pf->data_off != 0;
-	pthread_mutex_unlock(&pf->mu);
+	ckpt_unlock(&pf->mu, CKPT_RANK_PF);
 	uint64_t d = off + done - hl;
 	for (size_t i = 0; parsed && done < len && i < pf->nst; i++) {
 		const ckpt_st_entry *e = &pf->st[i];
@@ -2394,15 +2399,16 @@ static ssize_t st_read_locked(struct pfile *pf, uint64_t off, size_t len, uint8_
 static ssize_t write_locked(ckpt_view *v, struct pfile_node *n, uint64_t off, const uint8_t *data, size_t len,
 			    int append)
 {
+	ckpt_assert_held(CKPT_RANK_IO);
 	struct pfile *pf = &n->pf;
-	pthread_mutex_lock(&pf->mu);
+	ckpt_lock(&pf->mu, CKPT_RANK_PF);
 	if (append) /* O_APPEND: after the furthest byte written, not the declared size */
 		off = buffered(pf) || pf->is_raw ? pf->size : pf->hwm;
 	pf->dirty = 1;
 	if (off + len > pf->hwm)
 		pf->hwm = off + len;
 	if (pf->is_raw) { /* a stored copy's file: straight to the tmp folder */
-		pthread_mutex_unlock(&pf->mu);
+		ckpt_unlock(&pf->mu, CKPT_RANK_PF);
 		int fd = raw_open(n->ps, pf->rel, O_WRONLY);
 		int rc = fd < 0 ? fd : ckpt_pwrite_all(fd, data, len, off);
 		if (fd >= 0)
@@ -2411,10 +2417,10 @@ static ssize_t write_locked(ckpt_view *v, struct pfile_node *n, uint64_t off, co
 			ckpt_log(CKPT_LOG_ERR, "%s: write: %s", pf->rel, strerror(-rc));
 			return rc;
 		}
-		pthread_mutex_lock(&pf->mu);
+		ckpt_lock(&pf->mu, CKPT_RANK_PF);
 		if (off + len > pf->size)
 			pf->size = off + len;
-		pthread_mutex_unlock(&pf->mu);
+		ckpt_unlock(&pf->mu, CKPT_RANK_PF);
 		return (ssize_t)len;
 	}
 	if (buffered(pf))
@@ -2426,7 +2432,7 @@ static ssize_t write_locked(ckpt_view *v, struct pfile_node *n, uint64_t off, co
 	size_t take = 0;
 	int rc = collect_header(v, n, off, data, len, &take);
 	size_t data_off = pf->data_off;
-	pthread_mutex_unlock(&pf->mu);
+	ckpt_unlock(&pf->mu, CKPT_RANK_PF);
 	if (rc < 0)
 		return rc;
 	if (rc == 1 && take < len) {
@@ -2449,11 +2455,11 @@ ssize_t ckpt_view_write(ckpt_view *v, ckpt_ino ino, uint64_t off, const void *da
 	struct pfile_node *f = to_pfile(n);
 	struct pstep *ps = f->ps;
 	note_writer(ps);
-	pthread_rwlock_rdlock(&ps->io_lock);
+	ckpt_rdlock(&ps->io_lock, CKPT_RANK_IO);
 	ssize_t rc = ps_dead(ps) || atomic_load(&n->orphan) ? refuse(n->name, "write")
 								       : write_locked(v, f, off, data, len,
 										      (flags & CKPT_WRITE_APPEND) != 0);
-	pthread_rwlock_unlock(&ps->io_lock);
+	ckpt_rwunlock(&ps->io_lock, CKPT_RANK_IO);
 	return rc;
 }
 
@@ -2469,8 +2475,8 @@ int ckpt_view_truncate(ckpt_view *v, ckpt_ino ino, uint64_t size)
 	struct pfile_node *f = to_pfile(n);
 	struct pfile *pf = &f->pf;
 	int rc = 0;
-	pthread_rwlock_rdlock(&f->ps->io_lock);
-	pthread_mutex_lock(&pf->mu);
+	ckpt_rdlock(&f->ps->io_lock, CKPT_RANK_IO);
+	ckpt_lock(&pf->mu, CKPT_RANK_PF);
 	if (ps_dead(f->ps) || atomic_load(&n->orphan)) {
 		rc = refuse(n->name, "truncate");
 	} else if (pf->is_st && size == 0) {
@@ -2516,8 +2522,8 @@ int ckpt_view_truncate(ckpt_view *v, ckpt_ino ino, uint64_t size)
 			 n->name, (unsigned long long)size);
 		rc = -EINVAL;
 	}
-	pthread_mutex_unlock(&pf->mu);
-	pthread_rwlock_unlock(&f->ps->io_lock);
+	ckpt_unlock(&pf->mu, CKPT_RANK_PF);
+	ckpt_rwunlock(&f->ps->io_lock, CKPT_RANK_IO);
 	return rc;
 }
 
@@ -2528,42 +2534,42 @@ static ssize_t pending_read(ckpt_view *v, struct node *node, uint64_t off, size_
 	(void)v;
 	struct pfile_node *n = to_pfile(node);
 	struct pfile *pf = &n->pf;
-	pthread_rwlock_rdlock(&n->ps->io_lock);
+	ckpt_rdlock(&n->ps->io_lock, CKPT_RANK_IO);
 	if (ps_dead(n->ps)) {
 		/* committed (the step's files are read from its folder under their
 		 * path now) or aborted: the writer's state is gone */
-		pthread_rwlock_unlock(&n->ps->io_lock);
+		ckpt_rwunlock(&n->ps->io_lock, CKPT_RANK_IO);
 		return -ESTALE;
 	}
-	pthread_mutex_lock(&pf->mu);
+	ckpt_lock(&pf->mu, CKPT_RANK_PF);
 	uint64_t size = pf->size;
 	if (pf->is_st) {
 		ssize_t r = st_read_locked(pf, off, len, dst);
-		pthread_rwlock_unlock(&n->ps->io_lock);
+		ckpt_rwunlock(&n->ps->io_lock, CKPT_RANK_IO);
 		return r;
 	}
 	if (pf->is_raw) {
-		pthread_mutex_unlock(&pf->mu);
+		ckpt_unlock(&pf->mu, CKPT_RANK_PF);
 		size_t k = off < size ? (size_t)(size - off < len ? size - off : len) : 0;
 		int fd = k ? raw_open(n->ps, pf->rel, O_RDONLY) : 0;
 		int rc = fd < 0 ? fd : k ? ckpt_pread_all(fd, dst, k, off) : 0;
 		if (k && fd >= 0)
 			close(fd);
-		pthread_rwlock_unlock(&n->ps->io_lock);
+		ckpt_rwunlock(&n->ps->io_lock, CKPT_RANK_IO);
 		return rc < 0 ? rc : (ssize_t)k;
 	}
 	if (buffered(pf)) {
 		size_t k = off < size ? (size_t)(size - off < len ? size - off : len) : 0;
 		if (k)
 			memcpy(dst, pf->hdr + off, k);
-		pthread_mutex_unlock(&pf->mu);
-		pthread_rwlock_unlock(&n->ps->io_lock);
+		ckpt_unlock(&pf->mu, CKPT_RANK_PF);
+		ckpt_rwunlock(&n->ps->io_lock, CKPT_RANK_IO);
 		return (ssize_t)k;
 	}
 	size_t hl = pf->data_off ? pf->data_off : pf->have;
 	if (off >= size) {
-		pthread_mutex_unlock(&pf->mu);
-		pthread_rwlock_unlock(&n->ps->io_lock);
+		ckpt_unlock(&pf->mu, CKPT_RANK_PF);
+		ckpt_rwunlock(&n->ps->io_lock, CKPT_RANK_IO);
 		return 0;
 	}
 	if (len > size - off)
@@ -2576,14 +2582,14 @@ static ssize_t pending_read(ckpt_view *v, struct node *node, uint64_t off, size_
 	ckpt_warray *arr = pf->arr;
 	ckpt_region r = pf->region;
 	size_t doff = pf->data_off;
-	pthread_mutex_unlock(&pf->mu);
+	ckpt_unlock(&pf->mu, CKPT_RANK_PF);
 	ssize_t rc = 0;
 	if (done < len && arr) {
 		rc = ckpt_warray_read(arr, &r, off + done - doff, (uint8_t *)dst + done, len - done);
 		if (rc >= 0)
 			done += (size_t)rc;
 	}
-	pthread_rwlock_unlock(&n->ps->io_lock);
+	ckpt_rwunlock(&n->ps->io_lock, CKPT_RANK_IO);
 	return rc < 0 ? rc : (ssize_t)done;
 }
 
@@ -2608,8 +2614,8 @@ static int set_dtype(struct pfile_node *f, const char *value, size_t size)
 	}
 	struct pfile *pf = &f->pf;
 	int rc = 0;
-	pthread_rwlock_rdlock(&f->ps->io_lock);
-	pthread_mutex_lock(&pf->mu);
+	ckpt_rdlock(&f->ps->io_lock, CKPT_RANK_IO);
+	ckpt_lock(&pf->mu, CKPT_RANK_PF);
 	int dead = ps_dead(f->ps); /* then the arrays are freed */
 	ckpt_warray *known = dead ? NULL : pf->is_slice ? pf->decl->pf.arr : pf->arr;
 	ckpt_dtype have = CKPT_DT_INVALID;
@@ -2632,8 +2638,8 @@ static int set_dtype(struct pfile_node *f, const char *value, size_t size)
 	} else {
 		pf->hint = dt;
 	}
-	pthread_mutex_unlock(&pf->mu);
-	pthread_rwlock_unlock(&f->ps->io_lock);
+	ckpt_unlock(&pf->mu, CKPT_RANK_PF);
+	ckpt_rwunlock(&f->ps->io_lock, CKPT_RANK_IO);
 	return rc;
 }
 
@@ -2686,10 +2692,10 @@ int ckpt_view_setxattr(ckpt_view *v, ckpt_ino ino, const char *name, const char 
 	struct pfile_node *f = to_pfile(n);
 	struct pfile *pf = &f->pf;
 	int rc;
-	pthread_rwlock_rdlock(&f->ps->io_lock);
-	pthread_mutex_lock(&pf->mu);
+	ckpt_rdlock(&f->ps->io_lock, CKPT_RANK_IO);
+	ckpt_lock(&pf->mu, CKPT_RANK_PF);
 	ckpt_warray *arr = pf->is_slice ? pf->decl->pf.arr : pf->arr;
-	pthread_mutex_unlock(&pf->mu);
+	ckpt_unlock(&pf->mu, CKPT_RANK_PF);
 	if (ps_dead(f->ps)) {
 		rc = refuse(n->name, "set an extended attribute");
 	} else if (!arr) {
@@ -2700,7 +2706,7 @@ int ckpt_view_setxattr(ckpt_view *v, ckpt_ino ino, const char *name, const char 
 		if (rc < 0)
 			ckpt_log(CKPT_LOG_ERR, "%s: user.ckpt.sharding is not valid JSON", n->name);
 	}
-	pthread_rwlock_unlock(&f->ps->io_lock);
+	ckpt_rwunlock(&f->ps->io_lock, CKPT_RANK_IO);
 	free(json);
 	return rc;
 }

@@ -117,6 +117,7 @@ static uint64_t elements(const char *shape)
 static ssize_t xattr(ckpt_view *v, ckpt_ino ino, const char *name, char *buf, size_t cap)
 {
 	/* what ckpt_view_getxattr does for user.* names; no view lock held */
+	ckpt_assert_not_held(CKPT_RANK_NS);
 	struct node *nd = view_node(v, ino);
 	ssize_t n = !nd			? -ENOENT
 		    : node_is_gone(v, nd)	? -ESTALE
@@ -189,7 +190,8 @@ static int visit(struct info *in, const char *path, const ckpt_attr *a)
  * rescan): ns_lock shared is taken here, so none may be held. */
 static int entry(ckpt_view *v, ckpt_ino ino, uint64_t index, const char **name, ckpt_attr *attr)
 {
-	pthread_rwlock_rdlock(&v->ns_lock);
+	ckpt_assert_not_held(CKPT_RANK_NS);
+	ckpt_rdlock(&v->ns_lock, CKPT_RANK_NS);
 	struct node *dir = view_node(v, ino);
 	struct node *n = NULL;
 	int rc = !dir || node_is_gone(v, dir) ? -ENOENT
@@ -199,7 +201,7 @@ static int entry(ckpt_view *v, ckpt_ino ino, uint64_t index, const char **name, 
 		*name = n->name;
 		view_fill_attr(v, n, attr);
 	}
-	pthread_rwlock_unlock(&v->ns_lock);
+	ckpt_rwunlock(&v->ns_lock, CKPT_RANK_NS);
 	return rc;
 }
 
@@ -460,6 +462,7 @@ static char *dir_path(ckpt_view *v, ckpt_ino dir)
 
 int ckpt_view_summary(ckpt_view *v, ckpt_ino dir, const char *source, int json, char **buf, size_t *len)
 {
+	ckpt_assert_not_held(CKPT_RANK_NS); /* the walk takes it shared, entry by entry */
 	ckpt_attr a;
 	struct node *dn = view_node(v, dir);
 	if (!dn)

@@ -38,7 +38,7 @@ static void queue_gone_files(ckpt_view *v)
 {
 	ckpt_ino *add = NULL;
 	size_t n = 0, cap = 0;
-	pthread_mutex_lock(&v->alloc_lock);
+	ckpt_lock(&v->alloc_lock, CKPT_RANK_ALLOC);
 	uint64_t count = atomic_load(&v->count);
 	for (uint64_t i = 1; i <= count; i++) {
 		struct node *x = view_node(v, i);
@@ -55,10 +55,10 @@ static void queue_gone_files(ckpt_view *v)
 		add[n++] = i;
 		atomic_store(&x->kcache, NODE_INVAL_QUEUED);
 	}
-	pthread_mutex_unlock(&v->alloc_lock);
+	ckpt_unlock(&v->alloc_lock, CKPT_RANK_ALLOC);
 	if (!n)
 		return;
-	pthread_mutex_lock(&v->inval_mu);
+	ckpt_lock(&v->inval_mu, CKPT_RANK_INVAL);
 	if (v->ninval + n > v->capinval) {
 		size_t nc = v->capinval ? v->capinval : 64;
 		while (nc < v->ninval + n)
@@ -73,7 +73,7 @@ static void queue_gone_files(ckpt_view *v)
 	if (fit)
 		memcpy(v->inval_inos + v->ninval, add, fit * sizeof(*add));
 	v->ninval += fit;
-	pthread_mutex_unlock(&v->inval_mu);
+	ckpt_unlock(&v->inval_mu, CKPT_RANK_INVAL);
 	free(add);
 	if (v->inval_notify)
 		v->inval_notify(v->inval_arg);
@@ -86,7 +86,7 @@ static void retire_gone_arrays(ckpt_view *v)
 {
 	ckpt_array **gone = NULL;
 	size_t n = 0, cap = 0;
-	pthread_mutex_lock(&v->res_lock);
+	ckpt_lock(&v->res_lock, CKPT_RANK_RES);
 	for (size_t i = 0; i < v->narefs; i++) {
 		struct aref *ar = v->arefs[i];
 		const struct node *s = ar->step ? view_node(v, ar->step) : NULL;
@@ -103,18 +103,18 @@ static void retire_gone_arrays(ckpt_view *v)
 		gone[n++] = ar->arr;
 		ar->retired = 1;
 	}
-	pthread_mutex_unlock(&v->res_lock);
+	ckpt_unlock(&v->res_lock, CKPT_RANK_RES);
 	ckpt_arrays_retire(v->ctx, gone, n);
 	free(gone);
 }
 
 int ckpt_view_next_inval_inode(ckpt_view *v, ckpt_ino *ino)
 {
-	pthread_mutex_lock(&v->inval_mu);
+	ckpt_lock(&v->inval_mu, CKPT_RANK_INVAL);
 	int got = v->ninval > 0;
 	if (got)
 		*ino = v->inval_inos[--v->ninval];
-	pthread_mutex_unlock(&v->inval_mu);
+	ckpt_unlock(&v->inval_mu, CKPT_RANK_INVAL);
 	return got;
 }
 
@@ -147,15 +147,15 @@ static void root_refresh(ckpt_view *v)
 	struct ckpt_store_stat st;
 	if (ckpt_store_stat(v->src, "", &st) < 0)
 		return; /* keep what is shown; reads of vanished data fail on their own */
-	pthread_mutex_lock(&v->scan_mu);
+	ckpt_lock(&v->scan_mu, CKPT_RANK_SCAN);
 	uint64_t now = ckpt_now_ns();
 	int due = st.mtime_ns ? st.mtime_ns != v->scan_mtime || v->scan_unsure
 			      : now - v->scan_at_ns >= (uint64_t)RESCAN_INTERVAL_NS;
 	struct layout_steps *l;
 	if (due && layout_list_steps(v, &l) == 0) {
-		pthread_rwlock_wrlock(&v->ns_lock);
+		ckpt_wrlock(&v->ns_lock, CKPT_RANK_NS);
 		int changes = layout_apply_steps(v, l);
-		pthread_rwlock_unlock(&v->ns_lock);
+		ckpt_rwunlock(&v->ns_lock, CKPT_RANK_NS);
 		if (changes) {
 			queue_gone_files(v);
 			retire_gone_arrays(v);
@@ -169,7 +169,7 @@ static void root_refresh(ckpt_view *v)
 		v->scan_at_ns = now;
 		v->scan_unsure = st.mtime_ns && wall_ns() - st.mtime_ns < RESCAN_UNSURE_NS;
 	}
-	pthread_mutex_unlock(&v->scan_mu);
+	ckpt_unlock(&v->scan_mu, CKPT_RANK_SCAN);
 }
 
 /* src NULL: open the store of `source`; else use src (one more reference). */
@@ -292,7 +292,7 @@ int ckpt_view_lookup(ckpt_view *v, ckpt_ino parent, const char *name, ckpt_attr 
 {
 	if (parent == CKPT_ROOT_INO)
 		root_refresh(v);
-	pthread_rwlock_rdlock(&v->ns_lock);
+	ckpt_rdlock(&v->ns_lock, CKPT_RANK_NS);
 	struct node *dir = view_node(v, parent);
 	struct node *n = NULL;
 	int rc = dir && !node_is_gone(v, dir) ? node_lookup_ref(v, dir, name, &n) : -ENOENT;
@@ -300,7 +300,7 @@ int ckpt_view_lookup(ckpt_view *v, ckpt_ino parent, const char *name, ckpt_attr 
 		layout_step_touch(v, n);
 		view_fill_attr(v, n, out);
 	}
-	pthread_rwlock_unlock(&v->ns_lock);
+	ckpt_rwunlock(&v->ns_lock, CKPT_RANK_NS);
 	return rc;
 }
 
@@ -308,7 +308,7 @@ int ckpt_view_readdir(ckpt_view *v, ckpt_ino ino, uint64_t index, const char **n
 {
 	if (ino == CKPT_ROOT_INO && index == 0)
 		root_refresh(v);
-	pthread_rwlock_rdlock(&v->ns_lock);
+	ckpt_rdlock(&v->ns_lock, CKPT_RANK_NS);
 	struct node *dir = view_node(v, ino);
 	struct node *n = NULL;
 	int rc = !dir || node_is_gone(v, dir) ? -ENOENT
@@ -318,7 +318,7 @@ int ckpt_view_readdir(ckpt_view *v, ckpt_ino ino, uint64_t index, const char **n
 		*name = n->name;
 		view_fill_attr(v, n, attr);
 	}
-	pthread_rwlock_unlock(&v->ns_lock);
+	ckpt_rwunlock(&v->ns_lock, CKPT_RANK_NS);
 	return rc;
 }
 

@@ -67,9 +67,9 @@ static uint64_t unit_count(ckpt_view *v, struct node *n)
 		return 0;
 	snprintf(name, sizeof(name), "%.*s.shards", (int)stem, n->name);
 	struct node *sd;
-	pthread_rwlock_rdlock(&v->ns_lock);
+	ckpt_rdlock(&v->ns_lock, CKPT_RANK_NS);
 	int rc = node_lookup_locked(v, dir, name, &sd);
-	pthread_rwlock_unlock(&v->ns_lock);
+	ckpt_rwunlock(&v->ns_lock, CKPT_RANK_NS);
 	uint64_t count = 0;
 	if (rc == 0 && sd->ops->nentries && sd->ops->nentries(v, sd, &count) < 0)
 		count = 0;

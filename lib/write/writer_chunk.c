@@ -247,6 +247,7 @@ static void chunk_set_state(struct ckpt_warray *a, uint64_t idx, enum wc_state t
 
 static void lru_remove_locked(struct ckpt_step *st, struct wlive *l)
 {
+	ckpt_assert_held(CKPT_RANK_W_STEP);
 	if (!l->in_lru)
 		return;
 	if (l->lru_prev)
@@ -263,6 +264,7 @@ static void lru_remove_locked(struct ckpt_step *st, struct wlive *l)
 
 static void lru_add_locked(struct ckpt_step *st, struct wlive *l)
 {
+	ckpt_assert_held(CKPT_RANK_W_STEP);
 	if (l->in_lru)
 		return;
 	l->lru_next = NULL;
@@ -277,6 +279,7 @@ static void lru_add_locked(struct ckpt_step *st, struct wlive *l)
 
 static void queue_push_locked(struct ckpt_step *st, struct wlive *l)
 {
+	ckpt_assert_held(CKPT_RANK_W_STEP);
 	if (l->in_queue)
 		return;
 	l->in_queue = 1;
@@ -293,6 +296,7 @@ static void queue_push_locked(struct ckpt_step *st, struct wlive *l)
  * spilled or freed while queued). */
 static void queue_remove_locked(struct ckpt_step *st, struct wlive *l)
 {
+	ckpt_assert_held(CKPT_RANK_W_STEP);
 	if (!l->in_queue)
 		return;
 	struct wlive *prev = NULL;
@@ -331,7 +335,7 @@ static int mem_acquire(struct ckpt_step *st, uint64_t cost, uint64_t size, uint8
 	uint8_t *buf = NULL;
 	size_t cap = 0;
 	int rc = 0;
-	pthread_mutex_lock(&st->mu);
+	ckpt_lock(&st->mu, CKPT_RANK_W_STEP);
 	for (struct wbuf **pp = &st->cache; *pp; pp = &(*pp)->next) {
 		if ((*pp)->size == size) {
 			struct wbuf *b = *pp;
@@ -368,9 +372,9 @@ static int mem_acquire(struct ckpt_step *st, uint64_t cost, uint64_t size, uint8
 			struct ckpt_warray *va = v->arr;
 			uint64_t vidx = v->idx;
 			lru_remove_locked(st, v);
-			pthread_mutex_unlock(&st->mu);
+			ckpt_unlock(&st->mu, CKPT_RANK_W_STEP);
 			rc = spill(st, va, vidx);
-			pthread_mutex_lock(&st->mu);
+			ckpt_lock(&st->mu, CKPT_RANK_W_STEP);
 			if (rc && rc != -EAGAIN)
 				break;
 			rc = 0;
@@ -388,14 +392,14 @@ static int mem_acquire(struct ckpt_step *st, uint64_t cost, uint64_t size, uint8
 	}
 	if (!rc)
 		st->mem_used += cost;
-	pthread_mutex_unlock(&st->mu);
+	ckpt_unlock(&st->mu, CKPT_RANK_W_STEP);
 	int fresh = !buf;
 	if (!rc && !buf && !(buf = ckpt_hugebuf_alloc(size, &cap))) {
 		rc = -ENOMEM;
-		pthread_mutex_lock(&st->mu);
+		ckpt_lock(&st->mu, CKPT_RANK_W_STEP);
 		budget_sub(&st->mem_used, cost);
 		pthread_cond_broadcast(&st->memcond);
-		pthread_mutex_unlock(&st->mu);
+		ckpt_unlock(&st->mu, CKPT_RANK_W_STEP);
 	}
 	if (rc) {
 		ckpt_hugebuf_free(buf, cap);
@@ -437,6 +441,7 @@ static int live_new(struct ckpt_warray *a, uint64_t idx, struct wlive **out)
  * memory as neither in flight nor free. */
 static void live_release_locked(struct ckpt_step *st, struct wlive *l)
 {
+	ckpt_assert_held(CKPT_RANK_W_STEP);
 	struct ckpt_warray *a = l->arr;
 	struct wbuf *b = NULL;
 	assert(!l->in_queue && !l->in_lru);
@@ -467,9 +472,9 @@ static void live_destroy(struct wlive *l)
 
 static void live_free(struct ckpt_step *st, struct wlive *l)
 {
-	pthread_mutex_lock(&st->mu);
+	ckpt_lock(&st->mu, CKPT_RANK_W_STEP);
 	live_release_locked(st, l);
-	pthread_mutex_unlock(&st->mu);
+	ckpt_unlock(&st->mu, CKPT_RANK_W_STEP);
 	live_destroy(l);
 }
 
@@ -478,7 +483,7 @@ static void live_free(struct ckpt_step *st, struct wlive *l)
 static int spill_fd(struct ckpt_step *st)
 {
 	int fd;
-	pthread_mutex_lock(&st->mu);
+	ckpt_lock(&st->mu, CKPT_RANK_W_STEP);
 	if (st->spill_fd < 0) {
 		fd = openat(st->dirfd, ".", O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
 		if (fd < 0) {
@@ -489,7 +494,7 @@ static int spill_fd(struct ckpt_step *st)
 		st->spill_fd = fd < 0 ? -errno : fd;
 	}
 	fd = st->spill_fd;
-	pthread_mutex_unlock(&st->mu);
+	ckpt_unlock(&st->mu, CKPT_RANK_W_STEP);
 	return fd;
 }
 
@@ -591,13 +596,13 @@ static int zero_gap(void *ctx, uint64_t s, uint64_t e)
 static int spill(struct ckpt_step *st, struct ckpt_warray *a, uint64_t idx)
 {
 	struct wchunk *c = w_chunk_at(a, idx);
-	pthread_mutex_lock(&a->mu);
+	ckpt_lock(&a->mu, CKPT_RANK_W_ARRAY);
 	struct wlive *l = c->live;
 	if (!l || c->state != WC_LIVE || c->pins || c->have == w_chunk_need(a, idx)) {
-		pthread_mutex_unlock(&a->mu);
+		ckpt_unlock(&a->mu, CKPT_RANK_W_ARRAY);
 		return -EAGAIN;
 	}
-	pthread_mutex_lock(&st->mu);
+	ckpt_lock(&st->mu, CKPT_RANK_W_STEP);
 	lru_remove_locked(st, l); /* may be a newer live than the victim taken */
 	st->inflight += a->live_cost;
 	int reused = spill_has_slot(c);
@@ -606,9 +611,9 @@ static int spill(struct ckpt_step *st, struct ckpt_warray *a, uint64_t idx)
 		st->spill_end += spill_slot_bytes(a);
 	}
 	uint64_t off = spill_slot_off(c);
-	pthread_mutex_unlock(&st->mu);
+	ckpt_unlock(&st->mu, CKPT_RANK_W_STEP);
 	chunk_set_state(a, idx, WC_SPILLING);
-	pthread_mutex_unlock(&a->mu);
+	ckpt_unlock(&a->mu, CKPT_RANK_W_ARRAY);
 
 	int fd = spill_fd(st), rc = fd < 0 ? fd : 0;
 	if (!rc)
@@ -616,11 +621,11 @@ static int spill(struct ckpt_step *st, struct ckpt_warray *a, uint64_t idx)
 	if (!rc)
 		rc = spill_write(a, fd, off, l, reused);
 
-	pthread_mutex_lock(&a->mu);
+	ckpt_lock(&a->mu, CKPT_RANK_W_ARRAY);
 	if (!rc)
 		c->live = NULL;
 	chunk_set_state(a, idx, rc ? WC_LIVE : WC_SPILLED); /* before inflight drops */
-	pthread_mutex_lock(&st->mu);
+	ckpt_lock(&st->mu, CKPT_RANK_W_STEP);
 	budget_sub(&st->inflight, a->live_cost);
 	if (rc) {
 		lru_add_locked(st, l);
@@ -631,9 +636,9 @@ static int spill(struct ckpt_step *st, struct ckpt_warray *a, uint64_t idx)
 	}
 	pthread_cond_broadcast(&st->memcond);
 	pthread_cond_broadcast(&st->idlecond);
-	pthread_mutex_unlock(&st->mu);
+	ckpt_unlock(&st->mu, CKPT_RANK_W_STEP);
 	pthread_cond_broadcast(&a->cond);
-	pthread_mutex_unlock(&a->mu);
+	ckpt_unlock(&a->mu, CKPT_RANK_W_ARRAY);
 	if (rc) {
 		ckpt_log(CKPT_LOG_ERR, "writer: %s: spilling a partial chunk failed: %s", a->relpath,
 			 strerror(-rc));
@@ -672,14 +677,15 @@ static int spill_read(struct ckpt_warray *a, uint64_t off, uint8_t *buf, struct 
 /* Under a->mu; the chunk has a live buffer. */
 static void pin_locked(struct ckpt_step *st, struct wchunk *c)
 {
+	ckpt_assert_held(CKPT_RANK_W_ARRAY);
 	assert(c->live);
-	pthread_mutex_lock(&st->mu);
+	ckpt_lock(&st->mu, CKPT_RANK_W_STEP);
 	if (c->pins++ == 0) {
 		lru_remove_locked(st, c->live);
 		st->npinned++;
 	}
 	st->pins_total++;
-	pthread_mutex_unlock(&st->mu);
+	ckpt_unlock(&st->mu, CKPT_RANK_W_STEP);
 }
 
 /* Under a->mu: drop a pin, crediting `added` newly covered bytes and
@@ -689,6 +695,7 @@ static void pin_locked(struct ckpt_step *st, struct wchunk *c)
  * the queue. */
 static void unpin_locked(struct ckpt_warray *a, uint64_t idx, uint64_t added, uint64_t removed)
 {
+	ckpt_assert_held(CKPT_RANK_W_ARRAY);
 	struct ckpt_step *st = a->step;
 	struct wchunk *c = w_chunk_at(a, idx);
 	assert(c->pins > 0 && c->live);
@@ -698,7 +705,7 @@ static void unpin_locked(struct ckpt_warray *a, uint64_t idx, uint64_t added, ui
 	a->have_total += added;
 	budget_sub(&a->have_total, removed);
 	c->pins--;
-	pthread_mutex_lock(&st->mu);
+	ckpt_lock(&st->mu, CKPT_RANK_W_STEP);
 	budget_sub(&st->pins_total, 1);
 	st->bytes_pending += added;
 	budget_sub(&st->bytes_pending, removed);
@@ -731,7 +738,7 @@ static void unpin_locked(struct ckpt_warray *a, uint64_t idx, uint64_t added, ui
 	}
 	if (st->pins_total == 0)
 		pthread_cond_broadcast(&st->idlecond);
-	pthread_mutex_unlock(&st->mu);
+	ckpt_unlock(&st->mu, CKPT_RANK_W_STEP);
 	if (c->pins == 0)
 		pthread_cond_broadcast(&a->cond); /* w_chunk_reset waits for pins */
 	if (queue)
@@ -747,6 +754,7 @@ static void unpin_locked(struct ckpt_warray *a, uint64_t idx, uint64_t added, ui
  * or back to the old state on failure (fresh is then freed). */
 static int reload_locked(struct ckpt_warray *a, uint64_t idx, struct wlive *fresh)
 {
+	ckpt_assert_held(CKPT_RANK_W_ARRAY);
 	struct ckpt_step *st = a->step;
 	struct wchunk *c = w_chunk_at(a, idx);
 	enum wc_state prev = c->state;
@@ -754,13 +762,13 @@ static int reload_locked(struct ckpt_warray *a, uint64_t idx, struct wlive *fres
 	int rc;
 	assert(prev == WC_SPILLED || prev == WC_STORED);
 	c->live = fresh;
-	pthread_mutex_lock(&st->mu);
+	ckpt_lock(&st->mu, CKPT_RANK_W_STEP);
 	st->inflight += a->live_cost;
-	pthread_mutex_unlock(&st->mu);
+	ckpt_unlock(&st->mu, CKPT_RANK_W_STEP);
 	if (prev == WC_STORED) /* the shard file will change */
 		w_shard_unfinish_locked(a, w_chunk_shard(a, idx));
 	chunk_set_state(a, idx, WC_LOADING);
-	pthread_mutex_unlock(&a->mu);
+	ckpt_unlock(&a->mu, CKPT_RANK_W_ARRAY);
 	if (prev == WC_SPILLED) {
 		rc = w_cov_to_bitmap(&fresh->cov, a->chunk_nbytes);
 		if (!rc)
@@ -773,7 +781,7 @@ static int reload_locked(struct ckpt_warray *a, uint64_t idx, struct wlive *fres
 		if (!rc)
 			w_cov_fill(&fresh->cov, a->chunk_nbytes);
 	}
-	pthread_mutex_lock(&a->mu);
+	ckpt_lock(&a->mu, CKPT_RANK_W_ARRAY);
 	/* The new state is visible before inflight drops (w_chunk_wait_idle). */
 	if (rc) {
 		c->live = NULL;
@@ -783,7 +791,7 @@ static int reload_locked(struct ckpt_warray *a, uint64_t idx, struct wlive *fres
 		chunk_set_state(a, idx, WC_LIVE);
 	}
 	uint64_t need = w_chunk_need(a, idx);
-	pthread_mutex_lock(&st->mu);
+	ckpt_lock(&st->mu, CKPT_RANK_W_STEP);
 	budget_sub(&st->inflight, a->live_cost);
 	if (rc) {
 		live_release_locked(st, fresh);
@@ -797,7 +805,7 @@ static int reload_locked(struct ckpt_warray *a, uint64_t idx, struct wlive *fres
 	}
 	pthread_cond_broadcast(&st->memcond);
 	pthread_cond_broadcast(&st->idlecond);
-	pthread_mutex_unlock(&st->mu);
+	ckpt_unlock(&st->mu, CKPT_RANK_W_STEP);
 	pthread_cond_broadcast(&a->cond);
 	if (rc) {
 		live_destroy(fresh);
@@ -814,6 +822,7 @@ static int reload_locked(struct ckpt_warray *a, uint64_t idx, struct wlive *fres
  * alone and 1 returned (nothing pinned). */
 static int pin_write_locked(struct ckpt_warray *a, uint64_t idx, int keep_empty)
 {
+	ckpt_assert_held(CKPT_RANK_W_ARRAY);
 	struct ckpt_step *st = a->step;
 	struct wchunk *c = w_chunk_at(a, idx);
 	struct wlive *fresh = NULL;
@@ -829,9 +838,9 @@ static int pin_write_locked(struct ckpt_warray *a, uint64_t idx, int keep_empty)
 	for (;;) {
 		if (keep_empty && c->state == WC_EMPTY) {
 			if (fresh) {
-				pthread_mutex_unlock(&a->mu);
+				ckpt_unlock(&a->mu, CKPT_RANK_W_ARRAY);
 				live_free(st, fresh);
-				pthread_mutex_lock(&a->mu);
+				ckpt_lock(&a->mu, CKPT_RANK_W_ARRAY);
 				fresh = NULL;
 				continue;
 			}
@@ -843,9 +852,9 @@ static int pin_write_locked(struct ckpt_warray *a, uint64_t idx, int keep_empty)
 		case WC_ERROR:
 			pin_locked(st, c);
 			if (fresh) {
-				pthread_mutex_unlock(&a->mu);
+				ckpt_unlock(&a->mu, CKPT_RANK_W_ARRAY);
 				live_free(st, fresh);
-				pthread_mutex_lock(&a->mu);
+				ckpt_lock(&a->mu, CKPT_RANK_W_ARRAY);
 			}
 			return 0;
 		case WC_COMPRESSING:
@@ -857,9 +866,9 @@ static int pin_write_locked(struct ckpt_warray *a, uint64_t idx, int keep_empty)
 			break;
 		}
 		if (!fresh) {
-			pthread_mutex_unlock(&a->mu);
+			ckpt_unlock(&a->mu, CKPT_RANK_W_ARRAY);
 			rc = live_new(a, idx, &fresh);
-			pthread_mutex_lock(&a->mu);
+			ckpt_lock(&a->mu, CKPT_RANK_W_ARRAY);
 			if (rc)
 				return rc;
 			continue;
@@ -876,42 +885,42 @@ static int pin_write_locked(struct ckpt_warray *a, uint64_t idx, int keep_empty)
 
 int w_chunk_write(struct ckpt_warray *a, uint64_t idx, w_chunk_fill_fn fill, void *ctx)
 {
-	pthread_mutex_lock(&a->mu);
+	ckpt_lock(&a->mu, CKPT_RANK_W_ARRAY);
 	int rc = pin_write_locked(a, idx, 0);
 	if (rc) {
-		pthread_mutex_unlock(&a->mu);
+		ckpt_unlock(&a->mu, CKPT_RANK_W_ARRAY);
 		return rc;
 	}
 	/* The pin keeps the buffer; its contents are under l->mu. */
 	struct wlive *l = w_chunk_at(a, idx)->live;
-	pthread_mutex_unlock(&a->mu);
+	ckpt_unlock(&a->mu, CKPT_RANK_W_ARRAY);
 	uint64_t added = 0;
-	pthread_mutex_lock(&l->mu);
+	ckpt_lock(&l->mu, CKPT_RANK_W_LIVE);
 	rc = fill(ctx, l->buf, &l->cov, &added);
-	pthread_mutex_unlock(&l->mu);
-	pthread_mutex_lock(&a->mu);
+	ckpt_unlock(&l->mu, CKPT_RANK_W_LIVE);
+	ckpt_lock(&a->mu, CKPT_RANK_W_ARRAY);
 	unpin_locked(a, idx, added, 0);
-	pthread_mutex_unlock(&a->mu);
+	ckpt_unlock(&a->mu, CKPT_RANK_W_ARRAY);
 	return rc;
 }
 
 int w_chunk_forget(struct ckpt_warray *a, uint64_t idx, w_chunk_fill_fn drop, void *ctx)
 {
-	pthread_mutex_lock(&a->mu);
+	ckpt_lock(&a->mu, CKPT_RANK_W_ARRAY);
 	int rc = pin_write_locked(a, idx, 1);
 	if (rc) { /* 1: EMPTY, nothing to drop */
-		pthread_mutex_unlock(&a->mu);
+		ckpt_unlock(&a->mu, CKPT_RANK_W_ARRAY);
 		return rc < 0 ? rc : 0;
 	}
 	struct wlive *l = w_chunk_at(a, idx)->live;
-	pthread_mutex_unlock(&a->mu);
+	ckpt_unlock(&a->mu, CKPT_RANK_W_ARRAY);
 	uint64_t removed = 0;
-	pthread_mutex_lock(&l->mu);
+	ckpt_lock(&l->mu, CKPT_RANK_W_LIVE);
 	rc = drop(ctx, l->buf, &l->cov, &removed);
-	pthread_mutex_unlock(&l->mu);
-	pthread_mutex_lock(&a->mu);
+	ckpt_unlock(&l->mu, CKPT_RANK_W_LIVE);
+	ckpt_lock(&a->mu, CKPT_RANK_W_ARRAY);
 	unpin_locked(a, idx, 0, removed);
-	pthread_mutex_unlock(&a->mu);
+	ckpt_unlock(&a->mu, CKPT_RANK_W_ARRAY);
 	return rc;
 }
 
@@ -924,7 +933,7 @@ int w_chunk_read(struct ckpt_warray *a, uint64_t idx, uint8_t **scratch, w_chunk
 		copy(ctx, NULL);
 		return 0;
 	}
-	pthread_mutex_lock(&a->mu);
+	ckpt_lock(&a->mu, CKPT_RANK_W_ARRAY);
 	while (c->state == WC_COMPRESSING || c->state == WC_SPILLING || c->state == WC_LOADING)
 		pthread_cond_wait(&a->cond, &a->mu);
 	enum wc_state state = c->state;
@@ -932,19 +941,19 @@ int w_chunk_read(struct ckpt_warray *a, uint64_t idx, uint8_t **scratch, w_chunk
 	struct wlive *l = c->live;
 	if (state == WC_LIVE || state == WC_QUEUED || state == WC_ERROR)
 		pin_locked(st, c);
-	pthread_mutex_unlock(&a->mu);
+	ckpt_unlock(&a->mu, CKPT_RANK_W_ARRAY);
 
 	if (state == WC_EMPTY) {
 		copy(ctx, NULL);
 		return 0;
 	}
 	if (state == WC_LIVE || state == WC_QUEUED || state == WC_ERROR) {
-		pthread_mutex_lock(&l->mu);
+		ckpt_lock(&l->mu, CKPT_RANK_W_LIVE);
 		copy(ctx, l->buf);
-		pthread_mutex_unlock(&l->mu);
-		pthread_mutex_lock(&a->mu);
+		ckpt_unlock(&l->mu, CKPT_RANK_W_LIVE);
+		ckpt_lock(&a->mu, CKPT_RANK_W_ARRAY);
 		unpin_locked(a, idx, 0, 0);
-		pthread_mutex_unlock(&a->mu);
+		ckpt_unlock(&a->mu, CKPT_RANK_W_ARRAY);
 		return 0;
 	}
 	/* STORED or SPILLED: a copy, read outside the budget. */
@@ -968,12 +977,12 @@ int w_chunk_read(struct ckpt_warray *a, uint64_t idx, uint8_t **scratch, w_chunk
 
 int w_chunk_take_job(struct ckpt_step *st, struct ckpt_warray **aout, uint64_t *idxout, struct wlive **lout)
 {
-	pthread_mutex_lock(&st->mu);
+	ckpt_lock(&st->mu, CKPT_RANK_W_STEP);
 	for (;;) {
 		while (!st->qhead && !st->stop)
 			pthread_cond_wait(&st->qcond, &st->mu);
 		if (st->stop) {
-			pthread_mutex_unlock(&st->mu);
+			ckpt_unlock(&st->mu, CKPT_RANK_W_STEP);
 			return -ECANCELED;
 		}
 		/* A queued live is alive while in the queue; once st->mu is
@@ -985,20 +994,20 @@ int w_chunk_take_job(struct ckpt_step *st, struct ckpt_warray **aout, uint64_t *
 		l->in_queue = 0;
 		struct ckpt_warray *a = l->arr;
 		uint64_t idx = l->idx;
-		pthread_mutex_unlock(&st->mu);
+		ckpt_unlock(&st->mu, CKPT_RANK_W_STEP);
 
 		struct wchunk *c = w_chunk_at(a, idx);
-		pthread_mutex_lock(&a->mu);
+		ckpt_lock(&a->mu, CKPT_RANK_W_ARRAY);
 		l = c->live;
 		int requeued = 0;
 		if (l) {
-			pthread_mutex_lock(&st->mu);
+			ckpt_lock(&st->mu, CKPT_RANK_W_STEP);
 			requeued = l->in_queue;
-			pthread_mutex_unlock(&st->mu);
+			ckpt_unlock(&st->mu, CKPT_RANK_W_STEP);
 		}
 		if (l && c->state == WC_QUEUED && !c->pins && !requeued) {
 			chunk_set_state(a, idx, WC_COMPRESSING);
-			pthread_mutex_unlock(&a->mu);
+			ckpt_unlock(&a->mu, CKPT_RANK_W_ARRAY);
 			*aout = a;
 			*idxout = idx;
 			*lout = l;
@@ -1006,8 +1015,8 @@ int w_chunk_take_job(struct ckpt_step *st, struct ckpt_warray **aout, uint64_t *
 		}
 		/* Pinned: the last unpin queues it again.  Requeued (an unpin came
 		 * between our pop and here): that entry is its turn. */
-		pthread_mutex_unlock(&a->mu);
-		pthread_mutex_lock(&st->mu);
+		ckpt_unlock(&a->mu, CKPT_RANK_W_ARRAY);
+		ckpt_lock(&st->mu, CKPT_RANK_W_STEP);
 		pthread_cond_broadcast(&st->idlecond);
 	}
 }
@@ -1021,7 +1030,7 @@ int w_chunk_store_done(struct ckpt_warray *a, uint64_t idx, int rc, uint64_t off
 	int shard_done = 0, spilled = 0;
 	uint64_t spilled_off = 0;
 
-	pthread_mutex_lock(&a->mu);
+	ckpt_lock(&a->mu, CKPT_RANK_W_ARRAY);
 	struct wlive *l = c->live;
 	assert(c->state == WC_COMPRESSING && l);
 	if (!rc) {
@@ -1049,7 +1058,7 @@ int w_chunk_store_done(struct ckpt_warray *a, uint64_t idx, int rc, uint64_t off
 	/* The new state is visible before inflight drops: w_chunk_wait_idle
 	 * returns on inflight == 0 and the commit then reads the states. */
 	chunk_set_state(a, idx, rc ? WC_ERROR : WC_STORED);
-	pthread_mutex_lock(&st->mu);
+	ckpt_lock(&st->mu, CKPT_RANK_W_STEP);
 	budget_sub(&st->inflight, a->live_cost);
 	if (!rc) {
 		budget_sub(&st->bytes_pending, need);
@@ -1066,9 +1075,9 @@ int w_chunk_store_done(struct ckpt_warray *a, uint64_t idx, int rc, uint64_t off
 	int sfd = st->spill_fd;
 	pthread_cond_broadcast(&st->memcond);
 	pthread_cond_broadcast(&st->idlecond);
-	pthread_mutex_unlock(&st->mu);
+	ckpt_unlock(&st->mu, CKPT_RANK_W_STEP);
 	pthread_cond_broadcast(&a->cond);
-	pthread_mutex_unlock(&a->mu);
+	ckpt_unlock(&a->mu, CKPT_RANK_W_ARRAY);
 
 	if (!rc) {
 		if (spilled && sfd >= 0) /* the stale slot: give its blocks back */
@@ -1083,10 +1092,10 @@ int w_chunk_adopt_stored(struct ckpt_warray *a, uint64_t idx, uint64_t off, uint
 {
 	struct ckpt_step *st = a->step;
 	uint64_t need = w_chunk_need(a, idx);
-	pthread_mutex_lock(&a->mu);
+	ckpt_lock(&a->mu, CKPT_RANK_W_ARRAY);
 	struct wchunk *c = w_chunk_touch(a, idx);
 	if (!c) {
-		pthread_mutex_unlock(&a->mu);
+		ckpt_unlock(&a->mu, CKPT_RANK_W_ARRAY);
 		ckpt_log(CKPT_LOG_ERR, "writer: %s: out of memory for the chunk table", a->relpath);
 		return -ENOMEM;
 	}
@@ -1099,10 +1108,10 @@ int w_chunk_adopt_stored(struct ckpt_warray *a, uint64_t idx, uint64_t off, uint
 	a->stored_bytes += len;
 	budget_sub(&w_shard_at(a, w_chunk_shard(a, idx))->unstored, 1);
 	chunk_set_state(a, idx, WC_STORED);
-	pthread_mutex_lock(&st->mu);
+	ckpt_lock(&st->mu, CKPT_RANK_W_STEP);
 	st->stored_bytes += len;
-	pthread_mutex_unlock(&st->mu);
-	pthread_mutex_unlock(&a->mu);
+	ckpt_unlock(&st->mu, CKPT_RANK_W_STEP);
+	ckpt_unlock(&a->mu, CKPT_RANK_W_ARRAY);
 	return 0;
 }
 
@@ -1110,23 +1119,23 @@ void w_chunk_retry_errors(struct ckpt_step *st)
 {
 	for (struct witem *it = st->items; it; it = it->next)
 		for (struct ckpt_warray *a = it->first; a; a = a->next) {
-			pthread_mutex_lock(&a->mu);
+			ckpt_lock(&a->mu, CKPT_RANK_W_ARRAY);
 			for (uint64_t i = w_chunk_next(a, 0); i < a->nchunks; i = w_chunk_next(a, i + 1)) {
 				struct wchunk *c = w_chunk_at(a, i);
 				if (c->state != WC_ERROR)
 					continue;
-				pthread_mutex_lock(&st->mu);
+				ckpt_lock(&st->mu, CKPT_RANK_W_STEP);
 				st->inflight += a->live_cost;
 				queue_push_locked(st, c->live);
-				pthread_mutex_unlock(&st->mu);
+				ckpt_unlock(&st->mu, CKPT_RANK_W_STEP);
 				chunk_set_state(a, i, WC_QUEUED);
 			}
 			atomic_store(&a->err, 0);
-			pthread_mutex_unlock(&a->mu);
+			ckpt_unlock(&a->mu, CKPT_RANK_W_ARRAY);
 		}
-	pthread_mutex_lock(&st->mu);
+	ckpt_lock(&st->mu, CKPT_RANK_W_STEP);
 	st->io_err = 0;
-	pthread_mutex_unlock(&st->mu);
+	ckpt_unlock(&st->mu, CKPT_RANK_W_STEP);
 }
 
 void w_chunk_reset(struct ckpt_warray *a, uint64_t idx)
@@ -1135,14 +1144,14 @@ void w_chunk_reset(struct ckpt_warray *a, uint64_t idx)
 	struct wchunk *c = w_chunk_at(a, idx);
 	if (!c) /* never written */
 		return;
-	pthread_mutex_lock(&a->mu);
+	ckpt_lock(&a->mu, CKPT_RANK_W_ARRAY);
 	/* QUEUED ends in STORED or ERROR by itself; pins are short-lived. */
 	while (c->pins || c->state == WC_QUEUED || c->state == WC_COMPRESSING || c->state == WC_SPILLING ||
 	       c->state == WC_LOADING)
 		pthread_cond_wait(&a->cond, &a->mu);
 	enum wc_state prev = c->state;
 	if (prev == WC_EMPTY) {
-		pthread_mutex_unlock(&a->mu);
+		ckpt_unlock(&a->mu, CKPT_RANK_W_ARRAY);
 		return;
 	}
 	uint64_t have = c->have, slot = spill_has_slot(c) ? spill_slot_off(c) : 0;
@@ -1158,7 +1167,7 @@ void w_chunk_reset(struct ckpt_warray *a, uint64_t idx)
 		w_shard_unfinish_locked(a, w_chunk_shard(a, idx));
 	}
 	chunk_set_state(a, idx, WC_EMPTY);
-	pthread_mutex_lock(&st->mu);
+	ckpt_lock(&st->mu, CKPT_RANK_W_STEP);
 	if (prev != WC_STORED)
 		budget_sub(&st->bytes_pending, have);
 	if (prev == WC_SPILLED)
@@ -1169,9 +1178,9 @@ void w_chunk_reset(struct ckpt_warray *a, uint64_t idx)
 	}
 	int sfd = st->spill_fd;
 	pthread_cond_broadcast(&st->memcond);
-	pthread_mutex_unlock(&st->mu);
+	ckpt_unlock(&st->mu, CKPT_RANK_W_STEP);
 	pthread_cond_broadcast(&a->cond);
-	pthread_mutex_unlock(&a->mu);
+	ckpt_unlock(&a->mu, CKPT_RANK_W_ARRAY);
 	if (prev != WC_STORED && have)
 		CKPT_STAT_ADD(bytes_pending, -(int64_t)have);
 	if (had_slot && sfd >= 0)
@@ -1183,10 +1192,10 @@ void w_chunk_reset(struct ckpt_warray *a, uint64_t idx)
 
 void w_chunk_wait_idle(struct ckpt_step *st)
 {
-	pthread_mutex_lock(&st->mu);
+	ckpt_lock(&st->mu, CKPT_RANK_W_STEP);
 	while (st->qhead || st->inflight)
 		pthread_cond_wait(&st->idlecond, &st->mu);
-	pthread_mutex_unlock(&st->mu);
+	ckpt_unlock(&st->mu, CKPT_RANK_W_STEP);
 }
 
 /* ---- end of life ---- */
@@ -1226,11 +1235,11 @@ int w_chunk_check_all(struct ckpt_step *st)
 {
 	uint64_t mem = 0, inflight = 0, npinned = 0, pins = 0, nspilled = 0, pending = 0;
 	int bad = 0;
-	pthread_mutex_lock(&st->decl_mu);
+	ckpt_lock(&st->decl_mu, CKPT_RANK_W_DECL);
 	for (struct witem *it = st->items; it; it = it->next)
 		for (struct ckpt_warray *a = it->first; a; a = a->next) {
 			uint64_t have = 0, nstored = 0;
-			pthread_mutex_lock(&a->mu);
+			ckpt_lock(&a->mu, CKPT_RANK_W_ARRAY);
 			for (uint64_t i = w_chunk_next(a, 0); i < a->nchunks; i = w_chunk_next(a, i + 1)) {
 				const struct wchunk *c = w_chunk_at(a, i);
 				const char *why = chunk_problem(a, i);
@@ -1278,10 +1287,10 @@ int w_chunk_check_all(struct ckpt_step *st)
 					bad++;
 				}
 			}
-			pthread_mutex_unlock(&a->mu);
+			ckpt_unlock(&a->mu, CKPT_RANK_W_ARRAY);
 		}
-	pthread_mutex_unlock(&st->decl_mu);
-	pthread_mutex_lock(&st->mu);
+	ckpt_unlock(&st->decl_mu, CKPT_RANK_W_DECL);
+	ckpt_lock(&st->mu, CKPT_RANK_W_STEP);
 	if (mem + st->cached_bytes != st->mem_used || inflight != st->inflight || npinned != st->npinned ||
 	    pins != st->pins_total || nspilled != st->nspilled || pending != st->bytes_pending) {
 		ckpt_log(CKPT_LOG_ERR,
@@ -1296,6 +1305,6 @@ int w_chunk_check_all(struct ckpt_step *st)
 			 (unsigned long long)st->bytes_pending);
 		bad++;
 	}
-	pthread_mutex_unlock(&st->mu);
+	ckpt_unlock(&st->mu, CKPT_RANK_W_STEP);
 	return bad ? -EUCLEAN : 0;
 }

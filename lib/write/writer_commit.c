@@ -344,7 +344,7 @@ static int finish_item(struct ckpt_step *st, struct witem *it, const char *final
 	/* Every jax.Array needs a sharding to be restored without a target. */
 	cJSON *sh = NULL;
 	for (struct ckpt_warray *a = it->first; a; a = a->next) {
-		pthread_mutex_lock(&a->mu);
+		ckpt_lock(&a->mu, CKPT_RANK_W_ARRAY);
 		char *k = ckpt_orbax_sharding_key(a->name);
 		if (!sh)
 			sh = cJSON_CreateObject();
@@ -354,7 +354,7 @@ static int finish_item(struct ckpt_step *st, struct witem *it, const char *final
 		else
 			rc = -ENOMEM;
 		free(k);
-		pthread_mutex_unlock(&a->mu);
+		ckpt_unlock(&a->mu, CKPT_RANK_W_ARRAY);
 	}
 	snprintf(path, sizeof(path), "%s/" CKPT_ORBAX_SHARDING, it->name);
 	if (sh && !rc) {
@@ -447,9 +447,9 @@ static int commit_inner(struct ckpt_step *st, const char *final_name)
 			 st->state == CKPT_STEP_COMMITTED ? "committed" : "aborted");
 		return -EROFS;
 	}
-	pthread_mutex_lock(&st->mu);
+	ckpt_lock(&st->mu, CKPT_RANK_W_STEP);
 	uint64_t pins = st->pins_total;
-	pthread_mutex_unlock(&st->mu);
+	ckpt_unlock(&st->mu, CKPT_RANK_W_STEP);
 	if (pins) {
 		ckpt_log(CKPT_LOG_ERR, "writer: step %s: commit while writes are in progress", st->name);
 		return -EBUSY;
@@ -524,9 +524,9 @@ static int commit_inner(struct ckpt_step *st, const char *final_name)
 int w_commit(struct ckpt_step *st, const char *final_name)
 {
 	/* Declarations wait for the commit and then see its outcome. */
-	pthread_mutex_lock(&st->decl_mu);
+	ckpt_lock(&st->decl_mu, CKPT_RANK_W_DECL);
 	int rc = commit_inner(st, final_name);
-	pthread_mutex_unlock(&st->decl_mu);
+	ckpt_unlock(&st->decl_mu, CKPT_RANK_W_DECL);
 	if (rc)
 		CKPT_STAT_ADD(commit_failures, 1);
 	if (st->state == CKPT_STEP_COMMITTED)

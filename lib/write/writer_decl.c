@@ -181,11 +181,11 @@ int ckpt_step_add_item(ckpt_step *st, const char *item)
 			 item ? item : "(null)", why);
 		return -EINVAL;
 	}
-	pthread_mutex_lock(&st->decl_mu);
+	ckpt_lock(&st->decl_mu, CKPT_RANK_W_DECL);
 	rc = w_step_writable(st, item);
 	if (!rc)
 		item_get(st, item, 1, &rc);
-	pthread_mutex_unlock(&st->decl_mu);
+	ckpt_unlock(&st->decl_mu, CKPT_RANK_W_DECL);
 	return rc;
 }
 
@@ -303,6 +303,7 @@ static int tree_check_locked(ckpt_step *st, const char *item, const char *const 
 			     const int *key_types, int depth, const char *name, ckpt_dtype dtype, int rank,
 			     const uint64_t *shape, const char *k, size_t klen, ckpt_warray **out)
 {
+	ckpt_assert_held(CKPT_RANK_W_DECL);
 	struct hent *e = hash_find(st->nodes, k, klen);
 	if (e && e->leaf) {
 		if (same_decl(e->arr, dtype, rank, shape)) {
@@ -424,6 +425,7 @@ fail:
  * (a node with no leaf below is never visible). */
 static int tree_register_locked(ckpt_step *st, struct ckpt_warray *a, const char *k, size_t klen)
 {
+	ckpt_assert_held(CKPT_RANK_W_DECL);
 	const char *item = a->item->name;
 	for (int lv = 0; lv < a->depth; lv++) {
 		size_t pl;
@@ -471,7 +473,7 @@ int ckpt_step_add_array(ckpt_step *st, const char *item, const char *const *keyp
 	int rc = decl_validate(st, item, keypath, key_types, depth, dtype, rank, shape, &name);
 	if (rc)
 		return rc;
-	pthread_mutex_lock(&st->decl_mu);
+	ckpt_lock(&st->decl_mu, CKPT_RANK_W_DECL);
 	struct witem *it = NULL;
 	struct ckpt_warray *a = NULL;
 	if ((rc = w_step_writable(st, name)))
@@ -503,7 +505,7 @@ int ckpt_step_add_array(ckpt_step *st, const char *item, const char *const *keyp
 	else
 		*out = a;
 out:
-	pthread_mutex_unlock(&st->decl_mu);
+	ckpt_unlock(&st->decl_mu, CKPT_RANK_W_DECL);
 	free(k);
 	free(name);
 	return rc;
@@ -536,7 +538,7 @@ int ckpt_step_set_json(ckpt_step *st, const char *item, const void *json, size_t
 		copy[len] = 0;
 	}
 	int rc = 0;
-	pthread_mutex_lock(&st->decl_mu);
+	ckpt_lock(&st->decl_mu, CKPT_RANK_W_DECL);
 	struct witem *it = NULL;
 	rc = w_step_writable(st, item);
 	if (!rc)
@@ -552,7 +554,7 @@ int ckpt_step_set_json(ckpt_step *st, const char *item, const void *json, size_t
 		it->json_len = copy ? len : 0;
 		copy = NULL;
 	}
-	pthread_mutex_unlock(&st->decl_mu);
+	ckpt_unlock(&st->decl_mu, CKPT_RANK_W_DECL);
 	free(copy);
 	return rc;
 }
@@ -560,7 +562,7 @@ int ckpt_step_set_json(ckpt_step *st, const char *item, const void *json, size_t
 int ckpt_step_add_stored_item(ckpt_step *st, const char *item)
 {
 	int rc = 0;
-	pthread_mutex_lock(&st->decl_mu);
+	ckpt_lock(&st->decl_mu, CKPT_RANK_W_DECL);
 	struct witem *it = NULL;
 	rc = w_step_writable(st, item);
 	if (!rc)
@@ -572,7 +574,7 @@ int ckpt_step_add_stored_item(ckpt_step *st, const char *item)
 	} else if (it) {
 		it->stored = 1;
 	}
-	pthread_mutex_unlock(&st->decl_mu);
+	ckpt_unlock(&st->decl_mu, CKPT_RANK_W_DECL);
 	return rc;
 }
 
@@ -582,7 +584,7 @@ int ckpt_step_set_item_handler(ckpt_step *st, const char *item, const char *hand
 	if (handler && !(copy = strdup(handler)))
 		return -ENOMEM;
 	int rc = 0;
-	pthread_mutex_lock(&st->decl_mu);
+	ckpt_lock(&st->decl_mu, CKPT_RANK_W_DECL);
 	struct witem *it = NULL;
 	rc = w_step_writable(st, item);
 	if (!rc)
@@ -592,7 +594,7 @@ int ckpt_step_set_item_handler(ckpt_step *st, const char *item, const char *hand
 		it->handler = copy;
 		copy = NULL;
 	}
-	pthread_mutex_unlock(&st->decl_mu);
+	ckpt_unlock(&st->decl_mu, CKPT_RANK_W_DECL);
 	free(copy);
 	return rc;
 }
@@ -600,10 +602,10 @@ int ckpt_step_set_item_handler(ckpt_step *st, const char *item, const char *hand
 int ckpt_warray_remove(ckpt_warray *a)
 {
 	struct ckpt_step *st = a->step;
-	pthread_mutex_lock(&st->decl_mu);
+	ckpt_lock(&st->decl_mu, CKPT_RANK_W_DECL);
 	int rc = w_step_writable(st, a->relpath);
 	if (rc || atomic_load(&a->removed)) {
-		pthread_mutex_unlock(&st->decl_mu);
+		ckpt_unlock(&st->decl_mu, CKPT_RANK_W_DECL);
 		return rc;
 	}
 	atomic_store(&a->removed, 1);
@@ -631,7 +633,7 @@ int ckpt_warray_remove(ckpt_warray *a)
 	free(pk);
 	a->next = st->removed;
 	st->removed = a;
-	pthread_mutex_unlock(&st->decl_mu);
+	ckpt_unlock(&st->decl_mu, CKPT_RANK_W_DECL);
 	/* Nobody finds it any more: drop its bytes and its folder. */
 	for (uint64_t i = w_chunk_next(a, 0); i < a->nchunks; i = w_chunk_next(a, i + 1))
 		w_chunk_reset(a, i);
@@ -656,10 +658,10 @@ int ckpt_warray_set_sharding(ckpt_warray *a, const char *json)
 		if (!(copy = strdup(json)))
 			return -ENOMEM;
 	}
-	pthread_mutex_lock(&a->mu);
+	ckpt_lock(&a->mu, CKPT_RANK_W_ARRAY);
 	free(a->sharding);
 	a->sharding = copy;
-	pthread_mutex_unlock(&a->mu);
+	ckpt_unlock(&a->mu, CKPT_RANK_W_ARRAY);
 	return 0;
 }
 
@@ -679,12 +681,12 @@ void ckpt_warray_get_info(ckpt_warray *a, ckpt_warray_info *o)
 	o->shard_shape = a->shard;
 	o->nbytes = a->nbytes;
 	o->chunks = a->nchunks;
-	pthread_mutex_lock(&a->mu);
+	ckpt_lock(&a->mu, CKPT_RANK_W_ARRAY);
 	o->bytes_written = a->have_total;
 	o->stored_bytes = a->stored_bytes;
 	o->chunks_stored = a->nstored;
 	o->sharding = a->sharding;
-	pthread_mutex_unlock(&a->mu);
+	ckpt_unlock(&a->mu, CKPT_RANK_W_ARRAY);
 }
 
 ckpt_warray *ckpt_step_find_array(ckpt_step *st, const char *item, const char *const *keypath, int depth)
@@ -710,7 +712,7 @@ ckpt_warray *ckpt_step_find_array(ckpt_step *st, const char *item, const char *c
 		p = stpcpy(p, keypath[i]);
 	}
 	ckpt_warray *found = NULL;
-	pthread_mutex_lock(&st->decl_mu);
+	ckpt_lock(&st->decl_mu, CKPT_RANK_W_DECL);
 	struct hent *e = hash_find(st->nodes, k, (size_t)(p - k));
 	if (e && e->arr && e->arr->depth == depth) {
 		int i = 0;
@@ -719,7 +721,7 @@ ckpt_warray *ckpt_step_find_array(ckpt_step *st, const char *item, const char *c
 		if (i == depth)
 			found = e->arr;
 	}
-	pthread_mutex_unlock(&st->decl_mu);
+	ckpt_unlock(&st->decl_mu, CKPT_RANK_W_DECL);
 	free(k);
 	return found;
 }
@@ -727,31 +729,31 @@ ckpt_warray *ckpt_step_find_array(ckpt_step *st, const char *item, const char *c
 int ckpt_step_foreach_item(ckpt_step *st, int (*cb)(void *ctx, const char *item), void *ctx)
 {
 	int rc = 0;
-	pthread_mutex_lock(&st->decl_mu);
+	ckpt_lock(&st->decl_mu, CKPT_RANK_W_DECL);
 	for (struct witem *it = st->items; it && !rc; it = it->next)
 		rc = cb(ctx, it->name);
-	pthread_mutex_unlock(&st->decl_mu);
+	ckpt_unlock(&st->decl_mu, CKPT_RANK_W_DECL);
 	return rc;
 }
 
 int ckpt_step_foreach_array(ckpt_step *st, const char *item, int (*cb)(void *ctx, ckpt_warray *a), void *ctx)
 {
 	int rc = 0;
-	pthread_mutex_lock(&st->decl_mu);
+	ckpt_lock(&st->decl_mu, CKPT_RANK_W_DECL);
 	for (struct witem *it = st->items; it && !rc; it = it->next) {
 		if (item && strcmp(item, it->name) != 0)
 			continue;
 		for (struct ckpt_warray *a = it->first; a && !rc; a = a->next)
 			rc = cb(ctx, a);
 	}
-	pthread_mutex_unlock(&st->decl_mu);
+	ckpt_unlock(&st->decl_mu, CKPT_RANK_W_DECL);
 	return rc;
 }
 
 void ckpt_step_get_info(ckpt_step *st, ckpt_step_info *o)
 {
 	memset(o, 0, sizeof(*o));
-	pthread_mutex_lock(&st->decl_mu);
+	ckpt_lock(&st->decl_mu, CKPT_RANK_W_DECL);
 	o->state = st->state;
 	o->name = st->name;
 	o->tmp_path = st->tmppath;
@@ -759,16 +761,16 @@ void ckpt_step_get_info(ckpt_step *st, ckpt_step_info *o)
 	o->bytes_declared = st->bytes_declared;
 	for (struct witem *it = st->items; it; it = it->next)
 		for (struct ckpt_warray *a = it->first; a; a = a->next) {
-			pthread_mutex_lock(&a->mu);
+			ckpt_lock(&a->mu, CKPT_RANK_W_ARRAY);
 			o->bytes_written += a->have_total;
-			pthread_mutex_unlock(&a->mu);
+			ckpt_unlock(&a->mu, CKPT_RANK_W_ARRAY);
 		}
-	pthread_mutex_unlock(&st->decl_mu);
-	pthread_mutex_lock(&st->mu);
+	ckpt_unlock(&st->decl_mu, CKPT_RANK_W_DECL);
+	ckpt_lock(&st->mu, CKPT_RANK_W_STEP);
 	o->bytes_pending = st->bytes_pending;
 	o->mem_used = st->mem_used;
 	o->spilled_chunks = st->nspilled;
 	o->spills = st->spills;
 	o->stored_bytes = st->stored_bytes;
-	pthread_mutex_unlock(&st->mu);
+	ckpt_unlock(&st->mu, CKPT_RANK_W_STEP);
 }

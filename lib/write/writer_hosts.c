@@ -520,14 +520,14 @@ static int peek_fill(void *ctx, uint8_t *buf, struct wcov *cov, uint64_t *added)
 
 static enum wc_state chunk_state(struct ckpt_warray *a, uint64_t idx, uint64_t *off, uint64_t *len)
 {
-	pthread_mutex_lock(&a->mu);
+	ckpt_lock(&a->mu, CKPT_RANK_W_ARRAY);
 	const struct wchunk *c = w_chunk_at(a, idx);
 	enum wc_state s = c ? c->state : WC_EMPTY;
 	if (off)
 		*off = c ? c->off : 0;
 	if (len)
 		*len = c ? c->len : 0;
-	pthread_mutex_unlock(&a->mu);
+	ckpt_unlock(&a->mu, CKPT_RANK_W_ARRAY);
 	return s;
 }
 
@@ -536,9 +536,9 @@ static int commit_prepare(struct ckpt_step *st)
 {
 	if (st->state != CKPT_STEP_PENDING)
 		return w_step_writable(st, "commit");
-	pthread_mutex_lock(&st->mu);
+	ckpt_lock(&st->mu, CKPT_RANK_W_STEP);
 	uint64_t pins = st->pins_total;
-	pthread_mutex_unlock(&st->mu);
+	ckpt_unlock(&st->mu, CKPT_RANK_W_STEP);
 	if (pins) {
 		ckpt_log(CKPT_LOG_ERR, "writer: step %s: commit while writes are in progress",
 			 st->hosts->step);
@@ -606,9 +606,9 @@ static int export_array(struct ckpt_step *st, struct ckpt_warray *a, int pfd, ui
 	char path[4096], last[4096] = "";
 	for (uint64_t s = w_shard_next(a, 0); s < a->nshards && !rc; s = w_shard_next(a, s + 1)) {
 		struct wshard *sh = w_shard_at(a, s);
-		pthread_mutex_lock(&sh->mu);
+		ckpt_lock(&sh->mu, CKPT_RANK_W_SHARD);
 		uint64_t end = sh->end;
-		pthread_mutex_unlock(&sh->mu);
+		ckpt_unlock(&sh->mu, CKPT_RANK_W_SHARD);
 		if (!end)
 			continue;
 		if ((rc = w_shard_path(a, s, path, sizeof(path))) < 0)
@@ -653,22 +653,22 @@ static int host_export(struct ckpt_step *st, const char *final_name, cJSON **out
 	cJSON_AddItemToObject(j, "arrays", arrays);
 	uint64_t poff = 0;
 	int rc = 0;
-	pthread_mutex_lock(&st->decl_mu);
+	ckpt_lock(&st->decl_mu, CKPT_RANK_W_DECL);
 	for (struct witem *it = st->items; it && !rc; it = it->next) {
 		cJSON_AddItemToArray(items, cJSON_CreateString(it->name));
 		for (struct ckpt_warray *a = it->first; a && !rc; a = a->next) {
 			cJSON *e = decl_json(a, h->index);
-			pthread_mutex_lock(&a->mu);
+			ckpt_lock(&a->mu, CKPT_RANK_W_ARRAY);
 			if (a->sharding)
 				cJSON_AddStringToObject(e, "sharding", a->sharding);
-			pthread_mutex_unlock(&a->mu);
+			ckpt_unlock(&a->mu, CKPT_RANK_W_ARRAY);
 			cJSON_AddItemToArray(arrays, e);
 			rc = export_array(st, a, pfd, &poff, e);
 		}
 		if (!rc)
 			rc = w_fsync_dir(st, it->name);
 	}
-	pthread_mutex_unlock(&st->decl_mu);
+	ckpt_unlock(&st->decl_mu, CKPT_RANK_W_DECL);
 	if (!rc && fsync(pfd))
 		rc = -errno;
 	close(pfd);
@@ -900,9 +900,9 @@ static int u64_cmp(const void *x, const void *y)
  * written here); NULL on ENOMEM. */
 static struct wshard *shard_entry(struct ckpt_warray *a, uint64_t s)
 {
-	pthread_mutex_lock(&a->mu);
+	ckpt_lock(&a->mu, CKPT_RANK_W_ARRAY);
 	struct wshard *sh = w_shard_touch(a, s);
-	pthread_mutex_unlock(&a->mu);
+	ckpt_unlock(&a->mu, CKPT_RANK_W_ARRAY);
 	return sh;
 }
 
@@ -1018,10 +1018,10 @@ static int copy_chunk(struct whosts *h, struct ckpt_warray *a, int k, uint64_t s
 	if (!rc && !sh)
 		rc = -ENOMEM;
 	if (!rc) {
-		pthread_mutex_lock(&sh->mu);
+		ckpt_lock(&sh->mu, CKPT_RANK_W_SHARD);
 		*noff = sh->end;
 		sh->end += len;
-		pthread_mutex_unlock(&sh->mu);
+		ckpt_unlock(&sh->mu, CKPT_RANK_W_SHARD);
 	}
 	loff_t io = (loff_t)off, oo = (loff_t)*noff;
 	uint64_t left = rc ? 0 : len;
@@ -1132,9 +1132,9 @@ static int merge_array(struct whosts *h, struct ckpt_warray *a, cJSON **done)
 			rc = -ENOMEM;
 			break;
 		}
-		pthread_mutex_lock(&sh->mu);
+		ckpt_lock(&sh->mu, CKPT_RANK_W_SHARD);
 		int fresh = sh->end == 0;
-		pthread_mutex_unlock(&sh->mu);
+		ckpt_unlock(&sh->mu, CKPT_RANK_W_SHARD);
 		if (only >= 0 && fresh) {
 			char hp[4400], pp[4096];
 			rc = host_path(a, only, s, hp, sizeof(hp));
@@ -1146,9 +1146,9 @@ static int merge_array(struct whosts *h, struct ckpt_warray *a, cJSON **done)
 				rc = -errno;
 			if (rc)
 				break;
-			pthread_mutex_lock(&sh->mu);
+			ckpt_lock(&sh->mu, CKPT_RANK_W_SHARD);
 			sh->end = end;
-			pthread_mutex_unlock(&sh->mu);
+			ckpt_unlock(&sh->mu, CKPT_RANK_W_SHARD);
 			for (uint64_t e = 0; e < per && !rc; e++) {
 				uint64_t i = w_shard_entry_chunk(a, s, e);
 				const struct src *sc = i == UINT64_MAX ? NULL : src_find(src, nsrc, i);
@@ -1275,9 +1275,9 @@ static int merge_all(struct ckpt_step *st, cJSON **done, const char *final_name,
 				return rc;
 			}
 			const cJSON *sh = cJSON_GetObjectItemCaseSensitive(e, "sharding");
-			pthread_mutex_lock(&a->mu);
+			ckpt_lock(&a->mu, CKPT_RANK_W_ARRAY);
 			int unset = a->sharding == NULL;
-			pthread_mutex_unlock(&a->mu);
+			ckpt_unlock(&a->mu, CKPT_RANK_W_ARRAY);
 			if (cJSON_IsString(sh) && unset)
 				rc = ckpt_warray_set_sharding(a, sh->valuestring);
 		}

@@ -28,6 +28,7 @@
 #include <stdatomic.h>
 #include <stdint.h>
 
+#include "lockrank.h"
 #include "orbax.h"
 #include "writer.h"
 

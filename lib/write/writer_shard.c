@@ -95,12 +95,12 @@ int w_shard_append(struct ckpt_warray *a, uint64_t sidx, uint8_t *z, size_t n, s
 	(void)zcap;
 	if (wlen > n)
 		memset(z + n, 0, wlen - n);
-	pthread_mutex_lock(&sh->mu);
+	ckpt_lock(&sh->mu, CKPT_RANK_W_SHARD);
 	if (direct)
 		sh->end = (sh->end + W_DIO_ALIGN - 1) / W_DIO_ALIGN * W_DIO_ALIGN;
 	*off = sh->end;
 	sh->end += wlen;
-	pthread_mutex_unlock(&sh->mu);
+	ckpt_unlock(&sh->mu, CKPT_RANK_W_SHARD);
 	int rc = ckpt_pwrite_all(fd, z, wlen, *off);
 	if (rc) {
 		snprintf(why, wcap, "writing shard %llu: %s", (unsigned long long)sidx, strerror(-rc));
@@ -287,11 +287,11 @@ void w_shard_finish_early(struct ckpt_warray *a, uint64_t sidx)
 	struct ckpt_step *st = a->step;
 	struct wshard *sh = w_shard_at(a, sidx);
 	uint64_t n = shard_entries(a);
-	pthread_mutex_lock(&a->mu);
+	ckpt_lock(&a->mu, CKPT_RANK_W_ARRAY);
 	assert(sh->finishing > 0);
 	unsigned gen = sh->gen;
 	int go = sh->unstored == 0 && sh->state == WSH_OPEN;
-	pthread_mutex_unlock(&a->mu);
+	ckpt_unlock(&a->mu, CKPT_RANK_W_ARRAY);
 	int rc = -EAGAIN;
 	uint8_t *ix = go ? malloc((size_t)(16 * n + 4)) : NULL;
 	if (ix) {
@@ -299,22 +299,22 @@ void w_shard_finish_early(struct ckpt_warray *a, uint64_t sidx)
 		 * at the end means no chunk of the shard left STORED meanwhile,
 		 * so no append moved sh->end either.  A rewrite that started
 		 * meanwhile leaves the shard unfinished (the commit finishes it). */
-		pthread_mutex_lock(&a->mu);
+		ckpt_lock(&a->mu, CKPT_RANK_W_ARRAY);
 		int same = sh->gen == gen && sh->unstored == 0 && shard_index(a, sidx, n, ix) == 0;
-		pthread_mutex_unlock(&a->mu);
+		ckpt_unlock(&a->mu, CKPT_RANK_W_ARRAY);
 		if (same) {
 			/* Under sh->mu (a leaf: no other lock held): an append that
 			 * reserved its extent before is kept by the truncate (the
 			 * index goes after it), one that reserves after overwrites
 			 * the index. */
-			pthread_mutex_lock(&sh->mu);
+			ckpt_lock(&sh->mu, CKPT_RANK_W_SHARD);
 			rc = put_index(a, sidx, n, ix, sh->end);
-			pthread_mutex_unlock(&sh->mu);
+			ckpt_unlock(&sh->mu, CKPT_RANK_W_SHARD);
 		}
 		free(ix);
 	}
 	char path[4096];
-	pthread_mutex_lock(&a->mu);
+	ckpt_lock(&a->mu, CKPT_RANK_W_ARRAY);
 	sh->finishing--;
 	if (!rc && sh->gen == gen && sh->unstored == 0 && sh->state == WSH_OPEN &&
 	    w_shard_path(a, sidx, path, sizeof(path)) > 0) {
@@ -323,11 +323,12 @@ void w_shard_finish_early(struct ckpt_warray *a, uint64_t sidx)
 			st->sink.shard_done(st->sink.ctx, path);
 	}
 	pthread_cond_broadcast(&a->cond);
-	pthread_mutex_unlock(&a->mu);
+	ckpt_unlock(&a->mu, CKPT_RANK_W_ARRAY);
 }
 
 void w_shard_unfinish_locked(struct ckpt_warray *a, uint64_t sidx)
 {
+	ckpt_assert_held(CKPT_RANK_W_ARRAY);
 	struct ckpt_step *st = a->step;
 	struct wshard *sh = w_shard_at(a, sidx);
 	sh->gen++;
@@ -355,11 +356,11 @@ int w_shard_finish_all(struct ckpt_step *st, struct ckpt_warray *a)
 {
 	uint64_t n = shard_entries(a);
 	/* Early finishes still running on compression threads end first. */
-	pthread_mutex_lock(&a->mu);
+	ckpt_lock(&a->mu, CKPT_RANK_W_ARRAY);
 	for (uint64_t s = w_shard_next(a, 0); s < a->nshards; s = w_shard_next(a, s + 1))
 		while (w_shard_at(a, s)->finishing)
 			pthread_cond_wait(&a->cond, &a->mu);
-	pthread_mutex_unlock(&a->mu);
+	ckpt_unlock(&a->mu, CKPT_RANK_W_ARRAY);
 	uint64_t nthr = a->nshards < W_FINISH_THREADS ? a->nshards : W_FINISH_THREADS;
 	if (nthr == 0)
 		nthr = 1;

@@ -110,10 +110,10 @@ int w_zpool_start(struct ckpt_step *st)
 
 void w_zpool_stop(struct ckpt_step *st)
 {
-	pthread_mutex_lock(&st->mu);
+	ckpt_lock(&st->mu, CKPT_RANK_W_STEP);
 	st->stop = 1;
 	pthread_cond_broadcast(&st->qcond);
-	pthread_mutex_unlock(&st->mu);
+	ckpt_unlock(&st->mu, CKPT_RANK_W_STEP);
 	for (int i = 0; i < st->nthreads; i++)
 		pthread_join(st->threads[i], NULL);
 	st->nthreads = 0;

@@ -8,6 +8,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 
 import pytest
 
@@ -30,6 +31,22 @@ def test_design_lock_order_is_the_header_text():
     assert "v->inval_mu" in want
     block = doc.split("## Lock order")[1].split("```")[1].strip("\n")
     assert block == want, "docs/design.md's lock order differs from lib/tree/view_internal.h's"
+
+
+def test_lock_order_text_is_the_rank_table():
+    """The tree text is generated from include/ckpt/lockrank.h's table
+    (scripts/lock_tree), so the order the debug builds assert is the one the
+    header and docs/design.md show."""
+    out = subprocess.run([sys.executable, str(U.REPO / "scripts" / "lock_tree")], capture_output=True, text=True,
+                         check=True).stdout.strip("\n")
+    assert "v->ns_lock" in out and "ps->io_lock" in out
+    assert header_lock_order() == out, "lib/tree/view_internal.h's lock order is not scripts/lock_tree's output"
+    # every rank of the table is taken somewhere through the wrappers
+    table = (U.REPO / "include" / "ckpt" / "lockrank.h").read_text()
+    ids = re.findall(r"CKPT_RANK\((\w+), \"", table)
+    src = "".join(p.read_text() for d in ("lib", "fs") for p in sorted((U.REPO / d).rglob("*.c")))
+    unused = [i for i in ids if f"CKPT_RANK_{i})" not in src]
+    assert not unused, f"ranks no lock uses: {unused}"
 
 
 def test_design_ops_table_names_every_member():
