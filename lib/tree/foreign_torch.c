@@ -233,7 +233,22 @@ struct build {
 	size_t nside;
 	uint64_t mem_bytes; /* bytes copied into side */
 	const char *what;
+	/* the safetensors part of the DCP data file read last (st_key at st_base) */
+	char *st_key;
+	uint64_t st_base;
+	ckpt_st_file *st;
+	cJSON *st_shard; /* its DCP_SHARDING_INFO object, NULL when absent */
 };
+
+static void st_part_drop(struct build *b)
+{
+	free(b->st_key);
+	ckpt_st_file_free(b->st);
+	cJSON_Delete(b->st_shard);
+	b->st_key = NULL;
+	b->st = NULL;
+	b->st_shard = NULL;
+}
 
 static int side_store(struct build *b)
 {
@@ -332,6 +347,7 @@ static int add_block(struct build *b, const char *const *comps, int depth, ckpt_
 
 static int finish(struct build *b, int rc, ckpt_store **item)
 {
+	st_part_drop(b);
 	if (rc < 0) {
 		ckpt_vitem_free(b->vi);
 		ckpt_store_destroy(b->side);
@@ -619,6 +635,104 @@ static int put_cells(struct build *b, ckpt_store *src, const char *fkey, const u
 	return rc;
 }
 
+static int st_head_ok(const uint8_t *head, size_t nhead, uint64_t size);
+
+/* The safetensors part of data file fkey (fsize bytes) that starts at base:
+ * what DCP writes with its safetensors serialization, where a data file is
+ * its bytes items followed by one safetensors file holding every tensor
+ * chunk of the file under its fqn, and each chunk's storage entry points at
+ * the start of that part.  Parsed once per data file (kept in b). */
+static int st_part_load(struct build *b, ckpt_store *src, const char *fkey, uint64_t base, uint64_t fsize,
+			const char **why)
+{
+	if (b->st && !strcmp(b->st_key, fkey) && b->st_base == base)
+		return 0;
+	st_part_drop(b);
+	char what[8400];
+	snprintf(what, sizeof(what), "%s: safetensors data of %s", b->what, fkey);
+	uint8_t h8[8];
+	uint64_t n = 0;
+	if (ckpt_store_read(src, fkey, base, 8, h8) != 8) {
+		*why = "its item cannot be read";
+		return -EINVAL;
+	}
+	if (ckpt_st_header_len(h8, fsize - base, what, &n)) {
+		*why = "its safetensors header length does not fit its data file";
+		return -EINVAL;
+	}
+	char *json = malloc((size_t)n + 1);
+	if (!json)
+		return -ENOMEM;
+	ssize_t got = ckpt_store_read(src, fkey, base + 8, (size_t)n, json);
+	ckpt_st_file *f = NULL;
+	int rc = got == (ssize_t)n ? ckpt_st_parse(json, (size_t)n, fsize - base, what, &f) : -EIO;
+	free(json);
+	if (rc) {
+		*why = rc == -ENOMEM ? NULL
+		       : rc == -EIO  ? "its safetensors header cannot be read"
+				     : "its safetensors header is malformed";
+		return rc == -ENOMEM ? rc : -EINVAL;
+	}
+	b->st_key = strdup(fkey);
+	if (!b->st_key) {
+		ckpt_st_file_free(f);
+		return -ENOMEM;
+	}
+	b->st = f;
+	b->st_base = base;
+	if (f->metadata_json) {
+		cJSON *m = cJSON_Parse(f->metadata_json);
+		const cJSON *si = cJSON_GetObjectItemCaseSensitive(m, "DCP_SHARDING_INFO");
+		if (cJSON_IsString(si))
+			b->st_shard = cJSON_Parse(si->valuestring);
+		cJSON_Delete(m);
+	}
+	return 0;
+}
+
+/* One chunk box of a DCP tensor kept in the safetensors part of its data file. */
+static int dcp_chunk_st(struct build *b, ckpt_store *src, const char *fkey, uint64_t fsize,
+			const struct ckpt_dcp_entry *e, const struct ckpt_dcp_chunk *c, const uint64_t *g,
+			const char *zdir, const char **why)
+{
+	int rc = st_part_load(b, src, fkey, c->offset, fsize, why);
+	if (rc)
+		return rc;
+	const ckpt_st_entry *t = NULL;
+	for (size_t i = 0; i < b->st->n && !t; i++)
+		if (!strcmp(b->st->t[i].name, e->fqn))
+			t = &b->st->t[i];
+	if (!t) {
+		*why = "the safetensors data of its data file holds no tensor of that name";
+		return -EINVAL;
+	}
+	int same = t->dtype == e->dtype && t->rank == e->rank;
+	for (int d = 0; same && d < t->rank; d++)
+		same = t->shape[d] == c->sizes[d];
+	if (!same) {
+		*why = "its safetensors tensor differs in dtype or shape from the chunk box";
+		return -EINVAL;
+	}
+	/* the file's own record of where the shard lies must agree with .metadata */
+	const cJSON *so = cJSON_GetObjectItemCaseSensitive(
+		cJSON_GetObjectItemCaseSensitive(b->st_shard, e->fqn), "saved_offsets");
+	if (so) {
+		int ok = cJSON_IsArray(so) && cJSON_GetArraySize(so) == e->rank;
+		for (int d = 0; ok && d < e->rank; d++) {
+			const cJSON *v = cJSON_GetArrayItem(so, d);
+			ok = cJSON_IsNumber(v) && v->valuedouble >= 0 && v->valuedouble < 9007199254740992.0 &&
+			     (uint64_t)v->valuedouble == c->offsets[d];
+		}
+		if (!ok) {
+			*why = "the saved_offsets of its safetensors data differ from its chunk box";
+			return -EINVAL;
+		}
+	}
+	if (t->end == t->begin)
+		return 0;
+	return put_cells(b, src, fkey, NULL, c->offset + t->begin, e, c, g, zdir, why);
+}
+
 /* One chunk box of a DCP tensor: locate the tensor in its item, put its cells. */
 static int dcp_chunk(struct build *b, ckpt_store *src, const char *dir, const struct ckpt_dcp_entry *e,
 		     const struct ckpt_dcp_chunk *c, const uint64_t *g, const char *zdir, int *big,
@@ -639,6 +753,15 @@ static int dcp_chunk(struct build *b, ckpt_store *src, const char *dir, const st
 	if (c->offset > fs.size || c->length > fs.size - c->offset) {
 		*why = "its item lies beyond the end of its data file";
 		return -EINVAL;
+	}
+	if (c->transform == CKPT_DCP_RAW && c->length >= 1) {
+		uint8_t h[10];
+		ssize_t hn = ckpt_store_read(src, fkey, c->offset, sizeof(h), h);
+		if (hn == (ssize_t)sizeof(h) && memcmp(h, "PK\x03\x04", 4) != 0 &&
+		    st_head_ok(h, sizeof(h), fs.size - c->offset)) {
+			*big = 0;
+			return dcp_chunk_st(b, src, fkey, fs.size, e, c, g, zdir, why);
+		}
 	}
 	uint8_t *plain = NULL;
 	struct tarch a = { .r = { src, fkey, c->offset, c->length, NULL } };

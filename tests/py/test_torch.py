@@ -422,3 +422,70 @@ def test_torch_save_training_checkpoint(mount):
         check_tensor(m, k, dt, shape, raw)
     assert sorted(os.listdir(m.p())) == ["model", "optimizer"]
     assert "entries that are not tensors are not shown" in m.log()
+
+
+# ---- distributed checkpoints saved with the safetensors serialization ---------------
+
+DCP_ST = os.path.join(TORCH_FX, "dcp_safetensors")
+
+
+def test_dcp_safetensors_serialization(mount):
+    """Each data file is its bytes items, then one safetensors file of the
+    rank's shards (DCP_SHARDING_INFO in __metadata__); .metadata points every
+    chunk at that part: each global tensor reassembled byte-exact, slices too."""
+    m = mount(DCP_ST)
+    exp = fx_expected("expected_dcp.json", "dcp_safetensors")
+    assert set(exp) == {"model.w", "model.b", "step", "model.cols", "model.irregular"}
+    for k, (dt, shape, raw) in exp.items():
+        check_tensor(m, k, dt, shape, raw)
+    assert os.getxattr(m.p("model/w.npy"), "user.ckpt.chunks") == b"[4,6]"
+    assert os.getxattr(m.p("model/b.npy"), "user.ckpt.chunks") == b"[4,2]"
+    assert os.getxattr(m.p("model/irregular.npy"), "user.ckpt.chunks") == b"[1,2]"
+    # a 2-D slice across both ranks' shards
+    a = np.frombuffer(exp["model.cols"][2], dtype="<f4").reshape(4, 5)
+    assert npy_data(m.p("model/cols[1:3,2:4].npy")) == np.ascontiguousarray(a[1:3, 2:4]).tobytes()
+    assert not os.path.exists(m.p("extra.npy"))  # the bytes item before rank 0's part
+    st, _ = st_parse(U.read_all(m.p(".safetensors")))
+    assert set(st) == set(exp)
+    for k, (dt, shape, raw) in exp.items():
+        assert st[k] == (ST_CODE[dt], list(shape), raw), k
+    j = json.loads(run_cli("info", "--json", DCP_ST).stdout)
+    assert {a["key"].replace("/", ".") for a in j["arrays"]} == set(exp)
+    p = run_cli("verify", DCP_ST)
+    assert p.returncode == 0, p.stdout + p.stderr
+
+
+def st_variant(tmp_path, fname, old, new):
+    """A copy of dcp_safetensors with bytes `old` in data file fname replaced
+    by `new` (same length, so every offset stays)."""
+    import shutil
+    d = tmp_path / "dcp"
+    shutil.copytree(DCP_ST, d)
+    f = d / fname
+    blob = f.read_bytes()
+    assert len(old) == len(new) and blob.count(old) == 1
+    f.write_bytes(blob.replace(old, new))
+    return d
+
+
+def test_dcp_safetensors_saved_offsets_disagree(mount, tmp_path):
+    """saved_offsets that name another box than .metadata: that tensor is
+    listed, reads answer EIO, the log says why; the others still read."""
+    d = st_variant(tmp_path, "__1_0.distcp", rb'\"model.w\": {\"saved_offsets\": [4, 0]}',
+                   rb'\"model.w\": {\"saved_offsets\": [0, 0]}')
+    m = mount(d)
+    assert U.errno_of(U.read_all, m.p("model/w.npy")) == errno.EIO
+    assert "model.w cannot be served" in m.log() and "saved_offsets" in m.log()
+    exp = fx_expected("expected_dcp.json", "dcp_safetensors")
+    check_tensor(m, "model.b", *exp["model.b"])
+    assert run_cli("verify", d).returncode == 1
+
+
+def test_dcp_safetensors_tensor_missing(mount, tmp_path):
+    """A chunk whose fqn is not in its data file's safetensors part: EIO."""
+    d = st_variant(tmp_path, "__0_0.distcp", b'"model.cols":{"dtype"', b'"model.colx":{"dtype"')
+    m = mount(d)
+    assert U.errno_of(U.read_all, m.p("model/cols.npy")) == errno.EIO
+    assert "holds no tensor of that name" in m.log()
+    exp = fx_expected("expected_dcp.json", "dcp_safetensors")
+    check_tensor(m, "model.w", *exp["model.w"])
