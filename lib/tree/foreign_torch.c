@@ -233,21 +233,28 @@ struct build {
 	size_t nside;
 	uint64_t mem_bytes; /* bytes copied into side */
 	const char *what;
-	/* the safetensors part of the DCP data file read last (st_key at st_base) */
-	char *st_key;
-	uint64_t st_base;
-	ckpt_st_file *st;
-	cJSON *st_shard; /* its DCP_SHARDING_INFO object, NULL when absent */
+	/* the safetensors parts of DCP data files read so far, each parsed once */
+	struct st_part *parts;
+	size_t nparts;
+};
+
+struct st_part {
+	char *key; /* the data file */
+	uint64_t base; /* where the part starts in it */
+	ckpt_st_file *f;
+	cJSON *shard; /* its DCP_SHARDING_INFO object, NULL when absent */
 };
 
 static void st_part_drop(struct build *b)
 {
-	free(b->st_key);
-	ckpt_st_file_free(b->st);
-	cJSON_Delete(b->st_shard);
-	b->st_key = NULL;
-	b->st = NULL;
-	b->st_shard = NULL;
+	for (size_t i = 0; i < b->nparts; i++) {
+		free(b->parts[i].key);
+		ckpt_st_file_free(b->parts[i].f);
+		cJSON_Delete(b->parts[i].shard);
+	}
+	free(b->parts);
+	b->parts = NULL;
+	b->nparts = 0;
 }
 
 static int side_store(struct build *b)
@@ -641,13 +648,15 @@ static int st_head_ok(const uint8_t *head, size_t nhead, uint64_t size);
  * what DCP writes with its safetensors serialization, where a data file is
  * its bytes items followed by one safetensors file holding every tensor
  * chunk of the file under its fqn, and each chunk's storage entry points at
- * the start of that part.  Parsed once per data file (kept in b). */
+ * the start of that part.  Parsed once per data file (kept in b->parts). */
 static int st_part_load(struct build *b, ckpt_store *src, const char *fkey, uint64_t base, uint64_t fsize,
-			const char **why)
+			const struct st_part **out, const char **why)
 {
-	if (b->st && !strcmp(b->st_key, fkey) && b->st_base == base)
-		return 0;
-	st_part_drop(b);
+	for (size_t i = 0; i < b->nparts; i++)
+		if (b->parts[i].base == base && !strcmp(b->parts[i].key, fkey)) {
+			*out = &b->parts[i];
+			return 0;
+		}
 	char what[8400];
 	snprintf(what, sizeof(what), "%s: safetensors data of %s", b->what, fkey);
 	uint8_t h8[8];
@@ -673,20 +682,25 @@ static int st_part_load(struct build *b, ckpt_store *src, const char *fkey, uint
 				     : "its safetensors header is malformed";
 		return rc == -ENOMEM ? rc : -EINVAL;
 	}
-	b->st_key = strdup(fkey);
-	if (!b->st_key) {
+	struct st_part *np = realloc(b->parts, (b->nparts + 1) * sizeof(*np));
+	char *k = strdup(fkey);
+	if (np)
+		b->parts = np;
+	if (!np || !k) {
+		free(k);
 		ckpt_st_file_free(f);
 		return -ENOMEM;
 	}
-	b->st = f;
-	b->st_base = base;
+	struct st_part *p = &b->parts[b->nparts++];
+	*p = (struct st_part){ .key = k, .base = base, .f = f };
 	if (f->metadata_json) {
 		cJSON *m = cJSON_Parse(f->metadata_json);
 		const cJSON *si = cJSON_GetObjectItemCaseSensitive(m, "DCP_SHARDING_INFO");
 		if (cJSON_IsString(si))
-			b->st_shard = cJSON_Parse(si->valuestring);
+			p->shard = cJSON_Parse(si->valuestring);
 		cJSON_Delete(m);
 	}
+	*out = p;
 	return 0;
 }
 
@@ -695,13 +709,14 @@ static int dcp_chunk_st(struct build *b, ckpt_store *src, const char *fkey, uint
 			const struct ckpt_dcp_entry *e, const struct ckpt_dcp_chunk *c, const uint64_t *g,
 			const char *zdir, const char **why)
 {
-	int rc = st_part_load(b, src, fkey, c->offset, fsize, why);
+	const struct st_part *p = NULL;
+	int rc = st_part_load(b, src, fkey, c->offset, fsize, &p, why);
 	if (rc)
 		return rc;
 	const ckpt_st_entry *t = NULL;
-	for (size_t i = 0; i < b->st->n && !t; i++)
-		if (!strcmp(b->st->t[i].name, e->fqn))
-			t = &b->st->t[i];
+	for (size_t i = 0; i < p->f->n && !t; i++)
+		if (!strcmp(p->f->t[i].name, e->fqn))
+			t = &p->f->t[i];
 	if (!t) {
 		*why = "the safetensors data of its data file holds no tensor of that name";
 		return -EINVAL;
@@ -715,7 +730,7 @@ static int dcp_chunk_st(struct build *b, ckpt_store *src, const char *fkey, uint
 	}
 	/* the file's own record of where the shard lies must agree with .metadata */
 	const cJSON *so = cJSON_GetObjectItemCaseSensitive(
-		cJSON_GetObjectItemCaseSensitive(b->st_shard, e->fqn), "saved_offsets");
+		cJSON_GetObjectItemCaseSensitive(p->shard, e->fqn), "saved_offsets");
 	if (so) {
 		int ok = cJSON_IsArray(so) && cJSON_GetArraySize(so) == e->rank;
 		for (int d = 0; ok && d < e->rank; d++) {
