@@ -468,6 +468,8 @@ static int key_join(char *buf, size_t cap, const char *dir, const char *name)
 	return n >= 0 && (size_t)n < cap ? 0 : -ENAMETOOLONG;
 }
 
+static int dcp_st_probe(ckpt_store *src, const char *key);
+
 static int dcp_probe(ckpt_store *src, const char *key, const struct ckpt_store_stat *st, const uint8_t *head,
 		     size_t nhead)
 {
@@ -478,8 +480,12 @@ static int dcp_probe(ckpt_store *src, const char *key, const struct ckpt_store_s
 	char k[4096];
 	struct ckpt_store_stat ms;
 	uint8_t b[2];
-	return key_join(k, sizeof(k), key, DCP_METADATA) == 0 && ckpt_store_stat(src, k, &ms) == 0 &&
-	       !ms.is_dir && ckpt_store_read(src, k, 0, 2, b) == 2 && b[0] == 0x80 && b[1] >= 2 && b[1] <= 5;
+	if (key_join(k, sizeof(k), key, DCP_METADATA))
+		return 0;
+	if (ckpt_store_stat(src, k, &ms) == 0)
+		return !ms.is_dir && ckpt_store_read(src, k, 0, 2, b) == 2 && b[0] == 0x80 && b[1] >= 2 &&
+		       b[1] <= 5;
+	return dcp_st_probe(src, key);
 }
 
 /* Decompress a zstd item (bounded). */
@@ -867,6 +873,234 @@ static int dcp_tensor(struct build *b, ckpt_store *src, const char *dir, const s
 	return ckpt_vitem_add_zarr(b->vi, comps, depth, b->side, zdir);
 }
 
+/* ---- sharded safetensors folders without .metadata ---- */
+
+/* The Hugging Face storage writer of torch.distributed.checkpoint, saving
+ * sharded, writes no .metadata and no index: each rank writes its shards as
+ * safetensors files (shard-<rank>-model-<i>-of-<n>.safetensors) whose
+ * DCP_SHARDING_INFO metadata gives every shard's saved_offsets.  The global
+ * size is then the far corner of the boxes. */
+#define ST_SUFFIX ".safetensors"
+#define SHARDING_KEY "\"DCP_SHARDING_INFO\""
+#define ST_SHARD_MAX 100000u /* shard files of one folder */
+
+struct st_names {
+	char **v;
+	size_t n;
+	int oom;
+	int first_only; /* the probe: stop at the first one */
+};
+
+static int st_names_cb(void *ctx, const char *name, const struct ckpt_store_stat *st)
+{
+	struct st_names *l = ctx;
+	size_t n = strlen(name), k = strlen(ST_SUFFIX);
+	if (st->is_dir || n <= k || strcmp(name + n - k, ST_SUFFIX) != 0)
+		return 0;
+	if (l->n >= ST_SHARD_MAX)
+		return 1;
+	char **nv = realloc(l->v, (l->n + 1) * sizeof(*nv));
+	char *c = strdup(name);
+	if (nv)
+		l->v = nv;
+	if (!nv || !c) {
+		free(c);
+		l->oom = 1;
+		return 1;
+	}
+	l->v[l->n++] = c;
+	return l->first_only;
+}
+
+static void st_names_free(struct st_names *l)
+{
+	for (size_t i = 0; i < l->n; i++)
+		free(l->v[i]);
+	free(l->v);
+}
+
+static int by_str(const void *x, const void *y)
+{
+	return strcmp(*(char *const *)x, *(char *const *)y);
+}
+
+/* A folder without .metadata and without a safetensors index whose first
+ * safetensors file names DCP_SHARDING_INFO in the first 64 KiB of its header. */
+static int dcp_st_probe(ckpt_store *src, const char *key)
+{
+	char k[4096];
+	struct ckpt_store_stat is;
+	if (key_join(k, sizeof(k), key, ST_INDEX) || ckpt_store_stat(src, k, &is) == 0)
+		return 0;
+	struct st_names l = { .first_only = 1 };
+	int found = 0;
+	if (ckpt_store_listdir(src, key, st_names_cb, &l) >= 0 && l.n == 1 &&
+	    key_join(k, sizeof(k), key, l.v[0]) == 0) {
+		uint8_t buf[8 + 65536];
+		ssize_t got = ckpt_store_read(src, k, 0, sizeof(buf), buf);
+		size_t kl = strlen(SHARDING_KEY);
+		if (got >= 10 && st_head_ok(buf, (size_t)got, UINT64_MAX)) {
+			uint64_t n = 0;
+			for (int i = 7; i >= 0; i--)
+				n = n << 8 | buf[i];
+			size_t end = (size_t)got < 8 + n ? (size_t)got : (size_t)(8 + n);
+			for (size_t i = 8; i + kl <= end && !found; i++)
+				found = buf[i] == '"' && memcmp(buf + i, SHARDING_KEY, kl) == 0;
+		}
+	}
+	st_names_free(&l);
+	return found;
+}
+
+/* The entry of fqn in md (a new one when absent). */
+static struct ckpt_dcp_entry *st_entry(struct ckpt_dcp_meta *md, size_t *cap, const char *fqn)
+{
+	for (size_t i = 0; i < md->n; i++)
+		if (!strcmp(md->e[i].fqn, fqn))
+			return &md->e[i];
+	if (md->n == *cap) {
+		size_t nc = *cap ? *cap * 2 : 16;
+		struct ckpt_dcp_entry *ne = realloc(md->e, nc * sizeof(*ne));
+		if (!ne)
+			return NULL;
+		md->e = ne;
+		*cap = nc;
+	}
+	struct ckpt_dcp_entry *e = &md->e[md->n];
+	memset(e, 0, sizeof(*e));
+	if (!(e->fqn = strdup(fqn)))
+		return NULL;
+	md->n++;
+	e->rank = -1;
+	return e;
+}
+
+/* One shard file's tensors as chunks of md's entries; *bad gets 1 for an
+ * entry whose shards disagree (dtype, rank, saved_offsets). */
+static int st_shards_of(struct build *b, ckpt_store *src, const char *fkey, const char *fname,
+			struct ckpt_dcp_meta *md, size_t *cap, uint8_t **bad, size_t *badcap)
+{
+	struct ckpt_store_stat fs;
+	const struct st_part *p = NULL;
+	const char *why = NULL;
+	int rc = ckpt_store_stat(src, fkey, &fs);
+	if (rc < 0 || fs.is_dir) {
+		ckpt_log(CKPT_LOG_ERR, "%s: %s cannot be read", b->what, fname);
+		return -EIO;
+	}
+	if ((rc = st_part_load(b, src, fkey, 0, fs.size, &p, &why))) {
+		if (rc != -ENOMEM)
+			ckpt_log(CKPT_LOG_ERR, "%s: %s: %s", b->what, fname, why ? why : strerror(-rc));
+		return rc == -ENOMEM ? rc : -EIO;
+	}
+	for (size_t i = 0; i < p->f->n; i++) {
+		const ckpt_st_entry *t = &p->f->t[i];
+		struct ckpt_dcp_entry *e = st_entry(md, cap, t->name);
+		if (!e)
+			return -ENOMEM;
+		size_t ei = (size_t)(e - md->e);
+		if (md->n > *badcap) {
+			uint8_t *nb = realloc(*bad, *cap);
+			if (!nb)
+				return -ENOMEM;
+			memset(nb + *badcap, 0, *cap - *badcap);
+			*bad = nb;
+			*badcap = *cap;
+		}
+		if (e->rank < 0) {
+			e->rank = t->rank;
+			e->dtype = t->dtype;
+		}
+		uint64_t off[CKPT_MAX_RANK] = { 0 };
+		const cJSON *so = cJSON_GetObjectItemCaseSensitive(
+			cJSON_GetObjectItemCaseSensitive(p->shard, t->name), "saved_offsets");
+		int ok = e->rank == t->rank && e->dtype == t->dtype &&
+			 (!so || (cJSON_IsArray(so) && cJSON_GetArraySize(so) == t->rank));
+		for (int d = 0; ok && so && d < t->rank; d++) {
+			const cJSON *v = cJSON_GetArrayItem(so, d);
+			ok = cJSON_IsNumber(v) && v->valuedouble >= 0 && v->valuedouble < 9007199254740992.0 &&
+			     (double)(uint64_t)v->valuedouble == v->valuedouble;
+			off[d] = ok ? (uint64_t)v->valuedouble : 0;
+			ok = ok && off[d] <= UINT64_MAX / 2 && t->shape[d] <= UINT64_MAX / 2;
+		}
+		if (!ok || e->nchunks >= CKPT_PK_MAX_ITEMS) {
+			(*bad)[ei] = 1;
+			continue;
+		}
+		struct ckpt_dcp_chunk *nc = realloc(e->chunks, (e->nchunks + 1) * sizeof(*nc));
+		if (!nc)
+			return -ENOMEM;
+		e->chunks = nc;
+		struct ckpt_dcp_chunk *c = &e->chunks[e->nchunks];
+		memset(c, 0, sizeof(*c));
+		if (!(c->file = strdup(fname)))
+			return -ENOMEM;
+		e->nchunks++;
+		c->length = t->end - t->begin;
+		for (int d = 0; d < t->rank; d++) {
+			c->offsets[d] = off[d];
+			c->sizes[d] = t->shape[d];
+			if (off[d] + t->shape[d] > e->size[d])
+				e->size[d] = off[d] + t->shape[d];
+		}
+	}
+	return 0;
+}
+
+static int dcp_st_open(ckpt_store *src, const char *key, const char *what, ckpt_store **item)
+{
+	struct st_names l = { 0 };
+	int rc = ckpt_store_listdir(src, key, st_names_cb, &l);
+	if (rc < 0 || l.oom) {
+		st_names_free(&l);
+		ckpt_log(CKPT_LOG_ERR, "%s: cannot be listed (%s)", what, strerror(rc < 0 ? -rc : ENOMEM));
+		return rc < 0 ? -EIO : -ENOMEM;
+	}
+	qsort(l.v, l.n, sizeof(*l.v), by_str);
+	struct build b = { .what = what };
+	if ((rc = ckpt_vitem_new(what, &b.vi)) < 0) {
+		st_names_free(&l);
+		return rc;
+	}
+	struct ckpt_dcp_meta md = { 0 };
+	size_t cap = 0, badcap = 0;
+	uint8_t *bad = NULL;
+	for (size_t i = 0; i < l.n && rc >= 0; i++) {
+		char k[4096];
+		rc = key_join(k, sizeof(k), key, l.v[i]);
+		if (rc == 0)
+			rc = st_shards_of(&b, src, k, l.v[i], &md, &cap, &bad, &badcap);
+	}
+	for (size_t i = 0; i < md.n && rc >= 0; i++) {
+		const struct ckpt_dcp_entry *e = &md.e[i];
+		char buf[4096];
+		const char *comps[CKPT_TORCH_MAX_PATH];
+		int depth = ckpt_torch_key_split(e->fqn, buf, sizeof(buf), comps, CKPT_TORCH_MAX_PATH);
+		if (depth < 0) {
+			ckpt_log(CKPT_LOG_WARN, "%s: tensor name '%.200s' cannot be a path, not shown", what,
+				 e->fqn);
+			continue;
+		}
+		const char *why = NULL;
+		if (i < badcap && bad[i]) {
+			why = "its shards differ in dtype or rank, or a saved_offsets is malformed";
+			rc = -EINVAL;
+		} else {
+			rc = dcp_tensor(&b, src, key, e, comps, depth, &why);
+		}
+		if (rc < 0 && rc != -ENOMEM) {
+			ckpt_log(CKPT_LOG_ERR,
+				 "%s: tensor %s cannot be served (%s); listed, reads answer EIO", what,
+				 e->fqn, why ? why : strerror(-rc));
+			rc = ckpt_vitem_add_unreadable(b.vi, comps, depth);
+		}
+	}
+	free(bad);
+	ckpt_dcp_meta_free(&md);
+	st_names_free(&l);
+	return finish(&b, rc, item);
+}
+
 static int dcp_open(ckpt_store *src, const char *key, const struct ckpt_store_stat *st, ckpt_store **item)
 {
 	(void)st;
@@ -875,6 +1109,9 @@ static int dcp_open(ckpt_store *src, const char *key, const struct ckpt_store_st
 	int rc = key_join(mk, sizeof(mk), key, DCP_METADATA);
 	char *txt = NULL;
 	size_t len = 0;
+	struct ckpt_store_stat ms;
+	if (rc == 0 && ckpt_store_stat(src, mk, &ms) == -ENOENT)
+		return dcp_st_open(src, key, what, item);
 	if (rc == 0)
 		rc = ckpt_store_read_small(src, mk, PICKLE_MAX, &txt, &len);
 	if (rc < 0) {
@@ -929,7 +1166,7 @@ static int dcp_open(ckpt_store *src, const char *key, const struct ckpt_store_st
 
 const struct ckpt_foreign_fmt ckpt_foreign_dcp = {
 	.name = "torch-dcp",
-	.what = "a PyTorch distributed checkpoint folder (.metadata)",
+	.what = "a PyTorch distributed checkpoint folder (.metadata, or sharded safetensors files with DCP_SHARDING_INFO)",
 	.probe = dcp_probe,
 	.open = dcp_open,
 };

@@ -429,12 +429,17 @@ def test_torch_save_training_checkpoint(mount):
 DCP_ST = os.path.join(TORCH_FX, "dcp_safetensors")
 
 
-def test_dcp_safetensors_serialization(mount):
-    """Each data file is its bytes items, then one safetensors file of the
-    rank's shards (DCP_SHARDING_INFO in __metadata__); .metadata points every
-    chunk at that part: each global tensor reassembled byte-exact, slices too."""
-    m = mount(DCP_ST)
-    exp = fx_expected("expected_dcp.json", "dcp_safetensors")
+@pytest.mark.parametrize("folder", ["dcp_safetensors", "dcp_safetensors_sharded"])
+def test_dcp_safetensors_serialization(mount, folder):
+    """dcp_safetensors: each data file is its bytes items, then one
+    safetensors file of the rank's shards (DCP_SHARDING_INFO in
+    __metadata__), .metadata pointing every chunk at that part.
+    dcp_safetensors_sharded: the same shards as the Hugging Face storage
+    writer saves them, no .metadata.  Each global tensor reassembled
+    byte-exact, slices too; info and verify agree."""
+    src = os.path.join(TORCH_FX, folder)
+    m = mount(src)
+    exp = fx_expected("expected_dcp.json", folder)
     assert set(exp) == {"model.w", "model.b", "step", "model.cols", "model.irregular"}
     for k, (dt, shape, raw) in exp.items():
         check_tensor(m, k, dt, shape, raw)
@@ -449,9 +454,9 @@ def test_dcp_safetensors_serialization(mount):
     assert set(st) == set(exp)
     for k, (dt, shape, raw) in exp.items():
         assert st[k] == (ST_CODE[dt], list(shape), raw), k
-    j = json.loads(run_cli("info", "--json", DCP_ST).stdout)
+    j = json.loads(run_cli("info", "--json", src).stdout)
     assert {a["key"].replace("/", ".") for a in j["arrays"]} == set(exp)
-    p = run_cli("verify", DCP_ST)
+    p = run_cli("verify", src)
     assert p.returncode == 0, p.stdout + p.stderr
 
 
@@ -489,3 +494,38 @@ def test_dcp_safetensors_tensor_missing(mount, tmp_path):
     assert "holds no tensor of that name" in m.log()
     exp = fx_expected("expected_dcp.json", "dcp_safetensors")
     check_tensor(m, "model.w", *exp["model.w"])
+
+
+def test_dcp_safetensors_sharded_gap_and_mismatch(mount, tmp_path):
+    """Without .metadata the global size is the far corner of the boxes: a
+    missing rank whose shard started at 0 leaves a gap (model.b: EIO); a
+    shard whose dtype differs from the other rank's makes that tensor EIO."""
+    import shutil
+    d = tmp_path / "hf"
+    shutil.copytree(os.path.join(TORCH_FX, "dcp_safetensors_sharded"), d)
+    f = d / "shard-00002-model-00001-of-00001.safetensors"
+    blob = f.read_bytes()
+    old = b'"model.irregular":{"dtype":"F16"'
+    assert blob.count(old) == 1
+    f.write_bytes(blob.replace(old, b'"model.irregular":{"dtype":"I16"'))
+    m = mount(d)
+    assert U.errno_of(U.read_all, m.p("model/irregular.npy")) == errno.EIO
+    assert "model.irregular cannot be served" in m.log()
+    exp = fx_expected("expected_dcp.json", "dcp_safetensors_sharded")
+    check_tensor(m, "model.w", *exp["model.w"])
+    m.unmount()
+    (d / "shard-00001-model-00001-of-00001.safetensors").unlink()
+    m2 = mount(d)
+    assert U.errno_of(U.read_all, m2.p("model/b.npy")) == errno.EIO
+    assert "do not tile" in m2.log()
+
+
+def test_plain_safetensors_folder_is_no_dcp(tmp_path):
+    """A folder of safetensors files without DCP_SHARDING_INFO (and without
+    an index) is not taken for a sharded distributed checkpoint."""
+    d = tmp_path / "plain"
+    d.mkdir()
+    st_write(d / "a.safetensors", {"w": ("F32", [2], bytes(8))})
+    p = run_cli("info", d)
+    assert p.returncode != 0
+    assert "DCP_SHARDING_INFO" in p.stdout + p.stderr  # named among the formats looked for
