@@ -936,9 +936,9 @@ static int dcp_st_probe(ckpt_store *src, const char *key)
 	int found = 0;
 	if (ckpt_store_listdir(src, key, st_names_cb, &l) >= 0 && l.n == 1 &&
 	    key_join(k, sizeof(k), key, l.v[0]) == 0) {
-		uint8_t buf[8 + 65536];
-		ssize_t got = ckpt_store_read(src, k, 0, sizeof(buf), buf);
-		size_t kl = strlen(SHARDING_KEY);
+		size_t cap = 8 + 65536, kl = strlen(SHARDING_KEY);
+		uint8_t *buf = malloc(cap);
+		ssize_t got = buf ? ckpt_store_read(src, k, 0, cap, buf) : -ENOMEM;
 		if (got >= 10 && st_head_ok(buf, (size_t)got, UINT64_MAX)) {
 			uint64_t n = 0;
 			for (int i = 7; i >= 0; i--)
@@ -947,6 +947,7 @@ static int dcp_st_probe(ckpt_store *src, const char *key)
 			for (size_t i = 8; i + kl <= end && !found; i++)
 				found = buf[i] == '"' && memcmp(buf + i, SHARDING_KEY, kl) == 0;
 		}
+		free(buf);
 	}
 	st_names_free(&l);
 	return found;
