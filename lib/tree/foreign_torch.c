@@ -661,33 +661,39 @@ static int st_part_load(struct build *b, ckpt_store *src, const char *fkey, uint
 	for (size_t i = 0; i < b->nparts; i++)
 		if (b->parts[i].base == base && !strcmp(b->parts[i].key, fkey)) {
 			*out = &b->parts[i];
-			return 0;
+			if (!b->parts[i].f) /* refused before, and logged then */
+				*why = "its safetensors header is malformed";
+			return b->parts[i].f ? 0 : -EINVAL;
 		}
 	char what[8400];
 	snprintf(what, sizeof(what), "%s: safetensors data of %s", b->what, fkey);
 	uint8_t h8[8];
 	uint64_t n = 0;
+	ckpt_st_file *f = NULL;
+	int rc = 0;
 	if (ckpt_store_read(src, fkey, base, 8, h8) != 8) {
 		*why = "its item cannot be read";
-		return -EINVAL;
-	}
-	if (ckpt_st_header_len(h8, fsize - base, what, &n)) {
+		rc = -EINVAL;
+	} else if (ckpt_st_header_len(h8, fsize - base, what, &n)) {
 		*why = "its safetensors header length does not fit its data file";
-		return -EINVAL;
+		rc = -EINVAL;
+	} else {
+		char *json = malloc((size_t)n + 1);
+		if (!json)
+			return -ENOMEM;
+		ssize_t got = ckpt_store_read(src, fkey, base + 8, (size_t)n, json);
+		rc = got == (ssize_t)n ? ckpt_st_parse(json, (size_t)n, fsize - base, what, &f) : -EIO;
+		free(json);
+		if (rc == -ENOMEM)
+			return rc;
+		if (rc) {
+			*why = rc == -EIO ? "its safetensors header cannot be read"
+					  : "its safetensors header is malformed";
+			rc = -EINVAL;
+		}
 	}
-	char *json = malloc((size_t)n + 1);
-	if (!json)
-		return -ENOMEM;
-	ssize_t got = ckpt_store_read(src, fkey, base + 8, (size_t)n, json);
-	ckpt_st_file *f = NULL;
-	int rc = got == (ssize_t)n ? ckpt_st_parse(json, (size_t)n, fsize - base, what, &f) : -EIO;
-	free(json);
-	if (rc) {
-		*why = rc == -ENOMEM ? NULL
-		       : rc == -EIO  ? "its safetensors header cannot be read"
-				     : "its safetensors header is malformed";
-		return rc == -ENOMEM ? rc : -EINVAL;
-	}
+	/* kept, refused ones too (f NULL), so other chunks of the file neither
+	 * read it again nor log again */
 	struct st_part *np = realloc(b->parts, (b->nparts + 1) * sizeof(*np));
 	char *k = strdup(fkey);
 	if (np)
@@ -699,6 +705,9 @@ static int st_part_load(struct build *b, ckpt_store *src, const char *fkey, uint
 	}
 	struct st_part *p = &b->parts[b->nparts++];
 	*p = (struct st_part){ .key = k, .base = base, .f = f };
+	*out = p;
+	if (rc)
+		return rc;
 	if (f->metadata_json) {
 		cJSON *m = cJSON_Parse(f->metadata_json);
 		const cJSON *si = cJSON_GetObjectItemCaseSensitive(m, "DCP_SHARDING_INFO");

@@ -529,3 +529,25 @@ def test_plain_safetensors_folder_is_no_dcp(tmp_path):
     p = run_cli("info", d)
     assert p.returncode != 0
     assert "DCP_SHARDING_INFO" in p.stdout + p.stderr  # named among the formats looked for
+
+
+def test_dcp_safetensors_bad_header_logged_once(mount):
+    """A data file whose safetensors header is refused: every tensor with a
+    chunk there is listed and answers EIO; the header is refused (and logged)
+    once, not once per chunk."""
+    import shutil
+    import tempfile
+    with tempfile.TemporaryDirectory() as t:
+        d = os.path.join(t, "dcp")
+        shutil.copytree(DCP_ST, d)
+        f = os.path.join(d, "__0_0.distcp")
+        blob = open(f, "rb").read()
+        old = b'"model.cols":{"dtype":"F32"'
+        assert blob.count(old) == 1
+        open(f, "wb").write(blob.replace(old, b'"model.cols":{"dtype":"X32"'))
+        m = mount(d)
+        for k in ("model/w", "model/b", "model/cols", "model/irregular", "step"):
+            assert U.errno_of(U.read_all, m.p(k + ".npy")) == errno.EIO, k
+        assert m.log().count("safetensors data of") == 1, m.log()
+        assert m.log().count("its safetensors header is malformed") == 5, m.log()
+        m.unmount()
