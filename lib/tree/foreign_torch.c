@@ -233,7 +233,29 @@ struct build {
 	size_t nside;
 	uint64_t mem_bytes; /* bytes copied into side */
 	const char *what;
+	/* the safetensors parts of DCP data files read so far, each parsed once */
+	struct st_part *parts;
+	size_t nparts;
 };
+
+struct st_part {
+	char *key; /* the data file */
+	uint64_t base; /* where the part starts in it */
+	ckpt_st_file *f;
+	cJSON *shard; /* its DCP_SHARDING_INFO object, NULL when absent */
+};
+
+static void st_part_drop(struct build *b)
+{
+	for (size_t i = 0; i < b->nparts; i++) {
+		free(b->parts[i].key);
+		ckpt_st_file_free(b->parts[i].f);
+		cJSON_Delete(b->parts[i].shard);
+	}
+	free(b->parts);
+	b->parts = NULL;
+	b->nparts = 0;
+}
 
 static int side_store(struct build *b)
 {
@@ -332,6 +354,7 @@ static int add_block(struct build *b, const char *const *comps, int depth, ckpt_
 
 static int finish(struct build *b, int rc, ckpt_store **item)
 {
+	st_part_drop(b);
 	if (rc < 0) {
 		ckpt_vitem_free(b->vi);
 		ckpt_store_destroy(b->side);
@@ -445,6 +468,8 @@ static int key_join(char *buf, size_t cap, const char *dir, const char *name)
 	return n >= 0 && (size_t)n < cap ? 0 : -ENAMETOOLONG;
 }
 
+static int dcp_st_probe(ckpt_store *src, const char *key);
+
 static int dcp_probe(ckpt_store *src, const char *key, const struct ckpt_store_stat *st, const uint8_t *head,
 		     size_t nhead)
 {
@@ -455,8 +480,12 @@ static int dcp_probe(ckpt_store *src, const char *key, const struct ckpt_store_s
 	char k[4096];
 	struct ckpt_store_stat ms;
 	uint8_t b[2];
-	return key_join(k, sizeof(k), key, DCP_METADATA) == 0 && ckpt_store_stat(src, k, &ms) == 0 &&
-	       !ms.is_dir && ckpt_store_read(src, k, 0, 2, b) == 2 && b[0] == 0x80 && b[1] >= 2 && b[1] <= 5;
+	if (key_join(k, sizeof(k), key, DCP_METADATA))
+		return 0;
+	if (ckpt_store_stat(src, k, &ms) == 0)
+		return !ms.is_dir && ckpt_store_read(src, k, 0, 2, b) == 2 && b[0] == 0x80 && b[1] >= 2 &&
+		       b[1] <= 5;
+	return dcp_st_probe(src, key);
 }
 
 /* Decompress a zstd item (bounded). */
@@ -619,6 +648,121 @@ static int put_cells(struct build *b, ckpt_store *src, const char *fkey, const u
 	return rc;
 }
 
+static int st_head_ok(const uint8_t *head, size_t nhead, uint64_t size);
+
+/* The safetensors part of data file fkey (fsize bytes) that starts at base:
+ * what DCP writes with its safetensors serialization, where a data file is
+ * its bytes items followed by one safetensors file holding every tensor
+ * chunk of the file under its fqn, and each chunk's storage entry points at
+ * the start of that part.  Parsed once per data file (kept in b->parts). */
+static int st_part_load(struct build *b, ckpt_store *src, const char *fkey, uint64_t base, uint64_t fsize,
+			const struct st_part **out, const char **why)
+{
+	for (size_t i = 0; i < b->nparts; i++)
+		if (b->parts[i].base == base && !strcmp(b->parts[i].key, fkey)) {
+			*out = &b->parts[i];
+			if (!b->parts[i].f) /* refused before, and logged then */
+				*why = "its safetensors header is malformed";
+			return b->parts[i].f ? 0 : -EINVAL;
+		}
+	char what[8400];
+	snprintf(what, sizeof(what), "%s: safetensors data of %s", b->what, fkey);
+	uint8_t h8[8];
+	uint64_t n = 0;
+	ckpt_st_file *f = NULL;
+	int rc = 0;
+	if (ckpt_store_read(src, fkey, base, 8, h8) != 8) {
+		*why = "its item cannot be read";
+		rc = -EINVAL;
+	} else if (ckpt_st_header_len(h8, fsize - base, what, &n)) {
+		*why = "its safetensors header length does not fit its data file";
+		rc = -EINVAL;
+	} else {
+		char *json = malloc((size_t)n + 1);
+		if (!json)
+			return -ENOMEM;
+		ssize_t got = ckpt_store_read(src, fkey, base + 8, (size_t)n, json);
+		rc = got == (ssize_t)n ? ckpt_st_parse(json, (size_t)n, fsize - base, what, &f) : -EIO;
+		free(json);
+		if (rc == -ENOMEM)
+			return rc;
+		if (rc) {
+			*why = rc == -EIO ? "its safetensors header cannot be read"
+					  : "its safetensors header is malformed";
+			rc = -EINVAL;
+		}
+	}
+	/* kept, refused ones too (f NULL), so other chunks of the file neither
+	 * read it again nor log again */
+	struct st_part *np = realloc(b->parts, (b->nparts + 1) * sizeof(*np));
+	char *k = strdup(fkey);
+	if (np)
+		b->parts = np;
+	if (!np || !k) {
+		free(k);
+		ckpt_st_file_free(f);
+		return -ENOMEM;
+	}
+	struct st_part *p = &b->parts[b->nparts++];
+	*p = (struct st_part){ .key = k, .base = base, .f = f };
+	*out = p;
+	if (rc)
+		return rc;
+	if (f->metadata_json) {
+		cJSON *m = cJSON_Parse(f->metadata_json);
+		const cJSON *si = cJSON_GetObjectItemCaseSensitive(m, "DCP_SHARDING_INFO");
+		if (cJSON_IsString(si))
+			p->shard = cJSON_Parse(si->valuestring);
+		cJSON_Delete(m);
+	}
+	*out = p;
+	return 0;
+}
+
+/* One chunk box of a DCP tensor kept in the safetensors part of its data file. */
+static int dcp_chunk_st(struct build *b, ckpt_store *src, const char *fkey, uint64_t fsize,
+			const struct ckpt_dcp_entry *e, const struct ckpt_dcp_chunk *c, const uint64_t *g,
+			const char *zdir, const char **why)
+{
+	const struct st_part *p = NULL;
+	int rc = st_part_load(b, src, fkey, c->offset, fsize, &p, why);
+	if (rc)
+		return rc;
+	const ckpt_st_entry *t = NULL;
+	for (size_t i = 0; i < p->f->n && !t; i++)
+		if (!strcmp(p->f->t[i].name, e->fqn))
+			t = &p->f->t[i];
+	if (!t) {
+		*why = "the safetensors data of its data file holds no tensor of that name";
+		return -EINVAL;
+	}
+	int same = t->dtype == e->dtype && t->rank == e->rank;
+	for (int d = 0; same && d < t->rank; d++)
+		same = t->shape[d] == c->sizes[d];
+	if (!same) {
+		*why = "its safetensors tensor differs in dtype or shape from the chunk box";
+		return -EINVAL;
+	}
+	/* the file's own record of where the shard lies must agree with .metadata */
+	const cJSON *so = cJSON_GetObjectItemCaseSensitive(
+		cJSON_GetObjectItemCaseSensitive(p->shard, e->fqn), "saved_offsets");
+	if (so) {
+		int ok = cJSON_IsArray(so) && cJSON_GetArraySize(so) == e->rank;
+		for (int d = 0; ok && d < e->rank; d++) {
+			const cJSON *v = cJSON_GetArrayItem(so, d);
+			ok = cJSON_IsNumber(v) && v->valuedouble >= 0 && v->valuedouble < 9007199254740992.0 &&
+			     (uint64_t)v->valuedouble == c->offsets[d];
+		}
+		if (!ok) {
+			*why = "the saved_offsets of its safetensors data differ from its chunk box";
+			return -EINVAL;
+		}
+	}
+	if (t->end == t->begin)
+		return 0;
+	return put_cells(b, src, fkey, NULL, c->offset + t->begin, e, c, g, zdir, why);
+}
+
 /* One chunk box of a DCP tensor: locate the tensor in its item, put its cells. */
 static int dcp_chunk(struct build *b, ckpt_store *src, const char *dir, const struct ckpt_dcp_entry *e,
 		     const struct ckpt_dcp_chunk *c, const uint64_t *g, const char *zdir, int *big,
@@ -639,6 +783,15 @@ static int dcp_chunk(struct build *b, ckpt_store *src, const char *dir, const st
 	if (c->offset > fs.size || c->length > fs.size - c->offset) {
 		*why = "its item lies beyond the end of its data file";
 		return -EINVAL;
+	}
+	if (c->transform == CKPT_DCP_RAW && c->length >= 1) {
+		uint8_t h[10];
+		ssize_t hn = ckpt_store_read(src, fkey, c->offset, sizeof(h), h);
+		if (hn == (ssize_t)sizeof(h) && memcmp(h, "PK\x03\x04", 4) != 0 &&
+		    st_head_ok(h, sizeof(h), fs.size - c->offset)) {
+			*big = 0;
+			return dcp_chunk_st(b, src, fkey, fs.size, e, c, g, zdir, why);
+		}
 	}
 	uint8_t *plain = NULL;
 	struct tarch a = { .r = { src, fkey, c->offset, c->length, NULL } };
@@ -729,6 +882,235 @@ static int dcp_tensor(struct build *b, ckpt_store *src, const char *dir, const s
 	return ckpt_vitem_add_zarr(b->vi, comps, depth, b->side, zdir);
 }
 
+/* ---- sharded safetensors folders without .metadata ---- */
+
+/* The Hugging Face storage writer of torch.distributed.checkpoint, saving
+ * sharded, writes no .metadata and no index: each rank writes its shards as
+ * safetensors files (shard-<rank>-model-<i>-of-<n>.safetensors) whose
+ * DCP_SHARDING_INFO metadata gives every shard's saved_offsets.  The global
+ * size is then the far corner of the boxes. */
+#define ST_SUFFIX ".safetensors"
+#define SHARDING_KEY "\"DCP_SHARDING_INFO\""
+#define ST_SHARD_MAX 100000u /* shard files of one folder */
+
+struct st_names {
+	char **v;
+	size_t n;
+	int oom;
+	int first_only; /* the probe: stop at the first one */
+};
+
+static int st_names_cb(void *ctx, const char *name, const struct ckpt_store_stat *st)
+{
+	struct st_names *l = ctx;
+	size_t n = strlen(name), k = strlen(ST_SUFFIX);
+	if (st->is_dir || n <= k || strcmp(name + n - k, ST_SUFFIX) != 0)
+		return 0;
+	if (l->n >= ST_SHARD_MAX)
+		return 1;
+	char **nv = realloc(l->v, (l->n + 1) * sizeof(*nv));
+	char *c = strdup(name);
+	if (nv)
+		l->v = nv;
+	if (!nv || !c) {
+		free(c);
+		l->oom = 1;
+		return 1;
+	}
+	l->v[l->n++] = c;
+	return l->first_only;
+}
+
+static void st_names_free(struct st_names *l)
+{
+	for (size_t i = 0; i < l->n; i++)
+		free(l->v[i]);
+	free(l->v);
+}
+
+static int by_str(const void *x, const void *y)
+{
+	return strcmp(*(char *const *)x, *(char *const *)y);
+}
+
+/* A folder without .metadata and without a safetensors index whose first
+ * safetensors file names DCP_SHARDING_INFO in the first 64 KiB of its header. */
+static int dcp_st_probe(ckpt_store *src, const char *key)
+{
+	char k[4096];
+	struct ckpt_store_stat is;
+	if (key_join(k, sizeof(k), key, ST_INDEX) || ckpt_store_stat(src, k, &is) == 0)
+		return 0;
+	struct st_names l = { .first_only = 1 };
+	int found = 0;
+	if (ckpt_store_listdir(src, key, st_names_cb, &l) >= 0 && l.n == 1 &&
+	    key_join(k, sizeof(k), key, l.v[0]) == 0) {
+		size_t cap = 8 + 65536, kl = strlen(SHARDING_KEY);
+		uint8_t *buf = malloc(cap);
+		ssize_t got = buf ? ckpt_store_read(src, k, 0, cap, buf) : -ENOMEM;
+		if (got >= 10 && st_head_ok(buf, (size_t)got, UINT64_MAX)) {
+			uint64_t n = 0;
+			for (int i = 7; i >= 0; i--)
+				n = n << 8 | buf[i];
+			size_t end = (size_t)got < 8 + n ? (size_t)got : (size_t)(8 + n);
+			for (size_t i = 8; i + kl <= end && !found; i++)
+				found = buf[i] == '"' && memcmp(buf + i, SHARDING_KEY, kl) == 0;
+		}
+		free(buf);
+	}
+	st_names_free(&l);
+	return found;
+}
+
+/* The entry of fqn in md (a new one when absent). */
+static struct ckpt_dcp_entry *st_entry(struct ckpt_dcp_meta *md, size_t *cap, const char *fqn)
+{
+	for (size_t i = 0; i < md->n; i++)
+		if (!strcmp(md->e[i].fqn, fqn))
+			return &md->e[i];
+	if (md->n == *cap) {
+		size_t nc = *cap ? *cap * 2 : 16;
+		struct ckpt_dcp_entry *ne = realloc(md->e, nc * sizeof(*ne));
+		if (!ne)
+			return NULL;
+		md->e = ne;
+		*cap = nc;
+	}
+	struct ckpt_dcp_entry *e = &md->e[md->n];
+	memset(e, 0, sizeof(*e));
+	if (!(e->fqn = strdup(fqn)))
+		return NULL;
+	md->n++;
+	e->rank = -1;
+	return e;
+}
+
+/* One shard file's tensors as chunks of md's entries; *bad gets 1 for an
+ * entry whose shards disagree (dtype, rank, saved_offsets). */
+static int st_shards_of(struct build *b, ckpt_store *src, const char *fkey, const char *fname,
+			struct ckpt_dcp_meta *md, size_t *cap, uint8_t **bad, size_t *badcap)
+{
+	struct ckpt_store_stat fs;
+	const struct st_part *p = NULL;
+	const char *why = NULL;
+	int rc = ckpt_store_stat(src, fkey, &fs);
+	if (rc < 0 || fs.is_dir) {
+		ckpt_log(CKPT_LOG_ERR, "%s: %s cannot be read", b->what, fname);
+		return -EIO;
+	}
+	if ((rc = st_part_load(b, src, fkey, 0, fs.size, &p, &why))) {
+		if (rc != -ENOMEM)
+			ckpt_log(CKPT_LOG_ERR, "%s: %s: %s", b->what, fname, why ? why : strerror(-rc));
+		return rc == -ENOMEM ? rc : -EIO;
+	}
+	for (size_t i = 0; i < p->f->n; i++) {
+		const ckpt_st_entry *t = &p->f->t[i];
+		struct ckpt_dcp_entry *e = st_entry(md, cap, t->name);
+		if (!e)
+			return -ENOMEM;
+		size_t ei = (size_t)(e - md->e);
+		if (md->n > *badcap) {
+			uint8_t *nb = realloc(*bad, *cap);
+			if (!nb)
+				return -ENOMEM;
+			memset(nb + *badcap, 0, *cap - *badcap);
+			*bad = nb;
+			*badcap = *cap;
+		}
+		if (e->rank < 0) {
+			e->rank = t->rank;
+			e->dtype = t->dtype;
+		}
+		uint64_t off[CKPT_MAX_RANK] = { 0 };
+		const cJSON *so = cJSON_GetObjectItemCaseSensitive(
+			cJSON_GetObjectItemCaseSensitive(p->shard, t->name), "saved_offsets");
+		int ok = e->rank == t->rank && e->dtype == t->dtype &&
+			 (!so || (cJSON_IsArray(so) && cJSON_GetArraySize(so) == t->rank));
+		for (int d = 0; ok && so && d < t->rank; d++) {
+			const cJSON *v = cJSON_GetArrayItem(so, d);
+			ok = cJSON_IsNumber(v) && v->valuedouble >= 0 && v->valuedouble < 9007199254740992.0 &&
+			     (double)(uint64_t)v->valuedouble == v->valuedouble;
+			off[d] = ok ? (uint64_t)v->valuedouble : 0;
+			ok = ok && off[d] <= UINT64_MAX / 2 && t->shape[d] <= UINT64_MAX / 2;
+		}
+		if (!ok || e->nchunks >= CKPT_PK_MAX_ITEMS) {
+			(*bad)[ei] = 1;
+			continue;
+		}
+		struct ckpt_dcp_chunk *nc = realloc(e->chunks, (e->nchunks + 1) * sizeof(*nc));
+		if (!nc)
+			return -ENOMEM;
+		e->chunks = nc;
+		struct ckpt_dcp_chunk *c = &e->chunks[e->nchunks];
+		memset(c, 0, sizeof(*c));
+		if (!(c->file = strdup(fname)))
+			return -ENOMEM;
+		e->nchunks++;
+		c->length = t->end - t->begin;
+		for (int d = 0; d < t->rank; d++) {
+			c->offsets[d] = off[d];
+			c->sizes[d] = t->shape[d];
+			if (off[d] + t->shape[d] > e->size[d])
+				e->size[d] = off[d] + t->shape[d];
+		}
+	}
+	return 0;
+}
+
+static int dcp_st_open(ckpt_store *src, const char *key, const char *what, ckpt_store **item)
+{
+	struct st_names l = { 0 };
+	int rc = ckpt_store_listdir(src, key, st_names_cb, &l);
+	if (rc < 0 || l.oom) {
+		st_names_free(&l);
+		ckpt_log(CKPT_LOG_ERR, "%s: cannot be listed (%s)", what, strerror(rc < 0 ? -rc : ENOMEM));
+		return rc < 0 ? -EIO : -ENOMEM;
+	}
+	qsort(l.v, l.n, sizeof(*l.v), by_str);
+	struct build b = { .what = what };
+	if ((rc = ckpt_vitem_new(what, &b.vi)) < 0) {
+		st_names_free(&l);
+		return rc;
+	}
+	struct ckpt_dcp_meta md = { 0 };
+	size_t cap = 0, badcap = 0;
+	uint8_t *bad = NULL;
+	for (size_t i = 0; i < l.n && rc >= 0; i++) {
+		char k[4096];
+		rc = key_join(k, sizeof(k), key, l.v[i]);
+		if (rc == 0)
+			rc = st_shards_of(&b, src, k, l.v[i], &md, &cap, &bad, &badcap);
+	}
+	for (size_t i = 0; i < md.n && rc >= 0; i++) {
+		const struct ckpt_dcp_entry *e = &md.e[i];
+		char buf[4096];
+		const char *comps[CKPT_TORCH_MAX_PATH];
+		int depth = ckpt_torch_key_split(e->fqn, buf, sizeof(buf), comps, CKPT_TORCH_MAX_PATH);
+		if (depth < 0) {
+			ckpt_log(CKPT_LOG_WARN, "%s: tensor name '%.200s' cannot be a path, not shown", what,
+				 e->fqn);
+			continue;
+		}
+		const char *why = NULL;
+		if (i < badcap && bad[i]) {
+			why = "its shards differ in dtype or rank, or a saved_offsets is malformed";
+			rc = -EINVAL;
+		} else {
+			rc = dcp_tensor(&b, src, key, e, comps, depth, &why);
+		}
+		if (rc < 0 && rc != -ENOMEM) {
+			ckpt_log(CKPT_LOG_ERR,
+				 "%s: tensor %s cannot be served (%s); listed, reads answer EIO", what,
+				 e->fqn, why ? why : strerror(-rc));
+			rc = ckpt_vitem_add_unreadable(b.vi, comps, depth);
+		}
+	}
+	free(bad);
+	ckpt_dcp_meta_free(&md);
+	st_names_free(&l);
+	return finish(&b, rc, item);
+}
+
 static int dcp_open(ckpt_store *src, const char *key, const struct ckpt_store_stat *st, ckpt_store **item)
 {
 	(void)st;
@@ -737,6 +1119,9 @@ static int dcp_open(ckpt_store *src, const char *key, const struct ckpt_store_st
 	int rc = key_join(mk, sizeof(mk), key, DCP_METADATA);
 	char *txt = NULL;
 	size_t len = 0;
+	struct ckpt_store_stat ms;
+	if (rc == 0 && ckpt_store_stat(src, mk, &ms) == -ENOENT)
+		return dcp_st_open(src, key, what, item);
 	if (rc == 0)
 		rc = ckpt_store_read_small(src, mk, PICKLE_MAX, &txt, &len);
 	if (rc < 0) {
@@ -791,7 +1176,7 @@ static int dcp_open(ckpt_store *src, const char *key, const struct ckpt_store_st
 
 const struct ckpt_foreign_fmt ckpt_foreign_dcp = {
 	.name = "torch-dcp",
-	.what = "a PyTorch distributed checkpoint folder (.metadata)",
+	.what = "a PyTorch distributed checkpoint folder (.metadata, or sharded safetensors files with DCP_SHARDING_INFO)",
 	.probe = dcp_probe,
 	.open = dcp_open,
 };

@@ -422,3 +422,132 @@ def test_torch_save_training_checkpoint(mount):
         check_tensor(m, k, dt, shape, raw)
     assert sorted(os.listdir(m.p())) == ["model", "optimizer"]
     assert "entries that are not tensors are not shown" in m.log()
+
+
+# ---- distributed checkpoints saved with the safetensors serialization ---------------
+
+DCP_ST = os.path.join(TORCH_FX, "dcp_safetensors")
+
+
+@pytest.mark.parametrize("folder", ["dcp_safetensors", "dcp_safetensors_sharded"])
+def test_dcp_safetensors_serialization(mount, folder):
+    """dcp_safetensors: each data file is its bytes items, then one
+    safetensors file of the rank's shards (DCP_SHARDING_INFO in
+    __metadata__), .metadata pointing every chunk at that part.
+    dcp_safetensors_sharded: the same shards as the Hugging Face storage
+    writer saves them, no .metadata.  Each global tensor reassembled
+    byte-exact, slices too; info and verify agree."""
+    src = os.path.join(TORCH_FX, folder)
+    m = mount(src)
+    exp = fx_expected("expected_dcp.json", folder)
+    assert set(exp) == {"model.w", "model.b", "step", "model.cols", "model.irregular"}
+    for k, (dt, shape, raw) in exp.items():
+        check_tensor(m, k, dt, shape, raw)
+    assert os.getxattr(m.p("model/w.npy"), "user.ckpt.chunks") == b"[4,6]"
+    assert os.getxattr(m.p("model/b.npy"), "user.ckpt.chunks") == b"[4,2]"
+    assert os.getxattr(m.p("model/irregular.npy"), "user.ckpt.chunks") == b"[1,2]"
+    # a 2-D slice across both ranks' shards
+    a = np.frombuffer(exp["model.cols"][2], dtype="<f4").reshape(4, 5)
+    assert npy_data(m.p("model/cols[1:3,2:4].npy")) == np.ascontiguousarray(a[1:3, 2:4]).tobytes()
+    assert not os.path.exists(m.p("extra.npy"))  # the bytes item before rank 0's part
+    st, _ = st_parse(U.read_all(m.p(".safetensors")))
+    assert set(st) == set(exp)
+    for k, (dt, shape, raw) in exp.items():
+        assert st[k] == (ST_CODE[dt], list(shape), raw), k
+    j = json.loads(run_cli("info", "--json", src).stdout)
+    assert {a["key"].replace("/", ".") for a in j["arrays"]} == set(exp)
+    p = run_cli("verify", src)
+    assert p.returncode == 0, p.stdout + p.stderr
+
+
+def st_variant(tmp_path, fname, old, new):
+    """A copy of dcp_safetensors with bytes `old` in data file fname replaced
+    by `new` (same length, so every offset stays)."""
+    import shutil
+    d = tmp_path / "dcp"
+    shutil.copytree(DCP_ST, d)
+    f = d / fname
+    blob = f.read_bytes()
+    assert len(old) == len(new) and blob.count(old) == 1
+    f.write_bytes(blob.replace(old, new))
+    return d
+
+
+def test_dcp_safetensors_saved_offsets_disagree(mount, tmp_path):
+    """saved_offsets that name another box than .metadata: that tensor is
+    listed, reads answer EIO, the log says why; the others still read."""
+    d = st_variant(tmp_path, "__1_0.distcp", rb'\"model.w\": {\"saved_offsets\": [4, 0]}',
+                   rb'\"model.w\": {\"saved_offsets\": [0, 0]}')
+    m = mount(d)
+    assert U.errno_of(U.read_all, m.p("model/w.npy")) == errno.EIO
+    assert "model.w cannot be served" in m.log() and "saved_offsets" in m.log()
+    exp = fx_expected("expected_dcp.json", "dcp_safetensors")
+    check_tensor(m, "model.b", *exp["model.b"])
+    assert run_cli("verify", d).returncode == 1
+
+
+def test_dcp_safetensors_tensor_missing(mount, tmp_path):
+    """A chunk whose fqn is not in its data file's safetensors part: EIO."""
+    d = st_variant(tmp_path, "__0_0.distcp", b'"model.cols":{"dtype"', b'"model.colx":{"dtype"')
+    m = mount(d)
+    assert U.errno_of(U.read_all, m.p("model/cols.npy")) == errno.EIO
+    assert "holds no tensor of that name" in m.log()
+    exp = fx_expected("expected_dcp.json", "dcp_safetensors")
+    check_tensor(m, "model.w", *exp["model.w"])
+
+
+def test_dcp_safetensors_sharded_gap_and_mismatch(mount, tmp_path):
+    """Without .metadata the global size is the far corner of the boxes: a
+    missing rank whose shard started at 0 leaves a gap (model.b: EIO); a
+    shard whose dtype differs from the other rank's makes that tensor EIO."""
+    import shutil
+    d = tmp_path / "hf"
+    shutil.copytree(os.path.join(TORCH_FX, "dcp_safetensors_sharded"), d)
+    f = d / "shard-00002-model-00001-of-00001.safetensors"
+    blob = f.read_bytes()
+    old = b'"model.irregular":{"dtype":"F16"'
+    assert blob.count(old) == 1
+    f.write_bytes(blob.replace(old, b'"model.irregular":{"dtype":"I16"'))
+    m = mount(d)
+    assert U.errno_of(U.read_all, m.p("model/irregular.npy")) == errno.EIO
+    assert "model.irregular cannot be served" in m.log()
+    exp = fx_expected("expected_dcp.json", "dcp_safetensors_sharded")
+    check_tensor(m, "model.w", *exp["model.w"])
+    m.unmount()
+    (d / "shard-00001-model-00001-of-00001.safetensors").unlink()
+    m2 = mount(d)
+    assert U.errno_of(U.read_all, m2.p("model/b.npy")) == errno.EIO
+    assert "do not tile" in m2.log()
+
+
+def test_plain_safetensors_folder_is_no_dcp(tmp_path):
+    """A folder of safetensors files without DCP_SHARDING_INFO (and without
+    an index) is not taken for a sharded distributed checkpoint."""
+    d = tmp_path / "plain"
+    d.mkdir()
+    st_write(d / "a.safetensors", {"w": ("F32", [2], bytes(8))})
+    p = run_cli("info", d)
+    assert p.returncode != 0
+    assert "DCP_SHARDING_INFO" in p.stdout + p.stderr  # named among the formats looked for
+
+
+def test_dcp_safetensors_bad_header_logged_once(mount):
+    """A data file whose safetensors header is refused: every tensor with a
+    chunk there is listed and answers EIO; the header is refused (and logged)
+    once, not once per chunk."""
+    import shutil
+    import tempfile
+    with tempfile.TemporaryDirectory() as t:
+        d = os.path.join(t, "dcp")
+        shutil.copytree(DCP_ST, d)
+        f = os.path.join(d, "__0_0.distcp")
+        blob = open(f, "rb").read()
+        old = b'"model.cols":{"dtype":"F32"'
+        assert blob.count(old) == 1
+        open(f, "wb").write(blob.replace(old, b'"model.cols":{"dtype":"X32"'))
+        m = mount(d)
+        for k in ("model/w", "model/b", "model/cols", "model/irregular", "step"):
+            assert U.errno_of(U.read_all, m.p(k + ".npy")) == errno.EIO, k
+        assert m.log().count("safetensors data of") == 1, m.log()
+        assert m.log().count("its safetensors header is malformed") == 5, m.log()
+        m.unmount()
