@@ -24,10 +24,11 @@
 
 #define TMP_SUFFIX ".orbax-checkpoint-tmp"
 /* Counters of .ckptfs/stats shown, in order. */
-static const char *const counters[] = { "bytes_written", "stored_bytes_written", "bytes_pending", "commits",
-					"commit_failures", "errors", "cache_hits", "cache_misses",
-					"cache_evictions", "bytes_served", "chunks_decoded",
-					"cache_bytes", "cache_budget" };
+static const char *const counters[] = { "bytes_written", "stored_bytes_written", "bytes_pending",
+					"commits",	 "commit_failures",	 "errors",
+					"cache_hits",	 "cache_misses",	 "cache_evictions",
+					"bytes_served",	 "chunks_decoded",	 "cache_bytes",
+					"cache_budget" };
 #define NCOUNTERS (sizeof(counters) / sizeof(counters[0]))
 
 struct pstep {
@@ -114,7 +115,8 @@ static void walk_step(const char *dir, int depth, int stored, struct pstep *ps)
 		} else if (stored && S_ISREG(st.st_mode)) {
 			ps->stored += (uint64_t)st.st_size;
 			ps->stored_files++;
-		} else if (!stored && n > 4 && !strcmp(e->d_name + n - 4, ".npy") && !strchr(e->d_name, '[')) {
+		} else if (!stored && n > 4 && !strcmp(e->d_name + n - 4, ".npy") &&
+			   !strchr(e->d_name, '[')) {
 			ps->arrays++;
 			ps->declared += (uint64_t)st.st_size;
 		}
@@ -181,8 +183,9 @@ static int show(const char *mnt, const char *source, int json, FILE *f)
 		for (size_t i = 0; i < np; i++) {
 			fprintf(f, "%s{\"step\": ", i ? ", " : "");
 			ckpt_json_str(f, ps[i].name);
-			fprintf(f, ", \"arrays\": %llu, \"declared_bytes\": %llu, \"stored_bytes\": %llu, "
-				   "\"stored_files\": %llu}",
+			fprintf(f,
+				", \"arrays\": %llu, \"declared_bytes\": %llu, \"stored_bytes\": %llu, "
+				"\"stored_files\": %llu}",
 				(unsigned long long)ps[i].arrays, (unsigned long long)ps[i].declared,
 				(unsigned long long)ps[i].stored, (unsigned long long)ps[i].stored_files);
 		}
@@ -214,7 +217,8 @@ static int show(const char *mnt, const char *source, int json, FILE *f)
 			(unsigned long long)stat_value(buf, "cache_misses"),
 			(unsigned long long)stat_value(buf, "cache_evictions"),
 			ckpt_human(stat_value(buf, "bytes_served"), h1, sizeof(h1)));
-		fprintf(f, "cache in use: %s of %s\n", ckpt_human(stat_value(buf, "cache_bytes"), h2, sizeof(h2)),
+		fprintf(f, "cache in use: %s of %s\n",
+			ckpt_human(stat_value(buf, "cache_bytes"), h2, sizeof(h2)),
 			ckpt_human(stat_value(buf, "cache_budget"), h3, sizeof(h3)));
 	}
 	free(ps);
@@ -268,7 +272,8 @@ int ckfs_cmd_status(int argc, char **argv)
 			break;
 		if (!tty)
 			fputs("\n", stdout);
-		struct timespec ts = { (time_t)interval, (long)((interval - (double)(time_t)interval) * 1e9) };
+		struct timespec ts = { (time_t)interval,
+				       (long)((interval - (double)(time_t)interval) * 1e9) };
 		nanosleep(&ts, NULL);
 	}
 	free(mnt);

@@ -529,7 +529,8 @@ int main(int argc, char *argv[])
 		goto out_ready;
 	}
 	if (fs.opts.process_count > 1 && ckpt_store_source_is_remote(fs.opts.source)) {
-		fprintf(stderr, "ckptfs: process_count needs a shared folder as SOURCE, not an object store\n");
+		fprintf(stderr,
+			"ckptfs: process_count needs a shared folder as SOURCE, not an object store\n");
 		goto out_ready;
 	}
 	vo.process_index = fs.opts.process_index;

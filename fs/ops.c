@@ -49,7 +49,8 @@ static void to_stat(const struct ckfs *fs, const ckpt_attr *a, struct stat *st)
 static void reply_err(fuse_req_t req, int rc)
 {
 	if (rc > 0 || rc < -4095) {
-		ckpt_log(CKPT_LOG_ERR, "internal error: reply with %d, not a negative errno: EIO instead", rc);
+		ckpt_log(CKPT_LOG_ERR, "internal error: reply with %d, not a negative errno: EIO instead",
+			 rc);
 		rc = -EIO;
 	}
 	fuse_reply_err(req, -rc);

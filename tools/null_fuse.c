@@ -51,13 +51,11 @@ static struct nf_opts {
 static uint64_t file_size = 512ull << 20;
 static unsigned char *pattern;
 
-static const struct fuse_opt nf_spec[] = {
-	{ "size=%s", offsetof(struct nf_opts, size), 0 },
-	{ "direct_io", offsetof(struct nf_opts, direct_io), 1 },
-	{ "splice", offsetof(struct nf_opts, splice), 1 },
-	{ "ready_fd=%d", offsetof(struct nf_opts, ready_fd), 0 },
-	FUSE_OPT_END
-};
+static const struct fuse_opt nf_spec[] = { { "size=%s", offsetof(struct nf_opts, size), 0 },
+					   { "direct_io", offsetof(struct nf_opts, direct_io), 1 },
+					   { "splice", offsetof(struct nf_opts, splice), 1 },
+					   { "ready_fd=%d", offsetof(struct nf_opts, ready_fd), 0 },
+					   FUSE_OPT_END };
 
 static void attr_of(fuse_ino_t ino, struct stat *st)
 {
@@ -221,7 +219,8 @@ int main(int argc, char *argv[])
 	if (fuse_opt_parse(&args, &o, nf_spec, NULL) == -1 || fuse_parse_cmdline(&args, &cl) != 0)
 		return 1;
 	if (!cl.mountpoint) {
-		fprintf(stderr, "usage: %s MOUNTPOINT [-o size=BYTES] [-o direct_io] [-o ready_fd=FD]\n", argv[0]);
+		fprintf(stderr, "usage: %s MOUNTPOINT [-o size=BYTES] [-o direct_io] [-o ready_fd=FD]\n",
+			argv[0]);
 		return 1;
 	}
 	if (o.size)

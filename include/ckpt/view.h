@@ -199,7 +199,8 @@ int ckpt_view_mkdir(ckpt_view *v, ckpt_ino parent, const char *name, ckpt_attr *
 int ckpt_view_create(ckpt_view *v, ckpt_ino parent, const char *name, ckpt_attr *out);
 /* Write len bytes at off of a pending file; returns len or -errno.
  * Blocks while the step's write buffer is full (backpressure). */
-ssize_t ckpt_view_write(ckpt_view *v, ckpt_ino ino, uint64_t off, const void *data, size_t len, unsigned flags);
+ssize_t ckpt_view_write(ckpt_view *v, ckpt_ino ino, uint64_t off, const void *data, size_t len,
+			unsigned flags);
 #define CKPT_WRITE_APPEND 1u /* the file was opened O_APPEND: write after the furthest byte written */
 /* A file opened for writing is being closed (FUSE flush; runs once per
  * close(2), which waits for it).  The step's commit marker closed with

@@ -207,7 +207,10 @@ static const char *skip_str(const char *p, const char *e)
 
 static int hexval(char c)
 {
-	return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+	return c >= '0' && c <= '9'   ? c - '0'
+	       : c >= 'a' && c <= 'f' ? c - 'a' + 10
+	       : c >= 'A' && c <= 'F' ? c - 'A' + 10
+				      : -1;
 }
 
 /* Whether the JSON string token [p, q) (quotes included) decodes to the
@@ -282,7 +285,8 @@ static int top_number_text(const char *json, size_t len, const char *key, struct
 {
 	const char *e = json + len;
 	const char *p = ws(json, e);
-	if (len >= 3 && (unsigned char)p[0] == 0xef && (unsigned char)p[1] == 0xbb && (unsigned char)p[2] == 0xbf)
+	if (len >= 3 && (unsigned char)p[0] == 0xef && (unsigned char)p[1] == 0xbb &&
+	    (unsigned char)p[2] == 0xbf)
 		p = ws(p + 3, e); /* a UTF-8 byte order mark */
 	if (p >= e || *p != '{')
 		return -1;
@@ -423,8 +427,7 @@ static int parse_scalar_fill(const cJSON *v, const struct num_text *raw, ckpt_dt
 	return 0;
 }
 
-static int parse_fill(const cJSON *v, const struct num_text *raw, struct ckpt_zarr_meta *m,
-		      const char **why)
+static int parse_fill(const cJSON *v, const struct num_text *raw, struct ckpt_zarr_meta *m, const char **why)
 {
 	memset(m->fill, 0, sizeof(m->fill));
 	m->fill_null = !v || cJSON_IsNull(v);
@@ -435,7 +438,8 @@ static int parse_fill(const cJSON *v, const struct num_text *raw, struct ckpt_za
 		unsigned half = ckpt_dtype_get(m->dtype)->itemsize / 2;
 		if (!cJSON_IsArray(v) || cJSON_GetArraySize(v) != 2)
 			return fail(why, "bad complex fill_value", -EINVAL);
-		int rc = parse_scalar_fill(cJSON_GetArrayItem(v, 0), NULL, part, m->fill, &m->fill_lossy, why);
+		int rc =
+			parse_scalar_fill(cJSON_GetArrayItem(v, 0), NULL, part, m->fill, &m->fill_lossy, why);
 		return rc ? rc
 			  : parse_scalar_fill(cJSON_GetArrayItem(v, 1), NULL, part, m->fill + half,
 					      &m->fill_lossy, why);
@@ -529,8 +533,10 @@ static int parse_numcodecs_v3(const cJSON *c, const char *id, struct ckpt_zarr_c
 	out->numcodecs = 1;
 	if (strcmp(id, "zlib") == 0 || strcmp(id, "gzip") == 0 || strcmp(id, "bz2") == 0 ||
 	    strcmp(id, "lz4") == 0) {
-		out->id = id[0] == 'z' ? CKPT_CODEC_ZLIB : id[0] == 'g' ? CKPT_CODEC_GZIP
-			: id[0] == 'b' ? CKPT_CODEC_BZ2 : CKPT_CODEC_LZ4;
+		out->id = id[0] == 'z'	 ? CKPT_CODEC_ZLIB
+			  : id[0] == 'g' ? CKPT_CODEC_GZIP
+			  : id[0] == 'b' ? CKPT_CODEC_BZ2
+					 : CKPT_CODEC_LZ4;
 		const cJSON *l = conf(c, out->id == CKPT_CODEC_LZ4 ? "acceleration" : "level");
 		if (l && json_int(l, &out->level) < 0)
 			return fail(why, "bad compression level", -EINVAL);
@@ -565,7 +571,8 @@ static int parse_numcodecs_v3(const cJSON *c, const char *id, struct ckpt_zarr_c
 	if (strcmp(id, "crc32c") == 0) {
 		const cJSON *loc = conf(c, "location");
 		if (loc && !(cJSON_IsString(loc) && strcmp(loc->valuestring, "end") == 0))
-			return fail(why, "numcodecs.crc32c with its checksum before the data is not supported",
+			return fail(why,
+				    "numcodecs.crc32c with its checksum before the data is not supported",
 				    -ENOTSUP);
 		out->id = CKPT_CODEC_CRC32C;
 		return 0;
@@ -656,11 +663,20 @@ static void note_unsupported(struct ckpt_zarr_meta *m, const cJSON *name)
  * parse_codec does not know. */
 static const cJSON *unknown_codec(const cJSON *codecs, int depth)
 {
-	static const char *const known[] = { "transpose",	 "bytes",	    "sharding_indexed",
-					     "zstd",		 "gzip",	    "blosc",
-					     "crc32c",		 "numcodecs.zlib",  "numcodecs.gzip",
-					     "numcodecs.bz2",	 "numcodecs.lz4",   "numcodecs.zstd",
-					     "numcodecs.blosc", "numcodecs.crc32c" };
+	static const char *const known[] = { "transpose",
+					     "bytes",
+					     "sharding_indexed",
+					     "zstd",
+					     "gzip",
+					     "blosc",
+					     "crc32c",
+					     "numcodecs.zlib",
+					     "numcodecs.gzip",
+					     "numcodecs.bz2",
+					     "numcodecs.lz4",
+					     "numcodecs.zstd",
+					     "numcodecs.blosc",
+					     "numcodecs.crc32c" };
 	const cJSON *c;
 	if (!cJSON_IsArray(codecs) || depth > CKPT_ZARR_MAX_NESTING)
 		return NULL;
@@ -1163,7 +1179,7 @@ static cJSON *numcodecs_json(const struct ckpt_zarr_codec *c, cJSON *cf, int *ba
 	case CKPT_CODEC_GZIP:
 	case CKPT_CODEC_BZ2:
 		put(cf, "level", raw_int(c->level), bad);
-		return named(c->id == CKPT_CODEC_ZLIB ? "numcodecs.zlib"
+		return named(c->id == CKPT_CODEC_ZLIB	? "numcodecs.zlib"
 			     : c->id == CKPT_CODEC_GZIP ? "numcodecs.gzip"
 							: "numcodecs.bz2",
 			     cf, bad);

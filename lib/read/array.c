@@ -338,7 +338,8 @@ static int arr_set(ckpt_array *a, enum arr_state to)
 			return 1;
 	}
 	if (from != (int)to)
-		ckpt_log(CKPT_LOG_DEBUG, "array %s: no edge %s -> %s", a->prefix, arr_names[from], arr_names[to]);
+		ckpt_log(CKPT_LOG_DEBUG, "array %s: no edge %s -> %s", a->prefix, arr_names[from],
+			 arr_names[to]);
 	return 0;
 }
 
@@ -456,8 +457,8 @@ static void storage_of_linear(const ckpt_array_meta *m, uint64_t su, uint64_t *s
 static void check_meta(ckpt_array *a)
 {
 	char key[4096];
-	if (!a->meta_name ||
-	    snprintf(key, sizeof(key), "%s%s%s", a->prefix, *a->prefix ? "/" : "", a->meta_name) >= (int)sizeof(key))
+	if (!a->meta_name || snprintf(key, sizeof(key), "%s%s%s", a->prefix, *a->prefix ? "/" : "",
+				      a->meta_name) >= (int)sizeof(key))
 		return;
 	struct ckpt_zarr_unit_id now;
 	if (ckpt_zarr_key_identity(a->store, key, &now) < 0)
@@ -526,7 +527,8 @@ unsigned ckpt_array_open_check(ckpt_array *a, int *budget)
 	pthread_mutex_lock(&a->mu);
 	if (atomic_load(&a->owner) == owner) {
 		if (changed >= 0) {
-			ckpt_log(CKPT_LOG_INFO, "%s/%s: stored data changed under the mount; cached chunks dropped",
+			ckpt_log(CKPT_LOG_INFO,
+				 "%s/%s: stored data changed under the mount; cached chunks dropped",
 				 a->store->root, a->prefix);
 			forget_all(a);
 		} else {
@@ -832,8 +834,8 @@ static int stream_copy(ckpt_array *a, const uint64_t *g, const ckpt_region *r, u
 	struct unit_rec *rec = rec_find(a, su);
 	if (rec && !same_id(&rec->id, &before)) {
 		int served = rec->epoch == ep;
-		ckpt_log(CKPT_LOG_INFO, "%s/%s: stored data changed under the mount%s", a->store->root, a->prefix,
-			 served ? "; this read fails with ESTALE" : "; cached chunks dropped");
+		ckpt_log(CKPT_LOG_INFO, "%s/%s: stored data changed under the mount%s", a->store->root,
+			 a->prefix, served ? "; this read fails with ESTALE" : "; cached chunks dropped");
 		forget_all(a);
 		if (served) {
 			mark_torn(a, ep);
@@ -843,15 +845,16 @@ static int stream_copy(ckpt_array *a, const uint64_t *g, const ckpt_region *r, u
 	}
 	uint64_t owner = atomic_load(&a->owner);
 	pthread_mutex_unlock(&a->mu);
-	rc = ckpt_stream_copy(a->ctx->streams, (const void *)(uintptr_t)owner, a->store, a->prefix, m, g, r, e0,
-			      e1, dst);
+	rc = ckpt_stream_copy(a->ctx->streams, (const void *)(uintptr_t)owner, a->store, a->prefix, m, g, r,
+			      e0, e1, dst);
 	if (rc < 0)
 		return rc;
 	rc = ckpt_zarr_unit_identity(a->store, a->prefix, m, g, &after);
 	pthread_mutex_lock(&a->mu);
 	if (rc < 0 || !same_id(&before, &after)) {
 		if (rc == 0)
-			ckpt_log(CKPT_LOG_INFO, "%s/%s: stored data changed during a read; it fails with ESTALE",
+			ckpt_log(CKPT_LOG_INFO,
+				 "%s/%s: stored data changed during a read; it fails with ESTALE",
 				 a->store->root, a->prefix);
 		forget_all(a); /* the cursor holds bytes of either version */
 		if (rc == 0)
@@ -926,7 +929,8 @@ uint64_t ckpt_array_window(const ckpt_array *a)
 	const ckpt_array_meta *m = &a->meta;
 	uint64_t band = m->nbytes;
 	if (m->rank > 0 && m->shape[0] > 0)
-		band = m->nbytes / m->shape[0] * (m->inner_shape[0] < m->shape[0] ? m->inner_shape[0] : m->shape[0]);
+		band = m->nbytes / m->shape[0] *
+		       (m->inner_shape[0] < m->shape[0] ? m->inner_shape[0] : m->shape[0]);
 	uint64_t cap = ckpt_cache_budget(a->ctx->cache) / 4;
 	if (band > cap)
 		band = cap;

@@ -204,8 +204,8 @@ void ckpt_zarr_codec_str(const ckpt_array_meta *m, char *buf, size_t cap)
 {
 	char chain[96] = "";
 	size_t n = 0;
-	static const char *const names[] = { "?", "zstd", "crc32c", "gzip", "zlib", "blosc", "lz4", "bz2",
-					     "deflate" };
+	static const char *const names[] = { "?",     "zstd", "crc32c", "gzip",	  "zlib",
+					     "blosc", "lz4",  "bz2",	"deflate" };
 	if (m->zarr_format == 3 && n < sizeof(chain))
 		n += (size_t)snprintf(chain + n, sizeof(chain) - n, "bytes");
 	for (int i = 0; i < m->nb2b && n < sizeof(chain); i++)

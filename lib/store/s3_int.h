@@ -119,7 +119,7 @@ static inline char *objname(struct s3_store *s, const char *key)
 /* Next element <tag> (or <tag attr...>) in [p, end): its content in
  * [*c, *ce), *next after the closing tag.  0 found, -1 not. */
 int ckpt_s3_xml_elem(const char *p, const char *end, const char *tag, const char **c, const char **ce,
-		const char **next);
+		     const char **next);
 /* Text of [c, ce) with XML entities decoded (and, when url, form-decoded);
  * malloc'd, NULL when out of memory. */
 char *ckpt_s3_xml_text(const char *c, const char *ce, int url);
@@ -144,7 +144,7 @@ int ckpt_s3_bearer_refresh(struct s3_store *s);
 /* Pin (size, etag) of an object the first time it is seen; copy the pinned
  * entry to *out (NULL: no copy).  0 or -ENOMEM. */
 int ckpt_s3_obj_pin(struct s3_store *s, const char *name, uint64_t size, const char *etag, int64_t mtime_ns,
-	       struct obj *out);
+		    struct obj *out);
 /* The object was (re)written: what readers pin from now on is the new one. */
 void ckpt_s3_obj_replace(struct s3_store *s, const char *name, uint64_t size, const char *etag);
 /* Signed request with retries.  0 with *resp holding a 2xx/304 answer;
@@ -157,12 +157,12 @@ int ckpt_s3_meta(struct s3_store *s, const char *name, struct obj *out);
 /* ListObjectsV2 of every key starting with `pfx` (full object names), cb
  * for each entry; every page unless one_page. */
 int ckpt_s3_list_objects(struct s3_store *s, const char *pfx, int delim, unsigned max_keys, int one_page,
-		    page_cb cb, void *ctx);
+			 page_cb cb, void *ctx);
 /* GET [first, last] of `name` (pinned as *o) into dst through the slot
  * queue, merged with queued neighbours (s3_request.c's header).  0 or
  * -errno (logged). */
 int ckpt_s3_coalesced_get(struct s3_store *s, const char *name, const char *key, const struct obj *o,
-		     uint64_t first, uint64_t last, void *dst);
+			  uint64_t first, uint64_t last, void *dst);
 
 /* ---------------------------------------------------------------- store_s3.c */
 

@@ -78,7 +78,7 @@ static struct obj *obj_find_locked(struct s3_store *s, const char *name)
 /* Pin (size, etag) of an object the first time it is seen; copy the pinned
  * entry to *out. */
 int ckpt_s3_obj_pin(struct s3_store *s, const char *name, uint64_t size, const char *etag, int64_t mtime_ns,
-	       struct obj *out)
+		    struct obj *out)
 {
 	pthread_mutex_lock(&s->mu);
 	struct obj *o = obj_find_locked(s, name);
@@ -362,7 +362,7 @@ static int page_tramp_cb(void *ctx, const char *key, const char *etag, uint64_t 
 
 /* ListObjectsV2 of every key starting with `pfx` (full object names). */
 int ckpt_s3_list_objects(struct s3_store *s, const char *pfx, int delim, unsigned max_keys, int one_page,
-		    page_cb cb, void *ctx)
+			 page_cb cb, void *ctx)
 {
 	char *token = NULL;
 	int rc = 0;
@@ -507,7 +507,7 @@ static void take_neighbours(struct s3_store *s, const struct greq *me, uint64_t 
 /* GET [first, last] of `name` into dst through the slot queue, merged with
  * queued neighbours (see the top of the file). */
 int ckpt_s3_coalesced_get(struct s3_store *s, const char *name, const char *key, const struct obj *o,
-		     uint64_t first, uint64_t last, void *dst)
+			  uint64_t first, uint64_t last, void *dst)
 {
 	struct greq me = { NULL, name, key, o, first, last, dst, 0, 0, 0 };
 	pthread_mutex_lock(&s->qmu);

@@ -16,7 +16,7 @@
 /* Next element <tag> (or <tag attr...>) in [p, end): its content in
  * [*c, *ce), *next after the closing tag.  0 found, -1 not. */
 int ckpt_s3_xml_elem(const char *p, const char *end, const char *tag, const char **c, const char **ce,
-		const char **next)
+		     const char **next)
 {
 	size_t tl = strlen(tag);
 	while (p < end) {
@@ -183,7 +183,8 @@ int ckpt_s3_list_parse(const char *body, size_t len, ckpt_s3_list_cb cb, void *c
 		free(key);
 		free(etag);
 	}
-	for (const char *p = b; rc == 0 && ckpt_s3_xml_elem(p, e, "CommonPrefixes", &c, &ce, &nx) == 0; p = nx) {
+	for (const char *p = b; rc == 0 && ckpt_s3_xml_elem(p, e, "CommonPrefixes", &c, &ce, &nx) == 0;
+	     p = nx) {
 		const char *kc, *kce, *kn;
 		if (ckpt_s3_xml_elem(c, ce, "Prefix", &kc, &kce, &kn) != 0)
 			continue;

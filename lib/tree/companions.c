@@ -188,8 +188,9 @@ static int collect(ckpt_view *v, struct node *dir, const char *prefix, struct st
 		char name[VIEW_KEYPATH_MAX];
 		size_t stem;
 		if (k->kind == N_BROKEN) {
-			ckpt_log(CKPT_LOG_ERR, "%s%s%s: unreadable array: no safetensors view of its directory",
-				 prefix, *prefix ? "." : "", k->name);
+			ckpt_log(CKPT_LOG_ERR,
+				 "%s%s%s: unreadable array: no safetensors view of its directory", prefix,
+				 *prefix ? "." : "", k->name);
 			return -EIO; /* never a file that silently leaves an array out */
 		}
 		if (k->kind == N_ARRAY && node_ends_with(k->name, ".npy", &stem)) {
@@ -364,7 +365,8 @@ static int make_widened(ckpt_view *v, struct node *dir, const char *name, size_t
 	memcpy(base, name, stem);
 	memcpy(base + stem, ".npy", 5); /* NAME.npy or NAME[<slice>].npy */
 	const char *br = strchr(base, '[');
-	struct array_node *arr = array_kid(dir, base, br && base[stem - 1] == ']' ? (size_t)(br - base) : stem);
+	struct array_node *arr =
+		array_kid(dir, base, br && base[stem - 1] == ']' ? (size_t)(br - base) : stem);
 	if (!arr)
 		return -ENOENT;
 	const ckpt_array_meta *m = ckpt_array_meta_of(arr->ar->arr);

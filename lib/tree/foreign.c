@@ -85,4 +85,3 @@ const char *ckpt_foreign_what(void)
 	pthread_once(&what_once, what_init);
 	return what_buf;
 }
-

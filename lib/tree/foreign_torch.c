@@ -744,14 +744,14 @@ static int dcp_chunk_st(struct build *b, ckpt_store *src, const char *fkey, uint
 		return -EINVAL;
 	}
 	/* the file's own record of where the shard lies must agree with .metadata */
-	const cJSON *so = cJSON_GetObjectItemCaseSensitive(
-		cJSON_GetObjectItemCaseSensitive(p->shard, e->fqn), "saved_offsets");
+	const cJSON *so = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(p->shard, e->fqn),
+							   "saved_offsets");
 	if (so) {
 		int ok = cJSON_IsArray(so) && cJSON_GetArraySize(so) == e->rank;
 		for (int d = 0; ok && d < e->rank; d++) {
 			const cJSON *v = cJSON_GetArrayItem(so, d);
-			ok = cJSON_IsNumber(v) && v->valuedouble >= 0 && v->valuedouble < 9007199254740992.0 &&
-			     (uint64_t)v->valuedouble == c->offsets[d];
+			ok = cJSON_IsNumber(v) && v->valuedouble >= 0 &&
+			     v->valuedouble < 9007199254740992.0 && (uint64_t)v->valuedouble == c->offsets[d];
 		}
 		if (!ok) {
 			*why = "the saved_offsets of its safetensors data differ from its chunk box";
@@ -1028,7 +1028,8 @@ static int st_shards_of(struct build *b, ckpt_store *src, const char *fkey, cons
 			 (!so || (cJSON_IsArray(so) && cJSON_GetArraySize(so) == t->rank));
 		for (int d = 0; ok && so && d < t->rank; d++) {
 			const cJSON *v = cJSON_GetArrayItem(so, d);
-			ok = cJSON_IsNumber(v) && v->valuedouble >= 0 && v->valuedouble < 9007199254740992.0 &&
+			ok = cJSON_IsNumber(v) && v->valuedouble >= 0 &&
+			     v->valuedouble < 9007199254740992.0 &&
 			     (double)(uint64_t)v->valuedouble == v->valuedouble;
 			off[d] = ok ? (uint64_t)v->valuedouble : 0;
 			ok = ok && off[d] <= UINT64_MAX / 2 && t->shape[d] <= UINT64_MAX / 2;
@@ -1176,7 +1177,8 @@ static int dcp_open(ckpt_store *src, const char *key, const struct ckpt_store_st
 
 const struct ckpt_foreign_fmt ckpt_foreign_dcp = {
 	.name = "torch-dcp",
-	.what = "a PyTorch distributed checkpoint folder (.metadata, or sharded safetensors files with DCP_SHARDING_INFO)",
+	.what = "a PyTorch distributed checkpoint folder (.metadata, or sharded safetensors files with "
+		"DCP_SHARDING_INFO)",
 	.probe = dcp_probe,
 	.open = dcp_open,
 };

@@ -186,11 +186,11 @@ static const struct node_ops broken_ops = {
 	.read = broken_read,
 };
 
-static void add_broken(ckpt_view *v, struct node *dir, const char *where, const char *param, const char *fname,
-		       const char *why, int64_t mtime)
+static void add_broken(ckpt_view *v, struct node *dir, const char *where, const char *param,
+		       const char *fname, const char *why, int64_t mtime)
 {
-	ckpt_log(CKPT_LOG_ERR, "%s: array %s cannot be read (%s): listed as %s, reads answer EIO", where, param,
-		 why, fname);
+	ckpt_log(CKPT_LOG_ERR, "%s: array %s cannot be read (%s): listed as %s, reads answer EIO", where,
+		 param, why, fname);
 	struct node *n = node_new(v, &broken_ops, fname, dir);
 	if (!n)
 		return;

@@ -21,7 +21,8 @@ struct node *view_node(ckpt_view *v, ckpt_ino ino)
 		return NULL;
 	uint64_t i = ino - 1;
 	/* A slot is NULL while its (transient) node is freed and not reused. */
-	struct node *x = __atomic_load_n(&v->pages[i >> PAGE_BITS][i & ((1u << PAGE_BITS) - 1)], __ATOMIC_ACQUIRE);
+	struct node *x =
+		__atomic_load_n(&v->pages[i >> PAGE_BITS][i & ((1u << PAGE_BITS) - 1)], __ATOMIC_ACQUIRE);
 	assert(!x || (x->ino == ino && x->ops && x->ops->kind == x->kind));
 	return x;
 }
@@ -465,7 +466,8 @@ void ckpt_view_forget(ckpt_view *v, ckpt_ino ino, uint64_t nlookup)
 	}
 	if (nlookup > n->nlookup) {
 		ckpt_log(CKPT_LOG_WARN, "forget of %llu references to inode %llu, which has %llu",
-			 (unsigned long long)nlookup, (unsigned long long)ino, (unsigned long long)n->nlookup);
+			 (unsigned long long)nlookup, (unsigned long long)ino,
+			 (unsigned long long)n->nlookup);
 		nlookup = n->nlookup;
 	}
 	n->nlookup -= nlookup;
@@ -511,7 +513,8 @@ int ckpt_view_next_inval(ckpt_view *v, ckpt_ino *parent, char *name, size_t cap)
 	int got = 0;
 	while (n && !got) {
 		struct node *next = n->inval_next;
-		if (v->inval_len > CKPT_VIEW_INVAL_NAMES_CAP && !n->inval_swept && n->parent != CKPT_ROOT_INO) {
+		if (v->inval_len > CKPT_VIEW_INVAL_NAMES_CAP && !n->inval_swept &&
+		    n->parent != CKPT_ROOT_INO) {
 			/* Too many names wait (lookups outrun one invalidation per
 			 * name, each of which waits for the lookups in progress in
 			 * the directory): invalidate the directory's entry. */

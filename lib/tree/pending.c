@@ -58,7 +58,8 @@
  */
 enum ps_state { PS_OPEN, PS_COMMITTING, PS_SEALED, PS_COMMITTED, PS_LOST, PS_ABORTED, PS_NSTATES };
 
-static const char *const ps_names[PS_NSTATES] = { "open", "committing", "sealed", "committed", "lost", "aborted" };
+static const char *const ps_names[PS_NSTATES] = { "open",      "committing", "sealed",
+						  "committed", "lost",	     "aborted" };
 
 /* ps_edges[from] has bit `to` set for every legal edge (table above). */
 static const unsigned ps_edges[PS_NSTATES] = {
@@ -102,8 +103,8 @@ static void ps_set(struct pstep *ps, enum ps_state to)
 {
 	int from = atomic_load(&ps->state);
 	if (from < 0 || from >= PS_NSTATES || !(ps_edges[from] & (1u << to))) {
-		ckpt_log(CKPT_LOG_ERR, "pending step: no edge %s -> %s", from >= 0 && from < PS_NSTATES ? ps_names[from] : "?",
-			 ps_names[to]);
+		ckpt_log(CKPT_LOG_ERR, "pending step: no edge %s -> %s",
+			 from >= 0 && from < PS_NSTATES ? ps_names[from] : "?", ps_names[to]);
 		assert(!"pending step state edge");
 	}
 	atomic_store(&ps->state, (int)to);
@@ -493,8 +494,9 @@ static void pstep_destroy(ckpt_view *v, struct node *n)
 		ckpt_step_info info;
 		ckpt_step_get_info(ps->step, &info);
 		if (info.state == CKPT_STEP_PENDING)
-			ckpt_log(CKPT_LOG_WARN, "step %s was not committed; its data stays in %s (not a step)",
-				 info.name, info.tmp_path);
+			ckpt_log(CKPT_LOG_WARN,
+				 "step %s was not committed; its data stays in %s (not a step)", info.name,
+				 info.tmp_path);
 	}
 	ckpt_step_destroy(ps->step);
 	/* never committed: its objects are not a step; take them back */
@@ -698,7 +700,8 @@ int ckpt_view_mkdir(ckpt_view *v, ckpt_ino parent, const char *name, ckpt_attr *
 			rc = dir->kind == N_PSTEP ? ckpt_step_add_item(ps->step, name) : 0;
 			struct node *n = rc == 0 ? node_new(v, &pdir_ops, name, dir) : NULL;
 			if (n) /* shards of a safetensors import (before publication) */
-				to_pdir(n)->is_stdir = dir->kind == N_PDIR && has_suffix(name, ST_DIR_SUFFIX) &&
+				to_pdir(n)->is_stdir = dir->kind == N_PDIR &&
+						       has_suffix(name, ST_DIR_SUFFIX) &&
 						       !(item_of(v, dir) && to_pdir(item_of(v, dir))->stored);
 			if (rc == 0 && (!n || view_add_kid(dir, n) < 0))
 				rc = -ENOMEM;
@@ -783,10 +786,11 @@ static int commit_step(ckpt_view *v, struct node *sn, const char *final, int cop
 	if (rc < 0 && atomic_load(&ps->state) == PS_SEALED) {
 		/* object store: committed here, not sent; the staged copy is gone */
 		ps_set(ps, PS_LOST);
-		ckpt_log(CKPT_LOG_ERR,
-			 "step %s: upload failed: %s; nothing of the step is kept (what was sent is deleted): "
-			 "rmdir it and write it again",
-			 sn->name, strerror(-rc));
+		ckpt_log(
+			CKPT_LOG_ERR,
+			"step %s: upload failed: %s; nothing of the step is kept (what was sent is deleted): "
+			"rmdir it and write it again",
+			sn->name, strerror(-rc));
 		return rc;
 	}
 	if (rc < 0) {
@@ -971,7 +975,8 @@ static int new_pfile(ckpt_view *v, struct node *dir, const char *name, struct no
 			rc = make_dirs(ps, rel);
 		int fd = rc ? rc : raw_open(ps, rel, O_WRONLY | O_CREAT | O_TRUNC);
 		if (fd < 0) {
-			ckpt_log(CKPT_LOG_ERR, "%s: cannot create it in the tmp folder: %s", rel, strerror(-fd));
+			ckpt_log(CKPT_LOG_ERR, "%s: cannot create it in the tmp folder: %s", rel,
+				 strerror(-fd));
 			return fd;
 		}
 		close(fd);
@@ -1020,8 +1025,7 @@ static int new_pfile_as(ckpt_view *v, struct node *dir, const char *name, const 
 	if (up && up->kind == N_PSTEP && !strcmp(eff, ckpt_step_json_file(dir->name))) {
 		/* The JSON file of a JSON item (Orbax's JsonCheckpointHandler). */
 		if (content_kids(dir)) {
-			ckpt_log(CKPT_LOG_ERR, "%s/%s: a JSON item holds only its JSON file", dir->name,
-				 eff);
+			ckpt_log(CKPT_LOG_ERR, "%s/%s: a JSON item holds only its JSON file", dir->name, eff);
 			return -EINVAL;
 		}
 		int rc = ckpt_step_set_json(ps->step, dir->name, "", 0);
@@ -1058,8 +1062,7 @@ static int new_pfile_as(ckpt_view *v, struct node *dir, const char *name, const 
 		char base[VIEW_NAME_BUF];
 		size_t stem = len - 4;
 		if ((size_t)(br - eff) + 5 > sizeof(base) || eff[stem - 1] != ']') {
-			ckpt_log(CKPT_LOG_ERR, "%s: malformed slice file name (want NAME[<slice>].npy)",
-				 eff);
+			ckpt_log(CKPT_LOG_ERR, "%s: malformed slice file name (want NAME[<slice>].npy)", eff);
 			return -EINVAL;
 		}
 		memcpy(base, eff, (size_t)(br - eff));
@@ -1082,8 +1085,8 @@ static int new_pfile_as(ckpt_view *v, struct node *dir, const char *name, const 
 		ckpt_warray_info info;
 		ckpt_warray_get_info(darr, &info);
 		const char *why = "";
-		int rc = ckpt_slice_parse(br, stem - (size_t)(br - eff), info.rank, info.shape, &region,
-					  &why);
+		int rc =
+			ckpt_slice_parse(br, stem - (size_t)(br - eff), info.rank, info.shape, &region, &why);
 		if (rc < 0) {
 			ckpt_log(CKPT_LOG_ERR, "%s: %s", eff, why);
 			return rc == -ERANGE ? -EINVAL : rc;
@@ -1173,14 +1176,15 @@ static void check_file(struct check *c, struct node *dir, struct pfile_node *f)
 		if (c->copy && dirty)
 			check_fail(c, -EBUSY, "%s/%s: still being copied", dir->name, f->n.name);
 		else if (!st_hdr)
-			check_fail(c, -ENODATA, "%s/%s: created, but its safetensors header was never completed",
+			check_fail(c, -ENODATA,
+				   "%s/%s: created, but its safetensors header was never completed",
 				   dir->name, f->n.name);
 		for (size_t i = 0; c->copy && st_hdr && !c->rc && i < pf->nst; i++) {
 			ckpt_warray_info info;
 			ckpt_warray_get_info(pf->st_arr[i], &info);
 			if (info.bytes_written < info.nbytes)
-				check_fail(c, -ENODATA, "%s/%s: tensor %s not written yet", dir->name, f->n.name,
-					   pf->st[i].name);
+				check_fail(c, -ENODATA, "%s/%s: tensor %s not written yet", dir->name,
+					   f->n.name, pf->st[i].name);
 		}
 		return;
 	}
@@ -1228,7 +1232,8 @@ static void check_index(struct check *c, struct node *stdir)
 	memcpy(stem, stdir->name, sl);
 	stem[sl] = 0;
 	char *kbuf = malloc((size_t)CKPT_ORBAX_MAX_DEPTH * VIEW_NAME_BUF);
-	int rc = kbuf ? key_path(c->v, parent_of(c->v, stdir), stem, &item, keys, types, &depth, kbuf) : -ENOMEM;
+	int rc = kbuf ? key_path(c->v, parent_of(c->v, stdir), stem, &item, keys, types, &depth, kbuf)
+		      : -ENOMEM;
 	const cJSON *t;
 	cJSON_ArrayForEach(t, cJSON_GetObjectItemCaseSensitive(j, "weight_map"))
 	{
@@ -1364,30 +1369,33 @@ static int step_check(ckpt_view *v, struct node *sn, int copy, int log)
 		check_fail(&c, copy ? -EBUSY : -EINVAL, "step %s: the copied %s is not JSON", sn->name,
 			   CKPT_ORBAX_CKPT_METADATA);
 	else if (!cm && copy)
-		check_fail(&c, -EBUSY, "step %s: waiting for the copy's %s", sn->name, CKPT_ORBAX_CKPT_METADATA);
+		check_fail(&c, -EBUSY, "step %s: waiting for the copy's %s", sn->name,
+			   CKPT_ORBAX_CKPT_METADATA);
 	const cJSON *ih = cJSON_GetObjectItemCaseSensitive(cm, "item_handlers");
 	const cJSON *h;
 	cJSON_ArrayForEach(h, ih)
 	{
 		struct node *it = h->string ? view_find_kid(sn, h->string) : NULL;
 		if (!it || it->kind != N_PDIR) {
-			check_fail(&c, -ENODATA, "step %s: item %s (named in the copied %s) is missing", sn->name,
-				   h->string ? h->string : "?", CKPT_ORBAX_CKPT_METADATA);
+			check_fail(&c, -ENODATA, "step %s: item %s (named in the copied %s) is missing",
+				   sn->name, h->string ? h->string : "?", CKPT_ORBAX_CKPT_METADATA);
 		} else if (copy) {
 			/* a copy of the item is whole once its own description (or
 			 * a JSON item's file) is there too */
 			int json = cJSON_IsString(h) && strstr(h->valuestring, "JsonCheckpointHandler");
 			const char *need = json ? ckpt_step_json_file(it->name) : CKPT_ORBAX_METADATA;
 			if (!view_find_kid(it, need))
-				check_fail(&c, -EBUSY, "step %s: waiting for %s/%s", sn->name, it->name, need);
+				check_fail(&c, -EBUSY, "step %s: waiting for %s/%s", sn->name, it->name,
+					   need);
 		}
 	}
 	cJSON_Delete(cm);
 	if (!c.items)
-		check_fail(&c, -EINVAL,
-			   "step %s: nothing to commit (no item holds an array or a JSON file; mkdir %s/state "
-			   "and write arrays into it)",
-			   sn->name, sn->name);
+		check_fail(
+			&c, -EINVAL,
+			"step %s: nothing to commit (no item holds an array or a JSON file; mkdir %s/state "
+			"and write arrays into it)",
+			sn->name, sn->name);
 	return c.rc;
 }
 
@@ -1466,7 +1474,8 @@ static void *copy_thread_main(void *arg)
 			struct dir_node *d = to_dir(root);
 			for (size_t i = 0; i < d->nkids; i++) {
 				struct node *sn = d->kids[i];
-				if (sn->kind != N_PSTEP || frozen(to_pdir(sn)->ps) || atomic_load(&sn->orphan))
+				if (sn->kind != N_PSTEP || frozen(to_pdir(sn)->ps) ||
+				    atomic_load(&sn->orphan))
 					continue;
 				struct pstep *ps = to_pdir(sn)->ps;
 				/* the tools that copied it exited, or a writer that lives on
@@ -1499,7 +1508,8 @@ static void start_copy_thread(ckpt_view *v)
 	if (pthread_create(&v->copy_thread, NULL, copy_thread_main, v) == 0)
 		v->copy_thread_on = 1;
 	else
-		ckpt_log(CKPT_LOG_ERR, "cannot start the thread that commits stored copies: touch the marker");
+		ckpt_log(CKPT_LOG_ERR,
+			 "cannot start the thread that commits stored copies: touch the marker");
 }
 
 void pending_shutdown(ckpt_view *v)
@@ -1540,8 +1550,9 @@ static int read_back(ckpt_view *v, struct node *dir, const char *item, uint8_t *
 		if (k->kind == N_DIR) {
 			rc = read_back(v, k, item, buf, cap, arrays);
 		} else if (k->kind == N_BROKEN) {
-			ckpt_log(CKPT_LOG_ERR, "%s/%s: the stored copy does not read back (the reason is above)",
-				 item, k->name);
+			ckpt_log(CKPT_LOG_ERR,
+				 "%s/%s: the stored copy does not read back (the reason is above)", item,
+				 k->name);
 			rc = -EIO;
 		} else if (k->kind == N_ARRAY) {
 			ckpt_attr a;
@@ -1593,10 +1604,11 @@ static int check_stored(ckpt_view *v, struct node *sn, int quiet)
 				continue;
 			if (quiet)
 				return -EAGAIN;
-			ckpt_log(CKPT_LOG_ERR,
-				 "step %s: item %s holds files that are not .npy arrays, and no %s: it is not "
-				 "an Orbax item (write arrays as NAME.npy, or copy a whole item folder)",
-				 sn->name, it->name, CKPT_ORBAX_METADATA);
+			ckpt_log(
+				CKPT_LOG_ERR,
+				"step %s: item %s holds files that are not .npy arrays, and no %s: it is not "
+				"an Orbax item (write arrays as NAME.npy, or copy a whole item folder)",
+				sn->name, it->name, CKPT_ORBAX_METADATA);
 			return -EINVAL;
 		}
 		ckpt_step_info info;
@@ -1732,7 +1744,8 @@ int ckpt_view_rename(ckpt_view *v, ckpt_ino parent, const char *name, ckpt_ino n
 	else if (n->kind == N_PSTEP && parent == CKPT_ROOT_INO && newparent == CKPT_ROOT_INO &&
 		 !ps_dead(to_pdir(n)->ps)) {
 		struct node *step;
-		if ((atomic_load(&to_pdir(n)->ps->state) == PS_COMMITTING || atomic_load(&to_pdir(n)->ps->state) == PS_SEALED)) {
+		if ((atomic_load(&to_pdir(n)->ps->state) == PS_COMMITTING ||
+		     atomic_load(&to_pdir(n)->ps->state) == PS_SEALED)) {
 			rc = refuse(name, "rename (the step is committing)");
 		} else if (ckpt_orbax_name_ok(CKPT_NAME_STEP, newname, &why)) {
 			rc = commit_step(v, n, newname, 0, &step);
@@ -1795,7 +1808,8 @@ int ckpt_view_unlink(ckpt_view *v, ckpt_ino parent, const char *name)
 		ckpt_warray *arr = pf->is_slice ? NULL : pf->arr;
 		int json = pf->is_json;
 		char raw[VIEW_PATH_MAX];
-		if (pf->is_raw && tmp_file(f->ps, pf->rel, raw, sizeof(raw)) == 0 && unlink(raw) && errno != ENOENT)
+		if (pf->is_raw && tmp_file(f->ps, pf->rel, raw, sizeof(raw)) == 0 && unlink(raw) &&
+		    errno != ENOENT)
 			ckpt_log(CKPT_LOG_WARN, "%s: unlink: %s", raw, strerror(errno));
 		if (pf->is_marker)
 			f->ps->commit_wanted = 0; /* the copy's request to commit is withdrawn */
@@ -1825,7 +1839,8 @@ int ckpt_view_rmdir(ckpt_view *v, ckpt_ino parent, const char *name)
 	int rc;
 	if (!n) {
 		rc = -ENOENT;
-	} else if (n->kind == N_PSTEP && (!ps_dead(to_pdir(n)->ps) || atomic_load(&to_pdir(n)->ps->state) == PS_LOST)) {
+	} else if (n->kind == N_PSTEP &&
+		   (!ps_dead(to_pdir(n)->ps) || atomic_load(&to_pdir(n)->ps->state) == PS_LOST)) {
 		struct pstep *ps = to_pdir(n)->ps;
 		if ((atomic_load(&ps->state) == PS_COMMITTING || atomic_load(&ps->state) == PS_SEALED)) {
 			/* never wait for io_lock here: the commit needs ns_lock to finish */
@@ -2009,7 +2024,8 @@ static int collect_header(ckpt_view *v, struct pfile_node *n, uint64_t off, cons
 	/* Bytes already collected past the header are data. */
 	size_t extra = pf->have > pf->data_off ? pf->have - pf->data_off : 0;
 	if (extra) {
-		rc = ckpt_warray_write_flags(pf->arr, &pf->region, 0, pf->hdr + pf->data_off, extra, same_flag(pf));
+		rc = ckpt_warray_write_flags(pf->arr, &pf->region, 0, pf->hdr + pf->data_off, extra,
+					     same_flag(pf));
 		if (rc < 0)
 			return rc;
 	}
@@ -2105,7 +2121,6 @@ static ssize_t json_write_locked(ckpt_view *v, struct pfile_node *n, uint64_t of
  * as it streams in: nothing is kept beyond the writer's chunk buffers.
  * `__metadata__` is not kept (Orbax has no place for it). */
 
-
 /* The array key path of an imported file: its directory's, then X (from
  * X.safetensors, or from X.safetensors.d/ for a shard). */
 static int st_prefix(ckpt_view *v, struct pfile_node *f, const char **item, const char **keys, int *types,
@@ -2154,7 +2169,8 @@ static int st_declare(ckpt_view *v, struct pfile_node *f)
 			if (q)
 				*q++ = 0;
 			if (d == CKPT_ORBAX_MAX_DEPTH || !*p) {
-				ckpt_log(CKPT_LOG_ERR, "%s: tensor '%s': not a key path (empty part, or too deep)",
+				ckpt_log(CKPT_LOG_ERR,
+					 "%s: tensor '%s': not a key path (empty part, or too deep)",
 					 f->n.name, e->name);
 				rc = -EINVAL;
 				break;
@@ -2168,11 +2184,11 @@ static int st_declare(ckpt_view *v, struct pfile_node *f)
 		if (rc == 0 && ckpt_step_find_array(f->ps->step, item, keys, d))
 			rc = -EEXIST; /* another file's array: names must not collide */
 		if (rc == 0)
-			rc = ckpt_hosts_declare(f->ps->step, item, keys, types, d, e->dtype, e->rank, e->shape,
-						&pf->st_arr[i]);
+			rc = ckpt_hosts_declare(f->ps->step, item, keys, types, d, e->dtype, e->rank,
+						e->shape, &pf->st_arr[i]);
 		if (rc < 0)
-			ckpt_log(CKPT_LOG_ERR, "%s: tensor '%s' cannot be an array of the step: %s", f->n.name,
-				 e->name, strerror(-rc));
+			ckpt_log(CKPT_LOG_ERR, "%s: tensor '%s' cannot be an array of the step: %s",
+				 f->n.name, e->name, strerror(-rc));
 	}
 	if (rc < 0 && pf->st_arr) { /* none: the file may be written again */
 		for (size_t k = 0; k < pf->nst; k++)
@@ -2197,8 +2213,8 @@ static int st_entry_cmp(const void *a, const void *b)
  * relative to the data buffer; *data_size the buffer's size.  The file's
  * final size is not known while it is written: offsets are checked against
  * one another only. */
-static int st_entries_parse(struct pfile_node *f, const char *json, size_t len, ckpt_st_entry **out, size_t *n,
-			    uint64_t *data_size)
+static int st_entries_parse(struct pfile_node *f, const char *json, size_t len, ckpt_st_entry **out,
+			    size_t *n, uint64_t *data_size)
 {
 	ckpt_st_file *stf = NULL;
 	int rc = ckpt_st_parse(json, len, UINT64_MAX, f->n.name, &stf);
@@ -2229,8 +2245,8 @@ static int st_collect(ckpt_view *v, struct pfile_node *f, uint64_t off, const ui
 {
 	struct pfile *pf = &f->pf;
 	if (off > pf->have) {
-		ckpt_log(CKPT_LOG_ERR, "%s: write at %llu before the safetensors header is complete", f->n.name,
-			 (unsigned long long)off);
+		ckpt_log(CKPT_LOG_ERR, "%s: write at %llu before the safetensors header is complete",
+			 f->n.name, (unsigned long long)off);
 		return -EINVAL;
 	}
 	uint64_t need = 8;
@@ -2274,7 +2290,8 @@ static int st_collect(ckpt_view *v, struct pfile_node *f, uint64_t off, const ui
 			       !memcmp(e[i].shape, pf->st[i].shape, sizeof(uint64_t) * (size_t)e[i].rank);
 		st_entries_free(e, n);
 		if (!same) {
-			ckpt_log(CKPT_LOG_ERR, "%s: written again with other tensors; rm it first to import anew",
+			ckpt_log(CKPT_LOG_ERR,
+				 "%s: written again with other tensors; rm it first to import anew",
 				 f->n.name);
 			rc = -EINVAL;
 		}
@@ -2350,7 +2367,8 @@ static ssize_t st_write_locked(ckpt_view *v, struct pfile_node *f, uint64_t off,
 		take = pf->data_off - off < len ? (size_t)(pf->data_off - off) : len;
 		if (memcmp(pf->hdr + off, data, take)) {
 			ckpt_unlock(&pf->mu, CKPT_RANK_PF);
-			ckpt_log(CKPT_LOG_ERR, "%s: the safetensors header cannot change once written", f->n.name);
+			ckpt_log(CKPT_LOG_ERR, "%s: the safetensors header cannot change once written",
+				 f->n.name);
 			return -EINVAL;
 		}
 	}
@@ -2437,15 +2455,16 @@ static ssize_t write_locked(ckpt_view *v, struct pfile_node *n, uint64_t off, co
 		return rc;
 	if (rc == 1 && take < len) {
 		/* pf->arr and pf->region are fixed once data_off is set */
-		rc = ckpt_warray_write_flags(pf->arr, &pf->region, off + take - data_off, data + take, len - take,
-					     same_flag(pf));
+		rc = ckpt_warray_write_flags(pf->arr, &pf->region, off + take - data_off, data + take,
+					     len - take, same_flag(pf));
 		if (rc < 0)
 			return rc;
 	}
 	return (ssize_t)len;
 }
 
-ssize_t ckpt_view_write(ckpt_view *v, ckpt_ino ino, uint64_t off, const void *data, size_t len, unsigned flags)
+ssize_t ckpt_view_write(ckpt_view *v, ckpt_ino ino, uint64_t off, const void *data, size_t len,
+			unsigned flags)
 {
 	struct node *n = view_node(v, ino);
 	if (!n)
@@ -2456,9 +2475,9 @@ ssize_t ckpt_view_write(ckpt_view *v, ckpt_ino ino, uint64_t off, const void *da
 	struct pstep *ps = f->ps;
 	note_writer(ps);
 	ckpt_rdlock(&ps->io_lock, CKPT_RANK_IO);
-	ssize_t rc = ps_dead(ps) || atomic_load(&n->orphan) ? refuse(n->name, "write")
-								       : write_locked(v, f, off, data, len,
-										      (flags & CKPT_WRITE_APPEND) != 0);
+	ssize_t rc = ps_dead(ps) || atomic_load(&n->orphan)
+			     ? refuse(n->name, "write")
+			     : write_locked(v, f, off, data, len, (flags & CKPT_WRITE_APPEND) != 0);
 	ckpt_rwunlock(&ps->io_lock, CKPT_RANK_IO);
 	return rc;
 }

@@ -119,10 +119,10 @@ static ssize_t xattr(ckpt_view *v, ckpt_ino ino, const char *name, char *buf, si
 	/* what ckpt_view_getxattr does for user.* names; no view lock held */
 	ckpt_assert_not_held(CKPT_RANK_NS);
 	struct node *nd = view_node(v, ino);
-	ssize_t n = !nd			? -ENOENT
-		    : node_is_gone(v, nd)	? -ESTALE
-		    : !nd->ops->getxattr ? -ENODATA
-					 : nd->ops->getxattr(v, nd, name, buf, cap - 1);
+	ssize_t n = !nd			  ? -ENOENT
+		    : node_is_gone(v, nd) ? -ESTALE
+		    : !nd->ops->getxattr  ? -ENODATA
+					  : nd->ops->getxattr(v, nd, name, buf, cap - 1);
 	buf[n >= 0 ? (size_t)n : 0] = 0;
 	return n;
 }
@@ -330,8 +330,8 @@ static void print_text(FILE *f, struct info *in, const char *source, const char 
 			if (*r->step)
 				fprintf(f, "step %s, ", r->step);
 			fprintf(f, "item %s\n", *r->item ? r->item : "(source)");
-			fprintf(f, "  %-*s %-*s %-*s %-*s %10s %10s %s\n", kw, "KEY", dw, "DTYPE", sw, "SHAPE", cw,
-				"CHUNKS", "LOGICAL", "STORED", "RATIO");
+			fprintf(f, "  %-*s %-*s %-*s %-*s %10s %10s %s\n", kw, "KEY", dw, "DTYPE", sw,
+				"SHAPE", cw, "CHUNKS", "LOGICAL", "STORED", "RATIO");
 		}
 		fprintf(f, "  %-*s %-*s %-*s %-*s %10s %10s ", kw, r->key, dw, r->dtype, sw, r->shape, cw,
 			r->chunks, ckpt_human(r->logical, a1, sizeof(a1)),
@@ -389,8 +389,8 @@ static void print_json(FILE *f, struct info *in, const char *source, const char 
 		ckpt_json_str(f, r->key);
 		fprintf(f, ", \"dtype\": ");
 		ckpt_json_str(f, r->dtype);
-		fprintf(f, ", \"shape\": %s, \"chunks\": %s, \"shards\": %s, \"codec\": ", r->shape, r->chunks,
-			r->shards);
+		fprintf(f, ", \"shape\": %s, \"chunks\": %s, \"shards\": %s, \"codec\": ", r->shape,
+			r->chunks, r->shards);
 		ckpt_json_str(f, r->codec);
 		fprintf(f, ", \"format\": ");
 		ckpt_json_str(f, r->format);
@@ -428,8 +428,8 @@ static void print_json(FILE *f, struct info *in, const char *source, const char 
 			struct total *t = &groups[g].t[i];
 			fprintf(f, "%s\n  {\"name\": ", i ? "," : "");
 			ckpt_json_str(f, t->name);
-			fprintf(f, ", \"arrays\": %zu, \"logical_bytes\": %llu, \"stored_bytes\": %llu}", t->arrays,
-				(unsigned long long)t->logical, (unsigned long long)t->stored);
+			fprintf(f, ", \"arrays\": %zu, \"logical_bytes\": %llu, \"stored_bytes\": %llu}",
+				t->arrays, (unsigned long long)t->logical, (unsigned long long)t->stored);
 		}
 	}
 	fprintf(f, "],\n \"total\": {\"arrays\": %zu, \"logical_bytes\": %llu, \"stored_bytes\": %llu}}\n",
@@ -630,4 +630,3 @@ int summary_add_files(ckpt_view *v, struct node *meta)
 	}
 	return 0;
 }
-

@@ -226,8 +226,8 @@ static ssize_t array_read(ckpt_view *v, struct node *node, uint64_t off, size_t 
 	}
 	if (done < len) {
 		ssize_t r = n->widen ? widen_read(n, off + done - n->hdrlen, len - done, dst + done)
-				     : ckpt_array_read(n->ar->arr, &n->region, off + done - n->hdrlen, len - done,
-						       dst + done);
+				     : ckpt_array_read(n->ar->arr, &n->region, off + done - n->hdrlen,
+						       len - done, dst + done);
 		if (r < 0)
 			return r;
 		done += (size_t)r;

@@ -15,7 +15,7 @@ static const char *const array_xattrs[] = { "user.ckpt.dtype",	"user.ckpt.shape"
 					    "user.ckpt.chunks", "user.ckpt.codec",
 					    "user.ckpt.format", "user.ckpt.stored_bytes",
 					    "user.ckpt.shards", "user.ckpt.sharding",
-					    "user.ckpt.slice", "user.ckpt.checksum" };
+					    "user.ckpt.slice",	"user.ckpt.checksum" };
 
 /* Stored units user.ckpt.checksum looks at for a first stored one. */
 #define CHECKSUM_PROBE_UNITS 64
@@ -93,15 +93,16 @@ static int first_frame_checksummed(const ckpt_array_meta *m, ckpt_store *s, cons
 	for (int u = 0; u < CHECKSUM_PROBE_UNITS; u++) {
 		char key[VIEW_PATH_MAX];
 		uint64_t size;
-		if (ckpt_zarr_unit_key(m, prefix, g, key, sizeof(key)) >= 0 && ckpt_store_size(s, key, &size) == 0) {
+		if (ckpt_zarr_unit_key(m, prefix, g, key, sizeof(key)) >= 0 &&
+		    ckpt_store_size(s, key, &size) == 0) {
 			uint64_t off = 0;
 			if (m->sharded) {
 				uint64_t isize = 16 * m->inner_per_shard + (m->index_crc ? 4 : 0);
 				if (size < isize || isize > (64u << 20))
 					return -1;
 				uint8_t *ix = malloc((size_t)isize);
-				if (!ix || ckpt_store_read(s, key, m->index_at_start ? 0 : size - isize, (size_t)isize,
-							   ix) != (ssize_t)isize) {
+				if (!ix || ckpt_store_read(s, key, m->index_at_start ? 0 : size - isize,
+							   (size_t)isize, ix) != (ssize_t)isize) {
 					free(ix);
 					return -1;
 				}
@@ -111,7 +112,8 @@ static int first_frame_checksummed(const ckpt_array_meta *m, ckpt_store *s, cons
 				free(ix);
 			}
 			uint8_t h[5];
-			if (off != UINT64_MAX && ckpt_store_read(s, key, off, sizeof(h), h) == (ssize_t)sizeof(h) &&
+			if (off != UINT64_MAX &&
+			    ckpt_store_read(s, key, off, sizeof(h), h) == (ssize_t)sizeof(h) &&
 			    (h[0] | h[1] << 8 | h[2] << 16 | (uint32_t)h[3] << 24) == ZSTD_MAGIC)
 				return (h[4] & ZSTD_FHD_CHECKSUM) != 0;
 			if (off != UINT64_MAX)
@@ -175,7 +177,8 @@ ssize_t array_getxattr(ckpt_view *v, struct node *node, const char *name, char *
 	char val[XATTR_VAL_MAX];
 	int len = -ENODATA;
 	if (!strcmp(name, "user.ckpt.dtype")) {
-		len = snprintf(val, sizeof(val), "%s", ckpt_dtype_get(n->widen ? CKPT_DT_FLOAT32 : m->dtype)->name);
+		len = snprintf(val, sizeof(val), "%s",
+			       ckpt_dtype_get(n->widen ? CKPT_DT_FLOAT32 : m->dtype)->name);
 	} else if (!strcmp(name, "user.ckpt.shape")) {
 		uint64_t s[CKPT_MAX_RANK];
 		for (int d = 0; d < n->region.rank; d++)

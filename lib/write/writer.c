@@ -303,7 +303,9 @@ int ckpt_warray_write_flags(ckpt_warray *a, const ckpt_region *region, uint64_t 
 		ckpt_log(CKPT_LOG_ERR, "writer: %s: write to a removed array", a->relpath);
 		return -ESTALE;
 	}
-	struct wctx w = { .a = a, .src = data, .byte_off = byte_off, .check = (flags & CKPT_WRITE_SAME) != 0 };
+	struct wctx w = {
+		.a = a, .src = data, .byte_off = byte_off, .check = (flags & CKPT_WRITE_SAME) != 0
+	};
 	int rc = ckpt_stream_pieces(&a->grid, &r, byte_off, end, piece_write, &w);
 	if (!rc)
 		CKPT_STAT_ADD(bytes_written, len);

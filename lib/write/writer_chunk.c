@@ -535,8 +535,8 @@ static int spill_run(void *ctx, uint64_t s, uint64_t e)
 static int spill_write(struct ckpt_warray *a, int fd, uint64_t off, struct wlive *l, int reused)
 {
 	int sparse = 1;
-	if (reused && fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, (off_t)off,
-				(off_t)spill_slot_bytes(a)))
+	if (reused &&
+	    fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, (off_t)off, (off_t)spill_slot_bytes(a)))
 		sparse = 0;
 	struct spill_runs r = { .fd = fd, .off = off, .buf = l->buf };
 	int rc = w_cov_each(&l->cov, 0, a->chunk_nbytes, spill_run, &r);

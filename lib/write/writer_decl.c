@@ -386,8 +386,7 @@ static int array_alloc(ckpt_step *st, struct witem *it, char *name, const char *
 	a->ktypes = malloc((size_t)depth * sizeof(int));
 	/* The chunk and shard tables are sparse (writer_table.c): nothing is
 	 * allocated for them until a chunk is written. */
-	if (!a->keys || !a->ktypes ||
-	    asprintf(&a->relpath, "%s/%s", it->name, a->name) < 0) {
+	if (!a->keys || !a->ktypes || asprintf(&a->relpath, "%s/%s", it->name, a->name) < 0) {
 		a->relpath = NULL;
 		goto fail;
 	}
@@ -544,9 +543,8 @@ int ckpt_step_set_json(ckpt_step *st, const char *item, const void *json, size_t
 	if (!rc)
 		it = item_get(st, item, 1, &rc);
 	if (it && (it->narrays || it->stored)) {
-		ckpt_log(CKPT_LOG_ERR,
-			 "writer: %s/%s: the item holds %s; a JSON item holds only its JSON", item,
-			 ckpt_step_json_file(item), it->stored ? "a stored copy" : "arrays");
+		ckpt_log(CKPT_LOG_ERR, "writer: %s/%s: the item holds %s; a JSON item holds only its JSON",
+			 item, ckpt_step_json_file(item), it->stored ? "a stored copy" : "arrays");
 		rc = -EINVAL;
 	} else if (it) {
 		free(it->json);

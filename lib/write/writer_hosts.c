@@ -1198,7 +1198,8 @@ static int merge_array(struct whosts *h, struct ckpt_warray *a, cJSON **done)
 		int pfd = -1;
 		cJSON_ArrayForEach(t, (e ? cJSON_GetObjectItemCaseSensitive(e, "parts") : NULL))
 		{
-			uint64_t i = w_json_to_u64(cJSON_GetArrayItem(t, 0)), off = w_json_to_u64(cJSON_GetArrayItem(t, 1)),
+			uint64_t i = w_json_to_u64(cJSON_GetArrayItem(t, 0)),
+				 off = w_json_to_u64(cJSON_GetArrayItem(t, 1)),
 				 zl = w_json_to_u64(cJSON_GetArrayItem(t, 2));
 			if (i >= a->nchunks || src_find(src, nsrc, i))
 				continue;

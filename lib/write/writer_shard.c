@@ -278,7 +278,8 @@ static void *finish_shards(void *arg)
  */
 static void shard_set_state(struct wshard *sh, enum wsh_state to)
 {
-	assert((sh->state == WSH_OPEN && to == WSH_FINISHED) || (sh->state == WSH_FINISHED && to == WSH_OPEN));
+	assert((sh->state == WSH_OPEN && to == WSH_FINISHED) ||
+	       (sh->state == WSH_FINISHED && to == WSH_OPEN));
 	sh->state = (uint8_t)to;
 }
 

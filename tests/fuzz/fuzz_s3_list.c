@@ -110,9 +110,10 @@ static void round_trip(const uint8_t *data, size_t size)
 			} else {
 				o += sprintf(o, "<Contents><Key>");
 				o = put_key(o, keys[i], lens[i]);
-				o += sprintf(o, "</Key><LastModified>2024-05-01T10:20:30.500Z</LastModified>"
-						"<ETag>&quot;%08x&quot;</ETag><Size>%d</Size>"
-						"<StorageClass>STANDARD</StorageClass></Contents>",
+				o += sprintf(o,
+					     "</Key><LastModified>2024-05-01T10:20:30.500Z</LastModified>"
+					     "<ETag>&quot;%08x&quot;</ETag><Size>%d</Size>"
+					     "<StorageClass>STANDARD</StorageClass></Contents>",
 					     (unsigned)i, i * 1000 + 7);
 			}
 		}

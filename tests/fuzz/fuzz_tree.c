@@ -35,16 +35,46 @@
 /* The names layouts are made of, so that mutations reach deep; the index
  * of each is its byte in the container (append only: seeds depend on it). */
 static const char *const words[] = {
-	"_METADATA",	      "_CHECKPOINT_METADATA", "_sharding",	  "zarr.json",
-	".zarray",	      "manifest.ocdbt",	      "d",		  "commit_success.txt",
-	"orbax.checkpoint",   "ocdbt.process_0",      "ocdbt.process_1",  "state",
-	"metadata",	      "params",		      "opt_state",	  "10",
-	"20",		      "step_30",	      "0",		  "0.0",
-	"c",		      "a",		      "b",		  "array_metadatas",
-	"process_0",	      "_strings.json",	      "descriptor",	  "default",
-	"30.orbax-checkpoint-tmp-1", "40.partial_save", "metrics",	  ".zattrs",
-	"1",		      "0.1",		      "1.0",		  "params.a",
-	"opt_state.b",	      "x",		      "@slice",		  "pytree",
+	"_METADATA",
+	"_CHECKPOINT_METADATA",
+	"_sharding",
+	"zarr.json",
+	".zarray",
+	"manifest.ocdbt",
+	"d",
+	"commit_success.txt",
+	"orbax.checkpoint",
+	"ocdbt.process_0",
+	"ocdbt.process_1",
+	"state",
+	"metadata",
+	"params",
+	"opt_state",
+	"10",
+	"20",
+	"step_30",
+	"0",
+	"0.0",
+	"c",
+	"a",
+	"b",
+	"array_metadatas",
+	"process_0",
+	"_strings.json",
+	"descriptor",
+	"default",
+	"30.orbax-checkpoint-tmp-1",
+	"40.partial_save",
+	"metrics",
+	".zattrs",
+	"1",
+	"0.1",
+	"1.0",
+	"params.a",
+	"opt_state.b",
+	"x",
+	"@slice",
+	"pytree",
 };
 #define NWORDS (sizeof(words) / sizeof(words[0]))
 
@@ -100,7 +130,8 @@ static void check_xattrs(struct walk *w, ckpt_ino ino)
 		if (a > 1) { /* (cap 0 is the probe) */
 			ssize_t c = ckpt_view_getxattr(w->v, ino, p, val, (size_t)a - 1);
 			if (c >= 0) {
-				fprintf(stderr, "fuzz_tree: %s: %zd bytes into a buffer of %zd\n", p, c, a - 1);
+				fprintf(stderr, "fuzz_tree: %s: %zd bytes into a buffer of %zd\n", p, c,
+					a - 1);
 				abort();
 			}
 		}

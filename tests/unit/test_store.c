@@ -540,7 +540,8 @@ static void ob_str(struct obuf *b, const char *s)
 /* magic, length, version 0, no compression, body, CRC-32C */
 static void ob_envelope(struct obuf *out, uint32_t magic, const struct obuf *body)
 {
-	uint8_t m[4] = { (uint8_t)(magic >> 24), (uint8_t)(magic >> 16), (uint8_t)(magic >> 8), (uint8_t)magic };
+	uint8_t m[4] = { (uint8_t)(magic >> 24), (uint8_t)(magic >> 16), (uint8_t)(magic >> 8),
+			 (uint8_t)magic };
 	out->n = 0;
 	ob_put(out, m, 4);
 	uint8_t len[8] = { 0 };
@@ -1038,7 +1039,8 @@ static void *par_thread(void *arg)
 {
 	struct par_job *j = arg;
 	char *buf = malloc(j->range);
-	for (size_t off = (size_t)j->idx * j->range; buf && off < j->size; off += (size_t)j->step * j->range) {
+	for (size_t off = (size_t)j->idx * j->range; buf && off < j->size;
+	     off += (size_t)j->step * j->range) {
 		size_t n = j->size - off < j->range ? j->size - off : j->range;
 		ssize_t g = ckpt_store_read(j->s, j->key, off, j->range, buf);
 		if (g != (ssize_t)n || memcmp(buf, j->want + off, n) != 0) {

@@ -912,7 +912,8 @@ static void test_declared_space_free(void)
 		CHECK_EQ_INT(ckpt_step_add_array(st, "state", k, kt, 1, CKPT_DT_FLOAT32, 1, shape, &a[i]), 0);
 	}
 	uint64_t vm1 = statm_field(0), rss1 = statm_field(1);
-	printf("8 declarations of (2**44,) float32: +%llu KiB virtual, +%llu KiB resident, %llu chunks each\n",
+	printf("8 declarations of (2**44,) float32: +%llu KiB virtual, +%llu KiB resident, %llu chunks "
+	       "each\n",
 	       (unsigned long long)((vm1 - vm0) >> 10), (unsigned long long)((rss1 - rss0) >> 10),
 	       (unsigned long long)a[0]->nchunks);
 	CHECK_EQ_INT(a[0]->nchunks, (uint64_t)1 << 24);
@@ -982,7 +983,8 @@ static void test_spill_sparse(void)
 	struct stat sb;
 	CHECK(st->spill_fd >= 0 && fstat(st->spill_fd, &sb) == 0);
 	uint64_t alloc = (uint64_t)sb.st_blocks * 512;
-	printf("spill: %llu chunks spilled (%llu spills) of 2 KiB written: %llu KiB allocated, %llu KiB file\n",
+	printf("spill: %llu chunks spilled (%llu spills) of 2 KiB written: %llu KiB allocated, %llu KiB "
+	       "file\n",
 	       (unsigned long long)si.spilled_chunks, (unsigned long long)si.spills,
 	       (unsigned long long)(alloc >> 10), (unsigned long long)((uint64_t)sb.st_size >> 10));
 	CHECK(si.spilled_chunks >= 60);

@@ -460,8 +460,9 @@ static void test_fill_int64(void)
 		/* v3, with a decoy "fill_value" inside attributes before the real one */
 		snprintf(json, sizeof(json),
 			 V3_HEAD "\"attributes\":{\"fill_value\":1,\"x\":[\"fill_value\",{}]},"
-			 "\"shape\":[8,6],\"data_type\":\"%s\",\"fill_value\":%s,\"codecs\":[{\"name\":\"bytes\","
-			 "\"configuration\":{\"endian\":\"little\"}}]}",
+				 "\"shape\":[8,6],\"data_type\":\"%s\",\"fill_value\":%s,\"codecs\":[{"
+				 "\"name\":\"bytes\","
+				 "\"configuration\":{\"endian\":\"little\"}}]}",
 			 cases[i].dtype, cases[i].text);
 		CHECK_EQ_INT(fill_text(json, 3, &bits, e, sizeof(e)), 0);
 		unsigned isz = ckpt_dtype_get(ckpt_dtype_from_name(cases[i].dtype))->itemsize;
@@ -515,7 +516,8 @@ static void test_v2_numcodecs(void)
 		"{\"blocksize\":0,\"clevel\":5,\"cname\":\"lz4hc\",\"id\":\"blosc\",\"shuffle\":0}",
 		"{\"blocksize\":256,\"clevel\":1,\"cname\":\"snappy\",\"id\":\"blosc\",\"shuffle\":1}",
 		"{\"blocksize\":0,\"clevel\":9,\"cname\":\"zlib\",\"id\":\"blosc\",\"shuffle\":2}",
-		"{\"blocksize\":0,\"clevel\":3,\"cname\":\"zstd\",\"id\":\"blosc\",\"shuffle\":-1,\"typesize\":4}",
+		"{\"blocksize\":0,\"clevel\":3,\"cname\":\"zstd\",\"id\":\"blosc\",\"shuffle\":-1,"
+		"\"typesize\":4}",
 		"{\"blocksize\":0,\"clevel\":5,\"cname\":\"blosclz\",\"id\":\"blosc\",\"shuffle\":1}",
 		"{\"id\":\"zstd\",\"level\":3}",
 		"{\"checksum\":true,\"id\":\"zstd\",\"level\":3}",
@@ -555,7 +557,8 @@ static void test_v2_numcodecs(void)
 		{ "{\"id\":\"crc32c\",\"location\":\"start\"}", "null", "crc32c" },
 		{ "{\"id\":\"lzma\",\"preset\":1}", "null", "lzma" },
 		{ "null", "[{\"dtype\":\"<f4\",\"id\":\"delta\"}]", "delta" },
-		{ "{\"blocksize\":0,\"clevel\":5,\"cname\":\"lz4\",\"id\":\"blosc\",\"shuffle\":3}", "null", "" },
+		{ "{\"blocksize\":0,\"clevel\":5,\"cname\":\"lz4\",\"id\":\"blosc\",\"shuffle\":3}", "null",
+		  "" },
 	};
 	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
 		char json[512];
@@ -589,22 +592,26 @@ static void test_v3_numcodecs(void)
 		{ "{\"name\":\"numcodecs.gzip\",\"configuration\":{\"level\":9}}", CKPT_B2B_GZIP },
 		{ "{\"name\":\"numcodecs.bz2\",\"configuration\":{\"level\":1}}", CKPT_B2B_BZ2 },
 		{ "{\"name\":\"numcodecs.lz4\",\"configuration\":{\"acceleration\":1}}", CKPT_B2B_LZ4 },
-		{ "{\"name\":\"numcodecs.zstd\",\"configuration\":{\"level\":3,\"checksum\":true}}", CKPT_B2B_ZSTD },
+		{ "{\"name\":\"numcodecs.zstd\",\"configuration\":{\"level\":3,\"checksum\":true}}",
+		  CKPT_B2B_ZSTD },
 		{ "{\"name\":\"numcodecs.zstd\"}", CKPT_B2B_ZSTD },
-		{ "{\"name\":\"numcodecs.blosc\",\"configuration\":{\"cname\":\"zstd\",\"clevel\":5,\"shuffle\":-1,"
+		{ "{\"name\":\"numcodecs.blosc\",\"configuration\":{\"cname\":\"zstd\",\"clevel\":5,"
+		  "\"shuffle\":-1,"
 		  "\"blocksize\":0}}",
 		  CKPT_B2B_BLOSC },
-		{ "{\"name\":\"numcodecs.blosc\",\"configuration\":{\"cname\":\"lz4\",\"clevel\":5,\"shuffle\":2,"
+		{ "{\"name\":\"numcodecs.blosc\",\"configuration\":{\"cname\":\"lz4\",\"clevel\":5,"
+		  "\"shuffle\":2,"
 		  "\"blocksize\":0,\"typesize\":4}}",
 		  CKPT_B2B_BLOSC },
 		{ "{\"name\":\"numcodecs.crc32c\"}", CKPT_B2B_CRC32C },
-		{ "{\"name\":\"numcodecs.crc32c\",\"configuration\":{\"location\":\"end\"}}", CKPT_B2B_CRC32C },
+		{ "{\"name\":\"numcodecs.crc32c\",\"configuration\":{\"location\":\"end\"}}",
+		  CKPT_B2B_CRC32C },
 	};
 	for (size_t i = 0; i < sizeof(ok) / sizeof(ok[0]); i++) {
 		char json[768];
 		snprintf(json, sizeof(json),
 			 V3_HEAD "\"shape\":[8,6],\"data_type\":\"float32\",\"fill_value\":0.0,\"codecs\":["
-			 "{\"name\":\"bytes\",\"configuration\":{\"endian\":\"little\"}},%s]}",
+				 "{\"name\":\"bytes\",\"configuration\":{\"endian\":\"little\"}},%s]}",
 			 ok[i].codec);
 		ckpt_array_meta a;
 		const char *why = "";
@@ -623,7 +630,7 @@ static void test_v3_numcodecs(void)
 		char json[768];
 		snprintf(json, sizeof(json),
 			 V3_HEAD "\"shape\":[8,6],\"data_type\":\"float32\",\"fill_value\":0.0,\"codecs\":["
-			 "{\"name\":\"bytes\",\"configuration\":{\"endian\":\"little\"}},%s]}",
+				 "{\"name\":\"bytes\",\"configuration\":{\"endian\":\"little\"}},%s]}",
 			 bad[i]);
 		ckpt_array_meta a;
 		const char *why = "";
