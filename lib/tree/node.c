@@ -220,6 +220,22 @@ struct node *view_find_kid(struct node *dir, const char *name)
 	return found ? d->kids[pos] : NULL;
 }
 
+int ckpt_node_entry(ckpt_view *v, ckpt_ino ino, uint64_t index, const char **name, ckpt_attr *attr)
+{
+	ckpt_rdlock(&v->ns_lock, CKPT_RANK_NS);
+	struct node *dir = view_node(v, ino);
+	struct node *n = NULL;
+	int rc = !dir || node_is_gone(v, dir) ? -ENOENT
+		 : !dir->ops->readdir	      ? -ENOTDIR
+					      : dir->ops->readdir(v, dir, index, &n);
+	if (rc == 1) {
+		*name = n->name;
+		view_fill_attr(v, n, attr);
+	}
+	ckpt_rwunlock(&v->ns_lock, CKPT_RANK_NS);
+	return rc;
+}
+
 int node_readdir_kids(ckpt_view *v, struct node *dir, uint64_t index, struct node **out)
 {
 	(void)v;

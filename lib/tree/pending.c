@@ -1935,6 +1935,23 @@ static int declare(ckpt_view *v, struct pfile_node *n, const ckpt_npy_info *h)
 	return 0;
 }
 
+/* Header bytes [off, off + n) of a file still collecting its header
+ * (pf->mu held): into pf->hdr, grown as needed. */
+static int hdr_put(struct pfile *pf, uint64_t off, const uint8_t *data, size_t n)
+{
+	if (off + n > pf->cap) {
+		uint8_t *p = realloc(pf->hdr, (size_t)(off + n));
+		if (!p)
+			return -ENOMEM;
+		pf->hdr = p;
+		pf->cap = (size_t)(off + n);
+	}
+	memcpy(pf->hdr + off, data, n);
+	if (off + n > pf->have)
+		pf->have = (size_t)(off + n);
+	return 0;
+}
+
 /* Several files write this array: written bytes must stay as they are. */
 static unsigned same_flag(struct pfile *pf)
 {
@@ -1965,16 +1982,8 @@ static int collect_header(ckpt_view *v, struct pfile_node *n, uint64_t off, cons
 		return -EINVAL;
 	}
 	*take = len < limit - off ? len : (size_t)(limit - off);
-	if (off + *take > pf->cap) {
-		uint8_t *p = realloc(pf->hdr, (size_t)(off + *take));
-		if (!p)
-			return -ENOMEM;
-		pf->hdr = p;
-		pf->cap = (size_t)(off + *take);
-	}
-	memcpy(pf->hdr + off, data, *take);
-	if (off + *take > pf->have)
-		pf->have = (size_t)(off + *take);
+	if (hdr_put(pf, off, data, *take) < 0)
+		return -ENOMEM;
 	ckpt_npy_info h;
 	size_t need = 0;
 	/* Void descrs name no type: '<V2' is bfloat16 (the only 2-byte one);
@@ -2264,16 +2273,8 @@ static int st_collect(ckpt_view *v, struct pfile_node *f, uint64_t off, const ui
 		need = 8 + n;
 	}
 	*take = off + len < need ? len : (size_t)(need - off);
-	if (off + *take > pf->cap) {
-		uint8_t *p = realloc(pf->hdr, (size_t)(off + *take));
-		if (!p)
-			return -ENOMEM;
-		pf->hdr = p;
-		pf->cap = (size_t)(off + *take);
-	}
-	memcpy(pf->hdr + off, data, *take);
-	if (off + *take > pf->have)
-		pf->have = (size_t)(off + *take);
+	if (hdr_put(pf, off, data, *take) < 0)
+		return -ENOMEM;
 	if (need == 8 || pf->have < need) {
 		pf->size = pf->have;
 		return 0;

@@ -191,18 +191,7 @@ static int visit(struct info *in, const char *path, const ckpt_attr *a)
 static int entry(ckpt_view *v, ckpt_ino ino, uint64_t index, const char **name, ckpt_attr *attr)
 {
 	ckpt_assert_not_held(CKPT_RANK_NS);
-	ckpt_rdlock(&v->ns_lock, CKPT_RANK_NS);
-	struct node *dir = view_node(v, ino);
-	struct node *n = NULL;
-	int rc = !dir || node_is_gone(v, dir) ? -ENOENT
-		 : !dir->ops->readdir	      ? -ENOTDIR
-					      : dir->ops->readdir(v, dir, index, &n);
-	if (rc == 1) {
-		*name = n->name;
-		view_fill_attr(v, n, attr);
-	}
-	ckpt_rwunlock(&v->ns_lock, CKPT_RANK_NS);
-	return rc;
+	return ckpt_node_entry(v, ino, index, name, attr);
 }
 
 /* Every entry below dir, depth first in listing order (hidden names are

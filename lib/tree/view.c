@@ -308,18 +308,7 @@ int ckpt_view_readdir(ckpt_view *v, ckpt_ino ino, uint64_t index, const char **n
 {
 	if (ino == CKPT_ROOT_INO && index == 0)
 		root_refresh(v);
-	ckpt_rdlock(&v->ns_lock, CKPT_RANK_NS);
-	struct node *dir = view_node(v, ino);
-	struct node *n = NULL;
-	int rc = !dir || node_is_gone(v, dir) ? -ENOENT
-		 : !dir->ops->readdir	      ? -ENOTDIR
-					      : dir->ops->readdir(v, dir, index, &n);
-	if (rc == 1) {
-		*name = n->name;
-		view_fill_attr(v, n, attr);
-	}
-	ckpt_rwunlock(&v->ns_lock, CKPT_RANK_NS);
-	return rc;
+	return ckpt_node_entry(v, ino, index, name, attr);
 }
 
 int ckpt_view_read_iov(ckpt_view *v, ckpt_ino ino, uint64_t off, size_t len, struct iovec *iov, int max,

@@ -417,6 +417,9 @@ struct node *view_find_kid(struct node *dir, const char *name);
 int node_kid_index(struct node *dir, const char *name, size_t *pos);
 /* Generic readdir of a node with kids. */
 int node_readdir_kids(ckpt_view *v, struct node *dir, uint64_t index, struct node **out);
+/* Entry `index` of directory ino, as ckpt_view_readdir answers it (without
+ * the root's rescan): takes ns_lock shared, so the caller holds no view lock. */
+int ckpt_node_entry(ckpt_view *v, ckpt_ino ino, uint64_t index, const char **name, ckpt_attr *attr);
 /* The hidden-name map (takes dyn_lock itself). */
 struct node *view_dyn_find(ckpt_view *v, ckpt_ino parent, const char *name);
 int view_dyn_add(ckpt_view *v, struct node *n);
