@@ -11,22 +11,8 @@
 #include <sys/types.h>
 
 #include "fuzz.h"
+#include "membuf.h"
 #include "msgpack.h"
-
-struct buf {
-	const uint8_t *p;
-	size_t n;
-};
-
-static ssize_t rd(void *ctx, uint64_t off, size_t len, void *dst)
-{
-	struct buf *b = ctx;
-	if (off >= b->n)
-		return 0;
-	size_t k = b->n - (size_t)off < len ? b->n - (size_t)off : len;
-	memcpy(dst, b->p + off, k);
-	return (ssize_t)k;
-}
 
 static size_t walk(const struct ckpt_mp *m, size_t size, int depth)
 {
@@ -54,11 +40,11 @@ static size_t walk(const struct ckpt_mp *m, size_t size, int depth)
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
-	struct buf b = { data, size };
+	struct ckpt_membuf b = { data, size };
 	(void)ckpt_mp_magic(data, size < 512 ? size : 512);
 	struct ckpt_mp *m = NULL;
 	const char *why = NULL;
-	int rc = ckpt_mp_parse(rd, &b, size, &m, &why);
+	int rc = ckpt_mp_parse(ckpt_membuf_read, &b, size, &m, &why);
 	REQUIRE(rc == 0 || rc == -EINVAL || rc == -ENOMEM);
 	if (rc == 0) {
 		REQUIRE(m);

@@ -13,30 +13,16 @@
 
 #include "fuzz.h"
 #include "npz.h"
+#include "membuf.h"
 #include "zip.h"
-
-struct buf {
-	const uint8_t *p;
-	size_t n;
-};
-
-static ssize_t rd(void *ctx, uint64_t off, size_t len, void *dst)
-{
-	struct buf *b = ctx;
-	if (off >= b->n)
-		return 0;
-	size_t k = b->n - (size_t)off < len ? b->n - (size_t)off : len;
-	memcpy(dst, b->p + off, k);
-	return (ssize_t)k;
-}
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
-	struct buf b = { data, size };
+	struct ckpt_membuf b = { data, size };
 	struct ckpt_zip_dir d;
 	const char *why = NULL;
 	(void)ckpt_zip_magic(data, size);
-	int rc = ckpt_zip_dir_read(rd, &b, size, &d, &why);
+	int rc = ckpt_zip_dir_read(ckpt_membuf_read, &b, size, &d, &why);
 	REQUIRE(rc == 0 || rc == -EINVAL || rc == -ENOMEM);
 	REQUIRE(rc != -EINVAL || why);
 	for (size_t i = 0; rc == 0 && i < d.n; i++) {
@@ -50,7 +36,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		for (int k = 0; k < depth; k++)
 			REQUIRE(*comps[k] && !strchr(comps[k], '/'));
 		uint64_t off;
-		if (ckpt_zip_data_offset(rd, &b, &d, e, &off, &why) != 0)
+		if (ckpt_zip_data_offset(ckpt_membuf_read, &b, &d, e, &off, &why) != 0)
 			continue;
 		REQUIRE(off <= size && size - off >= e->csize);
 		if (e->method != 0)

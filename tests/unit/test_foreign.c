@@ -16,28 +16,14 @@
 #include "npz.h"
 #include "slice.h"
 #include "store.h"
+#include "membuf.h"
 #include "zip.h"
-
-struct buf {
-	const uint8_t *p;
-	size_t n;
-};
-
-static ssize_t rd(void *ctx, uint64_t off, size_t len, void *dst)
-{
-	struct buf *b = ctx;
-	if (off >= b->n)
-		return 0;
-	size_t k = b->n - (size_t)off < len ? b->n - (size_t)off : len;
-	memcpy(dst, b->p + off, k);
-	return (ssize_t)k;
-}
 
 static int mp(const void *p, size_t n, struct ckpt_mp **out)
 {
-	struct buf b = { p, n };
+	struct ckpt_membuf b = { p, n };
 	const char *why;
-	return ckpt_mp_parse(rd, &b, n, out, &why);
+	return ckpt_mp_parse(ckpt_membuf_read, &b, n, out, &why);
 }
 
 static void test_msgpack(void)
@@ -171,41 +157,41 @@ static void test_zip(void)
 	put32(z + o + 12, (uint32_t)(eocd - cd));
 	put32(z + o + 16, (uint32_t)cd);
 	o += 22;
-	struct buf b = { z, o };
+	struct ckpt_membuf b = { z, o };
 	struct ckpt_zip_dir d;
 	const char *why;
 	CHECK(ckpt_zip_magic(z, o));
-	CHECK_EQ_INT(ckpt_zip_dir_read(rd, &b, o, &d, &why), 0);
+	CHECK_EQ_INT(ckpt_zip_dir_read(ckpt_membuf_read, &b, o, &d, &why), 0);
 	CHECK_EQ_INT(d.n, 1);
 	CHECK(strcmp(d.e[0].name, "a.npy") == 0 && d.e[0].csize == 3 && d.e[0].method == 0);
 	uint64_t off;
-	CHECK_EQ_INT(ckpt_zip_data_offset(rd, &b, &d, &d.e[0], &off, &why), 0);
+	CHECK_EQ_INT(ckpt_zip_data_offset(ckpt_membuf_read, &b, &d, &d.e[0], &off, &why), 0);
 	CHECK_EQ_INT(off, 35);
 	ckpt_zip_dir_free(&d);
 	/* a count the directory cannot hold */
 	put16(z + eocd + 8, 0xfff0);
 	put16(z + eocd + 10, 0xfff0);
-	CHECK_EQ_INT(ckpt_zip_dir_read(rd, &b, o, &d, &why), -EINVAL);
+	CHECK_EQ_INT(ckpt_zip_dir_read(ckpt_membuf_read, &b, o, &d, &why), -EINVAL);
 	ckpt_zip_dir_free(&d);
 	put16(z + eocd + 8, 1);
 	put16(z + eocd + 10, 1);
 	/* a member whose size runs past the data */
 	put32(z + cd + 20, 1000);
-	CHECK_EQ_INT(ckpt_zip_dir_read(rd, &b, o, &d, &why), -EINVAL);
+	CHECK_EQ_INT(ckpt_zip_dir_read(ckpt_membuf_read, &b, o, &d, &why), -EINVAL);
 	ckpt_zip_dir_free(&d);
 	put32(z + cd + 20, 3);
 	/* a saturated offset without its ZIP64 extra field */
 	put32(z + cd + 42, 0xffffffffu);
-	CHECK_EQ_INT(ckpt_zip_dir_read(rd, &b, o, &d, &why), -EINVAL);
+	CHECK_EQ_INT(ckpt_zip_dir_read(ckpt_membuf_read, &b, o, &d, &why), -EINVAL);
 	ckpt_zip_dir_free(&d);
 	put32(z + cd + 42, 0);
 	/* a local header naming another member */
 	z[31] = 'X';
-	CHECK_EQ_INT(ckpt_zip_dir_read(rd, &b, o, &d, &why), 0);
-	CHECK_EQ_INT(ckpt_zip_data_offset(rd, &b, &d, &d.e[0], &off, &why), -EINVAL);
+	CHECK_EQ_INT(ckpt_zip_dir_read(ckpt_membuf_read, &b, o, &d, &why), 0);
+	CHECK_EQ_INT(ckpt_zip_data_offset(ckpt_membuf_read, &b, &d, &d.e[0], &off, &why), -EINVAL);
 	ckpt_zip_dir_free(&d);
 	/* no end record */
-	CHECK_EQ_INT(ckpt_zip_dir_read(rd, &b, o - 1, &d, &why), -EINVAL);
+	CHECK_EQ_INT(ckpt_zip_dir_read(ckpt_membuf_read, &b, o - 1, &d, &why), -EINVAL);
 	ckpt_zip_dir_free(&d);
 }
 
