@@ -603,7 +603,7 @@ static int step(struct pm *m, int *done)
 	uint8_t op = *m->p++;
 	int rc;
 	ckpt_pk *a, *b;
-	size_t from, n;
+	size_t from = 0, n = 0;
 	const char *s;
 	int64_t iv;
 
