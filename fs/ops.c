@@ -280,7 +280,7 @@ static void ckfs_op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *
 	/* Revalidates the stored data behind the file: the kernel keeps its
 	 * cached pages (warm re-reads never reach the daemon) unless they may be
 	 * stale. */
-	int changed = ckpt_view_open_file(fs->view, ino);
+	int changed = ckpt_view_open_check(fs->view, ino);
 	if (changed < 0) {
 		reply_err(req, changed);
 		return;

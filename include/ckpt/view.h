@@ -98,7 +98,7 @@ int ckpt_view_getattr(ckpt_view *v, ckpt_ino ino, ckpt_attr *out);
  * kernel may have cached from earlier opens of this inode could be stale
  * (the open must drop them: FUSE keep_cache off), 0 when they may be kept,
  * -ESTALE when the file's step is gone, -ENOENT. */
-int ckpt_view_open_file(ckpt_view *v, ckpt_ino ino);
+int ckpt_view_open_check(ckpt_view *v, ckpt_ino ino);
 
 /* Files opened once whose step vanished from a live root: the kernel may
  * still hold their pages, which an open descriptor reads without asking.

@@ -754,7 +754,7 @@ struct node {
 	uint64_t *mem; /* backing of the arrays above */
 };
 
-static void node_free(struct node *nd)
+static void btree_node_free(struct node *nd)
 {
 	free(nd->tab.e);
 	free(nd->kbuf);
@@ -955,7 +955,7 @@ static int parse_node_body(ckpt_ocdbt *db, struct perr *e, const uint8_t *body, 
 		rc = fail(e, "%zu trailing bytes after the node", rd_left(&r));
 out:
 	if (rc)
-		node_free(nd);
+		btree_node_free(nd);
 	return rc;
 }
 
@@ -1299,7 +1299,7 @@ out:
 	if (rc == -EIO && e.msg[0])
 		ckpt_log(CKPT_LOG_ERR, "ocdbt: %s: B+tree node at offset %llu length %llu: %s",
 			 db->files[gid].abs, (unsigned long long)off, (unsigned long long)len, e.msg);
-	node_free(&nd);
+	btree_node_free(&nd);
 	free(kb);
 	free(nb);
 	free(owned);
@@ -1847,7 +1847,7 @@ static int fuzz_one(const uint8_t *buf, size_t len)
 					rc = parse_node_body(db, &e, body, blen, trans, strlen(trans),
 							     fuzz_lim.node_bytes, &nd);
 					if (!rc)
-						node_free(&nd);
+						btree_node_free(&nd);
 				} else {
 					struct manifest m;
 					rc = parse_manifest_body(db, &e, body, blen, "", 0, pass == 1, &m);

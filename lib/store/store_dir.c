@@ -302,7 +302,7 @@ static void dir_destroy(ckpt_store *s)
 	free(d);
 }
 
-static const struct ckpt_store_ops dir_ops = {
+static const struct ckpt_store_ops ckpt_dir_ops = {
 	.size = dir_size,
 	.read = dir_read,
 	.list = dir_list,
@@ -322,7 +322,7 @@ int ckpt_store_dir_open(const char *dir, ckpt_store **out)
 		close(fd);
 		return -ENOMEM;
 	}
-	d->base.ops = &dir_ops;
+	d->base.ops = &ckpt_dir_ops;
 	d->base.root = strdup(dir);
 	d->dirfd = fd;
 	if (!d->base.root) {

@@ -33,7 +33,7 @@ static struct array_node *array_kid(struct node *dir, const char *name, size_t s
 		return NULL;
 	memcpy(buf, name, stem);
 	memcpy(buf + stem, ".npy", 5);
-	struct node *k = view_find_kid(dir, buf);
+	struct node *k = ckpt_node_find_kid(dir, buf);
 	return k && k->kind == N_ARRAY ? to_array(k) : NULL;
 }
 
@@ -43,7 +43,7 @@ static struct array_node *array_kid(struct node *dir, const char *name, size_t s
  * store size calls run without any view-wide lock). */
 static void list_units(ckpt_view *v, struct shards_node *sd)
 {
-	struct node *an = view_node(v, sd->n.parent);
+	struct node *an = ckpt_node_at(v, sd->n.parent);
 	struct array_node *arr =
 		an ? array_kid(an, sd->n.name, strlen(sd->n.name) - strlen(".shards")) : NULL;
 	if (!arr)
@@ -82,8 +82,8 @@ static void list_units(ckpt_view *v, struct shards_node *sd)
 				empty |= r.start[d] >= r.stop[d];
 			if (len > 0 && !empty) {
 				memcpy(name + len, ".npy", 5);
-				struct node *n = node_new(v, &array_ops, name, &sd->n);
-				if (n && array_node_init(n, arr->ar, &r) == 0)
+				struct node *n = ckpt_node_new(v, &ckpt_array_ops, name, &sd->n);
+				if (n && ckpt_array_node_init(n, arr->ar, &r) == 0)
 					sd->units[sd->nunits++] = n;
 			}
 		}
@@ -166,7 +166,7 @@ static const struct node_ops stdir_ops = {
 	.kind = N_STDIR,
 	.size = sizeof(struct stdir_node),
 	.getattr = dir_attr,
-	.readdir = node_readdir_kids,
+	.readdir = ckpt_node_readdir_kids,
 	.destroy = stdir_destroy,
 };
 
@@ -193,7 +193,7 @@ static int collect(ckpt_view *v, struct node *dir, const char *prefix, struct st
 				 *prefix ? "." : "", k->name);
 			return -EIO; /* never a file that silently leaves an array out */
 		}
-		if (k->kind == N_ARRAY && node_ends_with(k->name, ".npy", &stem)) {
+		if (k->kind == N_ARRAY && ckpt_node_ends_with(k->name, ".npy", &stem)) {
 			int w = snprintf(name, sizeof(name), "%s%s%.*s", prefix, *prefix ? "." : "",
 					 (int)stem, k->name);
 			if (w < 0 || (size_t)w >= sizeof(name))
@@ -238,7 +238,7 @@ static const char *step_of(ckpt_view *v, struct node *n)
 	if (strcmp(v->kind, "root"))
 		return NULL;
 	while (n && n->parent != CKPT_ROOT_INO)
-		n = view_node(v, n->parent);
+		n = ckpt_node_at(v, n->parent);
 	return n && n->ino != CKPT_ROOT_INO ? n->name : NULL;
 }
 
@@ -288,7 +288,7 @@ static int build_safetensors_dir(ckpt_view *v, struct stdir_node *sd, struct nod
 					    CKPT_ST_SKIP_UNSUPPORTED, &sd->sts);
 	}
 	for (size_t i = 0; rc == 0 && i < ckpt_st_sharded_count(sd->sts); i++) {
-		struct node *fn = node_new(v, &st_ops, ckpt_st_sharded_name(sd->sts, i), &sd->d.n);
+		struct node *fn = ckpt_node_new(v, &ckpt_st_ops, ckpt_st_sharded_name(sd->sts, i), &sd->d.n);
 		if (!fn) {
 			rc = -ENOMEM;
 			break;
@@ -300,17 +300,17 @@ static int build_safetensors_dir(ckpt_view *v, struct stdir_node *sd, struct nod
 		f->size = ckpt_st_layout_file_size(f->st);
 		f->stdir = dir;
 		atomic_init(&f->st_next, UINT64_MAX);
-		rc = view_add_kid(&sd->d.n, fn);
+		rc = ckpt_node_add_kid(&sd->d.n, fn);
 	}
 	if (rc == 0) {
 		size_t len;
 		const char *idx = ckpt_st_sharded_index(sd->sts, &len);
-		struct node *f = node_new(v, &file_ops, CKPT_ST_INDEX_NAME, &sd->d.n);
+		struct node *f = ckpt_node_new(v, &ckpt_file_ops, CKPT_ST_INDEX_NAME, &sd->d.n);
 		if (!f || !(to_file(f)->content = strdup(idx)))
 			rc = -ENOMEM;
 		else {
 			to_file(f)->size = len;
-			rc = view_add_kid(&sd->d.n, f);
+			rc = ckpt_node_add_kid(&sd->d.n, f);
 		}
 	}
 	if (rc == 0) {
@@ -331,7 +331,7 @@ static int make_slice(ckpt_view *v, struct node *dir, const char *name, const ch
 	if (!arr) {
 		char base[VIEW_NAME_BUF];
 		snprintf(base, sizeof(base), "%.*s.npy", (int)(br - name), name);
-		struct node *k = view_find_kid(dir, base);
+		struct node *k = ckpt_node_find_kid(dir, base);
 		return k && k->kind == N_BROKEN ? -EIO : -ENOENT; /* an unreadable array's slices too */
 	}
 	const ckpt_array_meta *m = ckpt_array_meta_of(arr->ar->arr);
@@ -342,13 +342,13 @@ static int make_slice(ckpt_view *v, struct node *dir, const char *name, const ch
 		ckpt_log(CKPT_LOG_WARN, "%s: %s", name, why);
 		return rc == -ERANGE ? -ENOENT : -EINVAL;
 	}
-	struct node *n = node_new(v, &array_ops, name, dir);
+	struct node *n = ckpt_node_new(v, &ckpt_array_ops, name, dir);
 	if (!n)
 		return -ENOMEM;
 	n->hidden = 1;
 	n->transient = 1; /* any number of names: freed once the kernel forgets it */
-	if ((rc = array_node_init(n, arr->ar, &r)) < 0) {
-		node_free(v, n);
+	if ((rc = ckpt_array_node_init(n, arr->ar, &r)) < 0) {
+		ckpt_node_free(v, n);
 		return rc;
 	}
 	*out = n;
@@ -381,14 +381,14 @@ static int make_widened(ckpt_view *v, struct node *dir, const char *name, size_t
 	} else {
 		r = arr->region;
 	}
-	struct node *n = node_new(v, &array_ops, name, dir);
+	struct node *n = ckpt_node_new(v, &ckpt_array_ops, name, dir);
 	if (!n)
 		return -ENOMEM;
 	n->hidden = 1;
 	n->transient = 1;
-	int rc = array_node_init_f32(n, arr->ar, &r);
+	int rc = ckpt_array_node_init_f32(n, arr->ar, &r);
 	if (rc < 0) {
-		node_free(v, n);
+		ckpt_node_free(v, n);
 		return rc == -ENOTSUP ? -ENOENT : rc; /* only bfloat16 and float8 widen */
 	}
 	*out = n;
@@ -406,7 +406,7 @@ static int make_safetensors(ckpt_view *v, struct node *dir, const char *name, si
 		return -ENOENT;
 	memcpy(base, name, stem);
 	base[stem] = 0;
-	struct node *sub = stem ? view_find_kid(dir, base) : dir;
+	struct node *sub = stem ? ckpt_node_find_kid(dir, base) : dir;
 	if (!sub || sub->kind != N_DIR)
 		return -ENOENT;
 	if (!stem && dir->ino == CKPT_ROOT_INO && strcmp(v->kind, "root") == 0)
@@ -414,7 +414,7 @@ static int make_safetensors(ckpt_view *v, struct node *dir, const char *name, si
 	int lrc = node_load(v, sub); /* a step of a root builds its kids on first use */
 	if (lrc < 0)
 		return lrc;
-	struct node *n = node_new(v, sharded ? &stdir_ops : &st_ops, name, dir);
+	struct node *n = ckpt_node_new(v, sharded ? &stdir_ops : &ckpt_st_ops, name, dir);
 	if (!n)
 		return -ENOMEM;
 	n->hidden = 1;
@@ -441,13 +441,13 @@ static int meta_dir(ckpt_view *v, struct node *dir, const char *name, struct nod
 static int dir_lookup(ckpt_view *v, struct node *dir, const char *name, struct node **out)
 {
 	size_t stem;
-	if (node_ends_with(name, ".f32.npy", &stem))
+	if (ckpt_node_ends_with(name, ".f32.npy", &stem))
 		return make_widened(v, dir, name, stem, out);
 	const char *br = strchr(name, '[');
-	if (br && node_ends_with(name, ".npy", &stem) && name[stem - 1] == ']')
+	if (br && ckpt_node_ends_with(name, ".npy", &stem) && name[stem - 1] == ']')
 		return make_slice(v, dir, name, br, stem, out);
-	if (node_ends_with(name, ".shards", &stem) && array_kid(dir, name, stem)) {
-		struct node *n = node_new(v, &shards_ops, name, dir);
+	if (ckpt_node_ends_with(name, ".shards", &stem) && array_kid(dir, name, stem)) {
+		struct node *n = ckpt_node_new(v, &shards_ops, name, dir);
 		if (!n)
 			return -ENOMEM;
 		pthread_mutex_init(&to_shards(n)->units_mu, NULL);
@@ -457,14 +457,14 @@ static int dir_lookup(ckpt_view *v, struct node *dir, const char *name, struct n
 	}
 	if (strcmp(name, ".safetensors.d") == 0 || strcmp(name, ".safetensors") == 0) /* dir itself */
 		return make_safetensors(v, dir, name, 0, name[12] == '.', out);
-	if (node_ends_with(name, ".safetensors.d", &stem))
+	if (ckpt_node_ends_with(name, ".safetensors.d", &stem))
 		return make_safetensors(v, dir, name, stem, 1, out);
-	if (node_ends_with(name, ".safetensors", &stem))
+	if (ckpt_node_ends_with(name, ".safetensors", &stem))
 		return make_safetensors(v, dir, name, stem, 0, out);
 	return meta_dir(v, dir, name, out); /* STEP/.ckptfs/ */
 }
 
-/* dir_ops lookup of `name` in dir: for ".ckptfs" in a committed step of a
+/* ckpt_dir_ops lookup of `name` in dir: for ".ckptfs" in a committed step of a
  * root, 0 and a new hidden .ckptfs/ directory holding the summary files
  * (summary.c); -ENOENT otherwise.  Called with ns_lock shared; builds
  * nothing. */
@@ -474,11 +474,11 @@ static int meta_dir(ckpt_view *v, struct node *dir, const char *name, struct nod
 	if (strcmp(name, ".ckptfs") || strcmp(v->kind, "root") || dir->ino == CKPT_ROOT_INO ||
 	    dir->parent != CKPT_ROOT_INO || !strcmp(dir->name, ".ckptfs"))
 		return -ENOENT;
-	struct node *meta = node_new(v, &dir_ops, ".ckptfs", dir);
+	struct node *meta = ckpt_node_new(v, &ckpt_dir_ops, ".ckptfs", dir);
 	if (!meta)
 		return -ENOMEM;
 	meta->hidden = 1;
-	int rc = summary_add_files(v, meta);
+	int rc = ckpt_summary_add_files(v, meta);
 	if (rc < 0)
 		return rc;
 	*out = meta;
@@ -498,12 +498,12 @@ static struct node *companion(ckpt_view *v, struct node *dir, uint64_t c)
 			continue;
 		char name[VIEW_NAME_BUF];
 		size_t stem;
-		if (k->kind == N_ARRAY && node_ends_with(k->name, ".npy", &stem))
+		if (k->kind == N_ARRAY && ckpt_node_ends_with(k->name, ".npy", &stem))
 			snprintf(name, sizeof(name), "%.*s.shards", (int)stem, k->name);
 		else
 			snprintf(name, sizeof(name), "%s.safetensors", k->name);
 		struct node *n;
-		if (node_lookup_locked(v, dir, name, &n) < 0)
+		if (ckpt_node_lookup_locked(v, dir, name, &n) < 0)
 			return NULL;
 		return n;
 	}
@@ -524,7 +524,7 @@ static int dir_readdir(ckpt_view *v, struct node *dir, uint64_t index, struct no
 	return *out != NULL;
 }
 
-const struct node_ops dir_ops = {
+const struct node_ops ckpt_dir_ops = {
 	.kind = N_DIR,
 	.size = sizeof(struct dir_node),
 	.getattr = dir_attr,

@@ -115,7 +115,7 @@ static int64_t commit_time(ckpt_view *v, const char *dir, int64_t fallback)
 static struct node *add_file(ckpt_view *v, struct node *dir, const char *name, const char *key, uint64_t size,
 			     int64_t mtime)
 {
-	struct node *n = node_new(v, &file_ops, name, dir);
+	struct node *n = ckpt_node_new(v, &ckpt_file_ops, name, dir);
 	if (!n)
 		return NULL;
 	struct file_node *f = to_file(n);
@@ -123,7 +123,7 @@ static struct node *add_file(ckpt_view *v, struct node *dir, const char *name, c
 	f->key = strdup(key);
 	f->size = size;
 	n->mtime_ns = mtime;
-	if (!f->key || view_add_kid(dir, n) < 0)
+	if (!f->key || ckpt_node_add_kid(dir, n) < 0)
 		return NULL;
 	return n;
 }
@@ -133,7 +133,7 @@ static void add_file_if(ckpt_view *v, struct node *dirn, const char *dir, const 
 {
 	char k[VIEW_PATH_MAX];
 	struct ckpt_store_stat st;
-	if (view_find_kid(dirn, name) || key_join(k, sizeof(k), dir, name) < 0 ||
+	if (ckpt_node_find_kid(dirn, name) || key_join(k, sizeof(k), dir, name) < 0 ||
 	    ckpt_store_stat(v->src, k, &st) < 0 || st.is_dir)
 		return;
 	add_file(v, dirn, name, k, st.size, mtime);
@@ -141,14 +141,14 @@ static void add_file_if(ckpt_view *v, struct node *dirn, const char *dir, const 
 
 static struct node *add_dir(ckpt_view *v, struct node *parent, const char *name, int64_t mtime)
 {
-	struct node *n = view_find_kid(parent, name);
+	struct node *n = ckpt_node_find_kid(parent, name);
 	if (n)
 		return n->kind == N_DIR ? n : NULL;
-	n = node_new(v, &dir_ops, name, parent);
+	n = ckpt_node_new(v, &ckpt_dir_ops, name, parent);
 	if (!n)
 		return NULL;
 	n->mtime_ns = mtime;
-	if (view_add_kid(parent, n) < 0)
+	if (ckpt_node_add_kid(parent, n) < 0)
 		return NULL;
 	return n;
 }
@@ -191,11 +191,11 @@ static void add_broken(ckpt_view *v, struct node *dir, const char *where, const 
 {
 	ckpt_log(CKPT_LOG_ERR, "%s: array %s cannot be read (%s): listed as %s, reads answer EIO", where,
 		 param, why, fname);
-	struct node *n = node_new(v, &broken_ops, fname, dir);
+	struct node *n = ckpt_node_new(v, &broken_ops, fname, dir);
 	if (!n)
 		return;
 	n->mtime_ns = mtime;
-	view_add_kid(dir, n);
+	ckpt_node_add_kid(dir, n);
 }
 
 /* Add array `param` (store prefix) as file `fname` in dir (store NULL: the
@@ -203,7 +203,7 @@ static void add_broken(ckpt_view *v, struct node *dir, const char *where, const 
 static void add_array(ckpt_view *v, struct node *dir, ckpt_store *store, int ocdbt, const char *param,
 		      const char *fname, int format, int all_stored, const cJSON *sharding, int64_t mtime)
 {
-	if (view_find_kid(dir, fname)) {
+	if (ckpt_node_find_kid(dir, fname)) {
 		ckpt_log(CKPT_LOG_WARN, "%s: name collision for array %s, left out",
 			 store ? store->root : v->src->root, param);
 		return;
@@ -220,7 +220,7 @@ static void add_array(ckpt_view *v, struct node *dir, ckpt_store *store, int ocd
 			   rc == -ENOENT ? "no zarr metadata" : strerror(-rc), mtime);
 		return;
 	}
-	struct aref *ar = view_new_aref(v, arr, ocdbt);
+	struct aref *ar = ckpt_node_new_aref(v, arr, ocdbt);
 	if (!ar) {
 		ckpt_array_destroy(arr);
 		return;
@@ -228,7 +228,7 @@ static void add_array(ckpt_view *v, struct node *dir, ckpt_store *store, int ocd
 	if (v->live) { /* the step it belongs to: its cached data goes when the step is pruned */
 		const struct node *s = dir;
 		while (s && s->parent != CKPT_ROOT_INO)
-			s = view_node(v, s->parent);
+			s = ckpt_node_at(v, s->parent);
 		ckpt_lock(&v->res_lock, CKPT_RANK_RES); /* the aref is listed already */
 		ar->step = s && s->ino != CKPT_ROOT_INO ? s->ino : 0;
 		ckpt_unlock(&v->res_lock, CKPT_RANK_RES);
@@ -240,29 +240,29 @@ static void add_array(ckpt_view *v, struct node *dir, ckpt_store *store, int ocd
 			ar->sharding = strdup(s->valuestring);
 		free(key);
 	}
-	struct node *n = node_new(v, &array_ops, fname, dir);
+	struct node *n = ckpt_node_new(v, &ckpt_array_ops, fname, dir);
 	if (!n)
 		return;
 	const ckpt_array_meta *m = ckpt_array_meta_of(arr);
 	ckpt_region r;
 	ckpt_region_full(&r, m->rank, m->shape);
-	if (array_node_init(n, ar, &r) < 0)
+	if (ckpt_array_node_init(n, ar, &r) < 0)
 		return;
 	n->mtime_ns = mtime;
-	view_add_kid(dir, n);
+	ckpt_node_add_kid(dir, n);
 }
 
 static void add_string_leaf(ckpt_view *v, struct node *dir, const char *fname, const char *value,
 			    int64_t mtime)
 {
-	struct node *n = node_new(v, &file_ops, fname, dir);
+	struct node *n = ckpt_node_new(v, &ckpt_file_ops, fname, dir);
 	if (!n)
 		return;
 	struct file_node *f = to_file(n);
 	f->content = strdup(value);
 	f->size = f->content ? strlen(f->content) : 0;
 	n->mtime_ns = mtime;
-	view_add_kid(dir, n);
+	ckpt_node_add_kid(dir, n);
 }
 
 struct scan_ctx {
@@ -292,7 +292,7 @@ static int scan_cb(void *arg, const char *key, uint64_t size)
 	char esc[VIEW_PATH_MAX];
 	ckpt_orbax_key_escape(param, esc, sizeof(esc)); /* too long: truncated, still unique enough to show */
 	snprintf(fname, sizeof(fname), "%s.npy", esc);
-	if (!view_find_kid(c->dir, fname))
+	if (!ckpt_node_find_kid(c->dir, fname))
 		add_array(c->v, c->dir, c->store, c->ocdbt, param, fname,
 			  strcmp(slash + 1, CKPT_ORBAX_ZARR3_META) ? 2 : 3, 0, NULL, c->mtime);
 	return 0;
@@ -320,7 +320,7 @@ static void build_item_in(ckpt_view *v, struct node *dir, ckpt_store *isrc, cons
 		ckpt_log(CKPT_LOG_ERR, "%s/%s: cannot open the %s store (%s); its arrays answer EIO",
 			 isrc->root, path, ocdbt ? "OCDBT" : "folder", strerror(-rc));
 		store = NULL;
-	} else if (view_own_store(v, store) < 0) {
+	} else if (ckpt_node_own_store(v, store) < 0) {
 		ckpt_store_destroy(store);
 		cJSON_Delete(meta);
 		return;
@@ -425,7 +425,7 @@ static void build_item_in(ckpt_view *v, struct node *dir, ckpt_store *isrc, cons
 				strings = read_json_in(isrc, path, CKPT_ORBAX_STRINGS);
 			const cJSON *s = strings ? cJSON_GetObjectItemCaseSensitive(strings, param) : NULL;
 			snprintf(fname, sizeof(fname), "%s.txt", esc);
-			if (cJSON_IsString(s) && !view_find_kid(d, fname))
+			if (cJSON_IsString(s) && !ckpt_node_find_kid(d, fname))
 				add_string_leaf(v, d, fname, s->valuestring, mtime);
 		}
 		/* "None", "placeholder" and unknown types carry no data. */
@@ -453,7 +453,7 @@ static int build_foreign(ckpt_view *v, struct node *dir, const char *path, const
 	int rc = ckpt_store_stat(v->src, path, &st);
 	if (rc == 0)
 		rc = f->open(v->src, path, &st, &item);
-	if (rc == 0 && (rc = view_own_store(v, item)) < 0)
+	if (rc == 0 && (rc = ckpt_node_own_store(v, item)) < 0)
 		ckpt_store_destroy(item);
 	if (rc < 0) {
 		const char *base = strrchr(path, '/');
@@ -600,7 +600,7 @@ static struct step_node *to_step(struct node *n)
 	return container_of(to_dir(n), struct step_node, d);
 }
 
-void layout_step_touch(ckpt_view *v, struct node *n)
+void ckpt_layout_step_touch(ckpt_view *v, struct node *n)
 {
 	if (n->ops != &step_ops)
 		return;
@@ -619,7 +619,7 @@ static int step_load(ckpt_view *v, struct node *n)
 		return 0;
 	ckpt_lock(&s->load_mu, CKPT_RANK_LOAD);
 	if (!atomic_load_explicit(&s->loaded, memory_order_relaxed)) {
-		layout_step_touch(v, n);
+		ckpt_layout_step_touch(v, n);
 		build_step(v, n, n->name, atomic_load(&s->mtime));
 		atomic_store_explicit(&s->loaded, true, memory_order_release);
 	}
@@ -629,7 +629,7 @@ static int step_load(ckpt_view *v, struct node *n)
 
 static void step_attr(ckpt_view *v, struct node *n, ckpt_attr *a)
 {
-	dir_ops.getattr(v, n, a);
+	ckpt_dir_ops.getattr(v, n, a);
 	a->mtime_ns = atomic_load(&to_step(n)->mtime);
 	if (v->live)
 		a->immutable = 0; /* it may be pruned */
@@ -638,13 +638,13 @@ static void step_attr(ckpt_view *v, struct node *n, ckpt_attr *a)
 static int step_readdir(ckpt_view *v, struct node *dir, uint64_t index, struct node **out)
 {
 	step_load(v, dir);
-	return dir_ops.readdir(v, dir, index, out);
+	return ckpt_dir_ops.readdir(v, dir, index, out);
 }
 
 static int step_lookup(ckpt_view *v, struct node *dir, const char *name, struct node **out)
 {
 	step_load(v, dir);
-	return dir_ops.lookup(v, dir, name, out);
+	return ckpt_dir_ops.lookup(v, dir, name, out);
 }
 
 static void step_destroy(ckpt_view *v, struct node *n)
@@ -666,8 +666,8 @@ static const struct node_ops step_ops = {
 /* A step node of the root, not linked yet. */
 static struct node *new_step_node(ckpt_view *v, const char *name, int64_t mtime)
 {
-	struct node *root = view_node(v, CKPT_ROOT_INO);
-	struct node *n = node_new(v, &step_ops, name, root);
+	struct node *root = ckpt_node_at(v, CKPT_ROOT_INO);
+	struct node *n = ckpt_node_new(v, &step_ops, name, root);
 	if (!n)
 		return NULL;
 	struct step_node *s = to_step(n);
@@ -755,7 +755,7 @@ static void root_entry(ckpt_view *v, void *arg, const char *name, const char *ke
 		return;
 	struct node *step = new_step_node(v, name, st->mtime_ns ? st->mtime_ns : root->mtime_ns);
 	if (step)
-		view_add_kid(root, step);
+		ckpt_node_add_kid(root, step);
 }
 
 struct layout_steps {
@@ -802,7 +802,7 @@ static void free_steps(struct layout_steps *l)
 	free(l);
 }
 
-int layout_list_steps(ckpt_view *v, struct layout_steps **out)
+int ckpt_layout_list_steps(ckpt_view *v, struct layout_steps **out)
 {
 	struct layout_steps *l = calloc(1, sizeof(*l));
 	if (!l)
@@ -818,11 +818,11 @@ int layout_list_steps(ckpt_view *v, struct layout_steps **out)
 	if (ckpt_store_source_is_remote(v->source)) {
 		/* New names only (a step shown stays until it vanishes): drop
 		 * those without their commit marker yet; the next rescan looks again. */
-		struct node *root = view_node(v, CKPT_ROOT_INO);
+		struct node *root = ckpt_node_at(v, CKPT_ROOT_INO);
 		size_t keep = 0;
 		for (size_t i = 0; i < l->n; i++) {
 			ckpt_rdlock(&v->ns_lock, CKPT_RANK_NS);
-			int known = view_find_kid(root, l->names[i]) != NULL;
+			int known = ckpt_node_find_kid(root, l->names[i]) != NULL;
 			ckpt_rwunlock(&v->ns_lock, CKPT_RANK_NS);
 			if (known || step_committed(v, l->names[i])) {
 				l->names[keep] = l->names[i];
@@ -848,7 +848,7 @@ static int listed(const struct layout_steps *l, const char *name)
 /* The root's list of steps has one owner, this file: a pending step
  * (pending.c) only says, through its ops, which final name it takes while
  * it commits. */
-int name_reserved(struct node *root, const char *name)
+int ckpt_name_reserved(struct node *root, const char *name)
 {
 	struct dir_node *d = to_dir(root);
 	for (size_t i = 0; i < d->nkids; i++) {
@@ -860,10 +860,10 @@ int name_reserved(struct node *root, const char *name)
 	return 0;
 }
 
-int layout_apply_steps(ckpt_view *v, struct layout_steps *l)
+int ckpt_layout_apply_steps(ckpt_view *v, struct layout_steps *l)
 {
 	int changes = 0;
-	struct node *root = view_node(v, CKPT_ROOT_INO);
+	struct node *root = ckpt_node_at(v, CKPT_ROOT_INO);
 	struct dir_node *d = to_dir(root);
 	/* Vanished: committed steps no longer in the source.  Pending steps
 	 * live in tmp folders and are never listed. */
@@ -871,7 +871,7 @@ int layout_apply_steps(ckpt_view *v, struct layout_steps *l)
 		struct node *k = d->kids[i];
 		if (k->ops != &step_ops || listed(l, k->name))
 			continue;
-		view_remove_kid(root, k);
+		ckpt_node_remove_kid(root, k);
 		atomic_store(&k->gone, true);
 		atomic_store(&k->orphan, true);
 		changes++;
@@ -880,10 +880,10 @@ int layout_apply_steps(ckpt_view *v, struct layout_steps *l)
 	for (size_t i = 0; i < l->n; i++) {
 		const char *name = l->names[i];
 		/* A step committing through the mount links its own node. */
-		if (view_find_kid(root, name) || name_reserved(root, name))
+		if (ckpt_node_find_kid(root, name) || ckpt_name_reserved(root, name))
 			continue;
 		struct node *n = new_step_node(v, name, l->mtime[i] ? l->mtime[i] : root->mtime_ns);
-		if (!n || view_add_kid(root, n) < 0)
+		if (!n || ckpt_node_add_kid(root, n) < 0)
 			break;
 		changes++;
 		ckpt_log(CKPT_LOG_INFO, "%s: new step %s", v->src->root, name);
@@ -949,7 +949,7 @@ static int build_single_file(ckpt_view *v, const char *source, int remote)
 					   : (*slash = 0, ckpt_store_dir_open(dir, &src)))
 			   : ckpt_store_dir_open(".", &src);
 	}
-	if (rc == 0 && (rc = view_own_store(v, src)) < 0)
+	if (rc == 0 && (rc = ckpt_node_own_store(v, src)) < 0)
 		ckpt_store_destroy(src);
 	if (rc < 0) {
 		free(dir);
@@ -967,13 +967,13 @@ static int build_single_file(ckpt_view *v, const char *source, int remote)
 		return rc < 0 ? rc : -EMEDIUMTYPE;
 	}
 	ckpt_store *item = NULL;
-	if ((rc = f->open(src, name, &st, &item)) == 0 && (rc = view_own_store(v, item)) < 0)
+	if ((rc = f->open(src, name, &st, &item)) == 0 && (rc = ckpt_node_own_store(v, item)) < 0)
 		ckpt_store_destroy(item);
 	free(dir);
 	if (rc < 0)
 		return rc;
 	v->kind = "item";
-	struct node *root = view_node(v, CKPT_ROOT_INO);
+	struct node *root = ckpt_node_at(v, CKPT_ROOT_INO);
 	root->mtime_ns = st.mtime_ns;
 	build_item_in(v, root, item, "", root->mtime_ns);
 	return 0;
@@ -1035,7 +1035,7 @@ static int remote_file(ckpt_view *v, const char *source)
 	return is_file;
 }
 
-int layout_build_view(ckpt_view *v, const char *source, ckpt_store *given)
+int ckpt_layout_build_view(ckpt_view *v, const char *source, ckpt_store *given)
 {
 	struct stat sb;
 	if (!given && !ckpt_store_source_is_remote(source) && stat(source, &sb) == 0 && S_ISREG(sb.st_mode))
@@ -1044,7 +1044,7 @@ int layout_build_view(ckpt_view *v, const char *source, ckpt_store *given)
 	int rc = given ? 0 : ckpt_store_open_source(source, v->opts.store, &src);
 	if (rc < 0)
 		return rc;
-	if ((rc = view_own_store(v, src)) < 0) {
+	if ((rc = ckpt_node_own_store(v, src)) < 0) {
 		ckpt_store_destroy(src);
 		return rc;
 	}
@@ -1054,14 +1054,14 @@ int layout_build_view(ckpt_view *v, const char *source, ckpt_store *given)
 		return rc;
 	if (!st.is_dir)
 		return -ENOTDIR;
-	struct node *root = view_node(v, CKPT_ROOT_INO);
+	struct node *root = ckpt_node_at(v, CKPT_ROOT_INO);
 	int64_t now = st.mtime_ns;
 	const struct ckpt_foreign_fmt *f = ckpt_foreign_probe(src, "", &st);
 	if (f) { /* an item or step in a foreign format (foreign.h) */
 		ckpt_store *item = NULL;
 		if ((rc = f->open(src, "", &st, &item)) < 0)
 			return rc;
-		if ((rc = view_own_store(v, item)) < 0) {
+		if ((rc = ckpt_node_own_store(v, item)) < 0) {
 			ckpt_store_destroy(item);
 			return rc;
 		}
@@ -1114,19 +1114,19 @@ int layout_build_view(ckpt_view *v, const char *source, ckpt_store *given)
 	return for_each_entry(v, "", root_entry, root);
 }
 
-struct node *layout_new_step(ckpt_view *v, const char *name)
+struct node *ckpt_layout_new_step(ckpt_view *v, const char *name)
 {
-	struct node *root = view_node(v, CKPT_ROOT_INO);
+	struct node *root = ckpt_node_at(v, CKPT_ROOT_INO);
 	struct node *step = new_step_node(v, name, root->mtime_ns);
 	if (step)
 		step_load(v, step); /* just committed: read it back now */
 	return step;
 }
 
-struct node *layout_new_item(ckpt_view *v, const char *path)
+struct node *ckpt_layout_new_item(ckpt_view *v, const char *path)
 {
-	struct node *root = view_node(v, CKPT_ROOT_INO);
-	struct node *n = node_new(v, &dir_ops, "item", root);
+	struct node *root = ckpt_node_at(v, CKPT_ROOT_INO);
+	struct node *n = ckpt_node_new(v, &ckpt_dir_ops, "item", root);
 	if (n)
 		build_item(v, n, path, 0);
 	return n;

@@ -14,7 +14,7 @@
 
 /* ---- node table ----------------------------------------------------------- */
 
-struct node *view_node(ckpt_view *v, ckpt_ino ino)
+struct node *ckpt_node_at(ckpt_view *v, ckpt_ino ino)
 {
 	uint64_t n = atomic_load_explicit(&v->count, memory_order_acquire);
 	if (ino == 0 || ino > n)
@@ -27,7 +27,7 @@ struct node *view_node(ckpt_view *v, ckpt_ino ino)
 	return x;
 }
 
-int node_is_gone(ckpt_view *v, const struct node *n)
+int ckpt_node_is_gone(ckpt_view *v, const struct node *n)
 {
 	if (!v->live)
 		return 0;
@@ -35,12 +35,12 @@ int node_is_gone(ckpt_view *v, const struct node *n)
 	while (n && n->ino != CKPT_ROOT_INO) {
 		if (atomic_load_explicit(&n->gone, memory_order_relaxed))
 			return 1;
-		n = view_node(v, n->parent);
+		n = ckpt_node_at(v, n->parent);
 	}
 	return 0;
 }
 
-struct node *node_new(ckpt_view *v, const struct node_ops *ops, const char *name, struct node *parent)
+struct node *ckpt_node_new(ckpt_view *v, const struct node_ops *ops, const char *name, struct node *parent)
 {
 	assert(ops && ops->getattr && ops->size >= sizeof(struct node));
 	assert(!parent || node_has_kids(parent) || parent->kind == N_SHARDS);
@@ -102,14 +102,14 @@ static void node_free_memory(struct node *x)
 	free(x);
 }
 
-void node_free(ckpt_view *v, struct node *n)
+void ckpt_node_free(ckpt_view *v, struct node *n)
 {
 	if (n->ops->destroy)
 		n->ops->destroy(v, n);
 	ckpt_ino ino = n->ino;
 	uint64_t i = ino - 1;
 	ckpt_lock(&v->alloc_lock, CKPT_RANK_ALLOC);
-	assert(view_node(v, ino) == n);
+	assert(ckpt_node_at(v, ino) == n);
 	__atomic_store_n(&v->pages[i >> PAGE_BITS][i & ((1u << PAGE_BITS) - 1)], NULL, __ATOMIC_RELEASE);
 	if (v->nfree == v->capfree) {
 		size_t cap = v->capfree ? v->capfree * 2 : 64;
@@ -125,21 +125,21 @@ void node_free(ckpt_view *v, struct node *n)
 	node_free_memory(n);
 }
 
-void node_release_all(ckpt_view *v)
+void ckpt_node_release_all(ckpt_view *v)
 {
 	uint64_t n = atomic_load(&v->count);
 	for (uint64_t i = 1; i <= n; i++) {
-		struct node *x = view_node(v, i);
+		struct node *x = ckpt_node_at(v, i);
 		if (x && x->ops->destroy)
 			x->ops->destroy(v, x);
 	}
 }
 
-void node_free_all(ckpt_view *v)
+void ckpt_node_free_all(ckpt_view *v)
 {
 	uint64_t n = atomic_load(&v->count);
 	for (uint64_t i = 1; i <= n; i++) {
-		struct node *x = view_node(v, i);
+		struct node *x = ckpt_node_at(v, i);
 		if (x)
 			node_free_memory(x);
 	}
@@ -169,7 +169,7 @@ static size_t kid_pos(const struct dir_node *dir, const char *name, int *found)
 	return lo;
 }
 
-int node_kid_index(struct node *dir, const char *name, size_t *pos)
+int ckpt_node_kid_index(struct node *dir, const char *name, size_t *pos)
 {
 	int found;
 	*pos = kid_pos(to_dir(dir), name, &found);
@@ -179,7 +179,7 @@ int node_kid_index(struct node *dir, const char *name, size_t *pos)
 /* Kids stay sorted (binary insertion).  layout.c fills directories before
  * they are linked; pending.c adds and removes kids of the root and of
  * pending directories at run time, under ns_lock exclusive. */
-void view_remove_kid(struct node *dir, struct node *kid)
+void ckpt_node_remove_kid(struct node *dir, struct node *kid)
 {
 	struct dir_node *d = to_dir(dir);
 	int found;
@@ -190,7 +190,7 @@ void view_remove_kid(struct node *dir, struct node *kid)
 	d->nkids--;
 }
 
-int view_add_kid(struct node *dir, struct node *kid)
+int ckpt_node_add_kid(struct node *dir, struct node *kid)
 {
 	struct dir_node *d = to_dir(dir);
 	assert(!kid->hidden && kid->parent == dir->ino);
@@ -212,7 +212,7 @@ int view_add_kid(struct node *dir, struct node *kid)
 	return 0;
 }
 
-struct node *view_find_kid(struct node *dir, const char *name)
+struct node *ckpt_node_find_kid(struct node *dir, const char *name)
 {
 	struct dir_node *d = to_dir(dir);
 	int found;
@@ -223,20 +223,20 @@ struct node *view_find_kid(struct node *dir, const char *name)
 int ckpt_node_entry(ckpt_view *v, ckpt_ino ino, uint64_t index, const char **name, ckpt_attr *attr)
 {
 	ckpt_rdlock(&v->ns_lock, CKPT_RANK_NS);
-	struct node *dir = view_node(v, ino);
+	struct node *dir = ckpt_node_at(v, ino);
 	struct node *n = NULL;
-	int rc = !dir || node_is_gone(v, dir) ? -ENOENT
-		 : !dir->ops->readdir	      ? -ENOTDIR
-					      : dir->ops->readdir(v, dir, index, &n);
+	int rc = !dir || ckpt_node_is_gone(v, dir) ? -ENOENT
+		 : !dir->ops->readdir		   ? -ENOTDIR
+						   : dir->ops->readdir(v, dir, index, &n);
 	if (rc == 1) {
 		*name = n->name;
-		view_fill_attr(v, n, attr);
+		ckpt_node_fill_attr(v, n, attr);
 	}
 	ckpt_rwunlock(&v->ns_lock, CKPT_RANK_NS);
 	return rc;
 }
 
-int node_readdir_kids(ckpt_view *v, struct node *dir, uint64_t index, struct node **out)
+int ckpt_node_readdir_kids(ckpt_view *v, struct node *dir, uint64_t index, struct node **out)
 {
 	(void)v;
 	struct dir_node *d = to_dir(dir);
@@ -246,7 +246,7 @@ int node_readdir_kids(ckpt_view *v, struct node *dir, uint64_t index, struct nod
 	return 1;
 }
 
-int node_ends_with(const char *s, const char *suffix, size_t *stem)
+int ckpt_node_ends_with(const char *s, const char *suffix, size_t *stem)
 {
 	size_t n = strlen(s), k = strlen(suffix);
 	if (n <= k || strcmp(s + n - k, suffix))
@@ -317,7 +317,7 @@ static int dyn_insert_locked(ckpt_view *v, struct node *n)
 	return 0;
 }
 
-struct node *view_dyn_find(ckpt_view *v, ckpt_ino parent, const char *name)
+struct node *ckpt_node_dyn_find(ckpt_view *v, ckpt_ino parent, const char *name)
 {
 	ckpt_lock(&v->dyn_lock, CKPT_RANK_DYN);
 	struct node *n = dyn_find_locked(v, parent, name);
@@ -325,7 +325,7 @@ struct node *view_dyn_find(ckpt_view *v, ckpt_ino parent, const char *name)
 	return n;
 }
 
-int view_dyn_add(ckpt_view *v, struct node *n)
+int ckpt_node_dyn_add(ckpt_view *v, struct node *n)
 {
 	ckpt_lock(&v->dyn_lock, CKPT_RANK_DYN);
 	int rc = dyn_insert_locked(v, n);
@@ -418,7 +418,7 @@ static int lookup(ckpt_view *v, struct node *dir, const char *name, int ref, str
 	int lrc = node_load(v, dir); /* a committed step of a root builds its kids on first use */
 	if (lrc < 0)
 		return lrc;
-	struct node *n = node_has_kids(dir) ? view_find_kid(dir, name) : NULL;
+	struct node *n = node_has_kids(dir) ? ckpt_node_find_kid(dir, name) : NULL;
 	if (!n) {
 		ckpt_lock(&v->dyn_lock, CKPT_RANK_DYN);
 		n = dyn_find_locked(v, dir->ino, name);
@@ -444,7 +444,7 @@ static int lookup(ckpt_view *v, struct node *dir, const char *name, int ref, str
 				if (dyn_insert_locked(v, made) < 0) {
 					ckpt_unlock(&v->dyn_lock, CKPT_RANK_DYN);
 					if (made->transient)
-						node_free(v, made);
+						ckpt_node_free(v, made);
 					return -ENOMEM;
 				}
 				n = made;
@@ -454,20 +454,20 @@ static int lookup(ckpt_view *v, struct node *dir, const char *name, int ref, str
 			ckpt_unlock(&v->dyn_lock, CKPT_RANK_DYN);
 			/* A racing lookup that lost: its node was never handed out. */
 			if (n != made && made->transient)
-				node_free(v, made);
+				ckpt_node_free(v, made);
 		}
 	}
 	*out = n;
 	return 0;
 }
 
-int node_lookup_locked(ckpt_view *v, struct node *dir, const char *name, struct node **out)
+int ckpt_node_lookup_locked(ckpt_view *v, struct node *dir, const char *name, struct node **out)
 {
 	ckpt_assert_held(CKPT_RANK_NS);
 	return lookup(v, dir, name, 0, out);
 }
 
-int node_lookup_ref(ckpt_view *v, struct node *dir, const char *name, struct node **out)
+int ckpt_node_lookup_ref(ckpt_view *v, struct node *dir, const char *name, struct node **out)
 {
 	return lookup(v, dir, name, 1, out);
 }
@@ -475,7 +475,7 @@ int node_lookup_ref(ckpt_view *v, struct node *dir, const char *name, struct nod
 void ckpt_view_forget(ckpt_view *v, ckpt_ino ino, uint64_t nlookup)
 {
 	ckpt_lock(&v->dyn_lock, CKPT_RANK_DYN);
-	struct node *n = view_node(v, ino);
+	struct node *n = ckpt_node_at(v, ino);
 	if (!n || !n->transient) {
 		ckpt_unlock(&v->dyn_lock, CKPT_RANK_DYN);
 		return; /* other nodes live as long as the view */
@@ -494,7 +494,7 @@ void ckpt_view_forget(ckpt_view *v, ckpt_ino ino, uint64_t nlookup)
 	}
 	ckpt_unlock(&v->dyn_lock, CKPT_RANK_DYN);
 	if (last)
-		node_free(v, n);
+		ckpt_node_free(v, n);
 }
 
 /* Sweep directory p (dyn_lock held): every entry of the list under p that
@@ -534,7 +534,7 @@ int ckpt_view_next_inval(ckpt_view *v, ckpt_ino *parent, char *name, size_t cap)
 			/* Too many names wait (lookups outrun one invalidation per
 			 * name, each of which waits for the lookups in progress in
 			 * the directory): invalidate the directory's entry. */
-			const struct node *p = view_node(v, n->parent);
+			const struct node *p = ckpt_node_at(v, n->parent);
 			size_t len = p ? strlen(p->name) : cap;
 			if (len < cap && p->ino != CKPT_ROOT_INO) {
 				memcpy(name, p->name, len + 1);
@@ -557,7 +557,7 @@ int ckpt_view_next_inval(ckpt_view *v, ckpt_ino *parent, char *name, size_t cap)
 	return got;
 }
 
-void view_fill_attr(ckpt_view *v, struct node *n, ckpt_attr *a)
+void ckpt_node_fill_attr(ckpt_view *v, struct node *n, ckpt_attr *a)
 {
 	memset(a, 0, sizeof(*a));
 	a->ino = n->ino;
@@ -576,7 +576,7 @@ void view_fill_attr(ckpt_view *v, struct node *n, ckpt_attr *a)
 
 /* ---- owned resources ------------------------------------------------------- */
 
-int view_own_store(ckpt_view *v, ckpt_store *s)
+int ckpt_node_own_store(ckpt_view *v, ckpt_store *s)
 {
 	ckpt_lock(&v->res_lock, CKPT_RANK_RES);
 	ckpt_store **p = realloc(v->stores, (v->nstores + 1) * sizeof(*p));
@@ -588,7 +588,7 @@ int view_own_store(ckpt_view *v, ckpt_store *s)
 	return p ? 0 : -ENOMEM;
 }
 
-struct aref *view_new_aref(ckpt_view *v, ckpt_array *arr, int ocdbt)
+struct aref *ckpt_node_new_aref(ckpt_view *v, ckpt_array *arr, int ocdbt)
 {
 	struct aref *ar = calloc(1, sizeof(*ar));
 	if (!ar)

@@ -458,7 +458,7 @@ static int refuse(const char *name, const char *what)
 
 static struct node *parent_of(ckpt_view *v, struct node *n)
 {
-	return view_node(v, n->parent);
+	return ckpt_node_at(v, n->parent);
 }
 
 /* ---- the pending kinds ------------------------------------------------- */
@@ -536,7 +536,7 @@ static const struct node_ops pstep_ops = {
 	.kind = N_PSTEP,
 	.size = sizeof(struct pdir_node),
 	.getattr = pdir_attr,
-	.readdir = node_readdir_kids,
+	.readdir = ckpt_node_readdir_kids,
 	.destroy = pstep_destroy,
 	.reserves = pstep_reserves,
 };
@@ -545,7 +545,7 @@ static const struct node_ops pdir_ops = {
 	.kind = N_PDIR,
 	.size = sizeof(struct pdir_node),
 	.getattr = pdir_attr,
-	.readdir = node_readdir_kids,
+	.readdir = ckpt_node_readdir_kids,
 };
 
 static const struct node_ops pfile_ops = {
@@ -558,7 +558,7 @@ static const struct node_ops pfile_ops = {
 
 int ckpt_view_is_writable(ckpt_view *v, ckpt_ino ino)
 {
-	struct node *n = view_node(v, ino);
+	struct node *n = ckpt_node_at(v, ino);
 	return n && n->kind == N_PFILE && !ps_dead(to_pfile(n)->ps);
 }
 
@@ -573,7 +573,7 @@ static int is_commit_marker(ckpt_view *v, struct node *n)
 
 int ckpt_view_check_writable(ckpt_view *v, ckpt_ino ino)
 {
-	struct node *n = view_node(v, ino);
+	struct node *n = ckpt_node_at(v, ino);
 	if (!n)
 		return -ENOENT;
 	if (n->kind == N_PFILE && !ps_dead(to_pfile(n)->ps) && !atomic_load(&n->orphan))
@@ -603,7 +603,7 @@ static int key_of_name(const char *name, char *buf, size_t cap)
 /* ---- namespace -------------------------------------------------------- */
 
 /* pstep_ops.reserves: the final name of a committing step (ns_lock held);
- * layout.c's name_reserved asks every pending step of the root. */
+ * layout.c's ckpt_name_reserved asks every pending step of the root. */
 static const char *pstep_reserves(struct node *k)
 {
 	struct pstep *ps = to_pdir(k)->ps;
@@ -618,7 +618,7 @@ static int new_step(ckpt_view *v, struct node *root, const char *name, ckpt_attr
 		ckpt_log(CKPT_LOG_ERR, "%s: not a valid step name (%s)", name, why);
 		return -EINVAL;
 	}
-	if (view_find_kid(root, name) || name_reserved(root, name))
+	if (ckpt_node_find_kid(root, name) || ckpt_name_reserved(root, name))
 		return -EEXIST;
 	ckpt_writer_opts o;
 	ckpt_writer_opts_init(&o);
@@ -634,7 +634,7 @@ static int new_step(ckpt_view *v, struct node *root, const char *name, ckpt_attr
 		return rc;
 	}
 	struct pstep *ps = calloc(1, sizeof(*ps));
-	struct node *n = ps ? node_new(v, &pstep_ops, name, root) : NULL;
+	struct node *n = ps ? ckpt_node_new(v, &pstep_ops, name, root) : NULL;
 	if (!n) {
 		ckpt_step_abort(st);
 		ckpt_step_destroy(st);
@@ -657,21 +657,21 @@ static int new_step(ckpt_view *v, struct node *root, const char *name, ckpt_attr
 	atomic_init(&ps->last_op_ns, ckpt_now_ns());
 	atomic_init(&ps->state, PS_OPEN);
 	to_pdir(n)->ps = ps; /* the node owns it from here on */
-	if (view_add_kid(root, n) < 0) {
+	if (ckpt_node_add_kid(root, n) < 0) {
 		ckpt_step_abort(st);
 		ckpt_step_destroy(st);
 		ps->step = NULL;
 		ps_set(ps, PS_ABORTED);
 		return -ENOMEM;
 	}
-	view_fill_attr(v, n, out);
+	ckpt_node_fill_attr(v, n, out);
 	return 0;
 }
 
 int ckpt_view_mkdir(ckpt_view *v, ckpt_ino parent, const char *name, ckpt_attr *out)
 {
 	ckpt_wrlock(&v->ns_lock, CKPT_RANK_NS);
-	struct node *dir = view_node(v, parent);
+	struct node *dir = ckpt_node_at(v, parent);
 	int rc = 0;
 	if (!dir) {
 		rc = -ENOENT;
@@ -683,7 +683,7 @@ int ckpt_view_mkdir(ckpt_view *v, ckpt_ino parent, const char *name, ckpt_attr *
 		const char *why = "";
 		char key[VIEW_NAME_BUF];
 		struct node *jf =
-			dir->kind == N_PDIR ? view_find_kid(dir, ckpt_step_json_file(dir->name)) : NULL;
+			dir->kind == N_PDIR ? ckpt_node_find_kid(dir, ckpt_step_json_file(dir->name)) : NULL;
 		if (dir->kind == N_PSTEP && !ckpt_orbax_name_ok(CKPT_NAME_ITEM, name, &why)) {
 			ckpt_log(CKPT_LOG_ERR, "%s: not a valid item name (%s)", name, why);
 			rc = -EINVAL;
@@ -694,20 +694,20 @@ int ckpt_view_mkdir(ckpt_view *v, ckpt_ino parent, const char *name, ckpt_attr *
 			ckpt_log(CKPT_LOG_ERR, "%s: %s is a JSON item: it holds only %s", name, dir->name,
 				 jf->name);
 			rc = -EINVAL;
-		} else if (view_find_kid(dir, name)) {
+		} else if (ckpt_node_find_kid(dir, name)) {
 			rc = -EEXIST;
 		} else {
 			rc = dir->kind == N_PSTEP ? ckpt_step_add_item(ps->step, name) : 0;
-			struct node *n = rc == 0 ? node_new(v, &pdir_ops, name, dir) : NULL;
+			struct node *n = rc == 0 ? ckpt_node_new(v, &pdir_ops, name, dir) : NULL;
 			if (n) /* shards of a safetensors import (before publication) */
 				to_pdir(n)->is_stdir = dir->kind == N_PDIR &&
 						       has_suffix(name, ST_DIR_SUFFIX) &&
 						       !(item_of(v, dir) && to_pdir(item_of(v, dir))->stored);
-			if (rc == 0 && (!n || view_add_kid(dir, n) < 0))
+			if (rc == 0 && (!n || ckpt_node_add_kid(dir, n) < 0))
 				rc = -ENOMEM;
 			if (rc == 0) {
 				to_pdir(n)->ps = ps;
-				view_fill_attr(v, n, out);
+				ckpt_node_fill_attr(v, n, out);
 				note_writer(ps);
 			}
 		}
@@ -728,11 +728,11 @@ static int check_stored(ckpt_view *v, struct node *sn, int quiet);
 
 static int commit_step(ckpt_view *v, struct node *sn, const char *final, int copy, struct node **committed)
 {
-	struct node *root = view_node(v, CKPT_ROOT_INO);
+	struct node *root = ckpt_node_at(v, CKPT_ROOT_INO);
 	struct pstep *ps = to_pdir(sn)->ps;
 	assert(sn->kind == N_PSTEP && sn->parent == CKPT_ROOT_INO && !frozen(ps) &&
 	       !atomic_load(&sn->orphan));
-	if ((strcmp(sn->name, final) && view_find_kid(root, final)) || name_reserved(root, final)) {
+	if ((strcmp(sn->name, final) && ckpt_node_find_kid(root, final)) || ckpt_name_reserved(root, final)) {
 		ckpt_log(CKPT_LOG_ERR, "step %s: cannot commit as %s: that step exists", sn->name, final);
 		return -EEXIST;
 	}
@@ -779,7 +779,7 @@ static int commit_step(ckpt_view *v, struct node *sn, const char *final, int cop
 	char path[VIEW_PATH_MAX];
 	snprintf(path, sizeof(path), "%s/%s", v->source, final);
 	/* Read the committed step back (not linked yet: nobody sees it). */
-	struct node *n = rc == 0 ? layout_new_step(v, final) : NULL;
+	struct node *n = rc == 0 ? ckpt_layout_new_step(v, final) : NULL;
 
 	ckpt_wrlock(&v->ns_lock, CKPT_RANK_NS);
 	ps->final = NULL;
@@ -800,12 +800,12 @@ static int commit_step(ckpt_view *v, struct node *sn, const char *final, int cop
 				 strerror(-rc));
 		return rc;
 	}
-	view_remove_kid(root, sn);
+	ckpt_node_remove_kid(root, sn);
 	ps_set(ps, PS_COMMITTED);
 	atomic_store(&sn->orphan, true);
 	if (n)
 		n->written_here = 1;
-	if (!n || view_add_kid(root, n) < 0) {
+	if (!n || ckpt_node_add_kid(root, n) < 0) {
 		ckpt_log(CKPT_LOG_ERR, "step %s: committed to %s but cannot be shown; remount to see it",
 			 final, path);
 		return -EIO;
@@ -869,14 +869,14 @@ static struct pfile_node *adopt_decl(ckpt_view *v, struct node *dir, const char 
 	ckpt_warray_info info;
 	ckpt_warray_get_info(arr, &info);
 	int hl = ckpt_npy_header(info.dtype, info.rank, info.shape, hdr, sizeof(hdr));
-	struct node *n = hl > 0 ? node_new(v, &pfile_ops, base, dir) : NULL;
+	struct node *n = hl > 0 ? ckpt_node_new(v, &pfile_ops, base, dir) : NULL;
 	if (!n)
 		return NULL;
 	struct pfile_node *f = to_pfile(n);
 	f->ps = to_pdir(dir)->ps;
 	pthread_mutex_init(&f->pf.mu, NULL);
 	f->pf.hdr = malloc((size_t)hl);
-	if (!f->pf.hdr || view_add_kid(dir, n) < 0)
+	if (!f->pf.hdr || ckpt_node_add_kid(dir, n) < 0)
 		return NULL;
 	memcpy(f->pf.hdr, hdr, (size_t)hl);
 	f->pf.arr = arr;
@@ -949,7 +949,7 @@ static int new_pfile(ckpt_view *v, struct node *dir, const char *name, struct no
 		return -EPERM;
 	}
 	if (st || index) {
-		struct node *n = node_new(v, &pfile_ops, name, dir);
+		struct node *n = ckpt_node_new(v, &pfile_ops, name, dir);
 		if (!n)
 			return -ENOMEM;
 		struct pfile_node *f = to_pfile(n);
@@ -980,7 +980,7 @@ static int new_pfile(ckpt_view *v, struct node *dir, const char *name, struct no
 			return fd;
 		}
 		close(fd);
-		struct node *n = node_new(v, &pfile_ops, name, dir);
+		struct node *n = ckpt_node_new(v, &pfile_ops, name, dir);
 		if (!n)
 			return -ENOMEM;
 		struct pfile_node *f = to_pfile(n);
@@ -1000,7 +1000,7 @@ static int new_pfile(ckpt_view *v, struct node *dir, const char *name, struct no
 	struct node *n = NULL;
 	int rc = 0;
 	if (meta) {
-		n = node_new(v, &pfile_ops, name, dir);
+		n = ckpt_node_new(v, &pfile_ops, name, dir);
 		if (!n)
 			return -ENOMEM;
 		struct pfile_node *f = to_pfile(n);
@@ -1031,7 +1031,7 @@ static int new_pfile_as(ckpt_view *v, struct node *dir, const char *name, const 
 		int rc = ckpt_step_set_json(ps->step, dir->name, "", 0);
 		if (rc < 0)
 			return rc;
-		struct node *n = node_new(v, &pfile_ops, name, dir);
+		struct node *n = ckpt_node_new(v, &pfile_ops, name, dir);
 		if (!n) {
 			ckpt_step_set_json(ps->step, dir->name, NULL, 0);
 			return -ENOMEM;
@@ -1044,7 +1044,7 @@ static int new_pfile_as(ckpt_view *v, struct node *dir, const char *name, const 
 		return 0;
 	}
 	struct node *jf =
-		up && up->kind == N_PSTEP ? view_find_kid(dir, ckpt_step_json_file(dir->name)) : NULL;
+		up && up->kind == N_PSTEP ? ckpt_node_find_kid(dir, ckpt_step_json_file(dir->name)) : NULL;
 	if (jf && jf->kind == N_PFILE && to_pfile(jf)->pf.is_json) {
 		ckpt_log(CKPT_LOG_ERR, "%s: %s is a JSON item: it holds only %s", eff, dir->name, jf->name);
 		return -EINVAL;
@@ -1067,7 +1067,7 @@ static int new_pfile_as(ckpt_view *v, struct node *dir, const char *name, const 
 		}
 		memcpy(base, eff, (size_t)(br - eff));
 		memcpy(base + (br - eff), ".npy", 5);
-		struct node *dn = view_find_kid(dir, base);
+		struct node *dn = ckpt_node_find_kid(dir, base);
 		decl = dn && dn->kind == N_PFILE ? to_pfile(dn) : NULL;
 		if (!dn && ckpt_hosts_is_multi(to_pdir(dir)->ps->step))
 			decl = adopt_decl(v, dir, base);
@@ -1100,7 +1100,7 @@ static int new_pfile_as(ckpt_view *v, struct node *dir, const char *name, const 
 		if (rc < 0)
 			return rc;
 	}
-	struct node *n = node_new(v, &pfile_ops, name, dir);
+	struct node *n = ckpt_node_new(v, &pfile_ops, name, dir);
 	if (!n)
 		return -ENOMEM;
 	struct pfile_node *f = to_pfile(n);
@@ -1214,7 +1214,7 @@ static void check_file(struct check *c, struct node *dir, struct pfile_node *f)
 /* Every tensor the index of an X.safetensors.d/ names was in a shard. */
 static void check_index(struct check *c, struct node *stdir)
 {
-	struct node *ix = view_find_kid(stdir, CKPT_ST_INDEX_NAME);
+	struct node *ix = ckpt_node_find_kid(stdir, CKPT_ST_INDEX_NAME);
 	if (!ix || ix->kind != N_PFILE)
 		return;
 	struct pfile *pf = &to_pfile(ix)->pf;
@@ -1279,7 +1279,7 @@ static void check_dir(struct check *c, struct node *dir, int *content)
  * there is none.  *bad is set when it is there but not JSON. */
 static cJSON *copied_json(struct node *dir, const char *name, int *bad)
 {
-	struct node *k = view_find_kid(dir, name);
+	struct node *k = ckpt_node_find_kid(dir, name);
 	*bad = 0;
 	if (!k || k->kind != N_PFILE || !to_pfile(k)->pf.is_meta)
 		return NULL;
@@ -1375,7 +1375,7 @@ static int step_check(ckpt_view *v, struct node *sn, int copy, int log)
 	const cJSON *h;
 	cJSON_ArrayForEach(h, ih)
 	{
-		struct node *it = h->string ? view_find_kid(sn, h->string) : NULL;
+		struct node *it = h->string ? ckpt_node_find_kid(sn, h->string) : NULL;
 		if (!it || it->kind != N_PDIR) {
 			check_fail(&c, -ENODATA, "step %s: item %s (named in the copied %s) is missing",
 				   sn->name, h->string ? h->string : "?", CKPT_ORBAX_CKPT_METADATA);
@@ -1384,7 +1384,7 @@ static int step_check(ckpt_view *v, struct node *sn, int copy, int log)
 			 * a JSON item's file) is there too */
 			int json = cJSON_IsString(h) && strstr(h->valuestring, "JsonCheckpointHandler");
 			const char *need = json ? ckpt_step_json_file(it->name) : CKPT_ORBAX_METADATA;
-			if (!view_find_kid(it, need))
+			if (!ckpt_node_find_kid(it, need))
 				check_fail(&c, -EBUSY, "step %s: waiting for %s/%s", sn->name, it->name,
 					   need);
 		}
@@ -1429,7 +1429,7 @@ static void apply_copied_meta(struct node *sn)
 	const cJSON *ih = cJSON_GetObjectItemCaseSensitive(cm, "item_handlers"), *h;
 	cJSON_ArrayForEach(h, ih)
 	{
-		struct node *it = h->string ? view_find_kid(sn, h->string) : NULL;
+		struct node *it = h->string ? ckpt_node_find_kid(sn, h->string) : NULL;
 		if (it && it->kind == N_PDIR && cJSON_IsString(h))
 			ckpt_step_set_item_handler(ps->step, it->name, h->valuestring);
 	}
@@ -1468,7 +1468,7 @@ static void *copy_thread_main(void *arg)
 		struct timespec ts = { 0, 100 * 1000 * 1000 };
 		nanosleep(&ts, NULL);
 		ckpt_wrlock(&v->ns_lock, CKPT_RANK_NS);
-		struct node *root = view_node(v, CKPT_ROOT_INO);
+		struct node *root = ckpt_node_at(v, CKPT_ROOT_INO);
 		for (int again = 1; again && !atomic_load(&v->copy_stop);) {
 			again = 0;
 			struct dir_node *d = to_dir(root);
@@ -1512,7 +1512,7 @@ static void start_copy_thread(ckpt_view *v)
 			 "cannot start the thread that commits stored copies: touch the marker");
 }
 
-void pending_shutdown(ckpt_view *v)
+void ckpt_pending_shutdown(ckpt_view *v)
 {
 	if (!v->copy_thread_on)
 		return;
@@ -1556,7 +1556,7 @@ static int read_back(ckpt_view *v, struct node *dir, const char *item, uint8_t *
 			rc = -EIO;
 		} else if (k->kind == N_ARRAY) {
 			ckpt_attr a;
-			view_fill_attr(v, k, &a);
+			ckpt_node_fill_attr(v, k, &a);
 			for (uint64_t off = 0; off < a.size && !rc;) {
 				ssize_t n = k->ops->read(v, k, off, cap, buf);
 				if (n <= 0)
@@ -1589,7 +1589,7 @@ static int check_stored(ckpt_view *v, struct node *sn, int quiet)
 		struct node *it = d->kids[i];
 		if (it->kind != N_PDIR || !to_pdir(it)->stored)
 			continue;
-		if (!view_find_kid(it, CKPT_ORBAX_METADATA)) {
+		if (!ckpt_node_find_kid(it, CKPT_ORBAX_METADATA)) {
 			/* Only an item of some other handler (named so in the copied
 			 * _CHECKPOINT_METADATA) is kept without its _METADATA. */
 			int bad;
@@ -1618,7 +1618,7 @@ static int check_stored(ckpt_view *v, struct node *sn, int quiet)
 		snprintf(path, sizeof(path), "%s/%s", tmp ? tmp + 1 : info.tmp_path, it->name);
 		int was = quiet ? ckpt_log_quiet(1) : 0;
 		uint8_t *buf = malloc((size_t)1 << 20);
-		struct node *n = buf ? layout_new_item(v, path) : NULL;
+		struct node *n = buf ? ckpt_layout_new_item(v, path) : NULL;
 		int arrays = 0;
 		rc = n ? read_back(v, n, it->name, buf, (size_t)1 << 20, &arrays) : -ENOMEM;
 		if (!rc && !arrays) {
@@ -1646,7 +1646,7 @@ static struct node *step_of(ckpt_view *v, struct node *n)
 int ckpt_view_flush(ckpt_view *v, ckpt_ino ino)
 {
 	ckpt_wrlock(&v->ns_lock, CKPT_RANK_NS);
-	struct node *n = view_node(v, ino);
+	struct node *n = ckpt_node_at(v, ino);
 	int rc = 0;
 	if (n && n->kind == N_PFILE && atomic_load(&n->orphan)) {
 		rc = to_pfile(n)->pf.is_marker ? to_pfile(n)->pf.commit_err : 0;
@@ -1664,7 +1664,7 @@ int ckpt_view_flush(ckpt_view *v, ckpt_ino ino)
 					/* not committed: no marker is left behind (touch again to retry) */
 					f->ps->commit_wanted = 0;
 					f->pf.commit_err = rc;
-					view_remove_kid(view_node(v, n->parent), n);
+					ckpt_node_remove_kid(ckpt_node_at(v, n->parent), n);
 					atomic_store(&n->orphan, true);
 				}
 			} else {
@@ -1681,7 +1681,7 @@ int ckpt_view_flush(ckpt_view *v, ckpt_ino ino)
 
 int ckpt_view_setattr_meta(ckpt_view *v, ckpt_ino ino)
 {
-	struct node *n = view_node(v, ino);
+	struct node *n = ckpt_node_at(v, ino);
 	if (!n)
 		return -ENOENT;
 	/* Pending nodes, and those of a step committed through this mount (the
@@ -1699,7 +1699,7 @@ int ckpt_view_setattr_meta(ckpt_view *v, ckpt_ino ino)
 int ckpt_view_create(ckpt_view *v, ckpt_ino parent, const char *name, ckpt_attr *out)
 {
 	ckpt_wrlock(&v->ns_lock, CKPT_RANK_NS);
-	struct node *dir = view_node(v, parent);
+	struct node *dir = ckpt_node_at(v, parent);
 	int rc = 0;
 	int live = dir && (dir->kind == N_PSTEP || dir->kind == N_PDIR) && !frozen(to_pdir(dir)->ps) &&
 		   !atomic_load(&dir->orphan);
@@ -1711,20 +1711,20 @@ int ckpt_view_create(ckpt_view *v, ckpt_ino parent, const char *name, ckpt_attr 
 		     dir->ino != CKPT_ROOT_INO))) {
 		rc = -EEXIST; /* committed already: nothing to do */
 	} else if ((dir->kind == N_PDIR || dir->kind == N_PSTEP) && live) {
-		struct node *n = view_find_kid(dir, name);
+		struct node *n = ckpt_node_find_kid(dir, name);
 		if (!n && dir->kind == N_PDIR)
-			n = view_dyn_find(v, dir->ino, name); /* slice files are hidden names */
+			n = ckpt_node_dyn_find(v, dir->ino, name); /* slice files are hidden names */
 		if (n) {
 			rc = n->kind == N_PFILE ? 0 : -EISDIR;
 		} else {
 			rc = new_pfile(v, dir, name, &n);
 			if (rc == 0)
-				rc = n->hidden ? view_dyn_add(v, n) : view_add_kid(dir, n);
+				rc = n->hidden ? ckpt_node_dyn_add(v, n) : ckpt_node_add_kid(dir, n);
 			if (rc == 0)
 				note_writer(to_pdir(dir)->ps);
 		}
 		if (rc == 0)
-			view_fill_attr(v, n, out);
+			ckpt_node_fill_attr(v, n, out);
 	} else {
 		rc = refuse(name, "create a file");
 	}
@@ -1735,8 +1735,8 @@ int ckpt_view_create(ckpt_view *v, ckpt_ino parent, const char *name, ckpt_attr 
 int ckpt_view_rename(ckpt_view *v, ckpt_ino parent, const char *name, ckpt_ino newparent, const char *newname)
 {
 	ckpt_wrlock(&v->ns_lock, CKPT_RANK_NS);
-	struct node *dir = view_node(v, parent);
-	struct node *n = dir && node_has_kids(dir) ? view_find_kid(dir, name) : NULL;
+	struct node *dir = ckpt_node_at(v, parent);
+	struct node *n = dir && node_has_kids(dir) ? ckpt_node_find_kid(dir, name) : NULL;
 	int rc;
 	const char *why = "";
 	if (!n)
@@ -1757,19 +1757,19 @@ int ckpt_view_rename(ckpt_view *v, ckpt_ino parent, const char *name, ckpt_ino n
 		   !strcmp(to_pfile(n)->pf.final, newname) && !n->hidden && !frozen(to_pfile(n)->ps)) {
 		/* A copy tool's temporary file takes the name it was written as. */
 		struct pfile_node *f = to_pfile(n);
-		char *nn = view_find_kid(dir, newname) ? NULL : strdup(newname);
-		rc = nn ? 0 : view_find_kid(dir, newname) ? -EEXIST : -ENOMEM;
+		char *nn = ckpt_node_find_kid(dir, newname) ? NULL : strdup(newname);
+		rc = nn ? 0 : ckpt_node_find_kid(dir, newname) ? -EEXIST : -ENOMEM;
 		if (rc == 0) {
 			/* no write of the step runs while the name changes (writes read it) */
 			ckpt_wrlock(&f->ps->io_lock, CKPT_RANK_IO);
-			view_remove_kid(dir, n);
+			ckpt_node_remove_kid(dir, n);
 			ckpt_lock(&f->pf.mu, CKPT_RANK_PF);
 			char *old = n->name;
 			n->name = nn;
 			free(f->pf.final);
 			f->pf.final = NULL;
 			ckpt_unlock(&f->pf.mu, CKPT_RANK_PF);
-			rc = view_add_kid(dir, n);
+			rc = ckpt_node_add_kid(dir, n);
 			ckpt_rwunlock(&f->ps->io_lock, CKPT_RANK_IO);
 			free(old);
 			struct node *sn = step_of(v, dir);
@@ -1790,8 +1790,9 @@ int ckpt_view_rename(ckpt_view *v, ckpt_ino parent, const char *name, ckpt_ino n
 int ckpt_view_unlink(ckpt_view *v, ckpt_ino parent, const char *name)
 {
 	ckpt_wrlock(&v->ns_lock, CKPT_RANK_NS);
-	struct node *dir = view_node(v, parent);
-	struct node *n = dir && (dir->kind == N_PDIR || dir->kind == N_DIR) ? view_find_kid(dir, name) : NULL;
+	struct node *dir = ckpt_node_at(v, parent);
+	struct node *n =
+		dir && (dir->kind == N_PDIR || dir->kind == N_DIR) ? ckpt_node_find_kid(dir, name) : NULL;
 	int rc;
 	if (!n) {
 		rc = dir && dir->kind == N_PDIR ? -ENOENT : refuse(name, "remove");
@@ -1823,7 +1824,7 @@ int ckpt_view_unlink(ckpt_view *v, ckpt_ino parent, const char *name)
 			rc = ckpt_step_set_json(f->ps->step, dir->name, NULL, 0);
 		ckpt_rwunlock(&f->ps->io_lock, CKPT_RANK_IO);
 		if (rc == 0) {
-			view_remove_kid(dir, n);
+			ckpt_node_remove_kid(dir, n);
 			atomic_store(&n->orphan, true);
 		}
 	}
@@ -1834,8 +1835,8 @@ int ckpt_view_unlink(ckpt_view *v, ckpt_ino parent, const char *name)
 int ckpt_view_rmdir(ckpt_view *v, ckpt_ino parent, const char *name)
 {
 	ckpt_wrlock(&v->ns_lock, CKPT_RANK_NS);
-	struct node *dir = view_node(v, parent);
-	struct node *n = dir && node_has_kids(dir) ? view_find_kid(dir, name) : NULL;
+	struct node *dir = ckpt_node_at(v, parent);
+	struct node *n = dir && node_has_kids(dir) ? ckpt_node_find_kid(dir, name) : NULL;
 	int rc;
 	if (!n) {
 		rc = -ENOENT;
@@ -1855,7 +1856,7 @@ int ckpt_view_rmdir(ckpt_view *v, ckpt_ino parent, const char *name)
 			ckpt_bg_upload_free(ps->bg, 1); /* aborts and deletes what was sent */
 			ps->bg = NULL;
 			ckpt_rwunlock(&ps->io_lock, CKPT_RANK_IO);
-			view_remove_kid(dir, n);
+			ckpt_node_remove_kid(dir, n);
 			atomic_store(&n->orphan, true);
 			ckpt_log(CKPT_LOG_INFO, "step %s: aborted", name);
 			rc = 0;
@@ -2467,7 +2468,7 @@ static ssize_t write_locked(ckpt_view *v, struct pfile_node *n, uint64_t off, co
 ssize_t ckpt_view_write(ckpt_view *v, ckpt_ino ino, uint64_t off, const void *data, size_t len,
 			unsigned flags)
 {
-	struct node *n = view_node(v, ino);
+	struct node *n = ckpt_node_at(v, ino);
 	if (!n)
 		return -ENOENT;
 	if (n->kind != N_PFILE)
@@ -2485,7 +2486,7 @@ ssize_t ckpt_view_write(ckpt_view *v, ckpt_ino ino, uint64_t off, const void *da
 
 int ckpt_view_truncate(ckpt_view *v, ckpt_ino ino, uint64_t size)
 {
-	struct node *n = view_node(v, ino);
+	struct node *n = ckpt_node_at(v, ino);
 	if (!n)
 		return -ENOENT;
 	if (n->kind != N_PFILE && size == 0 && is_commit_marker(v, n))
@@ -2677,7 +2678,7 @@ static int same_xattr(ckpt_view *v, struct node *n, const char *name, const char
 
 int ckpt_view_setxattr(ckpt_view *v, ckpt_ino ino, const char *name, const char *value, size_t size)
 {
-	struct node *n = view_node(v, ino);
+	struct node *n = ckpt_node_at(v, ino);
 	if (!n)
 		return -ENOENT;
 	/* the attributes a writer may set; the others describe an array */

@@ -118,11 +118,11 @@ static ssize_t xattr(ckpt_view *v, ckpt_ino ino, const char *name, char *buf, si
 {
 	/* what ckpt_view_getxattr does for user.* names; no view lock held */
 	ckpt_assert_not_held(CKPT_RANK_NS);
-	struct node *nd = view_node(v, ino);
-	ssize_t n = !nd			  ? -ENOENT
-		    : node_is_gone(v, nd) ? -ESTALE
-		    : !nd->ops->getxattr  ? -ENODATA
-					  : nd->ops->getxattr(v, nd, name, buf, cap - 1);
+	struct node *nd = ckpt_node_at(v, ino);
+	ssize_t n = !nd			       ? -ENOENT
+		    : ckpt_node_is_gone(v, nd) ? -ESTALE
+		    : !nd->ops->getxattr       ? -ENODATA
+					       : nd->ops->getxattr(v, nd, name, buf, cap - 1);
 	buf[n >= 0 ? (size_t)n : 0] = 0;
 	return n;
 }
@@ -434,7 +434,8 @@ static char *dir_path(ckpt_view *v, ckpt_ino dir)
 	const char *names[256];
 	int k = 0;
 	size_t len = 1;
-	for (struct node *n = view_node(v, dir); n && n->ino != CKPT_ROOT_INO; n = view_node(v, n->parent)) {
+	for (struct node *n = ckpt_node_at(v, dir); n && n->ino != CKPT_ROOT_INO;
+	     n = ckpt_node_at(v, n->parent)) {
 		if (k == 256)
 			return NULL;
 		names[k++] = n->name;
@@ -453,12 +454,12 @@ int ckpt_view_summary(ckpt_view *v, ckpt_ino dir, const char *source, int json, 
 {
 	ckpt_assert_not_held(CKPT_RANK_NS); /* the walk takes it shared, entry by entry */
 	ckpt_attr a;
-	struct node *dn = view_node(v, dir);
+	struct node *dn = ckpt_node_at(v, dir);
 	if (!dn)
 		return -ENOENT;
-	if (node_is_gone(v, dn))
+	if (ckpt_node_is_gone(v, dn))
 		return -ESTALE;
-	view_fill_attr(v, dn, &a);
+	ckpt_node_fill_attr(v, dn, &a);
 	if (!a.is_dir)
 		return -ENOTDIR;
 	int rc = 0;
@@ -531,7 +532,7 @@ static int sum_build(ckpt_view *v, struct node *n)
 	struct sum_node *s = to_sum(n);
 	if (atomic_load_explicit(&s->text, memory_order_acquire))
 		return 0;
-	struct node *meta = view_node(v, n->parent);
+	struct node *meta = ckpt_node_at(v, n->parent);
 	if (!meta)
 		return -ENOENT;
 	char *buf;
@@ -604,16 +605,16 @@ static const struct node_ops sum_ops = {
 	.destroy = sum_destroy,
 };
 
-int summary_add_files(ckpt_view *v, struct node *meta)
+int ckpt_summary_add_files(ckpt_view *v, struct node *meta)
 {
 	static const char *const names[2] = { "summary.txt", "summary.json" };
 	for (int j = 0; j < 2; j++) {
-		struct node *n = node_new(v, &sum_ops, names[j], meta);
+		struct node *n = ckpt_node_new(v, &sum_ops, names[j], meta);
 		if (!n)
 			return -ENOMEM;
 		to_sum(n)->json = j;
 		atomic_init(&to_sum(n)->text, NULL);
-		int rc = view_add_kid(meta, n);
+		int rc = ckpt_node_add_kid(meta, n);
 		if (rc < 0)
 			return rc;
 	}

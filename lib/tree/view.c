@@ -41,8 +41,8 @@ static void queue_gone_files(ckpt_view *v)
 	ckpt_lock(&v->alloc_lock, CKPT_RANK_ALLOC);
 	uint64_t count = atomic_load(&v->count);
 	for (uint64_t i = 1; i <= count; i++) {
-		struct node *x = view_node(v, i);
-		if (!x || atomic_load(&x->kcache) != NODE_OPENED || !node_is_gone(v, x))
+		struct node *x = ckpt_node_at(v, i);
+		if (!x || atomic_load(&x->kcache) != NODE_OPENED || !ckpt_node_is_gone(v, x))
 			continue;
 		if (n == cap) {
 			size_t nc = cap ? cap * 2 : 64;
@@ -89,7 +89,7 @@ static void retire_gone_arrays(ckpt_view *v)
 	ckpt_lock(&v->res_lock, CKPT_RANK_RES);
 	for (size_t i = 0; i < v->narefs; i++) {
 		struct aref *ar = v->arefs[i];
-		const struct node *s = ar->step ? view_node(v, ar->step) : NULL;
+		const struct node *s = ar->step ? ckpt_node_at(v, ar->step) : NULL;
 		if (ar->retired || !s || !atomic_load(&s->gone))
 			continue;
 		if (n == cap) {
@@ -124,15 +124,15 @@ void ckpt_view_set_inval_notify(ckpt_view *v, void (*fn)(void *arg), void *arg)
 	v->inval_arg = arg;
 }
 
-int ckpt_view_open_file(ckpt_view *v, ckpt_ino ino)
+int ckpt_view_open_check(ckpt_view *v, ckpt_ino ino)
 {
-	struct node *n = view_node(v, ino);
+	struct node *n = ckpt_node_at(v, ino);
 	if (!n)
 		return -ENOENT;
 	int was = 0;
 	/* before the gone check: a rescan marks gone, then looks at this flag */
 	atomic_compare_exchange_strong(&n->kcache, &was, NODE_OPENED);
-	if (node_is_gone(v, n))
+	if (ckpt_node_is_gone(v, n))
 		return -ESTALE;
 	return n->ops->open ? n->ops->open(v, n) : 0;
 }
@@ -152,9 +152,9 @@ static void root_refresh(ckpt_view *v)
 	int due = st.mtime_ns ? st.mtime_ns != v->scan_mtime || v->scan_unsure
 			      : now - v->scan_at_ns >= (uint64_t)RESCAN_INTERVAL_NS;
 	struct layout_steps *l;
-	if (due && layout_list_steps(v, &l) == 0) {
+	if (due && ckpt_layout_list_steps(v, &l) == 0) {
 		ckpt_wrlock(&v->ns_lock, CKPT_RANK_NS);
-		int changes = layout_apply_steps(v, l);
+		int changes = ckpt_layout_apply_steps(v, l);
 		ckpt_rwunlock(&v->ns_lock, CKPT_RANK_NS);
 		if (changes) {
 			queue_gone_files(v);
@@ -193,31 +193,32 @@ static int view_open(const char *source, ckpt_store *src, const ckpt_view_opts *
 		free(v);
 		return rc;
 	}
-	struct node *root = node_new(v, &dir_ops, "", NULL);
+	struct node *root = ckpt_node_new(v, &ckpt_dir_ops, "", NULL);
 	if (!root) {
 		ckpt_view_destroy(v);
 		return -ENOMEM;
 	}
 	assert(root->ino == CKPT_ROOT_INO);
-	rc = layout_build_view(v, source, src);
+	rc = ckpt_layout_build_view(v, source, src);
 	if (rc < 0) {
 		ckpt_view_destroy(v);
 		return rc;
 	}
 	v->writable = !strcmp(v->kind, "root") && !v->opts.read_only;
-	/* the listing layout_build_view made counts as the first scan */
+	/* the listing ckpt_layout_build_view made counts as the first scan */
 	v->scan_mtime = root->mtime_ns;
 	atomic_store(&v->root_mtime, root->mtime_ns);
 	v->scan_at_ns = ckpt_now_ns();
 	v->scan_unsure = root->mtime_ns && wall_ns() - root->mtime_ns < RESCAN_UNSURE_NS;
-	struct node *meta = node_new(v, &dir_ops, VIEW_META_DIR, root);
-	struct node *stats = meta ? node_new(v, &stats_ops, VIEW_STATS_FILE, meta) : NULL;
+	struct node *meta = ckpt_node_new(v, &ckpt_dir_ops, VIEW_META_DIR, root);
+	struct node *stats = meta ? ckpt_node_new(v, &ckpt_stats_ops, VIEW_STATS_FILE, meta) : NULL;
 	if (meta)
 		meta->hidden = 1;
 	/* a one-step or one-item mount: its summary next to the stats (a root's
 	 * steps each have their own, STEP/.ckptfs/) */
-	if (!stats || view_add_kid(meta, stats) < 0 ||
-	    (strcmp(v->kind, "root") && summary_add_files(v, meta) < 0) || view_dyn_add(v, meta) < 0) {
+	if (!stats || ckpt_node_add_kid(meta, stats) < 0 ||
+	    (strcmp(v->kind, "root") && ckpt_summary_add_files(v, meta) < 0) ||
+	    ckpt_node_dyn_add(v, meta) < 0) {
 		ckpt_view_destroy(v);
 		return -ENOMEM;
 	}
@@ -242,8 +243,8 @@ void ckpt_view_destroy(ckpt_view *v)
 {
 	if (!v)
 		return;
-	pending_shutdown(v);
-	node_release_all(v); /* pending steps, safetensors layouts, ... */
+	ckpt_pending_shutdown(v);
+	ckpt_node_release_all(v); /* pending steps, safetensors layouts, ... */
 	for (size_t i = 0; i < v->narefs; i++) {
 		ckpt_array_destroy(v->arefs[i]->arr);
 		free(v->arefs[i]->sharding);
@@ -254,7 +255,7 @@ void ckpt_view_destroy(ckpt_view *v)
 		ckpt_store_destroy(v->stores[i]);
 	free(v->stores);
 	ckpt_ctx_destroy(v->ctx);
-	node_free_all(v);
+	ckpt_node_free_all(v);
 	free(v->dyn);
 	free(v->source);
 	pthread_rwlock_destroy(&v->ns_lock);
@@ -274,17 +275,17 @@ const char *ckpt_view_kind(const ckpt_view *v)
 
 int ckpt_view_getattr(ckpt_view *v, ckpt_ino ino, ckpt_attr *out)
 {
-	struct node *n = view_node(v, ino);
+	struct node *n = ckpt_node_at(v, ino);
 	if (!n)
 		return -ENOENT;
-	if (node_is_gone(v, n))
+	if (ckpt_node_is_gone(v, n))
 		return -ESTALE;
 	if (ino == CKPT_ROOT_INO)
 		root_refresh(v); /* its mtime tells the kernel whether its cached listing is valid */
-	layout_step_touch(v, n);
+	ckpt_layout_step_touch(v, n);
 	if (n->ops->prepare)
 		n->ops->prepare(v, n); /* no view lock held here */
-	view_fill_attr(v, n, out);
+	ckpt_node_fill_attr(v, n, out);
 	return 0;
 }
 
@@ -293,12 +294,12 @@ int ckpt_view_lookup(ckpt_view *v, ckpt_ino parent, const char *name, ckpt_attr 
 	if (parent == CKPT_ROOT_INO)
 		root_refresh(v);
 	ckpt_rdlock(&v->ns_lock, CKPT_RANK_NS);
-	struct node *dir = view_node(v, parent);
+	struct node *dir = ckpt_node_at(v, parent);
 	struct node *n = NULL;
-	int rc = dir && !node_is_gone(v, dir) ? node_lookup_ref(v, dir, name, &n) : -ENOENT;
+	int rc = dir && !ckpt_node_is_gone(v, dir) ? ckpt_node_lookup_ref(v, dir, name, &n) : -ENOENT;
 	if (rc == 0) {
-		layout_step_touch(v, n);
-		view_fill_attr(v, n, out);
+		ckpt_layout_step_touch(v, n);
+		ckpt_node_fill_attr(v, n, out);
 	}
 	ckpt_rwunlock(&v->ns_lock, CKPT_RANK_NS);
 	return rc;
@@ -314,9 +315,9 @@ int ckpt_view_readdir(ckpt_view *v, ckpt_ino ino, uint64_t index, const char **n
 int ckpt_view_read_iov(ckpt_view *v, ckpt_ino ino, uint64_t off, size_t len, struct iovec *iov, int max,
 		       ckpt_pin **pins, int *npins)
 {
-	struct node *n = view_node(v, ino);
+	struct node *n = ckpt_node_at(v, ino);
 	*npins = 0;
-	if (n && node_is_gone(v, n))
+	if (n && ckpt_node_is_gone(v, n))
 		return -ESTALE;
 	if (!n || !n->ops->read_iov || max < 3)
 		return -ENOTSUP;
@@ -332,10 +333,10 @@ void ckpt_view_unpin(ckpt_view *v, ckpt_ino ino, ckpt_pin **pins, int npins)
 
 ssize_t ckpt_view_read(ckpt_view *v, ckpt_ino ino, uint64_t off, size_t len, void *dst)
 {
-	struct node *n = view_node(v, ino);
+	struct node *n = ckpt_node_at(v, ino);
 	if (!n)
 		return -ENOENT;
-	if (node_is_gone(v, n))
+	if (ckpt_node_is_gone(v, n))
 		return -ESTALE;
 	if (!n->ops->read)
 		return -EISDIR;
@@ -344,7 +345,7 @@ ssize_t ckpt_view_read(ckpt_view *v, ckpt_ino ino, uint64_t off, size_t len, voi
 
 ssize_t ckpt_view_getxattr(ckpt_view *v, ckpt_ino ino, const char *name, char *buf, size_t cap)
 {
-	struct node *n = view_node(v, ino);
+	struct node *n = ckpt_node_at(v, ino);
 	if (!n)
 		return -ENOENT;
 	/* Only user.* exists here.  ENOTSUP (not ENODATA) for the others lets
@@ -352,7 +353,7 @@ ssize_t ckpt_view_getxattr(ckpt_view *v, ckpt_ino ino, const char *name, char *b
 	 * labels or ACLs instead of asking for every file. */
 	if (strncmp(name, "user.", 5) != 0)
 		return -ENOTSUP;
-	if (node_is_gone(v, n))
+	if (ckpt_node_is_gone(v, n))
 		return -ESTALE;
 	if (!n->ops->getxattr)
 		return -ENODATA;
@@ -361,10 +362,10 @@ ssize_t ckpt_view_getxattr(ckpt_view *v, ckpt_ino ino, const char *name, char *b
 
 ssize_t ckpt_view_listxattr(ckpt_view *v, ckpt_ino ino, char *buf, size_t cap)
 {
-	struct node *n = view_node(v, ino);
+	struct node *n = ckpt_node_at(v, ino);
 	if (!n)
 		return -ENOENT;
-	if (node_is_gone(v, n))
+	if (ckpt_node_is_gone(v, n))
 		return -ESTALE;
 	if (!n->ops->listxattr)
 		return 0;

@@ -152,7 +152,7 @@ struct iovec;
  */
 struct node_ops {
 	enum node_kind kind;
-	size_t size; /* bytes of the per-kind struct (node_new allocates it) */
+	size_t size; /* bytes of the per-kind struct (ckpt_node_new allocates it) */
 	/* a is filled with ino, mtime, nlink 1, immutable 1; the kind adds the rest */
 	void (*getattr)(ckpt_view *v, struct node *n, ckpt_attr *a); /* required */
 	ssize_t (*read)(ckpt_view *v, struct node *n, uint64_t off, size_t len, void *dst); /* -EISDIR */
@@ -217,7 +217,7 @@ struct node {
 	int inval_swept; /* its parent's entry was invalidated while it was on the list (node.c) */
 	atomic_bool orphan; /* removed from its directory (committed/aborted/renamed/unlinked) */
 	atomic_bool gone; /* its source vanished (a step pruned from a live root): it and
-			   * everything below it answer -ENOENT/-ESTALE (node_is_gone) */
+			   * everything below it answer -ENOENT/-ESTALE (ckpt_node_is_gone) */
 	/* NODE_OPENED once a file was opened (the kernel may keep pages of it);
 	 * NODE_INVAL_QUEUED once it went and was queued for an inode
 	 * invalidation (view.c). */
@@ -398,9 +398,9 @@ static inline struct stdir_node *to_stdir(struct node *n)
 }
 
 /* The node of inode ino, or NULL (lock-free). */
-struct node *view_node(ckpt_view *v, ckpt_ino ino);
+struct node *ckpt_node_at(ckpt_view *v, ckpt_ino ino);
 /* 1 when n or one of its ancestors vanished from the source (lock-free). */
-int node_is_gone(ckpt_view *v, const struct node *n);
+int ckpt_node_is_gone(ckpt_view *v, const struct node *n);
 /* Make dir's kids if it builds them lazily (ops->load); 0 or -errno. */
 static inline int node_load(ckpt_view *v, struct node *dir)
 {
@@ -408,58 +408,58 @@ static inline int node_load(ckpt_view *v, struct node *dir)
 }
 /* A new node of ops->kind, zeroed past the head, in the node table (not yet
  * linked anywhere); mtime from the parent.  NULL on out of memory. */
-struct node *node_new(ckpt_view *v, const struct node_ops *ops, const char *name, struct node *parent);
+struct node *ckpt_node_new(ckpt_view *v, const struct node_ops *ops, const char *name, struct node *parent);
 /* Kids (dir: a node with kids; callers hold ns_lock exclusive once dir is reachable). */
-int view_add_kid(struct node *dir, struct node *kid);
-void view_remove_kid(struct node *dir, struct node *kid);
-struct node *view_find_kid(struct node *dir, const char *name);
+int ckpt_node_add_kid(struct node *dir, struct node *kid);
+void ckpt_node_remove_kid(struct node *dir, struct node *kid);
+struct node *ckpt_node_find_kid(struct node *dir, const char *name);
 /* Position of kid `name` in dir's kids: 1 and *pos when found. */
-int node_kid_index(struct node *dir, const char *name, size_t *pos);
+int ckpt_node_kid_index(struct node *dir, const char *name, size_t *pos);
 /* Generic readdir of a node with kids. */
-int node_readdir_kids(ckpt_view *v, struct node *dir, uint64_t index, struct node **out);
+int ckpt_node_readdir_kids(ckpt_view *v, struct node *dir, uint64_t index, struct node **out);
 /* Entry `index` of directory ino, as ckpt_view_readdir answers it (without
  * the root's rescan): takes ns_lock shared, so the caller holds no view lock. */
 int ckpt_node_entry(ckpt_view *v, ckpt_ino ino, uint64_t index, const char **name, ckpt_attr *attr);
 /* The hidden-name map (takes dyn_lock itself). */
-struct node *view_dyn_find(ckpt_view *v, ckpt_ino parent, const char *name);
-int view_dyn_add(ckpt_view *v, struct node *n);
+struct node *ckpt_node_dyn_find(ckpt_view *v, ckpt_ino parent, const char *name);
+int ckpt_node_dyn_add(ckpt_view *v, struct node *n);
 /* Name lookup in dir: kids, hidden-name map, then dir->ops->lookup (the
  * result published in the map).  Caller holds ns_lock shared. */
-int node_lookup_locked(ckpt_view *v, struct node *dir, const char *name, struct node **out);
+int ckpt_node_lookup_locked(ckpt_view *v, struct node *dir, const char *name, struct node **out);
 /* The same, for an answer to the kernel: a transient result may be freed by
  * a forget at any time, so only this call, which counts one kernel
  * reference on it inside the map's lock, may hand one out. */
-int node_lookup_ref(ckpt_view *v, struct node *dir, const char *name, struct node **out);
+int ckpt_node_lookup_ref(ckpt_view *v, struct node *dir, const char *name, struct node **out);
 /* Free a node nobody can reach any more (in no directory, not in the map,
  * no kernel reference): ops->destroy, then its memory; its inode number is
  * reused with a new generation. */
-void node_free(ckpt_view *v, struct node *n);
-void view_fill_attr(ckpt_view *v, struct node *n, ckpt_attr *a);
+void ckpt_node_free(ckpt_view *v, struct node *n);
+void ckpt_node_fill_attr(ckpt_view *v, struct node *n, ckpt_attr *a);
 /* Free every node (ops->destroy first, for all of them, when `release`). */
-void node_release_all(ckpt_view *v);
-void node_free_all(ckpt_view *v);
+void ckpt_node_release_all(ckpt_view *v);
+void ckpt_node_free_all(ckpt_view *v);
 /* The views's owned stores and arrays (take res_lock). */
-int view_own_store(ckpt_view *v, ckpt_store *s);
-struct aref *view_new_aref(ckpt_view *v, ckpt_array *arr, int ocdbt);
+int ckpt_node_own_store(ckpt_view *v, ckpt_store *s);
+struct aref *ckpt_node_new_aref(ckpt_view *v, ckpt_array *arr, int ocdbt);
 /* 1 when s ends with suffix (and is longer), *stem = its length without it. */
-int node_ends_with(const char *s, const char *suffix, size_t *stem);
+int ckpt_node_ends_with(const char *s, const char *suffix, size_t *stem);
 
 /* ---- view_read.c / view_xattr.c -------------------------------------------- */
 
-extern const struct node_ops array_ops, file_ops, st_ops, stats_ops;
-/* Set up array node n (made with array_ops) as region r of ar. */
-int array_node_init(struct node *n, struct aref *ar, const ckpt_region *r);
+extern const struct node_ops ckpt_array_ops, ckpt_file_ops, ckpt_st_ops, ckpt_stats_ops;
+/* Set up array node n (made with ckpt_array_ops) as region r of ar. */
+int ckpt_array_node_init(struct node *n, struct aref *ar, const ckpt_region *r);
 /* The same, served as float32 (NAME.f32.npy); -ENOTSUP unless the dtype is
  * bfloat16, float8_e4m3fn or float8_e5m2. */
-int array_node_init_f32(struct node *n, struct aref *ar, const ckpt_region *r);
-ssize_t array_getxattr(ckpt_view *v, struct node *n, const char *name, char *buf, size_t cap);
-ssize_t array_listxattr(ckpt_view *v, struct node *n, char *buf, size_t cap);
+int ckpt_array_node_init_f32(struct node *n, struct aref *ar, const ckpt_region *r);
+ssize_t ckpt_array_getxattr(ckpt_view *v, struct node *n, const char *name, char *buf, size_t cap);
+ssize_t ckpt_array_listxattr(ckpt_view *v, struct node *n, char *buf, size_t cap);
 
 /* ---- companions.c ---------------------------------------------------------- */
 
 /* Committed directories: kids, then (show_companions) NAME.shards and
  * X.safetensors entries; hidden companions made on lookup. */
-extern const struct node_ops dir_ops;
+extern const struct node_ops ckpt_dir_ops;
 
 /* ---- layout.c -------------------------------------------------------------- */
 
@@ -468,39 +468,39 @@ extern const struct node_ops dir_ops;
  * source that is none of item, step or root is refused with -EMEDIUMTYPE
  * (logged: what was looked for) unless opts.force_root.  src: read that
  * store (one more reference taken) instead of opening `source`'s. */
-int layout_build_view(ckpt_view *v, const char *source, ckpt_store *src);
+int ckpt_layout_build_view(ckpt_view *v, const char *source, ckpt_store *src);
 /* Build the committed step folder `name` of the source as a new directory
  * node of the root (not yet linked into the root's kids).  Takes no view
  * lock but res_lock/alloc_lock: callable without ns_lock. */
-struct node *layout_new_step(ckpt_view *v, const char *name);
+struct node *ckpt_layout_new_step(ckpt_view *v, const char *name);
 /* pending.c: stop its thread (first thing at view destroy). */
-void pending_shutdown(ckpt_view *v);
+void ckpt_pending_shutdown(ckpt_view *v);
 /* The item folder `path` (relative to the source) read as an item into a
  * new directory node that is linked nowhere (a stored copy checked before
  * its step commits); NULL on ENOMEM. */
-struct node *layout_new_item(ckpt_view *v, const char *path);
+struct node *ckpt_layout_new_item(ckpt_view *v, const char *path);
 /* A looked-up or stat'ed step of a root reads its commit time (once). */
-void layout_step_touch(ckpt_view *v, struct node *n);
+void ckpt_layout_step_touch(ckpt_view *v, struct node *n);
 /* Root rescan: the step folder names of the source (no view lock held)... */
 struct layout_steps;
-int layout_list_steps(ckpt_view *v, struct layout_steps **out);
+int ckpt_layout_list_steps(ckpt_view *v, struct layout_steps **out);
 /* ... then, with ns_lock exclusive: link the new ones as lazy step nodes,
  * unlink and mark gone the committed steps no longer listed (pending steps
  * and names a committing step takes stay).  Frees the list; returns the
  * number of steps linked or unlinked. */
-int layout_apply_steps(ckpt_view *v, struct layout_steps *l);
+int ckpt_layout_apply_steps(ckpt_view *v, struct layout_steps *l);
 
 /* ---- summary.c ------------------------------------------------------------- */
 
 /* Add the hidden summary files (summary.txt, summary.json: the table of
  * `ckptfs info` for meta's parent, built on first open/read/getattr,
  * outside ns_lock) to the .ckptfs/ directory meta before it is published. */
-int summary_add_files(ckpt_view *v, struct node *meta);
+int ckpt_summary_add_files(ckpt_view *v, struct node *meta);
 
 /* ---- layout.c (the root's steps) ------------------------------------------- */
 
 /* 1 when a committing step of the root takes `name` (ns_lock held): asks
  * each pending step through its ops (reserves). */
-int name_reserved(struct node *root, const char *name);
+int ckpt_name_reserved(struct node *root, const char *name);
 
 #endif

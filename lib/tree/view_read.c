@@ -36,7 +36,7 @@ static void file_attr(ckpt_view *v, struct node *n, ckpt_attr *a, uint64_t size)
 
 /* ---- array files ----------------------------------------------------------- */
 
-int array_node_init(struct node *node, struct aref *ar, const ckpt_region *r)
+int ckpt_array_node_init(struct node *node, struct aref *ar, const ckpt_region *r)
 {
 	struct array_node *n = to_array(node);
 	const ckpt_array_meta *m = ckpt_array_meta_of(ar->arr);
@@ -109,7 +109,7 @@ static void widen(ckpt_dtype dt, const uint8_t *src, size_t count, float *dst)
 	}
 }
 
-int array_node_init_f32(struct node *node, struct aref *ar, const ckpt_region *r)
+int ckpt_array_node_init_f32(struct node *node, struct aref *ar, const ckpt_region *r)
 {
 	struct array_node *n = to_array(node);
 	const ckpt_array_meta *m = ckpt_array_meta_of(ar->arr);
@@ -193,11 +193,11 @@ static void warm_next_file(ckpt_view *v, struct array_node *n)
 {
 	if (n->n.hidden || atomic_exchange(&n->next_warmed, 1))
 		return;
-	struct node *dir = view_node(v, n->n.parent);
+	struct node *dir = ckpt_node_at(v, n->n.parent);
 	if (!dir || dir->kind != N_DIR)
 		return;
 	size_t pos;
-	if (!node_kid_index(dir, n->n.name, &pos))
+	if (!ckpt_node_kid_index(dir, n->n.name, &pos))
 		return;
 	struct dir_node *d = to_dir(dir);
 	for (size_t i = pos + 1; i < d->nkids; i++) {
@@ -286,15 +286,15 @@ static int array_open(ckpt_view *v, struct node *node)
 	return atomic_exchange(&n->seen_changes, now) != now;
 }
 
-const struct node_ops array_ops = {
+const struct node_ops ckpt_array_ops = {
 	.kind = N_ARRAY,
 	.open = array_open,
 	.size = sizeof(struct array_node),
 	.getattr = array_attr,
 	.read = array_read,
 	.read_iov = array_read_iov,
-	.getxattr = array_getxattr,
-	.listxattr = array_listxattr,
+	.getxattr = ckpt_array_getxattr,
+	.listxattr = ckpt_array_listxattr,
 	.destroy = array_destroy,
 };
 
@@ -333,7 +333,7 @@ static void file_destroy(ckpt_view *v, struct node *node)
 	free(n->content);
 }
 
-const struct node_ops file_ops = {
+const struct node_ops ckpt_file_ops = {
 	.kind = N_FILE,
 	.size = sizeof(struct file_node),
 	.getattr = plain_file_attr,
@@ -507,7 +507,7 @@ static int st_open(ckpt_view *v, struct node *node)
 	return atomic_exchange(&n->seen_changes, sum) != sum;
 }
 
-const struct node_ops st_ops = {
+const struct node_ops ckpt_st_ops = {
 	.kind = N_SAFETENSORS,
 	.open = st_open,
 	.size = sizeof(struct st_node),
@@ -541,7 +541,7 @@ static ssize_t stats_read(ckpt_view *v, struct node *n, uint64_t off, size_t len
 	return (ssize_t)m;
 }
 
-const struct node_ops stats_ops = {
+const struct node_ops ckpt_stats_ops = {
 	.kind = N_STATS,
 	.size = sizeof(struct node),
 	.getattr = stats_attr,

@@ -62,13 +62,13 @@ static uint64_t unit_count(ckpt_view *v, struct node *n)
 {
 	char name[VIEW_NAME_BUF];
 	size_t stem;
-	struct node *dir = view_node(v, n->parent);
-	if (!dir || dir->kind != N_DIR || !node_ends_with(n->name, ".npy", &stem))
+	struct node *dir = ckpt_node_at(v, n->parent);
+	if (!dir || dir->kind != N_DIR || !ckpt_node_ends_with(n->name, ".npy", &stem))
 		return 0;
 	snprintf(name, sizeof(name), "%.*s.shards", (int)stem, n->name);
 	struct node *sd;
 	ckpt_rdlock(&v->ns_lock, CKPT_RANK_NS);
-	int rc = node_lookup_locked(v, dir, name, &sd);
+	int rc = ckpt_node_lookup_locked(v, dir, name, &sd);
 	ckpt_rwunlock(&v->ns_lock, CKPT_RANK_NS);
 	uint64_t count = 0;
 	if (rc == 0 && sd->ops->nentries && sd->ops->nentries(v, sd, &count) < 0)
@@ -168,7 +168,7 @@ static int checksum_str(struct array_node *n, char *val, size_t cap)
 	return o < cap ? (int)o : -ERANGE;
 }
 
-ssize_t array_getxattr(ckpt_view *v, struct node *node, const char *name, char *buf, size_t cap)
+ssize_t ckpt_array_getxattr(ckpt_view *v, struct node *node, const char *name, char *buf, size_t cap)
 {
 	struct array_node *n = to_array(node);
 	if (!has_xattr(n, name))
@@ -215,7 +215,7 @@ ssize_t array_getxattr(ckpt_view *v, struct node *node, const char *name, char *
 	return put(val, (size_t)len, buf, cap);
 }
 
-ssize_t array_listxattr(ckpt_view *v, struct node *node, char *buf, size_t cap)
+ssize_t ckpt_array_listxattr(ckpt_view *v, struct node *node, char *buf, size_t cap)
 {
 	(void)v;
 	struct array_node *n = to_array(node);

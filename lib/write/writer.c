@@ -47,7 +47,7 @@ static void step_free(struct ckpt_step *st)
 		close(st->dirfd);
 	if (st->rootfd >= 0)
 		close(st->rootfd);
-	w_nodes_free(st);
+	ckpt_w_keytab_free(st);
 	if (st->hosts_free)
 		st->hosts_free(st); /* the multi-host wrapper's state */
 	free(st->root);
@@ -95,7 +95,7 @@ int ckpt_step_begin(const char *root_dir, const char *step_name, const ckpt_writ
 	int rc = -ENOMEM;
 	st->root = strdup(root_dir);
 	st->name = strdup(step_name);
-	if (!st->root || !st->name || w_nodes_create(st))
+	if (!st->root || !st->name || ckpt_w_keytab_create(st))
 		goto fail;
 	if (asprintf(&st->tmpname, "%s%s", step_name, CKPT_ORBAX_TMP_INFIX) < 0 ||
 	    asprintf(&st->tmppath, "%s/%s", root_dir, st->tmpname) < 0) {
@@ -148,10 +148,10 @@ int ckpt_step_begin(const char *root_dir, const char *step_name, const ckpt_writ
 		goto fail;
 	}
 	st->init_ns = ckpt_wall_ns();
-	rc = w_write_ckpt_metadata(st, 0);
+	rc = ckpt_w_write_ckpt_metadata(st, 0);
 	if (rc)
 		goto fail_dir;
-	rc = w_zpool_start(st);
+	rc = ckpt_w_zpool_start(st);
 	if (rc) {
 		ckpt_log(CKPT_LOG_ERR, "writer: step %s: cannot start compression threads", step_name);
 		goto fail_dir;
@@ -189,7 +189,7 @@ static void span_write(void *ctx, uint64_t coff, uint64_t soff, uint64_t n)
 {
 	struct wctx *w = ctx;
 	memcpy(w->chunk + coff, w->src + soff, n);
-	int64_t r = w_cov_add(w->cov, w->a->chunk_nbytes, coff, coff + n);
+	int64_t r = ckpt_w_cov_add(w->cov, w->a->chunk_nbytes, coff, coff + n);
 	if (r < 0)
 		w->rc = (int)r;
 	else
@@ -222,7 +222,7 @@ static void span_check(void *ctx, uint64_t coff, uint64_t soff, uint64_t n)
 		return;
 	w->span_coff = coff;
 	w->span_soff = soff;
-	w_cov_each(w->cov, coff, coff + n, check_run, w);
+	ckpt_w_cov_each(w->cov, coff, coff + n, check_run, w);
 }
 
 /* Under the chunk buffer's lock (writer_chunk.c): refuse the piece when it
@@ -261,7 +261,7 @@ static int piece_write(void *ctx, const ckpt_stream_piece *p)
 {
 	struct wctx *w = ctx;
 	w->p = p;
-	int rc = w_chunk_write(w->a, p->chunk, fill_piece, w);
+	int rc = ckpt_w_chunk_write(w->a, p->chunk, fill_piece, w);
 	if (rc && w->conflict)
 		ckpt_log(CKPT_LOG_ERR,
 			 "writer: %s: write refused: byte %llu of the array (byte %llu of the written "
@@ -285,7 +285,7 @@ int ckpt_warray_write_flags(ckpt_warray *a, const ckpt_region *region, uint64_t 
 {
 	ckpt_region r;
 	uint64_t rbytes, end;
-	if (w_region_check(a, region, &r, &rbytes)) {
+	if (ckpt_w_region_check(a, region, &r, &rbytes)) {
 		ckpt_log(CKPT_LOG_ERR, "writer: %s: write to a region outside the array or of another rank",
 			 a->relpath);
 		return -EINVAL;
@@ -298,7 +298,7 @@ int ckpt_warray_write_flags(ckpt_warray *a, const ckpt_region *region, uint64_t 
 		return -EFBIG;
 	}
 	if (atomic_load(&a->step->state) != CKPT_STEP_PENDING)
-		return w_step_writable(a->step, a->relpath);
+		return ckpt_w_step_writable(a->step, a->relpath);
 	if (atomic_load(&a->removed)) {
 		ckpt_log(CKPT_LOG_ERR, "writer: %s: write to a removed array", a->relpath);
 		return -ESTALE;
@@ -344,7 +344,7 @@ static int drop_box(void *ctx, uint8_t *buf, struct wcov *cov, uint64_t *removed
 		for (int d = 0; d < k; d++)
 			base += l[d] * stride[d];
 		uint64_t b0 = base + f->lo[k] * stride[k], b1 = base + f->hi[k] * stride[k];
-		int64_t r = w_cov_remove(cov, a->chunk_nbytes, b0, b1);
+		int64_t r = ckpt_w_cov_remove(cov, a->chunk_nbytes, b0, b1);
 		if (r < 0)
 			return (int)r;
 		*removed += (uint64_t)r;
@@ -361,14 +361,14 @@ int ckpt_warray_forget(ckpt_warray *a, const ckpt_region *region)
 {
 	ckpt_region r;
 	uint64_t rbytes;
-	if (w_region_check(a, region, &r, &rbytes))
+	if (ckpt_w_region_check(a, region, &r, &rbytes))
 		return -EINVAL;
 	if (atomic_load(&a->step->state) != CKPT_STEP_PENDING)
-		return w_step_writable(a->step, a->relpath);
+		return ckpt_w_step_writable(a->step, a->relpath);
 	/* Only chunks with a table entry can hold bytes. */
-	for (uint64_t i = w_chunk_next(a, 0); i < a->nchunks; i = w_chunk_next(a, i + 1)) {
+	for (uint64_t i = ckpt_w_chunk_next(a, 0); i < a->nchunks; i = ckpt_w_chunk_next(a, i + 1)) {
 		ckpt_region c;
-		w_chunk_region(a, i, &c);
+		ckpt_w_chunk_region(a, i, &c);
 		struct dropctx f = { .a = a };
 		int inside = 1, meets = 1;
 		for (int d = 0; meets && d < a->rank; d++) {
@@ -382,10 +382,10 @@ int ckpt_warray_forget(ckpt_warray *a, const ckpt_region *region)
 		if (!meets)
 			continue;
 		if (inside) {
-			w_chunk_reset(a, i);
+			ckpt_w_chunk_reset(a, i);
 			continue;
 		}
-		int rc = w_chunk_forget(a, i, drop_box, &f);
+		int rc = ckpt_w_chunk_forget(a, i, drop_box, &f);
 		if (rc) {
 			ckpt_log(CKPT_LOG_ERR, "writer: %s: dropping the bytes of a region: %s", a->relpath,
 				 strerror(-rc));
@@ -417,14 +417,14 @@ static int piece_read(void *ctx, const ckpt_stream_piece *p)
 {
 	struct wctx *w = ctx;
 	w->p = p;
-	return w_chunk_read(w->a, p->chunk, &w->scratch, copy_piece, w);
+	return ckpt_w_chunk_read(w->a, p->chunk, &w->scratch, copy_piece, w);
 }
 
 ssize_t ckpt_warray_read(ckpt_warray *a, const ckpt_region *region, uint64_t byte_off, void *dst, size_t len)
 {
 	ckpt_region r;
 	uint64_t rbytes;
-	if (w_region_check(a, region, &r, &rbytes)) {
+	if (ckpt_w_region_check(a, region, &r, &rbytes)) {
 		ckpt_log(CKPT_LOG_ERR, "writer: %s: read of a region outside the array or of another rank",
 			 a->relpath);
 		return -EINVAL;
@@ -449,7 +449,7 @@ void ckpt_step_abort(ckpt_step *st)
 {
 	if (!st || st->state == CKPT_STEP_COMMITTED)
 		return;
-	w_zpool_stop(st);
+	ckpt_w_zpool_stop(st);
 	if (st->state == CKPT_STEP_PENDING) {
 		int rc = ckpt_rmtree_at(st->rootfd, st->tmpname);
 		if (rc)
@@ -463,13 +463,13 @@ void ckpt_step_destroy(ckpt_step *st)
 {
 	if (!st)
 		return;
-	w_zpool_stop(st);
+	ckpt_w_zpool_stop(st);
 	for (struct witem *it = st->items, *nit; it; it = nit) {
 		nit = it->next;
 		for (struct ckpt_warray *a = it->first, *na; a; a = na) {
 			na = a->next;
-			w_chunk_free_all(st, a);
-			w_warray_free(a);
+			ckpt_w_chunk_free_all(st, a);
+			ckpt_w_warray_free(a);
 		}
 		free(it->name);
 		free(it->json);
@@ -478,10 +478,10 @@ void ckpt_step_destroy(ckpt_step *st)
 	}
 	for (struct ckpt_warray *a = st->removed, *na; a; a = na) {
 		na = a->next;
-		w_chunk_free_all(st, a);
-		w_warray_free(a);
+		ckpt_w_chunk_free_all(st, a);
+		ckpt_w_warray_free(a);
 	}
-	w_chunk_cache_free(st);
+	ckpt_w_chunk_cache_free(st);
 	if (st->bytes_pending)
 		CKPT_STAT_ADD(bytes_pending, -(int64_t)st->bytes_pending);
 	step_free(st);

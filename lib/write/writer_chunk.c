@@ -10,7 +10,7 @@
  * (assert_chunk_state()).  Nothing else in the writer writes c->state,
  * c->live, c->pins, c->have or c->spill_slot.  Chunk entries live in the
  * sparse table of writer_table.c: a chunk without an entry is EMPTY, and
- * the first write to it makes a zeroed (EMPTY) entry (w_chunk_touch).
+ * the first write to it makes a zeroed (EMPTY) entry (ckpt_w_chunk_touch).
  *
  * States (enum wc_state, writer_int.h):
  *
@@ -41,7 +41,7 @@
  *                                       +--> LIVE (back to SPILLED or STORED
  *                                                  when the re-read fails)
  *
- *   and QUEUED, ERROR --> LIVE when w_chunk_forget drops bytes of a complete
+ *   and QUEUED, ERROR --> LIVE when ckpt_w_chunk_forget drops bytes of a complete
  *   chunk (a STORED or SPILLED one is re-read first, as for a write).
  *
  * Transitions (all under array->mu; "+st" = step->mu taken inside as well):
@@ -49,7 +49,7 @@
  *   from         to           function                 when
  *   EMPTY        LIVE         pin_write_locked (+st)   first write; buffer from the budget
  *   LIVE         QUEUED       unpin_locked (+st)       last pin dropped and have == need
- *   QUEUED       LIVE         unpin_locked (+st)       w_chunk_forget dropped bytes of a
+ *   QUEUED       LIVE         unpin_locked (+st)       ckpt_w_chunk_forget dropped bytes of a
  *   ERROR        LIVE         unpin_locked (+st)         complete chunk (pinned by it)
  *   LIVE         SPILLING     spill (+st)              budget full, chunk partial and unpinned
  *   SPILLING     SPILLED      spill (+st)              slot written; buffer freed
@@ -59,16 +59,16 @@
  *   LOADING      LIVE         reload_locked (+st)      re-read done (pinned by the writer)
  *   LOADING      SPILLED      reload_locked (+st)      re-read failed: as before
  *   LOADING      STORED       reload_locked (+st)      re-read failed: as before
- *   QUEUED       COMPRESSING  w_chunk_take_job         popped, unpinned, not queued again
- *   COMPRESSING  STORED       w_chunk_store_done (+st) appended to the shard file
- *   COMPRESSING  ERROR        w_chunk_store_done (+st) compression or append failed
- *   ERROR        QUEUED       w_chunk_retry_errors (+st) commit
- *   EMPTY        STORED       w_chunk_adopt_stored (+st) multi-host commit: another
+ *   QUEUED       COMPRESSING  ckpt_w_chunk_take_job         popped, unpinned, not queued again
+ *   COMPRESSING  STORED       ckpt_w_chunk_store_done (+st) appended to the shard file
+ *   COMPRESSING  ERROR        ckpt_w_chunk_store_done (+st) compression or append failed
+ *   ERROR        QUEUED       ckpt_w_chunk_retry_errors (+st) commit
+ *   EMPTY        STORED       ckpt_w_chunk_adopt_stored (+st) multi-host commit: another
  *                                                  host's compressed chunk
- *   LIVE         EMPTY        w_chunk_reset (+st)      bytes dropped (O_TRUNC, unlink);
- *   ERROR        EMPTY        w_chunk_reset (+st)        unpinned, after BUSY and QUEUED
- *   STORED       EMPTY        w_chunk_reset (+st)        states have ended (stored bytes
- *   SPILLED      EMPTY        w_chunk_reset (+st)        stay in the shard file, dead)
+ *   LIVE         EMPTY        ckpt_w_chunk_reset (+st)      bytes dropped (O_TRUNC, unlink);
+ *   ERROR        EMPTY        ckpt_w_chunk_reset (+st)        unpinned, after BUSY and QUEUED
+ *   STORED       EMPTY        ckpt_w_chunk_reset (+st)        states have ended (stored bytes
+ *   SPILLED      EMPTY        ckpt_w_chunk_reset (+st)        stay in the shard file, dead)
  *
  * Pins (c->pins, step->npinned, step->pins_total) keep a LIVE, QUEUED or
  * ERROR buffer in memory while a writer copies into it or a reader copies
@@ -76,7 +76,7 @@
  * and never compressed.
  *
  * Fields per state (chunk_problem(), asserted on every transition and
- * checked by w_chunk_check_all; need = in-bounds bytes of the chunk):
+ * checked by ckpt_w_chunk_check_all; need = in-bounds bytes of the chunk):
  *
  *   state        live   pins   have         spill slot
  *   EMPTY        NULL   0      0            none
@@ -157,8 +157,8 @@ static void budget_sub(uint64_t *v, uint64_t n)
  * NULL when nothing.  Under a->mu. */
 static const char *chunk_problem(const struct ckpt_warray *a, uint64_t idx)
 {
-	const struct wchunk *c = w_chunk_at(a, idx);
-	uint64_t need = w_chunk_need(a, idx);
+	const struct wchunk *c = ckpt_w_chunk_at(a, idx);
+	uint64_t need = ckpt_w_chunk_need(a, idx);
 	if (!c)
 		return NULL; /* no entry: EMPTY */
 	if (c->have > need)
@@ -201,7 +201,7 @@ static void assert_chunk_state(const struct ckpt_warray *a, uint64_t idx)
 	const char *why = chunk_problem(a, idx);
 	if (why)
 		ckpt_log(CKPT_LOG_ERR, "writer: %s: chunk %llu (state %d): %s", a->relpath,
-			 (unsigned long long)idx, w_chunk_at(a, idx)->state, why);
+			 (unsigned long long)idx, ckpt_w_chunk_at(a, idx)->state, why);
 	assert(!why);
 }
 
@@ -236,7 +236,7 @@ static void assert_chunk_transition(int from, int to)
  * the fields agree with `to`. */
 static void chunk_set_state(struct ckpt_warray *a, uint64_t idx, enum wc_state to)
 {
-	struct wchunk *c = w_chunk_at(a, idx);
+	struct wchunk *c = ckpt_w_chunk_at(a, idx);
 	assert(c);
 	assert_chunk_transition(c->state, to);
 	c->state = (uint8_t)to;
@@ -465,7 +465,7 @@ static void live_release_locked(struct ckpt_step *st, struct wlive *l)
 static void live_destroy(struct wlive *l)
 {
 	pthread_mutex_destroy(&l->mu);
-	w_cov_free(&l->cov);
+	ckpt_w_cov_free(&l->cov);
 	ckpt_hugebuf_free(l->buf, l->bufcap);
 	free(l);
 }
@@ -539,7 +539,7 @@ static int spill_write(struct ckpt_warray *a, int fd, uint64_t off, struct wlive
 	    fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, (off_t)off, (off_t)spill_slot_bytes(a)))
 		sparse = 0;
 	struct spill_runs r = { .fd = fd, .off = off, .buf = l->buf };
-	int rc = w_cov_each(&l->cov, 0, a->chunk_nbytes, spill_run, &r);
+	int rc = ckpt_w_cov_each(&l->cov, 0, a->chunk_nbytes, spill_run, &r);
 	if (!rc)
 		rc = spill_flush_run(&r);
 	uint64_t bo = off + spill_bm_off(a);
@@ -595,10 +595,10 @@ static int zero_gap(void *ctx, uint64_t s, uint64_t e)
  * -EAGAIN when the chunk is no longer a spill candidate. */
 static int spill(struct ckpt_step *st, struct ckpt_warray *a, uint64_t idx)
 {
-	struct wchunk *c = w_chunk_at(a, idx);
+	struct wchunk *c = ckpt_w_chunk_at(a, idx);
 	ckpt_lock(&a->mu, CKPT_RANK_W_ARRAY);
 	struct wlive *l = c->live;
-	if (!l || c->state != WC_LIVE || c->pins || c->have == w_chunk_need(a, idx)) {
+	if (!l || c->state != WC_LIVE || c->pins || c->have == ckpt_w_chunk_need(a, idx)) {
 		ckpt_unlock(&a->mu, CKPT_RANK_W_ARRAY);
 		return -EAGAIN;
 	}
@@ -617,7 +617,7 @@ static int spill(struct ckpt_step *st, struct ckpt_warray *a, uint64_t idx)
 
 	int fd = spill_fd(st), rc = fd < 0 ? fd : 0;
 	if (!rc)
-		rc = w_cov_to_bitmap(&l->cov, a->chunk_nbytes);
+		rc = ckpt_w_cov_to_bitmap(&l->cov, a->chunk_nbytes);
 	if (!rc)
 		rc = spill_write(a, fd, off, l, reused);
 
@@ -665,7 +665,7 @@ static int spill_read(struct ckpt_warray *a, uint64_t off, uint8_t *buf, struct 
 		rc = spill_pread(fd, (uint8_t *)cov->bm, a->bm_bytes, off + spill_bm_off(a));
 	if (!rc) {
 		struct zero_gaps z = { buf, 0 };
-		w_cov_each(cov, 0, a->chunk_nbytes, zero_gap, &z);
+		ckpt_w_cov_each(cov, 0, a->chunk_nbytes, zero_gap, &z);
 		memset(buf + z.at, 0, a->chunk_nbytes - z.at);
 	}
 	free(tmp.bm);
@@ -689,7 +689,7 @@ static void pin_locked(struct ckpt_step *st, struct wchunk *c)
 }
 
 /* Under a->mu: drop a pin, crediting `added` newly covered bytes and
- * debiting `removed` forgotten ones (w_chunk_forget); queues the chunk for
+ * debiting `removed` forgotten ones (ckpt_w_chunk_forget); queues the chunk for
  * compression when it is complete, else makes it a spill candidate.  A
  * complete chunk (QUEUED, ERROR) that lost bytes is LIVE again and leaves
  * the queue. */
@@ -697,7 +697,7 @@ static void unpin_locked(struct ckpt_warray *a, uint64_t idx, uint64_t added, ui
 {
 	ckpt_assert_held(CKPT_RANK_W_ARRAY);
 	struct ckpt_step *st = a->step;
-	struct wchunk *c = w_chunk_at(a, idx);
+	struct wchunk *c = ckpt_w_chunk_at(a, idx);
 	assert(c->pins > 0 && c->live);
 	assert(removed <= c->have + added);
 	c->have += added;
@@ -724,7 +724,7 @@ static void unpin_locked(struct ckpt_warray *a, uint64_t idx, uint64_t added, ui
 	if (c->pins == 0) {
 		budget_sub(&st->npinned, 1);
 		if (c->state == WC_LIVE) {
-			if (c->have == w_chunk_need(a, idx)) {
+			if (c->have == ckpt_w_chunk_need(a, idx)) {
 				st->inflight += a->live_cost;
 				queue_push_locked(st, c->live);
 				queue = 1;
@@ -740,7 +740,7 @@ static void unpin_locked(struct ckpt_warray *a, uint64_t idx, uint64_t added, ui
 		pthread_cond_broadcast(&st->idlecond);
 	ckpt_unlock(&st->mu, CKPT_RANK_W_STEP);
 	if (c->pins == 0)
-		pthread_cond_broadcast(&a->cond); /* w_chunk_reset waits for pins */
+		pthread_cond_broadcast(&a->cond); /* ckpt_w_chunk_reset waits for pins */
 	if (queue)
 		chunk_set_state(a, idx, WC_QUEUED);
 	else
@@ -756,7 +756,7 @@ static int reload_locked(struct ckpt_warray *a, uint64_t idx, struct wlive *fres
 {
 	ckpt_assert_held(CKPT_RANK_W_ARRAY);
 	struct ckpt_step *st = a->step;
-	struct wchunk *c = w_chunk_at(a, idx);
+	struct wchunk *c = ckpt_w_chunk_at(a, idx);
 	enum wc_state prev = c->state;
 	uint64_t off = c->off, len = c->len, soff = prev == WC_SPILLED ? spill_slot_off(c) : 0;
 	int rc;
@@ -766,23 +766,23 @@ static int reload_locked(struct ckpt_warray *a, uint64_t idx, struct wlive *fres
 	st->inflight += a->live_cost;
 	ckpt_unlock(&st->mu, CKPT_RANK_W_STEP);
 	if (prev == WC_STORED) /* the shard file will change */
-		w_shard_unfinish_locked(a, w_chunk_shard(a, idx));
+		ckpt_w_shard_unfinish_locked(a, ckpt_w_chunk_shard(a, idx));
 	chunk_set_state(a, idx, WC_LOADING);
 	ckpt_unlock(&a->mu, CKPT_RANK_W_ARRAY);
 	if (prev == WC_SPILLED) {
-		rc = w_cov_to_bitmap(&fresh->cov, a->chunk_nbytes);
+		rc = ckpt_w_cov_to_bitmap(&fresh->cov, a->chunk_nbytes);
 		if (!rc)
 			rc = spill_read(a, soff, fresh->buf, &fresh->cov);
 		if (rc)
 			ckpt_log(CKPT_LOG_ERR, "writer: %s: re-reading a spilled chunk failed: %s",
 				 a->relpath, strerror(-rc));
 	} else {
-		rc = w_shard_load_chunk(a, idx, off, len, fresh->buf);
+		rc = ckpt_w_shard_load_chunk(a, idx, off, len, fresh->buf);
 		if (!rc)
-			w_cov_fill(&fresh->cov, a->chunk_nbytes);
+			ckpt_w_cov_fill(&fresh->cov, a->chunk_nbytes);
 	}
 	ckpt_lock(&a->mu, CKPT_RANK_W_ARRAY);
-	/* The new state is visible before inflight drops (w_chunk_wait_idle). */
+	/* The new state is visible before inflight drops (ckpt_w_chunk_wait_idle). */
 	if (rc) {
 		c->live = NULL;
 		chunk_set_state(a, idx, prev);
@@ -790,7 +790,7 @@ static int reload_locked(struct ckpt_warray *a, uint64_t idx, struct wlive *fres
 		pin_locked(st, c);
 		chunk_set_state(a, idx, WC_LIVE);
 	}
-	uint64_t need = w_chunk_need(a, idx);
+	uint64_t need = ckpt_w_chunk_need(a, idx);
 	ckpt_lock(&st->mu, CKPT_RANK_W_STEP);
 	budget_sub(&st->inflight, a->live_cost);
 	if (rc) {
@@ -800,7 +800,7 @@ static int reload_locked(struct ckpt_warray *a, uint64_t idx, struct wlive *fres
 	} else {
 		/* A stored chunk is written again: it is pending again. */
 		budget_sub(&a->nstored, 1);
-		w_shard_at(a, w_chunk_shard(a, idx))->unstored++;
+		ckpt_w_shard_at(a, ckpt_w_chunk_shard(a, idx))->unstored++;
 		st->bytes_pending += need;
 	}
 	pthread_cond_broadcast(&st->memcond);
@@ -824,13 +824,13 @@ static int pin_write_locked(struct ckpt_warray *a, uint64_t idx, int keep_empty)
 {
 	ckpt_assert_held(CKPT_RANK_W_ARRAY);
 	struct ckpt_step *st = a->step;
-	struct wchunk *c = w_chunk_at(a, idx);
+	struct wchunk *c = ckpt_w_chunk_at(a, idx);
 	struct wlive *fresh = NULL;
 	int rc;
 	if (!c) {
 		if (keep_empty)
 			return 1;
-		if (!(c = w_chunk_touch(a, idx))) {
+		if (!(c = ckpt_w_chunk_touch(a, idx))) {
 			ckpt_log(CKPT_LOG_ERR, "writer: %s: out of memory for the chunk table", a->relpath);
 			return -ENOMEM;
 		}
@@ -883,7 +883,7 @@ static int pin_write_locked(struct ckpt_warray *a, uint64_t idx, int keep_empty)
 	}
 }
 
-int w_chunk_write(struct ckpt_warray *a, uint64_t idx, w_chunk_fill_fn fill, void *ctx)
+int ckpt_w_chunk_write(struct ckpt_warray *a, uint64_t idx, w_chunk_fill_fn fill, void *ctx)
 {
 	ckpt_lock(&a->mu, CKPT_RANK_W_ARRAY);
 	int rc = pin_write_locked(a, idx, 0);
@@ -892,7 +892,7 @@ int w_chunk_write(struct ckpt_warray *a, uint64_t idx, w_chunk_fill_fn fill, voi
 		return rc;
 	}
 	/* The pin keeps the buffer; its contents are under l->mu. */
-	struct wlive *l = w_chunk_at(a, idx)->live;
+	struct wlive *l = ckpt_w_chunk_at(a, idx)->live;
 	ckpt_unlock(&a->mu, CKPT_RANK_W_ARRAY);
 	uint64_t added = 0;
 	ckpt_lock(&l->mu, CKPT_RANK_W_LIVE);
@@ -904,7 +904,7 @@ int w_chunk_write(struct ckpt_warray *a, uint64_t idx, w_chunk_fill_fn fill, voi
 	return rc;
 }
 
-int w_chunk_forget(struct ckpt_warray *a, uint64_t idx, w_chunk_fill_fn drop, void *ctx)
+int ckpt_w_chunk_forget(struct ckpt_warray *a, uint64_t idx, w_chunk_fill_fn drop, void *ctx)
 {
 	ckpt_lock(&a->mu, CKPT_RANK_W_ARRAY);
 	int rc = pin_write_locked(a, idx, 1);
@@ -912,7 +912,7 @@ int w_chunk_forget(struct ckpt_warray *a, uint64_t idx, w_chunk_fill_fn drop, vo
 		ckpt_unlock(&a->mu, CKPT_RANK_W_ARRAY);
 		return rc < 0 ? rc : 0;
 	}
-	struct wlive *l = w_chunk_at(a, idx)->live;
+	struct wlive *l = ckpt_w_chunk_at(a, idx)->live;
 	ckpt_unlock(&a->mu, CKPT_RANK_W_ARRAY);
 	uint64_t removed = 0;
 	ckpt_lock(&l->mu, CKPT_RANK_W_LIVE);
@@ -924,10 +924,10 @@ int w_chunk_forget(struct ckpt_warray *a, uint64_t idx, w_chunk_fill_fn drop, vo
 	return rc;
 }
 
-int w_chunk_read(struct ckpt_warray *a, uint64_t idx, uint8_t **scratch, w_chunk_copy_fn copy, void *ctx)
+int ckpt_w_chunk_read(struct ckpt_warray *a, uint64_t idx, uint8_t **scratch, w_chunk_copy_fn copy, void *ctx)
 {
 	struct ckpt_step *st = a->step;
-	struct wchunk *c = w_chunk_at(a, idx);
+	struct wchunk *c = ckpt_w_chunk_at(a, idx);
 	int rc = 0;
 	if (!c) { /* never written */
 		copy(ctx, NULL);
@@ -960,7 +960,7 @@ int w_chunk_read(struct ckpt_warray *a, uint64_t idx, uint8_t **scratch, w_chunk
 	if (!*scratch && !(*scratch = malloc(a->chunk_nbytes)))
 		return -ENOMEM;
 	if (state == WC_STORED) {
-		rc = w_shard_load_chunk(a, idx, off, len, *scratch);
+		rc = ckpt_w_shard_load_chunk(a, idx, off, len, *scratch);
 	} else {
 		rc = spill_read(a, soff, *scratch, NULL);
 		if (rc)
@@ -975,7 +975,8 @@ int w_chunk_read(struct ckpt_warray *a, uint64_t idx, uint8_t **scratch, w_chunk
 
 /* ---- compression jobs ---- */
 
-int w_chunk_take_job(struct ckpt_step *st, struct ckpt_warray **aout, uint64_t *idxout, struct wlive **lout)
+int ckpt_w_chunk_take_job(struct ckpt_step *st, struct ckpt_warray **aout, uint64_t *idxout,
+			  struct wlive **lout)
 {
 	ckpt_lock(&st->mu, CKPT_RANK_W_STEP);
 	for (;;) {
@@ -996,7 +997,7 @@ int w_chunk_take_job(struct ckpt_step *st, struct ckpt_warray **aout, uint64_t *
 		uint64_t idx = l->idx;
 		ckpt_unlock(&st->mu, CKPT_RANK_W_STEP);
 
-		struct wchunk *c = w_chunk_at(a, idx);
+		struct wchunk *c = ckpt_w_chunk_at(a, idx);
 		ckpt_lock(&a->mu, CKPT_RANK_W_ARRAY);
 		l = c->live;
 		int requeued = 0;
@@ -1021,12 +1022,12 @@ int w_chunk_take_job(struct ckpt_step *st, struct ckpt_warray **aout, uint64_t *
 	}
 }
 
-int w_chunk_store_done(struct ckpt_warray *a, uint64_t idx, int rc, uint64_t off, uint64_t len,
-		       const char *why)
+int ckpt_w_chunk_store_done(struct ckpt_warray *a, uint64_t idx, int rc, uint64_t off, uint64_t len,
+			    const char *why)
 {
 	struct ckpt_step *st = a->step;
-	struct wchunk *c = w_chunk_at(a, idx);
-	uint64_t need = w_chunk_need(a, idx);
+	struct wchunk *c = ckpt_w_chunk_at(a, idx);
+	uint64_t need = ckpt_w_chunk_need(a, idx);
 	int shard_done = 0, spilled = 0;
 	uint64_t spilled_off = 0;
 
@@ -1044,18 +1045,18 @@ int w_chunk_store_done(struct ckpt_warray *a, uint64_t idx, int rc, uint64_t off
 		c->live = NULL;
 		a->nstored++;
 		a->stored_bytes += len;
-		struct wshard *sh = w_shard_at(a, w_chunk_shard(a, idx));
+		struct wshard *sh = ckpt_w_shard_at(a, ckpt_w_chunk_shard(a, idx));
 		budget_sub(&sh->unstored, 1);
 		shard_done = sh->unstored == 0;
 		if (shard_done && st->sink.shard_done)
-			sh->finishing++; /* w_shard_finish_early runs next; the commit waits for it */
+			sh->finishing++; /* ckpt_w_shard_finish_early runs next; the commit waits for it */
 	} else {
 		if (!atomic_load(&a->err))
 			ckpt_log(CKPT_LOG_ERR, "writer: %s: %s (chunk kept in memory; retried at commit)",
 				 a->relpath, why);
 		atomic_store(&a->err, rc);
 	}
-	/* The new state is visible before inflight drops: w_chunk_wait_idle
+	/* The new state is visible before inflight drops: ckpt_w_chunk_wait_idle
 	 * returns on inflight == 0 and the commit then reads the states. */
 	chunk_set_state(a, idx, rc ? WC_ERROR : WC_STORED);
 	ckpt_lock(&st->mu, CKPT_RANK_W_STEP);
@@ -1088,12 +1089,12 @@ int w_chunk_store_done(struct ckpt_warray *a, uint64_t idx, int rc, uint64_t off
 	return shard_done;
 }
 
-int w_chunk_adopt_stored(struct ckpt_warray *a, uint64_t idx, uint64_t off, uint64_t len)
+int ckpt_w_chunk_adopt_stored(struct ckpt_warray *a, uint64_t idx, uint64_t off, uint64_t len)
 {
 	struct ckpt_step *st = a->step;
-	uint64_t need = w_chunk_need(a, idx);
+	uint64_t need = ckpt_w_chunk_need(a, idx);
 	ckpt_lock(&a->mu, CKPT_RANK_W_ARRAY);
-	struct wchunk *c = w_chunk_touch(a, idx);
+	struct wchunk *c = ckpt_w_chunk_touch(a, idx);
 	if (!c) {
 		ckpt_unlock(&a->mu, CKPT_RANK_W_ARRAY);
 		ckpt_log(CKPT_LOG_ERR, "writer: %s: out of memory for the chunk table", a->relpath);
@@ -1106,7 +1107,7 @@ int w_chunk_adopt_stored(struct ckpt_warray *a, uint64_t idx, uint64_t off, uint
 	a->have_total += need;
 	a->nstored++;
 	a->stored_bytes += len;
-	budget_sub(&w_shard_at(a, w_chunk_shard(a, idx))->unstored, 1);
+	budget_sub(&ckpt_w_shard_at(a, ckpt_w_chunk_shard(a, idx))->unstored, 1);
 	chunk_set_state(a, idx, WC_STORED);
 	ckpt_lock(&st->mu, CKPT_RANK_W_STEP);
 	st->stored_bytes += len;
@@ -1115,13 +1116,14 @@ int w_chunk_adopt_stored(struct ckpt_warray *a, uint64_t idx, uint64_t off, uint
 	return 0;
 }
 
-void w_chunk_retry_errors(struct ckpt_step *st)
+void ckpt_w_chunk_retry_errors(struct ckpt_step *st)
 {
 	for (struct witem *it = st->items; it; it = it->next)
 		for (struct ckpt_warray *a = it->first; a; a = a->next) {
 			ckpt_lock(&a->mu, CKPT_RANK_W_ARRAY);
-			for (uint64_t i = w_chunk_next(a, 0); i < a->nchunks; i = w_chunk_next(a, i + 1)) {
-				struct wchunk *c = w_chunk_at(a, i);
+			for (uint64_t i = ckpt_w_chunk_next(a, 0); i < a->nchunks;
+			     i = ckpt_w_chunk_next(a, i + 1)) {
+				struct wchunk *c = ckpt_w_chunk_at(a, i);
 				if (c->state != WC_ERROR)
 					continue;
 				ckpt_lock(&st->mu, CKPT_RANK_W_STEP);
@@ -1138,10 +1140,10 @@ void w_chunk_retry_errors(struct ckpt_step *st)
 	ckpt_unlock(&st->mu, CKPT_RANK_W_STEP);
 }
 
-void w_chunk_reset(struct ckpt_warray *a, uint64_t idx)
+void ckpt_w_chunk_reset(struct ckpt_warray *a, uint64_t idx)
 {
 	struct ckpt_step *st = a->step;
-	struct wchunk *c = w_chunk_at(a, idx);
+	struct wchunk *c = ckpt_w_chunk_at(a, idx);
 	if (!c) /* never written */
 		return;
 	ckpt_lock(&a->mu, CKPT_RANK_W_ARRAY);
@@ -1163,8 +1165,8 @@ void w_chunk_reset(struct ckpt_warray *a, uint64_t idx)
 	a->have_total -= have;
 	if (prev == WC_STORED) {
 		budget_sub(&a->nstored, 1);
-		w_shard_at(a, w_chunk_shard(a, idx))->unstored++;
-		w_shard_unfinish_locked(a, w_chunk_shard(a, idx));
+		ckpt_w_shard_at(a, ckpt_w_chunk_shard(a, idx))->unstored++;
+		ckpt_w_shard_unfinish_locked(a, ckpt_w_chunk_shard(a, idx));
 	}
 	chunk_set_state(a, idx, WC_EMPTY);
 	ckpt_lock(&st->mu, CKPT_RANK_W_STEP);
@@ -1190,7 +1192,7 @@ void w_chunk_reset(struct ckpt_warray *a, uint64_t idx)
 		live_destroy(l);
 }
 
-void w_chunk_wait_idle(struct ckpt_step *st)
+void ckpt_w_chunk_wait_idle(struct ckpt_step *st)
 {
 	ckpt_lock(&st->mu, CKPT_RANK_W_STEP);
 	while (st->qhead || st->inflight)
@@ -1200,14 +1202,14 @@ void w_chunk_wait_idle(struct ckpt_step *st)
 
 /* ---- end of life ---- */
 
-void w_chunk_free_all(struct ckpt_step *st, struct ckpt_warray *a)
+void ckpt_w_chunk_free_all(struct ckpt_step *st, struct ckpt_warray *a)
 {
-	for (uint64_t i = w_chunk_next(a, 0); i < a->nchunks; i = w_chunk_next(a, i + 1)) {
-		struct wchunk *c = w_chunk_at(a, i);
+	for (uint64_t i = ckpt_w_chunk_next(a, 0); i < a->nchunks; i = ckpt_w_chunk_next(a, i + 1)) {
+		struct wchunk *c = ckpt_w_chunk_at(a, i);
 		struct wlive *l = c->live;
 		if (l) {
 			pthread_mutex_destroy(&l->mu);
-			w_cov_free(&l->cov);
+			ckpt_w_cov_free(&l->cov);
 			ckpt_hugebuf_free(l->buf, l->bufcap);
 			free(l);
 			c->live = NULL;
@@ -1216,7 +1218,7 @@ void w_chunk_free_all(struct ckpt_step *st, struct ckpt_warray *a)
 	(void)st;
 }
 
-void w_chunk_cache_free(struct ckpt_step *st)
+void ckpt_w_chunk_cache_free(struct ckpt_step *st)
 {
 	for (struct wbuf *b = st->cache, *nb; b; b = nb) {
 		nb = b->next;
@@ -1231,7 +1233,7 @@ void w_chunk_cache_free(struct ckpt_step *st)
 
 /* ---- whole-step consistency ---- */
 
-int w_chunk_check_all(struct ckpt_step *st)
+int ckpt_w_chunk_check_all(struct ckpt_step *st)
 {
 	uint64_t mem = 0, inflight = 0, npinned = 0, pins = 0, nspilled = 0, pending = 0;
 	int bad = 0;
@@ -1240,10 +1242,12 @@ int w_chunk_check_all(struct ckpt_step *st)
 		for (struct ckpt_warray *a = it->first; a; a = a->next) {
 			uint64_t have = 0, nstored = 0;
 			ckpt_lock(&a->mu, CKPT_RANK_W_ARRAY);
-			for (uint64_t i = w_chunk_next(a, 0); i < a->nchunks; i = w_chunk_next(a, i + 1)) {
-				const struct wchunk *c = w_chunk_at(a, i);
+			for (uint64_t i = ckpt_w_chunk_next(a, 0); i < a->nchunks;
+			     i = ckpt_w_chunk_next(a, i + 1)) {
+				const struct wchunk *c = ckpt_w_chunk_at(a, i);
 				const char *why = chunk_problem(a, i);
-				if (!why && c->state != WC_EMPTY && !w_shard_at(a, w_chunk_shard(a, i)))
+				if (!why && c->state != WC_EMPTY &&
+				    !ckpt_w_shard_at(a, ckpt_w_chunk_shard(a, i)))
 					why = "written, but its shard has no entry";
 				if (why) {
 					ckpt_log(CKPT_LOG_ERR, "writer: %s: chunk %llu (state %d): %s",
@@ -1272,12 +1276,14 @@ int w_chunk_check_all(struct ckpt_step *st)
 			uint64_t per = 1;
 			for (int d = 0; d < a->rank; d++)
 				per *= a->mps[d];
-			for (uint64_t s = w_shard_next(a, 0); s < a->nshards; s = w_shard_next(a, s + 1)) {
-				const struct wshard *sh = w_shard_at(a, s);
+			for (uint64_t s = ckpt_w_shard_next(a, 0); s < a->nshards;
+			     s = ckpt_w_shard_next(a, s + 1)) {
+				const struct wshard *sh = ckpt_w_shard_at(a, s);
 				uint64_t unstored = 0;
 				for (uint64_t e = 0; e < per; e++) {
-					uint64_t ci = w_shard_entry_chunk(a, s, e);
-					const struct wchunk *c = ci == UINT64_MAX ? NULL : w_chunk_at(a, ci);
+					uint64_t ci = ckpt_w_shard_entry_chunk(a, s, e);
+					const struct wchunk *c =
+						ci == UINT64_MAX ? NULL : ckpt_w_chunk_at(a, ci);
 					unstored += ci != UINT64_MAX && (!c || c->state != WC_STORED);
 				}
 				if (unstored != sh->unstored) {

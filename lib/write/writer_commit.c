@@ -48,18 +48,18 @@ static int write_json(struct ckpt_step *st, const char *rel, cJSON *j)
 	return rc;
 }
 
-cJSON *w_json_u64(uint64_t v)
+cJSON *ckpt_w_json_u64(uint64_t v)
 {
 	char b[24];
 	snprintf(b, sizeof(b), "%llu", (unsigned long long)v);
 	return cJSON_CreateRaw(b);
 }
 
-cJSON *w_json_shape(const uint64_t *v, int n)
+cJSON *ckpt_w_json_shape(const uint64_t *v, int n)
 {
 	cJSON *a = cJSON_CreateArray();
 	for (int i = 0; a && i < n; i++)
-		cJSON_AddItemToArray(a, w_json_u64(v[i]));
+		cJSON_AddItemToArray(a, ckpt_w_json_u64(v[i]));
 	return a;
 }
 
@@ -78,7 +78,7 @@ static char *zarr_json(const struct ckpt_warray *a, int level)
 static int finish_array(struct ckpt_step *st, struct ckpt_warray *a)
 {
 	char path[4096];
-	int rc = w_shard_finish_all(st, a);
+	int rc = ckpt_w_shard_finish_all(st, a);
 	if (rc)
 		return rc;
 	snprintf(path, sizeof(path), "%s/" CKPT_ORBAX_ZARR3_META, a->relpath);
@@ -86,7 +86,7 @@ static int finish_array(struct ckpt_step *st, struct ckpt_warray *a)
 	rc = zj ? write_file(st, path, zj, strlen(zj)) : -ENOMEM;
 	free(zj);
 	if (!rc)
-		rc = w_fsync_dir(st, a->relpath);
+		rc = ckpt_w_fsync_dir(st, a->relpath);
 	return rc;
 }
 
@@ -217,7 +217,7 @@ static int commit_success(struct ckpt_step *st, const struct witem *it, const ch
 	snprintf(path, sizeof(path), "%s/" CKPT_ORBAX_COMMIT_SUCCESS, it->name);
 	int rc = write_file(st, path, msg, (size_t)m);
 	if (!rc)
-		rc = w_fsync_dir(st, it->name);
+		rc = ckpt_w_fsync_dir(st, it->name);
 	return rc;
 }
 
@@ -256,7 +256,7 @@ static cJSON *metadata_json(const struct witem *it)
 		}
 		cJSON_AddStringToObject(vm, "value_type", "jax.Array");
 		cJSON_AddFalseToObject(vm, "skip_deserialize");
-		cJSON_AddItemToObject(vm, "write_shape", w_json_shape(a->inner, a->rank));
+		cJSON_AddItemToObject(vm, "write_shape", ckpt_w_json_shape(a->inner, a->rank));
 		cJSON_AddItemToObject(e, "key_metadata", km);
 		cJSON_AddItemToObject(e, "value_metadata", vm);
 		char *key = ckpt_orbax_keypath_repr((const char *const *)a->keys, a->depth);
@@ -322,7 +322,7 @@ static int fsync_tree(struct ckpt_step *st, const char *rel, int depth)
 		}
 	}
 	closedir(d);
-	return rc ? rc : w_fsync_dir(st, rel);
+	return rc ? rc : ckpt_w_fsync_dir(st, rel);
 }
 
 static int finish_item(struct ckpt_step *st, struct witem *it, const char *final_path)
@@ -369,7 +369,7 @@ static int finish_item(struct ckpt_step *st, struct witem *it, const char *final
 	return commit_success(st, it, final_path);
 }
 
-int w_write_ckpt_metadata(struct ckpt_step *st, int64_t commit_ns)
+int ckpt_w_write_ckpt_metadata(struct ckpt_step *st, int64_t commit_ns)
 {
 	cJSON *j = cJSON_CreateObject();
 	if (!j)
@@ -387,9 +387,9 @@ int w_write_ckpt_metadata(struct ckpt_step *st, int64_t commit_ns)
 	}
 	cJSON_AddItemToObject(j, "metrics", cJSON_CreateObject());
 	cJSON_AddItemToObject(j, "performance_metrics", cJSON_CreateObject());
-	cJSON_AddItemToObject(j, "init_timestamp_nsecs", w_json_u64((uint64_t)st->init_ns));
+	cJSON_AddItemToObject(j, "init_timestamp_nsecs", ckpt_w_json_u64((uint64_t)st->init_ns));
 	if (commit_ns)
-		cJSON_AddItemToObject(j, "commit_timestamp_nsecs", w_json_u64((uint64_t)commit_ns));
+		cJSON_AddItemToObject(j, "commit_timestamp_nsecs", ckpt_w_json_u64((uint64_t)commit_ns));
 	else
 		cJSON_AddNullToObject(j, "commit_timestamp_nsecs");
 	cJSON_AddItemToObject(j, "custom_metadata", cJSON_CreateObject());
@@ -410,15 +410,15 @@ static uint64_t report_holes(struct ckpt_step *st)
 			 * or one whose entry has fewer than it needs. */
 			uint64_t first = 0;
 			while (first < a->nchunks) {
-				const struct wchunk *c = w_chunk_at(a, first);
-				if (!c || c->have != w_chunk_need(a, first))
+				const struct wchunk *c = ckpt_w_chunk_at(a, first);
+				if (!c || c->have != ckpt_w_chunk_need(a, first))
 					break;
 				first++;
 			}
 			char box[512] = "[]";
 			if (first < a->nchunks) {
 				ckpt_region r;
-				w_chunk_region(a, first, &r);
+				ckpt_w_chunk_region(a, first, &r);
 				if (ckpt_slice_format(&r, box, sizeof(box)) < 0)
 					strcpy(box, "[...]");
 			}
@@ -455,8 +455,8 @@ static int commit_inner(struct ckpt_step *st, const char *final_name)
 		return -EBUSY;
 	}
 	/* Chunks whose store failed get another try. */
-	w_chunk_retry_errors(st);
-	w_chunk_wait_idle(st);
+	ckpt_w_chunk_retry_errors(st);
+	ckpt_w_chunk_wait_idle(st);
 
 	int rc = 0;
 	for (struct witem *it = st->items; it && !rc; it = it->next)
@@ -485,14 +485,14 @@ static int commit_inner(struct ckpt_step *st, const char *final_name)
 		rc = finish_item(st, it, final_path);
 	if (rc)
 		return rc;
-	rc = w_write_ckpt_metadata(st, ckpt_wall_ns());
+	rc = ckpt_w_write_ckpt_metadata(st, ckpt_wall_ns());
 	if (rc)
 		return rc;
 	char msg[4200];
 	int m = snprintf(msg, sizeof(msg), "Checkpoint commit was successful to %s", final_path);
 	rc = write_file(st, CKPT_ORBAX_COMMIT_SUCCESS, msg, (size_t)m);
 	if (!rc)
-		rc = w_fsync_dir(st, ".");
+		rc = ckpt_w_fsync_dir(st, ".");
 	if (rc)
 		return rc;
 	if (renameat2(st->rootfd, st->tmpname, st->rootfd, final_name, RENAME_NOREPLACE)) {
@@ -517,11 +517,11 @@ static int commit_inner(struct ckpt_step *st, const char *final_name)
 	}
 	/* Renamed: the step is committed whatever fsync said. */
 	st->state = CKPT_STEP_COMMITTED;
-	w_zpool_stop(st);
+	ckpt_w_zpool_stop(st);
 	return rc;
 }
 
-int w_commit(struct ckpt_step *st, const char *final_name)
+int ckpt_w_commit(struct ckpt_step *st, const char *final_name)
 {
 	/* Declarations wait for the commit and then see its outcome. */
 	ckpt_lock(&st->decl_mu, CKPT_RANK_W_DECL);
@@ -536,5 +536,5 @@ int w_commit(struct ckpt_step *st, const char *final_name)
 
 int ckpt_step_commit(ckpt_step *st, const char *final_name)
 {
-	return w_commit(st, final_name);
+	return ckpt_w_commit(st, final_name);
 }

@@ -22,7 +22,7 @@ static uint64_t bm_set(uint64_t *bm, uint64_t a, uint64_t b)
 	return added;
 }
 
-int w_cov_to_bitmap(struct wcov *c, uint64_t nbytes)
+int ckpt_w_cov_to_bitmap(struct wcov *c, uint64_t nbytes)
 {
 	if (c->bm)
 		return 0;
@@ -36,7 +36,7 @@ int w_cov_to_bitmap(struct wcov *c, uint64_t nbytes)
 	return 0;
 }
 
-int64_t w_cov_add(struct wcov *c, uint64_t nbytes, uint64_t a, uint64_t b)
+int64_t ckpt_w_cov_add(struct wcov *c, uint64_t nbytes, uint64_t a, uint64_t b)
 {
 	if (a >= b)
 		return 0;
@@ -60,7 +60,7 @@ int64_t w_cov_add(struct wcov *c, uint64_t nbytes, uint64_t a, uint64_t b)
 	}
 	if (j == i) { /* insert at i */
 		if (c->n == W_COV_INLINE) {
-			int rc = w_cov_to_bitmap(c, nbytes);
+			int rc = ckpt_w_cov_to_bitmap(c, nbytes);
 			if (rc)
 				return rc;
 			return (int64_t)bm_set(c->bm, a, b);
@@ -92,7 +92,7 @@ static uint64_t bm_clear(uint64_t *bm, uint64_t a, uint64_t b)
 	return removed;
 }
 
-int64_t w_cov_remove(struct wcov *c, uint64_t nbytes, uint64_t a, uint64_t b)
+int64_t ckpt_w_cov_remove(struct wcov *c, uint64_t nbytes, uint64_t a, uint64_t b)
 {
 	if (a >= b)
 		return 0;
@@ -106,7 +106,7 @@ int64_t w_cov_remove(struct wcov *c, uint64_t nbytes, uint64_t a, uint64_t b)
 	/* An interval strictly around [a, b) splits in two. */
 	if (c->iv[i][0] < a && c->iv[i][1] > b) {
 		if (c->n == W_COV_INLINE) {
-			int rc = w_cov_to_bitmap(c, nbytes);
+			int rc = ckpt_w_cov_to_bitmap(c, nbytes);
 			if (rc)
 				return rc;
 			return (int64_t)bm_clear(c->bm, a, b);
@@ -136,8 +136,8 @@ int64_t w_cov_remove(struct wcov *c, uint64_t nbytes, uint64_t a, uint64_t b)
 	return (int64_t)removed;
 }
 
-int w_cov_each(const struct wcov *c, uint64_t a, uint64_t b, int (*fn)(void *ctx, uint64_t s, uint64_t e),
-	       void *ctx)
+int ckpt_w_cov_each(const struct wcov *c, uint64_t a, uint64_t b,
+		    int (*fn)(void *ctx, uint64_t s, uint64_t e), void *ctx)
 {
 	if (!c->bm) {
 		for (uint32_t i = 0; i < c->n && c->iv[i][0] < b; i++) {
@@ -175,7 +175,7 @@ int w_cov_each(const struct wcov *c, uint64_t a, uint64_t b, int (*fn)(void *ctx
 	return 0;
 }
 
-void w_cov_fill(struct wcov *c, uint64_t nbytes)
+void ckpt_w_cov_fill(struct wcov *c, uint64_t nbytes)
 {
 	free(c->bm);
 	c->bm = NULL;
@@ -184,7 +184,7 @@ void w_cov_fill(struct wcov *c, uint64_t nbytes)
 	c->iv[0][1] = nbytes;
 }
 
-void w_cov_free(struct wcov *c)
+void ckpt_w_cov_free(struct wcov *c)
 {
 	free(c->bm);
 	c->bm = NULL;

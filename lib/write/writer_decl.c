@@ -102,7 +102,7 @@ static void hash_free(struct whash *t)
 	free(t);
 }
 
-int w_nodes_create(struct ckpt_step *st)
+int ckpt_w_keytab_create(struct ckpt_step *st)
 {
 	st->nodes = calloc(1, sizeof(*st->nodes));
 	if (!st->nodes)
@@ -112,7 +112,7 @@ int w_nodes_create(struct ckpt_step *st)
 	return st->nodes->b ? 0 : -ENOMEM;
 }
 
-void w_nodes_free(struct ckpt_step *st)
+void ckpt_w_keytab_free(struct ckpt_step *st)
 {
 	hash_free(st->nodes);
 	st->nodes = NULL;
@@ -163,7 +163,7 @@ static struct witem *item_get(struct ckpt_step *st, const char *item, int create
 	return it;
 }
 
-int w_step_writable(struct ckpt_step *st, const char *what)
+int ckpt_w_step_writable(struct ckpt_step *st, const char *what)
 {
 	if (st->state == CKPT_STEP_PENDING)
 		return 0;
@@ -182,14 +182,14 @@ int ckpt_step_add_item(ckpt_step *st, const char *item)
 		return -EINVAL;
 	}
 	ckpt_lock(&st->decl_mu, CKPT_RANK_W_DECL);
-	rc = w_step_writable(st, item);
+	rc = ckpt_w_step_writable(st, item);
 	if (!rc)
 		item_get(st, item, 1, &rc);
 	ckpt_unlock(&st->decl_mu, CKPT_RANK_W_DECL);
 	return rc;
 }
 
-void w_warray_free(struct ckpt_warray *a)
+void ckpt_w_warray_free(struct ckpt_warray *a)
 {
 	if (!a)
 		return;
@@ -201,7 +201,7 @@ void w_warray_free(struct ckpt_warray *a)
 	free(a->name);
 	free(a->relpath);
 	free(a->sharding);
-	w_tab_free(a);
+	ckpt_w_tab_free(a);
 	pthread_mutex_destroy(&a->mu);
 	pthread_cond_destroy(&a->cond);
 	free(a);
@@ -375,7 +375,7 @@ static int array_alloc(ckpt_step *st, struct witem *it, char *name, const char *
 	a->depth = depth;
 	for (int d = 0; d < rank; d++)
 		a->shape[d] = shape[d];
-	int rc = w_geom_init(a, st->opts.chunk_bytes, st->opts.shard_bytes);
+	int rc = ckpt_w_geom_init(a, st->opts.chunk_bytes, st->opts.shard_bytes);
 	if (rc) {
 		ckpt_log(CKPT_LOG_ERR, "writer: %s/%s: array too large (%s)", it->name, a->name,
 			 rc == -EFBIG ? "too many chunks or bytes" : "overflow");
@@ -414,7 +414,7 @@ static int array_alloc(ckpt_step *st, struct witem *it, char *name, const char *
 	*out = a;
 	return 0;
 fail:
-	w_warray_free(a);
+	ckpt_w_warray_free(a);
 	return rc;
 }
 
@@ -475,7 +475,7 @@ int ckpt_step_add_array(ckpt_step *st, const char *item, const char *const *keyp
 	ckpt_lock(&st->decl_mu, CKPT_RANK_W_DECL);
 	struct witem *it = NULL;
 	struct ckpt_warray *a = NULL;
-	if ((rc = w_step_writable(st, name)))
+	if ((rc = ckpt_w_step_writable(st, name)))
 		goto out;
 	if (!(it = item_get(st, item, 1, &rc)))
 		goto out;
@@ -500,7 +500,7 @@ int ckpt_step_add_array(ckpt_step *st, const char *item, const char *const *keyp
 		goto out;
 	rc = tree_register_locked(st, a, k, klen);
 	if (rc)
-		w_warray_free(a);
+		ckpt_w_warray_free(a);
 	else
 		*out = a;
 out:
@@ -539,7 +539,7 @@ int ckpt_step_set_json(ckpt_step *st, const char *item, const void *json, size_t
 	int rc = 0;
 	ckpt_lock(&st->decl_mu, CKPT_RANK_W_DECL);
 	struct witem *it = NULL;
-	rc = w_step_writable(st, item);
+	rc = ckpt_w_step_writable(st, item);
 	if (!rc)
 		it = item_get(st, item, 1, &rc);
 	if (it && (it->narrays || it->stored)) {
@@ -562,7 +562,7 @@ int ckpt_step_add_stored_item(ckpt_step *st, const char *item)
 	int rc = 0;
 	ckpt_lock(&st->decl_mu, CKPT_RANK_W_DECL);
 	struct witem *it = NULL;
-	rc = w_step_writable(st, item);
+	rc = ckpt_w_step_writable(st, item);
 	if (!rc)
 		it = item_get(st, item, 1, &rc);
 	if (it && (it->narrays || it->json)) {
@@ -584,7 +584,7 @@ int ckpt_step_set_item_handler(ckpt_step *st, const char *item, const char *hand
 	int rc = 0;
 	ckpt_lock(&st->decl_mu, CKPT_RANK_W_DECL);
 	struct witem *it = NULL;
-	rc = w_step_writable(st, item);
+	rc = ckpt_w_step_writable(st, item);
 	if (!rc)
 		it = item_get(st, item, 1, &rc);
 	if (it) {
@@ -601,7 +601,7 @@ int ckpt_warray_remove(ckpt_warray *a)
 {
 	struct ckpt_step *st = a->step;
 	ckpt_lock(&st->decl_mu, CKPT_RANK_W_DECL);
-	int rc = w_step_writable(st, a->relpath);
+	int rc = ckpt_w_step_writable(st, a->relpath);
 	if (rc || atomic_load(&a->removed)) {
 		ckpt_unlock(&st->decl_mu, CKPT_RANK_W_DECL);
 		return rc;
@@ -633,8 +633,8 @@ int ckpt_warray_remove(ckpt_warray *a)
 	st->removed = a;
 	ckpt_unlock(&st->decl_mu, CKPT_RANK_W_DECL);
 	/* Nobody finds it any more: drop its bytes and its folder. */
-	for (uint64_t i = w_chunk_next(a, 0); i < a->nchunks; i = w_chunk_next(a, i + 1))
-		w_chunk_reset(a, i);
+	for (uint64_t i = ckpt_w_chunk_next(a, 0); i < a->nchunks; i = ckpt_w_chunk_next(a, i + 1))
+		ckpt_w_chunk_reset(a, i);
 	rc = ckpt_rmtree_at(st->dirfd, a->relpath);
 	if (rc && rc != -ENOENT)
 		ckpt_log(CKPT_LOG_WARN, "writer: %s: removing its folder: %s", a->relpath, strerror(-rc));

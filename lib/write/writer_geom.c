@@ -21,7 +21,7 @@ static uint64_t pick_divisor(uint64_t n, uint64_t kmax)
 	return kmax;
 }
 
-int w_geom_init(struct ckpt_warray *a, uint64_t chunk_bytes, uint64_t shard_bytes)
+int ckpt_w_geom_init(struct ckpt_warray *a, uint64_t chunk_bytes, uint64_t shard_bytes)
 {
 	int r = a->rank;
 	uint64_t isz = a->isz, bytes = isz, nb = isz;
@@ -88,7 +88,8 @@ int w_geom_init(struct ckpt_warray *a, uint64_t chunk_bytes, uint64_t shard_byte
 	return 0;
 }
 
-int w_region_check(const struct ckpt_warray *a, const ckpt_region *region, ckpt_region *out, uint64_t *nbytes)
+int ckpt_w_region_check(const struct ckpt_warray *a, const ckpt_region *region, ckpt_region *out,
+			uint64_t *nbytes)
 {
 	if (!region) {
 		ckpt_region_full(out, a->rank, a->shape);
@@ -107,7 +108,7 @@ int w_region_check(const struct ckpt_warray *a, const ckpt_region *region, ckpt_
 	return 0;
 }
 
-uint64_t w_chunk_need(const struct ckpt_warray *a, uint64_t idx)
+uint64_t ckpt_w_chunk_need(const struct ckpt_warray *a, uint64_t idx)
 {
 	uint64_t need = a->isz;
 	for (int d = a->rank - 1; d >= 0; d--) {
@@ -121,7 +122,7 @@ uint64_t w_chunk_need(const struct ckpt_warray *a, uint64_t idx)
 	return need;
 }
 
-void w_chunk_coords(const struct ckpt_warray *a, uint64_t idx, uint64_t *cg)
+void ckpt_w_chunk_coords(const struct ckpt_warray *a, uint64_t idx, uint64_t *cg)
 {
 	for (int d = a->rank - 1; d >= 0; d--) {
 		cg[d] = idx % a->nch[d];
@@ -129,19 +130,19 @@ void w_chunk_coords(const struct ckpt_warray *a, uint64_t idx, uint64_t *cg)
 	}
 }
 
-uint64_t w_chunk_shard(const struct ckpt_warray *a, uint64_t idx)
+uint64_t ckpt_w_chunk_shard(const struct ckpt_warray *a, uint64_t idx)
 {
 	uint64_t cg[CKPT_MAX_RANK], s = 0;
-	w_chunk_coords(a, idx, cg);
+	ckpt_w_chunk_coords(a, idx, cg);
 	for (int d = 0; d < a->rank; d++)
 		s = s * a->nsh[d] + cg[d] / a->mps[d];
 	return s;
 }
 
-void w_chunk_region(const struct ckpt_warray *a, uint64_t idx, ckpt_region *r)
+void ckpt_w_chunk_region(const struct ckpt_warray *a, uint64_t idx, ckpt_region *r)
 {
 	uint64_t cg[CKPT_MAX_RANK];
-	w_chunk_coords(a, idx, cg);
+	ckpt_w_chunk_coords(a, idx, cg);
 	r->rank = a->rank;
 	for (int d = 0; d < a->rank; d++) {
 		r->start[d] = cg[d] * a->inner[d];

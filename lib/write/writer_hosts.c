@@ -8,11 +8,11 @@
  * The primary adopts stored chunks into its own shard files (a whole shard
  * file by rename when one host wrote all of it, else by copying the
  * compressed bytes), merges partial chunks through the normal write path
- * (w_chunk_write, so they are compressed like any other chunk), and then
+ * (ckpt_w_chunk_write, so they are compressed like any other chunk), and then
  * commits with ckpt_step_commit, which checks that every byte is there.
  *
  * Calls writer.c/writer_decl.c/writer_commit.c through the public API, and
- * writer_chunk.c (w_chunk_write, w_chunk_adopt_stored, idle wait),
+ * writer_chunk.c (ckpt_w_chunk_write, ckpt_w_chunk_adopt_stored, idle wait),
  * writer_shard.c (paths) and writer_geom.c below them.
  */
 #include <dirent.h>
@@ -131,7 +131,7 @@ static int write_json_atomic(int dirfd, const char *name, const cJSON *j)
 	return rc;
 }
 
-uint64_t w_json_to_u64(const cJSON *j)
+uint64_t ckpt_w_json_to_u64(const cJSON *j)
 {
 	if (!cJSON_IsNumber(j) || !(j->valuedouble > 0))
 		return 0;
@@ -186,14 +186,14 @@ static cJSON *decl_json(const struct ckpt_warray *a, int host)
 	cJSON_AddItemToObject(j, "keys", k);
 	cJSON_AddItemToObject(j, "key_types", t);
 	cJSON_AddStringToObject(j, "dtype", ckpt_dtype_get(a->dtype)->name);
-	cJSON_AddItemToObject(j, "shape", w_json_shape(a->shape, a->rank));
-	cJSON_AddItemToObject(j, "chunk", w_json_shape(a->inner, a->rank));
-	cJSON_AddItemToObject(j, "shard", w_json_shape(a->shard, a->rank));
+	cJSON_AddItemToObject(j, "shape", ckpt_w_json_shape(a->shape, a->rank));
+	cJSON_AddItemToObject(j, "chunk", ckpt_w_json_shape(a->inner, a->rank));
+	cJSON_AddItemToObject(j, "shard", ckpt_w_json_shape(a->shard, a->rank));
 	cJSON_AddNumberToObject(j, "host", host);
 	return j;
 }
 
-int w_decl_parse(const cJSON *j, struct w_decl *d)
+int ckpt_w_decl_parse(const cJSON *j, struct w_decl *d)
 {
 	memset(d, 0, sizeof(*d));
 	const cJSON *it = cJSON_GetObjectItemCaseSensitive(j, "item");
@@ -220,9 +220,9 @@ int w_decl_parse(const cJSON *j, struct w_decl *d)
 		d->types[i] = ti->valueint;
 	}
 	for (int i = 0; i < d->rank; i++) {
-		d->shape[i] = w_json_to_u64(cJSON_GetArrayItem(sh, i));
-		d->chunk[i] = w_json_to_u64(cJSON_GetArrayItem(ch, i));
-		d->shard[i] = w_json_to_u64(cJSON_GetArrayItem(sd, i));
+		d->shape[i] = ckpt_w_json_to_u64(cJSON_GetArrayItem(sh, i));
+		d->chunk[i] = ckpt_w_json_to_u64(cJSON_GetArrayItem(ch, i));
+		d->shard[i] = ckpt_w_json_to_u64(cJSON_GetArrayItem(sd, i));
 	}
 	d->dtype = ckpt_dtype_from_name(dt->valuestring);
 	const cJSON *h = cJSON_GetObjectItemCaseSensitive(j, "host");
@@ -283,7 +283,7 @@ int ckpt_hosts_declare(ckpt_step *st, const char *item, const char *const *keypa
 		rc = read_json(h->cfd, rel, 1 << 20, &rec);
 		if (rc == -ENOENT)
 			rc = 0;
-		else if (!rc && w_decl_parse(rec, &d))
+		else if (!rc && ckpt_w_decl_parse(rec, &d))
 			rc = -EINVAL;
 	}
 	const char *what = NULL;
@@ -312,7 +312,7 @@ int ckpt_hosts_declare(ckpt_step *st, const char *item, const char *const *keypa
 			rc = -errno;
 			if (rc == -EEXIST) {
 				rc = read_json(h->cfd, rel, 1 << 20, &rec);
-				if (!rc && w_decl_parse(rec, &d))
+				if (!rc && ckpt_w_decl_parse(rec, &d))
 					rc = -EINVAL;
 				if (!rc && (what = decl_differs(&d, keypath, key_types, depth, dtype, rank,
 								shape, *out)))
@@ -351,7 +351,7 @@ int ckpt_hosts_adopt(ckpt_step *st, const char *item, const char *const *keypath
 	struct w_decl d;
 	if (!rc)
 		rc = read_json(h->cfd, rel, 1 << 20, &rec);
-	if (!rc && w_decl_parse(rec, &d))
+	if (!rc && ckpt_w_decl_parse(rec, &d))
 		rc = -EINVAL;
 	if (!rc && decl_differs(&d, keypath, NULL, depth, d.dtype, d.rank, d.shape, NULL))
 		rc = -ENOENT; /* another key path with the same param name */
@@ -521,7 +521,7 @@ static int peek_fill(void *ctx, uint8_t *buf, struct wcov *cov, uint64_t *added)
 static enum wc_state chunk_state(struct ckpt_warray *a, uint64_t idx, uint64_t *off, uint64_t *len)
 {
 	ckpt_lock(&a->mu, CKPT_RANK_W_ARRAY);
-	const struct wchunk *c = w_chunk_at(a, idx);
+	const struct wchunk *c = ckpt_w_chunk_at(a, idx);
 	enum wc_state s = c ? c->state : WC_EMPTY;
 	if (off)
 		*off = c ? c->off : 0;
@@ -535,7 +535,7 @@ static enum wc_state chunk_state(struct ckpt_warray *a, uint64_t idx, uint64_t *
 static int commit_prepare(struct ckpt_step *st)
 {
 	if (st->state != CKPT_STEP_PENDING)
-		return w_step_writable(st, "commit");
+		return ckpt_w_step_writable(st, "commit");
 	ckpt_lock(&st->mu, CKPT_RANK_W_STEP);
 	uint64_t pins = st->pins_total;
 	ckpt_unlock(&st->mu, CKPT_RANK_W_STEP);
@@ -544,8 +544,8 @@ static int commit_prepare(struct ckpt_step *st)
 			 st->hosts->step);
 		return -EBUSY;
 	}
-	w_chunk_retry_errors(st);
-	w_chunk_wait_idle(st);
+	ckpt_w_chunk_retry_errors(st);
+	ckpt_w_chunk_wait_idle(st);
 	for (struct witem *it = st->items; it; it = it->next)
 		for (struct ckpt_warray *a = it->first; a; a = a->next)
 			if (atomic_load(&a->err)) {
@@ -567,16 +567,16 @@ static int export_array(struct ckpt_step *st, struct ckpt_warray *a, int pfd, ui
 	size_t raw = (size_t)(p.n + (p.n + 7) / 8), zcap = ZSTD_compressBound(raw);
 	uint8_t *z = NULL;
 	int rc = 0;
-	for (uint64_t i = w_chunk_next(a, 0); i < a->nchunks && !rc; i = w_chunk_next(a, i + 1)) {
+	for (uint64_t i = ckpt_w_chunk_next(a, 0); i < a->nchunks && !rc; i = ckpt_w_chunk_next(a, i + 1)) {
 		uint64_t off, len;
 		enum wc_state s = chunk_state(a, i, &off, &len);
 		if (s == WC_EMPTY)
 			continue;
 		cJSON *t = cJSON_CreateArray();
-		cJSON_AddItemToArray(t, w_json_u64(i));
+		cJSON_AddItemToArray(t, ckpt_w_json_u64(i));
 		if (s == WC_STORED) {
-			cJSON_AddItemToArray(t, w_json_u64(off));
-			cJSON_AddItemToArray(t, w_json_u64(len));
+			cJSON_AddItemToArray(t, ckpt_w_json_u64(off));
+			cJSON_AddItemToArray(t, ckpt_w_json_u64(len));
 			cJSON_AddItemToArray(stored, t);
 			continue;
 		}
@@ -585,7 +585,7 @@ static int export_array(struct ckpt_step *st, struct ckpt_warray *a, int pfd, ui
 			rc = -ENOMEM;
 			break;
 		}
-		rc = w_chunk_write(a, i, peek_fill, &p);
+		rc = ckpt_w_chunk_write(a, i, peek_fill, &p);
 		size_t zn = rc ? 0 : ZSTD_compress(z, zcap, p.buf, raw, 1);
 		if (!rc && ZSTD_isError(zn))
 			rc = -EIO;
@@ -595,8 +595,8 @@ static int export_array(struct ckpt_step *st, struct ckpt_warray *a, int pfd, ui
 			cJSON_Delete(t);
 			break;
 		}
-		cJSON_AddItemToArray(t, w_json_u64(*poff));
-		cJSON_AddItemToArray(t, w_json_u64(zn));
+		cJSON_AddItemToArray(t, ckpt_w_json_u64(*poff));
+		cJSON_AddItemToArray(t, ckpt_w_json_u64(zn));
 		cJSON_AddItemToArray(parts, t);
 		*poff += zn;
 	}
@@ -604,14 +604,14 @@ static int export_array(struct ckpt_step *st, struct ckpt_warray *a, int pfd, ui
 	free(z);
 	/* Shard files written so far, and their folders. */
 	char path[4096], last[4096] = "";
-	for (uint64_t s = w_shard_next(a, 0); s < a->nshards && !rc; s = w_shard_next(a, s + 1)) {
-		struct wshard *sh = w_shard_at(a, s);
+	for (uint64_t s = ckpt_w_shard_next(a, 0); s < a->nshards && !rc; s = ckpt_w_shard_next(a, s + 1)) {
+		struct wshard *sh = ckpt_w_shard_at(a, s);
 		ckpt_lock(&sh->mu, CKPT_RANK_W_SHARD);
 		uint64_t end = sh->end;
 		ckpt_unlock(&sh->mu, CKPT_RANK_W_SHARD);
 		if (!end)
 			continue;
-		if ((rc = w_shard_path(a, s, path, sizeof(path))) < 0)
+		if ((rc = ckpt_w_shard_path(a, s, path, sizeof(path))) < 0)
 			break;
 		rc = 0;
 		int fd = openat(st->dirfd, path, O_RDONLY | O_CLOEXEC);
@@ -622,7 +622,7 @@ static int export_array(struct ckpt_step *st, struct ckpt_warray *a, int pfd, ui
 		for (char *sl = strrchr(path, '/'); sl && !rc; sl = NULL) {
 			*sl = 0;
 			if (strcmp(path, last)) {
-				rc = w_fsync_dir(st, path);
+				rc = ckpt_w_fsync_dir(st, path);
 				snprintf(last, sizeof(last), "%s", path);
 			}
 		}
@@ -631,10 +631,10 @@ static int export_array(struct ckpt_step *st, struct ckpt_warray *a, int pfd, ui
 		snprintf(path, sizeof(path), "%s/c", a->relpath);
 		struct stat sb;
 		if (fstatat(st->dirfd, path, &sb, 0) == 0)
-			rc = w_fsync_dir(st, path);
+			rc = ckpt_w_fsync_dir(st, path);
 	}
 	if (!rc)
-		rc = w_fsync_dir(st, a->relpath);
+		rc = ckpt_w_fsync_dir(st, a->relpath);
 	return rc;
 }
 
@@ -666,14 +666,14 @@ static int host_export(struct ckpt_step *st, const char *final_name, cJSON **out
 			rc = export_array(st, a, pfd, &poff, e);
 		}
 		if (!rc)
-			rc = w_fsync_dir(st, it->name);
+			rc = ckpt_w_fsync_dir(st, it->name);
 	}
 	ckpt_unlock(&st->decl_mu, CKPT_RANK_W_DECL);
 	if (!rc && fsync(pfd))
 		rc = -errno;
 	close(pfd);
 	if (!rc)
-		rc = w_fsync_dir(st, ".");
+		rc = ckpt_w_fsync_dir(st, ".");
 	if (rc) {
 		cJSON_Delete(j);
 		return rc;
@@ -781,7 +781,7 @@ static int host_commit(struct ckpt_step *st, const char *final_name)
 		nap(&poll);
 	}
 	atomic_store(&st->state, CKPT_STEP_COMMITTED);
-	w_zpool_stop(st);
+	ckpt_w_zpool_stop(st);
 	ckpt_log(CKPT_LOG_INFO, "writer: step %s: committed by the primary (host %d's part included)",
 		 final_name, h->index);
 	return 0;
@@ -901,7 +901,7 @@ static int u64_cmp(const void *x, const void *y)
 static struct wshard *shard_entry(struct ckpt_warray *a, uint64_t s)
 {
 	ckpt_lock(&a->mu, CKPT_RANK_W_ARRAY);
-	struct wshard *sh = w_shard_touch(a, s);
+	struct wshard *sh = ckpt_w_shard_touch(a, s);
 	ckpt_unlock(&a->mu, CKPT_RANK_W_ARRAY);
 	return sh;
 }
@@ -925,7 +925,7 @@ static int apply_fill(void *ctx, uint8_t *buf, struct wcov *cov, uint64_t *added
 			i++;
 		if (i > s) {
 			memcpy(buf + s, p->data + s, i - s);
-			int64_t r = w_cov_add(cov, n, s, i);
+			int64_t r = ckpt_w_cov_add(cov, n, s, i);
 			if (r < 0)
 				return (int)r;
 			*added += (uint64_t)r;
@@ -939,7 +939,7 @@ static void inbounds_bitmap(const struct ckpt_warray *a, uint64_t idx, uint8_t *
 {
 	uint64_t cg[CKPT_MAX_RANK], ext[CKPT_MAX_RANK], l[CKPT_MAX_RANK] = { 0 };
 	memset(bm, 0, (a->chunk_nbytes + 7) / 8);
-	w_chunk_coords(a, idx, cg);
+	ckpt_w_chunk_coords(a, idx, cg);
 	for (int d = 0; d < a->rank; d++) {
 		uint64_t s = cg[d] * a->inner[d];
 		ext[d] = a->shape[d] - s < a->inner[d] ? a->shape[d] - s : a->inner[d];
@@ -967,7 +967,7 @@ static void inbounds_bitmap(const struct ckpt_warray *a, uint64_t idx, uint8_t *
 static int host_path(const struct ckpt_warray *a, int host, uint64_t sidx, char *buf, size_t cap)
 {
 	char rel[4096];
-	int rc = w_shard_path(a, sidx, rel, sizeof(rel));
+	int rc = ckpt_w_shard_path(a, sidx, rel, sizeof(rel));
 	if (rc < 0)
 		return rc;
 	rc = snprintf(buf, cap, "h%d.orbax-checkpoint-tmp/%s", host, rel);
@@ -979,7 +979,7 @@ static int load_host_chunk(struct whosts *h, const struct ckpt_warray *a, int k,
 			   uint64_t len, uint8_t *dst)
 {
 	char path[4400];
-	int rc = host_path(a, k, w_chunk_shard(a, idx), path, sizeof(path));
+	int rc = host_path(a, k, ckpt_w_chunk_shard(a, idx), path, sizeof(path));
 	if (rc)
 		return rc;
 	uint8_t *z = malloc(len ? len : 1);
@@ -1004,7 +1004,7 @@ static int copy_chunk(struct whosts *h, struct ckpt_warray *a, int k, uint64_t s
 {
 	char hp[4400], pp[4096];
 	int rc = host_path(a, k, sidx, hp, sizeof(hp));
-	if (!rc && (rc = w_shard_path(a, sidx, pp, sizeof(pp))) > 0)
+	if (!rc && (rc = ckpt_w_shard_path(a, sidx, pp, sizeof(pp))) > 0)
 		rc = 0;
 	if (!rc)
 		rc = mkdir_parents(a->step->dirfd, pp);
@@ -1052,7 +1052,7 @@ static const cJSON *host_entry(cJSON *done, const struct ckpt_warray *a)
 	cJSON_ArrayForEach(e, arrays)
 	{
 		struct w_decl d;
-		if (w_decl_parse(e, &d) || strcmp(d.item, a->item->name) || d.depth != a->depth)
+		if (ckpt_w_decl_parse(e, &d) || strcmp(d.item, a->item->name) || d.depth != a->depth)
 			continue;
 		int same = 1;
 		for (int i = 0; i < d.depth && same; i++)
@@ -1083,12 +1083,13 @@ static int merge_array(struct whosts *h, struct ckpt_warray *a, cJSON **done)
 		const cJSON *e = host_entry(done[k], a), *t;
 		cJSON_ArrayForEach(t, (e ? cJSON_GetObjectItemCaseSensitive(e, "stored") : NULL))
 		{
-			uint64_t i = w_json_to_u64(cJSON_GetArrayItem(t, 0));
+			uint64_t i = ckpt_w_json_to_u64(cJSON_GetArrayItem(t, 0));
 			if (i < a->nchunks && nsrc < cap)
-				src[nsrc++] = (struct src){ .idx = i,
-							    .host = k,
-							    .off = w_json_to_u64(cJSON_GetArrayItem(t, 1)),
-							    .len = w_json_to_u64(cJSON_GetArrayItem(t, 2)) };
+				src[nsrc++] =
+					(struct src){ .idx = i,
+						      .host = k,
+						      .off = ckpt_w_json_to_u64(cJSON_GetArrayItem(t, 1)),
+						      .len = ckpt_w_json_to_u64(cJSON_GetArrayItem(t, 2)) };
 		}
 	}
 	/* Sorted by chunk, the lowest host first; one entry per chunk. */
@@ -1100,7 +1101,7 @@ static int merge_array(struct whosts *h, struct ckpt_warray *a, cJSON **done)
 	nsrc = u;
 	size_t nshs = 0;
 	for (size_t i = 0; i < nsrc; i++)
-		shs[nshs++] = w_chunk_shard(a, src[i].idx);
+		shs[nshs++] = ckpt_w_chunk_shard(a, src[i].idx);
 	qsort(shs, nshs, sizeof(*shs), u64_cmp);
 	u = 0;
 	for (size_t i = 0; i < nshs; i++)
@@ -1118,7 +1119,7 @@ static int merge_array(struct whosts *h, struct ckpt_warray *a, cJSON **done)
 		int only = -2; /* -2: no chunk yet, -1: mixed, else the one host */
 		uint64_t end = 0;
 		for (uint64_t e = 0; e < per; e++) {
-			uint64_t i = w_shard_entry_chunk(a, s, e);
+			uint64_t i = ckpt_w_shard_entry_chunk(a, s, e);
 			if (i == UINT64_MAX)
 				continue;
 			const struct src *sc = src_find(src, nsrc, i);
@@ -1138,7 +1139,7 @@ static int merge_array(struct whosts *h, struct ckpt_warray *a, cJSON **done)
 		if (only >= 0 && fresh) {
 			char hp[4400], pp[4096];
 			rc = host_path(a, only, s, hp, sizeof(hp));
-			if (!rc && (rc = w_shard_path(a, s, pp, sizeof(pp))) > 0)
+			if (!rc && (rc = ckpt_w_shard_path(a, s, pp, sizeof(pp))) > 0)
 				rc = 0;
 			if (!rc)
 				rc = mkdir_parents(a->step->dirfd, pp);
@@ -1150,23 +1151,23 @@ static int merge_array(struct whosts *h, struct ckpt_warray *a, cJSON **done)
 			sh->end = end;
 			ckpt_unlock(&sh->mu, CKPT_RANK_W_SHARD);
 			for (uint64_t e = 0; e < per && !rc; e++) {
-				uint64_t i = w_shard_entry_chunk(a, s, e);
+				uint64_t i = ckpt_w_shard_entry_chunk(a, s, e);
 				const struct src *sc = i == UINT64_MAX ? NULL : src_find(src, nsrc, i);
 				if (sc)
-					rc = w_chunk_adopt_stored(a, i, sc->off, sc->len);
+					rc = ckpt_w_chunk_adopt_stored(a, i, sc->off, sc->len);
 			}
 			h->moved++;
 			continue;
 		}
 		for (uint64_t e = 0; e < per && !rc; e++) {
-			uint64_t i = w_shard_entry_chunk(a, s, e);
+			uint64_t i = ckpt_w_shard_entry_chunk(a, s, e);
 			const struct src *sc = i == UINT64_MAX ? NULL : src_find(src, nsrc, i);
 			if (!sc || chunk_state(a, i, NULL, NULL) != WC_EMPTY)
 				continue;
 			uint64_t noff = 0;
 			rc = copy_chunk(h, a, sc->host, s, sc->off, sc->len, &noff);
 			if (!rc)
-				rc = w_chunk_adopt_stored(a, i, noff, sc->len);
+				rc = ckpt_w_chunk_adopt_stored(a, i, noff, sc->len);
 			if (!rc)
 				h->copied++;
 		}
@@ -1188,7 +1189,7 @@ static int merge_array(struct whosts *h, struct ckpt_warray *a, cJSON **done)
 		if (!rc) {
 			inbounds_bitmap(a, i, buf + n);
 			struct apply ap = { a, buf, buf + n };
-			rc = w_chunk_write(a, i, apply_fill, &ap);
+			rc = ckpt_w_chunk_write(a, i, apply_fill, &ap);
 		}
 	}
 	for (int k = 1; k < h->count && !rc; k++) {
@@ -1198,9 +1199,9 @@ static int merge_array(struct whosts *h, struct ckpt_warray *a, cJSON **done)
 		int pfd = -1;
 		cJSON_ArrayForEach(t, (e ? cJSON_GetObjectItemCaseSensitive(e, "parts") : NULL))
 		{
-			uint64_t i = w_json_to_u64(cJSON_GetArrayItem(t, 0)),
-				 off = w_json_to_u64(cJSON_GetArrayItem(t, 1)),
-				 zl = w_json_to_u64(cJSON_GetArrayItem(t, 2));
+			uint64_t i = ckpt_w_json_to_u64(cJSON_GetArrayItem(t, 0)),
+				 off = ckpt_w_json_to_u64(cJSON_GetArrayItem(t, 1)),
+				 zl = ckpt_w_json_to_u64(cJSON_GetArrayItem(t, 2));
 			if (i >= a->nchunks || src_find(src, nsrc, i))
 				continue;
 			enum wc_state s = chunk_state(a, i, NULL, NULL);
@@ -1223,7 +1224,7 @@ static int merge_array(struct whosts *h, struct ckpt_warray *a, cJSON **done)
 			if (rc)
 				break;
 			struct apply ap = { a, buf, buf + n };
-			rc = w_chunk_write(a, i, apply_fill, &ap);
+			rc = ckpt_w_chunk_write(a, i, apply_fill, &ap);
 			if (rc)
 				break;
 			h->merged++;
@@ -1263,7 +1264,7 @@ static int merge_all(struct ckpt_step *st, cJSON **done, const char *final_name,
 		{
 			struct w_decl d;
 			ckpt_warray *a = NULL;
-			if (rc || (rc = w_decl_parse(e, &d)))
+			if (rc || (rc = ckpt_w_decl_parse(e, &d)))
 				break;
 			rc = ckpt_step_add_array(st, d.item, d.keys, d.types, d.depth, d.dtype, d.rank,
 						 d.shape, &a);
@@ -1286,7 +1287,7 @@ static int merge_all(struct ckpt_step *st, cJSON **done, const char *final_name,
 	for (struct witem *it = st->items; it && !rc; it = it->next)
 		for (struct ckpt_warray *a = it->first; a && !rc; a = a->next)
 			rc = merge_array(h, a, done);
-	w_chunk_wait_idle(st);
+	ckpt_w_chunk_wait_idle(st);
 	if (!rc)
 		ckpt_log(CKPT_LOG_INFO,
 			 "writer: step %s: merged %d hosts: %llu shard files moved, %llu chunks copied, %llu "

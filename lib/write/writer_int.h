@@ -111,7 +111,7 @@ struct wshard {
 	 * shard_set_state (its header has the transition table) */
 	uint8_t state;
 	int finishing; /* a counter, not a state: early finishes in progress
-			* (w_shard_finish_early); under array->mu */
+			* (ckpt_w_shard_finish_early); under array->mu */
 	unsigned gen; /* bumped when a STORED chunk leaves STORED; under array->mu */
 };
 
@@ -219,89 +219,89 @@ struct ckpt_step {
 
 /* Chunk idx / shard sidx, NULL when it has no entry (an EMPTY chunk, a
  * shard with no chunk written).  No lock needed for the lookup. */
-struct wchunk *w_chunk_at(const struct ckpt_warray *a, uint64_t idx);
-struct wshard *w_shard_at(const struct ckpt_warray *a, uint64_t sidx);
+struct wchunk *ckpt_w_chunk_at(const struct ckpt_warray *a, uint64_t idx);
+struct wshard *ckpt_w_shard_at(const struct ckpt_warray *a, uint64_t sidx);
 /* Under a->mu: the entry of chunk idx (and of its shard) / of shard sidx,
  * made (zeroed: EMPTY) if needed; NULL on ENOMEM. */
-struct wchunk *w_chunk_touch(struct ckpt_warray *a, uint64_t idx);
-struct wshard *w_shard_touch(struct ckpt_warray *a, uint64_t sidx);
+struct wchunk *ckpt_w_chunk_touch(struct ckpt_warray *a, uint64_t idx);
+struct wshard *ckpt_w_shard_touch(struct ckpt_warray *a, uint64_t sidx);
 /* The first chunk (shard) >= idx whose table page exists, else nchunks
- * (nshards): for (i = w_chunk_next(a, 0); i < n; i = w_chunk_next(a, i + 1))
+ * (nshards): for (i = ckpt_w_chunk_next(a, 0); i < n; i = ckpt_w_chunk_next(a, i + 1))
  * visits every chunk that may be non-EMPTY, O(touched pages). */
-uint64_t w_chunk_next(const struct ckpt_warray *a, uint64_t idx);
-uint64_t w_shard_next(const struct ckpt_warray *a, uint64_t sidx);
+uint64_t ckpt_w_chunk_next(const struct ckpt_warray *a, uint64_t idx);
+uint64_t ckpt_w_shard_next(const struct ckpt_warray *a, uint64_t sidx);
 /* In-bounds chunks of shard sidx; the chunk of entry e (C order in the
  * shard's chunk grid) of shard sidx, UINT64_MAX when outside the array. */
-uint64_t w_shard_nchunks(const struct ckpt_warray *a, uint64_t sidx);
-uint64_t w_shard_entry_chunk(const struct ckpt_warray *a, uint64_t sidx, uint64_t e);
+uint64_t ckpt_w_shard_nchunks(const struct ckpt_warray *a, uint64_t sidx);
+uint64_t ckpt_w_shard_entry_chunk(const struct ckpt_warray *a, uint64_t sidx, uint64_t e);
 /* Bytes allocated for both tables (tests). */
-uint64_t w_tab_bytes(const struct ckpt_warray *a);
+uint64_t ckpt_w_tab_bytes(const struct ckpt_warray *a);
 /* Free both tables (destroy the shard mutexes). */
-void w_tab_free(struct ckpt_warray *a);
+void ckpt_w_tab_free(struct ckpt_warray *a);
 
 /* ---- writer_geom.c ---- */
 
 /* Choose inner chunk and shard shapes and fill the derived geometry of a
  * (shape, rank, dtype set) array.  -EFBIG when too many chunks. */
-int w_geom_init(struct ckpt_warray *a, uint64_t chunk_bytes, uint64_t shard_bytes);
+int ckpt_w_geom_init(struct ckpt_warray *a, uint64_t chunk_bytes, uint64_t shard_bytes);
 
 /* Validate region against a (NULL = whole array) and fill *out. */
-int w_region_check(const struct ckpt_warray *a, const ckpt_region *region, ckpt_region *out,
-		   uint64_t *nbytes);
+int ckpt_w_region_check(const struct ckpt_warray *a, const ckpt_region *region, ckpt_region *out,
+			uint64_t *nbytes);
 
 /* In-bounds bytes of chunk `idx`. */
-uint64_t w_chunk_need(const struct ckpt_warray *a, uint64_t idx);
+uint64_t ckpt_w_chunk_need(const struct ckpt_warray *a, uint64_t idx);
 
 /* Grid coordinates of linear chunk idx; shard index of a chunk. */
-void w_chunk_coords(const struct ckpt_warray *a, uint64_t idx, uint64_t *cg);
-uint64_t w_chunk_shard(const struct ckpt_warray *a, uint64_t idx);
+void ckpt_w_chunk_coords(const struct ckpt_warray *a, uint64_t idx, uint64_t *cg);
+uint64_t ckpt_w_chunk_shard(const struct ckpt_warray *a, uint64_t idx);
 /* The in-bounds box of chunk idx, global coordinates. */
-void w_chunk_region(const struct ckpt_warray *a, uint64_t idx, ckpt_region *r);
+void ckpt_w_chunk_region(const struct ckpt_warray *a, uint64_t idx, ckpt_region *r);
 
 /* ---- writer_cov.c ---- */
 /* Add [a, b) to the coverage; returns the number of bytes not covered
  * before, or -ENOMEM (the bitmap could not be allocated; nothing added). */
-int64_t w_cov_add(struct wcov *c, uint64_t nbytes, uint64_t a, uint64_t b);
+int64_t ckpt_w_cov_add(struct wcov *c, uint64_t nbytes, uint64_t a, uint64_t b);
 /* Remove [a, b); returns the number of bytes covered before, or -ENOMEM
  * (a split needed the bitmap, which could not be allocated; nothing removed). */
-int64_t w_cov_remove(struct wcov *c, uint64_t nbytes, uint64_t a, uint64_t b);
+int64_t ckpt_w_cov_remove(struct wcov *c, uint64_t nbytes, uint64_t a, uint64_t b);
 /* Call fn(ctx, s, e) for each maximal covered run [s, e) inside [a, b), in
  * order; stops at and returns fn's first non-zero result. */
-int w_cov_each(const struct wcov *c, uint64_t a, uint64_t b, int (*fn)(void *ctx, uint64_t s, uint64_t e),
-	       void *ctx);
-void w_cov_fill(struct wcov *c, uint64_t nbytes); /* everything covered */
-void w_cov_free(struct wcov *c);
+int ckpt_w_cov_each(const struct wcov *c, uint64_t a, uint64_t b,
+		    int (*fn)(void *ctx, uint64_t s, uint64_t e), void *ctx);
+void ckpt_w_cov_fill(struct wcov *c, uint64_t nbytes); /* everything covered */
+void ckpt_w_cov_free(struct wcov *c);
 /* Serialize as a bitmap of bm_bytes (for the spill slot) / restore. */
-int w_cov_to_bitmap(struct wcov *c, uint64_t nbytes);
+int ckpt_w_cov_to_bitmap(struct wcov *c, uint64_t nbytes);
 
 /* ---- writer_shard.c ---- */
 
 /* Relative path "<item>/<name>/c/<i>/<j>" of shard sidx (into buf); its
  * length or -ENAMETOOLONG. */
-int w_shard_path(const struct ckpt_warray *a, uint64_t sidx, char *buf, size_t cap);
+int ckpt_w_shard_path(const struct ckpt_warray *a, uint64_t sidx, char *buf, size_t cap);
 /* Append n compressed bytes z (buffer of zcap bytes, W_DIO_ALIGN-aligned,
  * zcap >= n rounded up to W_DIO_ALIGN) to shard sidx, creating it and its
  * folders.  0 with the offset in *off and the open fd in *fd (hand it to
- * w_shard_append_done), or -errno with the reason in why. */
-int w_shard_append(struct ckpt_warray *a, uint64_t sidx, uint8_t *z, size_t n, size_t zcap, uint64_t *off,
-		   int *fd, char *why, size_t wcap);
+ * ckpt_w_shard_append_done), or -errno with the reason in why. */
+int ckpt_w_shard_append(struct ckpt_warray *a, uint64_t sidx, uint8_t *z, size_t n, size_t zcap,
+			uint64_t *off, int *fd, char *why, size_t wcap);
 /* Close the fd of an append; shard_complete: start writeback of the file. */
-void w_shard_append_done(int fd, int shard_complete);
+void ckpt_w_shard_append_done(int fd, int shard_complete);
 /* Read and decode a STORED chunk (extent off, len) into dst (chunk_nbytes);
  * -EIO/-ENOMEM, logged. */
-int w_shard_load_chunk(struct ckpt_warray *a, uint64_t idx, uint64_t off, uint64_t len, uint8_t *dst);
+int ckpt_w_shard_load_chunk(struct ckpt_warray *a, uint64_t idx, uint64_t off, uint64_t len, uint8_t *dst);
 /* Commit: write every shard's index at its end, fsync the shard files and
  * the array's c/ folders.  Every in-bounds chunk must be STORED. */
-int w_shard_finish_all(struct ckpt_step *st, struct ckpt_warray *a);
-/* Compression thread, after w_chunk_store_done returned shard_done with a
+int ckpt_w_shard_finish_all(struct ckpt_step *st, struct ckpt_warray *a);
+/* Compression thread, after ckpt_w_chunk_store_done returned shard_done with a
  * sink set (and counted sh->finishing): finish shard sidx now, mark it
  * finished and hand it to the sink, unless it changed meanwhile. */
-void w_shard_finish_early(struct ckpt_warray *a, uint64_t sidx);
+void ckpt_w_shard_finish_early(struct ckpt_warray *a, uint64_t sidx);
 /* Under a->mu: a STORED chunk of shard sidx leaves STORED (rewrite, reset):
  * the shard is no longer finished; the sink hears of it. */
-void w_shard_unfinish_locked(struct ckpt_warray *a, uint64_t sidx);
+void ckpt_w_shard_unfinish_locked(struct ckpt_warray *a, uint64_t sidx);
 /* fsync folder rel of the tmp folder; -errno logged. */
-int w_fsync_dir(struct ckpt_step *st, const char *rel);
+int ckpt_w_fsync_dir(struct ckpt_step *st, const char *rel);
 
 /* ---- writer_chunk.c ---- */
 
@@ -314,65 +314,66 @@ typedef void (*w_chunk_copy_fn)(void *ctx, const uint8_t *bytes);
 /* Write into chunk idx: pin it with a buffer (allocating within the budget,
  * or re-reading a spilled or stored chunk), run fill, unpin (queueing the
  * chunk for compression once complete).  fill's error or -errno. */
-int w_chunk_write(struct ckpt_warray *a, uint64_t idx, w_chunk_fill_fn fill, void *ctx);
+int ckpt_w_chunk_write(struct ckpt_warray *a, uint64_t idx, w_chunk_fill_fn fill, void *ctx);
 /* Drop bytes of chunk idx: pin it as for a write (a STORED or SPILLED chunk
  * is re-read; an EMPTY one is left alone: 0 at once), run drop, which
  * clears coverage and zeroes the bytes and sets *removed to the bytes no
  * longer covered, unpin (a complete chunk that lost bytes is LIVE again).
  * drop's error or -errno. */
-int w_chunk_forget(struct ckpt_warray *a, uint64_t idx, w_chunk_fill_fn drop, void *ctx);
+int ckpt_w_chunk_forget(struct ckpt_warray *a, uint64_t idx, w_chunk_fill_fn drop, void *ctx);
 /* Read chunk idx: copy(ctx, bytes) with its live buffer (pinned, under its
  * lock), a copy read into *scratch (chunk_nbytes, allocated on first need,
  * the caller frees it), or NULL when never written.  0, -ENOMEM or -EIO. */
-int w_chunk_read(struct ckpt_warray *a, uint64_t idx, uint8_t **scratch, w_chunk_copy_fn copy, void *ctx);
+int ckpt_w_chunk_read(struct ckpt_warray *a, uint64_t idx, uint8_t **scratch, w_chunk_copy_fn copy,
+		      void *ctx);
 /* Compression threads: wait for a queued chunk and make it COMPRESSING
  * (0, the chunk's array, index and buffer), or -ECANCELED once st->stop. */
-int w_chunk_take_job(struct ckpt_step *st, struct ckpt_warray **a, uint64_t *idx, struct wlive **l);
+int ckpt_w_chunk_take_job(struct ckpt_step *st, struct ckpt_warray **a, uint64_t *idx, struct wlive **l);
 /* The outcome of a job: rc 0 = stored at (off, len) -> STORED and the
  * buffer freed; else ERROR (why logged once per array).  Returns 1 when
  * that was the last unstored chunk of its shard. */
-int w_chunk_store_done(struct ckpt_warray *a, uint64_t idx, int rc, uint64_t off, uint64_t len,
-		       const char *why);
+int ckpt_w_chunk_store_done(struct ckpt_warray *a, uint64_t idx, int rc, uint64_t off, uint64_t len,
+			    const char *why);
 /* Multi-host commit (writer_hosts.c): an EMPTY chunk becomes STORED at
  * (off, len) of its shard file, whose bytes another host compressed. */
-int w_chunk_adopt_stored(struct ckpt_warray *a, uint64_t idx, uint64_t off, uint64_t len);
+int ckpt_w_chunk_adopt_stored(struct ckpt_warray *a, uint64_t idx, uint64_t off, uint64_t len);
 /* Commit: queue every ERROR chunk again and clear the sticky errors. */
-void w_chunk_retry_errors(struct ckpt_step *st);
+void ckpt_w_chunk_retry_errors(struct ckpt_step *st);
 /* Drop every byte of chunk idx (waits for BUSY and QUEUED states to end and
  * for pins to drop), making it EMPTY; a stored copy stays in the shard file
  * as dead bytes. */
-void w_chunk_reset(struct ckpt_warray *a, uint64_t idx);
+void ckpt_w_chunk_reset(struct ckpt_warray *a, uint64_t idx);
 /* Wait until nothing is queued, compressing, spilling or loading. */
-void w_chunk_wait_idle(struct ckpt_step *st);
+void ckpt_w_chunk_wait_idle(struct ckpt_step *st);
 /* Destroy: free every buffer of a (no thread may use it any more) / the
  * warm free buffers of st. */
-void w_chunk_free_all(struct ckpt_step *st, struct ckpt_warray *a);
-void w_chunk_cache_free(struct ckpt_step *st);
+void ckpt_w_chunk_free_all(struct ckpt_step *st, struct ckpt_warray *a);
+void ckpt_w_chunk_cache_free(struct ckpt_step *st);
 /* Check every chunk of st against the state table and the step's and
  * arrays' accounting against the chunks (tests; also usable from a
  * debugger).  Only meaningful when the step is quiet: no call in progress
- * and w_chunk_wait_idle returned.  0, or -EUCLEAN with each problem logged. */
-int w_chunk_check_all(struct ckpt_step *st);
+ * and ckpt_w_chunk_wait_idle returned.  0, or -EUCLEAN with each problem logged. */
+int ckpt_w_chunk_check_all(struct ckpt_step *st);
 
 /* ---- writer_zpool.c ---- */
-int w_zpool_start(struct ckpt_step *st);
-void w_zpool_stop(struct ckpt_step *st);
+int ckpt_w_zpool_start(struct ckpt_step *st);
+void ckpt_w_zpool_stop(struct ckpt_step *st);
 
 /* ---- writer_decl.c ---- */
-int w_nodes_create(struct ckpt_step *st);
-void w_nodes_free(struct ckpt_step *st);
-void w_warray_free(struct ckpt_warray *a);
+int ckpt_w_keytab_create(struct ckpt_step *st);
+void ckpt_w_keytab_free(struct ckpt_step *st);
+void ckpt_w_warray_free(struct ckpt_warray *a);
 /* 0 while the step is pending, else -EROFS (logged with `what`). */
-int w_step_writable(struct ckpt_step *st, const char *what);
+int ckpt_w_step_writable(struct ckpt_step *st, const char *what);
 
 /* ---- writer_commit.c ---- */
-int w_commit(struct ckpt_step *st, const char *final_name);
+int ckpt_w_commit(struct ckpt_step *st, const char *final_name);
 /* _CHECKPOINT_METADATA: provisional at begin (commit_ns 0), final at commit. */
-int w_write_ckpt_metadata(struct ckpt_step *st, int64_t commit_ns);
+int ckpt_w_write_ckpt_metadata(struct ckpt_step *st, int64_t commit_ns);
 /* v as a JSON number (a raw cJSON node, exact beyond 2^53); NULL on ENOMEM. */
-struct cJSON *w_json_u64(uint64_t v);
+struct cJSON *ckpt_w_json_u64(uint64_t v);
 /* v[0..n) as a JSON array of such numbers; NULL on ENOMEM. */
-struct cJSON *w_json_shape(const uint64_t *v, int n);
+struct cJSON *ckpt_w_json_shape(const uint64_t *v, int n);
 
 /* ---- writer_hosts.c: records one host reads from another ---- */
 
@@ -390,9 +391,9 @@ struct w_decl {
 };
 
 /* 0 and *d, or -EINVAL when j is no usable declaration record (fuzz_hosts_done). */
-int w_decl_parse(const struct cJSON *j, struct w_decl *d);
+int ckpt_w_decl_parse(const struct cJSON *j, struct w_decl *d);
 /* A record's count or offset: 0 when j is no number or not positive,
  * UINT64_MAX when it is 2^64 or more (as the written 2^64-1 reads back). */
-uint64_t w_json_to_u64(const struct cJSON *j);
+uint64_t ckpt_w_json_to_u64(const struct cJSON *j);
 
 #endif

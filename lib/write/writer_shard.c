@@ -25,7 +25,7 @@
 #include "sysio.h"
 #include "writer_int.h"
 
-int w_shard_path(const struct ckpt_warray *a, uint64_t sidx, char *buf, size_t cap)
+int ckpt_w_shard_path(const struct ckpt_warray *a, uint64_t sidx, char *buf, size_t cap)
 {
 	uint64_t g[CKPT_MAX_RANK];
 	for (int d = a->rank - 1; d >= 0; d--) {
@@ -44,7 +44,7 @@ int w_shard_path(const struct ckpt_warray *a, uint64_t sidx, char *buf, size_t c
 static int shard_open(struct ckpt_warray *a, uint64_t sidx, int flags)
 {
 	char path[4096];
-	int rc = w_shard_path(a, sidx, path, sizeof(path));
+	int rc = ckpt_w_shard_path(a, sidx, path, sizeof(path));
 	if (rc < 0)
 		return rc;
 	int fd = openat(a->step->dirfd, path, flags | O_CLOEXEC, 0644);
@@ -74,10 +74,10 @@ static int shard_open(struct ckpt_warray *a, uint64_t sidx, int flags)
  * EINVAL, remembered per step in st->no_direct) chunks are packed and written
  * through the page cache, with writeback started at once.
  */
-int w_shard_append(struct ckpt_warray *a, uint64_t sidx, uint8_t *z, size_t n, size_t zcap, uint64_t *off,
-		   int *fd_out, char *why, size_t wcap)
+int ckpt_w_shard_append(struct ckpt_warray *a, uint64_t sidx, uint8_t *z, size_t n, size_t zcap,
+			uint64_t *off, int *fd_out, char *why, size_t wcap)
 {
-	struct wshard *sh = w_shard_at(a, sidx); /* made when its chunk was first written */
+	struct wshard *sh = ckpt_w_shard_at(a, sidx); /* made when its chunk was first written */
 	struct ckpt_step *st = a->step;
 	int direct = !atomic_load(&st->no_direct);
 	int fd = shard_open(a, sidx, O_WRONLY | O_CREAT | (direct ? O_DIRECT : 0));
@@ -115,17 +115,17 @@ int w_shard_append(struct ckpt_warray *a, uint64_t sidx, uint8_t *z, size_t n, s
 	return 0;
 }
 
-void w_shard_append_done(int fd, int shard_complete)
+void ckpt_w_shard_append_done(int fd, int shard_complete)
 {
 	if (shard_complete) /* start writeback of the whole file early; commit fsyncs */
 		sync_file_range(fd, 0, 0, SYNC_FILE_RANGE_WRITE);
 	close(fd);
 }
 
-int w_shard_load_chunk(struct ckpt_warray *a, uint64_t idx, uint64_t off, uint64_t len, uint8_t *dst)
+int ckpt_w_shard_load_chunk(struct ckpt_warray *a, uint64_t idx, uint64_t off, uint64_t len, uint8_t *dst)
 {
 	char path[4096];
-	int rc = w_shard_path(a, w_chunk_shard(a, idx), path, sizeof(path));
+	int rc = ckpt_w_shard_path(a, ckpt_w_chunk_shard(a, idx), path, sizeof(path));
 	if (rc < 0)
 		return rc;
 	uint8_t *z = malloc(len ? len : 1);
@@ -152,7 +152,7 @@ int w_shard_load_chunk(struct ckpt_warray *a, uint64_t idx, uint64_t off, uint64
 	return rc;
 }
 
-int w_fsync_dir(struct ckpt_step *st, const char *rel)
+int ckpt_w_fsync_dir(struct ckpt_step *st, const char *rel)
 {
 	int rc = ckpt_fsync_dir_at(st->dirfd, rel);
 	if (rc)
@@ -181,7 +181,7 @@ static int shard_index(const struct ckpt_warray *a, uint64_t s, uint64_t n, uint
 		}
 		uint64_t off = UINT64_MAX, len = UINT64_MAX;
 		if (!out) {
-			const struct wchunk *c = w_chunk_at(a, lin);
+			const struct wchunk *c = ckpt_w_chunk_at(a, lin);
 			if (!c || c->state != WC_STORED)
 				return -EAGAIN; /* early finish: written again meanwhile */
 			off = c->off;
@@ -233,7 +233,7 @@ static int finish_one(struct ckpt_warray *a, uint64_t s, uint64_t n, uint8_t *ix
 	int rc = shard_index(a, s, n, ix);
 	assert(rc == 0); /* every in-bounds chunk is STORED at commit */
 	(void)rc;
-	return put_index(a, s, n, ix, w_shard_at(a, s)->end);
+	return put_index(a, s, n, ix, ckpt_w_shard_at(a, s)->end);
 }
 
 /* Finish shards s = first, first + stride, ... of a that are not finished
@@ -256,7 +256,7 @@ static void *finish_shards(void *arg)
 	int rc = 0;
 	/* Every shard has an entry: all its chunks are STORED at commit. */
 	for (uint64_t s = j->first; s < a->nshards && !rc; s += j->stride)
-		if (w_shard_at(a, s)->state == WSH_OPEN) /* no writer runs during the commit */
+		if (ckpt_w_shard_at(a, s)->state == WSH_OPEN) /* no writer runs during the commit */
 			rc = finish_one(a, s, j->n, ix);
 	free(ix);
 	j->rc = rc;
@@ -267,10 +267,10 @@ static void *finish_shards(void *arg)
  * Shard states (sh->state, under array->mu):
  *
  *   from      to        by
- *   OPEN      FINISHED  w_shard_finish_early: every chunk STORED and nothing
+ *   OPEN      FINISHED  ckpt_w_shard_finish_early: every chunk STORED and nothing
  *                       changed while its index was written: handed to the
  *                       sink (object-store roots upload it at once)
- *   FINISHED  OPEN      w_shard_unfinish_locked: a STORED chunk of it leaves
+ *   FINISHED  OPEN      ckpt_w_shard_unfinish_locked: a STORED chunk of it leaves
  *                       STORED (written again, reset): the sink hears of it
  *
  * The commit finishes every shard still OPEN (finish_shards) and then the
@@ -283,10 +283,10 @@ static void shard_set_state(struct wshard *sh, enum wsh_state to)
 	sh->state = (uint8_t)to;
 }
 
-void w_shard_finish_early(struct ckpt_warray *a, uint64_t sidx)
+void ckpt_w_shard_finish_early(struct ckpt_warray *a, uint64_t sidx)
 {
 	struct ckpt_step *st = a->step;
-	struct wshard *sh = w_shard_at(a, sidx);
+	struct wshard *sh = ckpt_w_shard_at(a, sidx);
 	uint64_t n = shard_entries(a);
 	ckpt_lock(&a->mu, CKPT_RANK_W_ARRAY);
 	assert(sh->finishing > 0);
@@ -318,7 +318,7 @@ void w_shard_finish_early(struct ckpt_warray *a, uint64_t sidx)
 	ckpt_lock(&a->mu, CKPT_RANK_W_ARRAY);
 	sh->finishing--;
 	if (!rc && sh->gen == gen && sh->unstored == 0 && sh->state == WSH_OPEN &&
-	    w_shard_path(a, sidx, path, sizeof(path)) > 0) {
+	    ckpt_w_shard_path(a, sidx, path, sizeof(path)) > 0) {
 		shard_set_state(sh, WSH_FINISHED);
 		if (st->sink.shard_done)
 			st->sink.shard_done(st->sink.ctx, path);
@@ -327,17 +327,17 @@ void w_shard_finish_early(struct ckpt_warray *a, uint64_t sidx)
 	ckpt_unlock(&a->mu, CKPT_RANK_W_ARRAY);
 }
 
-void w_shard_unfinish_locked(struct ckpt_warray *a, uint64_t sidx)
+void ckpt_w_shard_unfinish_locked(struct ckpt_warray *a, uint64_t sidx)
 {
 	ckpt_assert_held(CKPT_RANK_W_ARRAY);
 	struct ckpt_step *st = a->step;
-	struct wshard *sh = w_shard_at(a, sidx);
+	struct wshard *sh = ckpt_w_shard_at(a, sidx);
 	sh->gen++;
 	if (sh->state != WSH_FINISHED)
 		return;
 	shard_set_state(sh, WSH_OPEN);
 	char path[4096];
-	if (st->sink.shard_changed && w_shard_path(a, sidx, path, sizeof(path)) > 0)
+	if (st->sink.shard_changed && ckpt_w_shard_path(a, sidx, path, sizeof(path)) > 0)
 		st->sink.shard_changed(st->sink.ctx, path);
 }
 
@@ -353,13 +353,13 @@ void ckpt_step_set_sink(ckpt_step *st, const struct ckpt_step_sink *sink)
  * per shard, as several hosts write) overlap instead of queueing. */
 #define W_FINISH_THREADS 8
 
-int w_shard_finish_all(struct ckpt_step *st, struct ckpt_warray *a)
+int ckpt_w_shard_finish_all(struct ckpt_step *st, struct ckpt_warray *a)
 {
 	uint64_t n = shard_entries(a);
 	/* Early finishes still running on compression threads end first. */
 	ckpt_lock(&a->mu, CKPT_RANK_W_ARRAY);
-	for (uint64_t s = w_shard_next(a, 0); s < a->nshards; s = w_shard_next(a, s + 1))
-		while (w_shard_at(a, s)->finishing)
+	for (uint64_t s = ckpt_w_shard_next(a, 0); s < a->nshards; s = ckpt_w_shard_next(a, s + 1))
+		while (ckpt_w_shard_at(a, s)->finishing)
 			pthread_cond_wait(&a->cond, &a->mu);
 	ckpt_unlock(&a->mu, CKPT_RANK_W_ARRAY);
 	uint64_t nthr = a->nshards < W_FINISH_THREADS ? a->nshards : W_FINISH_THREADS;
@@ -397,14 +397,14 @@ int w_shard_finish_all(struct ckpt_step *st, struct ckpt_warray *a)
 			for (int d = 0; d < p && k > 0 && (size_t)k < sizeof(path); d++)
 				k += snprintf(path + k, sizeof(path) - (size_t)k, "/%llu",
 					      (unsigned long long)g[d]);
-			rc = w_fsync_dir(st, path);
+			rc = ckpt_w_fsync_dir(st, path);
 			for (int d = p - 1; d >= 0 && ++g[d] == a->nsh[d]; d--)
 				g[d] = 0;
 		}
 	}
 	if (!rc && a->rank > 0) {
 		snprintf(path, sizeof(path), "%s/c", a->relpath);
-		rc = w_fsync_dir(st, path);
+		rc = ckpt_w_fsync_dir(st, path);
 	}
 	return rc;
 }

@@ -8,9 +8,9 @@
  * one of their entries (the last page only as long as the array needs).
  * An entry that is not allocated is an EMPTY chunk / a shard none of whose
  * chunks was written: `unstored` is then the number of its in-bounds
- * chunks (w_shard_nchunks), which a fresh shard entry starts with.
+ * chunks (ckpt_w_shard_nchunks), which a fresh shard entry starts with.
  *
- * Pages are never freed before the array (w_tab_free), so a pointer to an
+ * Pages are never freed before the array (ckpt_w_tab_free), so a pointer to an
  * entry stays valid.  Directory and page pointers are published with
  * release stores under array->mu and read with acquire loads, so lookups
  * need no lock; the entries themselves keep their own locking rules.
@@ -24,7 +24,7 @@ static uint64_t ndir(uint64_t n, unsigned shift)
 	return (n + ((uint64_t)1 << shift) - 1) >> shift;
 }
 
-struct wchunk *w_chunk_at(const struct ckpt_warray *a, uint64_t idx)
+struct wchunk *ckpt_w_chunk_at(const struct ckpt_warray *a, uint64_t idx)
 {
 	assert(idx < a->nchunks);
 	w_chunk_page *dir = atomic_load_explicit(&a->cdir, memory_order_acquire);
@@ -34,7 +34,7 @@ struct wchunk *w_chunk_at(const struct ckpt_warray *a, uint64_t idx)
 	return pg ? &pg[idx & (W_CPAGE - 1)] : NULL;
 }
 
-struct wshard *w_shard_at(const struct ckpt_warray *a, uint64_t sidx)
+struct wshard *ckpt_w_shard_at(const struct ckpt_warray *a, uint64_t sidx)
 {
 	assert(sidx < a->nshards);
 	w_shard_page *dir = atomic_load_explicit(&a->sdir, memory_order_acquire);
@@ -44,7 +44,7 @@ struct wshard *w_shard_at(const struct ckpt_warray *a, uint64_t sidx)
 	return pg ? &pg[sidx & (W_SPAGE - 1)] : NULL;
 }
 
-uint64_t w_chunk_next(const struct ckpt_warray *a, uint64_t idx)
+uint64_t ckpt_w_chunk_next(const struct ckpt_warray *a, uint64_t idx)
 {
 	w_chunk_page *dir = atomic_load_explicit(&a->cdir, memory_order_acquire);
 	if (!dir)
@@ -57,7 +57,7 @@ uint64_t w_chunk_next(const struct ckpt_warray *a, uint64_t idx)
 	return a->nchunks;
 }
 
-uint64_t w_shard_next(const struct ckpt_warray *a, uint64_t sidx)
+uint64_t ckpt_w_shard_next(const struct ckpt_warray *a, uint64_t sidx)
 {
 	w_shard_page *dir = atomic_load_explicit(&a->sdir, memory_order_acquire);
 	if (!dir)
@@ -70,7 +70,7 @@ uint64_t w_shard_next(const struct ckpt_warray *a, uint64_t sidx)
 	return a->nshards;
 }
 
-uint64_t w_shard_nchunks(const struct ckpt_warray *a, uint64_t sidx)
+uint64_t ckpt_w_shard_nchunks(const struct ckpt_warray *a, uint64_t sidx)
 {
 	uint64_t n = 1;
 	for (int d = a->rank - 1; d >= 0; d--) {
@@ -82,7 +82,7 @@ uint64_t w_shard_nchunks(const struct ckpt_warray *a, uint64_t sidx)
 	return n;
 }
 
-uint64_t w_shard_entry_chunk(const struct ckpt_warray *a, uint64_t sidx, uint64_t e)
+uint64_t ckpt_w_shard_entry_chunk(const struct ckpt_warray *a, uint64_t sidx, uint64_t e)
 {
 	uint64_t sg[CKPT_MAX_RANK], l[CKPT_MAX_RANK];
 	for (int d = a->rank - 1; d >= 0; d--) {
@@ -101,9 +101,9 @@ uint64_t w_shard_entry_chunk(const struct ckpt_warray *a, uint64_t sidx, uint64_
 	return lin;
 }
 
-struct wshard *w_shard_touch(struct ckpt_warray *a, uint64_t sidx)
+struct wshard *ckpt_w_shard_touch(struct ckpt_warray *a, uint64_t sidx)
 {
-	struct wshard *sh = w_shard_at(a, sidx);
+	struct wshard *sh = ckpt_w_shard_at(a, sidx);
 	if (sh)
 		return sh;
 	w_shard_page *dir = atomic_load_explicit(&a->sdir, memory_order_relaxed);
@@ -120,19 +120,19 @@ struct wshard *w_shard_touch(struct ckpt_warray *a, uint64_t sidx)
 		return NULL;
 	for (uint64_t i = 0; i < n; i++) {
 		pthread_mutex_init(&pg[i].mu, NULL);
-		pg[i].unstored = w_shard_nchunks(a, base + i);
+		pg[i].unstored = ckpt_w_shard_nchunks(a, base + i);
 	}
 	atomic_store_explicit(&dir[p], pg, memory_order_release);
 	return &pg[sidx - base];
 }
 
-struct wchunk *w_chunk_touch(struct ckpt_warray *a, uint64_t idx)
+struct wchunk *ckpt_w_chunk_touch(struct ckpt_warray *a, uint64_t idx)
 {
-	struct wchunk *c = w_chunk_at(a, idx);
+	struct wchunk *c = ckpt_w_chunk_at(a, idx);
 	if (c)
 		return c;
 	/* Its shard first: every chunk that is not EMPTY has a shard entry. */
-	if (!w_shard_touch(a, w_chunk_shard(a, idx)))
+	if (!ckpt_w_shard_touch(a, ckpt_w_chunk_shard(a, idx)))
 		return NULL;
 	w_chunk_page *dir = atomic_load_explicit(&a->cdir, memory_order_relaxed);
 	if (!dir) {
@@ -150,25 +150,27 @@ struct wchunk *w_chunk_touch(struct ckpt_warray *a, uint64_t idx)
 	return &pg[idx - base];
 }
 
-uint64_t w_tab_bytes(const struct ckpt_warray *a)
+uint64_t ckpt_w_tab_bytes(const struct ckpt_warray *a)
 {
 	uint64_t n = 0;
 	w_chunk_page *cd = atomic_load_explicit(&a->cdir, memory_order_acquire);
 	w_shard_page *sd = atomic_load_explicit(&a->sdir, memory_order_acquire);
 	if (cd) {
 		n += ndir(a->nchunks, W_CPAGE_SHIFT) * sizeof(*cd);
-		for (uint64_t i = w_chunk_next(a, 0); i < a->nchunks; i = w_chunk_next(a, i + W_CPAGE))
+		for (uint64_t i = ckpt_w_chunk_next(a, 0); i < a->nchunks;
+		     i = ckpt_w_chunk_next(a, i + W_CPAGE))
 			n += W_CPAGE * sizeof(struct wchunk);
 	}
 	if (sd) {
 		n += ndir(a->nshards, W_SPAGE_SHIFT) * sizeof(*sd);
-		for (uint64_t i = w_shard_next(a, 0); i < a->nshards; i = w_shard_next(a, i + W_SPAGE))
+		for (uint64_t i = ckpt_w_shard_next(a, 0); i < a->nshards;
+		     i = ckpt_w_shard_next(a, i + W_SPAGE))
 			n += W_SPAGE * sizeof(struct wshard);
 	}
 	return n;
 }
 
-void w_tab_free(struct ckpt_warray *a)
+void ckpt_w_tab_free(struct ckpt_warray *a)
 {
 	w_chunk_page *cd = atomic_load_explicit(&a->cdir, memory_order_relaxed);
 	w_shard_page *sd = atomic_load_explicit(&a->sdir, memory_order_relaxed);

@@ -51,7 +51,7 @@ static int store_chunk(struct zworker *z, struct ckpt_warray *a, struct wlive *l
 		snprintf(why, wcap, "zstd failed: %s", ZSTD_getErrorName(n));
 		return -EIO;
 	}
-	int rc = w_shard_append(a, w_chunk_shard(a, l->idx), z->out, n, z->cap, off, fd, why, wcap);
+	int rc = ckpt_w_shard_append(a, ckpt_w_chunk_shard(a, l->idx), z->out, n, z->cap, off, fd, why, wcap);
 	if (!rc)
 		*len = n;
 	return rc;
@@ -75,24 +75,24 @@ static void *worker(void *arg)
 	struct ckpt_warray *a;
 	uint64_t idx;
 	struct wlive *l;
-	while (w_chunk_take_job(st, &a, &idx, &l) == 0) {
-		/* l is ours (COMPRESSING) until w_chunk_store_done. */
+	while (ckpt_w_chunk_take_job(st, &a, &idx, &l) == 0) {
+		/* l is ours (COMPRESSING) until ckpt_w_chunk_store_done. */
 		uint64_t off = 0, len = 0;
 		int fd = -1;
 		char why[256] = "";
 		int rc = store_chunk(&z, a, l, &off, &len, &fd, why, sizeof(why));
-		int shard_complete = w_chunk_store_done(a, idx, rc, off, len, why);
+		int shard_complete = ckpt_w_chunk_store_done(a, idx, rc, off, len, why);
 		if (!rc)
-			w_shard_append_done(fd, shard_complete && !st->sink.shard_done);
-		if (!rc && shard_complete && st->sink.shard_done) /* counted by w_chunk_store_done */
-			w_shard_finish_early(a, w_chunk_shard(a, idx));
+			ckpt_w_shard_append_done(fd, shard_complete && !st->sink.shard_done);
+		if (!rc && shard_complete && st->sink.shard_done) /* counted by ckpt_w_chunk_store_done */
+			ckpt_w_shard_finish_early(a, ckpt_w_chunk_shard(a, idx));
 	}
 	ZSTD_freeCCtx(z.cc);
 	free(z.out);
 	return NULL;
 }
 
-int w_zpool_start(struct ckpt_step *st)
+int ckpt_w_zpool_start(struct ckpt_step *st)
 {
 	st->threads = calloc((size_t)st->opts.threads, sizeof(pthread_t));
 	if (!st->threads)
@@ -100,7 +100,7 @@ int w_zpool_start(struct ckpt_step *st)
 	for (int i = 0; i < st->opts.threads; i++) {
 		int rc = pthread_create(&st->threads[i], NULL, worker, st);
 		if (rc) {
-			w_zpool_stop(st);
+			ckpt_w_zpool_stop(st);
 			return -rc;
 		}
 		st->nthreads++;
@@ -108,7 +108,7 @@ int w_zpool_start(struct ckpt_step *st)
 	return 0;
 }
 
-void w_zpool_stop(struct ckpt_step *st)
+void ckpt_w_zpool_stop(struct ckpt_step *st)
 {
 	ckpt_lock(&st->mu, CKPT_RANK_W_STEP);
 	st->stop = 1;

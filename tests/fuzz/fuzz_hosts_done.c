@@ -2,12 +2,12 @@
  * fuzz_hosts_done.c - libFuzzer target over the records of multi-host writes
  * that one host reads from another (lib/write/writer_hosts.c): the input is
  * parsed as JSON, then
- *   - as a declaration record (w_decl_parse): where it is accepted, every
+ *   - as a declaration record (ckpt_w_decl_parse): where it is accepted, every
  *     field is in range, and the record written back the way the writer
  *     writes one (exact integers) parses to the same declaration;
  *   - as a done record: each entry of "arrays" as a declaration, with its
  *     "stored" and "parts" triplets read as the primary reads them
- *     (w_json_to_u64).
+ *     (ckpt_w_json_to_u64).
  */
 #include <errno.h>
 #include <stdint.h>
@@ -39,9 +39,9 @@ static cJSON *emit(const struct w_decl *d)
 	cJSON_AddItemToObject(j, "keys", k);
 	cJSON_AddItemToObject(j, "key_types", t);
 	cJSON_AddStringToObject(j, "dtype", ckpt_dtype_get(d->dtype)->name);
-	cJSON_AddItemToObject(j, "shape", w_json_shape(d->shape, d->rank));
-	cJSON_AddItemToObject(j, "chunk", w_json_shape(d->chunk, d->rank));
-	cJSON_AddItemToObject(j, "shard", w_json_shape(d->shard, d->rank));
+	cJSON_AddItemToObject(j, "shape", ckpt_w_json_shape(d->shape, d->rank));
+	cJSON_AddItemToObject(j, "chunk", ckpt_w_json_shape(d->chunk, d->rank));
+	cJSON_AddItemToObject(j, "shard", ckpt_w_json_shape(d->shard, d->rank));
 	cJSON_AddNumberToObject(j, "host", d->host);
 	return j;
 }
@@ -49,7 +49,7 @@ static cJSON *emit(const struct w_decl *d)
 static void check_decl(const cJSON *j)
 {
 	struct w_decl d;
-	if (w_decl_parse(j, &d) != 0)
+	if (ckpt_w_decl_parse(j, &d) != 0)
 		return;
 	REQUIRE(d.item && d.depth >= 1 && d.depth <= CKPT_ORBAX_MAX_DEPTH);
 	REQUIRE(d.rank >= 0 && d.rank <= CKPT_MAX_RANK);
@@ -61,7 +61,7 @@ static void check_decl(const cJSON *j)
 	cJSON *back = txt ? cJSON_Parse(txt) : NULL;
 	struct w_decl d2;
 	if (back) {
-		REQUIRE(w_decl_parse(back, &d2) == 0);
+		REQUIRE(ckpt_w_decl_parse(back, &d2) == 0);
 		REQUIRE(d2.depth == d.depth && d2.rank == d.rank && d2.dtype == d.dtype && d2.host == d.host);
 		REQUIRE(strcmp(d2.item, d.item) == 0);
 		for (int i = 0; i < d.depth; i++)
@@ -87,7 +87,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	{
 		check_decl(e);
 		struct w_decl d;
-		if (w_decl_parse(e, &d) != 0)
+		if (ckpt_w_decl_parse(e, &d) != 0)
 			continue;
 		static const char *const lists[] = { "stored", "parts" };
 		for (int l = 0; l < 2; l++)
@@ -96,7 +96,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 				/* (chunk index, offset, length), as merge_array reads them */
 				uint64_t v[3];
 				for (int i = 0; i < 3; i++)
-					v[i] = w_json_to_u64(cJSON_GetArrayItem(t, i));
+					v[i] = ckpt_w_json_to_u64(cJSON_GetArrayItem(t, i));
 				(void)v;
 			}
 	}

@@ -142,7 +142,7 @@ static void check_xattrs(struct walk *w, ckpt_ino ino)
 
 static void read_file(struct walk *w, const ckpt_attr *a)
 {
-	if (ckpt_view_open_file(w->v, a->ino) < 0)
+	if (ckpt_view_open_check(w->v, a->ino) < 0)
 		return;
 	uint64_t size = a->size;
 	uint64_t off = 0;

@@ -712,8 +712,8 @@ static void test_forget_exact(void)
 	uint64_t cb = 64 * 16 * 4;
 	CHECK_EQ_INT(ckpt_warray_forget(a, &col), 0);
 	CHECK_EQ_INT(written(a), n - cb);
-	w_chunk_wait_idle(st);
-	CHECK_EQ_INT(w_chunk_check_all(st), 0);
+	ckpt_w_chunk_wait_idle(st);
+	CHECK_EQ_INT(ckpt_w_chunk_check_all(st), 0);
 	box_stream(nv, 64, 4, &col, sb);
 	CHECK_EQ_INT(ckpt_warray_write(a, &col, 0, sb, cb / 2), 0); /* then the writer dies */
 	CHECK_EQ_INT(written(a), n - cb / 2);
@@ -766,8 +766,8 @@ static void test_forget_exact(void)
 	CHECK(si.spills > spills0 && si.spilled_chunks > 0);
 	CHECK_EQ_INT(ckpt_warray_forget(part, &mid), 0); /* drops [:, 16:32] of each */
 	CHECK_EQ_INT(written(part), n / 4);
-	w_chunk_wait_idle(st);
-	CHECK_EQ_INT(w_chunk_check_all(st), 0);
+	ckpt_w_chunk_wait_idle(st);
+	CHECK_EQ_INT(ckpt_w_chunk_check_all(st), 0);
 	CHECK_EQ_INT(ckpt_warray_read(part, NULL, 0, back, n), (long long)n);
 	uint8_t *pw = calloc(1, n);
 	ckpt_region keep = { .rank = 2, .start = { 0, 0 }, .stop = { 64, 16 } };
@@ -843,7 +843,7 @@ static void test_overlap_rules(void)
 	ckpt_region top = { .rank = 2, .start = { 0, 0 }, .stop = { 40, 64 } };
 	ckpt_region low = { .rank = 2, .start = { 24, 0 }, .stop = { 64, 64 } };
 	CHECK_EQ_INT(ckpt_warray_write(a, &top, 0, v, 40 * 256), 0);
-	w_chunk_wait_idle(st); /* rows 0..39 compressed: a check must re-read them */
+	ckpt_w_chunk_wait_idle(st); /* rows 0..39 compressed: a check must re-read them */
 	/* Overlapping slice, same bytes: fine; other bytes: refused. */
 	fprintf(stderr, "(expected refused writes follow)\n");
 	box_stream(other, 64, 4, &low, sb);
@@ -867,8 +867,8 @@ static void test_overlap_rules(void)
 	CHECK_EQ_INT(written(a), n);
 	CHECK_EQ_INT(ckpt_warray_read(a, NULL, 0, back, n), (long long)n);
 	CHECK(memcmp(back, v, n) == 0);
-	w_chunk_wait_idle(st);
-	CHECK_EQ_INT(w_chunk_check_all(st), 0);
+	ckpt_w_chunk_wait_idle(st);
+	CHECK_EQ_INT(ckpt_w_chunk_check_all(st), 0);
 	CHECK_EQ_INT(ckpt_step_commit(st, "62"), 0);
 	char p[4200];
 	snprintf(p, sizeof(p), "%s/62/state", root);
@@ -920,7 +920,7 @@ static void test_declared_space_free(void)
 	CHECK(vm1 - vm0 < ((uint64_t)16 << 20)); /* was 8 * 805 MiB */
 	CHECK(rss1 - rss0 < ((uint64_t)4 << 20));
 	for (int i = 0; i < 8; i++)
-		CHECK_EQ_INT(w_tab_bytes(a[i]), 0);
+		CHECK_EQ_INT(ckpt_w_tab_bytes(a[i]), 0);
 	/* A few bytes in three far-apart chunks: three pages of each table. */
 	uint8_t b[64];
 	fill_f32(b, 64, 2.0f);
@@ -928,7 +928,7 @@ static void test_declared_space_free(void)
 	CHECK_EQ_INT(ckpt_warray_write(a[0], NULL, 0, b, 64), 0);
 	CHECK_EQ_INT(ckpt_warray_write(a[0], NULL, nb / 2, b, 64), 0);
 	CHECK_EQ_INT(ckpt_warray_write(a[0], NULL, nb - 64, b, 64), 0);
-	uint64_t tb = w_tab_bytes(a[0]);
+	uint64_t tb = ckpt_w_tab_bytes(a[0]);
 	printf("after 3 writes: %llu bytes of chunk/shard tables\n", (unsigned long long)tb);
 	CHECK(tb > 0 && tb < ((uint64_t)1 << 20));
 	uint8_t back[64];
@@ -937,8 +937,8 @@ static void test_declared_space_free(void)
 	CHECK_EQ_INT(ckpt_warray_read(a[1], NULL, nb / 2, back, 64), 64);
 	CHECK(back[0] == 0 && back[63] == 0);
 	CHECK_EQ_INT(written(a[0]), 192);
-	w_chunk_wait_idle(st);
-	CHECK_EQ_INT(w_chunk_check_all(st), 0);
+	ckpt_w_chunk_wait_idle(st);
+	CHECK_EQ_INT(ckpt_w_chunk_check_all(st), 0);
 	CHECK_EQ_INT(ckpt_step_commit(st, "63"), -ENODATA);
 	ckpt_region far = { .rank = 1, .start = { (uint64_t)1 << 43 }, .stop = { ((uint64_t)1 << 43) + 8 } };
 	CHECK_EQ_INT(ckpt_warray_forget(a[0], &far), 0);
@@ -1003,8 +1003,8 @@ static void test_spill_sparse(void)
 	}
 	CHECK_EQ_INT(ckpt_warray_read(a, NULL, 0, back, n), (long long)n);
 	CHECK(memcmp(back, want, n) == 0);
-	w_chunk_wait_idle(st);
-	CHECK_EQ_INT(w_chunk_check_all(st), 0);
+	ckpt_w_chunk_wait_idle(st);
+	CHECK_EQ_INT(ckpt_w_chunk_check_all(st), 0);
 	st->opts.mem_budget = (uint64_t)256 << 20;
 	CHECK_EQ_INT(ckpt_warray_write(a, NULL, 0, v, n), 0);
 	CHECK_EQ_INT(ckpt_step_commit(st, "64"), 0);
@@ -1124,8 +1124,8 @@ static void test_random_regions(void)
 		/* The bytes not written read as unwritten: the commit says so. */
 		ckpt_warray_info wi;
 		ckpt_warray_get_info(a, &wi);
-		w_chunk_wait_idle(st);
-		CHECK_EQ_INT(w_chunk_check_all(st), 0);
+		ckpt_w_chunk_wait_idle(st);
+		CHECK_EQ_INT(ckpt_w_chunk_check_all(st), 0);
 		if (wi.bytes_written < n)
 			CHECK_EQ_INT(ckpt_step_commit(st, name), -ENODATA);
 		/* Complete it (forgotten first: new bytes) and commit. */
@@ -1444,7 +1444,7 @@ static void test_decls_and_metadata(void)
 	CHECK_EQ_INT(ckpt_warray_forget(a, NULL), 0);
 	ckpt_warray_get_info(a, &ai);
 	CHECK_EQ_INT(ai.bytes_written, 0);
-	CHECK_EQ_INT(w_chunk_check_all(st), 0);
+	CHECK_EQ_INT(ckpt_w_chunk_check_all(st), 0);
 	CHECK_EQ_INT(ckpt_warray_write(a, NULL, 0, fv, sizeof(fv)), 0);
 	CHECK_EQ_INT(ckpt_step_commit(st, "44"), 0);
 	ckpt_step_destroy(st);
@@ -1723,20 +1723,20 @@ static void test_host_records(void)
 	for (size_t i = 0; i < sizeof(nums) / sizeof(nums[0]); i++) {
 		cJSON *j = cJSON_Parse(nums[i].json);
 		CHECK(j != NULL);
-		CHECK(w_json_to_u64(j) == nums[i].want);
+		CHECK(ckpt_w_json_to_u64(j) == nums[i].want);
 		cJSON_Delete(j);
 	}
 	/* a declaration written with such a shape parses back to it */
 	uint64_t big[2] = { UINT64_MAX, 3 };
 	cJSON *r = cJSON_Parse("{\"item\":\"state\",\"keys\":[\"a\",\"b\"],\"key_types\":[1,1],"
 			       "\"dtype\":\"float32\",\"host\":2}");
-	cJSON_AddItemToObject(r, "shape", w_json_shape(big, 2));
-	cJSON_AddItemToObject(r, "chunk", w_json_shape(big, 2));
-	cJSON_AddItemToObject(r, "shard", w_json_shape(big, 2));
+	cJSON_AddItemToObject(r, "shape", ckpt_w_json_shape(big, 2));
+	cJSON_AddItemToObject(r, "chunk", ckpt_w_json_shape(big, 2));
+	cJSON_AddItemToObject(r, "shard", ckpt_w_json_shape(big, 2));
 	char *txt = cJSON_PrintUnformatted(r);
 	cJSON *back = txt ? cJSON_Parse(txt) : NULL;
 	struct w_decl d;
-	CHECK_EQ_INT(w_decl_parse(back, &d), 0);
+	CHECK_EQ_INT(ckpt_w_decl_parse(back, &d), 0);
 	CHECK(d.depth == 2 && d.rank == 2 && d.host == 2 && strcmp(d.keys[1], "b") == 0);
 	CHECK(d.shape[0] == UINT64_MAX && d.shape[1] == 3 && d.chunk[0] == UINT64_MAX && d.shard[1] == 3);
 	cJSON_Delete(back);

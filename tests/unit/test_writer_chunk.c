@@ -1,7 +1,7 @@
 /* test_writer_chunk.c - the writer's chunk state machine from inside:
  * after each phase of a step (partial writes that spill, completing them,
  * rewriting stored chunks, failing and retried appends, commit) the step is
- * left quiet and w_chunk_check_all() compares every chunk with the state
+ * left quiet and ckpt_w_chunk_check_all() compares every chunk with the state
  * table of writer_chunk.c and the step's budget and counters with the
  * chunks.  A debug build also asserts every single transition. */
 #include <signal.h>
@@ -62,8 +62,8 @@ static int read_matches(ckpt_warray *a, int gen, uint64_t row2, int gen2)
 
 static void quiet_check(ckpt_step *st, const char *when)
 {
-	w_chunk_wait_idle(st);
-	int rc = w_chunk_check_all(st);
+	ckpt_w_chunk_wait_idle(st);
+	int rc = ckpt_w_chunk_check_all(st);
 	if (rc)
 		fprintf(stderr, "check_all failed %s\n", when);
 	CHECK_EQ_INT(rc, 0);
@@ -131,7 +131,7 @@ static void test_spill_reload_rewrite(const char *root)
 	quiet_check(st, "after reading back");
 
 	CHECK_EQ_INT(ckpt_step_commit(st, "1"), 0);
-	CHECK_EQ_INT(w_chunk_check_all(st), 0);
+	CHECK_EQ_INT(ckpt_w_chunk_check_all(st), 0);
 	CHECK(read_matches(a, 0, 5, 1));
 	ckpt_step_destroy(st);
 }
@@ -153,7 +153,7 @@ static void test_error_retry(const char *root)
 	fprintf(stderr, "(expected write errors follow)\n");
 	CHECK_EQ_INT(write_box(a, box(0, 2, 0, COLS), 0), 0); /* two complete chunks */
 	quiet_check(st, "after failed appends");
-	CHECK(w_chunk_at(a, 0)->state == WC_ERROR && w_chunk_at(a, 1)->state == WC_ERROR);
+	CHECK(ckpt_w_chunk_at(a, 0)->state == WC_ERROR && ckpt_w_chunk_at(a, 1)->state == WC_ERROR);
 	CHECK(atomic_load(&a->err) < 0); /* EFBIG, or EINVAL from a cut O_DIRECT write */
 	CHECK(ckpt_step_commit(st, "2") < 0);
 	quiet_check(st, "after a failed commit");
@@ -162,8 +162,8 @@ static void test_error_retry(const char *root)
 	CHECK_EQ_INT(write_box(a, box(2, ROWS, 0, COLS), 0), 0);
 	quiet_check(st, "after the rest");
 	CHECK_EQ_INT(ckpt_step_commit(st, "2"), 0);
-	CHECK_EQ_INT(w_chunk_check_all(st), 0);
-	CHECK(w_chunk_at(a, 0)->state == WC_STORED && w_chunk_at(a, 1)->state == WC_STORED);
+	CHECK_EQ_INT(ckpt_w_chunk_check_all(st), 0);
+	CHECK(ckpt_w_chunk_at(a, 0)->state == WC_STORED && ckpt_w_chunk_at(a, 1)->state == WC_STORED);
 	CHECK(read_matches(a, 0, ROWS, 0));
 	ckpt_step_destroy(st);
 }
