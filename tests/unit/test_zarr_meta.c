@@ -516,8 +516,8 @@ static void test_v2_numcodecs(void)
 		"{\"blocksize\":0,\"clevel\":5,\"cname\":\"lz4hc\",\"id\":\"blosc\",\"shuffle\":0}",
 		"{\"blocksize\":256,\"clevel\":1,\"cname\":\"snappy\",\"id\":\"blosc\",\"shuffle\":1}",
 		"{\"blocksize\":0,\"clevel\":9,\"cname\":\"zlib\",\"id\":\"blosc\",\"shuffle\":2}",
-		"{\"blocksize\":0,\"clevel\":3,\"cname\":\"zstd\",\"id\":\"blosc\",\"shuffle\":-1,"
-		"\"typesize\":4}",
+		("{\"blocksize\":0,\"clevel\":3,\"cname\":\"zstd\",\"id\":\"blosc\",\"shuffle\":-1,"
+		 "\"typesize\":4}"),
 		"{\"blocksize\":0,\"clevel\":5,\"cname\":\"blosclz\",\"id\":\"blosc\",\"shuffle\":1}",
 		"{\"id\":\"zstd\",\"level\":3}",
 		"{\"checksum\":true,\"id\":\"zstd\",\"level\":3}",
