@@ -534,6 +534,15 @@ static ssize_t stats_read(ckpt_view *v, struct node *n, uint64_t off, size_t len
 	int k = ckpt_stats_json(buf, sizeof(buf));
 	if (k < 0)
 		return k;
+	/* Every snapshot is exactly STATS_SIZE bytes, the JSON padded with
+	 * spaces and a newline (JSON whitespace): a reader whose second read
+	 * lands past the first snapshot's JSON gets padding, never the tail
+	 * of a longer, newer snapshot. */
+	if ((size_t)k < sizeof(buf)) {
+		memset(buf + k, ' ', sizeof(buf) - (size_t)k);
+		buf[sizeof(buf) - 1] = '\n';
+		k = (int)sizeof(buf);
+	}
 	if (off >= (uint64_t)k)
 		return 0;
 	size_t m = (size_t)k - (size_t)off < len ? (size_t)k - (size_t)off : len;
