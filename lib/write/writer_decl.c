@@ -172,6 +172,15 @@ int ckpt_w_step_writable(struct ckpt_step *st, const char *what)
 	return -EROFS;
 }
 
+/* Item `item` of a step that still takes changes, made when missing
+ * (decl_mu held): NULL with *rc set when the step is committed or aborted,
+ * or on -ENOMEM. */
+static struct witem *item_to_change(struct ckpt_step *st, const char *item, int *rc)
+{
+	*rc = ckpt_w_step_writable(st, item);
+	return *rc ? NULL : item_get(st, item, 1, rc);
+}
+
 int ckpt_step_add_item(ckpt_step *st, const char *item)
 {
 	int rc = 0;
@@ -182,9 +191,7 @@ int ckpt_step_add_item(ckpt_step *st, const char *item)
 		return -EINVAL;
 	}
 	ckpt_lock(&st->decl_mu, CKPT_RANK_W_DECL);
-	rc = ckpt_w_step_writable(st, item);
-	if (!rc)
-		item_get(st, item, 1, &rc);
+	item_to_change(st, item, &rc);
 	ckpt_unlock(&st->decl_mu, CKPT_RANK_W_DECL);
 	return rc;
 }
@@ -538,10 +545,7 @@ int ckpt_step_set_json(ckpt_step *st, const char *item, const void *json, size_t
 	}
 	int rc = 0;
 	ckpt_lock(&st->decl_mu, CKPT_RANK_W_DECL);
-	struct witem *it = NULL;
-	rc = ckpt_w_step_writable(st, item);
-	if (!rc)
-		it = item_get(st, item, 1, &rc);
+	struct witem *it = item_to_change(st, item, &rc);
 	if (it && (it->narrays || it->stored)) {
 		ckpt_log(CKPT_LOG_ERR, "writer: %s/%s: the item holds %s; a JSON item holds only its JSON",
 			 item, ckpt_step_json_file(item), it->stored ? "a stored copy" : "arrays");
@@ -561,10 +565,7 @@ int ckpt_step_add_stored_item(ckpt_step *st, const char *item)
 {
 	int rc = 0;
 	ckpt_lock(&st->decl_mu, CKPT_RANK_W_DECL);
-	struct witem *it = NULL;
-	rc = ckpt_w_step_writable(st, item);
-	if (!rc)
-		it = item_get(st, item, 1, &rc);
+	struct witem *it = item_to_change(st, item, &rc);
 	if (it && (it->narrays || it->json)) {
 		ckpt_log(CKPT_LOG_ERR, "writer: step %s: item %s holds %s: it cannot also be a stored copy",
 			 st->name, item, it->json ? "JSON" : "arrays");
@@ -583,10 +584,7 @@ int ckpt_step_set_item_handler(ckpt_step *st, const char *item, const char *hand
 		return -ENOMEM;
 	int rc = 0;
 	ckpt_lock(&st->decl_mu, CKPT_RANK_W_DECL);
-	struct witem *it = NULL;
-	rc = ckpt_w_step_writable(st, item);
-	if (!rc)
-		it = item_get(st, item, 1, &rc);
+	struct witem *it = item_to_change(st, item, &rc);
 	if (it) {
 		free(it->handler);
 		it->handler = copy;
