@@ -4,8 +4,8 @@
  * read through it costs the kernel round trip and the reply copy and
  * nothing else (no decode, no cache, no allocation per request).
  *
- *   null_fuse MOUNTPOINT [-o size=BYTES] [-o direct_io] [-o splice] [-o ready_fd=FD]
- *             [FUSE options, e.g. -o max_threads=N]
+ *   null_fuse MOUNTPOINT [-o size=BYTES] [-o direct_io] [-o splice] [-o piece=N [-o copy]]
+ *             [-o ready_fd=FD] [FUSE options, e.g. -o max_threads=N]
  *
  * The file is MOUNTPOINT/data (default 512 MiB).  Its bytes are a fixed
  * pattern of BUF_BYTES repeated (byte i is pattern[i % BUF_BYTES]), so a
@@ -18,9 +18,17 @@
  * reads bypass the page cache and arrive as the reader's own read sizes.
  * -o splice replies with fuse_reply_data and FUSE_CAP_SPLICE_WRITE/MOVE
  * (libfuse vmsplices the buffer into a pipe and splices it to /dev/fuse).
+ * -o piece=N replies in pieces of N bytes from 8 places of the buffer in
+ * turn, the way the rows of column chunks lie in a decoder's memory (what
+ * ckptfs replies for an array in chunks [4096, 512] of float32 is 2 KiB
+ * pieces); with -o copy those pieces are gathered into one buffer first.
  * Runs in the foreground; writes 's' to ready_fd once mounted.
  */
-#define FUSE_USE_VERSION 34
+/* 3.12's loop config (fuse_loop_cfg_*), as ckptfs: built for an older API
+ * version, fuse_session_loop_mt reads that config as the old struct, takes
+ * max_idle_threads from the wrong field, and a worker thread exits after
+ * every request (a clone3 and a fresh 1 MiB receive buffer per read). */
+#define FUSE_USE_VERSION 312
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
@@ -46,7 +54,9 @@ static struct nf_opts {
 	int direct_io;
 	int splice;
 	int ready_fd;
-} o = { NULL, 0, 0, -1 };
+	int piece;
+	int copy;
+} o = { NULL, 0, 0, -1, 0, 0 };
 
 static uint64_t file_size = 512ull << 20;
 static unsigned char *pattern;
@@ -55,6 +65,8 @@ static const struct fuse_opt nf_spec[] = { { "size=%s", offsetof(struct nf_opts,
 					   { "direct_io", offsetof(struct nf_opts, direct_io), 1 },
 					   { "splice", offsetof(struct nf_opts, splice), 1 },
 					   { "ready_fd=%d", offsetof(struct nf_opts, ready_fd), 0 },
+					   { "piece=%d", offsetof(struct nf_opts, piece), 0 },
+					   { "copy", offsetof(struct nf_opts, copy), 1 },
 					   FUSE_OPT_END };
 
 static void attr_of(fuse_ino_t ino, struct stat *st)
@@ -124,6 +136,48 @@ static void nf_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 	fuse_reply_open(req, fi);
 }
 
+/* -o piece=N: the reply as pieces of N bytes taken from 8 places of the
+ * buffer in turn, the way a row of column chunks lies in memory (each piece
+ * its own iovec); with -o copy the same pieces are first copied into one
+ * reply buffer.  Shows what per-piece transport costs. */
+#define PIECE_BUFS 256
+static unsigned char *piece_pool;
+
+static void piece_reply(fuse_req_t req, size_t size, off_t off)
+{
+	static __thread struct iovec *iov;
+	static __thread unsigned char *out;
+	size_t pc = (size_t)o.piece, n = (size + pc - 1) / pc;
+	if (!iov) {
+		/* the libfuse loop starts and ends workers: buffers come from a
+		 * pre-faulted pool, so no reply pays for fresh memory */
+		static unsigned next;
+		unsigned k = __atomic_fetch_add(&next, 1, __ATOMIC_RELAXED);
+		if (k < PIECE_BUFS) {
+			iov = calloc(1024, sizeof(*iov));
+			if (piece_pool)
+				out = piece_pool + (size_t)k * (1u << 20);
+		}
+	}
+	if (!iov || (o.copy && !out) || n > 1024 || size > (1u << 20)) {
+		fuse_reply_err(req, EINVAL);
+		return;
+	}
+	for (size_t i = 0; i < n; i++) {
+		size_t lane = i % 8, row = i / 8;
+		size_t p = (lane * (BUF_BYTES / 8) + (((uint64_t)off / 8 + row * pc) % (BUF_BYTES / 8 - pc)));
+		iov[i].iov_base = pattern + p;
+		iov[i].iov_len = size - i * pc < pc ? size - i * pc : pc;
+	}
+	if (o.copy) {
+		for (size_t i = 0; i < n; i++)
+			memcpy(out + i * pc, iov[i].iov_base, iov[i].iov_len);
+		fuse_reply_buf(req, (const char *)out, size);
+		return;
+	}
+	fuse_reply_iov(req, iov, (int)n);
+}
+
 static void nf_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, struct fuse_file_info *fi)
 {
 	(void)ino;
@@ -134,6 +188,8 @@ static void nf_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, stru
 	}
 	if (size > file_size - (uint64_t)off)
 		size = (size_t)(file_size - (uint64_t)off);
+	if (o.piece > 0)
+		return piece_reply(req, size, off);
 	struct iovec iov[8];
 	int n = 0;
 	size_t done = 0;
@@ -219,7 +275,9 @@ int main(int argc, char *argv[])
 	if (fuse_opt_parse(&args, &o, nf_spec, NULL) == -1 || fuse_parse_cmdline(&args, &cl) != 0)
 		return 1;
 	if (!cl.mountpoint) {
-		fprintf(stderr, "usage: %s MOUNTPOINT [-o size=BYTES] [-o direct_io] [-o ready_fd=FD]\n",
+		fprintf(stderr,
+			"usage: %s MOUNTPOINT [-o size=BYTES] [-o direct_io] [-o splice] [-o piece=N [-o "
+			"copy]] [-o ready_fd=FD]\n",
 			argv[0]);
 		return 1;
 	}
@@ -230,6 +288,12 @@ int main(int argc, char *argv[])
 		return 1;
 	for (size_t i = 0; i < BUF_BYTES; i++)
 		pattern[i] = (unsigned char)(i * 131u + (i >> 12));
+	if (o.piece > 0 && o.copy) {
+		piece_pool = aligned_alloc(4096, (size_t)PIECE_BUFS << 20);
+		if (!piece_pool)
+			return 1;
+		memset(piece_pool, 0, (size_t)PIECE_BUFS << 20);
+	}
 	int ret = 1;
 	struct fuse_session *se = fuse_session_new(&args, &nf_ops, sizeof(nf_ops), NULL);
 	if (!se)
