@@ -32,6 +32,18 @@ struct obj {
 
 #define NBUCKETS 4096 /* pinned-object table */
 
+/* Small GETs kept (store_s3.c): a shard's index is read before each of its
+ * inner chunks, and each read would be a request. */
+#define MEMO_SLOTS 64
+#define MEMO_MAX ((size_t)64 << 10)
+
+struct memo {
+	char *name; /* NULL: free slot */
+	char etag[128];
+	uint64_t first, last;
+	uint8_t *bytes;
+};
+
 /* One range GET waiting for a slot (s3_request.c). */
 struct greq;
 
@@ -61,6 +73,9 @@ struct s3_store {
 	struct ckpt_dcache *dcache; /* -o cache_dir, or NULL */
 	pthread_mutex_t mu;
 	struct obj *tab[NBUCKETS];
+	struct memo memo[MEMO_SLOTS]; /* under mu; the oldest goes first */
+	unsigned memo_next;
+	unsigned long long memo_hits;
 };
 
 /* One request (s3_request.c sends it). */

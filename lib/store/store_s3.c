@@ -228,6 +228,59 @@ static int s3_size(ckpt_store *st, const char *key, uint64_t *size)
 
 /* ---------------------------------------------------------------- reading */
 
+/* The memo of small GETs: the same bytes of the same object version (name
+ * and ETag, as pinned at the first stat) are fetched once.  A hit copies
+ * them into dst; 0, or -ENOENT. */
+static int memo_get(struct s3_store *s, const char *name, const char *etag, uint64_t first, uint64_t last,
+		    void *dst)
+{
+	int rc = -ENOENT;
+	pthread_mutex_lock(&s->mu);
+	for (unsigned i = 0; i < MEMO_SLOTS; i++) {
+		struct memo *m = &s->memo[i];
+		if (m->name && m->first == first && m->last == last && !strcmp(m->etag, etag) &&
+		    !strcmp(m->name, name)) {
+			memcpy(dst, m->bytes, (size_t)(last - first + 1));
+			s->memo_hits++;
+			rc = 0;
+			break;
+		}
+	}
+	pthread_mutex_unlock(&s->mu);
+	return rc;
+}
+
+static void memo_free(struct memo *m)
+{
+	free(m->name);
+	free(m->bytes);
+	memset(m, 0, sizeof(*m));
+}
+
+/* Keep a small GET's bytes (best effort: nothing happens without memory). */
+static void memo_put(struct s3_store *s, const char *name, const char *etag, uint64_t first, uint64_t last,
+		     const void *src)
+{
+	size_t n = (size_t)(last - first + 1);
+	char *nm = strdup(name);
+	uint8_t *b = malloc(n);
+	if (!nm || !b || strlen(etag) >= sizeof(s->memo[0].etag)) {
+		free(nm);
+		free(b);
+		return;
+	}
+	memcpy(b, src, n);
+	pthread_mutex_lock(&s->mu);
+	struct memo *m = &s->memo[s->memo_next++ % MEMO_SLOTS];
+	memo_free(m);
+	m->name = nm;
+	snprintf(m->etag, sizeof(m->etag), "%s", etag);
+	m->first = first;
+	m->last = last;
+	m->bytes = b;
+	pthread_mutex_unlock(&s->mu);
+}
+
 static ssize_t s3_read(ckpt_store *st, const char *key, uint64_t off, size_t len, void *dst)
 {
 	struct s3_store *s = (struct s3_store *)st;
@@ -263,12 +316,19 @@ static ssize_t s3_read(ckpt_store *st, const char *key, uint64_t off, size_t len
 	char *id = NULL;
 	if (s->dcache && asprintf(&id, "%s%s/%s", s->scheme_host, s->base_path, name) < 0)
 		id = NULL;
-	if (id && ckpt_dcache_get(s->dcache, id, o.etag, first, last - first + 1, buf) == 0) {
+	int small = last - first + 1 <= MEMO_MAX && o.etag[0];
+	if (small && memo_get(s, name, o.etag, first, last, buf) == 0) {
 		rc = 0;
 	} else {
-		rc = ckpt_s3_coalesced_get(s, name, key, &o, first, last, buf);
-		if (rc == 0 && id)
-			ckpt_dcache_put(s->dcache, id, o.etag, first, last - first + 1, buf);
+		if (id && ckpt_dcache_get(s->dcache, id, o.etag, first, last - first + 1, buf) == 0) {
+			rc = 0;
+		} else {
+			rc = ckpt_s3_coalesced_get(s, name, key, &o, first, last, buf);
+			if (rc == 0 && id)
+				ckpt_dcache_put(s->dcache, id, o.etag, first, last - first + 1, buf);
+		}
+		if (rc == 0 && small)
+			memo_put(s, name, o.etag, first, last, buf);
 	}
 	free(id);
 	free(name);
@@ -287,9 +347,13 @@ static void s3_destroy(ckpt_store *st)
 			nx = o->next;
 			free(o);
 		}
+	for (unsigned i = 0; i < MEMO_SLOTS; i++)
+		memo_free(&s->memo[i]);
 	if (s->gets)
-		ckpt_log(CKPT_LOG_DEBUG, "%s: %llu range GETs, %llu more ranges served by merged GETs",
-			 s->base.root, s->gets, s->merged);
+		ckpt_log(CKPT_LOG_DEBUG,
+			 "%s: %llu range GETs, %llu more ranges served by merged GETs, %llu by kept small "
+			 "GETs",
+			 s->base.root, s->gets, s->merged, s->memo_hits);
 	ckpt_http_free(s->http);
 	ckpt_dcache_close(s->dcache);
 	pthread_mutex_destroy(&s->mu);

@@ -360,6 +360,28 @@ def test_write_a_step_to_an_object_store_root(env, s3mount, tmp_path, monkeypatc
         assert got.dtype == v.dtype and np.array_equal(got, v), k
 
 
+def test_a_shard_index_is_fetched_once_for_all_its_inner_chunks(env, s3mount, tmp_path, monkeypatch):
+    """The index at the end of a shard is read before each of its inner
+    chunks; on an object store each read was a GET (2 per inner chunk)."""
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    m = s3mount("wr7", env.proxy_endpoint)
+    os.mkdir(m.p("37"))
+    exp = _write_step(str(m.p("37")), 37, writers=2)
+    open(m.p("37/commit_success.txt"), "w").close()
+    zj = json.loads(env.client().get_object(Bucket=s3env.BUCKET, Key=f"{PREFIX}/wr7/37/state/big/zarr.json")["Body"].read())
+    outer = zj["chunk_grid"]["configuration"]["chunk_shape"]
+    inner = zj["codecs"][0]["configuration"]["chunk_shape"]
+    n = int(np.prod([-(-a // b) for a, b in zip(outer, inner)]))
+    assert n >= 3, (outer, inner)
+    m2 = s3mount("wr7", env.proxy_endpoint)
+    env.fault("clear")
+    got = np.load(m2.p("37/state/big.npy"))
+    log = env.fault_log()
+    assert np.array_equal(got, exp["state/big.npy"])
+    gets = [x for x in log if x.startswith(f"GET /ckpt/{PREFIX}/wr7/37/state/big/c/")]
+    assert n <= len(gets) <= n + 2, (n, gets)  # one index GET (two if read-ahead races), one per chunk
+
+
 def test_aborted_and_failed_saves_leave_no_marker(env, s3mount, tmp_path, monkeypatch):
     monkeypatch.setenv("TMPDIR", str(tmp_path))
     m = s3mount("wr2", env.proxy_endpoint, "retries=1", "retry_base_ms=5")
