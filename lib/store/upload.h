@@ -28,6 +28,9 @@
 
 #define CKPT_UPLOAD_MIN_PART ((size_t)5 << 20) /* every part but the last, S3's minimum */
 #define CKPT_UPLOAD_MAX_PARTS 10000u
+/* The part size of ckpt_store_upload_tree and ckpt_bg_upload: each of their
+ * workers holds one buffer of this size, so their memory is threads * it. */
+#define CKPT_UPLOAD_PART ((size_t)8 << 20)
 
 typedef struct ckpt_upload ckpt_upload;
 typedef struct ckpt_bg_upload ckpt_bg_upload;

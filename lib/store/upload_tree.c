@@ -23,7 +23,8 @@
 #include "sysio.h"
 #include "upload.h"
 
-#define UPLOAD_PART ((size_t)8 << 20) /* >= CKPT_UPLOAD_MIN_PART */
+#define UPLOAD_PART CKPT_UPLOAD_PART
+_Static_assert(UPLOAD_PART >= CKPT_UPLOAD_MIN_PART, "parts below S3's minimum");
 
 struct ufile {
 	char *rel; /* '/'-separated path below the folder */

@@ -97,6 +97,7 @@ struct pstep {
 	 * is written (the step's sink); drained at commit.  Freed after the
 	 * step (whose compression threads call it). */
 	ckpt_bg_upload *bg;
+	unsigned up_threads; /* upload workers (bg and commit), counted in the write budget */
 };
 
 static void ps_set(struct pstep *ps, enum ps_state to)
@@ -611,6 +612,18 @@ static const char *pstep_reserves(struct node *k)
 	return st == PS_COMMITTING || st == PS_SEALED ? ps->final : NULL;
 }
 
+/* Upload workers of a step on an object store: one CKPT_UPLOAD_PART buffer
+ * each, taken out of the step's write budget; at most a quarter of it
+ * (at least one worker), at most -o threads (default 8). */
+static unsigned upload_threads(const ckpt_view *v, uint64_t budget)
+{
+	uint64_t want = v->opts.ctx.threads > 0 ? (uint64_t)v->opts.ctx.threads : 8;
+	uint64_t cap = budget / 4 / CKPT_UPLOAD_PART;
+	if (cap < 1)
+		cap = 1;
+	return (unsigned)(want < cap ? want : cap);
+}
+
 static int new_step(ckpt_view *v, struct node *root, const char *name, ckpt_attr *out)
 {
 	const char *why = "";
@@ -626,6 +639,14 @@ static int new_step(ckpt_view *v, struct node *root, const char *name, ckpt_attr
 		o.zstd_level = v->opts.zstd_level;
 	if (v->opts.write_budget)
 		o.mem_budget = v->opts.write_budget;
+	/* On an object store the uploads' part buffers come out of the same
+	 * budget (-o write_buffer counts every buffered byte of the step). */
+	unsigned up_threads = 0;
+	if (v->opts.spool_dir) {
+		up_threads = upload_threads(v, o.mem_budget);
+		uint64_t up = (uint64_t)up_threads * CKPT_UPLOAD_PART;
+		o.mem_budget = o.mem_budget > 2 * up ? o.mem_budget - up : o.mem_budget / 2;
+	}
 	ckpt_step *st;
 	ckpt_hosts_opts ho = { v->opts.process_index, v->opts.process_count, v->opts.commit_timeout_s };
 	int rc = ckpt_hosts_step_begin(v->opts.spool_dir ? v->opts.spool_dir : v->source, name, &o, &ho, &st);
@@ -642,12 +663,12 @@ static int new_step(ckpt_view *v, struct node *root, const char *name, ckpt_attr
 		return -ENOMEM;
 	}
 	ps->step = st;
+	ps->up_threads = up_threads;
 	if (v->opts.spool_dir && v->opts.process_count <= 1) {
 		ckpt_step_info info;
 		ckpt_step_get_info(st, &info);
 		/* without it (-ENOMEM, no thread) everything goes at commit */
-		if (ckpt_bg_upload_new(v->src, info.tmp_path, name,
-				       v->opts.ctx.threads > 0 ? v->opts.ctx.threads : 8, &ps->bg) == 0) {
+		if (ckpt_bg_upload_new(v->src, info.tmp_path, name, up_threads, &ps->bg) == 0) {
 			struct ckpt_step_sink sink = { sink_shard_done, sink_shard_changed, ps->bg };
 			ckpt_step_set_sink(st, &sink);
 		}
@@ -768,8 +789,7 @@ static int commit_step(ckpt_view *v, struct node *sn, const char *final, int cop
 			ckpt_bg_upload_free(ps->bg, 1);
 			ps->bg = NULL;
 		}
-		rc = ckpt_store_upload_tree_rest(v->src, staged, final,
-						 v->opts.ctx.threads > 0 ? v->opts.ctx.threads : 8, done);
+		rc = ckpt_store_upload_tree_rest(v->src, staged, final, ps->up_threads, done);
 		ckpt_rmtree(staged);
 		if (ps->bg) { /* the commit's upload took back what was sent if it failed */
 			ckpt_bg_upload_free(ps->bg, 0);

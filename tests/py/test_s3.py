@@ -382,6 +382,33 @@ def test_a_shard_index_is_fetched_once_for_all_its_inner_chunks(env, s3mount, tm
     assert n <= len(gets) <= n + 2, (n, gets)  # one index GET (two if read-ahead races), one per chunk
 
 
+def test_upload_buffers_count_in_the_write_buffer(env, s3mount, tmp_path, monkeypatch):
+    """Each upload worker holds an 8 MiB part buffer: with -o threads=32 they
+    held up to 256 MiB beyond -o write_buffer while slow PUTs piled up."""
+    if U.sanitized():
+        pytest.skip("memory figures are not measured under sanitizers")
+    MiB = 1 << 20
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    m = s3mount("wr8", env.proxy_endpoint, "write_buffer=32M", "threads=32")
+    base = U.vm(m.proc.pid)
+    env.fault("clear")
+    env.fault("delay", "300", count=10 ** 6, match=f"PUT /ckpt/{PREFIX}/wr8/38/")
+    os.makedirs(m.p("38/state/w"))
+    r = np.random.default_rng(38)
+    exp = {}
+    for i in range(24):  # 24 arrays of 4 MiB, one shard file each: queued for upload when complete
+        a = r.standard_normal((1024, 1024)).astype(np.float32)
+        np.save(m.p(f"38/state/w/a{i}.npy"), a)
+        exp[f"state/w/a{i}.npy"] = a
+    open(m.p("38/commit_success.txt"), "w").close()
+    env.fault("clear")
+    grew = U.vm(m.proc.pid) - base
+    assert grew < 32 * MiB + 24 * MiB, f"VmHWM grew by {grew / MiB:.0f} MiB (write_buffer 32 MiB + slack 24 MiB)"
+    m2 = s3mount("wr8")
+    for k, v in exp.items():
+        assert np.array_equal(np.load(m2.p("38/" + k)), v), k
+
+
 def test_aborted_and_failed_saves_leave_no_marker(env, s3mount, tmp_path, monkeypatch):
     monkeypatch.setenv("TMPDIR", str(tmp_path))
     m = s3mount("wr2", env.proxy_endpoint, "retries=1", "retry_base_ms=5")
