@@ -1058,6 +1058,48 @@ static int st_shards_of(struct build *b, ckpt_store *src, const char *fkey, cons
 	return 0;
 }
 
+/* Every entry of md into b.  A tensor whose name cannot be a path is left
+ * out (logged); one that cannot be served (dcp_tensor fails, or bad[i] is
+ * set: its shards disagree) is listed and its reads answer EIO; bytes
+ * entries are not shown (counted in one log line).  0 or -ENOMEM. */
+static int dcp_add_tensors(struct build *b, ckpt_store *src, const char *key, const struct ckpt_dcp_meta *md,
+			   const uint8_t *bad, size_t badcap)
+{
+	int rc = 0;
+	size_t nbytes = 0;
+	for (size_t i = 0; i < md->n && rc >= 0; i++) {
+		const struct ckpt_dcp_entry *e = &md->e[i];
+		if (e->is_bytes) {
+			nbytes++;
+			continue;
+		}
+		char buf[4096];
+		const char *comps[CKPT_TORCH_MAX_PATH];
+		int depth = ckpt_torch_key_split(e->fqn, buf, sizeof(buf), comps, CKPT_TORCH_MAX_PATH);
+		if (depth < 0) {
+			ckpt_log(CKPT_LOG_WARN, "%s: tensor name '%.200s' cannot be a path, not shown",
+				 b->what, e->fqn);
+			continue;
+		}
+		const char *why = NULL;
+		if (i < badcap && bad[i]) {
+			why = "its shards differ in dtype or rank, or a saved_offsets is malformed";
+			rc = -EINVAL;
+		} else {
+			rc = dcp_tensor(b, src, key, e, comps, depth, &why);
+		}
+		if (rc < 0 && rc != -ENOMEM) {
+			ckpt_log(CKPT_LOG_ERR,
+				 "%s: tensor %s cannot be served (%s); listed, reads answer EIO", b->what,
+				 e->fqn, why ? why : strerror(-rc));
+			rc = ckpt_vitem_add_unreadable(b->vi, comps, depth);
+		}
+	}
+	if (nbytes)
+		ckpt_log(CKPT_LOG_INFO, "%s: %zu non-tensor (bytes) entries are not shown", b->what, nbytes);
+	return rc;
+}
+
 static int dcp_st_open(ckpt_store *src, const char *key, const char *what, ckpt_store **item)
 {
 	struct st_names l = { 0 };
@@ -1082,30 +1124,8 @@ static int dcp_st_open(ckpt_store *src, const char *key, const char *what, ckpt_
 		if (rc == 0)
 			rc = st_shards_of(&b, src, k, l.v[i], &md, &cap, &bad, &badcap);
 	}
-	for (size_t i = 0; i < md.n && rc >= 0; i++) {
-		const struct ckpt_dcp_entry *e = &md.e[i];
-		char buf[4096];
-		const char *comps[CKPT_TORCH_MAX_PATH];
-		int depth = ckpt_torch_key_split(e->fqn, buf, sizeof(buf), comps, CKPT_TORCH_MAX_PATH);
-		if (depth < 0) {
-			ckpt_log(CKPT_LOG_WARN, "%s: tensor name '%.200s' cannot be a path, not shown", what,
-				 e->fqn);
-			continue;
-		}
-		const char *why = NULL;
-		if (i < badcap && bad[i]) {
-			why = "its shards differ in dtype or rank, or a saved_offsets is malformed";
-			rc = -EINVAL;
-		} else {
-			rc = dcp_tensor(&b, src, key, e, comps, depth, &why);
-		}
-		if (rc < 0 && rc != -ENOMEM) {
-			ckpt_log(CKPT_LOG_ERR,
-				 "%s: tensor %s cannot be served (%s); listed, reads answer EIO", what,
-				 e->fqn, why ? why : strerror(-rc));
-			rc = ckpt_vitem_add_unreadable(b.vi, comps, depth);
-		}
-	}
+	if (rc >= 0)
+		rc = dcp_add_tensors(&b, src, key, &md, bad, badcap);
 	free(bad);
 	ckpt_dcp_meta_free(&md);
 	st_names_free(&l);
@@ -1145,32 +1165,7 @@ static int dcp_open(ckpt_store *src, const char *key, const struct ckpt_store_st
 		ckpt_dcp_meta_free(&md);
 		return rc;
 	}
-	size_t nbytes = 0;
-	for (size_t i = 0; i < md.n && rc >= 0; i++) {
-		const struct ckpt_dcp_entry *e = &md.e[i];
-		if (e->is_bytes) {
-			nbytes++;
-			continue;
-		}
-		char buf[4096];
-		const char *comps[CKPT_TORCH_MAX_PATH];
-		int depth = ckpt_torch_key_split(e->fqn, buf, sizeof(buf), comps, CKPT_TORCH_MAX_PATH);
-		if (depth < 0) {
-			ckpt_log(CKPT_LOG_WARN, "%s: tensor name '%.200s' cannot be a path, not shown", what,
-				 e->fqn);
-			continue;
-		}
-		const char *why = NULL;
-		rc = dcp_tensor(&b, src, key, e, comps, depth, &why);
-		if (rc < 0 && rc != -ENOMEM) {
-			ckpt_log(CKPT_LOG_ERR,
-				 "%s: tensor %s cannot be served (%s); listed, reads answer EIO", what,
-				 e->fqn, why ? why : strerror(-rc));
-			rc = ckpt_vitem_add_unreadable(b.vi, comps, depth);
-		}
-	}
-	if (nbytes)
-		ckpt_log(CKPT_LOG_INFO, "%s: %zu non-tensor (bytes) entries are not shown", what, nbytes);
+	rc = dcp_add_tensors(&b, src, key, &md, NULL, 0);
 	ckpt_dcp_meta_free(&md);
 	return finish(&b, rc, item);
 }
