@@ -140,25 +140,15 @@ static void nf_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
  * buffer in turn, the way a row of column chunks lies in memory (each piece
  * its own iovec); with -o copy the same pieces are first copied into one
  * reply buffer.  Shows what per-piece transport costs. */
-#define PIECE_BUFS 256
-static unsigned char *piece_pool;
-
 static void piece_reply(fuse_req_t req, size_t size, off_t off)
 {
+	/* per worker, made and pre-faulted once (workers live as long as the
+	 * loop), so no reply pays for fresh memory */
 	static __thread struct iovec *iov;
 	static __thread unsigned char *out;
 	size_t pc = (size_t)o.piece, n = (size + pc - 1) / pc;
-	if (!iov) {
-		/* the libfuse loop starts and ends workers: buffers come from a
-		 * pre-faulted pool, so no reply pays for fresh memory */
-		static unsigned next;
-		unsigned k = __atomic_fetch_add(&next, 1, __ATOMIC_RELAXED);
-		if (k < PIECE_BUFS) {
-			iov = calloc(1024, sizeof(*iov));
-			if (piece_pool)
-				out = piece_pool + (size_t)k * (1u << 20);
-		}
-	}
+	if (!iov && (iov = calloc(1024, sizeof(*iov))) && o.copy && (out = malloc(1u << 20)))
+		memset(out, 0, 1u << 20);
 	if (!iov || (o.copy && !out) || n > 1024 || size > (1u << 20)) {
 		fuse_reply_err(req, EINVAL);
 		return;
@@ -288,12 +278,6 @@ int main(int argc, char *argv[])
 		return 1;
 	for (size_t i = 0; i < BUF_BYTES; i++)
 		pattern[i] = (unsigned char)(i * 131u + (i >> 12));
-	if (o.piece > 0 && o.copy) {
-		piece_pool = aligned_alloc(4096, (size_t)PIECE_BUFS << 20);
-		if (!piece_pool)
-			return 1;
-		memset(piece_pool, 0, (size_t)PIECE_BUFS << 20);
-	}
 	int ret = 1;
 	struct fuse_session *se = fuse_session_new(&args, &nf_ops, sizeof(nf_ops), NULL);
 	if (!se)
