@@ -2400,23 +2400,31 @@ static ssize_t st_write_locked(ckpt_view *v, struct pfile_node *f, uint64_t off,
 	return (ssize_t)len;
 }
 
+/* A read of [off, off + *len) of a pending file (pf->mu held): *len
+ * clipped to the file's size (0 past its end), the part inside the header
+ * bytes written so far copied to dst; returns the bytes copied. */
+static size_t header_part(const struct pfile *pf, uint64_t off, size_t *len, uint8_t *dst)
+{
+	size_t hl = pf->data_off ? pf->data_off : pf->have;
+	if (off >= pf->size) {
+		*len = 0;
+		return 0;
+	}
+	if (*len > pf->size - off)
+		*len = (size_t)(pf->size - off);
+	if (off >= hl)
+		return 0;
+	size_t done = hl - (size_t)off < *len ? hl - (size_t)off : *len;
+	memcpy(dst, pf->hdr + off, done);
+	return done;
+}
+
 /* Read back an imported file (io_lock shared, pf->mu held, released here). */
 static ssize_t st_read_locked(struct pfile *pf, uint64_t off, size_t len, uint8_t *dst)
 {
 	ckpt_assert_held(CKPT_RANK_PF);
-	uint64_t size = pf->size;
 	size_t hl = pf->data_off ? pf->data_off : pf->have;
-	if (off >= size) {
-		ckpt_unlock(&pf->mu, CKPT_RANK_PF);
-		return 0;
-	}
-	if (len > size - off)
-		len = (size_t)(size - off);
-	size_t done = 0;
-	if (off < hl) {
-		done = hl - (size_t)off < len ? hl - (size_t)off : len;
-		memcpy(dst, pf->hdr + off, done);
-	}
+	size_t done = header_part(pf, off, &len, dst);
 	int parsed = pf->data_off != 0;
 	ckpt_unlock(&pf->mu, CKPT_RANK_PF);
 	uint64_t d = off + done - hl;
@@ -2607,19 +2615,7 @@ static ssize_t pending_read(ckpt_view *v, struct node *node, uint64_t off, size_
 		ckpt_rwunlock(&n->ps->io_lock, CKPT_RANK_IO);
 		return (ssize_t)k;
 	}
-	size_t hl = pf->data_off ? pf->data_off : pf->have;
-	if (off >= size) {
-		ckpt_unlock(&pf->mu, CKPT_RANK_PF);
-		ckpt_rwunlock(&n->ps->io_lock, CKPT_RANK_IO);
-		return 0;
-	}
-	if (len > size - off)
-		len = (size_t)(size - off);
-	size_t done = 0;
-	if (off < hl) {
-		done = hl - (size_t)off < len ? hl - (size_t)off : len;
-		memcpy(dst, pf->hdr + off, done);
-	}
+	size_t done = header_part(pf, off, &len, dst);
 	ckpt_warray *arr = pf->arr;
 	ckpt_region r = pf->region;
 	size_t doff = pf->data_off;
