@@ -6,20 +6,27 @@
 
 #include "writer_int.h"
 
-static uint64_t bm_set(uint64_t *bm, uint64_t a, uint64_t b)
+/* Set (set != 0) or clear bits [a, b) of bm; returns how many changed. */
+static uint64_t bm_change(uint64_t *bm, uint64_t a, uint64_t b, int set)
 {
-	uint64_t added = 0;
+	uint64_t changed = 0;
 	while (a < b) {
 		uint64_t w = a / 64, bit = a % 64;
 		uint64_t n = 64 - bit;
 		if (n > b - a)
 			n = b - a;
 		uint64_t mask = (n == 64 ? ~0ULL : ((1ULL << n) - 1)) << bit;
-		added += (uint64_t)__builtin_popcountll(mask & ~bm[w]);
-		bm[w] |= mask;
+		uint64_t flip = mask & (set ? ~bm[w] : bm[w]);
+		changed += (uint64_t)__builtin_popcountll(flip);
+		bm[w] ^= flip;
 		a += n;
 	}
-	return added;
+	return changed;
+}
+
+static uint64_t bm_set(uint64_t *bm, uint64_t a, uint64_t b)
+{
+	return bm_change(bm, a, b, 1);
 }
 
 int ckpt_w_cov_to_bitmap(struct wcov *c, uint64_t nbytes)
@@ -78,18 +85,7 @@ int64_t ckpt_w_cov_add(struct wcov *c, uint64_t nbytes, uint64_t a, uint64_t b)
 
 static uint64_t bm_clear(uint64_t *bm, uint64_t a, uint64_t b)
 {
-	uint64_t removed = 0;
-	while (a < b) {
-		uint64_t w = a / 64, bit = a % 64;
-		uint64_t n = 64 - bit;
-		if (n > b - a)
-			n = b - a;
-		uint64_t mask = (n == 64 ? ~0ULL : ((1ULL << n) - 1)) << bit;
-		removed += (uint64_t)__builtin_popcountll(mask & bm[w]);
-		bm[w] &= ~mask;
-		a += n;
-	}
-	return removed;
+	return bm_change(bm, a, b, 0);
 }
 
 int64_t ckpt_w_cov_remove(struct wcov *c, uint64_t nbytes, uint64_t a, uint64_t b)
