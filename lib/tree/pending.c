@@ -557,6 +557,19 @@ static const struct node_ops pfile_ops = {
 	.destroy = pfile_destroy,
 };
 
+/* A new pending file `name` in dir (a folder of a pending step; not added
+ * as its kid yet), of dir's step, its mutex ready.  NULL without memory. */
+static struct pfile_node *pfile_node_new(ckpt_view *v, struct node *dir, const char *name)
+{
+	struct node *n = ckpt_node_new(v, &pfile_ops, name, dir);
+	if (!n)
+		return NULL;
+	struct pfile_node *f = to_pfile(n);
+	f->ps = to_pdir(dir)->ps;
+	pthread_mutex_init(&f->pf.mu, NULL);
+	return f;
+}
+
 int ckpt_view_is_writable(ckpt_view *v, ckpt_ino ino)
 {
 	struct node *n = ckpt_node_at(v, ino);
@@ -889,12 +902,10 @@ static struct pfile_node *adopt_decl(ckpt_view *v, struct node *dir, const char 
 	ckpt_warray_info info;
 	ckpt_warray_get_info(arr, &info);
 	int hl = ckpt_npy_header(info.dtype, info.rank, info.shape, hdr, sizeof(hdr));
-	struct node *n = hl > 0 ? ckpt_node_new(v, &pfile_ops, base, dir) : NULL;
-	if (!n)
+	struct pfile_node *f = hl > 0 ? pfile_node_new(v, dir, base) : NULL;
+	if (!f)
 		return NULL;
-	struct pfile_node *f = to_pfile(n);
-	f->ps = to_pdir(dir)->ps;
-	pthread_mutex_init(&f->pf.mu, NULL);
+	struct node *n = &f->n;
 	f->pf.hdr = malloc((size_t)hl);
 	if (!f->pf.hdr || ckpt_node_add_kid(dir, n) < 0)
 		return NULL;
@@ -969,12 +980,10 @@ static int new_pfile(ckpt_view *v, struct node *dir, const char *name, struct no
 		return -EPERM;
 	}
 	if (st || index) {
-		struct node *n = ckpt_node_new(v, &pfile_ops, name, dir);
-		if (!n)
+		struct pfile_node *f = pfile_node_new(v, dir, name);
+		if (!f)
 			return -ENOMEM;
-		struct pfile_node *f = to_pfile(n);
-		f->ps = to_pdir(dir)->ps;
-		pthread_mutex_init(&f->pf.mu, NULL);
+		struct node *n = &f->n;
 		f->pf.is_st = st;
 		f->pf.is_index = index;
 		if (fin && !(f->pf.final = strdup(fin)))
@@ -1000,12 +1009,10 @@ static int new_pfile(ckpt_view *v, struct node *dir, const char *name, struct no
 			return fd;
 		}
 		close(fd);
-		struct node *n = ckpt_node_new(v, &pfile_ops, name, dir);
-		if (!n)
+		struct pfile_node *f = pfile_node_new(v, dir, name);
+		if (!f)
 			return -ENOMEM;
-		struct pfile_node *f = to_pfile(n);
-		f->ps = ps;
-		pthread_mutex_init(&f->pf.mu, NULL);
+		struct node *n = &f->n;
 		f->pf.is_raw = 1;
 		if (!(f->pf.rel = strdup(rel)) || (fin && !(f->pf.final = strdup(fin))))
 			return -ENOMEM;
@@ -1020,12 +1027,10 @@ static int new_pfile(ckpt_view *v, struct node *dir, const char *name, struct no
 	struct node *n = NULL;
 	int rc = 0;
 	if (meta) {
-		n = ckpt_node_new(v, &pfile_ops, name, dir);
-		if (!n)
+		struct pfile_node *f = pfile_node_new(v, dir, name);
+		if (!f)
 			return -ENOMEM;
-		struct pfile_node *f = to_pfile(n);
-		f->ps = to_pdir(dir)->ps;
-		pthread_mutex_init(&f->pf.mu, NULL);
+		n = &f->n;
 		f->pf.is_marker = meta == 2;
 		f->pf.is_meta = meta == 1;
 	} else if ((rc = new_pfile_as(v, dir, name, eff, &n)) < 0) {
@@ -1051,14 +1056,12 @@ static int new_pfile_as(ckpt_view *v, struct node *dir, const char *name, const 
 		int rc = ckpt_step_set_json(ps->step, dir->name, "", 0);
 		if (rc < 0)
 			return rc;
-		struct node *n = ckpt_node_new(v, &pfile_ops, name, dir);
-		if (!n) {
+		struct pfile_node *f = pfile_node_new(v, dir, name);
+		if (!f) {
 			ckpt_step_set_json(ps->step, dir->name, NULL, 0);
 			return -ENOMEM;
 		}
-		struct pfile_node *f = to_pfile(n);
-		f->ps = ps;
-		pthread_mutex_init(&f->pf.mu, NULL);
+		struct node *n = &f->n;
 		f->pf.is_json = 1;
 		*out = n;
 		return 0;
@@ -1120,12 +1123,10 @@ static int new_pfile_as(ckpt_view *v, struct node *dir, const char *name, const 
 		if (rc < 0)
 			return rc;
 	}
-	struct node *n = ckpt_node_new(v, &pfile_ops, name, dir);
-	if (!n)
+	struct pfile_node *f = pfile_node_new(v, dir, name);
+	if (!f)
 		return -ENOMEM;
-	struct pfile_node *f = to_pfile(n);
-	f->ps = to_pdir(dir)->ps;
-	pthread_mutex_init(&f->pf.mu, NULL);
+	struct node *n = &f->n;
 	if (decl) {
 		f->pf.is_slice = 1;
 		f->pf.decl = decl;
