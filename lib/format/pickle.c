@@ -94,7 +94,7 @@ static int in_list(const char *const *l, const char *s)
 	return 0;
 }
 
-static int ident_ok(const char *s)
+int ckpt_pickle_ident_ok(const char *s)
 {
 	if (!*s)
 		return 0;
@@ -107,7 +107,7 @@ static int ident_ok(const char *s)
 
 int ckpt_pickle_global_ok(const char *module, const char *name)
 {
-	if (!module || !name || !ident_ok(name) || strlen(module) + strlen(name) > 200)
+	if (!module || !name || !ckpt_pickle_ident_ok(name) || strlen(module) + strlen(name) > 200)
 		return 0;
 	char full[512];
 	snprintf(full, sizeof(full), "%s.%s", module, name);
@@ -551,7 +551,7 @@ static int make_record(struct pm *m, ckpt_pk *fn, ckpt_pk *args)
 		if (!cls || cls->kind != CKPT_PK_GLOBAL ||
 		    (!ckpt_pk_is_attr(cls, "MEM_FORMAT_ENCODING") &&
 		     !ckpt_pk_is_attr(cls, "_MEM_FORMAT_ENCODING")) ||
-		    member->kind != CKPT_PK_STR || !ident_ok(member->s)) {
+		    member->kind != CKPT_PK_STR || !ckpt_pickle_ident_ok(member->s)) {
 			ckpt_log(CKPT_LOG_ERR, "%s: pickle: refused getattr other than of an enum member",
 				 m->what);
 			return -EPERM;

@@ -81,6 +81,10 @@ void ckpt_pickle_free(ckpt_pickle *p);
 /* 1 when "module.name" is on the list of globals the reader accepts. */
 int ckpt_pickle_global_ok(const char *module, const char *name);
 
+/* 1 when s is a non-empty run of [A-Za-z0-9_] (a Python name, or a part of
+ * a state-dict key, that may be shown as a path component). */
+int ckpt_pickle_ident_ok(const char *s);
+
 /* Helpers; each is NULL / -EINVAL safe on a NULL or wrong-kind object. */
 /* The value of a str key in a dict (the last when repeated), else NULL. */
 const ckpt_pk *ckpt_pk_get(const ckpt_pk *dict, const char *key);

@@ -96,17 +96,6 @@ struct walk {
 	int depth;
 };
 
-static int key_ok(const char *s)
-{
-	if (!*s)
-		return 0;
-	for (; *s; s++)
-		if (!((*s >= 'a' && *s <= 'z') || (*s >= 'A' && *s <= 'Z') || (*s >= '0' && *s <= '9') ||
-		      *s == '_'))
-			return 0;
-	return 1;
-}
-
 static const ckpt_pk *unwrap_param(const ckpt_pk *o)
 {
 	if ((ckpt_pk_is(o, "torch._utils._rebuild_parameter") ||
@@ -173,7 +162,7 @@ static int add_tensor(struct walk *w, const ckpt_pk *rec)
 		snprintf(why, sizeof(why), "storage type %.100s has no ckptfs dtype", p->v[1]->s);
 		return tensor_bad(w, why);
 	}
-	if (p->v[2]->kind != CKPT_PK_STR || !key_ok(p->v[2]->s) || p->v[2]->len > 64)
+	if (p->v[2]->kind != CKPT_PK_STR || !ckpt_pickle_ident_ok(p->v[2]->s) || p->v[2]->len > 64)
 		return tensor_bad(w, "malformed storage key");
 	int64_t numel, off;
 	if (ckpt_pk_int(p->v[4], &numel) || numel < 0)
