@@ -190,46 +190,6 @@ static int opt_proc(void *data, const char *arg, int key, struct fuse_args *outa
 	return 1;
 }
 
-static int parse_size(const char *s, uint64_t *out)
-{
-	char *end;
-	errno = 0;
-	unsigned long long v = strtoull(s, &end, 10);
-	if (errno || end == s)
-		return -1;
-	uint64_t mul = 1;
-	switch (*end) {
-	case 'k':
-	case 'K':
-		mul = 1ull << 10;
-		end++;
-		break;
-	case 'm':
-	case 'M':
-		mul = 1ull << 20;
-		end++;
-		break;
-	case 'g':
-	case 'G':
-		mul = 1ull << 30;
-		end++;
-		break;
-	case 't':
-	case 'T':
-		mul = 1ull << 40;
-		end++;
-		break;
-	default:
-		break;
-	}
-	if (*end == 'B' || *end == 'b')
-		end++;
-	if (*end || v > UINT64_MAX / mul)
-		return -1;
-	*out = v * mul;
-	return 0;
-}
-
 static void signal_ready(int fd, char c)
 {
 	if (fd <= 0)
@@ -561,15 +521,15 @@ int main(int argc, char *argv[])
 		int want = 2 * (int)(store_opts.connections ? store_opts.connections : 16);
 		vo.ctx.threads = ncpu > want ? (int)ncpu : want;
 	}
-	if (fs.opts.write_buffer && parse_size(fs.opts.write_buffer, &vo.write_budget) < 0) {
+	if (fs.opts.write_buffer && ckpt_parse_size(fs.opts.write_buffer, &vo.write_budget) < 0) {
 		fprintf(stderr, "ckptfs: bad write_buffer '%s'\n", fs.opts.write_buffer);
 		goto out_ready;
 	}
-	if (fs.opts.cache_size && parse_size(fs.opts.cache_size, &vo.ctx.cache_bytes) < 0) {
+	if (fs.opts.cache_size && ckpt_parse_size(fs.opts.cache_size, &vo.ctx.cache_bytes) < 0) {
 		fprintf(stderr, "ckptfs: bad cache_size '%s'\n", fs.opts.cache_size);
 		goto out_ready;
 	}
-	if (fs.opts.st_shard_size && parse_size(fs.opts.st_shard_size, &vo.st_shard_bytes) < 0) {
+	if (fs.opts.st_shard_size && ckpt_parse_size(fs.opts.st_shard_size, &vo.st_shard_bytes) < 0) {
 		fprintf(stderr, "ckptfs: bad safetensors_shard_size '%s'\n", fs.opts.st_shard_size);
 		goto out_ready;
 	}

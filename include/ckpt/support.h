@@ -34,6 +34,13 @@ const char *ckpt_log_level_name(int level); /* "error", "warning", "info", "debu
  * levels of folders. */
 int ckpt_rmtree(const char *path);
 
+/* ---- option values (base/sysio.c) ---- */
+/* A size: decimal digits, then optionally k/K, m/M, g/G or t/T (powers of
+ * 1024) and then optionally b/B ("10G", "512M", "4096").  0 (and *out set;
+ * 0 itself is accepted), or -EINVAL for anything else or a value over
+ * 2^64 - 1. */
+int ckpt_parse_size(const char *s, uint64_t *out);
+
 /* ---- read context (read/array.h) ---- */
 typedef struct ckpt_ctx_opts {
 	uint64_t cache_bytes; /* decoded-chunk cache budget (0: 256 MiB) */

@@ -148,6 +148,46 @@ int ckpt_rmtree_at(int dirfd, const char *path)
 	return rmtree_at(dirfd, path, 0);
 }
 
+int ckpt_parse_size(const char *s, uint64_t *out)
+{
+	char *end;
+	if (!s || !*s)
+		return -EINVAL;
+	errno = 0;
+	unsigned long long n = strtoull(s, &end, 10);
+	if (errno || end == s)
+		return -EINVAL;
+	unsigned sh = 0;
+	switch (*end) {
+	case 'k':
+	case 'K':
+		sh = 10;
+		break;
+	case 'm':
+	case 'M':
+		sh = 20;
+		break;
+	case 'g':
+	case 'G':
+		sh = 30;
+		break;
+	case 't':
+	case 'T':
+		sh = 40;
+		break;
+	default:
+		break;
+	}
+	if (sh)
+		end++;
+	if (*end == 'B' || *end == 'b')
+		end++;
+	if (*end || n > (UINT64_MAX >> sh))
+		return -EINVAL;
+	*out = (uint64_t)n << sh;
+	return 0;
+}
+
 int ckpt_rmtree(const char *path)
 {
 	return rmtree_at(AT_FDCWD, path, 0);

@@ -31,41 +31,10 @@ static int parse_uint(const char *v, unsigned lo, unsigned hi, unsigned *out)
 /* "10G", "512M", "4096" -> bytes (> 0). */
 static int parse_size(const char *v, uint64_t *out)
 {
-	char *end;
-	if (!v || !*v)
+	uint64_t n;
+	if (ckpt_parse_size(v, &n) < 0 || n == 0)
 		return -EINVAL;
-	errno = 0;
-	unsigned long long n = strtoull(v, &end, 10);
-	unsigned sh = 0;
-	switch (*end) {
-	case 'k':
-	case 'K':
-		sh = 10;
-		end++;
-		break;
-	case 'm':
-	case 'M':
-		sh = 20;
-		end++;
-		break;
-	case 'g':
-	case 'G':
-		sh = 30;
-		end++;
-		break;
-	case 't':
-	case 'T':
-		sh = 40;
-		end++;
-		break;
-	default:
-		break;
-	}
-	if (*end == 'B' || *end == 'b')
-		end++;
-	if (*end || errno || n == 0 || n > (UINT64_MAX >> sh))
-		return -EINVAL;
-	*out = (uint64_t)n << sh;
+	*out = n;
 	return 0;
 }
 
