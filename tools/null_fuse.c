@@ -4,12 +4,15 @@
  * read through it costs the kernel round trip and the reply copy and
  * nothing else (no decode, no cache, no allocation per request).
  *
- *   null_fuse MOUNTPOINT [-o size=BYTES] [-o direct_io] [-o splice] [-o piece=N [-o copy]]
- *             [-o ready_fd=FD] [FUSE options, e.g. -o max_threads=N]
+ *   null_fuse MOUNTPOINT [-o size=BYTES] [-o buf=BYTES] [-o direct_io] [-o splice]
+ *             [-o piece=N [-o copy]] [-o file=PATH [-o mmap]] [-o ready_fd=FD]
+ *             [FUSE options, e.g. -o max_threads=N]
  *
  * The file is MOUNTPOINT/data (default 512 MiB).  Its bytes are a fixed
- * pattern of BUF_BYTES repeated (byte i is pattern[i % BUF_BYTES]), so a
- * reply is one iovec, or two where it crosses the end of the pattern.
+ * pattern of buf bytes (default 8 MiB: it stays in the CPU's cache)
+ * repeated (byte i is pattern[i % buf]), so a reply is one iovec, or two
+ * where it crosses the end of the pattern; -o buf=SIZE (the file's size)
+ * makes every byte distinct, read from memory as a file's would be.
  * Settings as ckptfs's (fs/ops.c, fs/main.c): the same max_background and
  * congestion threshold, keep_cache, the kernel's read-ahead raised to
  * 1024 KiB (read_ahead_kb on the mount's bdi, as ckptfs does), libfuse's
@@ -22,6 +25,10 @@
  * turn, the way the rows of column chunks lie in a decoder's memory (what
  * ckptfs replies for an array in chunks [4096, 512] of float32 is 2 KiB
  * pieces); with -o copy those pieces are gathered into one buffer first.
+ * -o file=PATH serves that file's bytes instead: pread into a per-thread
+ * buffer and one iovec, with -o splice its descriptor handed to
+ * fuse_reply_data (libfuse splices the file's pages), with -o mmap one
+ * iovec of a populated mapping of it (the daemon copies nothing).
  * Runs in the foreground; writes 's' to ready_fd once mounted.
  */
 /* 3.12's loop config (fuse_loop_cfg_*), as ckptfs: built for an older API
@@ -41,12 +48,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
-#define BUF_BYTES ((size_t)8 << 20)
+static size_t buf_bytes = (size_t)8 << 20;
 #define FILE_INO 2
 
 static struct nf_opts {
@@ -56,7 +64,12 @@ static struct nf_opts {
 	int ready_fd;
 	int piece;
 	int copy;
-} o = { NULL, 0, 0, -1, 0, 0 };
+	char *file;
+	int mmap;
+	char *buf;
+} o = { NULL, 0, 0, -1, 0, 0, NULL, 0, NULL };
+static int backing_fd = -1;
+static unsigned char *backing_map;
 
 static uint64_t file_size = 512ull << 20;
 static unsigned char *pattern;
@@ -67,6 +80,9 @@ static const struct fuse_opt nf_spec[] = { { "size=%s", offsetof(struct nf_opts,
 					   { "ready_fd=%d", offsetof(struct nf_opts, ready_fd), 0 },
 					   { "piece=%d", offsetof(struct nf_opts, piece), 0 },
 					   { "copy", offsetof(struct nf_opts, copy), 1 },
+					   { "file=%s", offsetof(struct nf_opts, file), 0 },
+					   { "mmap", offsetof(struct nf_opts, mmap), 1 },
+					   { "buf=%s", offsetof(struct nf_opts, buf), 0 },
 					   FUSE_OPT_END };
 
 static void attr_of(fuse_ino_t ino, struct stat *st)
@@ -155,7 +171,7 @@ static void piece_reply(fuse_req_t req, size_t size, off_t off)
 	}
 	for (size_t i = 0; i < n; i++) {
 		size_t lane = i % 8, row = i / 8;
-		size_t p = (lane * (BUF_BYTES / 8) + (((uint64_t)off / 8 + row * pc) % (BUF_BYTES / 8 - pc)));
+		size_t p = (lane * (buf_bytes / 8) + (((uint64_t)off / 8 + row * pc) % (buf_bytes / 8 - pc)));
 		iov[i].iov_base = pattern + p;
 		iov[i].iov_len = size - i * pc < pc ? size - i * pc : pc;
 	}
@@ -166,6 +182,43 @@ static void piece_reply(fuse_req_t req, size_t size, off_t off)
 		return;
 	}
 	fuse_reply_iov(req, iov, (int)n);
+}
+
+/* -o file=PATH: the bytes of a backing file, as a daemon serving
+ * uncompressed stored data would: with -o splice, the backing descriptor is
+ * handed to fuse_reply_data (libfuse splices its page cache into the
+ * reply); without, pread into a per-thread buffer, then one iovec. */
+static void file_reply(fuse_req_t req, size_t size, off_t off)
+{
+	if (backing_map) {
+		fuse_reply_buf(req, (const char *)backing_map + off, size);
+		return;
+	}
+	if (o.splice) {
+		struct fuse_bufvec bv = FUSE_BUFVEC_INIT(size);
+		bv.buf[0].flags = FUSE_BUF_IS_FD | FUSE_BUF_FD_SEEK;
+		bv.buf[0].fd = backing_fd;
+		bv.buf[0].pos = off;
+		fuse_reply_data(req, &bv, FUSE_BUF_SPLICE_MOVE);
+		return;
+	}
+	static __thread unsigned char *tb;
+	static __thread size_t tcap;
+	if (tcap < size) {
+		free(tb);
+		tb = aligned_alloc(4096, (size + 4095) & ~(size_t)4095);
+		tcap = tb ? size : 0;
+		if (!tb) {
+			fuse_reply_err(req, ENOMEM);
+			return;
+		}
+	}
+	ssize_t r = pread(backing_fd, tb, size, off);
+	if (r < 0) {
+		fuse_reply_err(req, errno);
+		return;
+	}
+	fuse_reply_buf(req, (const char *)tb, (size_t)r);
 }
 
 static void nf_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, struct fuse_file_info *fi)
@@ -180,12 +233,14 @@ static void nf_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, stru
 		size = (size_t)(file_size - (uint64_t)off);
 	if (o.piece > 0)
 		return piece_reply(req, size, off);
+	if (backing_fd >= 0)
+		return file_reply(req, size, off);
 	struct iovec iov[8];
 	int n = 0;
 	size_t done = 0;
 	while (done < size && n < 8) {
-		size_t p = (size_t)(((uint64_t)off + done) % BUF_BYTES);
-		size_t len = BUF_BYTES - p < size - done ? BUF_BYTES - p : size - done;
+		size_t p = (size_t)(((uint64_t)off + done) % buf_bytes);
+		size_t len = buf_bytes - p < size - done ? buf_bytes - p : size - done;
 		iov[n].iov_base = pattern + p;
 		iov[n].iov_len = len;
 		n++;
@@ -266,17 +321,40 @@ int main(int argc, char *argv[])
 		return 1;
 	if (!cl.mountpoint) {
 		fprintf(stderr,
-			"usage: %s MOUNTPOINT [-o size=BYTES] [-o direct_io] [-o splice] [-o piece=N [-o "
-			"copy]] [-o ready_fd=FD]\n",
+			"usage: %s MOUNTPOINT [-o size=BYTES] [-o buf=BYTES] [-o direct_io] [-o splice] "
+			"[-o piece=N [-o copy]] [-o file=PATH [-o mmap]] [-o ready_fd=FD]\n",
 			argv[0]);
 		return 1;
 	}
 	if (o.size)
 		file_size = strtoull(o.size, NULL, 0);
-	pattern = aligned_alloc(4096, BUF_BYTES);
+	if (o.file) {
+		backing_fd = open(o.file, O_RDONLY | O_CLOEXEC);
+		struct stat bst;
+		if (backing_fd < 0 || fstat(backing_fd, &bst) != 0) {
+			fprintf(stderr, "null_fuse: cannot open %s\n", o.file);
+			return 1;
+		}
+		file_size = (uint64_t)bst.st_size;
+		if (o.mmap) {
+			void *m = mmap(NULL, file_size, PROT_READ, MAP_SHARED | MAP_POPULATE, backing_fd, 0);
+			if (m == MAP_FAILED) {
+				fprintf(stderr, "null_fuse: cannot map %s\n", o.file);
+				return 1;
+			}
+			backing_map = m;
+		}
+	}
+	if (o.buf)
+		buf_bytes = strtoull(o.buf, NULL, 0);
+	if (buf_bytes < ((size_t)1 << 20) || buf_bytes % 4096) {
+		fprintf(stderr, "null_fuse: buf must be a multiple of 4096, at least 1 MiB\n");
+		return 1;
+	}
+	pattern = aligned_alloc(4096, buf_bytes);
 	if (!pattern)
 		return 1;
-	for (size_t i = 0; i < BUF_BYTES; i++)
+	for (size_t i = 0; i < buf_bytes; i++)
 		pattern[i] = (unsigned char)(i * 131u + (i >> 12));
 	int ret = 1;
 	struct fuse_session *se = fuse_session_new(&args, &nf_ops, sizeof(nf_ops), NULL);
@@ -306,5 +384,9 @@ out:
 	fuse_opt_free_args(&args);
 	free(pattern);
 	free(o.size);
+	free(o.file);
+	free(o.buf);
+	if (backing_fd >= 0)
+		close(backing_fd);
 	return ret;
 }

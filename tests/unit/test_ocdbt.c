@@ -1540,8 +1540,8 @@ static void spy_destroy(ckpt_store *s)
 	free(p);
 }
 
-static const struct ckpt_store_ops spy_ops = { spy_size, spy_read,    spy_list,	      spy_listdir,
-					       spy_stat, spy_destroy, spy_connections };
+static const struct ckpt_store_ops spy_ops = { spy_size,    spy_read,	     spy_list, spy_listdir, spy_stat,
+					       spy_destroy, spy_connections, NULL,     NULL };
 
 static struct spy_store *spy_open(const char *dir)
 {

@@ -4,13 +4,17 @@
  * keys, F order, no compressor; corrupt indexes; metadata that must be
  * refused; every compressor (zlib, gzip, bz2, lz4, blosc) including data
  * that decodes to more or less than the chunk; a general transpose; the
- * missing-data rule and its log line; revalidation of cached chunks. */
+ * missing-data rule and its log line; revalidation of cached chunks;
+ * decoding in place from a mapping of the stored file, and a file that
+ * shrinks under that mapping (EIO, never SIGBUS). */
 #include <errno.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <fcntl.h>
+#include <signal.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -23,6 +27,7 @@
 #include "array.h"
 #include "check.h"
 #include "crc32c.h"
+#include "fault.h"
 #include "pool.h"
 #include "zarr_chunk.h"
 
@@ -505,6 +510,218 @@ static void test_ctx_pool_fork(void)
 	ckpt_ctx_destroy(ctx);
 }
 
+/* ---- decoding from a mapping ---------------------------------------- */
+
+/* A store over the folder store that counts maps and reads, and with
+ * `shrink` set truncates the file right after mapping it (as another
+ * process might while the daemon decodes). */
+struct spy {
+	struct ckpt_store base;
+	ckpt_store *in;
+	int maps, reads, shrink;
+};
+
+static int spy_size(ckpt_store *s, const char *k, uint64_t *n)
+{
+	return ckpt_store_size(((struct spy *)s)->in, k, n);
+}
+
+static ssize_t spy_read(ckpt_store *s, const char *k, uint64_t off, size_t len, void *dst)
+{
+	struct spy *p = (struct spy *)s;
+	p->reads++;
+	return ckpt_store_read(p->in, k, off, len, dst);
+}
+
+static int spy_list(ckpt_store *s, const char *pre, ckpt_store_list_cb cb, void *ctx)
+{
+	return ckpt_store_list(((struct spy *)s)->in, pre, cb, ctx);
+}
+
+static int spy_listdir(ckpt_store *s, const char *d, ckpt_store_dir_cb cb, void *ctx)
+{
+	return ckpt_store_listdir(((struct spy *)s)->in, d, cb, ctx);
+}
+
+static int spy_stat(ckpt_store *s, const char *k, struct ckpt_store_stat *st)
+{
+	return ckpt_store_stat(((struct spy *)s)->in, k, st);
+}
+
+static void spy_destroy(ckpt_store *s)
+{
+	(void)s;
+}
+
+static int spy_map(ckpt_store *s, const char *k, uint64_t off, size_t len, struct ckpt_store_mapping *m)
+{
+	struct spy *p = (struct spy *)s;
+	p->maps++;
+	int rc = ckpt_store_map(p->in, k, off, len, m);
+	if (rc == 0 && p->shrink) {
+		char path[512];
+		snprintf(path, sizeof(path), "%s/%s", dir, k);
+		CHECK_EQ_INT(truncate(path, 0), 0);
+	}
+	return rc;
+}
+
+static const struct ckpt_store_ops spy_ops = { spy_size,    spy_read, spy_list, spy_listdir, spy_stat,
+					       spy_destroy, NULL,     spy_map,	NULL };
+
+/* Bytes zstd cannot shrink much: the stored chunk stays over the map size. */
+static void noise(uint32_t *v, size_t n, uint32_t seed)
+{
+	uint32_t x = seed | 1;
+	for (size_t i = 0; i < n; i++) {
+		x ^= x << 13;
+		x ^= x >> 17;
+		x ^= x << 5;
+		v[i] = x;
+	}
+}
+
+static int touch_last(void *arg)
+{
+	return *(volatile const char *)arg;
+}
+
+static void test_mapped(ckpt_store *dirs)
+{
+	struct spy spy = { { &spy_ops, (char *)"spy", 0 }, dirs, 0, 0, 0 };
+	ckpt_store *s = &spy.base;
+	enum { R = 512, C = 256 }; /* 512 KiB of uint32 per chunk */
+	size_t nb = (size_t)R * C * 4;
+	uint32_t *v = malloc(nb), *got = malloc(nb);
+	size_t cap = ZSTD_compressBound(nb) * 2 + 64;
+	uint8_t *z = malloc(cap);
+	ckpt_zarr_scratch *sc = ckpt_zarr_scratch_create();
+
+	/* zarr v2, one zstd chunk: decoded from the mapping, no read */
+	const char *j2 = "{\"zarr_format\":2,\"shape\":[512,256],\"chunks\":[512,256],\"dtype\":\"<u4\","
+			 "\"compressor\":{\"id\":\"zstd\",\"level\":1},\"fill_value\":0,\"order\":\"C\","
+			 "\"filters\":null}";
+	put_file("mp2/.zarray", j2, strlen(j2));
+	noise(v, (size_t)R * C, 7);
+	size_t zn = ZSTD_compress(z, cap, v, nb, 1);
+	CHECK(zn >= CKPT_STORE_MAP_MIN);
+	put_file("mp2/0.0", z, zn);
+	ckpt_array_meta m;
+	CHECK_EQ_INT(parse(2, j2, &m), 0);
+	uint64_t g[2] = { 0, 0 };
+	CHECK_EQ_INT(ckpt_zarr_read_unit(s, "mp2", &m, g, got, sc), 0);
+	CHECK(memcmp(got, v, nb) == 0);
+	CHECK_EQ_INT(spy.maps, 1);
+	CHECK_EQ_INT(spy.reads, 0);
+
+	/* the file shrinks while it is decoded: EIO, and the scratch's zstd
+	 * context (abandoned midway) decodes the next chunk correctly */
+	spy.shrink = 1;
+	memset(got, 0, nb);
+	CHECK_EQ_INT(ckpt_zarr_read_unit(s, "mp2", &m, g, got, sc), -EIO);
+	spy.shrink = 0;
+	put_file("mp2/0.0", z, zn);
+	CHECK_EQ_INT(ckpt_zarr_read_unit(s, "mp2", &m, g, got, sc), 0);
+	CHECK(memcmp(got, v, nb) == 0);
+
+	/* v3 shards: two inner chunks (index at the end, crc32c after zstd
+	 * inside each chunk), and one inner chunk (decoded in place as well,
+	 * the index read first) */
+	for (int inner = 1; inner <= 2; inner++) {
+		char json[1024], pre[16], key[32];
+		snprintf(json, sizeof(json),
+			 "{\"zarr_format\":3,\"node_type\":\"array\",\"shape\":[%d,256],\"data_type\":"
+			 "\"uint32\","
+			 "\"chunk_grid\":{\"name\":\"regular\",\"configuration\":{\"chunk_shape\":[%d,256]}},"
+			 "\"chunk_key_encoding\":{\"name\":\"default\"},\"fill_value\":0,"
+			 "\"codecs\":[{\"name\":\"sharding_indexed\",\"configuration\":{\"chunk_shape\":[512,"
+			 "256],"
+			 "\"codecs\":[{\"name\":\"bytes\",\"configuration\":{\"endian\":\"little\"}},"
+			 "{\"name\":\"zstd\"},{\"name\":\"crc32c\"}],"
+			 "\"index_codecs\":[{\"name\":\"bytes\",\"configuration\":{\"endian\":\"little\"}},"
+			 "{\"name\":\"crc32c\"}],\"index_location\":\"end\"}}]}",
+			 512 * inner, 512 * inner);
+		snprintf(pre, sizeof(pre), "mp3_%d", inner);
+		snprintf(key, sizeof(key), "%s/zarr.json", pre);
+		put_file(key, json, strlen(json));
+		CHECK_EQ_INT(parse(3, json, &m), 0);
+		size_t pos = 0;
+		uint8_t ix[2 * 16 + 4];
+		for (int c = 0; c < inner; c++) {
+			noise(v, (size_t)R * C, 100 + (uint32_t)c);
+			size_t n = ZSTD_compress(z + pos, cap - pos - 4, v, nb, 1);
+			ckpt_put_le32(z + pos + n, ckpt_crc32c(0, z + pos, n));
+			ckpt_put_le64(ix + 16 * c, pos);
+			ckpt_put_le64(ix + 16 * c + 8, n + 4);
+			pos += n + 4;
+		}
+		ckpt_put_le32(ix + 16 * inner, ckpt_crc32c(0, ix, 16 * (size_t)inner));
+		memcpy(z + pos, ix, 16 * (size_t)inner + 4);
+		pos += 16 * (size_t)inner + 4;
+		snprintf(key, sizeof(key), "%s/c/0/0", pre);
+		put_file(key, z, pos);
+		spy.maps = spy.reads = 0;
+		for (int c = 0; c < inner; c++) {
+			uint64_t gi[2] = { (uint64_t)c, 0 };
+			CHECK_EQ_INT(ckpt_zarr_read_unit(s, pre, &m, gi, got, sc), 0);
+			noise(v, (size_t)R * C, 100 + (uint32_t)c);
+			CHECK(memcmp(got, v, nb) == 0);
+		}
+		CHECK_EQ_INT(spy.maps, inner);
+		CHECK_EQ_INT(spy.reads, inner); /* the index, each time */
+	}
+
+	/* the store's own rules: small ranges and ranges past the end are
+	 * not mapped; a sub-store maps through its parent */
+	noise(v, (size_t)R * C, 7);
+	zn = ZSTD_compress(z, cap, v, nb, 1);
+	struct ckpt_store_mapping mp;
+	CHECK_EQ_INT(ckpt_store_map(dirs, "mp2/0.0", 0, 4096, &mp), -ENOTSUP);
+	CHECK_EQ_INT(ckpt_store_map(dirs, "mp2/0.0", 4096, zn, &mp), -ENOTSUP);
+	CHECK_EQ_INT(ckpt_store_map(dirs, "mp2/none", 0, zn, &mp), -ENOENT);
+	ckpt_store *sub;
+	CHECK_EQ_INT(ckpt_store_sub(dirs, "mp2", &sub), 0);
+	CHECK(ckpt_store_can_map(sub));
+	CHECK_EQ_INT(ckpt_store_map(sub, "0.0", 4093, zn - 4093, &mp), 0);
+	CHECK(mp.data && mp.len == zn - 4093 && memcmp(mp.data, z + 4093, zn - 4093) == 0);
+	ckpt_store_unmap(&mp);
+	ckpt_store_destroy(sub);
+	ckpt_store *mem;
+	CHECK_EQ_INT(ckpt_store_mem_open("mem", &mem), 0);
+	CHECK(!ckpt_store_can_map(mem));
+	ckpt_store_destroy(mem);
+
+	/* a SIGBUS nobody guards still ends the process, as without ckptfs
+	 * (under a sanitizer, its handler, installed before ours, reports it) */
+	put_file("mp2/0.0", z, zn);
+	CHECK_EQ_INT(ckpt_store_map(dirs, "mp2/0.0", 0, zn, &mp), 0);
+	const char *last = (const char *)mp.data + zn - 1;
+	CHECK_EQ_INT(ckpt_fault_guard(mp.data, zn, touch_last, (void *)last), (int)(signed char)z[zn - 1]);
+	char path[512];
+	snprintf(path, sizeof(path), "%s/mp2/0.0", dir);
+	CHECK_EQ_INT(truncate(path, 0), 0);
+	CHECK_EQ_INT(ckpt_fault_guard(mp.data, zn, touch_last, (void *)last), -EFAULT);
+	fflush(NULL);
+	pid_t pid = fork();
+	if (pid == 0) {
+		touch_last((void *)last);
+		_exit(0);
+	}
+	int st = 0;
+	CHECK_EQ_INT(waitpid(pid, &st, 0), pid);
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+	CHECK(!(WIFEXITED(st) && WEXITSTATUS(st) == 0)); /* the sanitizer's report, then abort or exit */
+#else
+	CHECK(WIFSIGNALED(st) && WTERMSIG(st) == SIGBUS);
+#endif
+	ckpt_store_unmap(&mp);
+
+	ckpt_zarr_scratch_destroy(sc);
+	free(z);
+	free(got);
+	free(v);
+}
+
 int main(void)
 {
 	snprintf(dir, sizeof(dir), "/tmp/ckpt_test_zarr.XXXXXX");
@@ -520,6 +737,7 @@ int main(void)
 	CHECK_RUN_CALL(test_compressors, (s));
 	CHECK_RUN_CALL(test_transpose, (s));
 	CHECK_RUN_CALL(test_missing, (s));
+	CHECK_RUN_CALL(test_mapped, (s));
 	ckpt_store_destroy(s);
 	char cmd[300];
 	snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
