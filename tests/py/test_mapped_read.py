@@ -186,3 +186,34 @@ def test_a_chunk_truncated_under_the_mount_is_an_error_not_other_bytes(tmp_path,
     assert "params.w1/1.0" in m.log(), m.log()[-2000:]
     chunk.write_bytes(data)
     assert np.array_equal(np.load(m.p("params/w1.npy")), values(1))
+
+
+@pytest.mark.concurrent
+def test_concurrent_readers_of_mapped_chunks(tmp_path, mount):
+    """Eight threads read the arrays of a small cache at once (chunks are
+    evicted and decoded from their mappings again and again): every read is
+    byte-exact."""
+    import threading
+    item = tmp_path / "zarr2"
+    zarr2_item(item)
+    m = mount(item, "ro", "cache_size=4M")
+    want = {rel: values(k).tobytes() for rel, k in (("params/w0.npy", 0), ("params/w1.npy", 1))}
+    errors = []
+
+    def reader(i):
+        try:
+            for r in range(3):
+                rel = sorted(want)[(i + r) % 2]
+                data = U.read_all(m.p(rel))
+                if not data.endswith(want[rel]):
+                    errors.append(f"reader {i}: {rel} differs")
+        except OSError as e:
+            errors.append(f"reader {i}: {e}")
+
+    ts = [threading.Thread(target=reader, args=(i,)) for i in range(8)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    assert not errors, errors
+    assert stats(m)["backing_maps"] >= 4
