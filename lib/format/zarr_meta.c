@@ -824,6 +824,13 @@ static int parse_v2(const cJSON *root, const struct num_text *fraw, struct ckpt_
 			if (sk && (json_u64(sk, &v) < 0 || v > CKPT_ZARR_MAX_SKIP))
 				return fail(why, "bad skip of " CKPT_ZARR_RAW_DEFLATE_ID, -EINVAL);
 			c->skip = (uint32_t)v;
+			const cJSON *cr = member(comp, "crc32");
+			if (cr) {
+				if (json_u64(cr, &v) < 0 || v > UINT32_MAX)
+					return fail(why, "bad crc32 of " CKPT_ZARR_RAW_DEFLATE_ID, -EINVAL);
+				c->has_crc32 = 1;
+				c->crc32 = (uint32_t)v;
+			}
 		} else if (strcmp(id->valuestring, "crc32c") == 0) {
 			/* numcodecs CRC32C: the checksum after the data, as zarr v3's crc32c */
 			const cJSON *loc = member(comp, "location");
@@ -1367,6 +1374,8 @@ static cJSON *emit_v2(const struct ckpt_zarr_meta *m, int *bad)
 			put(comp, "id", cJSON_CreateString(CKPT_ZARR_RAW_DEFLATE_ID), bad);
 			if (c->skip)
 				put(comp, "skip", raw_u64(c->skip), bad);
+			if (c->has_crc32)
+				put(comp, "crc32", raw_u64(c->crc32), bad);
 		} else {
 			cJSON_Delete(comp);
 			return NULL;

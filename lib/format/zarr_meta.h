@@ -90,6 +90,10 @@ struct ckpt_zarr_codec {
 	/* RAW_DEFLATE: decoded bytes before the chunk's own (an .npy header
 	 * inside a deflated .npz member), dropped; at most CKPT_ZARR_MAX_SKIP */
 	uint32_t skip;
+	/* RAW_DEFLATE: the CRC-32 (ZIP's, zlib's crc32) of every decoded byte,
+	 * the skipped ones included (a ZIP member's), when has_crc32 */
+	int has_crc32;
+	uint32_t crc32;
 	/* SHARDING: owned by the codec (freed by ckpt_zarr_meta_free) */
 	struct ckpt_zarr_sharding *sharding;
 };

@@ -94,6 +94,8 @@ static int plan_chain(const struct ckpt_zarr_chain *ch, ckpt_array_meta *m, cons
 		case CKPT_CODEC_RAW_DEFLATE:
 			b = CKPT_B2B_RAW_DEFLATE;
 			m->deflate_skip = c->skip;
+			m->deflate_has_crc = c->has_crc32;
+			m->deflate_crc = c->crc32;
 			break;
 		default:
 			*why = m->zarr_format == 2 ? "unsupported compressor"
@@ -378,10 +380,12 @@ static const char *zlib_what(int b)
 
 /* gzip / zlib stream (either header: inflate detects it), or a raw deflate
  * stream (CKPT_B2B_RAW_DEFLATE) -> exactly `want` bytes; never writes past
- * dst + want. */
+ * dst + want.  crc (not NULL): the CRC-32 every inflated byte must have,
+ * the skipped ones included (a ZIP member's). */
 static int inflate_to(const char *root, const char *key, int b, const uint8_t *src, size_t n, uint8_t *dst,
-		      size_t want, uint32_t skip)
+		      size_t want, uint32_t skip, const uint32_t *crc)
 {
+	uLong sum = crc32(0L, Z_NULL, 0);
 	z_stream z;
 	memset(&z, 0, sizeof(z));
 	if (inflateInit2(&z, b == CKPT_B2B_RAW_DEFLATE ? -MAX_WBITS : 32 + MAX_WBITS) != Z_OK)
@@ -404,6 +408,8 @@ static int inflate_to(const char *root, const char *key, int b, const uint8_t *s
 		in += used;
 		in_left -= used;
 		skip -= (uint32_t)made;
+		if (crc)
+			sum = crc32(sum, junk, (uInt)made);
 		if (zr == Z_OK && !used && !made)
 			zr = Z_BUF_ERROR;
 		if (zr == Z_STREAM_END && (skip || want))
@@ -435,6 +441,18 @@ static int inflate_to(const char *root, const char *key, int b, const uint8_t *s
 	}
 	size_t got = want - out_left;
 	inflateEnd(&z);
+	if (crc && !larger && zr == Z_STREAM_END && got == want && in_left == 0) {
+		for (size_t done = 0; done < want;) { /* crc32's length is 32-bit */
+			uInt k = want - done > (1u << 30) ? (1u << 30) : (uInt)(want - done);
+			sum = crc32(sum, dst + done, k);
+			done += k;
+		}
+		if ((uint32_t)sum != *crc) {
+			ckpt_log(CKPT_LOG_ERR, "%s/%s: CRC-32 mismatch of the ZIP member (%08x, stored %08x)",
+				 root, key, (unsigned)sum, (unsigned)*crc);
+			return -EIO;
+		}
+	}
 	if (larger || zr != Z_STREAM_END || got != want || in_left != 0) {
 		ckpt_log(CKPT_LOG_ERR, "%s/%s: bad %s data (%s; %zu of %zu bytes)", root, key, zlib_what(b),
 			 larger ? "decodes to more than the chunk"
@@ -450,7 +468,7 @@ static int inflate_to(const char *root, const char *key, int b, const uint8_t *s
 
 /* One compressor: src (n bytes) -> exactly `want` bytes at dst. */
 static int decompress(const char *root, const char *key, int b, const uint8_t *src, size_t n, uint8_t *dst,
-		      size_t want, ckpt_zarr_scratch *sc, uint32_t skip)
+		      size_t want, ckpt_zarr_scratch *sc, const ckpt_array_meta *m)
 {
 	switch (b) {
 	case CKPT_B2B_ZSTD: {
@@ -471,7 +489,9 @@ static int decompress(const char *root, const char *key, int b, const uint8_t *s
 	case CKPT_B2B_GZIP:
 	case CKPT_B2B_ZLIB:
 	case CKPT_B2B_RAW_DEFLATE:
-		return inflate_to(root, key, b, src, n, dst, want, b == CKPT_B2B_RAW_DEFLATE ? skip : 0);
+		return inflate_to(root, key, b, src, n, dst, want,
+				  b == CKPT_B2B_RAW_DEFLATE ? m->deflate_skip : 0,
+				  b == CKPT_B2B_RAW_DEFLATE && m->deflate_has_crc ? &m->deflate_crc : NULL);
 	case CKPT_B2B_BLOSC: {
 		size_t nbytes = 0, cbytes = 0, bsize = 0;
 		if (n < BLOSC_MIN_HEADER_LENGTH || blosc_cbuffer_validate(src, n, &nbytes) < 0 ||
@@ -550,7 +570,7 @@ static int decode_chain(const ckpt_array_meta *m, const char *root, const char *
 				return -ENOMEM;
 			out = sc->tmp;
 		}
-		int rc = decompress(root, key, m->b2b[i], cur, n, out, want, sc, m->deflate_skip);
+		int rc = decompress(root, key, m->b2b[i], cur, n, out, want, sc, m);
 		if (rc < 0)
 			return rc;
 		cur = out;

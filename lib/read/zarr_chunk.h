@@ -76,6 +76,8 @@ typedef struct ckpt_array_meta {
 	uint8_t b2b[CKPT_ZARR_MAX_B2B];
 	int zstd_level; /* informational */
 	uint32_t deflate_skip; /* CKPT_B2B_RAW_DEFLATE: decoded bytes dropped before the unit */
+	int deflate_has_crc; /* ... and the CRC-32 of all its decoded bytes (a ZIP member's) */
+	uint32_t deflate_crc;
 	char sep; /* chunk key separator */
 	int key_c_prefix; /* v3 default encoding: "c/..." */
 	uint8_t fill[16]; /* one element of the fill value */

@@ -99,6 +99,10 @@ struct ckpt_varray {
 	int big_endian;
 	enum ckpt_vcodec codec;
 	uint32_t skip; /* DEFLATE: inflated bytes before the elements (an .npy header), <= 2^20 */
+	/* DEFLATE: the CRC-32 of all inflated bytes (the ZIP member's), checked
+	 * at every decode, when has_crc32 */
+	int has_crc32;
+	uint32_t crc32;
 	ckpt_store *base; /* borrowed; the item takes its own reference */
 	const char *base_key;
 	uint64_t offset, length;

@@ -183,6 +183,8 @@ static int add_member(struct ckpt_vitem *vi, struct zrd *r, const struct ckpt_zi
 			.big_endian = h.big_endian,
 			.codec = e->method == 0 ? CKPT_VCODEC_RAW : CKPT_VCODEC_DEFLATE,
 			.skip = e->method == 0 ? 0 : (uint32_t)h.data_offset,
+			.has_crc32 = e->method == 8,
+			.crc32 = e->crc32,
 			.base = r->s,
 			.base_key = r->key,
 			.offset = e->method == 0 ? off + h.data_offset : off,

@@ -235,6 +235,8 @@ int ckpt_vitem_add_array(struct ckpt_vitem *vi, const char *const *path, int dep
 			return -EINVAL;
 		m.codecs.b2b[0].id = CKPT_CODEC_RAW_DEFLATE;
 		m.codecs.b2b[0].skip = a->skip;
+		m.codecs.b2b[0].has_crc32 = a->has_crc32;
+		m.codecs.b2b[0].crc32 = a->crc32;
 		m.codecs.nb2b = 1;
 	}
 	int rc = put_meta(vi, skey, &m);

@@ -307,6 +307,31 @@ def test_truncated_npz_member_is_eio(tmp_path, mount):
     assert U.errno_of(lambda: U.read_all(m.p("u8.npy"))) in (errno.EIO,)
 
 
+def test_deflated_npz_member_with_wrong_bytes_is_eio(tmp_path, mount):
+    """A deflated member whose stream still inflates, but to other bytes
+    (one flipped byte inside a stored deflate block: random data does not
+    compress), fails its CRC-32 and reads EIO; the archive's other member
+    still reads.  Before, the wrong bytes were served."""
+    import zipfile
+    f = tmp_path / "c.npz"
+    a = np.random.default_rng(5).integers(0, 255, size=(64, 1024), dtype=np.uint8)
+    b = np.arange(10, dtype=np.int64)
+    np.savez_compressed(f, a=a, b=b)
+    with zipfile.ZipFile(f) as z:
+        info = z.getinfo("a.npy")
+        assert info.compress_type == zipfile.ZIP_DEFLATED
+    raw = bytearray(f.read_bytes())
+    # local header: 30 bytes + name + extra, then the deflate stream
+    lh = info.header_offset
+    start = lh + 30 + int.from_bytes(raw[lh + 26:lh + 28], "little") + int.from_bytes(raw[lh + 28:lh + 30], "little")
+    raw[start + info.compress_size // 2] ^= 0x5A
+    f.write_bytes(bytes(raw))
+    m = mount(f, "ro")
+    assert U.errno_of(U.read_all, m.p("a.npy")) == errno.EIO
+    assert "CRC-32 mismatch of the ZIP member" in m.log()
+    assert np.array_equal(np.load(m.p("b.npy")), b)
+
+
 def test_keys_with_slashes_keep_their_key_path(mounts):
     """A pytree key holding '/' (Gemma's 'transformer/layer_0/attn/q_einsum')
     is one folder, escaped as for Orbax items; .npz member names are paths."""

@@ -319,6 +319,28 @@ static void test_chains(void)
 	   "\".\",\"dtype\":\"<f4\",\"fill_value\":0.0,\"filters\":null,\"order\":\"C\",\"shape\":[4],"
 	   "\"zarr_format\":2}",
 	   2);
+	/* a deflated ZIP member's raw-deflate chunk with its CRC-32 */
+	rt(("{\"chunks\":[4],\"compressor\":{\"crc32\":4294967295,\"id\":\"ckptfs.raw_deflate\",\"skip\":128}"
+	    ","
+	    "\"dimension_separator\":\".\",\"dtype\":\"<f4\",\"fill_value\":null,\"filters\":null,\"order\":"
+	    "\"C\","
+	    "\"shape\":[4],\"zarr_format\":2}"),
+	   2);
+	{
+		const char *j = "{\"chunks\":[4],\"compressor\":{\"crc32\":77,\"id\":\"ckptfs.raw_deflate\"},"
+				"\"dtype\":"
+				"\"<f4\",\"fill_value\":null,\"filters\":null,\"order\":\"C\",\"shape\":[4],"
+				"\"zarr_format\":2}";
+		ckpt_array_meta am;
+		CHECK_EQ_INT(ckpt_zarr_parse(2, j, strlen(j), &am, &why), 0);
+		CHECK(am.deflate_has_crc && am.deflate_crc == 77);
+		const char *big =
+			"{\"chunks\":[4],\"compressor\":{\"crc32\":4294967296,\"id\":"
+			"\"ckptfs.raw_deflate\"},\"dtype\":\"<f4\",\"fill_value\":null,\"filters\":null,"
+			"\"order\":\"C\",\"shape\":[4],\"zarr_format\":2}";
+		CHECK_EQ_INT(ckpt_zarr_meta_parse(big, strlen(big), 2, &m, &why), -EINVAL);
+		ckpt_zarr_meta_free(&m);
+	}
 	const char *v2foo =
 		"{\"chunks\":[2],\"compressor\":{\"id\":\"foo\"},\"dtype\":\"<f4\",\"fill_value\":0,"
 		"\"filters\":null,\"order\":\"C\",\"shape\":[4],\"zarr_format\":2}";
