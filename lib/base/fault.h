@@ -8,7 +8,9 @@
  * that is not a touch of the range a thread guards right now goes to the
  * disposition that was in place before (a handler is called; the default
  * ends the process as it would have), so the handler changes nothing for
- * faults anywhere else.
+ * faults anywhere else.  A SIGBUS handler the program installs later
+ * replaces this one: guarded touches then get the program's handler (the
+ * daemon installs none).
  *
  * Thread-safety: any number of threads may guard at once, each its own
  * range; guards do not nest on one thread (a nested call runs unguarded
