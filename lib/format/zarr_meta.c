@@ -850,6 +850,17 @@ static int parse_v2(const cJSON *root, const struct num_text *fraw, struct ckpt_
 		note_unsupported(m, member(cJSON_GetArrayItem(filters, 0), "id"));
 		return fail(why, "filters are not supported", -ENOTSUP);
 	}
+	const cJSON *zc = member(root, "ckptfs.zip_crc32");
+	if (zc) {
+		uint64_t c = 0, h = 0;
+		const cJSON *cj = member(zc, "crc32"), *hj = member(zc, "head_crc32");
+		if (!cj || !hj || json_u64(cj, &c) < 0 || json_u64(hj, &h) < 0 || c > UINT32_MAX ||
+		    h > UINT32_MAX)
+			return fail(why, "bad ckptfs.zip_crc32", -EINVAL);
+		m->zip_has_crc = 1;
+		m->zip_crc32 = (uint32_t)c;
+		m->zip_head_crc32 = (uint32_t)h;
+	}
 	m->key_encoding = CKPT_ZARR_KEYS_V2;
 	m->sep = '.';
 	const cJSON *sep = member(root, "dimension_separator");
@@ -1382,6 +1393,12 @@ static cJSON *emit_v2(const struct ckpt_zarr_meta *m, int *bad)
 		}
 	}
 	cJSON *j = cJSON_CreateObject();
+	if (m->zip_has_crc) {
+		cJSON *zc = cJSON_CreateObject();
+		put(zc, "crc32", raw_u64(m->zip_crc32), bad);
+		put(zc, "head_crc32", raw_u64(m->zip_head_crc32), bad);
+		put(j, "ckptfs.zip_crc32", zc, bad);
+	}
 	put(j, "chunks", shape_json(m->chunk_shape, m->rank, bad), bad);
 	put(j, "compressor", comp, bad);
 	put(j, "dimension_separator", cJSON_CreateString(m->sep == '/' ? "/" : "."), bad);

@@ -136,6 +136,13 @@ struct ckpt_zarr_meta {
 	/* v3 dimension_names: NULL when not given, else rank entries, each a
 	 * malloc'd string or NULL (a null name).  Owned by the model. */
 	char **dim_names;
+	/* zarr v2 only, ckptfs's own member "ckptfs.zip_crc32" (the array of a
+	 * virtual item that is a stored ZIP member, its chunks byte ranges of
+	 * the member in chunk order): the member's CRC-32 from the ZIP
+	 * directory, and the CRC-32 of the member's bytes before the array's
+	 * (its .npy header), when zip_has_crc. */
+	int zip_has_crc;
+	uint32_t zip_crc32, zip_head_crc32;
 	/* After a -ENOTSUP parse: the name of the codec, compressor or data type
 	 * that is not supported (truncated), else "". */
 	char unsupported[32];

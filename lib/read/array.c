@@ -5,6 +5,7 @@
 #include <string.h>
 #include <sys/uio.h>
 #include <unistd.h>
+#include <zlib.h>
 
 #include "array.h"
 #include "cache.h"
@@ -101,6 +102,16 @@ struct ckpt_array {
 	atomic_int stored_known;
 	uint64_t stored;
 	int streamed; /* units over CKPT_CACHE_UNIT_CAP: read as streams, never cached */
+	/* A stored ZIP member (meta.zip_has_crc, not streamed): the CRC-32 of
+	 * each decode unit's stored bytes as decoded (zcrc, zknown; zn of the
+	 * zunits known), combined in unit order with the member's header CRC
+	 * once all are known and compared with the member's CRC-32; zbad (a
+	 * mismatch) makes every read of the array -EIO.  Under mu. */
+	uint32_t *zcrc;
+	uint8_t *zknown;
+	uint64_t zunits, zn;
+	int zchecked;
+	atomic_int zbad;
 	pthread_mutex_t mu; /* recs, logged */
 	struct unit_rec *recs; /* open addressing, nrecs_cap a power of two */
 	size_t nrecs, nrecs_cap;
@@ -243,6 +254,23 @@ int ckpt_array_open_ex(ckpt_ctx *ctx, ckpt_store *store, const char *prefix, con
 		a->meta_id.absent = 1;
 	a->streamed = ckpt_stream_ok(&a->meta) &&
 		      a->meta.unit_bytes > CKPT_CACHE_UNIT_CAP(ckpt_cache_budget(ctx->cache));
+	if (a->meta.zip_has_crc && !a->streamed && !a->meta.sharded) {
+		uint64_t units = 1;
+		for (int d = 0; d < a->meta.rank; d++)
+			units *= a->meta.grid[d];
+		if (units && units <= (1u << 20)) { /* else: not checked */
+			a->zcrc = calloc((size_t)units, sizeof(*a->zcrc));
+			a->zknown = calloc((size_t)units, 1);
+			if (a->zcrc && a->zknown) {
+				a->zunits = units;
+			} else {
+				free(a->zcrc);
+				free(a->zknown);
+				a->zcrc = NULL;
+				a->zknown = NULL;
+			}
+		}
+	}
 	atomic_store(&a->owner, atomic_fetch_add(&ctx->next_id, 1) + 1);
 	pthread_mutex_init(&a->mu, NULL);
 	*out = a;
@@ -263,6 +291,8 @@ void ckpt_array_destroy(ckpt_array *a)
 	pthread_mutex_destroy(&a->mu);
 	free(a->recs);
 	free(a->logged);
+	free(a->zcrc);
+	free(a->zknown);
 	free(a->prefix);
 	free(a);
 }
@@ -314,6 +344,12 @@ static void forget_all(ckpt_array *a)
 	if (a->recs)
 		memset(a->recs, 0, a->nrecs_cap * sizeof(*a->recs));
 	a->nrecs = 0;
+	if (a->zunits) { /* new stored bytes: the member is checked afresh */
+		memset(a->zknown, 0, (size_t)a->zunits);
+		a->zn = 0;
+		a->zchecked = 0;
+		atomic_store(&a->zbad, 0);
+	}
 }
 
 /* Drop the cached chunks of the listed owners (sorted here). */
@@ -653,6 +689,40 @@ static uint64_t linear_index(const ckpt_array_meta *m, const uint64_t *g)
 	return li;
 }
 
+/* A stored ZIP member: record the CRC-32 of decode unit li's stored
+ * bytes; once every unit's is known, check the member's CRC-32.  -EIO when
+ * it does not match (now or before): the bytes differ from what the
+ * archive says it holds. */
+static int zip_note(ckpt_array *a, uint64_t li, uint32_t crc)
+{
+	const ckpt_array_meta *m = &a->meta;
+	int rc = 0;
+	pthread_mutex_lock(&a->mu);
+	if (!a->zknown[li]) {
+		a->zknown[li] = 1;
+		a->zn++;
+	}
+	a->zcrc[li] = crc;
+	if (a->zn == a->zunits && !a->zchecked) {
+		uLong c = m->zip_head_crc32;
+		for (uint64_t i = 0; i < a->zunits; i++)
+			c = crc32_combine(c, a->zcrc[i], (z_off_t)m->unit_bytes);
+		a->zchecked = 1;
+		if ((uint32_t)c != m->zip_crc32) {
+			atomic_store(&a->zbad, 1);
+			ckpt_log(CKPT_LOG_ERR,
+				 "%s/%s: CRC-32 mismatch of the ZIP member (%08x, stored %08x): its bytes "
+				 "are not "
+				 "what the archive holds; reads of it fail with EIO",
+				 a->store->root, a->prefix, (unsigned)c, (unsigned)m->zip_crc32);
+		}
+	}
+	if (atomic_load(&a->zbad))
+		rc = -EIO;
+	pthread_mutex_unlock(&a->mu);
+	return rc;
+}
+
 static int fill_chunk(void *arg, void *dst)
 {
 	struct fill_arg *f = arg;
@@ -666,7 +736,10 @@ static int fill_chunk(void *arg, void *dst)
 	unsigned ep = atomic_load(&a->epoch);
 	id.absent = -1; /* not known */
 	int rc = ckpt_zarr_read_unit_id(a->store, a->prefix, &a->meta, f->g, dst, sc, &id);
+	uint32_t ucrc = ckpt_zarr_scratch_unit_crc(sc);
 	scratch_put(a->ctx, sc);
+	if (rc == 0 && a->zunits && zip_note(a, linear_index(&a->meta, f->g), ucrc) < 0)
+		return -EIO;
 	if (rc == -ENODATA) {
 		log_missing(a, f->g, linear_index(&a->meta, f->g));
 		return -EIO;
@@ -967,6 +1040,8 @@ ssize_t ckpt_array_read(ckpt_array *a, const ckpt_region *r, uint64_t off, size_
 	uint64_t total = count * m->itemsize;
 	if (arr_stale(a) || torn_now(a))
 		return -ESTALE;
+	if (atomic_load(&a->zbad))
+		return -EIO;
 	if (off >= total || len == 0)
 		return 0;
 	if (len > total - off)
@@ -1034,6 +1109,8 @@ int ckpt_array_map(ckpt_array *a, const ckpt_region *r, uint64_t off, size_t len
 		return -ENOTSUP;
 	if (arr_stale(a) || torn_now(a))
 		return -ESTALE;
+	if (atomic_load(&a->zbad))
+		return -EIO;
 	for (int d = 0; d < m->rank; d++)
 		if (r->start[d] != 0 || r->stop[d] != m->shape[d])
 			return -ENOTSUP;

@@ -180,6 +180,9 @@ static int plan(const struct ckpt_zarr_meta *zm, ckpt_array_meta *m, const char 
 		return rc;
 	memcpy(m->fill, zm->fill, sizeof(m->fill));
 	m->fill_null = zm->fill_null;
+	m->zip_has_crc = zm->zip_has_crc;
+	m->zip_crc32 = zm->zip_crc32;
+	m->zip_head_crc32 = zm->zip_head_crc32;
 	if (zm->fill_lossy)
 		ckpt_log(CKPT_LOG_WARN, "non-zero fill_value for %s read as zeros",
 			 ckpt_dtype_get(m->dtype)->name);
@@ -278,7 +281,13 @@ struct ckpt_zarr_scratch {
 	size_t auxcap;
 	uint8_t *tmp; /* a decompressor's output when crc32c bytes follow it */
 	size_t tmpcap;
+	uint32_t unit_crc; /* zip_has_crc: CRC-32 of the last unit's stored bytes */
 };
+
+uint32_t ckpt_zarr_scratch_unit_crc(const ckpt_zarr_scratch *sc)
+{
+	return sc->unit_crc;
+}
 
 ckpt_zarr_scratch *ckpt_zarr_scratch_create(void)
 {
@@ -583,6 +592,15 @@ static int decode_chain(const ckpt_array_meta *m, const char *root, const char *
 	}
 	if (cur != dst)
 		memmove(dst, cur, n);
+	if (m->zip_has_crc) { /* the stored bytes, before they are rearranged */
+		uLong c = crc32(0L, Z_NULL, 0);
+		for (size_t done = 0; done < n;) {
+			uInt k = n - done > (1u << 30) ? (1u << 30) : (uInt)(n - done);
+			c = crc32(c, dst + done, k);
+			done += k;
+		}
+		sc->unit_crc = (uint32_t)c;
+	}
 	if (m->order_f && m->rank > 1 && untranspose(m, dst, sc) < 0)
 		return -ENOMEM;
 	if (m->big_endian && m->itemsize > 1)

@@ -82,6 +82,11 @@ typedef struct ckpt_array_meta {
 	int key_c_prefix; /* v3 default encoding: "c/..." */
 	uint8_t fill[16]; /* one element of the fill value */
 	int fill_null; /* v2 fill_value null: there is no fill value */
+	/* A stored ZIP member (zarr_meta.h, zip_has_crc): each decode leaves
+	 * the CRC-32 of the unit's stored bytes in the scratch
+	 * (ckpt_zarr_scratch_unit_crc), for the array to check the member. */
+	int zip_has_crc;
+	uint32_t zip_crc32, zip_head_crc32;
 	int missing_is_error; /* a missing unit is -ENODATA, never the fill value */
 } ckpt_array_meta;
 
@@ -115,6 +120,10 @@ void ckpt_zarr_scratch_destroy(ckpt_zarr_scratch *sc);
  * (-ESTALE, ...). */
 int ckpt_zarr_read_unit(ckpt_store *s, const char *prefix, const ckpt_array_meta *m, const uint64_t *g,
 			void *dst, ckpt_zarr_scratch *sc);
+
+/* After a successful read of a unit of an array with zip_has_crc: the
+ * CRC-32 of its stored bytes (before byte swaps and transposes). */
+uint32_t ckpt_zarr_scratch_unit_crc(const ckpt_zarr_scratch *sc);
 
 /* The identity of a storage unit as the store reported it when it was read
  * (for revalidating decoded data later): size and mtime, or absent. */

@@ -99,10 +99,12 @@ struct ckpt_varray {
 	int big_endian;
 	enum ckpt_vcodec codec;
 	uint32_t skip; /* DEFLATE: inflated bytes before the elements (an .npy header), <= 2^20 */
-	/* DEFLATE: the CRC-32 of all inflated bytes (the ZIP member's), checked
-	 * at every decode, when has_crc32 */
+	/* The ZIP member's CRC-32, when has_crc32.  DEFLATE: over all inflated
+	 * bytes, checked at every decode.  RAW (contiguous, npieces 0): over
+	 * the member's bytes before `offset` (head_crc32 is theirs: an .npy
+	 * header) and then the array's; checked once every chunk was decoded. */
 	int has_crc32;
-	uint32_t crc32;
+	uint32_t crc32, head_crc32;
 	ckpt_store *base; /* borrowed; the item takes its own reference */
 	const char *base_key;
 	uint64_t offset, length;

@@ -175,6 +175,18 @@ static int add_member(struct ckpt_vitem *vi, struct zrd *r, const struct ckpt_zi
 			rc = -EINVAL;
 		}
 	}
+	/* A stored member's CRC-32 covers its .npy header too: the header's,
+	 * to combine with the array's bytes when they are checked. */
+	uint32_t head_crc = 0;
+	if (rc == 0 && e->method == 0) {
+		uint8_t *hb = malloc(h.data_offset ? (size_t)h.data_offset : 1);
+		ssize_t got = hb ? ckpt_store_read(r->s, r->key, off, (size_t)h.data_offset, hb) : -ENOMEM;
+		if (got == (ssize_t)h.data_offset)
+			head_crc = (uint32_t)crc32(crc32(0L, Z_NULL, 0), hb, (uInt)h.data_offset);
+		else
+			rc = got < 0 ? (int)got : -EIO;
+		free(hb);
+	}
 	if (rc == 0) {
 		struct ckpt_varray a = {
 			.dtype = h.dtype,
@@ -183,8 +195,9 @@ static int add_member(struct ckpt_vitem *vi, struct zrd *r, const struct ckpt_zi
 			.big_endian = h.big_endian,
 			.codec = e->method == 0 ? CKPT_VCODEC_RAW : CKPT_VCODEC_DEFLATE,
 			.skip = e->method == 0 ? 0 : (uint32_t)h.data_offset,
-			.has_crc32 = e->method == 8,
+			.has_crc32 = 1,
 			.crc32 = e->crc32,
+			.head_crc32 = head_crc,
 			.base = r->s,
 			.base_key = r->key,
 			.offset = e->method == 0 ? off + h.data_offset : off,

@@ -239,6 +239,11 @@ int ckpt_vitem_add_array(struct ckpt_vitem *vi, const char *const *path, int dep
 		m.codecs.b2b[0].crc32 = a->crc32;
 		m.codecs.nb2b = 1;
 	}
+	if (a->codec == CKPT_VCODEC_RAW && a->has_crc32 && !a->npieces) {
+		m.zip_has_crc = 1;
+		m.zip_crc32 = a->crc32;
+		m.zip_head_crc32 = a->head_crc32;
+	}
 	int rc = put_meta(vi, skey, &m);
 	if (rc < 0)
 		return rc;

@@ -332,6 +332,39 @@ def test_deflated_npz_member_with_wrong_bytes_is_eio(tmp_path, mount):
     assert np.array_equal(np.load(m.p("b.npy")), b)
 
 
+def test_stored_npz_member_with_wrong_bytes_is_eio(tmp_path, mount):
+    """np.savez (no compression): a member of 24 MiB is served as 8 MiB
+    ranges of the archive.  With one byte changed, reading it whole fails
+    with EIO once every range was decoded (its CRC-32 covers the whole
+    member), and every read after that too; the ranges that do not hold the
+    byte read as before on their own; a second member of the same archive
+    reads.  Before, the changed byte was served."""
+    import zipfile
+    f = tmp_path / "s.npz"
+    a = np.random.default_rng(6).standard_normal((3 * 1024, 2048), dtype=np.float32)
+    b = np.arange(10, dtype=np.int64)
+    np.savez(f, a=a, b=b)
+    with zipfile.ZipFile(f) as z:
+        info = z.getinfo("a.npy")
+        assert info.compress_type == zipfile.ZIP_STORED
+    raw = bytearray(f.read_bytes())
+    lh = info.header_offset
+    start = lh + 30 + int.from_bytes(raw[lh + 26:lh + 28], "little") + int.from_bytes(raw[lh + 28:lh + 30], "little")
+    raw[start + info.file_size - 100] ^= 0x5A   # in the last rows
+    f.write_bytes(bytes(raw))
+    m = mount(f, "ro")
+    first = np.load(m.p("a[0:1024].npy"))       # a range without the byte: read as before
+    assert np.array_equal(first, a[0:1024])
+    assert U.errno_of(U.read_all, m.p("a.npy")) == errno.EIO
+    assert "CRC-32 mismatch of the ZIP member" in m.log()
+    assert U.errno_of(U.read_all, m.p("a[0:1024].npy")) == errno.EIO
+    assert np.array_equal(np.load(m.p("b.npy")), b)
+    # the archive as written reads whole
+    np.savez(f, a=a, b=b)
+    m2 = mount(f, "ro")
+    assert np.array_equal(np.load(m2.p("a.npy")), a)
+
+
 def test_keys_with_slashes_keep_their_key_path(mounts):
     """A pytree key holding '/' (Gemma's 'transformer/layer_0/attn/q_einsum')
     is one folder, escaped as for Orbax items; .npz member names are paths."""

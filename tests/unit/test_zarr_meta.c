@@ -341,6 +341,28 @@ static void test_chains(void)
 		CHECK_EQ_INT(ckpt_zarr_meta_parse(big, strlen(big), 2, &m, &why), -EINVAL);
 		ckpt_zarr_meta_free(&m);
 	}
+	/* a stored ZIP member's array: its member CRC-32 and header CRC-32 */
+	rt("{\"chunks\":[2],\"ckptfs.zip_crc32\":{\"crc32\":3735928559,\"head_crc32\":1},\"compressor\":null,"
+	   "\"dimension_separator\":\".\",\"dtype\":\"<f4\",\"fill_value\":null,\"filters\":null,\"order\":"
+	   "\"C\","
+	   "\"shape\":[4],\"zarr_format\":2}",
+	   2);
+	{
+		const char *j = "{\"chunks\":[2],\"ckptfs.zip_crc32\":{\"crc32\":9,\"head_crc32\":8},"
+				"\"compressor\":null,"
+				"\"dtype\":\"<f4\",\"fill_value\":null,\"filters\":null,\"order\":\"C\","
+				"\"shape\":[4],"
+				"\"zarr_format\":2}";
+		ckpt_array_meta am;
+		CHECK_EQ_INT(ckpt_zarr_parse(2, j, strlen(j), &am, &why), 0);
+		CHECK(am.zip_has_crc && am.zip_crc32 == 9 && am.zip_head_crc32 == 8);
+		const char *half =
+			"{\"chunks\":[2],\"ckptfs.zip_crc32\":{\"crc32\":9},\"compressor\":null,\"dtype\":"
+			"\"<f4\",\"fill_value\":null,\"filters\":null,\"order\":\"C\",\"shape\":[4],"
+			"\"zarr_format\":2}";
+		CHECK_EQ_INT(ckpt_zarr_meta_parse(half, strlen(half), 2, &m, &why), -EINVAL);
+		ckpt_zarr_meta_free(&m);
+	}
 	const char *v2foo =
 		"{\"chunks\":[2],\"compressor\":{\"id\":\"foo\"},\"dtype\":\"<f4\",\"fill_value\":0,"
 		"\"filters\":null,\"order\":\"C\",\"shape\":[4],\"zarr_format\":2}";
