@@ -197,7 +197,7 @@ static int tarch_open(struct tarch *a, const char *what)
 /* Where tensor t's elements lie in the archive: *off (archive offset of the
  * dense block), *len, *order (the block's dimension order). */
 static int tensor_at(struct tarch *a, const struct ckpt_torch_tensor *t, int *order, uint64_t *off,
-		     uint64_t *len, const char **why)
+		     uint64_t *len, int *whole, uint32_t *crc, const char **why)
 {
 	char name[96];
 	snprintf(name, sizeof(name), "data/%s", t->storage_key);
@@ -221,6 +221,9 @@ static int tensor_at(struct tarch *a, const struct ckpt_torch_tensor *t, int *or
 	}
 	*off = moff + boff;
 	*len = blen;
+	/* a tensor that is its whole stored member: the member's CRC-32 is its */
+	*whole = e->method == 0 && boff == 0 && blen == e->csize;
+	*crc = e->crc32;
 	return 0;
 }
 
@@ -309,10 +312,12 @@ static void grid_key(char *buf, size_t cap, const char *dir, int rank, const uin
 }
 
 /* A dense block of `len` bytes at off of base_key: the array of `shape`
- * whose elements lie in dimension order `order` (order[0] slowest). */
+ * whose elements lie in dimension order `order` (order[0] slowest).
+ * member_crc (not NULL): the block is a whole stored ZIP member and this
+ * its CRC-32 (checked once the array was read whole). */
 static int add_block(struct build *b, const char *const *comps, int depth, ckpt_dtype dt, int rank,
 		     const uint64_t *shape, const int *order, int big, ckpt_store *base, const char *base_key,
-		     uint64_t off, uint64_t len)
+		     uint64_t off, uint64_t len, const uint32_t *member_crc)
 {
 	int ident = 1, rev = rank > 1;
 	for (int d = 0; d < rank; d++) {
@@ -328,7 +333,9 @@ static int add_block(struct build *b, const char *const *comps, int depth, ckpt_
 					 .base = base,
 					 .base_key = base_key,
 					 .offset = off,
-					 .length = len };
+					 .length = len,
+					 .has_crc32 = member_crc != NULL,
+					 .crc32 = member_crc ? *member_crc : 0 };
 		memcpy(a.shape, shape, sizeof(uint64_t) * (size_t)rank);
 		return ckpt_vitem_add_array(b->vi, comps, depth, &a);
 	}
@@ -438,10 +445,13 @@ static int torch_open(ckpt_store *src, const char *key, const struct ckpt_store_
 		const char *why = NULL;
 		int order[CKPT_MAX_RANK];
 		uint64_t off, len;
-		rc = tensor_at(&a, t, order, &off, &len, &why);
+		int whole = 0;
+		uint32_t crc = 0;
+		rc = tensor_at(&a, t, order, &off, &len, &whole, &crc, &why);
 		if (rc == 0)
 			rc = add_block(&b, (const char *const *)t->path, t->depth, t->dtype, t->rank,
-				       t->shape, order, a.big_endian, src, key, off, len);
+				       t->shape, order, a.big_endian, src, key, off, len,
+				       whole ? &crc : NULL);
 		if (rc < 0 && rc != -ENOMEM) {
 			ckpt_log(CKPT_LOG_ERR,
 				 "%s: tensor %s cannot be served (%s); listed, reads answer EIO", what,
@@ -833,7 +843,9 @@ static int dcp_chunk(struct build *b, ckpt_store *src, const char *dir, const st
 			rc = -EINVAL;
 		}
 	}
-	if (rc == 0 && (rc = tensor_at(&a, t, order, &off, &len, why)) == 0) {
+	int whole_member = 0; /* a DCP cell is served in pieces: its member's CRC is not checked */
+	uint32_t member_crc = 0;
+	if (rc == 0 && (rc = tensor_at(&a, t, order, &off, &len, &whole_member, &member_crc, why)) == 0) {
 		for (int d = 0; d < t->rank && rc == 0; d++)
 			if (order[d] != d && t->shape[d] > 1) {
 				*why = "its item's tensor is not in C order";
@@ -1227,7 +1239,7 @@ static int st_add_file(struct build *b, ckpt_store *src, const char *fkey, uint6
 		for (int d = 0; d < t->rank; d++)
 			order[d] = d;
 		rc = add_block(b, comps, depth, t->dtype, t->rank, t->shape, order, 0, src, fkey, t->begin,
-			       t->end - t->begin);
+			       t->end - t->begin, NULL);
 		if (rc < 0 && rc != -ENOMEM) {
 			ckpt_log(CKPT_LOG_ERR,
 				 "%s: tensor %s cannot be served (%s); listed, reads answer EIO", what,

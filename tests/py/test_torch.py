@@ -121,6 +121,34 @@ def test_torch_save_every_tensor(mount):
     assert os.getxattr(npy_path(m, "model.model.layers.1.transposed"), "user.ckpt.shape") == b"[6,4]"
 
 
+def test_torch_save_member_with_wrong_bytes_is_eio(mount, tmp_path):
+    """A tensor that is a whole stored member of the archive (its storage)
+    is checked against the member's CRC-32 once read whole: one changed
+    byte reads EIO, never the changed byte; tensors of other members read
+    as before.  Before, the changed byte was served."""
+    import zipfile
+    src = os.path.join(TORCH_FX, "state.pt")
+    f = tmp_path / "state.pt"
+    raw = bytearray(open(src, "rb").read())
+    exp = fx_expected("expected.json", "state.pt")
+    # the member holding model.model.norm.weight's bytes, found by content
+    key = "model.model.layers.0.norm.weight"
+    want = exp[key][2]
+    with zipfile.ZipFile(src) as z:
+        hits = [i for i in z.infolist() if "/data/" in i.filename and z.read(i) == want]
+    assert len(hits) == 1, [i.filename for i in hits]
+    info = hits[0]
+    lh = info.header_offset
+    start = lh + 30 + int.from_bytes(raw[lh + 26:lh + 28], "little") + int.from_bytes(raw[lh + 28:lh + 30], "little")
+    raw[start + len(want) // 2] ^= 0x01
+    f.write_bytes(bytes(raw))
+    m = mount(f)
+    assert U.errno_of(U.read_all, npy_path(m, key)) == errno.EIO
+    assert "CRC-32 mismatch of the ZIP member" in m.log()
+    other = "model.model.layers.0.mlp.up_proj.weight"
+    assert npy_data(npy_path(m, other)) == exp[other][2]
+
+
 def test_torch_save_permuted_view(mount):
     """A (2, 3, 4) tensor permuted (2, 0, 1): neither C nor Fortran order."""
     m = mount(os.path.join(TORCH_FX, "permuted.pt"))
