@@ -112,7 +112,7 @@ struct ckpt_array {
 	uint64_t zunits, zn;
 	int zchecked;
 	atomic_int zbad;
-	pthread_mutex_t mu; /* recs, logged */
+	pthread_mutex_t mu; /* recs, logged, the ZIP member state */
 	struct unit_rec *recs; /* open addressing, nrecs_cap a power of two */
 	size_t nrecs, nrecs_cap;
 	uint64_t *logged; /* decode-unit indices + 1 logged as missing */
@@ -711,9 +711,8 @@ static int zip_note(ckpt_array *a, uint64_t li, uint32_t crc)
 		if ((uint32_t)c != m->zip_crc32) {
 			atomic_store(&a->zbad, 1);
 			ckpt_log(CKPT_LOG_ERR,
-				 "%s/%s: CRC-32 mismatch of the ZIP member (%08x, stored %08x): its bytes "
-				 "are not "
-				 "what the archive holds; reads of it fail with EIO",
+				 "%s/%s: CRC-32 mismatch of the ZIP member (%08x, stored %08x): reads fail "
+				 "with EIO",
 				 a->store->root, a->prefix, (unsigned)c, (unsigned)m->zip_crc32);
 		}
 	}
