@@ -46,9 +46,10 @@ static int npz_probe(ckpt_store *src, const char *key, const struct ckpt_store_s
 	return nl >= 4 && 30 + nl <= nhead && memcmp(head + 30 + nl - 4, ".npy", 4) == 0;
 }
 
-/* The .npy header at the start of a stored member's data. */
+/* The .npy header at the start of a stored member's data, and the CRC-32
+ * of its bytes (*head_crc: the start of the member's CRC-32). */
 static int stored_header(struct zrd *r, uint64_t off, uint64_t avail, struct ckpt_npz_header *h,
-			 const char **why)
+			 uint32_t *head_crc, const char **why)
 {
 	size_t want = 4096;
 	for (int tries = 0; tries < 3; tries++) {
@@ -63,6 +64,8 @@ static int stored_header(struct zrd *r, uint64_t off, uint64_t avail, struct ckp
 		}
 		size_t need = 0;
 		int rc = ckpt_npz_header_parse(buf, (size_t)got, h, &need, why);
+		if (rc == 0) /* 0: the whole header lay in buf */
+			*head_crc = (uint32_t)crc32(crc32(0L, Z_NULL, 0), buf, (uInt)h->data_offset);
 		free(buf);
 		if (rc != -EAGAIN)
 			return rc;
@@ -154,6 +157,9 @@ static int add_member(struct ckpt_vitem *vi, struct zrd *r, const struct ckpt_zi
 	const char *why = NULL;
 	uint64_t off = 0;
 	struct ckpt_npz_header h;
+	/* a stored member's CRC-32 covers its .npy header too: the header's, to
+	 * combine with the array's bytes when they are checked */
+	uint32_t head_crc = 0;
 	int rc;
 	if (e->flags & 1) {
 		why = "encrypted";
@@ -162,7 +168,7 @@ static int add_member(struct ckpt_vitem *vi, struct zrd *r, const struct ckpt_zi
 		why = "compressed with a method other than stored or deflate";
 		rc = -ENOTSUP;
 	} else if ((rc = ckpt_zip_data_offset(zread, r, d, e, &off, &why)) == 0) {
-		rc = e->method == 0 ? stored_header(r, off, e->csize, &h, &why)
+		rc = e->method == 0 ? stored_header(r, off, e->csize, &h, &head_crc, &why)
 				    : deflated_header(r, off, e->csize, &h, &why);
 	}
 	if (rc == 0) {
@@ -174,18 +180,6 @@ static int add_member(struct ckpt_vitem *vi, struct zrd *r, const struct ckpt_zi
 			why = ".npy header too long";
 			rc = -EINVAL;
 		}
-	}
-	/* A stored member's CRC-32 covers its .npy header too: the header's,
-	 * to combine with the array's bytes when they are checked. */
-	uint32_t head_crc = 0;
-	if (rc == 0 && e->method == 0) {
-		uint8_t *hb = malloc(h.data_offset ? (size_t)h.data_offset : 1);
-		ssize_t got = hb ? ckpt_store_read(r->s, r->key, off, (size_t)h.data_offset, hb) : -ENOMEM;
-		if (got == (ssize_t)h.data_offset)
-			head_crc = (uint32_t)crc32(crc32(0L, Z_NULL, 0), hb, (uInt)h.data_offset);
-		else
-			rc = got < 0 ? (int)got : -EIO;
-		free(hb);
 	}
 	if (rc == 0) {
 		struct ckpt_varray a = {
