@@ -490,6 +490,15 @@ def zarr_facts(item_src, param):
 # ---------------------------------------------------------------------------
 # File-system helpers
 
+def zip_data_offset(raw, info):
+    """Where member `info` (a zipfile.ZipInfo) of the ZIP archive `raw`
+    (its bytes) starts its data: after the 30-byte local header, the name
+    and the local extra field (whose lengths can differ from the central
+    directory's)."""
+    lh = info.header_offset
+    return lh + 30 + int.from_bytes(raw[lh + 26:lh + 28], "little") + int.from_bytes(raw[lh + 28:lh + 30], "little")
+
+
 def read_all(path):
     with open(path, "rb") as f:
         return f.read()

@@ -131,15 +131,14 @@ def test_torch_save_member_with_wrong_bytes_is_eio(mount, tmp_path):
     f = tmp_path / "state.pt"
     raw = bytearray(open(src, "rb").read())
     exp = fx_expected("expected.json", "state.pt")
-    # the member holding model.model.norm.weight's bytes, found by content
+    # the member holding the tensor's bytes, found by content
     key = "model.model.layers.0.norm.weight"
     want = exp[key][2]
     with zipfile.ZipFile(src) as z:
         hits = [i for i in z.infolist() if "/data/" in i.filename and z.read(i) == want]
     assert len(hits) == 1, [i.filename for i in hits]
     info = hits[0]
-    lh = info.header_offset
-    start = lh + 30 + int.from_bytes(raw[lh + 26:lh + 28], "little") + int.from_bytes(raw[lh + 28:lh + 30], "little")
+    start = U.zip_data_offset(raw, info)
     raw[start + len(want) // 2] ^= 0x01
     f.write_bytes(bytes(raw))
     m = mount(f)

@@ -321,9 +321,7 @@ def test_deflated_npz_member_with_wrong_bytes_is_eio(tmp_path, mount):
         info = z.getinfo("a.npy")
         assert info.compress_type == zipfile.ZIP_DEFLATED
     raw = bytearray(f.read_bytes())
-    # local header: 30 bytes + name + extra, then the deflate stream
-    lh = info.header_offset
-    start = lh + 30 + int.from_bytes(raw[lh + 26:lh + 28], "little") + int.from_bytes(raw[lh + 28:lh + 30], "little")
+    start = U.zip_data_offset(raw, info)
     raw[start + info.compress_size // 2] ^= 0x5A
     f.write_bytes(bytes(raw))
     m = mount(f, "ro")
@@ -348,8 +346,7 @@ def test_stored_npz_member_with_wrong_bytes_is_eio(tmp_path, mount):
         info = z.getinfo("a.npy")
         assert info.compress_type == zipfile.ZIP_STORED
     raw = bytearray(f.read_bytes())
-    lh = info.header_offset
-    start = lh + 30 + int.from_bytes(raw[lh + 26:lh + 28], "little") + int.from_bytes(raw[lh + 28:lh + 30], "little")
+    start = U.zip_data_offset(raw, info)
     raw[start + info.file_size - 100] ^= 0x5A   # in the last rows
     f.write_bytes(bytes(raw))
     m = mount(f, "ro")
