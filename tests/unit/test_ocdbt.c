@@ -23,6 +23,7 @@
 #include "check.h"
 #include "common.h"
 #include "crc32c.h"
+#include "fwd_store.h"
 #include "ocdbt.h"
 #include "pool.h"
 #include "store.h"
@@ -1488,17 +1489,11 @@ static void test_10k(void)
 /* A store over another that records which threads read through it and
  * answers 8 connections (so that OCDBT prefetches sibling nodes). */
 struct spy_store {
-	struct ckpt_store base;
-	ckpt_store *in;
+	struct fwd_store f;
 	pthread_mutex_t mu;
 	long tids[256];
 	int n;
 };
-
-static int spy_size(ckpt_store *s, const char *key, uint64_t *size)
-{
-	return ckpt_store_size(((struct spy_store *)s)->in, key, size);
-}
 
 static ssize_t spy_read(ckpt_store *s, const char *key, uint64_t off, size_t len, void *dst)
 {
@@ -1507,22 +1502,7 @@ static ssize_t spy_read(ckpt_store *s, const char *key, uint64_t off, size_t len
 	if (p->n < 256)
 		p->tids[p->n++] = (long)syscall(SYS_gettid);
 	pthread_mutex_unlock(&p->mu);
-	return ckpt_store_read(p->in, key, off, len, dst);
-}
-
-static int spy_list(ckpt_store *s, const char *prefix, ckpt_store_list_cb cb, void *ctx)
-{
-	return ckpt_store_list(((struct spy_store *)s)->in, prefix, cb, ctx);
-}
-
-static int spy_listdir(ckpt_store *s, const char *dir, ckpt_store_dir_cb cb, void *ctx)
-{
-	return ckpt_store_listdir(((struct spy_store *)s)->in, dir, cb, ctx);
-}
-
-static int spy_stat(ckpt_store *s, const char *key, struct ckpt_store_stat *st)
-{
-	return ckpt_store_stat(((struct spy_store *)s)->in, key, st);
+	return fwd_read(s, key, off, len, dst);
 }
 
 static unsigned spy_connections(ckpt_store *s)
@@ -1534,22 +1514,29 @@ static unsigned spy_connections(ckpt_store *s)
 static void spy_destroy(ckpt_store *s)
 {
 	struct spy_store *p = (struct spy_store *)s;
-	ckpt_store_destroy(p->in);
+	ckpt_store_destroy(p->f.in);
 	pthread_mutex_destroy(&p->mu);
-	free(p->base.root);
+	free(p->f.base.root);
 	free(p);
 }
 
-static const struct ckpt_store_ops spy_ops = { spy_size,    spy_read,	     spy_list, spy_listdir, spy_stat,
-					       spy_destroy, spy_connections, NULL,     NULL };
+static const struct ckpt_store_ops spy_ops = {
+	.size = fwd_size,
+	.read = spy_read,
+	.list = fwd_list,
+	.listdir = fwd_listdir,
+	.stat = fwd_stat,
+	.destroy = spy_destroy,
+	.connections = spy_connections,
+};
 
 static struct spy_store *spy_open(const char *dir)
 {
 	struct spy_store *p = calloc(1, sizeof(*p));
-	p->base.ops = &spy_ops;
-	p->base.root = strdup("spy");
+	p->f.base.ops = &spy_ops;
+	p->f.base.root = strdup("spy");
 	pthread_mutex_init(&p->mu, NULL);
-	CHECK_EQ_INT(ckpt_store_dir_open(dir, &p->in), 0);
+	CHECK_EQ_INT(ckpt_store_dir_open(dir, &p->f.in), 0);
 	return p;
 }
 
@@ -1609,7 +1596,7 @@ static void test_pool_prefetch(void)
 	for (int round = 0; round < 20; round++) {
 		struct spy_store *spy = spy_open(d);
 		ckpt_store *o = NULL;
-		CHECK_EQ_INT(ckpt_store_ocdbt_open_pool(&spy->base, "", pool, &o), 0);
+		CHECK_EQ_INT(ckpt_store_ocdbt_open_pool(&spy->f.base, "", pool, &o), 0);
 		uint64_t sz = 0;
 		CHECK_EQ_INT(ckpt_store_size(o, "d/0", &sz), 0);
 		CHECK_EQ_INT(sz, 3);
@@ -1624,7 +1611,7 @@ static void test_pool_prefetch(void)
 			}
 		}
 		ckpt_store_destroy(o);
-		ckpt_store_destroy(&spy->base);
+		ckpt_store_destroy(&spy->f.base);
 	}
 
 	/* a pool whose only worker is busy (a decode pool's tasks, or the very
@@ -1636,13 +1623,13 @@ static void test_pool_prefetch(void)
 	alarm(20);
 	struct spy_store *spy = spy_open(d);
 	ckpt_store *o = NULL;
-	CHECK_EQ_INT(ckpt_store_ocdbt_open_pool(&spy->base, "", one, &o), 0);
+	CHECK_EQ_INT(ckpt_store_ocdbt_open_pool(&spy->f.base, "", one, &o), 0);
 	long me = (long)syscall(SYS_gettid);
 	for (int i = 0; i < spy->n; i++)
 		CHECK(spy->tids[i] == me);
 	alarm(0);
 	ckpt_store_destroy(o);
-	ckpt_store_destroy(&spy->base);
+	ckpt_store_destroy(&spy->f.base);
 	pthread_mutex_lock(&bl.mu);
 	bl.go = 1;
 	pthread_cond_broadcast(&bl.cv);

@@ -28,6 +28,7 @@
 #include "check.h"
 #include "crc32c.h"
 #include "fault.h"
+#include "fwd_store.h"
 #include "pool.h"
 #include "zarr_chunk.h"
 
@@ -516,48 +517,26 @@ static void test_ctx_pool_fork(void)
  * `shrink` set truncates the file right after mapping it (as another
  * process might while the daemon decodes). */
 struct spy {
-	struct ckpt_store base;
-	ckpt_store *in;
+	struct fwd_store f;
 	int maps, reads, shrink;
 };
 
-static int spy_size(ckpt_store *s, const char *k, uint64_t *n)
-{
-	return ckpt_store_size(((struct spy *)s)->in, k, n);
-}
-
 static ssize_t spy_read(ckpt_store *s, const char *k, uint64_t off, size_t len, void *dst)
 {
-	struct spy *p = (struct spy *)s;
-	p->reads++;
-	return ckpt_store_read(p->in, k, off, len, dst);
-}
-
-static int spy_list(ckpt_store *s, const char *pre, ckpt_store_list_cb cb, void *ctx)
-{
-	return ckpt_store_list(((struct spy *)s)->in, pre, cb, ctx);
-}
-
-static int spy_listdir(ckpt_store *s, const char *d, ckpt_store_dir_cb cb, void *ctx)
-{
-	return ckpt_store_listdir(((struct spy *)s)->in, d, cb, ctx);
-}
-
-static int spy_stat(ckpt_store *s, const char *k, struct ckpt_store_stat *st)
-{
-	return ckpt_store_stat(((struct spy *)s)->in, k, st);
+	((struct spy *)s)->reads++;
+	return fwd_read(s, k, off, len, dst);
 }
 
 static void spy_destroy(ckpt_store *s)
 {
-	(void)s;
+	(void)s; /* on the stack; the folder store is the test's */
 }
 
 static int spy_map(ckpt_store *s, const char *k, uint64_t off, size_t len, struct ckpt_store_mapping *m)
 {
 	struct spy *p = (struct spy *)s;
 	p->maps++;
-	int rc = ckpt_store_map(p->in, k, off, len, m);
+	int rc = ckpt_store_map(fwd_in(s), k, off, len, m);
 	if (rc == 0 && p->shrink) {
 		char path[512];
 		snprintf(path, sizeof(path), "%s/%s", dir, k);
@@ -566,8 +545,15 @@ static int spy_map(ckpt_store *s, const char *k, uint64_t off, size_t len, struc
 	return rc;
 }
 
-static const struct ckpt_store_ops spy_ops = { spy_size,    spy_read, spy_list, spy_listdir, spy_stat,
-					       spy_destroy, NULL,     spy_map,	NULL };
+static const struct ckpt_store_ops spy_ops = {
+	.size = fwd_size,
+	.read = spy_read,
+	.list = fwd_list,
+	.listdir = fwd_listdir,
+	.stat = fwd_stat,
+	.destroy = spy_destroy,
+	.map = spy_map,
+};
 
 /* Bytes zstd cannot shrink much: the stored chunk stays over the map size. */
 static void noise(uint32_t *v, size_t n, uint32_t seed)
@@ -588,8 +574,8 @@ static int touch_last(void *arg)
 
 static void test_mapped(ckpt_store *dirs)
 {
-	struct spy spy = { { &spy_ops, (char *)"spy", 0 }, dirs, 0, 0, 0 };
-	ckpt_store *s = &spy.base;
+	struct spy spy = { { { &spy_ops, (char *)"spy", 0 }, dirs }, 0, 0, 0 };
+	ckpt_store *s = &spy.f.base;
 	enum { R = 512, C = 256 }; /* 512 KiB of uint32 per chunk */
 	size_t nb = (size_t)R * C * 4;
 	uint32_t *v = malloc(nb), *got = malloc(nb);
