@@ -184,6 +184,17 @@ static void test_writer_output(void)
 	"{\"zarr_format\":3,\"node_type\":\"array\",\"chunk_grid\":{\"name\":\"regular\","                   \
 	"\"configuration\":{\"chunk_shape\":[4,6]}},\"chunk_key_encoding\":{\"name\":\"default\"},"
 
+/* A v2 .zarray of <f4 [4] in chunks [2], fill null, whose compressor (and
+ * any member sorted before it) is `members`, into buf. */
+static const char *v2_f4(char *buf, size_t cap, const char *members)
+{
+	snprintf(buf, cap,
+		 "{\"chunks\":[2],%s,\"dimension_separator\":\".\",\"dtype\":\"<f4\",\"fill_value\":null,"
+		 "\"filters\":null,\"order\":\"C\",\"shape\":[4],\"zarr_format\":2}",
+		 members);
+	return buf;
+}
+
 static void rt(const char *json, int fmt)
 {
 	free(round_trip(json, strlen(json), fmt, json));
@@ -319,50 +330,28 @@ static void test_chains(void)
 	   "\".\",\"dtype\":\"<f4\",\"fill_value\":0.0,\"filters\":null,\"order\":\"C\",\"shape\":[4],"
 	   "\"zarr_format\":2}",
 	   2);
-	/* a deflated ZIP member's raw-deflate chunk with its CRC-32 */
-	rt(("{\"chunks\":[4],\"compressor\":{\"crc32\":4294967295,\"id\":\"ckptfs.raw_deflate\",\"skip\":128}"
-	    ","
-	    "\"dimension_separator\":\".\",\"dtype\":\"<f4\",\"fill_value\":null,\"filters\":null,\"order\":"
-	    "\"C\","
-	    "\"shape\":[4],\"zarr_format\":2}"),
+	/* a ZIP member's array: a deflated member's raw-deflate chunk with its
+	 * CRC-32; a stored member's CRC-32 and that of its header */
+	char zj[512];
+	ckpt_array_meta am;
+	rt(v2_f4(zj, sizeof(zj),
+		 "\"compressor\":{\"crc32\":4294967295,\"id\":\"ckptfs.raw_deflate\",\"skip\":128}"),
 	   2);
-	{
-		const char *j = "{\"chunks\":[4],\"compressor\":{\"crc32\":77,\"id\":\"ckptfs.raw_deflate\"},"
-				"\"dtype\":"
-				"\"<f4\",\"fill_value\":null,\"filters\":null,\"order\":\"C\",\"shape\":[4],"
-				"\"zarr_format\":2}";
-		ckpt_array_meta am;
-		CHECK_EQ_INT(ckpt_zarr_parse(2, j, strlen(j), &am, &why), 0);
-		CHECK(am.deflate_has_crc && am.deflate_crc == 77);
-		const char *big =
-			"{\"chunks\":[4],\"compressor\":{\"crc32\":4294967296,\"id\":"
-			"\"ckptfs.raw_deflate\"},\"dtype\":\"<f4\",\"fill_value\":null,\"filters\":null,"
-			"\"order\":\"C\",\"shape\":[4],\"zarr_format\":2}";
-		CHECK_EQ_INT(ckpt_zarr_meta_parse(big, strlen(big), 2, &m, &why), -EINVAL);
-		ckpt_zarr_meta_free(&m);
-	}
-	/* a stored ZIP member's array: its member CRC-32 and header CRC-32 */
-	rt("{\"chunks\":[2],\"ckptfs.zip_crc32\":{\"crc32\":3735928559,\"head_crc32\":1},\"compressor\":null,"
-	   "\"dimension_separator\":\".\",\"dtype\":\"<f4\",\"fill_value\":null,\"filters\":null,\"order\":"
-	   "\"C\","
-	   "\"shape\":[4],\"zarr_format\":2}",
+	v2_f4(zj, sizeof(zj), "\"compressor\":{\"crc32\":77,\"id\":\"ckptfs.raw_deflate\"}");
+	CHECK_EQ_INT(ckpt_zarr_parse(2, zj, strlen(zj), &am, &why), 0);
+	CHECK(am.deflate_has_crc && am.deflate_crc == 77);
+	v2_f4(zj, sizeof(zj), "\"compressor\":{\"crc32\":4294967296,\"id\":\"ckptfs.raw_deflate\"}");
+	CHECK_EQ_INT(ckpt_zarr_meta_parse(zj, strlen(zj), 2, &m, &why), -EINVAL);
+	ckpt_zarr_meta_free(&m);
+	rt(v2_f4(zj, sizeof(zj),
+		 "\"ckptfs.zip_crc32\":{\"crc32\":3735928559,\"head_crc32\":1},\"compressor\":null"),
 	   2);
-	{
-		const char *j = "{\"chunks\":[2],\"ckptfs.zip_crc32\":{\"crc32\":9,\"head_crc32\":8},"
-				"\"compressor\":null,"
-				"\"dtype\":\"<f4\",\"fill_value\":null,\"filters\":null,\"order\":\"C\","
-				"\"shape\":[4],"
-				"\"zarr_format\":2}";
-		ckpt_array_meta am;
-		CHECK_EQ_INT(ckpt_zarr_parse(2, j, strlen(j), &am, &why), 0);
-		CHECK(am.zip_has_crc && am.zip_crc32 == 9 && am.zip_head_crc32 == 8);
-		const char *half =
-			"{\"chunks\":[2],\"ckptfs.zip_crc32\":{\"crc32\":9},\"compressor\":null,\"dtype\":"
-			"\"<f4\",\"fill_value\":null,\"filters\":null,\"order\":\"C\",\"shape\":[4],"
-			"\"zarr_format\":2}";
-		CHECK_EQ_INT(ckpt_zarr_meta_parse(half, strlen(half), 2, &m, &why), -EINVAL);
-		ckpt_zarr_meta_free(&m);
-	}
+	v2_f4(zj, sizeof(zj), "\"ckptfs.zip_crc32\":{\"crc32\":9,\"head_crc32\":8},\"compressor\":null");
+	CHECK_EQ_INT(ckpt_zarr_parse(2, zj, strlen(zj), &am, &why), 0);
+	CHECK(am.zip_has_crc && am.zip_crc32 == 9 && am.zip_head_crc32 == 8);
+	v2_f4(zj, sizeof(zj), "\"ckptfs.zip_crc32\":{\"crc32\":9},\"compressor\":null");
+	CHECK_EQ_INT(ckpt_zarr_meta_parse(zj, strlen(zj), 2, &m, &why), -EINVAL);
+	ckpt_zarr_meta_free(&m);
 	const char *v2foo =
 		"{\"chunks\":[2],\"compressor\":{\"id\":\"foo\"},\"dtype\":\"<f4\",\"fill_value\":0,"
 		"\"filters\":null,\"order\":\"C\",\"shape\":[4],\"zarr_format\":2}";
