@@ -451,11 +451,7 @@ static int inflate_to(const char *root, const char *key, int b, const uint8_t *s
 	size_t got = want - out_left;
 	inflateEnd(&z);
 	if (crc && !larger && zr == Z_STREAM_END && got == want && in_left == 0) {
-		for (size_t done = 0; done < want;) { /* crc32's length is 32-bit */
-			uInt k = want - done > (1u << 30) ? (1u << 30) : (uInt)(want - done);
-			sum = crc32(sum, dst + done, k);
-			done += k;
-		}
+		sum = crc32_z(sum, dst, want);
 		if ((uint32_t)sum != *crc) {
 			ckpt_log(CKPT_LOG_ERR, "%s/%s: CRC-32 mismatch of the ZIP member (%08x, stored %08x)",
 				 root, key, (unsigned)sum, (unsigned)*crc);
@@ -592,15 +588,8 @@ static int decode_chain(const ckpt_array_meta *m, const char *root, const char *
 	}
 	if (cur != dst)
 		memmove(dst, cur, n);
-	if (m->zip_has_crc) { /* the stored bytes, before they are rearranged */
-		uLong c = crc32(0L, Z_NULL, 0);
-		for (size_t done = 0; done < n;) {
-			uInt k = n - done > (1u << 30) ? (1u << 30) : (uInt)(n - done);
-			c = crc32(c, dst + done, k);
-			done += k;
-		}
-		sc->unit_crc = (uint32_t)c;
-	}
+	if (m->zip_has_crc) /* the stored bytes, before they are rearranged */
+		sc->unit_crc = (uint32_t)crc32_z(crc32(0L, Z_NULL, 0), dst, n);
 	if (m->order_f && m->rank > 1 && untranspose(m, dst, sc) < 0)
 		return -ENOMEM;
 	if (m->big_endian && m->itemsize > 1)

@@ -65,7 +65,7 @@ static int stored_header(struct zrd *r, uint64_t off, uint64_t avail, struct ckp
 		size_t need = 0;
 		int rc = ckpt_npz_header_parse(buf, (size_t)got, h, &need, why);
 		if (rc == 0) /* 0: the whole header lay in buf */
-			*head_crc = (uint32_t)crc32(crc32(0L, Z_NULL, 0), buf, (uInt)h->data_offset);
+			*head_crc = (uint32_t)crc32_z(crc32(0L, Z_NULL, 0), buf, (z_size_t)h->data_offset);
 		free(buf);
 		if (rc != -EAGAIN)
 			return rc;
