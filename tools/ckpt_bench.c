@@ -14,11 +14,14 @@
  *       float32; '#' starts a comment).  Shards are generated and
  *       compressed on THREADS threads.
  *
- *   ckpt_bench decode ITEMDIR [-t THREADS] [-m unit|array] [-k TOPKEY] [-H]
+ *   ckpt_bench decode ITEMDIR [-t THREADS] [-m unit|array] [-k TOPKEY] [-o N] [-H]
  *       Decode every chunk of every array of the item (those under pytree
  *       key TOPKEY only, with -k).  unit: ckpt_zarr_read_unit on THREADS
  *       threads of our own, each into one reused pre-faulted buffer (the
- *       decode limit).  array: one ckpt_array_read of each whole array
+ *       decode limit); -o N: into N such buffers in turn, -o 0: each chunk
+ *       into a fresh mapping (memory never touched before, as a loader
+ *       allocating the arrays it returns); the buffers are made before the
+ *       clock starts.  array: one ckpt_array_read of each whole array
  *       through a read context with THREADS decode threads (the daemon's
  *       cache + pool code path).  -H prints a hash of each array's C-order
  *       bytes (array mode; not timed).  The folder may be an OCDBT item.
@@ -600,31 +603,48 @@ typedef struct dec_job {
 	uint64_t *task_arr, *task_unit, ntasks;
 	atomic_uint_least64_t next;
 	uint64_t max_unit;
+	int outs; /* -o N: output buffers per thread, in turn; 0: a fresh mapping per unit */
+	pthread_barrier_t ready; /* the buffers are allocated before the clock starts */
 	atomic_int failed;
 } dec_job;
 
 static void *dec_worker(void *arg)
 {
 	dec_job *j = arg;
-	uint8_t *dst = alloc_touched(j->max_unit);
+	uint8_t *bufs[64];
+	int nb = j->outs < 1 ? 1 : j->outs > 64 ? 64 : j->outs;
+	for (int b = 0; b < nb; b++)
+		bufs[b] = j->outs ? alloc_touched(j->max_unit) : NULL;
 	ckpt_zarr_scratch *sc = ckpt_zarr_scratch_create();
-	for (;;) {
+	pthread_barrier_wait(&j->ready);
+	for (int turn = 0;; turn++) {
 		uint64_t t = atomic_fetch_add(&j->next, 1);
 		if (t >= j->ntasks)
 			break;
+		uint8_t *dst = bufs[turn % nb];
+		if (!j->outs) {
+			dst = mmap(NULL, j->max_unit, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1,
+				   0);
+			if (dst == MAP_FAILED)
+				die("out of memory (%s)", "mmap");
+		}
 		darray *d = &j->arr[j->task_arr[t]];
 		uint64_t g[CKPT_MAX_RANK], rem = j->task_unit[t];
 		for (int k = d->m->rank - 1; k >= 0; k--) {
 			g[k] = rem % d->m->grid[k];
 			rem /= d->m->grid[k];
 		}
-		if (ckpt_zarr_read_unit(j->store, d->name, d->m, g, dst, sc) < 0) {
+		int rc = ckpt_zarr_read_unit(j->store, d->name, d->m, g, dst, sc);
+		if (!j->outs)
+			munmap(dst, j->max_unit);
+		if (rc < 0) {
 			atomic_store(&j->failed, 1);
 			break;
 		}
 	}
 	ckpt_zarr_scratch_destroy(sc);
-	free(dst);
+	for (int b = 0; b < nb; b++)
+		free(bufs[b]);
 	return NULL;
 }
 
@@ -633,8 +653,11 @@ static int cmd_decode(int argc, char **argv)
 	int threads = 2, hash = 0;
 	const char *mode = "unit", *top = NULL;
 	int opt;
-	while ((opt = getopt(argc, argv, "t:m:k:H")) != -1) {
-		if (opt == 't')
+	int outs = 1;
+	while ((opt = getopt(argc, argv, "t:m:k:o:H")) != -1) {
+		if (opt == 'o')
+			outs = atoi(optarg);
+		else if (opt == 't')
 			threads = atoi(optarg);
 		else if (opt == 'm')
 			mode = optarg;
@@ -646,7 +669,7 @@ static int cmd_decode(int argc, char **argv)
 			return 2;
 	}
 	if (argc - optind != 1)
-		die("usage: %s", "decode ITEMDIR [-t THREADS] [-m unit|array] [-k TOPKEY] [-H]");
+		die("usage: %s", "decode ITEMDIR [-t THREADS] [-m unit|array] [-k TOPKEY] [-o N] [-H]");
 	if (threads < 1 || threads > 64)
 		threads = 2;
 	const char *dir = argv[optind];
@@ -709,7 +732,7 @@ static int cmd_decode(int argc, char **argv)
 	}
 	cJSON_Delete(md);
 
-	dec_job j = { .store = store, .arr = arr };
+	dec_job j = { .store = store, .arr = arr, .outs = outs };
 	uint64_t max_nbytes = 0, stored = 0, decoded = 0;
 	for (int i = 0; i < narr; i++) {
 		j.ntasks += arr[i].units;
@@ -732,12 +755,15 @@ static int cmd_decode(int argc, char **argv)
 				decoded += arr[i].m->unit_bytes;
 			}
 		pthread_t th[64];
-		double t0 = now_s();
+		pthread_barrier_init(&j.ready, NULL, (unsigned)threads + 1);
 		for (int i = 0; i < threads; i++)
 			pthread_create(&th[i], NULL, dec_worker, &j);
+		pthread_barrier_wait(&j.ready);
+		double t0 = now_s();
 		for (int i = 0; i < threads; i++)
 			pthread_join(th[i], NULL);
 		secs = now_s() - t0;
+		pthread_barrier_destroy(&j.ready);
 		if (atomic_load(&j.failed))
 			die("decode failed in %s", dir);
 	} else if (strcmp(mode, "array") == 0) {
