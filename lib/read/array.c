@@ -470,6 +470,27 @@ static void mark_torn(ckpt_array *a, unsigned ep)
 	atomic_store(&a->torn, ep + 1);
 }
 
+/* Stored unit su is now `id`; its record (if any) says which version the
+ * array's cached chunks and cursors came from.  Called with a->mu held.  A
+ * different version drops them all (a new owner), and when this epoch
+ * already served bytes of the old one the epoch is torn: -ESTALE (a->mu
+ * still held).  1 when a different version was dropped, else 0. */
+static int unit_check_locked(ckpt_array *a, uint64_t su, const struct ckpt_zarr_unit_id *id, unsigned ep)
+{
+	struct unit_rec *r = rec_find(a, su);
+	if (!r || same_id(&r->id, id))
+		return 0;
+	int served = r->epoch == ep;
+	ckpt_log(CKPT_LOG_INFO, "%s/%s: stored data changed under the mount%s", a->store->root, a->prefix,
+		 served ? "; this read fails with ESTALE" : "; cached chunks dropped");
+	forget_all(a);
+	if (served) {
+		mark_torn(a, ep);
+		return -ESTALE;
+	}
+	return 1;
+}
+
 static int torn_now(ckpt_array *a)
 {
 	unsigned t = atomic_load(&a->torn);
@@ -747,22 +768,13 @@ static int fill_chunk(void *arg, void *dst)
 		return rc;
 	uint64_t su = storage_linear(&a->meta, f->g);
 	pthread_mutex_lock(&a->mu);
-	struct unit_rec *r = rec_find(a, su);
-	if (r && !same_id(&r->id, &id)) {
-		/* the stored unit is not the one other cached chunks came from */
-		int served = r->epoch == ep;
-		ckpt_log(CKPT_LOG_INFO, "%s/%s: stored data changed under the mount%s", a->store->root,
-			 a->prefix, served ? "; this read fails with ESTALE" : "; cached chunks dropped");
-		forget_all(a);
-		if (served) {
-			mark_torn(a, ep);
-			pthread_mutex_unlock(&a->mu);
-			return -ESTALE;
-		}
-		rec_put(a, su, &id, ep);
-	} else if (atomic_load(&a->owner) == f->owner) {
-		rec_put(a, su, &id, ep);
+	int changed = unit_check_locked(a, su, &id, ep); /* 1: not the unit other cached chunks came from */
+	if (changed < 0) {
+		pthread_mutex_unlock(&a->mu);
+		return -ESTALE;
 	}
+	if (changed || atomic_load(&a->owner) == f->owner)
+		rec_put(a, su, &id, ep);
 	pthread_mutex_unlock(&a->mu);
 	return 0;
 }
@@ -903,17 +915,9 @@ static int stream_copy(ckpt_array *a, const uint64_t *g, const ckpt_region *r, u
 	if (before.absent)
 		return -ENOTSUP; /* the whole-unit path answers missing units */
 	pthread_mutex_lock(&a->mu);
-	struct unit_rec *rec = rec_find(a, su);
-	if (rec && !same_id(&rec->id, &before)) {
-		int served = rec->epoch == ep;
-		ckpt_log(CKPT_LOG_INFO, "%s/%s: stored data changed under the mount%s", a->store->root,
-			 a->prefix, served ? "; this read fails with ESTALE" : "; cached chunks dropped");
-		forget_all(a);
-		if (served) {
-			mark_torn(a, ep);
-			pthread_mutex_unlock(&a->mu);
-			return -ESTALE;
-		}
+	if (unit_check_locked(a, su, &before, ep) < 0) {
+		pthread_mutex_unlock(&a->mu);
+		return -ESTALE;
 	}
 	uint64_t owner = atomic_load(&a->owner);
 	pthread_mutex_unlock(&a->mu);
