@@ -185,9 +185,10 @@ static void piece_reply(fuse_req_t req, size_t size, off_t off)
 }
 
 /* -o file=PATH: the bytes of a backing file, as a daemon serving
- * uncompressed stored data would: with -o splice, the backing descriptor is
- * handed to fuse_reply_data (libfuse splices its page cache into the
- * reply); without, pread into a per-thread buffer, then one iovec. */
+ * uncompressed stored data would: with -o mmap, one iovec into the
+ * populated mapping; with -o splice, the backing descriptor is handed to
+ * fuse_reply_data (libfuse splices its page cache into the reply); else
+ * pread into a per-thread buffer, then one iovec. */
 static void file_reply(fuse_req_t req, size_t size, off_t off)
 {
 	if (backing_map) {

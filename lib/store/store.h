@@ -195,7 +195,8 @@ int ckpt_store_size(ckpt_store *s, const char *key, uint64_t *size);
  *
  * The pages vanish if the file is truncated while mapped, and a touch of a
  * vanished page raises SIGBUS: touch m->data only inside ckpt_fault_guard
- * (base/fault.h), which turns that into -EIO.  The bytes are the file's as
+ * (base/fault.h), which turns that into -EFAULT for the guarded call (the
+ * zarr chunk decoder answers the read with -EIO).  The bytes are the file's as
  * they are now: a file rewritten in place changes under the mapping (a file
  * replaced by rename does not).
  *
