@@ -35,6 +35,33 @@ EXIT_TIMEOUT = 30.0   # seconds to wait for the daemon to exit after unmount
 SANITIZER_WORDS = ("AddressSanitizer", "LeakSanitizer", "runtime error", "ThreadSanitizer")
 
 
+# The oracles' import names and their distributions (tests/requirements-oracles.txt).
+ORACLES = {"orbax.checkpoint": "orbax-checkpoint", "jax": "jax", "tensorstore": "tensorstore",
+           "zarr": "zarr", "safetensors": "safetensors", "ml_dtypes": "ml_dtypes", "flax": "flax"}
+ORACLES_REQUIRED = os.environ.get("CKPT_REQUIRE_ORACLES") == "1"
+
+
+def oracles_missing():
+    """The first oracle module this interpreter cannot import (zarr older
+    than 3 counts as missing), or None when all of them import."""
+    import importlib.util
+    from importlib.metadata import PackageNotFoundError, version
+    for mod, dist in ORACLES.items():
+        try:
+            if importlib.util.find_spec(mod) is None:
+                return mod
+            if dist == "zarr" and int(version(dist).split(".")[0]) < 3:
+                return "zarr 3"
+        except (ImportError, PackageNotFoundError, ValueError):
+            return mod
+    return None
+
+
+def oracle_versions():
+    from importlib.metadata import version
+    return ", ".join(f"{d} {version(d)}" for d in ORACLES.values())
+
+
 def fuse_unavailable_reason():
     """Why FUSE tests cannot run on this machine, or None when they can."""
     if not os.path.exists("/dev/fuse"):
