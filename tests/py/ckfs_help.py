@@ -7,9 +7,11 @@ shard surgery (test_bad_input), Orbax-style saves into a live root
 import hashlib
 import io
 import json
+import multiprocessing
 import os
 import shutil
 import struct
+import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -269,3 +271,246 @@ def new_shard_bytes(values):
     body = zstandard.ZstdCompressor().compress(np.ascontiguousarray(values, dtype="<f4").tobytes())
     index = struct.pack("<QQ", 0, len(body))
     return body + index + struct.pack("<I", crc32c(index))
+
+
+# from test_write.py: writing step 30 the ways a user would (also the
+# step the oracle tests hand to the real Orbax)
+FORK = multiprocessing.get_context("fork")
+
+
+def header_len(descr, shape):
+    return len(npy_bytes(descr, shape, b""))
+
+
+def plain_arrays(seed):
+    """rel path (inside the item) -> Arr, for arrays written with np.save."""
+    r = rng(seed)
+    out = {}
+    ints = ["int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64"]
+    for i, name in enumerate(ints):
+        info = np.iinfo(name)
+        v = r.integers(info.min, info.max, size=(5, 3 + i), dtype=name, endpoint=True)
+        out[f"dtypes/{name}.npy"] = Arr(v, name)
+    out["dtypes/bool.npy"] = Arr(r.integers(0, 2, size=(4, 9)).astype(np.bool_), "bool")
+    for name in ("float16", "float32", "float64"):
+        v = r.standard_normal((6, 7)).astype(name)
+        v.flat[0] = np.inf
+        v.flat[1] = -0.0
+        v.flat[2] = np.nan
+        out[f"dtypes/{name}.npy"] = Arr(v, name)
+    c = (r.standard_normal((3, 4)) + 1j * r.standard_normal((3, 4)))
+    out["dtypes/complex64.npy"] = Arr(c.astype(np.complex64), "complex64")
+    out["dtypes/complex128.npy"] = Arr(c.astype(np.complex128), "complex128")
+    out["ranks/r0.npy"] = Arr(np.array(r.standard_normal(), dtype=np.float32), "float32")
+    out["ranks/r1.npy"] = Arr(r.integers(-1000, 1000, size=(11,), dtype=np.int32), "int32")
+    out["ranks/r2.npy"] = Arr(r.standard_normal((9, 4)).astype(np.float64), "float64")
+    out["ranks/r3.npy"] = Arr(r.integers(0, 255, size=(3, 4, 5), dtype=np.uint8), "uint8")
+    out["params/dense/kernel.npy"] = Arr(r.standard_normal((16, 8)).astype(np.float32), "float32")
+    out["params/dense/bias.npy"] = Arr(r.standard_normal((8,)).astype(np.float32), "float32")
+    out["layers/0/w.npy"] = Arr(r.standard_normal((4, 4)).astype(np.float32), "float32")
+    out["layers/1/w.npy"] = Arr(r.standard_normal((4, 6)).astype(np.float32), "float32")
+    return out
+
+
+def bf16_patterns(r, shape):
+    """uint16 patterns of bfloat16 numbers (the top halves of float32s)."""
+    f = r.standard_normal(shape).astype(np.float32)
+    return (f.view(np.uint32) >> 16).astype(np.uint16)
+
+
+def write_bytes(path, data):
+    with open(path, "wb") as f:
+        f.write(data)
+
+
+def _slice_writer(barrier, jobs):
+    """jobs: [(path, file bytes)]; write each as one file after the barrier."""
+    try:
+        barrier.wait(timeout=60)
+        for path, data in jobs:
+            write_bytes(path, data)
+    except BaseException as e:  # noqa: BLE001 - reported through the exit code
+        import traceback
+        traceback.print_exc()
+        os._exit(3 if isinstance(e, OSError) else 4)
+    os._exit(0)
+
+
+def _pwrite_worker(barrier, path, ranges, data):
+    """pwrite data[a:b] at file offset `base + a` for every (base, a, b)."""
+    try:
+        fd = os.open(path, os.O_WRONLY)
+        try:
+            barrier.wait(timeout=60)
+            for off, a, b in ranges:
+                n = os.pwrite(fd, data[a:b], off)
+                if n != b - a:
+                    raise AssertionError(f"short pwrite {n} of {b - a}")
+        finally:
+            os.close(fd)
+    except BaseException:  # noqa: BLE001
+        import traceback
+        traceback.print_exc()
+        os._exit(3)
+    os._exit(0)
+
+
+def run_procs(procs):
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(120)
+    codes = [p.exitcode for p in procs]
+    for p in procs:
+        if p.exitcode is None:
+            p.kill()
+            p.join()
+    assert codes == [0] * len(procs), f"writer processes failed: exit codes {codes} (tracebacks in stderr)"
+
+
+def multi_writer_arrays(seed):
+    r = rng(seed)
+    return {
+        "multi/rows.npy": Arr(r.standard_normal((37, 29)).astype(np.float32), "float32"),
+        # > 4 MiB: several inner chunks, split by columns
+        "multi/cols.npy": Arr(r.standard_normal((1100, 1024)).astype(np.float32), "float32"),
+        "multi/blocks.npy": Arr(bf16_patterns(r, (6, 10, 7)), "bfloat16", "<V2"),
+        "pw.npy": Arr(r.standard_normal((300, 7)).astype(np.float64), "float64"),
+        "mm.npy": Arr(r.integers(-30000, 30000, size=(50, 33), dtype=np.int16), "int16"),
+        "om.npy": Arr(r.standard_normal((20, 3, 5)).astype(np.float32), "float32"),
+    }
+
+
+# rows: uneven row slices, cols: uneven column slices, blocks: 2-d blocks of
+# a 3-d array.  One list per process.
+SLICE_PLAN = [
+    [("multi/rows", "[:5]", np.s_[0:5]), ("multi/cols", "[:,0:100]", np.s_[:, 0:100]),
+     ("multi/blocks", "[0:3,0:4]", np.s_[0:3, 0:4])],
+    [("multi/rows", "[5:17]", np.s_[5:17]), ("multi/cols", "[:,100:613]", np.s_[:, 100:613]),
+     ("multi/blocks", "[0:3,4:]", np.s_[0:3, 4:10])],
+    [("multi/rows", "[17]", np.s_[17:18]), ("multi/cols", "[:,613]", np.s_[:, 613:614]),
+     ("multi/blocks", "[3:,0:9]", np.s_[3:6, 0:9])],
+    [("multi/rows", "[18:]", np.s_[18:37]), ("multi/cols", "[:,-410:]", np.s_[:, 614:1024]),
+     ("multi/blocks", "[3:6,9:10]", np.s_[3:6, 9:10])],
+]
+
+
+def special_arrays(seed):
+    """Arrays whose header is written by hand: '<V2' bfloat16, '<V1'
+    float8_e4m3fn, a dtype name as descr, and void arrays np.save writes as
+    '|V2' / '|V1'."""
+    r = rng(seed)
+    return {
+        "dtypes/bfloat16.npy": (Arr(bf16_patterns(r, (7, 5)), "bfloat16", "<V2"), "<V2"),
+        "dtypes/bf16_npsave.npy": (Arr(bf16_patterns(r, (3, 3)), "bfloat16", "<V2"), "npsave"),
+        # '<V1' names no type: the dtype is named with user.ckpt.dtype first
+        "dtypes/f8_e4m3fn.npy": (Arr(r.integers(0, 256, size=(4, 6), dtype=np.uint8), "float8_e4m3fn", "<V1"),
+                                 "xattr"),
+        "dtypes/f8_e5m2.npy": (Arr(r.integers(0, 256, size=(9,), dtype=np.uint8), "float8_e5m2", "<V1"),
+                               "float8_e5m2"),
+    }
+
+
+def write_step(step_dir, tmp_path, seed, full=True):
+    """Write the items of a step into the pending step_dir; returns
+    {rel path inside the step: Arr}."""
+    exp = {}
+    os.mkdir(step_dir / "state")
+    os.mkdir(step_dir / "opt")
+    st = step_dir / "state"
+    for rel, a in plain_arrays(seed).items():
+        makedirs_in_mount(st, Path(rel).parent)
+        np.save(st / rel, a.values)
+        exp["state/" + rel] = a
+    for rel, (a, how) in special_arrays(seed + 1).items():
+        makedirs_in_mount(st, Path(rel).parent)
+        if how == "npsave":
+            np.save(st / rel, a.values.view(f"V{a.values.itemsize}"))
+        elif how == "xattr":
+            fd = os.open(st / rel, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            try:
+                os.setxattr(fd, "user.ckpt.dtype", a.dtype.encode())
+                data = npy_bytes("<V1", a.shape, a.raw)
+                assert os.write(fd, data) == len(data)
+            finally:
+                os.close(fd)
+        else:
+            write_bytes(st / rel, npy_bytes(how, a.shape, a.raw))
+        exp["state/" + rel] = a
+    # cp and `cat >` of .npy files made outside the mount
+    r = rng(seed + 2)
+    for tool in ("cp", "cat"):
+        a = Arr(r.standard_normal((33, 17)).astype(np.float32), "float32")
+        src = tmp_path / f"{tool}-{seed}.npy"
+        np.save(src, a.values)
+        dst = st / f"{tool}.npy"
+        if tool == "cp":
+            subprocess.run(["cp", str(src), str(dst)], check=True)
+        else:
+            subprocess.run(["sh", "-c", 'cat "$1" > "$2"', "sh", str(src), str(dst)], check=True)
+        exp[f"state/{tool}.npy"] = a
+    # second item
+    opt = {"opt/count.npy": Arr(np.array(seed, dtype=np.int32), "int32"),
+           "opt/mu/layers/0/w.npy": Arr(r.standard_normal((4, 4)).astype(np.float32), "float32"),
+           "opt/mu/layers/1/w.npy": Arr(r.standard_normal((4, 6)).astype(np.float32), "float32")}
+    for rel, a in opt.items():
+        makedirs_in_mount(step_dir, Path(rel).parent)
+        np.save(step_dir / rel, a.values)
+        exp[rel] = a
+    if not full:
+        return exp
+
+    multi = multi_writer_arrays(seed + 3)
+    os.mkdir(st / "multi")
+    # declare with open_memmap (global header), fill with slice files from 4 processes
+    for rel in ("multi/rows.npy", "multi/cols.npy", "multi/blocks.npy"):
+        a = multi[rel]
+        dt = np.dtype("V2") if a.dtype == "bfloat16" else a.values.dtype
+        mm = np.lib.format.open_memmap(st / rel, mode="w+", dtype=dt, shape=a.shape)
+        del mm
+    barrier = FORK.Barrier(len(SLICE_PLAN))
+    procs = []
+    for k, plan in enumerate(SLICE_PLAN):
+        jobs = []
+        for stem, text, sl in plan:
+            a = multi[stem + ".npy"]
+            part = np.ascontiguousarray(a.values[sl])
+            # bfloat16 slices: '<V2' by hand for even workers, np.save ('|V2') for odd ones
+            if a.dtype == "bfloat16" and k % 2:
+                buf = io.BytesIO()
+                np.save(buf, part.view("V2"))
+                data = buf.getvalue()
+            else:
+                data = npy_bytes(a.descr, part.shape, part.tobytes())
+            jobs.append((str(st / (stem + text + ".npy")), data))
+        procs.append(FORK.Process(target=_slice_writer, args=(barrier, jobs)))
+    run_procs(procs)
+    # pw.npy: header by one write, data by 2 processes with pwrite of odd-sized blocks
+    a = multi["pw.npy"]
+    hdr = npy_bytes(a.descr, a.shape, b"")
+    write_bytes(st / "pw.npy", hdr)
+    raw = a.raw
+    blocks = [(i, min(i + 1001, len(raw))) for i in range(0, len(raw), 1001)]
+    barrier = FORK.Barrier(2)
+    procs = [FORK.Process(target=_pwrite_worker,
+                          args=(barrier, str(st / "pw.npy"),
+                                [(len(hdr) + x, x, y) for x, y in blocks[k::2]], raw))
+             for k in range(2)]
+    run_procs(procs)
+    # mm.npy: header written, data through np.memmap(mode='r+')
+    a = multi["mm.npy"]
+    write_bytes(st / "mm.npy", npy_bytes(a.descr, a.shape, b""))
+    mm = np.memmap(st / "mm.npy", dtype=a.values.dtype, mode="r+", offset=header_len(a.descr, a.shape),
+                   shape=a.shape)
+    mm[:] = a.values
+    mm.flush()
+    del mm
+    # om.npy: open_memmap declares and fills through its own mapping
+    a = multi["om.npy"]
+    mm = np.lib.format.open_memmap(st / "om.npy", mode="w+", dtype=a.values.dtype, shape=a.shape)
+    mm[:] = a.values
+    mm.flush()
+    del mm
+    for rel, a in multi.items():
+        exp["state/" + rel] = a
+    return exp
