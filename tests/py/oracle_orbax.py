@@ -105,6 +105,7 @@ def main():
     import tensorstore as ts
     from orbax.checkpoint._src.serialization import tensorstore_utils as tsu
     use_ocdbt = os.path.exists(os.path.join(item_dir, "manifest.ocdbt"))
+    ts_ctx = tsu.get_ts_context(use_ocdbt=use_ocdbt)
     with open(os.path.join(item_dir, "_METADATA")) as f:
         use_zarr3 = bool(json.load(f).get("use_zarr3", False))
     for path, m in jax.tree_util.tree_flatten_with_path(tree_meta)[0]:
@@ -118,7 +119,7 @@ def main():
                          use_zarr3=use_zarr3)
         spec = tsu.get_json_tspec_read(info, use_ocdbt=use_ocdbt)
         ent["spec"] = spec
-        arr = ts.open(spec, open=True, read=True).result().read().result()
+        arr = ts.open(spec, open=True, read=True, context=ts_ctx).result().read().result()
         ent["ts_sha256"] = hashlib.sha256(np.ascontiguousarray(arr).tobytes()).hexdigest()
         folder = os.path.join(item_dir, m.name)
         if not use_ocdbt and os.path.exists(os.path.join(folder, "zarr.json")):
