@@ -20,7 +20,7 @@
 #include "stream.h"
 
 #define IN_BUF ((size_t)256 << 10)
-#define MAX_ROW ((uint64_t)16 << 20)
+#define MAX_ROW ((uint64_t)32 << 20)
 
 struct cursor {
 	const void *owner; /* NULL: unused */
@@ -35,6 +35,10 @@ struct cursor {
 	uint8_t *win;
 	size_t win_cap;
 	uint64_t win_off, win_len; /* decoded bytes of the unit held in win */
+	/* Where the unit's stored bytes lie in its stored value: [base, base +
+	 * len) (a shard's one inner chunk), or the whole value (base 0, len
+	 * UINT64_MAX). */
+	uint64_t base, len;
 };
 
 struct ckpt_streams {
@@ -95,7 +99,10 @@ void ckpt_streams_forget(ckpt_streams *s, const void *owner)
 
 int ckpt_stream_ok(const ckpt_array_meta *m)
 {
-	if (m->sharded || m->order_f || m->rank < 1 || (m->big_endian && m->itemsize > 1))
+	/* A shard streams when it holds one inner chunk (Orbax's zarr3 layout:
+	 * inner chunk = shard); its range comes from the shard index. */
+	if ((m->sharded && m->inner_per_shard != 1) || m->order_f || m->rank < 1 ||
+	    (m->big_endian && m->itemsize > 1))
 		return 0;
 	if (!(m->nb2b == 0 || (m->nb2b == 1 && m->b2b[0] == CKPT_B2B_ZSTD)))
 		return 0;
@@ -156,9 +163,31 @@ static void put(ckpt_streams *s, struct cursor *c, int keep)
 	pthread_mutex_unlock(&s->mu);
 }
 
-/* Position at the start of the unit. */
-static int restart(struct cursor *c, int zstd)
+/* Position at the start of the unit stored under key: for a shard, find
+ * its inner chunk's range first (-ENOTSUP when the shard or the inner chunk
+ * is absent: the whole-unit path answers missing data). */
+static int restart(struct cursor *c, ckpt_store *st, const char *key, const ckpt_array_meta *m, int zstd)
 {
+	c->base = 0;
+	c->len = UINT64_MAX;
+	if (m->sharded) {
+		struct ckpt_zarr_unit_id id;
+		int rc = ckpt_zarr_key_identity(st, key, &id);
+		if (rc < 0)
+			return rc;
+		if (id.absent)
+			return -ENOTSUP;
+		rc = ckpt_zarr_inner_range(st, key, m, 0, id.size, &c->base, &c->len);
+		if (rc == -ENODATA)
+			return -ENOTSUP;
+		if (rc < 0)
+			return rc;
+		if (!zstd && c->len != m->unit_bytes) {
+			ckpt_log(CKPT_LOG_ERR, "%s/%s: inner chunk of %llu bytes, its shape implies %llu",
+				 st->root, key, (unsigned long long)c->len, (unsigned long long)m->unit_bytes);
+			return -EIO;
+		}
+	}
 	c->in_off = 0;
 	c->in_len = c->in_pos = 0;
 	c->ended = 0;
@@ -184,7 +213,7 @@ static int next_window(struct cursor *c, ckpt_store *st, const char *key, const 
 	c->win_off = off;
 	c->win_len = 0;
 	if (!zstd) {
-		ssize_t n = ckpt_store_read(st, key, off, (size_t)want, c->win);
+		ssize_t n = ckpt_store_read(st, key, c->base + off, (size_t)want, c->win);
 		if (n == -ENOENT)
 			return -ENOTSUP;
 		if (n < 0)
@@ -206,7 +235,8 @@ static int next_window(struct cursor *c, ckpt_store *st, const char *key, const 
 			return -EIO;
 		}
 		if (c->in_pos == c->in_len) {
-			ssize_t n = ckpt_store_read(st, key, c->in_off, IN_BUF, c->in);
+			size_t ask = c->len - c->in_off < IN_BUF ? (size_t)(c->len - c->in_off) : IN_BUF;
+			ssize_t n = ask ? ckpt_store_read(st, key, c->base + c->in_off, ask, c->in) : 0;
 			if (n == -ENOENT && c->in_off == 0)
 				return -ENOTSUP;
 			if (n < 0)
@@ -281,7 +311,7 @@ int ckpt_stream_copy(ckpt_streams *s, const void *owner, ckpt_store *st, const c
 		c->win_cap = (size_t)(per * row);
 	}
 	if (rc == 0 && (c->win_off == UINT64_MAX || r0 * row < c->win_off))
-		rc = restart(c, zstd);
+		rc = restart(c, st, key, m, zstd);
 	/* Raw units need no sequential pass: jump to the first row. */
 	if (rc == 0 && !zstd && c->win_off + c->win_len < r0 * row) {
 		c->win_off = r0 * row;

@@ -731,6 +731,63 @@ int ckpt_zarr_read_unit(ckpt_store *s, const char *prefix, const ckpt_array_meta
 	return ckpt_zarr_read_unit_id(s, prefix, m, g, dst, sc, NULL);
 }
 
+/* The stored range of inner chunk `inner` from the shard index ix (of a
+ * shard of `size` bytes): 0, -ENODATA when the index marks it absent, -EIO
+ * (logged) for a CRC mismatch or a range outside the shard or larger than
+ * any encoding of the unit. */
+static int shard_entry(const ckpt_array_meta *m, const char *root, const char *key, const uint8_t *ix,
+		       uint64_t inner, uint64_t size, uint64_t *off_out, uint64_t *n_out)
+{
+	uint64_t nidx = m->inner_per_shard;
+	if (m->index_crc && ckpt_crc32c(0, ix, 16 * nidx) != ckpt_le32(ix + 16 * nidx)) {
+		ckpt_log(CKPT_LOG_ERR, "%s/%s: shard index CRC-32C mismatch", root, key);
+		return -EIO;
+	}
+	uint64_t off = ckpt_le64(ix + 16 * inner), n = ckpt_le64(ix + 16 * inner + 8);
+	if (off == UINT64_MAX && n == UINT64_MAX)
+		return -ENODATA;
+	uint64_t end;
+	if (ckpt_add_u64(off, n, &end) < 0 || end > size ||
+	    n > m->unit_bytes + (m->unit_bytes >> 3) + (1u << 20)) {
+		ckpt_log(CKPT_LOG_ERR,
+			 "%s/%s: inner chunk %llu range [%llu,+%llu) outside the shard (%llu bytes)", root,
+			 key, (unsigned long long)inner, (unsigned long long)off, (unsigned long long)n,
+			 (unsigned long long)size);
+		return -EIO;
+	}
+	*off_out = off;
+	*n_out = n;
+	return 0;
+}
+
+/* The byte size of a shard's index. */
+static uint64_t shard_index_size(const ckpt_array_meta *m)
+{
+	return 16 * m->inner_per_shard + (m->index_crc ? 4 : 0);
+}
+
+int ckpt_zarr_inner_range(ckpt_store *s, const char *key, const ckpt_array_meta *m, uint64_t inner,
+			  uint64_t size, uint64_t *off, uint64_t *n)
+{
+	assert(m->sharded && inner < m->inner_per_shard);
+	uint64_t isize = shard_index_size(m);
+	if (size < isize) {
+		ckpt_log(CKPT_LOG_ERR, "%s/%s: shard of %llu bytes is smaller than its index (%llu)", s->root,
+			 key, (unsigned long long)size, (unsigned long long)isize);
+		return -EIO;
+	}
+	if (isize > (1u << 20))
+		return -ENOTSUP; /* the whole-unit path reads large indexes */
+	uint8_t *buf = malloc((size_t)isize);
+	if (!buf)
+		return -ENOMEM;
+	int rc = read_exact(s, key, m->index_at_start ? 0 : size - isize, (size_t)isize, buf);
+	if (rc == 0)
+		rc = shard_entry(m, s->root, key, buf, inner, size, off, n);
+	free(buf);
+	return rc;
+}
+
 int ckpt_zarr_read_unit_id(ckpt_store *s, const char *prefix, const ckpt_array_meta *m, const uint64_t *g,
 			   void *dst, ckpt_zarr_scratch *sc, struct ckpt_zarr_unit_id *idp)
 {
@@ -769,7 +826,7 @@ int ckpt_zarr_read_unit_id(ckpt_store *s, const char *prefix, const ckpt_array_m
 	}
 	/* sharding_indexed: find the inner chunk through the shard index. */
 	uint64_t nidx = m->inner_per_shard;
-	uint64_t isize = 16 * nidx + (m->index_crc ? 4 : 0);
+	uint64_t isize = shard_index_size(m);
 	if (size < isize) {
 		ckpt_log(CKPT_LOG_ERR, "%s/%s: shard of %llu bytes is smaller than its index (%llu)", s->root,
 			 key, (unsigned long long)size, (unsigned long long)isize);
@@ -796,22 +853,12 @@ int ckpt_zarr_read_unit_id(ckpt_store *s, const char *prefix, const ckpt_array_m
 			return rc;
 		ix = sc->aux;
 	}
-	if (m->index_crc && ckpt_crc32c(0, ix, 16 * nidx) != ckpt_le32(ix + 16 * nidx)) {
-		ckpt_log(CKPT_LOG_ERR, "%s/%s: shard index CRC-32C mismatch", s->root, key);
-		return -EIO;
-	}
-	uint64_t off = ckpt_le64(ix + 16 * inner), n = ckpt_le64(ix + 16 * inner + 8);
-	if (off == UINT64_MAX && n == UINT64_MAX)
+	uint64_t off, n;
+	rc = shard_entry(m, s->root, key, ix, inner, size, &off, &n);
+	if (rc == -ENODATA)
 		return missing(m, dst);
-	uint64_t end;
-	if (ckpt_add_u64(off, n, &end) < 0 || end > size ||
-	    n > m->unit_bytes + (m->unit_bytes >> 3) + (1u << 20)) {
-		ckpt_log(CKPT_LOG_ERR,
-			 "%s/%s: inner chunk %llu range [%llu,+%llu) outside the shard (%llu bytes)", s->root,
-			 key, (unsigned long long)inner, (unsigned long long)off, (unsigned long long)n,
-			 (unsigned long long)size);
-		return -EIO;
-	}
+	if (rc < 0)
+		return rc;
 	if (whole)
 		return decode_chain(m, s->root, key, sc->buf + off, (size_t)n, dst, sc);
 	if ((rc = decode_mapped(s, key, off, (size_t)n, m, dst, sc)) != 1)

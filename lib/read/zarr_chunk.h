@@ -159,6 +159,16 @@ int ckpt_zarr_unit_identity(ckpt_store *s, const char *prefix, const ckpt_array_
  * index of g inside its storage unit. */
 uint64_t ckpt_zarr_storage_index(const ckpt_array_meta *m, const uint64_t *g, uint64_t *sg);
 
+/* Sharded arrays: the stored byte range [*off, *off + *n) of inner chunk
+ * `inner` (C-order index within its shard) of the shard stored under `key`,
+ * `size` bytes long, read from the shard's index (one read of the index).
+ * 0; -ENODATA (not logged) when the index marks the inner chunk absent;
+ * -ENOTSUP for an index over 1 MiB; -EIO (logged) for a shard smaller than
+ * its index, an index CRC-32C mismatch or a range outside the shard; the
+ * store's error. */
+int ckpt_zarr_inner_range(ckpt_store *s, const char *key, const ckpt_array_meta *m, uint64_t inner,
+			  uint64_t size, uint64_t *off, uint64_t *n);
+
 /* Sum of the stored sizes of all storage units (listing the store). */
 int ckpt_zarr_stored_bytes(ckpt_store *s, const char *prefix, const ckpt_array_meta *m, uint64_t *out);
 

@@ -8,7 +8,9 @@ and a sequential reader must not decode the unit again for every read.
 
 The fixture here: eight arrays of 256 MiB (float32 [1024, 65536]), each
 stored as one zarr v2 chunk compressed with zstd (~8 KiB on disk), plus one
-of 64 MiB.  Values: every element of the n-th MiB of the data holds the
+of 64 MiB; and the same arrays as Orbax's zarr3 writes them: one
+sharding_indexed shard per array holding one inner chunk ([bytes, zstd],
+its index [bytes, crc32c] at the end).  Values: every element of the n-th MiB of the data holds the
 float32 value n, so a read at a wrong offset of the unit shows.
 
 What is measured: the daemon's VmHWM (peak resident set, /proc/PID/status)
@@ -35,6 +37,7 @@ import pytest
 import zstandard
 
 import ckfs_util as U
+from crc32c_ref import crc32c
 
 MiB = 1 << 20
 ROWS, COLS = 1024, 65536                 # 256 MiB of float32
@@ -77,21 +80,58 @@ def write_one_chunk_array(item, name, rows, cols, raw=False):
             "value_metadata": {"value_type": "jax.Array", "skip_deserialize": False, "write_shape": [rows, cols]}}
 
 
-@pytest.fixture(scope="module")
-def big_item(tmp_path_factory):
+def write_one_shard_array(item, name, rows, cols, raw=False):
+    """The zarr3 layout of Orbax: a shard of the whole array holding one
+    inner chunk, then the shard index (offset, length) and its CRC-32C."""
+    d = item / name
+    (d / "c" / "0").mkdir(parents=True)
+    inner = [{"name": "bytes", "configuration": {"endian": "little"}}]
+    if not raw:
+        inner.append({"name": "zstd", "configuration": {"level": 1, "checksum": False}})
+    (d / "zarr.json").write_text(json.dumps({
+        "zarr_format": 3, "node_type": "array", "shape": [rows, cols], "data_type": "float32",
+        "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": [rows, cols]}},
+        "chunk_key_encoding": {"name": "default"}, "fill_value": 0.0,
+        "codecs": [{"name": "sharding_indexed", "configuration": {
+            "chunk_shape": [rows, cols], "codecs": inner,
+            "index_codecs": [{"name": "bytes", "configuration": {"endian": "little"}}, {"name": "crc32c"}],
+            "index_location": "end"}}]}))
+    nbytes = rows * cols * 4
+    with open(d / "c" / "0" / "0", "wb") as f:
+        if raw:
+            for k in range(nbytes // MiB):
+                f.write(np.full(MiB // 4, k, dtype="<f4").tobytes())
+        else:
+            cctx = zstandard.ZstdCompressor(level=1)
+            with cctx.stream_writer(f, size=nbytes, closefd=False) as w:
+                for k in range(nbytes // MiB):
+                    w.write(np.full(MiB // 4, k, dtype="<f4").tobytes())
+        n = f.tell()
+        index = np.array([0, n], dtype="<u8").tobytes()
+        f.write(index + np.array([crc32c(index)], dtype="<u4").tobytes())
+    return {"key_metadata": [{"key": name, "key_type": 2}],
+            "value_metadata": {"value_type": "jax.Array", "skip_deserialize": False, "write_shape": [rows, cols]}}
+
+
+@pytest.fixture(scope="module", params=["zarr2", "zarr3_shard"])
+def big_item(tmp_path_factory, request):
     """An item folder (a direct StandardCheckpointer save) with big0..big7
-    (256 MiB each) and mid (64 MiB), each one zstd chunk."""
+    (256 MiB each) and mid (64 MiB), each one zstd chunk: zarr v2 chunks,
+    or zarr3 shards of one inner chunk (Orbax's use_zarr3 layout)."""
     item = tmp_path_factory.mktemp("bigitem") / "item"
     item.mkdir()
+    write = write_one_chunk_array if request.param == "zarr2" else write_one_shard_array
     tree = {}
     for k in range(BIG_N):
-        tree[f"('big{k}',)"] = write_one_chunk_array(item, f"big{k}", ROWS, COLS)
-    tree["('mid',)"] = write_one_chunk_array(item, "mid", MID_ROWS, COLS)
-    tree["('rawmid',)"] = write_one_chunk_array(item, "rawmid", MID_ROWS, COLS, raw=True)
+        tree[f"('big{k}',)"] = write(item, f"big{k}", ROWS, COLS)
+    tree["('mid',)"] = write(item, "mid", MID_ROWS, COLS)
+    tree["('rawmid',)"] = write(item, "rawmid", MID_ROWS, COLS, raw=True)
     (item / "_METADATA").write_text(json.dumps({
-        "tree_metadata": tree, "use_ocdbt": False, "use_zarr3": False,
+        "tree_metadata": tree, "use_ocdbt": False, "use_zarr3": request.param != "zarr2",
         "store_array_data_equal_to_fill_value": True, "custom_metadata": None}))
-    assert sum(p.stat().st_size for p in item.rglob("0.0") if p.parent.name != "rawmid") < 4 * MiB
+    stored = [p for p in item.rglob("*") if p.is_file() and p.parent.name not in ("rawmid", "0") or
+              (p.is_file() and "rawmid" not in p.parts and p.name == "0")]
+    assert sum(p.stat().st_size for p in stored) < 4 * MiB
     return item
 
 
