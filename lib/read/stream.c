@@ -184,7 +184,8 @@ static int restart(struct cursor *c, ckpt_store *st, const char *key, const ckpt
 			return rc;
 		if (!zstd && c->len != m->unit_bytes) {
 			ckpt_log(CKPT_LOG_ERR, "%s/%s: inner chunk of %llu bytes, its shape implies %llu",
-				 st->root, key, (unsigned long long)c->len, (unsigned long long)m->unit_bytes);
+				 st->root, key, (unsigned long long)c->len,
+				 (unsigned long long)m->unit_bytes);
 			return -EIO;
 		}
 	}
