@@ -19,7 +19,9 @@
 #include "stats.h"
 #include "stream.h"
 
-#define IN_BUF ((size_t)256 << 10)
+/* Stored bytes read per store call: 4 MiB, so that an object store (one
+ * range GET per call) streams a large unit in few requests. */
+#define IN_BUF ((size_t)4 << 20)
 #define MAX_ROW ((uint64_t)32 << 20)
 
 struct cursor {
