@@ -45,11 +45,15 @@ static int key_join(char *buf, size_t cap, const char *dir, const char *name)
  */
 static _Thread_local int build_err, build_depth;
 
-/* Note rc (a store call's result) for the build under way. */
-static void note_err(int rc)
+/* Note rc (the result of a call on store src) for the build under way.
+ * Object stores only: there an error is an answer that may be different
+ * next time (5xx, a bad page, a lost connection); a local folder's errors
+ * (a special file, a symlink, a damaged file) are what the folder holds,
+ * and stay where they are found (the entry is left out, or answers EIO). */
+static void note_err(ckpt_store *src, int rc)
 {
 	if (rc < 0 && rc != -ENOENT && rc != -ENOTDIR && rc != -EISDIR && rc != -ENAMETOOLONG &&
-	    build_depth && !build_err)
+	    build_depth && !build_err && src && ckpt_store_source_is_remote(src->root))
 		build_err = rc;
 }
 
@@ -81,7 +85,7 @@ static int exists_in(ckpt_store *src, const char *dir, const char *name, int wan
 		return 0;
 	int rc = ckpt_store_stat(src, k, &st);
 	if (rc < 0) {
-		note_err(rc);
+		note_err(src, rc);
 		return 0;
 	}
 	return want_dir ? st.is_dir : !st.is_dir;
@@ -105,7 +109,7 @@ static int has_ocdbt_in(ckpt_store *src, const char *dir)
 	if (exists_in(src, dir, CKPT_ORBAX_OCDBT_MANIFEST, 0))
 		return 1;
 	int rc = ckpt_store_listdir(src, dir, ocdbt_cb, NULL);
-	note_err(rc);
+	note_err(src, rc);
 	return rc > 0;
 }
 
@@ -128,7 +132,7 @@ static cJSON *read_json_in(ckpt_store *src, const char *dir, const char *name)
 		return NULL;
 	int rc = ckpt_store_read_small(src, k, MAX_JSON, &txt, &len);
 	if (rc < 0) {
-		note_err(rc);
+		note_err(src, rc);
 		return NULL;
 	}
 	cJSON *j = cJSON_ParseWithLength(txt, len);
@@ -188,7 +192,7 @@ static void add_file_if(ckpt_view *v, struct node *dirn, const char *dir, const 
 	if (ckpt_node_find_kid(dirn, name) || key_join(k, sizeof(k), dir, name) < 0)
 		return;
 	int rc = ckpt_store_stat(v->src, k, &st);
-	note_err(rc);
+	note_err(v->src, rc);
 	if (rc < 0 || st.is_dir)
 		return;
 	add_file(v, dirn, name, k, st.size, mtime);
@@ -405,7 +409,7 @@ static void build_item_in(ckpt_view *v, struct node *dir, ckpt_store *isrc, cons
 				 ": no tree_metadata object; listing arrays from the store",
 				 store->root);
 		struct scan_ctx c = { v, dir, store, ocdbt, mtime };
-		note_err(ckpt_store_list(store, "", scan_cb, &c));
+		note_err(store, ckpt_store_list(store, "", scan_cb, &c));
 		goto out;
 	}
 	const cJSON *leaf;
@@ -548,7 +552,7 @@ static int for_each_entry(ckpt_view *v, const char *dir, entry_fn fn, void *arg)
 {
 	struct entry_ctx e = { v, dir, fn, arg };
 	int rc = ckpt_store_listdir(v->src, dir, entry_cb, &e);
-	note_err(rc);
+	note_err(v->src, rc);
 	return rc;
 }
 
@@ -830,7 +834,7 @@ static int step_committed(ckpt_view *v, const char *name)
 	struct ckpt_store_stat st;
 	int rc = ckpt_store_stat(v->src, name, &st);
 	if (rc < 0) {
-		note_err(rc);
+		note_err(v->src, rc);
 		return 0;
 	}
 	const struct ckpt_foreign_fmt *f = ckpt_foreign_probe(v->src, name, &st);
