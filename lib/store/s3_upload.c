@@ -45,6 +45,14 @@ static int writable(ckpt_store *st, const char *key, struct s3_store **out, char
 	return 0;
 }
 
+/* The header of a create-only PUT: S3's conditional write, or GCS's
+ * precondition on the generation (no live object), which its XML API
+ * honours where it may ignore If-None-Match. */
+static const char *create_only(const struct s3_store *s)
+{
+	return s->gcs ? "x-goog-if-generation-match: 0" : "If-None-Match: *";
+}
+
 int ckpt_store_put(ckpt_store *st, const char *key, const void *buf, size_t len, int flags)
 {
 	struct s3_store *s;
@@ -70,7 +78,7 @@ int ckpt_store_put(ckpt_store *st, const char *key, const void *buf, size_t len,
 			buf,
 			len,
 			hash,
-			(flags & CKPT_PUT_CREATE_ONLY) ? "If-None-Match: *" : NULL,
+			(flags & CKPT_PUT_CREATE_ONLY) ? create_only(s) : NULL,
 			NULL };
 	struct ckpt_http_resp resp;
 	rc = ckpt_s3_request(s, &r, &resp);
@@ -122,8 +130,9 @@ int ckpt_store_put_marker(ckpt_store *st, const char *key, const void *buf, size
 	char hash[65];
 	ckpt_sha256_hex(buf, len, hash);
 	int maybe = settle;
-	struct rq r = { "PUT", name, "", NULL, NULL, NULL, 0, 0, "PUT", buf, len, hash, "If-None-Match: *",
-			&maybe };
+	struct rq r = {
+		"PUT", name, "", NULL, NULL, NULL, 0, 0, "PUT", buf, len, hash, create_only(s), &maybe
+	};
 	struct ckpt_http_resp resp;
 	rc = ckpt_s3_request(s, &r, &resp);
 	int state;

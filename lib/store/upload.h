@@ -24,7 +24,9 @@
 
 #include "store.h"
 
-#define CKPT_PUT_CREATE_ONLY 1 /* If-None-Match: *: -EEXIST when the object exists */
+/* -EEXIST when the object exists (s3://: If-None-Match: *; gs://:
+ * x-goog-if-generation-match: 0) */
+#define CKPT_PUT_CREATE_ONLY 1
 
 #define CKPT_UPLOAD_MIN_PART ((size_t)5 << 20) /* every part but the last, S3's minimum */
 #define CKPT_UPLOAD_MAX_PARTS 10000u

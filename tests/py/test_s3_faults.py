@@ -455,13 +455,14 @@ MARKER_CASES = [
 ]
 
 
+@pytest.mark.parametrize("scheme", ["s3", "gs"])
 @pytest.mark.parametrize("name,rules,want_errno,committed", MARKER_CASES, ids=[c[0] for c in MARKER_CASES])
 def test_an_uncertain_marker_put_is_settled_before_anything_is_deleted(env, s3mount, tmp_path, name, rules,
-                                                                       want_errno, committed):
+                                                                       want_errno, committed, scheme):
     kind = f"marker: {name}"
-    layout = "wm" + hashlib.sha1(name.encode()).hexdigest()[:6]
+    layout = "wm" + scheme + hashlib.sha1(name.encode()).hexdigest()[:6]
     env.fault("clear")
-    m = s3mount(layout)
+    m = s3mount(layout, scheme=scheme)
     exp = write_step(str(m.p()), "50", 50)
     marker = f"/ckpt/{PREFIX}/{layout}/50/commit_success.txt"
     for mode, arg, count, meth in rules:

@@ -39,9 +39,9 @@ Modes:
   clear       drop every rule and the request log
 GET /__fault (no mode) answers the rules and the request log as JSON.
 
-Conditional writes: a PUT with "If-None-Match: *" of an object that exists
-upstream is answered 412 PreconditionFailed (S3's create-only PUT; s3rver
-ignores the header).  A HEAD is never answered with a body.
+Conditional writes: a PUT with "If-None-Match: *" (S3) or
+"x-goog-if-generation-match: 0" (GCS) of an object that exists upstream is
+answered 412 PreconditionFailed (a create-only PUT; s3rver ignores both).  A HEAD is never answered with a body.
 """
 import json
 import random
@@ -272,7 +272,8 @@ class Handler(socketserver.StreamRequestHandler):
             if mode == "fullbody":
                 head = [x for x in head if x.split(":", 1)[0].strip().lower() != "range"]
             try:
-                if method == "PUT" and header(head, "if-none-match") == "*" and exists_upstream(head):
+                create_only = header(head, "if-none-match") == "*" or header(head, "x-goog-if-generation-match") == "0"
+                if method == "PUT" and create_only and exists_upstream(head):
                     with LOCK:
                         LOG[-1] += " (412: exists)"
                     if mode == "apply_reset":
