@@ -34,7 +34,8 @@ Modes:
               with a token is answered with the first page again (not
               forwarded: the server does not know the token)
   notoken     forward; a listing answers IsTruncated true without a token
-  badrange    forward; Content-Range shifted by one byte
+  badrange    forward; Content-Range shifted by one byte (a whole-object
+              answer becomes a 206 with a Content-Range one byte off)
   fullbody    forward without the Range header: a 200 with the whole object
   clear       drop every rule and the request log
 GET /__fault (no mode) answers the rules and the request log as JSON.
@@ -294,6 +295,9 @@ class Handler(socketserver.StreamRequestHandler):
             if mode in ("cut", "html", "random", "error200", "badsize", "loop", "notoken"):
                 rbody = rewrite_body(mode, rule["arg"], target, rbody)
             out = [resp[0]]
+            if mode == "badrange" and header(resp, "content-range") is None and resp[0].split(" ")[1] == "200":
+                # a whole-object answer: a 206 whose Content-Range is not the object's
+                out = ["HTTP/1.1 206 Partial Content", "Content-Range: bytes 1-%d/%d" % (len(rbody), len(rbody))]
             for line in resp[1:]:
                 k = line.split(":", 1)[0].strip().lower()
                 if k in ("connection", "keep-alive", "transfer-encoding"):
