@@ -271,6 +271,28 @@ def test_a_bad_root_listing_page_never_becomes_a_step_list(env, s3mount, referen
     assert judge_list(kind, got, reference["root"], False) == "exact"
 
 
+@pytest.mark.parametrize("mode,arg", PAGE_FAULTS, ids=[m for m, _ in PAGE_FAULTS])
+def test_a_rescan_over_bad_pages_keeps_the_step_list(env, s3mount, reference, mode, arg):
+    """A mounted root is listed again every second: a rescan that meets a
+    bad page (or cannot check a step's marker) keeps the list it had, so a
+    step never vanishes and "the latest step" never goes back."""
+    kind = f"listing page: {mode}"
+    env.fault("clear")
+    m = s3mount("manager")
+    assert sorted(n for n in os.listdir(m.p()) if n != ".ckptfs") == reference["root"]
+    env.fault(mode, arg, count=10 ** 6, match=q(ROOT))
+    for _ in range(4):
+        time.sleep(1.1)  # a rescan is due
+        got = op("list", m.p())
+        if "names" in got:
+            got["names"] = [n for n in got["names"] if n != ".ckptfs"]
+        assert judge_list(kind, got, reference["root"], False) == "exact", (got, m.log()[-3000:])
+    assert "LIST prefix" in m.log()
+    env.fault("clear")
+    got = op("read", m.p(ARRAY))
+    assert judge_read(kind, got, reference["tree"][ARRAY], False) == "exact"
+
+
 STEP20 = f"{PREFIX}/manager/20/"
 STEP_FAULTS = [("cut", f"<CommonPrefixes><Prefix>{STEP20}state/"), ("html", ""), ("random", ""),
                ("error200", ""), ("notoken", ""), ("loop", "t1,t2")]
