@@ -138,11 +138,15 @@ def op(kind, path, timeout=OP_TIMEOUT):
     """Run one operation; its result dict, with "timeout" when it took too long
     and "secs" always."""
     t0 = time.monotonic()
+    p = subprocess.Popen([sys.executable, "-c", _CHILD, kind, str(path)], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
     try:
-        r = subprocess.run([sys.executable, "-c", _CHILD, kind, str(path)], capture_output=True, text=True,
-                           timeout=timeout)
-        out = json.loads(r.stdout.strip().splitlines()[-1]) if r.stdout.strip() else {"crash": r.stderr[-2000:]}
+        stdout, stderr = p.communicate(timeout=timeout)
+        out = json.loads(stdout.strip().splitlines()[-1]) if stdout.strip() else {"crash": stderr[-2000:]}
     except subprocess.TimeoutExpired:
+        # a child stuck in a request the daemon never answers cannot be
+        # waited for: it ends when the mount goes (at teardown)
+        p.kill()
         out = {"timeout": True}
     out["secs"] = time.monotonic() - t0
     return out
