@@ -575,4 +575,4 @@ def test_a_marker_that_cannot_be_settled_keeps_everything_and_stays_pending(env,
     assert status_of(m)["stats"]["unsettled_steps"] == 0
     for k, v in exp.items():
         assert np.array_equal(np.load(m.p(f"60/{k}")), v)
-    tally(kind, exact=1)
+    tally(kind, reads=1, exact=1)
