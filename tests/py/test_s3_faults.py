@@ -26,7 +26,6 @@ import errno
 import hashlib
 import json
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -150,11 +149,6 @@ def op(kind, path, timeout=OP_TIMEOUT):
         out = {"timeout": True}
     out["secs"] = time.monotonic() - t0
     return out
-
-
-def sha_of(path):
-    with open(path, "rb") as f:
-        return hashlib.sha256(f.read()).hexdigest()
 
 
 def ref_tree(root):
