@@ -28,7 +28,7 @@ static const char *const counters[] = { "bytes_written", "stored_bytes_written",
 					"commits",	 "commit_failures",	 "errors",
 					"cache_hits",	 "cache_misses",	 "cache_evictions",
 					"bytes_served",	 "chunks_decoded",	 "cache_bytes",
-					"cache_budget" };
+					"cache_budget",	 "unsettled_steps" };
 #define NCOUNTERS (sizeof(counters) / sizeof(counters[0]))
 
 struct pstep {
@@ -212,6 +212,13 @@ static int show(const char *mnt, const char *source, int json, FILE *f)
 			(unsigned long long)stat_value(buf, "commits"),
 			(unsigned long long)stat_value(buf, "commit_failures"),
 			(unsigned long long)stat_value(buf, "errors"));
+		if (stat_value(buf, "unsettled_steps"))
+			fprintf(f,
+				"unsettled: %llu step%s committed to the object store whose marker's outcome "
+				"is "
+				"unknown (pending; touch STEP/commit_success.txt again to settle)\n",
+				(unsigned long long)stat_value(buf, "unsettled_steps"),
+				stat_value(buf, "unsettled_steps") == 1 ? "" : "s");
 		fprintf(f, "cache: %llu hits, %llu misses, %llu evictions; %s served\n",
 			(unsigned long long)stat_value(buf, "cache_hits"),
 			(unsigned long long)stat_value(buf, "cache_misses"),

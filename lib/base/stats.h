@@ -28,6 +28,9 @@ typedef struct ckpt_stats {
 	atomic_uint_least64_t cache_bytes; /* gauge: bytes held by the decoded-unit cache */
 	atomic_uint_least64_t cache_budget; /* its byte budget (cache_size) */
 	atomic_uint_least64_t hidden_nodes; /* gauge: names made on lookup alive (slice files, ...) */
+	/* gauge: steps committed to an object store whose marker's outcome is
+	 * not known (they stay pending until a touch of the marker settles it) */
+	atomic_int_least64_t unsettled_steps;
 } ckpt_stats;
 
 extern ckpt_stats ckpt_g_stats;

@@ -300,7 +300,6 @@ int ckpt_http_retryable(int rc, const struct ckpt_http_resp *resp)
 		return 0;
 	if (rc) {
 		switch (resp->curl_code) {
-		case CKPT_HTTP_OVERFLOW:
 		case CURLE_UNSUPPORTED_PROTOCOL:
 		case CURLE_URL_MALFORMAT:
 		case CURLE_WRITE_ERROR:

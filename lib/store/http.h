@@ -58,8 +58,9 @@ int ckpt_http_perform(ckpt_http *h, const struct ckpt_http_req *req, struct ckpt
 void ckpt_http_resp_free(struct ckpt_http_resp *resp);
 
 /* 1 when an attempt that ended this way should be retried: a transport
- * failure (reset, timeout, truncated body, connection refused) or status
- * 408, 429, 500, 502, 503, 504. */
+ * failure (reset, timeout, truncated body, connection refused, a body
+ * longer than asked for: a range the server ignored) or status 408, 429,
+ * 500, 502, 503, 504. */
 int ckpt_http_retryable(int rc, const struct ckpt_http_resp *resp);
 
 /* Sleep before retry number `attempt` (1, 2, ...): full jitter over

@@ -94,6 +94,11 @@ struct rq {
 	size_t body_len;
 	const char *payload_hash; /* hex SHA-256 of body; NULL = the empty body's */
 	const char *extra; /* one more header line ("If-None-Match: *"), unsigned; or NULL */
+	/* Set to 1 (when not NULL) once an attempt ended so that the server may
+	 * have applied it without our knowing: no answer (reset, timeout, cut
+	 * off) or a 5xx.  A later 412 or final error then says nothing certain
+	 * about a create-only write. */
+	int *maybe_applied;
 };
 
 typedef int (*page_cb)(struct s3_store *s, void *ctx, const char *key, const char *etag, uint64_t size,
@@ -163,14 +168,22 @@ int ckpt_s3_obj_pin(struct s3_store *s, const char *name, uint64_t size, const c
 /* The object was (re)written: what readers pin from now on is the new one. */
 void ckpt_s3_obj_replace(struct s3_store *s, const char *name, uint64_t size, const char *etag);
 /* Signed request with retries.  0 with *resp holding a 2xx/304 answer;
- * otherwise -ENOENT (404, not logged), -EACCES, -ESTALE, -EIO (logged). */
+ * otherwise -ENOENT (404, not logged), -EACCES, -ESTALE (412), -EIO
+ * (logged).  r->maybe_applied: see struct rq. */
 int ckpt_s3_request(struct s3_store *s, const struct rq *r, struct ckpt_http_resp *resp);
 /* HEAD of object `name`, pinned; 0 or -errno as ckpt_s3_request. */
 int ckpt_s3_head(struct s3_store *s, const char *name, struct obj *out);
 /* Pinned metadata of an object, asking the server when not seen yet. */
 int ckpt_s3_meta(struct s3_store *s, const char *name, struct obj *out);
+/* The most pages one listing may take (1000 keys each): beyond, -EIO. */
+#define CKPT_S3_LIST_MAX_PAGES 100000u
 /* ListObjectsV2 of every key starting with `pfx` (full object names), cb
- * for each entry; every page unless one_page. */
+ * for each entry; every page unless one_page.  Each page is checked whole
+ * before its entries reach cb; a page that is not a valid listing is asked
+ * for again (s->retries times), then -EIO (logged with the request); a
+ * token seen twice, more than CKPT_S3_LIST_MAX_PAGES pages, or a truncated
+ * page without a token is -EIO too.  On any error the caller must drop
+ * what cb received: a listing is used only whole. */
 int ckpt_s3_list_objects(struct s3_store *s, const char *pfx, int delim, unsigned max_keys, int one_page,
 			 page_cb cb, void *ctx);
 /* GET [first, last] of `name` (pinned as *o) into dst through the slot

@@ -286,6 +286,8 @@ int ckpt_s3_request(struct s3_store *s, const struct rq *r, struct ckpt_http_res
 		if (rc == -ENOMEM || rc == -EACCES)
 			return rc;
 		int retry = ckpt_http_retryable(rc, resp);
+		if (r->maybe_applied && rc != -ENOMEM && (rc != 0 || resp->status >= 500))
+			*r->maybe_applied = 1;
 		if (!retry || a >= attempts) {
 			if (rc == 0) {
 				int e = status_errno(resp->status);
@@ -320,7 +322,7 @@ int ckpt_s3_request(struct s3_store *s, const struct rq *r, struct ckpt_http_res
 
 int ckpt_s3_head(struct s3_store *s, const char *name, struct obj *out)
 {
-	struct rq r = { "HEAD", name, "", NULL, NULL, NULL, 0, 0, "HEAD", NULL, 0, NULL, NULL };
+	struct rq r = { "HEAD", name, "", NULL, NULL, NULL, 0, 0, "HEAD", NULL, 0, NULL, NULL, NULL };
 	struct ckpt_http_resp resp;
 	int rc = ckpt_s3_request(s, &r, &resp);
 	if (rc)
@@ -360,15 +362,55 @@ static int page_tramp_cb(void *ctx, const char *key, const char *etag, uint64_t 
 	return t->cb(t->s, t->ctx, key, etag, size, mtime_ns, is_prefix);
 }
 
-/* ListObjectsV2 of every key starting with `pfx` (full object names). */
+/* Tokens of one listing seen so far (FNV-1a of each): a token seen again
+ * is a loop. */
+struct seen_tokens {
+	uint64_t *h;
+	size_t n, cap;
+};
+
+/* 1 when token was seen before (else it is remembered); -ENOMEM. */
+static int token_seen(struct seen_tokens *t, const char *token)
+{
+	uint64_t h = hash_str(token);
+	for (size_t i = 0; i < t->n; i++)
+		if (t->h[i] == h)
+			return 1;
+	if (t->n == t->cap) {
+		size_t nc = t->cap ? 2 * t->cap : 64;
+		uint64_t *nh = realloc(t->h, nc * sizeof(*nh));
+		if (!nh)
+			return -ENOMEM;
+		t->h = nh;
+		t->cap = nc;
+	}
+	t->h[t->n++] = h;
+	return 0;
+}
+
+/* ListObjectsV2 of every key starting with `pfx` (full object names).
+ * Every page is checked whole (ckpt_s3_list_parse) before any of its
+ * entries reaches cb; a page that is not a valid listing is asked for
+ * again like a transient answer, then the listing is -EIO, logged with
+ * the request.  A continuation token seen twice, more than
+ * CKPT_S3_LIST_MAX_PAGES pages, or a truncated page without a token is
+ * -EIO as well: the listing ends in an error, never in part.  The caller
+ * must use nothing cb received when the result is not 0. */
 int ckpt_s3_list_objects(struct s3_store *s, const char *pfx, int delim, unsigned max_keys, int one_page,
 			 page_cb cb, void *ctx)
 {
 	char *token = NULL;
 	int rc = 0;
 	char mk[16];
+	struct seen_tokens seen = { NULL, 0, 0 };
 	snprintf(mk, sizeof(mk), "%u", max_keys);
-	for (;;) {
+	for (unsigned page = 1;; page++) {
+		if (page > CKPT_S3_LIST_MAX_PAGES) {
+			ckpt_log(CKPT_LOG_ERR, "%s: LIST prefix '%s': more than %u pages; refused",
+				 s->base.root, pfx, CKPT_S3_LIST_MAX_PAGES);
+			rc = -EIO;
+			break;
+		}
 		const char *n[6], *v[6];
 		size_t k = 0;
 		n[k] = "list-type", v[k++] = "2";
@@ -384,32 +426,69 @@ int ckpt_s3_list_objects(struct s3_store *s, const char *pfx, int delim, unsigne
 			rc = -ENOMEM;
 			break;
 		}
-		struct rq r = { "GET",	NULL, q, NULL, NULL, NULL, 0, (size_t)64 << 20,
-				"LIST", NULL, 0, NULL, NULL };
-		struct ckpt_http_resp resp;
-		rc = ckpt_s3_request(s, &r, &resp);
-		free(q);
-		if (rc == -ENOENT) {
-			ckpt_log(CKPT_LOG_ERR, "%s: LIST: no such bucket", s->base.root);
-			rc = -EIO;
+		char *next = NULL;
+		int more = 0;
+		for (unsigned a = 1;; a++) {
+			struct rq r = { "GET",	NULL, q, NULL, NULL, NULL, 0, (size_t)64 << 20,
+					"LIST", NULL, 0, NULL, NULL, NULL };
+			struct ckpt_http_resp resp;
+			rc = ckpt_s3_request(s, &r, &resp);
+			if (rc == -ENOENT) {
+				ckpt_log(CKPT_LOG_ERR, "%s: LIST: no such bucket", s->base.root);
+				rc = -EIO;
+			}
+			if (rc)
+				break;
+			struct page_tramp t = { s, cb, ctx };
+			const char *why = NULL;
+			rc = ckpt_s3_list_parse(resp.body ? resp.body : "", resp.len, pfx, page_tramp_cb, &t,
+						&more, &next, &why);
+			long st = resp.status;
+			size_t len = resp.len;
+			ckpt_http_resp_free(&resp);
+			if (rc != -EBADMSG)
+				break;
+			if (a > s->retries) {
+				ckpt_log(CKPT_LOG_ERR,
+					 "%s: LIST prefix '%s' page %u: HTTP %ld with %zu bytes that are not "
+					 "a "
+					 "valid listing (%s), %u attempts",
+					 s->base.root, pfx, page, st, len, why ? why : "?", a);
+				rc = -EIO;
+				break;
+			}
+			ckpt_log(CKPT_LOG_DEBUG,
+				 "%s: LIST prefix '%s' page %u: not a valid listing (%s), retry %u",
+				 s->base.root, pfx, page, why ? why : "?", a);
+			ckpt_http_backoff(a, s->retry_base_ms);
 		}
+		free(q);
+		free(token);
+		token = next;
 		if (rc)
 			break;
-		struct page_tramp t = { s, cb, ctx };
-		int more = 0;
-		free(token);
-		token = NULL;
-		rc = ckpt_s3_list_parse(resp.body ? resp.body : "", resp.len, page_tramp_cb, &t, &more,
-					&token);
-		if (rc == 0 && more && !token) {
-			ckpt_log(CKPT_LOG_ERR, "%s: LIST %s: truncated answer without a continuation token",
-				 s->base.root, pfx);
+		if (more && !token) {
+			ckpt_log(CKPT_LOG_ERR,
+				 "%s: LIST prefix '%s' page %u: truncated answer without a "
+				 "continuation token",
+				 s->base.root, pfx, page);
 			rc = -EIO;
-		}
-		ckpt_http_resp_free(&resp);
-		if (rc || !token || one_page)
 			break;
+		}
+		if (!more || one_page)
+			break;
+		int again = token_seen(&seen, token);
+		if (again) {
+			if (again > 0)
+				ckpt_log(CKPT_LOG_ERR,
+					 "%s: LIST prefix '%s' page %u: continuation token seen before (a "
+					 "loop)",
+					 s->base.root, pfx, page);
+			rc = again > 0 ? -EIO : again;
+			break;
+		}
 	}
+	free(seen.h);
 	free(token);
 	return rc;
 }
@@ -426,8 +505,28 @@ static int parse_cr(const char *cr, uint64_t *f, uint64_t *l, uint64_t *t)
 	return 0;
 }
 
+/* A 404 to a GET of an object the listing or a HEAD showed: ask HEAD
+ * again.  1: HEAD says it is gone (404) too; 0: HEAD still finds it (the
+ * 404 was transient); -errno: HEAD failed. */
+static int gone_for_head(struct s3_store *s, const char *name)
+{
+	struct rq r = { "HEAD", name, "", NULL, NULL, NULL, 0, 0, "HEAD", NULL, 0, NULL, NULL, NULL };
+	struct ckpt_http_resp resp;
+	int rc = ckpt_s3_request(s, &r, &resp);
+	if (rc == -ENOENT)
+		return 1;
+	if (rc)
+		return rc;
+	ckpt_http_resp_free(&resp);
+	return 0;
+}
+
 /* One validated GET of [first, last] of object `name` (pinned as *o) into
- * dst.  0 or -errno (logged). */
+ * dst.  An answer that is not the range asked for (another Content-Range,
+ * another length, a 200 with the whole object) and a 404 that a HEAD
+ * contradicts are retried like transient answers, s->retries times; an
+ * object that GET and HEAD both say is gone is marked stale.  0 or -errno
+ * (logged). */
 static int fetch_range(struct s3_store *s, const char *name, const char *key, const struct obj *o,
 		       uint64_t first, uint64_t last, void *dst)
 {
@@ -436,45 +535,72 @@ static int fetch_range(struct s3_store *s, const char *name, const char *key, co
 	char range[64];
 	snprintf(range, sizeof(range), "bytes=%llu-%llu", (unsigned long long)first,
 		 (unsigned long long)last);
-	struct rq r = { "GET", name, "",  whole ? NULL : range, o->etag, dst, (size_t)want, 0, "GET", NULL,
-			0,     NULL, NULL };
-	struct ckpt_http_resp resp;
-	__atomic_add_fetch(&s->gets, 1, __ATOMIC_RELAXED);
-	int rc = ckpt_s3_request(s, &r, &resp);
-	if (rc == -ESTALE) {
-		ckpt_log(CKPT_LOG_ERR, "%s/%s: object changed since it was first seen (ETag no longer %s)",
-			 s->base.root, key, o->etag);
-		obj_mark_stale(s, name);
-	}
-	if (rc == -ENOENT) {
-		ckpt_log(CKPT_LOG_ERR, "%s/%s: object vanished since it was first seen", s->base.root, key);
-		obj_mark_stale(s, name);
-		rc = -EIO;
-	}
-	if (rc)
-		return rc;
-	ckpt_http_resp_free(&resp);
-	const char *bad = NULL;
-	uint64_t f = 0, l = 0, t = 0;
-	if (o->etag[0] && resp.etag[0] && strcmp(o->etag, resp.etag) != 0) {
-		ckpt_log(CKPT_LOG_ERR, "%s/%s: object changed since it was first seen (ETag %s, now %s)",
-			 s->base.root, key, o->etag, resp.etag);
-		obj_mark_stale(s, name);
-		return -ESTALE;
-	}
-	if (resp.len != want)
-		bad = "body length differs from the range asked for";
-	else if (!whole && resp.status != 206 && !(resp.status == 200 && first == 0 && want == o->size))
-		bad = "range ignored";
-	else if (resp.status == 206 &&
-		 (parse_cr(resp.content_range, &f, &l, &t) || f != first || l != last || t != o->size))
-		bad = "Content-Range differs from the range asked for";
-	if (bad) {
-		ckpt_log(CKPT_LOG_ERR, "%s/%s: GET %s: HTTP %ld, %s (Content-Range '%s', %zu bytes)",
-			 s->base.root, key, range, resp.status, bad, resp.content_range, resp.len);
+	struct rq r = { "GET", name, "",  whole ? NULL : range, o->etag, dst, (size_t)want, 0, "GET", NULL, 0,
+			NULL,  NULL, NULL };
+	for (unsigned a = 1;; a++) {
+		struct ckpt_http_resp resp;
+		__atomic_add_fetch(&s->gets, 1, __ATOMIC_RELAXED);
+		int rc = ckpt_s3_request(s, &r, &resp);
+		if (rc == -ESTALE) {
+			ckpt_log(CKPT_LOG_ERR,
+				 "%s/%s: object changed since it was first seen (ETag no longer %s)",
+				 s->base.root, key, o->etag);
+			obj_mark_stale(s, name);
+		}
+		if (rc == -ENOENT) {
+			int g = gone_for_head(s, name);
+			if (g == 0 && a <= s->retries) {
+				ckpt_log(CKPT_LOG_DEBUG, "%s/%s: GET %s: 404 but HEAD finds it, retry %u",
+					 s->base.root, key, range, a);
+				ckpt_http_backoff(a, s->retry_base_ms);
+				continue;
+			}
+			if (g == 1) {
+				ckpt_log(CKPT_LOG_ERR,
+					 "%s/%s: object vanished since it was first seen (GET and "
+					 "HEAD: 404)",
+					 s->base.root, key);
+				obj_mark_stale(s, name);
+			} else {
+				ckpt_log(CKPT_LOG_ERR,
+					 "%s/%s: GET %s: 404 for a listed object%s, %u attempts",
+					 s->base.root, key, range, g == 0 ? " that HEAD still finds" : "", a);
+			}
+			rc = -EIO;
+		}
+		if (rc)
+			return rc;
+		ckpt_http_resp_free(&resp);
+		const char *bad = NULL;
+		uint64_t f = 0, l = 0, t = 0;
+		if (o->etag[0] && resp.etag[0] && strcmp(o->etag, resp.etag) != 0) {
+			ckpt_log(CKPT_LOG_ERR,
+				 "%s/%s: object changed since it was first seen (ETag %s, now %s)",
+				 s->base.root, key, o->etag, resp.etag);
+			obj_mark_stale(s, name);
+			return -ESTALE;
+		}
+		if (resp.len != want)
+			bad = "body length differs from the range asked for";
+		else if (!whole && resp.status != 206 &&
+			 !(resp.status == 200 && first == 0 && want == o->size))
+			bad = "range ignored";
+		else if (resp.status == 206 && (parse_cr(resp.content_range, &f, &l, &t) || f != first ||
+						l != last || t != o->size))
+			bad = "Content-Range differs from the range asked for";
+		if (!bad)
+			return 0;
+		if (a <= s->retries) {
+			ckpt_log(CKPT_LOG_DEBUG, "%s/%s: GET %s: HTTP %ld, %s (Content-Range '%s'), retry %u",
+				 s->base.root, key, range, resp.status, bad, resp.content_range, a);
+			ckpt_http_backoff(a, s->retry_base_ms);
+			continue;
+		}
+		ckpt_log(CKPT_LOG_ERR,
+			 "%s/%s: GET %s: HTTP %ld, %s (Content-Range '%s', %zu bytes), %u attempts",
+			 s->base.root, key, range, resp.status, bad, resp.content_range, resp.len, a);
 		return -EIO;
 	}
-	return 0;
 }
 
 /* Queued GETs of the same object next to [*lo, *hi]: move them from the

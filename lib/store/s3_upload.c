@@ -45,6 +45,14 @@ static int writable(ckpt_store *st, const char *key, struct s3_store **out, char
 	return 0;
 }
 
+/* The header of a create-only PUT: S3's conditional write, or GCS's
+ * precondition on the generation (no live object), which its XML API
+ * honours where it may ignore If-None-Match. */
+static const char *create_only(const struct s3_store *s)
+{
+	return s->gcs ? "x-goog-if-generation-match: 0" : "If-None-Match: *";
+}
+
 int ckpt_store_put(ckpt_store *st, const char *key, const void *buf, size_t len, int flags)
 {
 	struct s3_store *s;
@@ -70,7 +78,8 @@ int ckpt_store_put(ckpt_store *st, const char *key, const void *buf, size_t len,
 			buf,
 			len,
 			hash,
-			(flags & CKPT_PUT_CREATE_ONLY) ? "If-None-Match: *" : NULL };
+			(flags & CKPT_PUT_CREATE_ONLY) ? create_only(s) : NULL,
+			NULL };
 	struct ckpt_http_resp resp;
 	rc = ckpt_s3_request(s, &r, &resp);
 	if (rc == 0) {
@@ -86,6 +95,72 @@ int ckpt_store_put(ckpt_store *st, const char *key, const void *buf, size_t len,
 	return rc;
 }
 
+/* What the store holds under `name` compared with the marker bytes buf
+ * (GET, retried like every request). */
+static int marker_state(struct s3_store *s, const char *name, const void *buf, size_t len)
+{
+	struct rq r = { "GET", name, "", NULL, NULL, NULL, 0, len + ((size_t)1 << 20),
+			"GET", NULL, 0,	 NULL, NULL, NULL };
+	struct ckpt_http_resp resp;
+	int rc = ckpt_s3_request(s, &r, &resp);
+	if (rc == -ENOENT)
+		return CKPT_MARKER_ABSENT;
+	if (rc == -ENOMEM)
+		return rc;
+	if (rc)
+		return CKPT_MARKER_UNKNOWN;
+	int same = resp.len == len && (len == 0 || (resp.body && memcmp(resp.body, buf, len) == 0));
+	if (same)
+		ckpt_s3_obj_replace(s, name, len, resp.etag);
+	ckpt_http_resp_free(&resp);
+	return same ? CKPT_MARKER_LANDED : CKPT_MARKER_OTHERS;
+}
+
+int ckpt_store_put_marker(ckpt_store *st, const char *key, const void *buf, size_t len, int settle)
+{
+	struct s3_store *s;
+	char *name;
+	int rc = writable(st, key, &s, &name);
+	if (rc)
+		return rc;
+	if (len > ((size_t)1 << 20)) {
+		free(name);
+		return -EFBIG;
+	}
+	char hash[65];
+	ckpt_sha256_hex(buf, len, hash);
+	int maybe = settle;
+	struct rq r = {
+		"PUT", name, "", NULL, NULL, NULL, 0, 0, "PUT", buf, len, hash, create_only(s), &maybe
+	};
+	struct ckpt_http_resp resp;
+	rc = ckpt_s3_request(s, &r, &resp);
+	int state;
+	if (rc == 0) {
+		ckpt_http_resp_free(&resp);
+		ckpt_s3_obj_replace(s, name, len, resp.etag);
+		state = CKPT_MARKER_LANDED;
+	} else if (rc == -ENOMEM) {
+		state = rc;
+	} else if (!maybe) {
+		/* every answer was certain: a 412 is someone else's marker, any
+		 * other failure wrote nothing */
+		state = rc == -ESTALE ? CKPT_MARKER_OTHERS : CKPT_MARKER_ABSENT;
+	} else {
+		/* an attempt may have landed: ask the store what it holds */
+		state = marker_state(s, name, buf, len);
+		if (state == CKPT_MARKER_LANDED)
+			ckpt_log(CKPT_LOG_WARN, "%s: PUT %s: its answer was lost, but the marker landed",
+				 s->base.root, name);
+		else if (state == CKPT_MARKER_UNKNOWN)
+			ckpt_log(CKPT_LOG_ERR,
+				 "%s: PUT %s: whether the marker landed is unknown (no answer settles it)",
+				 s->base.root, name);
+	}
+	free(name);
+	return state;
+}
+
 int ckpt_store_delete(ckpt_store *st, const char *key)
 {
 	struct s3_store *s;
@@ -93,7 +168,7 @@ int ckpt_store_delete(ckpt_store *st, const char *key)
 	int rc = writable(st, key, &s, &name);
 	if (rc)
 		return rc;
-	struct rq r = { "DELETE", name, "", NULL, NULL, NULL, 0, 0, "DELETE", NULL, 0, NULL, NULL };
+	struct rq r = { "DELETE", name, "", NULL, NULL, NULL, 0, 0, "DELETE", NULL, 0, NULL, NULL, NULL };
 	struct ckpt_http_resp resp;
 	rc = ckpt_s3_request(s, &r, &resp);
 	if (rc == 0)
@@ -170,7 +245,8 @@ int ckpt_upload_begin(ckpt_store *st, const char *key, ckpt_upload **out)
 			NULL,
 			0,
 			NULL,
-			"Content-Type: application/octet-stream" };
+			"Content-Type: application/octet-stream",
+			NULL };
 	struct ckpt_http_resp resp;
 	rc = ckpt_s3_request(s, &r, &resp);
 	free(q);
@@ -223,7 +299,7 @@ int ckpt_upload_part(ckpt_upload *u, unsigned part, const void *buf, size_t len)
 		return -ENOMEM;
 	char hash[65];
 	ckpt_sha256_hex(buf, len, hash);
-	struct rq r = { "PUT", u->name, q, NULL, NULL, NULL, 0, 0, "UploadPart", buf, len, hash, NULL };
+	struct rq r = { "PUT", u->name, q, NULL, NULL, NULL, 0, 0, "UploadPart", buf, len, hash, NULL, NULL };
 	struct ckpt_http_resp resp;
 	int rc = ckpt_s3_request(u->s, &r, &resp);
 	free(q);
@@ -250,7 +326,7 @@ void ckpt_upload_abort(ckpt_upload *u)
 	char *q = ckpt_sigv4_query(qn, qv, 1);
 	if (q) {
 		struct rq r = { "DELETE", u->name, q,	 NULL, NULL, NULL, 0, 0, "AbortMultipartUpload",
-				NULL,	  0,	   NULL, NULL };
+				NULL,	  0,	   NULL, NULL, NULL };
 		struct ckpt_http_resp resp;
 		int rc = ckpt_s3_request(u->s, &r, &resp);
 		if (rc == 0)
@@ -321,7 +397,8 @@ int ckpt_upload_complete(ckpt_upload *u)
 			body,
 			n,
 			hash,
-			"Content-Type: application/xml" };
+			"Content-Type: application/xml",
+			NULL };
 	struct ckpt_http_resp resp;
 	rc = ckpt_s3_request(s, &r, &resp);
 	free(q);
@@ -370,7 +447,7 @@ int ckpt_store_abort_stale_uploads(ckpt_store *st, const char *prefix)
 	if (!q)
 		return -ENOMEM;
 	struct rq r = { "GET", NULL, q,	   NULL, NULL, NULL, 0, (size_t)16 << 20, "ListMultipartUploads",
-			NULL,  0,    NULL, NULL };
+			NULL,  0,    NULL, NULL, NULL };
 	struct ckpt_http_resp resp;
 	rc = ckpt_s3_request(s, &r, &resp);
 	free(q);

@@ -5,6 +5,7 @@
  * Pure: no I/O, no locks, no store; nothing here trusts the input (every
  * search is bounded by the end of the body).
  */
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -152,34 +153,105 @@ static int64_t parse_iso_ns(const char *s)
 	return ckpt_s3_tm_ns(&tm) + (int64_t)((sec - (int)sec) * 1e9);
 }
 
-int ckpt_s3_list_parse(const char *body, size_t len, ckpt_s3_list_cb cb, void *ctx, int *truncated,
-		       char **token)
+/* [c, ce) is a decimal number that fits in 64 bits. */
+static int parse_size(const char *c, const char *ce, uint64_t *out)
 {
-	const char *b = body, *e = b + len;
+	uint64_t v = 0;
+	if (c == ce || ce - c > 20)
+		return -1;
+	for (; c < ce; c++) {
+		if (*c < '0' || *c > '9')
+			return -1;
+		uint64_t d = (uint64_t)(*c - '0');
+		if (v > (UINT64_MAX - d) / 10)
+			return -1;
+		v = v * 10 + d;
+	}
+	*out = v;
+	return 0;
+}
+
+static const char *skip_ws(const char *p, const char *e)
+{
+	while (p < e && (*p == ' ' || *p == '\t' || *p == '\r' || *p == '\n'))
+		p++;
+	return p;
+}
+
+/* The root element's name starts at the returned pointer (after an XML
+ * declaration, comments and white space), or NULL when there is none. */
+static const char *root_elem(const char *p, const char *e)
+{
+	for (;;) {
+		p = skip_ws(p, e);
+		if (e - p >= 2 && p[0] == '<' && (p[1] == '?' || p[1] == '!')) {
+			const char *gt = memchr(p, '>', (size_t)(e - p));
+			if (!gt)
+				return NULL;
+			p = gt + 1;
+			continue;
+		}
+		return e - p >= 2 && p[0] == '<' ? p + 1 : NULL;
+	}
+}
+
+static int name_is(const char *p, const char *e, const char *name)
+{
+	size_t n = strlen(name);
+	return (size_t)(e - p) > n && strncmp(p, name, n) == 0 &&
+	       (p[n] == '>' || p[n] == ' ' || p[n] == '/' || p[n] == '\t' || p[n] == '\r' || p[n] == '\n');
+}
+
+static int bad(const char **why, const char *what)
+{
+	if (why)
+		*why = what;
+	return -EBADMSG;
+}
+
+/* Key text [c, ce) under the listing's prefix?  *out: the decoded key. */
+static int key_under(const char *c, const char *ce, int url, const char *want, char **out)
+{
+	*out = ckpt_s3_xml_text(c, ce, url);
+	if (!*out)
+		return -ENOMEM;
+	if (want && strncmp(*out, want, strlen(want)) != 0) {
+		free(*out);
+		*out = NULL;
+		return -EBADMSG;
+	}
+	return 0;
+}
+
+/* One pass over a page: check it (cb NULL), or hand every entry to cb. */
+static int list_pass(const char *b, const char *e, int url, const char *want, ckpt_s3_list_cb cb, void *ctx,
+		     const char **why)
+{
 	const char *c, *ce, *nx;
 	int rc = 0;
-	*truncated = 0;
-	*token = NULL;
-	int url = ckpt_s3_xml_elem(b, e, "EncodingType", &c, &ce, &nx) == 0 && ce - c == 3 &&
-		  strncmp(c, "url", 3) == 0;
 	for (const char *p = b; rc == 0 && ckpt_s3_xml_elem(p, e, "Contents", &c, &ce, &nx) == 0; p = nx) {
 		const char *kc, *kce, *kn;
 		if (ckpt_s3_xml_elem(c, ce, "Key", &kc, &kce, &kn) != 0)
-			continue;
-		char *key = ckpt_s3_xml_text(kc, kce, url);
-		char *etag = NULL;
+			return bad(why, "an object without a Key");
+		char *key = NULL, *etag = NULL;
 		uint64_t size = 0;
 		int64_t mt = 0;
-		if (ckpt_s3_xml_elem(c, ce, "ETag", &kc, &kce, &kn) == 0)
-			etag = ckpt_s3_xml_text(kc, kce, 0);
-		if (ckpt_s3_xml_elem(c, ce, "Size", &kc, &kce, &kn) == 0)
-			size = strtoull(kc, NULL, 10);
-		if (ckpt_s3_xml_elem(c, ce, "LastModified", &kc, &kce, &kn) == 0)
-			mt = parse_iso_ns(kc);
-		if (!key)
-			rc = -ENOMEM;
-		else
+		rc = key_under(kc, kce, url, want, &key);
+		if (rc == -EBADMSG)
+			return bad(why, "a key outside the prefix asked for");
+		if (rc)
+			return rc;
+		if (ckpt_s3_xml_elem(c, ce, "Size", &kc, &kce, &kn) != 0 || parse_size(kc, kce, &size) != 0) {
+			free(key);
+			return bad(why, "an object without a valid Size");
+		}
+		if (cb) {
+			if (ckpt_s3_xml_elem(c, ce, "ETag", &kc, &kce, &kn) == 0)
+				etag = ckpt_s3_xml_text(kc, kce, 0);
+			if (ckpt_s3_xml_elem(c, ce, "LastModified", &kc, &kce, &kn) == 0)
+				mt = parse_iso_ns(kc);
 			rc = cb(ctx, key, etag, size, mt, 0);
+		}
 		free(key);
 		free(etag);
 	}
@@ -187,19 +259,84 @@ int ckpt_s3_list_parse(const char *body, size_t len, ckpt_s3_list_cb cb, void *c
 	     p = nx) {
 		const char *kc, *kce, *kn;
 		if (ckpt_s3_xml_elem(c, ce, "Prefix", &kc, &kce, &kn) != 0)
-			continue;
-		char *key = ckpt_s3_xml_text(kc, kce, url);
-		rc = key ? cb(ctx, key, NULL, 0, 0, 1) : -ENOMEM;
+			return bad(why, "a common prefix without a Prefix");
+		char *key = NULL;
+		rc = key_under(kc, kce, url, want, &key);
+		if (rc == -EBADMSG)
+			return bad(why, "a common prefix outside the prefix asked for");
+		if (rc)
+			return rc;
+		if (cb)
+			rc = cb(ctx, key, NULL, 0, 0, 1);
 		free(key);
 	}
-	if (rc)
-		return rc;
-	*truncated = ckpt_s3_xml_elem(b, e, "IsTruncated", &c, &ce, &nx) == 0 && ce - c == 4 &&
-		     strncmp(c, "true", 4) == 0;
-	if (*truncated && ckpt_s3_xml_elem(b, e, "NextContinuationToken", &c, &ce, &nx) == 0) {
+	return rc;
+}
+
+int ckpt_s3_list_parse(const char *body, size_t len, const char *want_prefix, ckpt_s3_list_cb cb, void *ctx,
+		       int *truncated, char **token, const char **why)
+{
+	const char *b = body, *e = b + len;
+	const char *c, *ce, *nx;
+	*truncated = 0;
+	*token = NULL;
+	if (why)
+		*why = NULL;
+	/* A whole ListBucketResult document: its root element, and its end tag
+	 * last (a page cut off anywhere is refused). */
+	const char *r = root_elem(b, e);
+	if (r && name_is(r, e, "Error"))
+		return bad(why, "an error document");
+	if (!r || !name_is(r, e, "ListBucketResult"))
+		return bad(why, "not a ListBucketResult document");
+	static const char end_tag[] = "</ListBucketResult>";
+	const char *t = e;
+	while (t > r && (t[-1] == ' ' || t[-1] == '\t' || t[-1] == '\r' || t[-1] == '\n'))
+		t--;
+	if ((size_t)(t - r) < sizeof(end_tag) - 1 ||
+	    memcmp(t - (sizeof(end_tag) - 1), end_tag, sizeof(end_tag) - 1))
+		return bad(why, "cut off (no closing </ListBucketResult>)");
+	const char *gt = memchr(r, '>', (size_t)(t - r));
+	if (!gt)
+		return bad(why, "not a ListBucketResult document");
+	b = gt + 1; /* the document's content */
+	e = t - (sizeof(end_tag) - 1);
+	int url = ckpt_s3_xml_elem(b, e, "EncodingType", &c, &ce, &nx) == 0 && ce - c == 3 &&
+		  strncmp(c, "url", 3) == 0;
+	/* the listing's own Prefix, before the first entry: the one asked for */
+	const char *first = e;
+	if (ckpt_s3_xml_elem(b, e, "Contents", &c, &ce, &nx) == 0)
+		first = c;
+	if (ckpt_s3_xml_elem(b, first, "CommonPrefixes", &c, &ce, &nx) == 0)
+		first = c;
+	if (want_prefix && ckpt_s3_xml_elem(b, first, "Prefix", &c, &ce, &nx) == 0) {
+		char *p = ckpt_s3_xml_text(c, ce, url);
+		if (!p)
+			return -ENOMEM;
+		int same = strcmp(p, want_prefix) == 0;
+		free(p);
+		if (!same)
+			return bad(why, "a Prefix other than the one asked for");
+	}
+	if (ckpt_s3_xml_elem(b, e, "IsTruncated", &c, &ce, &nx) != 0)
+		return bad(why, "no IsTruncated");
+	if (ce - c == 4 && strncmp(c, "true", 4) == 0)
+		*truncated = 1;
+	else if (!(ce - c == 5 && strncmp(c, "false", 5) == 0))
+		return bad(why, "an IsTruncated that is neither true nor false");
+	if (*truncated && ckpt_s3_xml_elem(b, e, "NextContinuationToken", &c, &ce, &nx) == 0 && ce > c) {
 		*token = ckpt_s3_xml_text(c, ce, 0);
 		if (!*token)
 			return -ENOMEM;
 	}
-	return 0;
+	/* checked whole before the first entry is handed out */
+	int rc = list_pass(b, e, url, want_prefix, NULL, NULL, why);
+	if (rc == 0)
+		rc = list_pass(b, e, url, want_prefix, cb, ctx, why);
+	if (rc) {
+		free(*token);
+		*token = NULL;
+		*truncated = 0;
+	}
+	return rc;
 }

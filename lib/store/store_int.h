@@ -59,17 +59,24 @@ int ckpt_store_unwrap(ckpt_store *s, const char *key, ckpt_store **base, char **
 /* Object store (store_s3.c): source is "s3://..." or "gs://...". */
 int ckpt_store_s3_open(const char *source, const struct ckpt_store_opts *o, ckpt_store **out);
 
-/* One ListObjectsV2 answer (body of len bytes, NUL-terminated after them):
- * cb for every <Contents> with a <Key> (key, ETag or NULL, Size, LastModified
- * in ns or 0; is_prefix 0), then for every <CommonPrefixes> <Prefix>
- * (is_prefix 1); keys decoded from XML entities and, with
+/* One ListObjectsV2 answer (body of len bytes, NUL-terminated after them),
+ * checked whole before anything is handed out: the document must be one
+ * whole <ListBucketResult> (its root element, its end tag last: a page cut
+ * off anywhere is refused), its own <Prefix> (when present) want_prefix,
+ * every key and common prefix under want_prefix (NULL: no prefix check),
+ * every <Contents> with a <Key> and a decimal <Size>, and an <IsTruncated>
+ * of true or false.  Then cb for every <Contents> (key, ETag or NULL, Size,
+ * LastModified in ns or 0; is_prefix 0), then for every <CommonPrefixes>
+ * <Prefix> (is_prefix 1); keys decoded from XML entities and, with
  * <EncodingType>url, from URL form.  *truncated: <IsTruncated>true;
- * *token: <NextContinuationToken> then (malloc'd), else NULL.  Returns 0,
- * cb's non-zero value (stops), or -ENOMEM.  (s3_xml.c; fuzz_s3_list.) */
+ * *token: a non-empty <NextContinuationToken> then (malloc'd), else NULL.
+ * Returns 0, cb's non-zero value (stops), -ENOMEM, or -EBADMSG (not a whole
+ * valid page, nothing handed out; *why, when why is not NULL, a static
+ * phrase saying what is wrong).  (s3_xml.c; fuzz_s3_list.) */
 typedef int (*ckpt_s3_list_cb)(void *ctx, const char *key, const char *etag, uint64_t size, int64_t mtime_ns,
 			       int is_prefix);
-int ckpt_s3_list_parse(const char *body, size_t len, ckpt_s3_list_cb cb, void *ctx, int *truncated,
-		       char **token);
+int ckpt_s3_list_parse(const char *body, size_t len, const char *want_prefix, ckpt_s3_list_cb cb, void *ctx,
+		       int *truncated, char **token, const char **why);
 
 /* On-disk cache of object-store byte ranges (diskcache.c): entries keyed
  * by object identity (id: endpoint URL and object name), ETag and range,

@@ -135,8 +135,7 @@ static int s3_listdir(ckpt_store *st, const char *dir, ckpt_store_dir_cb cb, voi
 
 struct fl_ctx {
 	size_t strip;
-	ckpt_store_list_cb cb;
-	void *ctx;
+	struct lres res; /* handed out only once the listing is whole */
 };
 
 static int fl_cb(struct s3_store *s, void *ctx, const char *key, const char *etag, uint64_t size, int64_t mt,
@@ -149,7 +148,21 @@ static int fl_cb(struct s3_store *s, void *ctx, const char *key, const char *eta
 	int rc = ckpt_s3_obj_pin(s, key, size, etag, mt, NULL);
 	if (rc)
 		return rc;
-	return c->cb(c->ctx, key + c->strip, size);
+	if (c->res.n == c->res.cap) {
+		size_t nc = c->res.cap ? 2 * c->res.cap : 64;
+		struct lentry *nv = realloc(c->res.v, nc * sizeof(*nv));
+		if (!nv)
+			return -ENOMEM;
+		c->res.v = nv;
+		c->res.cap = nc;
+	}
+	struct lentry *e = &c->res.v[c->res.n];
+	e->name = strdup(key + c->strip);
+	if (!e->name)
+		return -ENOMEM;
+	e->size = size;
+	c->res.n++;
+	return 0;
 }
 
 static int s3_list(ckpt_store *st, const char *prefix, ckpt_store_list_cb cb, void *ctx)
@@ -160,9 +173,14 @@ static int s3_list(ckpt_store *st, const char *prefix, ckpt_store_list_cb cb, vo
 	if (!full)
 		return -ENOMEM;
 	sprintf(full, "%s%s%s", s->prefix, pl ? "/" : "", prefix ? prefix : "");
-	struct fl_ctx c = { pl ? pl + 1 : 0, cb, ctx };
+	struct fl_ctx c = { pl ? pl + 1 : 0, { NULL, 0, 0, 0 } };
 	int rc = ckpt_s3_list_objects(s, full, 0, 1000, 0, fl_cb, &c);
 	free(full);
+	for (size_t i = 0; i < c.res.n && rc == 0; i++)
+		rc = cb(ctx, c.res.v[i].name, c.res.v[i].size);
+	for (size_t i = 0; i < c.res.n; i++)
+		free(c.res.v[i].name);
+	free(c.res.v);
 	return rc;
 }
 

@@ -24,7 +24,9 @@
 
 #include "store.h"
 
-#define CKPT_PUT_CREATE_ONLY 1 /* If-None-Match: *: -EEXIST when the object exists */
+/* -EEXIST when the object exists (s3://: If-None-Match: *; gs://:
+ * x-goog-if-generation-match: 0) */
+#define CKPT_PUT_CREATE_ONLY 1
 
 #define CKPT_UPLOAD_MIN_PART ((size_t)5 << 20) /* every part but the last, S3's minimum */
 #define CKPT_UPLOAD_MAX_PARTS 10000u
@@ -38,6 +40,23 @@ typedef struct ckpt_bg_upload ckpt_bg_upload;
 /* One PUT of len bytes (at most 5 GiB).  0, -EEXIST (create-only and the
  * object exists), -EACCES, -EIO (logged), -EROFS (not an object store). */
 int ckpt_store_put(ckpt_store *s, const char *key, const void *buf, size_t len, int flags);
+
+/* What is known of a commit marker after ckpt_store_put_marker. */
+enum ckpt_marker_state {
+	CKPT_MARKER_LANDED, /* the store holds the marker with these bytes: committed */
+	CKPT_MARKER_ABSENT, /* the store does not hold it: nothing was committed */
+	CKPT_MARKER_OTHERS, /* it held one before (a 412 with every answer certain), or other bytes */
+	CKPT_MARKER_UNKNOWN, /* no answer settles it (the store keeps failing) */
+};
+
+/* The create-only PUT of a commit marker (at most 1 MiB), whose outcome is
+ * found out before anything is decided: when an attempt may have landed
+ * without our knowing (no answer, reset, 5xx) and the PUT then fails or
+ * gets a 412, one GET says whether the store holds these bytes.  settle: an
+ * earlier call for the same marker ended CKPT_MARKER_UNKNOWN, so a 412 is
+ * found out too.  Returns a state (>= 0; LANDED and UNKNOWN after an
+ * uncertain answer are logged) or -EROFS, -EINVAL, -EFBIG, -ENOMEM. */
+int ckpt_store_put_marker(ckpt_store *s, const char *key, const void *buf, size_t len, int settle);
 
 /* DELETE one object (absent is success). */
 int ckpt_store_delete(ckpt_store *s, const char *key);
@@ -64,21 +83,32 @@ int ckpt_store_abort_stale_uploads(ckpt_store *s, const char *prefix);
  * commit order: every data file (parallel; files over 8 MiB as multipart
  * uploads whose parts go in parallel), then every metadata file (zarr.json,
  * .zarray, _METADATA, _sharding, _CHECKPOINT_METADATA, item markers), then
- * prefix/commit_success.txt alone with CKPT_PUT_CREATE_ONLY.  `threads`
- * requests at once, each holding one 8 MiB buffer.  On any failure nothing
- * more is sent, the multipart uploads begun are aborted, the marker is not
- * written and the objects already sent are deleted again (best effort:
- * what stays is, without the marker, an unfinished step for every reader).  0, -EEXIST (the marker exists: someone
- * else committed that step), -EINVAL (no marker in local_dir, a file that
- * is not regular), -EFBIG, -EIO (logged), -EROFS (not an object store). */
+ * prefix/commit_success.txt alone (ckpt_store_put_marker).  `threads`
+ * requests at once, each holding one 8 MiB buffer.
+ *
+ * The marker is the commit, and its outcome is known before anything is
+ * deleted:
+ *   - a failure before the marker: nothing more is sent, the multipart
+ *     uploads begun are aborted and the objects already sent are deleted
+ *     again (best effort: without the marker what stays is an unfinished
+ *     step for every reader);
+ *   - the marker landed (answered, or found after an uncertain answer): 0;
+ *   - it did not land: the marker is deleted first (in case a lost attempt
+ *     lands), then what was sent; the PUT's error (-EIO);
+ *   - someone else's marker: -EEXIST, every object kept;
+ *   - nothing settles it: -EINPROGRESS, every object kept (logged); call
+ *     again with settle 1 (the same folder) to find out, which sends the
+ *     objects again and takes a 412 as "find out".
+ * Other errors: -EINVAL (no marker in local_dir, a file that is not
+ * regular), -EFBIG, -EROFS (not an object store). */
 int ckpt_store_upload_tree(ckpt_store *s, const char *local_dir, const char *prefix, unsigned threads);
 
 /* The same, for a folder part of whose data files a ckpt_bg_upload (drained,
  * same local folder contents and prefix) already sent: those are skipped,
  * the rest go as above; on failure the objects `done` sent are deleted too.
- * done NULL: ckpt_store_upload_tree. */
+ * done NULL: ckpt_store_upload_tree.  settle: see above. */
 int ckpt_store_upload_tree_rest(ckpt_store *s, const char *local_dir, const char *prefix, unsigned threads,
-				ckpt_bg_upload *done);
+				ckpt_bg_upload *done, int settle);
 
 /*
  * Background uploads of a step's data files while the step is still being

@@ -247,11 +247,70 @@ static int send_phase(struct uctx *c, int want, unsigned threads)
 
 int ckpt_store_upload_tree(ckpt_store *s, const char *local_dir, const char *prefix, unsigned threads)
 {
-	return ckpt_store_upload_tree_rest(s, local_dir, prefix, threads, NULL);
+	return ckpt_store_upload_tree_rest(s, local_dir, prefix, threads, NULL, 0);
+}
+
+/* Take back (best effort) every object of c that was sent. */
+static void delete_sent(struct uctx *c)
+{
+	for (size_t i = 0; i < c->nfiles; i++) {
+		char *key = c->files[i].sent ? ckpt_store_join(c->prefix, c->files[i].rel) : NULL;
+		if (key && ckpt_store_delete(c->s, key) != 0)
+			ckpt_log(CKPT_LOG_WARN, "%s/%s: left behind by the failed upload", c->s->root, key);
+		free(key);
+	}
+}
+
+/* The step's marker, last and only once; then what is true of the step:
+ * 0 committed, -EEXIST someone else's, -EINPROGRESS unknown (everything
+ * kept), or the error after the marker was taken back first, then the data. */
+static int send_marker(struct uctx *c, int settle)
+{
+	ckpt_store *s = c->s;
+	char path[4096], *buf = NULL, *key = ckpt_store_join(c->prefix, CKPT_ORBAX_COMMIT_SUCCESS);
+	size_t len = 0;
+	snprintf(path, sizeof(path), "%s/%s", c->local, CKPT_ORBAX_COMMIT_SUCCESS);
+	int rc = key ? ckpt_read_small_file(AT_FDCWD, path, 1 << 20, &buf, &len) : -ENOMEM;
+	int state = rc ? rc : ckpt_store_put_marker(s, key, buf, len, settle);
+	free(buf);
+	switch (state) {
+	case CKPT_MARKER_LANDED:
+		rc = 0;
+		break;
+	case CKPT_MARKER_OTHERS:
+		ckpt_log(CKPT_LOG_ERR, "%s/%s: the step was committed by someone else meanwhile", s->root,
+			 key);
+		rc = -EEXIST;
+		break;
+	case CKPT_MARKER_UNKNOWN:
+		ckpt_log(CKPT_LOG_ERR,
+			 "%s/%s: whether the step committed is unknown: every object sent is kept (a reader "
+			 "sees the whole step or none of it)",
+			 s->root, key);
+		rc = -EINPROGRESS;
+		break;
+	default: /* absent, or a local error: nothing committed */
+		rc = state < 0 ? state : -EIO;
+		/* the marker goes first: without it what is left is unfinished */
+		if (key && ckpt_store_delete(s, key) != 0) {
+			ckpt_log(CKPT_LOG_ERR,
+				 "%s/%s: the marker did not land but cannot be deleted; every object sent is "
+				 "kept",
+				 s->root, key);
+			rc = -EINPROGRESS;
+		} else {
+			ckpt_log(CKPT_LOG_ERR, "%s/%s: the marker did not land; what was sent is deleted",
+				 s->root, key);
+			delete_sent(c);
+		}
+		break;
+	}
+	free(key);
+	return rc;
 }
 
 int ckpt_store_upload_tree_rest(ckpt_store *s, const char *local_dir, const char *prefix, unsigned threads,
-				ckpt_bg_upload *done)
+				ckpt_bg_upload *done, int settle)
 {
 	struct uctx c = { 0 };
 	c.s = s;
@@ -283,28 +342,14 @@ int ckpt_store_upload_tree_rest(ckpt_store *s, const char *local_dir, const char
 		rc = send_phase(&c, 0, threads); /* data */
 	if (rc == 0)
 		rc = send_phase(&c, 1, threads); /* metadata, item markers */
-	if (rc == 0) { /* the step's marker, last and only once */
-		char path[4096], *buf = NULL, *key = ckpt_store_join(prefix, CKPT_ORBAX_COMMIT_SUCCESS);
-		size_t len = 0;
-		snprintf(path, sizeof(path), "%s/%s", local_dir, CKPT_ORBAX_COMMIT_SUCCESS);
-		rc = key ? ckpt_read_small_file(AT_FDCWD, path, 1 << 20, &buf, &len) : -ENOMEM;
-		if (rc == 0)
-			rc = ckpt_store_put(s, key, buf, len, CKPT_PUT_CREATE_ONLY);
-		if (rc == -EEXIST)
-			ckpt_log(CKPT_LOG_ERR, "%s/%s: the step was committed by someone else meanwhile",
-				 s->root, key);
-		free(buf);
-		free(key);
-	}
-	if (rc && rc != -EEXIST) { /* no marker: take back what was sent (best effort) */
-		for (size_t i = 0; i < c.nfiles; i++) {
-			char *key = c.files[i].sent ? ckpt_store_join(prefix, c.files[i].rel) : NULL;
-			if (key && ckpt_store_delete(s, key) != 0)
-				ckpt_log(CKPT_LOG_WARN, "%s/%s: left behind by the failed upload", s->root,
-					 key);
-			free(key);
-		}
-	}
+	if (rc == 0)
+		rc = send_marker(&c, settle); /* decides what is kept */
+	else if (!settle)
+		delete_sent(&c); /* no marker was sent: take back what was */
+	/* (settling an unknown marker, a failure before it keeps everything:
+	 * the marker of the earlier attempt may be there) */
+	else
+		rc = -EINPROGRESS;
 	for (size_t i = 0; i < c.nfiles; i++)
 		free(c.files[i].rel);
 	free(c.files);

@@ -32,13 +32,62 @@ static int key_join(char *buf, size_t cap, const char *dir, const char *name)
 	return n >= 0 && (size_t)n < cap ? 0 : -ENAMETOOLONG;
 }
 
-/* 1 when dir/name of store src exists as a file (want_dir 0) or folder (want_dir 1). */
+/*
+ * A read error is not a missing file.  What the layout reads (a stat, a
+ * listing, a metadata file) is either there, missing (-ENOENT: the store
+ * says so), or unreadable now (any other error: a 5xx after retries, a bad
+ * answer, a listing that is not whole).  The first such error met while
+ * this thread builds part of the tree is kept here; a build that met one
+ * is thrown away by its caller (step_load, ckpt_layout_build_view,
+ * ckpt_layout_list_steps), which answers the error and builds again next
+ * time.  So an unreadable _METADATA never makes arrays appear flat, and an
+ * unreadable marker never drops a step from the list.
+ */
+static _Thread_local int build_err, build_depth;
+
+/* Note rc (the result of a call on store src) for the build under way.
+ * Object stores only: there an error is an answer that may be different
+ * next time (5xx, a bad page, a lost connection); a local folder's errors
+ * (a special file, a symlink, a damaged file) are what the folder holds,
+ * and stay where they are found (the entry is left out, or answers EIO). */
+static void note_err(ckpt_store *src, int rc)
+{
+	if (rc < 0 && rc != -ENOENT && rc != -ENOTDIR && rc != -EISDIR && rc != -ENAMETOOLONG &&
+	    build_depth && !build_err && src && ckpt_store_source_is_remote(src->root))
+		build_err = rc;
+}
+
+/* Start a build: its own error slot (*saved keeps the one of a build
+ * around it).  build_end returns this build's error and hands it on to
+ * the build around it, if any. */
+static void build_begin(int *saved)
+{
+	*saved = build_err;
+	build_err = 0;
+	build_depth++;
+}
+
+static int build_end(int saved)
+{
+	int rc = build_err;
+	build_depth--;
+	build_err = !build_depth ? 0 : saved ? saved : rc;
+	return rc;
+}
+
+/* 1 when dir/name of store src exists as a file (want_dir 0) or folder
+ * (want_dir 1); 0 when not, or when it cannot be told (noted). */
 static int exists_in(ckpt_store *src, const char *dir, const char *name, int want_dir)
 {
 	char k[VIEW_PATH_MAX];
 	struct ckpt_store_stat st;
-	if (key_join(k, sizeof(k), dir, name) < 0 || ckpt_store_stat(src, k, &st) < 0)
+	if (key_join(k, sizeof(k), dir, name) < 0)
 		return 0;
+	int rc = ckpt_store_stat(src, k, &st);
+	if (rc < 0) {
+		note_err(src, rc);
+		return 0;
+	}
 	return want_dir ? st.is_dir : !st.is_dir;
 }
 
@@ -59,7 +108,9 @@ static int has_ocdbt_in(ckpt_store *src, const char *dir)
 {
 	if (exists_in(src, dir, CKPT_ORBAX_OCDBT_MANIFEST, 0))
 		return 1;
-	return ckpt_store_listdir(src, dir, ocdbt_cb, NULL) > 0;
+	int rc = ckpt_store_listdir(src, dir, ocdbt_cb, NULL);
+	note_err(src, rc);
+	return rc > 0;
 }
 
 static int has_ocdbt(ckpt_view *v, const char *dir)
@@ -77,8 +128,13 @@ static cJSON *read_json_in(ckpt_store *src, const char *dir, const char *name)
 	char k[VIEW_PATH_MAX];
 	size_t len;
 	char *txt;
-	if (key_join(k, sizeof(k), dir, name) < 0 || ckpt_store_read_small(src, k, MAX_JSON, &txt, &len) < 0)
+	if (key_join(k, sizeof(k), dir, name) < 0)
 		return NULL;
+	int rc = ckpt_store_read_small(src, k, MAX_JSON, &txt, &len);
+	if (rc < 0) {
+		note_err(src, rc);
+		return NULL;
+	}
 	cJSON *j = cJSON_ParseWithLength(txt, len);
 	free(txt);
 	if (!j)
@@ -133,8 +189,11 @@ static void add_file_if(ckpt_view *v, struct node *dirn, const char *dir, const 
 {
 	char k[VIEW_PATH_MAX];
 	struct ckpt_store_stat st;
-	if (ckpt_node_find_kid(dirn, name) || key_join(k, sizeof(k), dir, name) < 0 ||
-	    ckpt_store_stat(v->src, k, &st) < 0 || st.is_dir)
+	if (ckpt_node_find_kid(dirn, name) || key_join(k, sizeof(k), dir, name) < 0)
+		return;
+	int rc = ckpt_store_stat(v->src, k, &st);
+	note_err(v->src, rc);
+	if (rc < 0 || st.is_dir)
 		return;
 	add_file(v, dirn, name, k, st.size, mtime);
 }
@@ -350,7 +409,7 @@ static void build_item_in(ckpt_view *v, struct node *dir, ckpt_store *isrc, cons
 				 ": no tree_metadata object; listing arrays from the store",
 				 store->root);
 		struct scan_ctx c = { v, dir, store, ocdbt, mtime };
-		ckpt_store_list(store, "", scan_cb, &c);
+		note_err(store, ckpt_store_list(store, "", scan_cb, &c));
 		goto out;
 	}
 	const cJSON *leaf;
@@ -492,7 +551,9 @@ static int entry_cb(void *ctx, const char *name, const struct ckpt_store_stat *s
 static int for_each_entry(ckpt_view *v, const char *dir, entry_fn fn, void *arg)
 {
 	struct entry_ctx e = { v, dir, fn, arg };
-	return ckpt_store_listdir(v->src, dir, entry_cb, &e);
+	int rc = ckpt_store_listdir(v->src, dir, entry_cb, &e);
+	note_err(v->src, rc);
+	return rc;
 }
 
 struct walk_ctx {
@@ -607,9 +668,27 @@ void ckpt_layout_step_touch(ckpt_view *v, struct node *n)
 	struct step_node *s = to_step(n);
 	if (atomic_load(&s->timed))
 		return;
-	/* Racing callers read the same file and store the same value. */
-	atomic_store(&s->mtime, commit_time(v, n->name, atomic_load(&s->mtime)));
-	atomic_store(&s->timed, true);
+	/* Racing callers read the same file and store the same value; one
+	 * that cannot be read now is read again next time. */
+	int saved;
+	build_begin(&saved);
+	int64_t t = commit_time(v, n->name, atomic_load(&s->mtime));
+	if (build_end(saved) == 0) {
+		atomic_store(&s->mtime, t);
+		atomic_store(&s->timed, true);
+	}
+}
+
+/* The kids built so far go (a build that met a read error): unlinked,
+ * orphaned, freed at unmount like those of a pruned step. */
+static void drop_kids(struct node *n)
+{
+	struct dir_node *d = to_dir(n);
+	while (d->nkids) {
+		struct node *k = d->kids[d->nkids - 1];
+		ckpt_node_remove_kid(n, k);
+		atomic_store(&k->orphan, true);
+	}
 }
 
 static int step_load(ckpt_view *v, struct node *n)
@@ -617,14 +696,28 @@ static int step_load(ckpt_view *v, struct node *n)
 	struct step_node *s = to_step(n);
 	if (atomic_load_explicit(&s->loaded, memory_order_acquire))
 		return 0;
+	int rc = 0;
 	ckpt_lock(&s->load_mu, CKPT_RANK_LOAD);
 	if (!atomic_load_explicit(&s->loaded, memory_order_relaxed)) {
 		ckpt_layout_step_touch(v, n);
+		int saved;
+		build_begin(&saved);
 		build_step(v, n, n->name, atomic_load(&s->mtime));
-		atomic_store_explicit(&s->loaded, true, memory_order_release);
+		rc = build_end(saved);
+		if (rc) {
+			drop_kids(n);
+			ckpt_log(CKPT_LOG_ERR,
+				 "%s/%s: cannot be read now (%s): the lookup fails and is tried again on the "
+				 "next "
+				 "one",
+				 v->src->root, n->name, strerror(-rc));
+			rc = -EIO;
+		} else {
+			atomic_store_explicit(&s->loaded, true, memory_order_release);
+		}
 	}
 	ckpt_unlock(&s->load_mu, CKPT_RANK_LOAD);
-	return 0;
+	return rc;
 }
 
 static void step_attr(ckpt_view *v, struct node *n, ckpt_attr *a)
@@ -637,14 +730,14 @@ static void step_attr(ckpt_view *v, struct node *n, ckpt_attr *a)
 
 static int step_readdir(ckpt_view *v, struct node *dir, uint64_t index, struct node **out)
 {
-	step_load(v, dir);
-	return ckpt_dir_ops.readdir(v, dir, index, out);
+	int rc = step_load(v, dir);
+	return rc ? rc : ckpt_dir_ops.readdir(v, dir, index, out);
 }
 
 static int step_lookup(ckpt_view *v, struct node *dir, const char *name, struct node **out)
 {
-	step_load(v, dir);
-	return ckpt_dir_ops.lookup(v, dir, name, out);
+	int rc = step_load(v, dir);
+	return rc ? rc : ckpt_dir_ops.lookup(v, dir, name, out);
 }
 
 static void step_destroy(ckpt_view *v, struct node *n)
@@ -739,8 +832,11 @@ static int step_committed(ckpt_view *v, const char *name)
 	 * last.  Not a folder of bare zarr arrays: that may be an Orbax step
 	 * still being written. */
 	struct ckpt_store_stat st;
-	if (ckpt_store_stat(v->src, name, &st) < 0)
+	int rc = ckpt_store_stat(v->src, name, &st);
+	if (rc < 0) {
+		note_err(v->src, rc);
 		return 0;
+	}
 	const struct ckpt_foreign_fmt *f = ckpt_foreign_probe(v->src, name, &st);
 	return f && (!st.is_dir || f->main_file);
 }
@@ -807,10 +903,13 @@ int ckpt_layout_list_steps(ckpt_view *v, struct layout_steps **out)
 	struct layout_steps *l = calloc(1, sizeof(*l));
 	if (!l)
 		return -ENOMEM;
+	int saved;
+	build_begin(&saved);
 	int rc = for_each_entry(v, "", list_entry, l);
 	if (rc == 0 && l->oom)
 		rc = -ENOMEM;
 	if (rc < 0) {
+		build_end(saved);
 		ckpt_log(CKPT_LOG_ERR, "%s: cannot list the root again: %s", v->src->root, strerror(-rc));
 		free_steps(l);
 		return rc;
@@ -832,6 +931,13 @@ int ckpt_layout_list_steps(ckpt_view *v, struct layout_steps **out)
 			}
 		}
 		l->n = keep;
+	}
+	/* a step whose marker could not be checked: the list is not known */
+	rc = build_end(saved);
+	if (rc < 0) {
+		ckpt_log(CKPT_LOG_ERR, "%s: cannot list the root again: %s", v->src->root, strerror(-rc));
+		free_steps(l);
+		return rc;
 	}
 	*out = l;
 	return 0;
@@ -1035,7 +1141,25 @@ static int remote_file(ckpt_view *v, const char *source)
 	return is_file;
 }
 
+static int build_view(ckpt_view *v, const char *source, ckpt_store *given);
+
+/* The view of SOURCE; a read error met on the way (a stat, a listing or a
+ * metadata file that cannot be read now) fails it: its kind and shape are
+ * never guessed from what could be read. */
 int ckpt_layout_build_view(ckpt_view *v, const char *source, ckpt_store *given)
+{
+	int saved;
+	build_begin(&saved);
+	int rc = build_view(v, source, given);
+	int err = build_end(saved);
+	if (rc == 0 && err < 0) {
+		ckpt_log(CKPT_LOG_ERR, "%s: cannot be read now (%s); not mounted", source, strerror(-err));
+		rc = -EIO;
+	}
+	return rc;
+}
+
+static int build_view(ckpt_view *v, const char *source, ckpt_store *given)
 {
 	struct stat sb;
 	if (!given && !ckpt_store_source_is_remote(source) && stat(source, &sb) == 0 && S_ISREG(sb.st_mode))

@@ -27,6 +27,7 @@
 
 #include "npy.h"
 #include "safetensors.h"
+#include "stats.h"
 #include "sysio.h"
 #include "upload.h"
 #include "orbax.h"
@@ -45,8 +46,14 @@
  *   COMMITTING  SEALED      commit_step: the writer committed (renamed; on
  *                           an object store: staged); its state is freed
  *   SEALED      COMMITTED   commit_step: swapped for the committed step
- *   SEALED      LOST        commit_step: object store, the upload failed;
- *                           the staged copy is gone, nothing is left
+ *   SEALED      LOST        commit_step: object store, the upload failed
+ *                           and its marker is known not to be there; the
+ *                           staged copy is gone, nothing is left
+ *   SEALED      UNSETTLED   commit_step: object store, whether the marker
+ *                           landed is unknown; every object and the staged
+ *                           copy are kept, the step stays pending
+ *   UNSETTLED   COMMITTED   settle_step (a touch of the marker): it landed
+ *   UNSETTLED   LOST        settle_step: it did not (what was sent is gone)
  *   OPEN        ABORTED     ckpt_view_rmdir (and new_step on ENOMEM)
  *   LOST        ABORTED     ckpt_view_rmdir (the lost step's folder goes)
  *
@@ -56,17 +63,27 @@
  * OPEN -> COMMITTING and the ends of commit_step happen under ns_lock
  * exclusive; COMMITTING -> SEALED under io_lock exclusive.
  */
-enum ps_state { PS_OPEN, PS_COMMITTING, PS_SEALED, PS_COMMITTED, PS_LOST, PS_ABORTED, PS_NSTATES };
+enum ps_state {
+	PS_OPEN,
+	PS_COMMITTING,
+	PS_SEALED,
+	PS_COMMITTED,
+	PS_LOST,
+	PS_ABORTED,
+	PS_UNSETTLED,
+	PS_NSTATES
+};
 
-static const char *const ps_names[PS_NSTATES] = { "open",      "committing", "sealed",
-						  "committed", "lost",	     "aborted" };
+static const char *const ps_names[PS_NSTATES] = { "open", "committing", "sealed",   "committed",
+						  "lost", "aborted",	"unsettled" };
 
 /* ps_edges[from] has bit `to` set for every legal edge (table above). */
 static const unsigned ps_edges[PS_NSTATES] = {
 	[PS_OPEN] = 1u << PS_COMMITTING | 1u << PS_ABORTED,
 	[PS_COMMITTING] = 1u << PS_OPEN | 1u << PS_SEALED,
-	[PS_SEALED] = 1u << PS_COMMITTED | 1u << PS_LOST,
+	[PS_SEALED] = 1u << PS_COMMITTED | 1u << PS_LOST | 1u << PS_UNSETTLED,
 	[PS_LOST] = 1u << PS_ABORTED,
+	[PS_UNSETTLED] = 1u << PS_COMMITTED | 1u << PS_LOST,
 };
 _Static_assert(PS_NSTATES <= 32, "ps_edges is a 32-bit mask per state");
 
@@ -98,6 +115,10 @@ struct pstep {
 	 * step (whose compression threads call it). */
 	ckpt_bg_upload *bg;
 	unsigned up_threads; /* upload workers (bg and commit), counted in the write budget */
+	/* UNSETTLED: the name it was sent as (its staged copy and key prefix),
+	 * and whether a settle_step runs (both under ns_lock) */
+	char *unsettled;
+	int settling;
 };
 
 static void ps_set(struct pstep *ps, enum ps_state to)
@@ -500,6 +521,15 @@ static void pstep_destroy(ckpt_view *v, struct node *n)
 				 info.tmp_path);
 	}
 	ckpt_step_destroy(ps->step);
+	if (atomic_load(&ps->state) == PS_UNSETTLED) {
+		ckpt_log(CKPT_LOG_WARN,
+			 "step %s: unmounted while whether its commit landed is unknown: every object sent "
+			 "stays "
+			 "in the store (a reader sees the whole step or none of it)",
+			 ps->unsettled);
+		CKPT_STAT_ADD(unsettled_steps, -1);
+	}
+	free(ps->unsettled);
 	/* never committed: its objects are not a step; take them back */
 	ckpt_bg_upload_free(ps->bg, atomic_load(&ps->state) != PS_COMMITTED);
 	pthread_rwlock_destroy(&ps->io_lock);
@@ -622,7 +652,7 @@ static const char *pstep_reserves(struct node *k)
 {
 	struct pstep *ps = to_pdir(k)->ps;
 	int st = atomic_load(&ps->state);
-	return st == PS_COMMITTING || st == PS_SEALED ? ps->final : NULL;
+	return st == PS_COMMITTING || st == PS_SEALED ? ps->final : st == PS_UNSETTLED ? ps->unsettled : NULL;
 }
 
 /* Upload workers of a step on an object store: one CKPT_UPLOAD_PART buffer
@@ -760,6 +790,64 @@ int ckpt_view_mkdir(ckpt_view *v, ckpt_ino parent, const char *name, ckpt_attr *
  */
 static int check_stored(ckpt_view *v, struct node *sn, int quiet);
 
+/* Object store: send the staged copy of the step committed as `final`,
+ * marker last (upload.h says what each result means).  The staged copy
+ * goes, unless the marker's outcome is unknown (-EINPROGRESS): a settle
+ * sends it again. */
+static int send_staged(ckpt_view *v, struct pstep *ps, const char *final, ckpt_bg_upload *done, int settle)
+{
+	char staged[VIEW_PATH_MAX];
+	snprintf(staged, sizeof(staged), "%s/%s", v->opts.spool_dir, final);
+	int rc = ckpt_store_upload_tree_rest(v->src, staged, final, ps->up_threads, done, settle);
+	if (rc != -EINPROGRESS)
+		ckpt_rmtree(staged);
+	return rc;
+}
+
+/* A sent step (SEALED or UNSETTLED) whose upload did not commit it: say
+ * what is true and move on (LOST, or UNSETTLED).  ns_lock exclusive held;
+ * returns the errno for the caller (-EEXIST, or -EIO). */
+static int sent_outcome(struct pstep *ps, const char *name, const char *final, int rc)
+{
+	if (rc == -EINPROGRESS) {
+		if (atomic_load(&ps->state) != PS_UNSETTLED) {
+			char *u = strdup(final);
+			if (!u) { /* cannot settle it later: it stays unknown to this mount */
+				ckpt_log(CKPT_LOG_ERR, "step %s: out of memory", name);
+				ps_set(ps, PS_LOST);
+				return -EIO;
+			}
+			ps->unsettled = u;
+			ps_set(ps, PS_UNSETTLED);
+			CKPT_STAT_ADD(unsettled_steps, 1);
+		}
+		ckpt_log(
+			CKPT_LOG_ERR,
+			"step %s: whether its commit marker landed is unknown; every object sent is kept and "
+			"the step stays pending (ckptfs status counts it): touch %s/%s again to find out",
+			name, name, CKPT_ORBAX_COMMIT_SUCCESS);
+		return -EIO;
+	}
+	if (atomic_load(&ps->state) == PS_UNSETTLED)
+		CKPT_STAT_ADD(unsettled_steps, -1);
+	ps_set(ps, PS_LOST);
+	if (rc == -EEXIST)
+		ckpt_log(
+			CKPT_LOG_ERR,
+			"step %s: %s was committed by someone else meanwhile; what is in the store is theirs "
+			"(nothing was deleted): rmdir this one",
+			name, final);
+	else
+		ckpt_log(CKPT_LOG_ERR,
+			 "step %s: upload failed: %s; its marker is not in the store and what was sent is "
+			 "deleted: nothing of the step is kept: rmdir it and write it again",
+			 name, strerror(-rc));
+	return rc;
+}
+
+static int swap_committed(ckpt_view *v, struct node *sn, struct node *n, const char *path, const char *final,
+			  struct node **committed);
+
 static int commit_step(ckpt_view *v, struct node *sn, const char *final, int copy, struct node **committed)
 {
 	struct node *root = ckpt_node_at(v, CKPT_ROOT_INO);
@@ -794,16 +882,13 @@ static int commit_step(ckpt_view *v, struct node *sn, const char *final, int cop
 	}
 	ckpt_rwunlock(&ps->io_lock, CKPT_RANK_IO);
 	if (rc == 0 && v->opts.spool_dir) { /* object store: send the staged step, marker last */
-		char staged[VIEW_PATH_MAX];
-		snprintf(staged, sizeof(staged), "%s/%s", v->opts.spool_dir, final);
 		/* only what the step's sink did not send yet (same key prefix) */
 		ckpt_bg_upload *done = ps->bg && !strcmp(sn->name, final) ? ps->bg : NULL;
 		if (ps->bg && !done) { /* sent under another name: take those back */
 			ckpt_bg_upload_free(ps->bg, 1);
 			ps->bg = NULL;
 		}
-		rc = ckpt_store_upload_tree_rest(v->src, staged, final, ps->up_threads, done);
-		ckpt_rmtree(staged);
+		rc = send_staged(v, ps, final, done, 0);
 		if (ps->bg) { /* the commit's upload took back what was sent if it failed */
 			ckpt_bg_upload_free(ps->bg, 0);
 			ps->bg = NULL;
@@ -816,16 +901,8 @@ static int commit_step(ckpt_view *v, struct node *sn, const char *final, int cop
 
 	ckpt_wrlock(&v->ns_lock, CKPT_RANK_NS);
 	ps->final = NULL;
-	if (rc < 0 && atomic_load(&ps->state) == PS_SEALED) {
-		/* object store: committed here, not sent; the staged copy is gone */
-		ps_set(ps, PS_LOST);
-		ckpt_log(
-			CKPT_LOG_ERR,
-			"step %s: upload failed: %s; nothing of the step is kept (what was sent is deleted): "
-			"rmdir it and write it again",
-			sn->name, strerror(-rc));
-		return rc;
-	}
+	if (rc < 0 && atomic_load(&ps->state) == PS_SEALED)
+		return sent_outcome(ps, sn->name, final, rc);
 	if (rc < 0) {
 		ps_set(ps, PS_OPEN);
 		if (rc != -EAGAIN)
@@ -833,7 +910,19 @@ static int commit_step(ckpt_view *v, struct node *sn, const char *final, int cop
 				 strerror(-rc));
 		return rc;
 	}
+	return swap_committed(v, sn, n, path, final, committed);
+}
+
+/* Swap pending step sn (SEALED or UNSETTLED) for its committed node n
+ * (NULL: it could not be read back).  ns_lock exclusive held. */
+static int swap_committed(ckpt_view *v, struct node *sn, struct node *n, const char *path, const char *final,
+			  struct node **committed)
+{
+	struct node *root = ckpt_node_at(v, CKPT_ROOT_INO);
+	struct pstep *ps = to_pdir(sn)->ps;
 	ckpt_node_remove_kid(root, sn);
+	if (atomic_load(&ps->state) == PS_UNSETTLED)
+		CKPT_STAT_ADD(unsettled_steps, -1);
 	ps_set(ps, PS_COMMITTED);
 	atomic_store(&sn->orphan, true);
 	if (n)
@@ -846,6 +935,38 @@ static int commit_step(ckpt_view *v, struct node *sn, const char *final, int cop
 	ckpt_log(CKPT_LOG_INFO, "step %s: committed to %s", final, path);
 	*committed = n;
 	return 0;
+}
+
+/*
+ * Find out whether the marker of UNSETTLED step sn landed: its staged copy
+ * is sent again (marker last, a 412 found out), then the step is committed
+ * (*committed: its node), lost, or still unsettled (-EIO).  Called with
+ * ns_lock exclusive (from the marker's create); drops it while sending.
+ */
+static int settle_step(ckpt_view *v, struct node *sn, struct node **committed)
+{
+	struct pstep *ps = to_pdir(sn)->ps;
+	if (ps->settling)
+		return -EBUSY;
+	ps->settling = 1;
+	char *final = strdup(ps->unsettled);
+	if (!final) {
+		ps->settling = 0;
+		return -ENOMEM;
+	}
+	ckpt_rwunlock(&v->ns_lock, CKPT_RANK_NS);
+	int rc = send_staged(v, ps, final, NULL, 1);
+	struct node *n = rc == 0 ? ckpt_layout_new_step(v, final) : NULL;
+	char path[VIEW_PATH_MAX];
+	snprintf(path, sizeof(path), "%s/%s", v->source, final);
+	ckpt_wrlock(&v->ns_lock, CKPT_RANK_NS);
+	ps->settling = 0;
+	if (rc == 0)
+		rc = swap_committed(v, sn, n, path, final, committed);
+	else
+		rc = sent_outcome(ps, sn->name, final, rc);
+	free(final);
+	return rc;
 }
 
 /* Key path of a file in a pending step: item = first directory below the
@@ -1726,6 +1847,16 @@ int ckpt_view_create(ckpt_view *v, ckpt_ino parent, const char *name, ckpt_attr 
 		   !atomic_load(&dir->orphan);
 	if (!dir) {
 		rc = -ENOENT;
+	} else if (!strcmp(name, CKPT_ORBAX_COMMIT_SUCCESS) && dir->kind == N_PSTEP &&
+		   atomic_load(&to_pdir(dir)->ps->state) == PS_UNSETTLED && !atomic_load(&dir->orphan)) {
+		/* touch again: find out whether the step committed */
+		struct node *step = NULL, *m;
+		rc = settle_step(v, dir, &step);
+		m = rc == 0 ? ckpt_node_find_kid(step, CKPT_ORBAX_COMMIT_SUCCESS) : NULL;
+		if (rc == 0 && m)
+			ckpt_node_fill_attr(v, m, out);
+		else if (rc == 0)
+			rc = -EEXIST; /* committed, shown without its marker */
 	} else if (!strcmp(name, CKPT_ORBAX_COMMIT_SUCCESS) &&
 		   ((dir->kind == N_PSTEP && atomic_load(&to_pdir(dir)->ps->state) == PS_COMMITTED) ||
 		    (dir->kind != N_PSTEP && dir->parent == CKPT_ROOT_INO && v->writable &&
@@ -1882,6 +2013,12 @@ int ckpt_view_rmdir(ckpt_view *v, ckpt_ino parent, const char *name)
 			ckpt_log(CKPT_LOG_INFO, "step %s: aborted", name);
 			rc = 0;
 		}
+	} else if (n->kind == N_PSTEP && atomic_load(&to_pdir(n)->ps->state) == PS_UNSETTLED) {
+		ckpt_log(CKPT_LOG_ERR,
+			 "step %s: whether its commit landed is unknown; touch %s/%s to find out before "
+			 "removing it",
+			 name, name, CKPT_ORBAX_COMMIT_SUCCESS);
+		rc = -EBUSY;
 	} else if (n->kind == N_PDIR) {
 		ckpt_log(CKPT_LOG_ERR,
 			 "%s: directories of a pending step cannot be removed (rmdir the step to abort it)",

@@ -3,11 +3,16 @@
  * the object store (ckpt_s3_list_parse, s3_xml.c):
  *   1. the input as an answer body (NUL-terminated copy of exactly its
  *      bytes): every key and ETag handed to the callback is a string inside
- *      the allocation, the continuation token only when truncated;
+ *      the allocation, the continuation token only when truncated; what it
+ *      accepts is a whole document (it ends with </ListBucketResult>), and
+ *      with a prefix asked for, every key handed out is under it; what it
+ *      refuses hands out nothing;
  *   2. a round trip: the input split at '\n' into keys (a leading '/' makes
  *      one a common prefix), written as an answer the way S3 writes one
  *      with encoding-type=url (each key URL-encoded, then XML-escaped), must
- *      parse back to exactly those keys, sizes and order, and the token.
+ *      parse back to exactly those keys, sizes and order, and the token;
+ *      and that page cut off at any byte before its end tag is refused
+ *      (-EBADMSG) without a key handed out.
  */
 #include <stdint.h>
 #include <stdio.h>
@@ -23,6 +28,7 @@
 
 struct got {
 	size_t limit; /* longest string the input allows */
+	const char *want; /* the prefix asked for, or NULL */
 	int n;
 	char *keys[MAX_KEYS];
 	int prefix[MAX_KEYS];
@@ -36,6 +42,7 @@ static int cb(void *ctx, const char *key, const char *etag, uint64_t size, int64
 	REQUIRE(key && strlen(key) <= g->limit);
 	REQUIRE(!etag || strlen(etag) <= g->limit);
 	REQUIRE(!is_prefix || (!etag && size == 0));
+	REQUIRE(!g->want || strncmp(key, g->want, strlen(g->want)) == 0);
 	if (g->n < MAX_KEYS) {
 		g->keys[g->n] = strdup(key);
 		g->prefix[g->n] = is_prefix;
@@ -118,10 +125,24 @@ static void round_trip(const uint8_t *data, size_t size)
 			}
 		}
 	o += sprintf(o, "<NextContinuationToken>tok+/=%d</NextContinuationToken></ListBucketResult>", n);
-	struct got g = { size * 6 + 1024 + MAX_KEYS * 256, 0, { 0 }, { 0 }, { 0 } };
+	size_t len = (size_t)(o - doc);
+	/* cut off anywhere before its end tag: refused, nothing handed out (a
+	 * few cuts per input, all of them for short pages) */
+	size_t step = len / 97 + 1;
+	for (size_t cut = size % step; cut < len; cut += step) {
+		struct got c = { len, NULL, 0, { 0 }, { 0 }, { 0 } };
+		int tr = 0;
+		char *tk = NULL;
+		char save = doc[cut];
+		doc[cut] = 0;
+		REQUIRE(ckpt_s3_list_parse(doc, cut, "", cb, &c, &tr, &tk, NULL) == -EBADMSG);
+		REQUIRE(c.n == 0 && tk == NULL && tr == 0);
+		doc[cut] = save;
+	}
+	struct got g = { size * 6 + 1024 + MAX_KEYS * 256, "", 0, { 0 }, { 0 }, { 0 } };
 	int truncated = 0;
 	char *token = NULL;
-	int rc = ckpt_s3_list_parse(doc, (size_t)(o - doc), cb, &g, &truncated, &token);
+	int rc = ckpt_s3_list_parse(doc, len, "", cb, &g, &truncated, &token, NULL);
 	REQUIRE(rc == 0 && truncated == 1 && token);
 	char want[32];
 	snprintf(want, sizeof(want), "tok+/=%d", n);
@@ -149,15 +170,31 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		return 0;
 	memcpy(body, data, size);
 	body[size] = 0;
-	struct got g = { size, 0, { 0 }, { 0 }, { 0 } };
-	int truncated = 0;
-	char *token = NULL;
-	int rc = ckpt_s3_list_parse(body, size, cb, &g, &truncated, &token);
-	REQUIRE(rc == 0);
-	REQUIRE(!token || truncated);
-	REQUIRE(!token || strlen(token) <= size);
-	free(token);
-	got_free(&g);
+	/* with the prefix asked for taken from the input's first byte */
+	char want[2] = { size ? (char)data[0] : 0, 0 };
+	for (int pass = 0; pass < 2; pass++) {
+		struct got g = { size, pass ? want : NULL, 0, { 0 }, { 0 }, { 0 } };
+		int truncated = 0;
+		char *token = NULL;
+		const char *why = NULL;
+		int rc = ckpt_s3_list_parse(body, size, g.want, cb, &g, &truncated, &token, &why);
+		REQUIRE(rc == 0 || rc == -EBADMSG);
+		if (rc == 0) { /* accepted: a whole document */
+			static const char end[] = "</ListBucketResult>";
+			size_t n = size;
+			while (n && (body[n - 1] == ' ' || body[n - 1] == '\t' || body[n - 1] == '\r' ||
+				     body[n - 1] == '\n'))
+				n--;
+			REQUIRE(n >= sizeof(end) - 1 &&
+				memcmp(body + n - (sizeof(end) - 1), end, sizeof(end) - 1) == 0);
+		} else {
+			REQUIRE(why && g.n == 0 && !token && !truncated);
+		}
+		REQUIRE(!token || truncated);
+		REQUIRE(!token || strlen(token) <= size);
+		free(token);
+		got_free(&g);
+	}
 	free(body);
 	if (size <= 4096)
 		round_trip(data, size);

@@ -713,15 +713,21 @@ static void test_s3_list_parse(void)
 		"<NextContinuationToken>t%2B1</NextContinuationToken>"
 		"<Contents><Key>a%20b%2B%26</Key><LastModified>2024-05-01T10:20:30.500Z</LastModified>"
 		"<Size>12</Size></Contents>"
-		"<Contents><Key>big</Key><LastModified>576555963630-01-01T00:00:00Z</LastModified></Contents>"
-		"<Contents><Key>y9999</Key><LastModified>9999-12-31T23:59:59Z</LastModified></Contents>"
-		"<Contents><Key>month13</Key><LastModified>2024-13-01T00:00:00Z</LastModified></Contents>"
-		"<Contents><Key>sec</Key><LastModified>2024-05-01T10:20:1e300Z</LastModified></Contents>"
+		"<Contents><Key>big</Key><LastModified>576555963630-01-01T00:00:00Z</LastModified><Size>0</"
+		"Size>"
+		"</Contents>"
+		"<Contents><Key>y9999</Key><LastModified>9999-12-31T23:59:59Z</LastModified><Size>0</Size>"
+		"</Contents>"
+		"<Contents><Key>month13</Key><LastModified>2024-13-01T00:00:00Z</LastModified><Size>0</Size>"
+		"</Contents>"
+		"<Contents><Key>sec</Key><LastModified>2024-05-01T10:20:1e300Z</LastModified><Size>0</Size>"
+		"</Contents>"
 		"<CommonPrefixes><Prefix>d&amp;/</Prefix></CommonPrefixes></ListBucketResult>";
 	struct lp_got g = { 0 };
 	int truncated = 0;
 	char *token = NULL;
-	CHECK_EQ_INT(ckpt_s3_list_parse(body, sizeof(body) - 1, lp_cb, &g, &truncated, &token), 0);
+	CHECK_EQ_INT(ckpt_s3_list_parse(body, sizeof(body) - 1, NULL, lp_cb, &g, &truncated, &token, NULL),
+		     0);
 	CHECK_EQ_INT(truncated, 1);
 	CHECK(token && strcmp(token, "t%2B1") == 0);
 	free(token);
@@ -735,6 +741,46 @@ static void test_s3_list_parse(void)
 	CHECK_EQ_INT(g.mt[3], 0);
 	CHECK_EQ_INT(g.mt[4], 0);
 	CHECK(strcmp(g.keys[5], "d&/") == 0 && g.prefix[5] == 1);
+
+	/* what is not one whole valid page is refused, and nothing is handed out */
+	static const char *const refused[] = {
+		"<ListBucketResult><IsTruncated>false</IsTruncated><Contents><Key>p/a</Key><Size>1</Size>"
+		"</Contents>", /* cut off */
+		"<html><body>503</body></html>",
+		"\x01\x02garbage",
+		"<?xml version=\"1.0\"?><Error><Code>SlowDown</Code></Error>",
+		"<ListBucketResult><IsTruncated>false</IsTruncated><Contents><Key>p/a</Key><Size>1x</Size>"
+		"</Contents></ListBucketResult>",
+		"<ListBucketResult><IsTruncated>false</IsTruncated><Contents><Key>p/a</Key></Contents>"
+		"</ListBucketResult>",
+		"<ListBucketResult><IsTruncated>false</IsTruncated><Contents><Key>q/a</Key><Size>1</Size>"
+		"</Contents></ListBucketResult>",
+		"<ListBucketResult><Prefix>q/</Prefix><IsTruncated>false</IsTruncated></ListBucketResult>",
+		"<ListBucketResult><Prefix>p/</Prefix></ListBucketResult>",
+		"",
+	};
+	for (size_t i = 0; i < sizeof(refused) / sizeof(refused[0]); i++) {
+		struct lp_got r = { 0 };
+		const char *why = NULL;
+		CHECK_EQ_INT(ckpt_s3_list_parse(refused[i], strlen(refused[i]), "p/", lp_cb, &r, &truncated,
+						&token, &why),
+			     -EBADMSG);
+		CHECK(why != NULL && r.n == 0 && token == NULL && truncated == 0);
+	}
+	static const char ok[] =
+		"<?xml version=\"1.0\"?>\n<ListBucketResult xmlns=\"x\"><Prefix>p/</Prefix>"
+		"<IsTruncated>false</IsTruncated><Contents><Key>p/a</Key><Size>18446744073709551615"
+		"</Size></Contents></ListBucketResult>\n";
+	struct lp_got o = { 0 };
+	CHECK_EQ_INT(ckpt_s3_list_parse(ok, sizeof(ok) - 1, "p/", lp_cb, &o, &truncated, &token, NULL), 0);
+	CHECK(o.n == 1 && o.size[0] == UINT64_MAX && truncated == 0 && token == NULL);
+	/* every cut of a valid page is refused */
+	for (size_t cut = 0; cut < sizeof(ok) - 2; cut++) /* all but the last newline */ {
+		struct lp_got r = { 0 };
+		CHECK_EQ_INT(ckpt_s3_list_parse(ok, cut, "p/", lp_cb, &r, &truncated, &token, NULL),
+			     -EBADMSG);
+		CHECK_EQ_INT(r.n, 0);
+	}
 }
 
 /* ---------------------------------------------------------------- object-store driver
