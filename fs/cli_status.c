@@ -159,6 +159,45 @@ static size_t pending_steps(const char *mnt, const char *source, struct pstep **
 	return n;
 }
 
+/* The error and warning lines of MNT/.ckptfs/log, the last `max` of them
+ * (newest last, each a malloc'd string without its newline), and the log's
+ * destination from the mount's first line (*dest, malloc'd, or NULL). */
+#define RECENT_MAX 5
+static size_t recent_errors(const char *mnt, char **lines, size_t max, char **dest)
+{
+	char path[PATH_MAX];
+	*dest = NULL;
+	snprintf(path, sizeof(path), "%s/.ckptfs/log", mnt);
+	FILE *lf = fopen(path, "re");
+	if (!lf)
+		return 0;
+	size_t n = 0;
+	char line[1024];
+	while (fgets(line, sizeof(line), lf)) {
+		line[strcspn(line, "\n")] = 0;
+		const char *msg = strchr(line, ' '); /* past the time */
+		if (!msg)
+			continue;
+		msg++;
+		const char *lp = strstr(msg, "; log: ");
+		if (!strncmp(msg, "info: ", 6) && strstr(msg, ": mounted on ") && lp) {
+			free(*dest);
+			*dest = strdup(lp + 7);
+		}
+		if (strncmp(msg, "error: ", 7) && strncmp(msg, "warning: ", 9))
+			continue;
+		if (n == max) {
+			free(lines[0]);
+			memmove(lines, lines + 1, (max - 1) * sizeof(*lines));
+			n--;
+		}
+		if ((lines[n] = strdup(line)))
+			n++;
+	}
+	fclose(lf);
+	return n;
+}
+
 static int show(const char *mnt, const char *source, int json, FILE *f)
 {
 	char path[PATH_MAX], buf[8192];
@@ -173,6 +212,8 @@ static int show(const char *mnt, const char *source, int json, FILE *f)
 	fclose(sf);
 	struct pstep *ps;
 	size_t np = pending_steps(mnt, source, &ps);
+	char *errs[RECENT_MAX], *dest;
+	size_t ne = recent_errors(mnt, errs, RECENT_MAX, &dest);
 	char h1[32], h2[32], h3[32];
 	if (json) {
 		fprintf(f, "{\"mountpoint\": ");
@@ -188,6 +229,16 @@ static int show(const char *mnt, const char *source, int json, FILE *f)
 				"\"stored_files\": %llu}",
 				(unsigned long long)ps[i].arrays, (unsigned long long)ps[i].declared,
 				(unsigned long long)ps[i].stored, (unsigned long long)ps[i].stored_files);
+		}
+		fprintf(f, "], \"log\": ");
+		if (dest)
+			ckpt_json_str(f, dest);
+		else
+			fprintf(f, "null");
+		fprintf(f, ", \"recent_errors\": [");
+		for (size_t i = 0; i < ne; i++) {
+			fprintf(f, "%s", i ? ", " : "");
+			ckpt_json_str(f, errs[i]);
 		}
 		fprintf(f, "], \"stats\": {");
 		for (size_t i = 0; i < NCOUNTERS; i++)
@@ -220,7 +271,16 @@ static int show(const char *mnt, const char *source, int json, FILE *f)
 		fprintf(f, "cache in use: %s of %s\n",
 			ckpt_human(stat_value(buf, "cache_bytes"), h2, sizeof(h2)),
 			ckpt_human(stat_value(buf, "cache_budget"), h3, sizeof(h3)));
+		if (ne)
+			fprintf(f, "recent errors (all: cat %s/.ckptfs/log):\n", mnt);
+		for (size_t i = 0; i < ne; i++)
+			fprintf(f, "  %s\n", errs[i]);
+		if (dest)
+			fprintf(f, "log: %s\n", dest);
 	}
+	for (size_t i = 0; i < ne; i++)
+		free(errs[i]);
+	free(dest);
 	free(ps);
 	fflush(f);
 	return 0;

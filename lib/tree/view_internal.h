@@ -132,7 +132,7 @@ enum node_kind {
 	N_ARRAY, /* NAME.npy, NAME[slice].npy, NAME.shards/[..].npy: region of an array */
 	N_FILE, /* regular file copied from the source (path) or synthesized (content) */
 	N_SHARDS, /* NAME.shards/ */
-	N_STATS, /* .ckptfs/stats */
+	N_STATS, /* .ckptfs/stats, .ckptfs/log */
 	N_SAFETENSORS, /* X.safetensors, and the shard files of X.safetensors.d/ */
 	N_STDIR, /* X.safetensors.d/ */
 	N_PSTEP, /* a pending step (mkdir at the root of a writable mount) */
@@ -446,7 +446,7 @@ int ckpt_node_ends_with(const char *s, const char *suffix, size_t *stem);
 
 /* ---- view_read.c / view_xattr.c -------------------------------------------- */
 
-extern const struct node_ops ckpt_array_ops, ckpt_file_ops, ckpt_st_ops, ckpt_stats_ops;
+extern const struct node_ops ckpt_array_ops, ckpt_file_ops, ckpt_st_ops, ckpt_stats_ops, ckpt_log_ops;
 /* Set up array node n (made with ckpt_array_ops) as region r of ar. */
 int ckpt_array_node_init(struct node *n, struct aref *ar, const ckpt_region *r);
 /* The same, served as float32 (NAME.f32.npy); -ENOTSUP unless the dtype is
