@@ -1,0 +1,247 @@
+"""What a new user meets in the first minutes, through real mounts and the
+real command line: a swapped or busy MOUNTPOINT is refused (and says why),
+a mount says what it mounted and where its log goes, errors reach the user
+without syslog (.ckptfs/log, `ckptfs status`), the GNU long forms and the
+"did you mean" hints."""
+
+import os
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import ckfs_util as U
+
+
+def run(*args, env=None, timeout=120):
+    p = subprocess.run([str(U.BIN), *map(str, args)], capture_output=True, text=True, timeout=timeout,
+                       env=env, stdin=subprocess.DEVNULL)
+    U.assert_log_clean(p.stderr)
+    return p
+
+
+def manager_copy(tmp_path, name="ck"):
+    src = tmp_path / name
+    shutil.copytree(U.FIXTURES / "manager", src)
+    return src
+
+
+def wait_gone(pid, timeout=U.EXIT_TIMEOUT):
+    end = time.time() + timeout
+    while time.time() < end:
+        try:  # gone, or a zombie nobody reaps (the daemon's parent exited)
+            with open(f"/proc/{pid}/stat") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] == "Z":
+                    return
+        except FileNotFoundError:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"daemon {pid} still running")
+
+
+def refused(tmp_path, src, mnt, *options):
+    """Start `ckptfs -f -o ready_fd=N,OPTIONS SRC MNT`, expecting a refusal:
+    the daemon's output (it must have said 'f' and exited 1).  A daemon
+    that mounts after all is unmounted before the test fails."""
+    m = U.Mount(src, mnt, tmp_path / f"refused.{len(list(tmp_path.glob('refused.*')))}.log", options=options)
+    byte = m.start(expect_ready=False)
+    if byte == b"s":
+        m.unmount(check=False)
+        raise AssertionError(f"mounted {src} on {mnt}, expected a refusal\n{m.log()}")
+    m.returncode = m.proc.wait(timeout=U.EXIT_TIMEOUT)
+    assert (byte, m.returncode) == (b"f", 1), (byte, m.returncode, m.log())
+    U.assert_log_clean(m.log())
+    return m.log()
+
+
+class Background:
+    """`ckptfs SOURCE MNT` in the background, as a user types it (no -f):
+    the command returns once mounted; ready_file gives the daemon's PID."""
+
+    def __init__(self, tmp_path, src, mnt, *args, env=None):
+        self.mnt = Path(mnt)
+        self.ready = tmp_path / f"ready.{self.mnt.name}"
+        self.p = run(*args, "-o", f"ready_file={self.ready}", src, mnt, env=env)
+        self.pid = None
+        end = time.time() + U.READY_TIMEOUT
+        while self.p.returncode == 0 and self.pid is None and time.time() < end:
+            try:  # written by the daemon just after the command returned
+                self.pid = int(self.ready.read_text())
+            except (FileNotFoundError, ValueError):
+                time.sleep(0.02)
+
+    def unmount(self):
+        if self.pid is None:
+            return
+        assert subprocess.call(["fusermount3", "-u", str(self.mnt)]) == 0
+        wait_gone(self.pid)
+        self.pid = None
+
+
+# ---- 1. MOUNTPOINT checks -----------------------------------------------------------
+
+def test_swapped_arguments_are_refused_and_the_checkpoint_stays_visible(tmp_path):
+    ck = manager_copy(tmp_path)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    before = sorted(os.listdir(ck))
+    err = refused(tmp_path, empty, ck)
+    assert "did you swap SOURCE and MOUNTPOINT?" in err, err
+    assert not U.is_mounted(ck)
+    assert sorted(os.listdir(ck)) == before
+    assert os.listdir(empty) == []  # nothing written into the would-be root
+
+
+def test_non_empty_mountpoint_is_refused_unless_nonempty(tmp_path):
+    ck = manager_copy(tmp_path)
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    (mnt / "notes.txt").write_text("mine\n")
+    err = refused(tmp_path, ck, mnt)
+    assert "is not empty (1 entry: notes.txt)" in err and "-o nonempty" in err, err
+    assert "swap" not in err
+    assert (mnt / "notes.txt").read_text() == "mine\n"
+    m = U.Mount(ck, mnt, tmp_path / "log", options=["nonempty"])
+    m.start()
+    try:
+        assert sorted(os.listdir(mnt)) == ["10", "20"]
+        assert np.load(mnt / "20" / "state" / "step.npy").shape == ()
+    finally:
+        m.unmount()
+    assert (mnt / "notes.txt").read_text() == "mine\n"
+
+
+def test_already_mounted_mountpoint_is_refused(tmp_path, mount):
+    ck = manager_copy(tmp_path)
+    m = mount(ck)
+    err = refused(tmp_path, ck, m.path)
+    assert "already a mount point" in err and "fusermount3 -u" in err, err
+    assert sorted(os.listdir(m.path)) == ["10", "20"]  # the first mount still serves
+
+
+def test_empty_source_and_empty_mountpoint_still_mount_a_new_root(tmp_path, mount):
+    src = tmp_path / "new"
+    src.mkdir()
+    m = mount(src)
+    assert os.listdir(m.path) == []
+
+
+# ---- 3. the line on mount --------------------------------------------------------------
+
+def test_mount_prints_one_line_and_q_silences_it(tmp_path):
+    ck = manager_copy(tmp_path)
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    log = tmp_path / "ck.log"
+    b = Background(tmp_path, ck, mnt, "-o", f"log_file={log}")
+    try:
+        assert b.p.returncode == 0, b.p
+        assert b.p.stdout == (f"ckptfs: mounted {ck} on {mnt} (CheckpointManager root, 2 steps, writable); "
+                              f"log: {log}; unmount: fusermount3 -u {mnt}\n"), b.p.stdout
+        assert b.p.stderr == ""
+    finally:
+        b.unmount()
+    b = Background(tmp_path, ck / "20", mnt, "-q", "-o", f"log_file={log}")
+    try:
+        assert b.p.returncode == 0 and b.p.stdout == "" and b.p.stderr == "", b.p
+        assert os.listdir(mnt)  # mounted all the same
+    finally:
+        b.unmount()
+    b = Background(tmp_path, ck / "20", mnt, "--read-only", f"--log-file={log}")
+    try:
+        assert "(one step, read-only)" in b.p.stdout, b.p.stdout
+    finally:
+        b.unmount()
+
+
+# ---- 2. errors reach the user without syslog -------------------------------------------
+
+CONTAINER = r"""
+set -u
+# a container: no syslog daemon on /dev/log
+if [ -e /dev/log ]; then mount --bind /dev/null /dev/log; fi
+"$BIN" -o ready_file="$T/ready" "$SRC" "$MNT"
+echo "mount rc=$?"
+mkdir -p "$MNT/30/state"
+printf 'not a npy file at all' > "$MNT/30/state/w.npy" 2>/dev/null
+touch "$MNT/30/commit_success.txt"
+echo "touch rc=$?"
+echo "--- status"
+"$BIN" status "$MNT"
+echo "status rc=$?"
+echo "--- .ckptfs/log"
+cat "$MNT/.ckptfs/log"
+fusermount3 -u "$MNT"
+pid=$(cat "$T/ready" 2>/dev/null)
+for i in $(seq 300); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+"""
+
+
+def test_without_syslog_the_log_goes_to_a_file_and_errors_to_status(tmp_path):
+    if shutil.which("unshare") is None:
+        pytest.skip("unshare (util-linux) is not installed")
+    ck = manager_copy(tmp_path)
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    xdg = tmp_path / "run"
+    xdg.mkdir()
+    env = dict(os.environ, BIN=str(U.BIN), SRC=str(ck), MNT=str(mnt), T=str(tmp_path),
+               XDG_RUNTIME_DIR=str(xdg))
+    p = subprocess.run(["unshare", "-m", "--propagation", "private", "bash", "-c", CONTAINER],
+                       capture_output=True, text=True, timeout=180, env=env)
+    if "unshare failed" in p.stderr:
+        pytest.skip("no private mount namespace here: " + p.stderr)
+    out = p.stdout
+    logfile = xdg / "ckptfs.log"
+    assert f"log: {logfile};" in out, out + p.stderr
+    assert "mount rc=0" in out
+    assert "touch rc=1" in out  # the commit failed ...
+    status = out.split("--- status")[1].split("--- .ckptfs/log")[0]
+    assert "status rc=0" in status
+    assert "recent errors" in status and "w.npy: not a valid .npy header" in status, status  # ... and says why
+    assert f"log: {logfile}" in status
+    served = out.split("--- .ckptfs/log")[1]
+    assert "error: w.npy: not a valid .npy header" in served and "mounted on" in served, served
+    text = logfile.read_text()
+    assert "error: w.npy: not a valid .npy header" in text and "ckptfs[" in text, text
+    assert oct(logfile.stat().st_mode & 0o777) == "0o600"
+
+
+def test_log_file_served_as_ckptfs_log(tmp_path, mount):
+    ck = manager_copy(tmp_path)
+    m = mount(ck)
+    log = (m.path / ".ckptfs" / "log").read_text()
+    assert f"{ck}: mounted on {m.path} as a checkpoint root (writable); log: stderr" in log, log
+    assert ".ckptfs" not in os.listdir(m.path)  # hidden, by name only
+    assert "log" in os.listdir(m.path / ".ckptfs")
+
+
+# ---- 7. CLI habits -------------------------------------------------------------------------
+
+def test_did_you_mean_for_a_subcommand_and_an_option(tmp_path):
+    ck = manager_copy(tmp_path)
+    p = run("inf", ck)
+    assert p.returncode == 1 and "did you mean 'ckptfs info'?" in p.stderr, p.stderr
+    p = run("stauts", ck)
+    assert p.returncode == 1 and "did you mean 'ckptfs status'?" in p.stderr, p.stderr
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    err = refused(tmp_path, ck, mnt, "cache_sise=1M", "allow_othr")
+    assert "did you mean -o cache_size?" in err and "did you mean -o allow_other?" in err, err
+    assert not U.is_mounted(mnt)
+
+
+def test_gnu_long_forms(tmp_path, mount):
+    ck = manager_copy(tmp_path)
+    log = tmp_path / "long.log"
+    m = mount(ck, extra_args=["--read-only", f"--log-file={log}", "--foreground"])
+    with pytest.raises(OSError) as e:
+        os.mkdir(m.p("30"))
+    assert e.value.errno == 30  # EROFS: --read-only is -o ro
+    assert "mounted on" in log.read_text()
+    p = run("--help")
+    for word in ("--foreground", "--read-only", "--log-file", "--allow-other", "--version", "-q"):
+        assert word in p.stdout, word
