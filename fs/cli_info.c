@@ -13,19 +13,23 @@
 
 static void info_usage(FILE *f)
 {
-	fprintf(f, "usage: ckptfs info [--json] SOURCE [PATH]\n"
+	fprintf(f, "usage: ckptfs info [--json] [--all] SOURCE [PATH]\n"
 		   "Steps, items and a table of the arrays under SOURCE (or PATH inside it: STEP,\n"
 		   "STEP/ITEM or a directory below), without mounting.  Reads metadata only.\n"
-		   "A mount serves the same table as STEP/.ckptfs/summary.txt (and summary.json).\n");
+		   "For a CheckpointManager root, one line per step (--all: every step's table).\n"
+		   "A mount serves the same table as STEP/.ckptfs/summary.txt (and summary.json).\n"
+		   "Exit status: 0, 1 when SOURCE cannot be opened or an array cannot be read, 2 usage.\n");
 }
 
 int ckfs_cmd_info(int argc, char **argv)
 {
-	int json = 0;
+	int flags = 0;
 	const char *source = NULL, *sub = "";
 	for (int i = 1; i < argc; i++) {
 		if (!strcmp(argv[i], "--json")) {
-			json = 1;
+			flags |= CKPT_SUMMARY_JSON;
+		} else if (!strcmp(argv[i], "--all")) {
+			flags |= CKPT_SUMMARY_ALL;
 		} else if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
 			info_usage(stdout);
 			return 0;
@@ -61,12 +65,19 @@ int ckfs_cmd_info(int argc, char **argv)
 	} else {
 		char *buf;
 		size_t len;
-		rc = ckpt_view_summary(v, a.ino, real, json, &buf, &len);
+		rc = ckpt_view_summary(v, a.ino, real, flags, &buf, &len);
 		if (rc < 0) {
 			fprintf(stderr, "ckptfs info: %s: %s\n", real, strerror(-rc));
 		} else {
 			fwrite(buf, 1, len, stdout);
 			free(buf);
+			if (rc > 0) {
+				fprintf(stderr,
+					"ckptfs info: %s: %d array%s cannot be read (listed under "
+					"\"unreadable\")\n",
+					real, rc, rc == 1 ? "" : "s");
+				rc = -EIO;
+			}
 		}
 	}
 	ckpt_view_destroy(v);

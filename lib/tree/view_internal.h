@@ -235,7 +235,7 @@ _Static_assert((NODE_OPENED & NODE_INVAL_QUEUED) == 0, "kcache holds both flags 
 /* N_DIR, N_STDIR, N_PSTEP, N_PDIR */
 struct dir_node {
 	struct node n;
-	struct node **kids; /* sorted by name */
+	struct node **kids; /* sorted by name (the root's step folders by number: node.c) */
 	size_t nkids, capkids;
 };
 

@@ -245,3 +245,57 @@ def test_gnu_long_forms(tmp_path, mount):
     p = run("--help")
     for word in ("--foreground", "--read-only", "--log-file", "--allow-other", "--version", "-q"):
         assert word in p.stdout, word
+
+
+# ---- 4. ckptfs info on a real root ------------------------------------------------------------
+
+def many_steps(tmp_path):
+    """A root with steps 10, 20, 100, 200 and 1000 (copies of the fixture's)."""
+    src = tmp_path / "many"
+    src.mkdir()
+    for s in (10, 20):
+        shutil.copytree(U.FIXTURES / "manager" / str(s), src / str(s))
+    for s in (100, 200, 1000):
+        shutil.copytree(U.FIXTURES / "manager" / "20", src / str(s))
+    return src
+
+
+def test_info_lists_steps_by_number_one_line_each(tmp_path):
+    src = many_steps(tmp_path)
+    p = run("info", src)
+    assert p.returncode == 0, p.stderr
+    out = p.stdout
+    assert "steps (5): 10 20 100 200 1000\n" in out, out
+    rows = [l.split() for l in out.splitlines() if l.strip() and l.split()[0].isdigit()]
+    assert [r[0] for r in rows] == ["10", "20", "100", "200", "1000"], out
+    assert all(r[3] == "10" for r in rows), out  # ten arrays each
+    assert out.count("latest") == 1 and rows[-1][-1] == "latest", out
+    assert "total: 5 steps, 50 arrays" in out
+    assert len(out.splitlines()) < 15, out  # one line per step, not a table per step
+    assert "KEY" not in out
+    j = __import__("json").loads(run("info", "--json", src).stdout)
+    assert j["steps"] == ["10", "20", "100", "200", "1000"]
+    full = run("info", "--all", src).stdout
+    assert full.count("item state") == 5 and "params/layer_0/mlp/w1" in full
+    one = run("info", src, "1000").stdout
+    assert "step 1000, item state" in one and "KEY" in one and "STEP " not in one
+
+
+def test_readdir_of_a_root_is_in_step_order(tmp_path, mount):
+    src = many_steps(tmp_path)
+    m = mount(src, "ro")
+    assert os.listdir(m.path) == ["10", "20", "100", "200", "1000"]  # readdir order
+
+
+def test_info_exits_1_and_lists_unreadable_arrays(tmp_path):
+    src = many_steps(tmp_path)
+    shutil.rmtree(src / "20" / "state" / "d")  # the OCDBT data files of step 20
+    p = run("info", src)
+    assert p.returncode == 1, p
+    assert "10 unreadable" in p.stdout and "20/state/params/layer_0/mlp/w1.npy" in p.stdout, p.stdout
+    assert "cannot be read" in p.stderr
+    p = run("info", "--json", src, "20")
+    assert p.returncode == 1
+    j = __import__("json").loads(p.stdout)
+    assert len(j["unreadable"]) == 10 and j["total"]["arrays"] == 0
+    assert run("info", src, "10").returncode == 0  # the readable step alone

@@ -70,7 +70,7 @@ def test_item_mount_summary(mount):
     m = mount(src, "ro")
     before = decoded(m)
     assert ".ckptfs" not in os.listdir(m.p())
-    assert sorted(os.listdir(m.p(".ckptfs"))) == ["stats", "summary.json", "summary.txt"]
+    assert sorted(os.listdir(m.p(".ckptfs"))) == ["log", "stats", "summary.json", "summary.txt"]
     text = read_text(m.p(".ckptfs/summary.txt"))
     assert text == info(src)
     assert os.stat(m.p(".ckptfs/summary.txt")).st_size == len(text.encode())
