@@ -4,9 +4,12 @@
  * prints ckpt_view_summary() of PATH (the same text the mount serves as
  * STEP/.ckptfs/summary.txt).  Never reads array data.
  */
+#include <dirent.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "ckfs.h"
 #include "cli.h"
@@ -19,6 +22,44 @@ static void info_usage(FILE *f)
 		   "For a CheckpointManager root, one line per step (--all: every step's table).\n"
 		   "A mount serves the same table as STEP/.ckptfs/summary.txt (and summary.json).\n"
 		   "Exit status: 0, 1 when SOURCE cannot be opened or an array cannot be read, 2 usage.\n");
+}
+
+/* 1 when a NAME.npy file lies in folder dir or below (depth levels at most):
+ * a folder copied out of a mount's tree view (cp -r MNT/STEP) holds the
+ * arrays as .npy files beside Orbax metadata that describes other files. */
+static int has_npy(const char *dir, int depth)
+{
+	DIR *d = depth >= 0 ? opendir(dir) : NULL;
+	if (!d)
+		return 0;
+	int found = 0;
+	struct dirent *e;
+	while (!found && (e = readdir(d))) {
+		size_t n = strlen(e->d_name);
+		char p[PATH_MAX];
+		struct stat st;
+		if (e->d_name[0] == '.' ||
+		    snprintf(p, sizeof(p), "%s/%s", dir, e->d_name) >= (int)sizeof(p) || lstat(p, &st) != 0)
+			continue;
+		if (S_ISREG(st.st_mode) && n > 4 && !strcmp(e->d_name + n - 4, ".npy"))
+			found = 1;
+		else if (S_ISDIR(st.st_mode))
+			found = has_npy(p, depth - 1);
+	}
+	closedir(d);
+	return found;
+}
+
+static void explain_tree_copy(const char *real)
+{
+	fprintf(stderr,
+		"ckptfs info: %s holds .npy files beside Orbax metadata: it looks like a copy of a ckptfs\n"
+		"mount's tree view (cp -r MNT/STEP).  Its metadata describes the stored files, which the "
+		"copy\n"
+		"lacks, so neither Orbax nor ckptfs can restore it; its NAME.npy files are plain arrays\n"
+		"(numpy.load).  For a step that Orbax restores, copy the stored files from the mount:\n"
+		"    cp -r MNT/STEP/.stored DEST/STEP\n",
+		real);
 }
 
 int ckfs_cmd_info(int argc, char **argv)
@@ -53,8 +94,11 @@ int ckfs_cmd_info(int argc, char **argv)
 	ckpt_view *v;
 	char *real;
 	int rc = cli_open_view(source, &v, &real);
-	if (rc < 0)
+	if (rc < 0) {
+		if (!ckpt_store_source_is_remote(source) && has_npy(source, 8))
+			explain_tree_copy(source);
 		return 1;
+	}
 	ckpt_attr a;
 	rc = ckfs_resolve(v, sub, &a);
 	if (rc < 0) {
@@ -76,6 +120,8 @@ int ckfs_cmd_info(int argc, char **argv)
 					"ckptfs info: %s: %d array%s cannot be read (listed under "
 					"\"unreadable\")\n",
 					real, rc, rc == 1 ? "" : "s");
+				if (!ckpt_store_source_is_remote(real) && has_npy(real, 8))
+					explain_tree_copy(real);
 				rc = -EIO;
 			}
 		}

@@ -106,7 +106,7 @@ static void usage(const char *prog)
 	       "                            SOURCE; host 0 is the primary (docs/usage.md)\n"
 	       "    -o commit_timeout=SEC   multi-host commit: wait this long for the other hosts (600)\n"
 	       "    -o uid=N,gid=N          owner shown for every file (default: the mounting user)\n"
-	       "    -o umask=OCT            show modes 0777/0666 & ~OCT (e.g. 022: copies stay writable)\n"
+	       "    -o umask=OCT            show modes 0777/0666 & ~OCT (default 022: 0755 and 0644)\n"
 	       "    -o allow_other_writes   with allow_other: let other users write and commit steps\n"
 	       "                            (default: EACCES for any uid but the mounting user's)\n"
 	       "    -o endpoint=URL         s3://, gs:// SOURCE: the service's URL (MinIO, R2, a local\n"
@@ -697,6 +697,10 @@ static int parse_options(struct ckfs *fs, struct fuse_args *args)
 	fs->owner_uid = getuid();
 	fs->show_uid = o->uid >= 0 ? (uid_t)o->uid : getuid();
 	fs->show_gid = o->gid >= 0 ? (gid_t)o->gid : getgid();
+	/* 0755 folders, 0644 files, as rclone, s3fs and gcsfuse show them:
+	 * copies out of the mount (cp -r, rsync, tar) stay writable */
+	fs->have_umask = 1;
+	fs->umask_bits = 022;
 	if (o->umask) {
 		char *end;
 		errno = 0;

@@ -123,6 +123,8 @@
 
 /* A path in the source folder, and a file name plus a suffix. */
 #define VIEW_PATH_MAX 4096
+/* STEP/.stored/: a committed step's files as stored (companions.c) */
+#define CKPT_STORED_DIR ".stored"
 #define VIEW_NAME_BUF (VIEW_PATH_MAX + 104)
 /* A '.'-joined key path (param name) built from a tree walk. */
 #define VIEW_KEYPATH_MAX 8192

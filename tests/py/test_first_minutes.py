@@ -299,3 +299,55 @@ def test_info_exits_1_and_lists_unreadable_arrays(tmp_path):
     j = __import__("json").loads(p.stdout)
     assert len(j["unreadable"]) == 10 and j["total"]["arrays"] == 0
     assert run("info", src, "10").returncode == 0  # the readable step alone
+
+
+# ---- 5. copies out of the mount ------------------------------------------------------------------
+
+def test_modes_are_0644_and_0755_so_copies_stay_writable(tmp_path, mount):
+    m = mount(U.FIXTURES / "manager", "ro")
+    w1 = m.p("20/state/params/layer_0/mlp/w1.npy")
+    assert oct(os.stat(w1).st_mode & 0o777) == "0o644"
+    assert oct(os.stat(m.p("20/state")).st_mode & 0o777) == "0o755"
+    assert oct(os.stat(m.p("20/state/_METADATA")).st_mode & 0o777) == "0o644"
+    dst = tmp_path / "copy"
+    subprocess.run(["cp", "-r", str(m.p("20")), str(dst)], check=True)
+    assert oct((dst / "state/params/layer_0/mlp/w1.npy").stat().st_mode & 0o777) == "0o644"
+    assert subprocess.run(["rm", "-r", str(dst)]).returncode == 0  # no "write-protected" prompt or failure
+    with pytest.raises(OSError):  # still read-only for all that
+        open(w1, "r+b")
+
+
+def test_stored_folder_copies_a_restorable_step(tmp_path, mount):
+    src = manager_copy(tmp_path)
+    m = mount(src, "ro")
+    assert ".stored" not in os.listdir(m.p("20"))  # hidden: by name only
+    backup = tmp_path / "backup"
+    backup.mkdir()
+    subprocess.run(["cp", "-r", str(m.p("20/.stored")), str(backup / "20")], check=True)
+    # byte for byte the stored files
+    for d, _, files in os.walk(src / "20"):
+        for f in files:
+            rel = os.path.relpath(os.path.join(d, f), src / "20")
+            assert (backup / "20" / rel).read_bytes() == (src / "20" / rel).read_bytes(), rel
+    assert sorted(os.listdir(backup / "20" / "state")) == sorted(os.listdir(src / "20" / "state"))
+    # ckptfs (and so Orbax's layout) reads the copy as a root with step 20
+    p = run("info", "--json", backup)
+    assert p.returncode == 0, p.stderr
+    j = __import__("json").loads(p.stdout)
+    assert j["steps"] == ["20"] and j["total"]["arrays"] == 10
+    m2 = mount(backup, "ro")
+    a = "20/state/params/layer_0/mlp/w1.npy"
+    assert m2.p(a).read_bytes() == m.p(a).read_bytes()
+    # tar works too
+    t = subprocess.run(["tar", "-C", str(m.p("20/.stored")), "-cf", "-", "."], capture_output=True)
+    assert t.returncode == 0 and b"manifest.ocdbt" in t.stdout
+
+
+def test_info_on_a_tree_view_copy_says_what_it_is(tmp_path, mount):
+    m = mount(U.FIXTURES / "manager", "ro")
+    dst = tmp_path / "cp20"
+    subprocess.run(["cp", "-r", str(m.p("20")), str(dst)], check=True)
+    p = run("info", dst)
+    assert p.returncode == 1, p
+    assert "looks like a copy of a ckptfs" in p.stderr and "cp -r MNT/STEP/.stored" in p.stderr, p.stderr
+    np.load(dst / "state/params/layer_0/mlp/w1.npy")  # the arrays themselves are fine
