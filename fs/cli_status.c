@@ -34,6 +34,7 @@ static const char *const counters[] = { "bytes_written", "stored_bytes_written",
 struct pstep {
 	char name[256];
 	uint64_t arrays, declared, stored, stored_files;
+	int leftover; /* no such step in the mount: left by an earlier mount */
 };
 
 static void usage(FILE *f)
@@ -151,8 +152,11 @@ static size_t pending_steps(const char *mnt, const char *source, struct pstep **
 		char p[PATH_MAX];
 		if (snprintf(p, sizeof(p), "%s/%s", source, e->d_name) < (int)sizeof(p))
 			walk_step(p, 0, 1, ps);
-		if (snprintf(p, sizeof(p), "%s/%s", mnt, ps->name) < (int)sizeof(p))
+		struct stat st;
+		if (snprintf(p, sizeof(p), "%s/%s", mnt, ps->name) < (int)sizeof(p)) {
+			ps->leftover = stat(p, &st) != 0;
 			walk_step(p, 0, 0, ps);
+		}
 	}
 	closedir(d);
 	*out = v;
@@ -226,9 +230,10 @@ static int show(const char *mnt, const char *source, int json, FILE *f)
 			ckpt_json_str(f, ps[i].name);
 			fprintf(f,
 				", \"arrays\": %llu, \"declared_bytes\": %llu, \"stored_bytes\": %llu, "
-				"\"stored_files\": %llu}",
+				"\"stored_files\": %llu, \"leftover\": %s}",
 				(unsigned long long)ps[i].arrays, (unsigned long long)ps[i].declared,
-				(unsigned long long)ps[i].stored, (unsigned long long)ps[i].stored_files);
+				(unsigned long long)ps[i].stored, (unsigned long long)ps[i].stored_files,
+				ps[i].leftover ? "true" : "false");
 		}
 		fprintf(f, "], \"log\": ");
 		if (dest)
@@ -247,14 +252,28 @@ static int show(const char *mnt, const char *source, int json, FILE *f)
 		fprintf(f, "}}\n");
 	} else {
 		fprintf(f, "%s: ckptfs mount of %s\n", mnt, source);
-		if (!np)
-			fprintf(f, "no pending step\n");
+		size_t live = 0;
 		for (size_t i = 0; i < np; i++)
+			live += !ps[i].leftover;
+		if (!live)
+			fprintf(f, "no pending step\n");
+		for (size_t i = 0; i < np; i++) {
+			if (ps[i].leftover) {
+				fprintf(f,
+					"left over: %s" TMP_SUFFIX
+					" (%s in %llu files), a step an earlier mount "
+					"never committed; not part of this mount.  Discard it: rm -r "
+					"%s/%s" TMP_SUFFIX "\n",
+					ps[i].name, ckpt_human(ps[i].stored, h2, sizeof(h2)),
+					(unsigned long long)ps[i].stored_files, source, ps[i].name);
+				continue;
+			}
 			fprintf(f, "pending step %s: %llu array%s declared (%s), %s stored in %llu files\n",
 				ps[i].name, (unsigned long long)ps[i].arrays, ps[i].arrays == 1 ? "" : "s",
 				ckpt_human(ps[i].declared, h1, sizeof(h1)),
 				ckpt_human(ps[i].stored, h2, sizeof(h2)),
 				(unsigned long long)ps[i].stored_files);
+		}
 		fprintf(f, "written: %s received, %s stored (compressed), %s buffered\n",
 			ckpt_human(stat_value(buf, "bytes_written"), h1, sizeof(h1)),
 			ckpt_human(stat_value(buf, "stored_bytes_written"), h2, sizeof(h2)),

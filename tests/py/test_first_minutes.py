@@ -351,3 +351,22 @@ def test_info_on_a_tree_view_copy_says_what_it_is(tmp_path, mount):
     assert p.returncode == 1, p
     assert "looks like a copy of a ckptfs" in p.stderr and "cp -r MNT/STEP/.stored" in p.stderr, p.stderr
     np.load(dst / "state/params/layer_0/mlp/w1.npy")  # the arrays themselves are fine
+
+
+# ---- 6. pending leftovers ---------------------------------------------------------------------------
+
+def test_status_labels_a_leftover_pending_folder_and_says_how_to_discard_it(tmp_path, mount):
+    src = manager_copy(tmp_path)
+    left = src / "40.orbax-checkpoint-tmp"
+    (left / "state").mkdir(parents=True)
+    (left / "state" / "_METADATA").write_text("{}")
+    m = mount(src)
+    (m.p("50") / "state").mkdir(parents=True)  # a live pending step
+    p = run("status", m.path)
+    assert p.returncode == 0, p.stderr
+    assert f"left over: 40.orbax-checkpoint-tmp" in p.stdout and f"rm -r {left}" in p.stdout, p.stdout
+    assert "pending step 50:" in p.stdout and "pending step 40" not in p.stdout
+    j = __import__("json").loads(run("status", "--json", m.path).stdout)
+    assert {s["step"]: s["leftover"] for s in j["pending"]} == {"40": True, "50": False}
+    subprocess.run(["rm", "-r", str(left)], check=True)  # the command it gives works
+    assert "left over" not in run("status", m.path).stdout
