@@ -370,3 +370,69 @@ def test_status_labels_a_leftover_pending_folder_and_says_how_to_discard_it(tmp_
     assert {s["step"]: s["leftover"] for s in j["pending"]} == {"40": True, "50": False}
     subprocess.run(["rm", "-r", str(left)], check=True)  # the command it gives works
     assert "left over" not in run("status", m.path).stdout
+
+
+# ---- 8. Python: ckptfs.mount, and bf16 without ml_dtypes --------------------------------------------
+
+@pytest.fixture
+def ckptfs_module(monkeypatch):
+    import importlib
+    import sys
+    monkeypatch.syspath_prepend(str(U.REPO / "python"))
+    monkeypatch.setenv("CKPTFS_BIN", str(U.BIN))
+    sys.modules.pop("ckptfs", None)
+    return importlib.import_module("ckptfs")
+
+
+def test_python_mount_context_manager(ckptfs_module, tmp_path):
+    ckptfs = ckptfs_module
+    src = U.FIXTURES / "manager"
+    with ckptfs.mount(src, ro=True) as mnt:
+        assert U.is_mounted(mnt)
+        w = np.load(mnt / "20" / "state" / "params" / "layer_0" / "mlp" / "b1.npy")
+        assert w.shape == (128,) and w.dtype == np.float32
+        with pytest.raises(OSError):
+            os.mkdir(mnt / "30")  # ro=True
+        where = mnt
+    assert not U.is_mounted(where) and not where.exists()  # unmounted, its temporary folder removed
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    with pytest.raises(KeyError):  # an exception in the block still unmounts
+        with ckptfs.mount(src, mine, ro=False, options=["cache_size=64M"]) as mnt:
+            assert mnt == mine and os.listdir(mnt) == ["10", "20"]
+            raise KeyError("boom")
+    assert not U.is_mounted(mine) and mine.is_dir()  # a mount point of the caller's stays
+
+
+def test_python_mount_failure_raises_with_the_reason(ckptfs_module, tmp_path):
+    ckptfs = ckptfs_module
+    mnt = tmp_path / "busy"
+    mnt.mkdir()
+    (mnt / "x").write_text("x")
+    with pytest.raises(ckptfs.MountError) as e:
+        with ckptfs.mount(U.FIXTURES / "manager", mnt):
+            pass
+    assert "is not empty" in str(e.value), str(e.value)
+    with pytest.raises(ckptfs.MountError) as e:
+        with ckptfs.mount(tmp_path / "no-such-checkpoint"):
+            pass
+    assert "No such file or directory" in str(e.value)
+
+
+def test_bf16_to_torch_recipe_bits(mount):
+    """The recipe of python/ckptfs.py and docs/usage.md: the '<V2' array's
+    bits viewed as int16 are what torch.bfloat16 takes; widened to float32
+    they equal NAME.f32.npy."""
+    m = mount(U.FIXTURES / "manager", "ro")
+    d = m.p("20/state/params/layer_0/mlp")
+    raw = np.load(d / "w1.npy")
+    assert raw.dtype == np.dtype("V2")
+    bits = raw.view(np.int16)  # torch.from_numpy(bits).view(torch.bfloat16)
+    as_f32 = (bits.astype(np.uint16).astype(np.uint32) << 16).view(np.float32)
+    np.testing.assert_array_equal(as_f32, np.load(d / "w1.f32.npy"))
+    try:
+        import torch
+    except ImportError:
+        return
+    t = torch.from_numpy(bits).view(torch.bfloat16)
+    np.testing.assert_array_equal(t.float().numpy(), as_f32)
