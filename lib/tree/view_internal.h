@@ -7,10 +7,12 @@
  *   node.c        node table, kids, hidden-name map, generic lookup/readdir/attr
  *   view_xattr.c  user.ckpt.* xattrs of array files
  *   view_read.c   reads, zero-copy map, read-ahead / next-file warming; the
- *                 ops of the committed file kinds (array, file, safetensors, stats)
+ *                 ops of the committed file kinds (array, file, safetensors, stats,
+ *                 log)
  *   summary.c     the table of arrays of a directory, and the summary files
  *   companions.c  hidden names made on lookup: NAME[slice].npy, NAME.shards/,
- *                 X.safetensors, X.safetensors.d/; the ops of committed directories
+ *                 X.safetensors, X.safetensors.d/, STEP/.ckptfs/, STEP/.stored/;
+ *                 the ops of committed directories
  *   foreign_vitem.c  the virtual-item builder of formats that are not Orbax
  *                 (stores only: no node; see foreign.h)
  *   foreign_npz.c  .npz archives -> a virtual item (translator)
