@@ -50,6 +50,7 @@ static const struct fuse_opt opt_spec[] = { OPT("cache_size=%s", cache_size, 0),
 					    OPT("nonempty", nonempty, 1),
 					    OPT("-q", quiet, 1),
 					    OPT("--quiet", quiet, 1),
+					    OPT("quiet", quiet, 1),
 					    FUSE_OPT_KEY("fsname=", 1001),
 					    FUSE_OPT_KEY("subtype=", 1002),
 					    FUSE_OPT_KEY("ro", 1000),
@@ -132,7 +133,7 @@ static void usage(const char *prog)
 	       "    -o ready_fd=N           write 's' (mounted) or 'f' (failed) to fd N, then close it\n"
 	       "    -o nonempty             mount even over a non-empty folder or a mount point (its\n"
 	       "                            files are hidden until the unmount; refused otherwise)\n"
-	       "    -q, --quiet             print no line on a successful mount\n"
+	       "    -q, --quiet, -o quiet   print no line on a successful mount (quiet: for fstab)\n"
 	       "    --foreground, --read-only, --allow-other, --log-file=PATH\n"
 	       "                            GNU long forms of -f, -o ro, -o allow_other, -o log_file\n"
 	       "    -h, --help              this help\n"
@@ -602,6 +603,7 @@ static const char *const known_opts[] = { "cache_size",
 					  "process_count",
 					  "commit_timeout",
 					  "nonempty",
+					  "quiet",
 					  "fsname",
 					  "subtype",
 					  "ro",
