@@ -225,9 +225,16 @@ static int walk(struct info *in, ckpt_ino dir, const char *prefix, int depth)
 		if (!path)
 			return -ENOMEM;
 		snprintf(path, len, "%s%s%s", prefix, *prefix ? "/" : "", name);
+		size_t nsteps = in->nsteps;
 		rc = visit(in, path, &a);
 		if (rc == 0 && a.is_dir)
 			rc = walk(in, a.ino, path, depth + 1);
+		struct node *sn = in->nsteps > nsteps ? ckpt_node_at(in->v, a.ino) : NULL;
+		if (rc == 0 && sn) { /* a step: its commit time is read when it is first listed */
+			ckpt_attr fresh;
+			ckpt_node_fill_attr(in->v, sn, &fresh);
+			in->step_mtime[in->nsteps - 1] = fresh.mtime_ns;
+		}
 		free(path);
 		if (rc)
 			return rc;
@@ -596,6 +603,29 @@ int ckpt_view_summary(ckpt_view *v, ckpt_ino dir, const char *source, int flags,
 		free(in.broken[i]);
 	free(in.broken);
 	return rc < 0 ? rc : (int)(in.nbroken < 0x7fffffff ? in.nbroken : 0x7fffffff);
+}
+
+int ckpt_summary_totals(ckpt_view *v, ckpt_ino dir, struct summary_totals *t)
+{
+	ckpt_assert_not_held(CKPT_RANK_NS); /* the walk takes it shared, entry by entry */
+	memset(t, 0, sizeof(*t));
+	struct info in = { .v = v, .step_depth = -1, .item_depth = -1 };
+	int rc = walk(&in, dir, "", 0);
+	for (size_t i = 0; i < in.n; i++) {
+		t->arrays++;
+		t->logical += in.a[i].logical;
+		t->stored += in.a[i].stored;
+		free(in.a[i].path);
+		free(in.a[i].step);
+		free(in.a[i].item);
+		free(in.a[i].key);
+	}
+	t->unreadable = in.nbroken;
+	free(in.a);
+	for (size_t i = 0; i < in.nbroken; i++)
+		free(in.broken[i]);
+	free(in.broken);
+	return rc < 0 ? rc : 0;
 }
 
 /* ---- .ckptfs/summary.txt and summary.json ---------------------------------- */

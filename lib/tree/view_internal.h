@@ -496,6 +496,14 @@ int ckpt_layout_apply_steps(ckpt_view *v, struct layout_steps *l);
 
 /* ---- summary.c ------------------------------------------------------------- */
 
+/* The arrays under dir and their bytes (logical: shape x itemsize; stored:
+ * user.ckpt.stored_bytes), and the arrays listed but unreadable: the walk
+ * of ckpt_view_summary without the text.  No view lock may be held. */
+struct summary_totals {
+	uint64_t arrays, logical, stored, unreadable;
+};
+int ckpt_summary_totals(ckpt_view *v, ckpt_ino dir, struct summary_totals *t);
+
 /* Add the hidden summary files (summary.txt, summary.json: the table of
  * `ckptfs info` for meta's parent, built on first open/read/getattr,
  * outside ns_lock) to the .ckptfs/ directory meta before it is published. */

@@ -436,3 +436,19 @@ def test_bf16_to_torch_recipe_bits(mount):
         return
     t = torch.from_numpy(bits).view(torch.bfloat16)
     np.testing.assert_array_equal(t.float().numpy(), as_f32)
+
+
+def test_step_folders_carry_xattrs(tmp_path, mount):
+    src = many_steps(tmp_path)
+    shutil.rmtree(src / "20" / "state" / "d")
+    m = mount(src, "ro")
+    x = {n: os.getxattr(m.p("1000"), n).decode() for n in os.listxattr(m.p("1000"))}
+    meta = __import__("json").loads((src / "1000" / "_CHECKPOINT_METADATA").read_text())
+    when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(meta["commit_timestamp_nsecs"] // 10**9))
+    assert x == {"user.ckpt.step": "1000", "user.ckpt.committed": when, "user.ckpt.arrays": "10",
+                 "user.ckpt.logical_bytes": "41608", "user.ckpt.stored_bytes": x["user.ckpt.stored_bytes"],
+                 "user.ckpt.unreadable": "0"}, x
+    j = __import__("json").loads(run("info", "--json", src, "1000").stdout)
+    assert int(x["user.ckpt.stored_bytes"]) == j["total"]["stored_bytes"]
+    assert os.getxattr(m.p("20"), "user.ckpt.unreadable") == b"10"
+    assert when.replace("T", " ")[:-1] in run("info", src).stdout  # the same time on info's line
