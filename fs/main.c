@@ -484,6 +484,20 @@ static int is_mount_point(const char *real)
 	return found;
 }
 
+/* After libfuse refused the mount point: when the last argument (the
+ * MOUNTPOINT) is a FUSE mount whose daemon is gone, say what to do. */
+static void hint_dead_mount(int argc, char **argv)
+{
+	const char *mnt = argc >= 2 ? argv[argc - 1] : NULL;
+	struct stat st;
+	if (mnt && mnt[0] != '-' && stat(mnt, &st) != 0 && errno == ENOTCONN)
+		fprintf(stderr,
+			"ckptfs: MOUNTPOINT %s is a FUSE mount whose daemon is gone (Transport endpoint is "
+			"not "
+			"connected): fusermount3 -u %s first\n",
+			mnt, mnt);
+}
+
 /*
  * 0 when mnt may be mounted on: an empty folder that is no mount point yet
  * (or anything, with -o nonempty).  Else prints why, and what to do, and
@@ -494,6 +508,11 @@ static int check_mountpoint(const char *mnt, const char *source, int nonempty)
 {
 	if (nonempty || !strncmp(mnt, "/dev/fd/", 8)) /* libfuse's pre-opened /dev/fuse */
 		return 0;
+	struct stat st;
+	if (stat(mnt, &st) != 0 && errno == ENOTCONN) {
+		hint_dead_mount(2, (char *[]){ NULL, (char *)mnt });
+		return -1;
+	}
 	if (is_mount_point(mnt)) {
 		fprintf(stderr,
 			"ckptfs: MOUNTPOINT %s is already a mount point: unmount it first (fusermount3 -u "
@@ -809,8 +828,10 @@ int main(int argc, char *argv[])
 		ret = 0;
 		goto out_args;
 	}
-	if (fuse_parse_cmdline(&args, &cl) != 0)
+	if (fuse_parse_cmdline(&args, &cl) != 0) {
+		hint_dead_mount(argc, argv);
 		goto out_ready;
+	}
 	if (!fs.opts.source || !cl.mountpoint) {
 		fprintf(stderr, "usage: %s [options] SOURCE MOUNTPOINT (see --help)\n", argv[0]);
 		goto out_ready;

@@ -452,3 +452,24 @@ def test_step_folders_carry_xattrs(tmp_path, mount):
     assert int(x["user.ckpt.stored_bytes"]) == j["total"]["stored_bytes"]
     assert os.getxattr(m.p("20"), "user.ckpt.unreadable") == b"10"
     assert when.replace("T", " ")[:-1] in run("info", src).stdout  # the same time on info's line
+
+
+def test_dead_mount_says_transport_endpoint_and_what_to_do(tmp_path):
+    ck = manager_copy(tmp_path)
+    mnt = tmp_path / "mnt"
+    m = U.Mount(ck, mnt, tmp_path / "first.log")
+    m.start()
+    try:
+        m.proc.kill()  # the daemon dies: "Transport endpoint is not connected"
+        m.proc.wait(timeout=30)
+        with pytest.raises(OSError) as e:
+            os.listdir(mnt)
+        assert e.value.errno == 107  # ENOTCONN
+        p = run("-f", ck, mnt, timeout=30)  # refused before anything is mounted
+        assert p.returncode == 1, p
+        err = p.stderr
+        assert "daemon is gone (Transport endpoint is not connected)" in err and "fusermount3 -u" in err, err
+    finally:
+        subprocess.call(["fusermount3", "-u", "-z", str(mnt)], stderr=subprocess.DEVNULL)
+        m.closed = True
+    assert not U.is_mounted(mnt)
