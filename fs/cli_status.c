@@ -263,9 +263,11 @@ static int show(const char *mnt, const char *source, int json, FILE *f)
 					"left over: %s" TMP_SUFFIX
 					" (%s in %llu files), a step an earlier mount "
 					"never committed; not part of this mount.  Discard it: rm -r "
-					"%s/%s" TMP_SUFFIX "\n",
+					"%s/%s" TMP_SUFFIX
+					" (or, on a writable mount, mkdir %s/%s && rmdir %s/%s)\n",
 					ps[i].name, ckpt_human(ps[i].stored, h2, sizeof(h2)),
-					(unsigned long long)ps[i].stored_files, source, ps[i].name);
+					(unsigned long long)ps[i].stored_files, source, ps[i].name, mnt,
+					ps[i].name, mnt, ps[i].name);
 				continue;
 			}
 			fprintf(f, "pending step %s: %llu array%s declared (%s), %s stored in %llu files\n",

@@ -368,8 +368,16 @@ def test_status_labels_a_leftover_pending_folder_and_says_how_to_discard_it(tmp_
     assert "pending step 50:" in p.stdout and "pending step 40" not in p.stdout
     j = __import__("json").loads(run("status", "--json", m.path).stdout)
     assert {s["step"]: s["leftover"] for s in j["pending"]} == {"40": True, "50": False}
+    assert f"mkdir {m.p('40')} && rmdir {m.p('40')}" in p.stdout
     subprocess.run(["rm", "-r", str(left)], check=True)  # the command it gives works
     assert "left over" not in run("status", m.path).stdout
+    # ... and so does the other, through the mount
+    (src / "60.orbax-checkpoint-tmp" / "state").mkdir(parents=True)
+    assert "left over: 60.orbax-checkpoint-tmp" in run("status", m.path).stdout
+    os.mkdir(m.p("60"))
+    os.rmdir(m.p("60"))
+    assert not (src / "60.orbax-checkpoint-tmp").exists()
+    assert "60.orbax" not in run("status", m.path).stdout.split("recent errors")[0]
 
 
 # ---- 8. Python: ckptfs.mount, and bf16 without ml_dtypes --------------------------------------------
