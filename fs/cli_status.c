@@ -28,7 +28,7 @@ static const char *const counters[] = { "bytes_written", "stored_bytes_written",
 					"commits",	 "commit_failures",	 "errors",
 					"cache_hits",	 "cache_misses",	 "cache_evictions",
 					"bytes_served",	 "chunks_decoded",	 "cache_bytes",
-					"cache_budget" };
+					"cache_budget",	 "stored_copy_bytes" };
 #define NCOUNTERS (sizeof(counters) / sizeof(counters[0]))
 
 struct pstep {
@@ -292,6 +292,9 @@ static int show(const char *mnt, const char *source, int json, FILE *f)
 		fprintf(f, "cache in use: %s of %s\n",
 			ckpt_human(stat_value(buf, "cache_bytes"), h2, sizeof(h2)),
 			ckpt_human(stat_value(buf, "cache_budget"), h3, sizeof(h3)));
+		if (stat_value(buf, "stored_copy_bytes"))
+			fprintf(f, "copied out of STEP/.stored: %s\n",
+				ckpt_human(stat_value(buf, "stored_copy_bytes"), h1, sizeof(h1)));
 		if (ne)
 			fprintf(f, "recent errors (all: cat %s/.ckptfs/log):\n", mnt);
 		for (size_t i = 0; i < ne; i++)

@@ -541,6 +541,7 @@ static int stored_fill(ckpt_view *v, struct node *dir, const char *key, int dept
 			f->store = v->src;
 			f->key = strdup(k);
 			f->size = l.e[i].st.size;
+			f->stored_copy = 1;
 			if (!f->key) {
 				rc = -ENOMEM;
 				break;

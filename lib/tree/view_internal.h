@@ -271,6 +271,7 @@ struct file_node {
 	char *key; /* ... and its key there; or */
 	char *content; /* the bytes themselves */
 	uint64_t size;
+	int stored_copy; /* a file of STEP/.stored/: reads count in stored_copy_bytes */
 };
 
 /* N_SHARDS */

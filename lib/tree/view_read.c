@@ -324,6 +324,8 @@ static ssize_t file_read(ckpt_view *v, struct node *node, uint64_t off, size_t l
 		ckpt_log(CKPT_LOG_ERR, "%s/%s: read failed: %s", n->store->root, n->key, strerror((int)-r));
 		return -EIO;
 	}
+	if (n->stored_copy)
+		CKPT_STAT_ADD(stored_copy_bytes, (uint64_t)r);
 	return r;
 }
 

@@ -330,6 +330,12 @@ def test_stored_folder_copies_a_restorable_step(tmp_path, mount):
             rel = os.path.relpath(os.path.join(d, f), src / "20")
             assert (backup / "20" / rel).read_bytes() == (src / "20" / rel).read_bytes(), rel
     assert sorted(os.listdir(backup / "20" / "state")) == sorted(os.listdir(src / "20" / "state"))
+    # the copy's progress: bytes read out of .stored, in the stats and in status
+    total = sum(f.stat().st_size for f in (src / "20").rglob("*") if f.is_file())
+    stats = __import__("json").loads(m.p(".ckptfs/stats").read_bytes())
+    assert stats["stored_copy_bytes"] == total, (stats, total)
+    st = run("status", m.path).stdout
+    assert "copied out of STEP/.stored: " in st, st
     # ckptfs (and so Orbax's layout) reads the copy as a root with step 20
     p = run("info", "--json", backup)
     assert p.returncode == 0, p.stderr
