@@ -551,11 +551,14 @@ static int check_mountpoint(const char *mnt, const char *source, int nonempty)
 
 /* ---- GNU long forms, and "did you mean" for a mistyped name ---- */
 
+static char *alias_made[16]; /* the -o strings long_aliases made (freed at exit) */
+static unsigned n_alias_made;
+
 /* argv with the GNU long forms rewritten as their libfuse/-o forms:
  * --foreground -f, --read-only -o ro, --allow-other -o allow_other,
  * --log-file=PATH (or --log-file PATH) -o log_file=PATH.  NULL when out of
- * memory; the strings of the result are argv's or leaked on purpose (they
- * live until exit). */
+ * memory (or past 16 --log-file); the strings of the result are argv's,
+ * static, or in alias_made. */
 static char **long_aliases(int *argc, char **argv)
 {
 	char **out = calloc(2 * (size_t)*argc + 1, sizeof(*out));
@@ -589,6 +592,12 @@ static char **long_aliases(int *argc, char **argv)
 				return NULL;
 			}
 			free(kv);
+			if (n_alias_made == sizeof(alias_made) / sizeof(alias_made[0])) {
+				free(opt);
+				free(out);
+				return NULL;
+			}
+			alias_made[n_alias_made++] = opt;
 			out[n++] = o;
 			out[n++] = opt;
 		} else {
@@ -1008,6 +1017,8 @@ out_args:
 		ckpt_rmtree(spool_dir);
 	free(spool_dir);
 	free(av);
+	for (unsigned i = 0; i < n_alias_made; i++)
+		free(alias_made[i]);
 	free(log_dest);
 	return ret;
 }
