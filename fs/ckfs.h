@@ -35,6 +35,8 @@ struct ckfs_opts {
 	int process_index, process_count; /* multi-host writes (docs/usage.md) */
 	int commit_timeout; /* seconds; 0: default */
 	int has_fsname, has_subtype;
+	int nonempty; /* -o nonempty: mount over a non-empty or mounted folder */
+	int quiet; /* -q: no line on a successful mount */
 };
 
 struct ckfs {

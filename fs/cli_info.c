@@ -4,28 +4,73 @@
  * prints ckpt_view_summary() of PATH (the same text the mount serves as
  * STEP/.ckptfs/summary.txt).  Never reads array data.
  */
+#include <dirent.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "ckfs.h"
 #include "cli.h"
 
 static void info_usage(FILE *f)
 {
-	fprintf(f, "usage: ckptfs info [--json] SOURCE [PATH]\n"
+	fprintf(f, "usage: ckptfs info [--json] [--all] SOURCE [PATH]\n"
 		   "Steps, items and a table of the arrays under SOURCE (or PATH inside it: STEP,\n"
 		   "STEP/ITEM or a directory below), without mounting.  Reads metadata only.\n"
-		   "A mount serves the same table as STEP/.ckptfs/summary.txt (and summary.json).\n");
+		   "For a CheckpointManager root, one line per step (--all: every step's table).\n"
+		   "A mount serves the same table as STEP/.ckptfs/summary.txt (and summary.json).\n"
+		   "Exit status: 0, 1 when SOURCE cannot be opened or an array cannot be read, 2 usage.\n");
+}
+
+/* 1 when a NAME.npy file lies in folder dir or below (depth levels at most):
+ * a folder copied out of a mount's tree view (cp -r MNT/STEP) holds the
+ * arrays as .npy files beside Orbax metadata that describes other files. */
+static int has_npy(const char *dir, int depth)
+{
+	DIR *d = depth >= 0 ? opendir(dir) : NULL;
+	if (!d)
+		return 0;
+	int found = 0;
+	struct dirent *e;
+	while (!found && (e = readdir(d))) {
+		size_t n = strlen(e->d_name);
+		char p[PATH_MAX];
+		struct stat st;
+		if (e->d_name[0] == '.' ||
+		    snprintf(p, sizeof(p), "%s/%s", dir, e->d_name) >= (int)sizeof(p) || lstat(p, &st) != 0)
+			continue;
+		if (S_ISREG(st.st_mode) && n > 4 && !strcmp(e->d_name + n - 4, ".npy"))
+			found = 1;
+		else if (S_ISDIR(st.st_mode))
+			found = has_npy(p, depth - 1);
+	}
+	closedir(d);
+	return found;
+}
+
+static void explain_tree_copy(const char *real)
+{
+	fprintf(stderr,
+		"ckptfs info: %s holds .npy files beside Orbax metadata: it looks like a copy of a ckptfs\n"
+		"mount's tree view (cp -r MNT/STEP).  Its metadata describes the stored files, which the "
+		"copy\n"
+		"lacks, so neither Orbax nor ckptfs can restore it; its NAME.npy files are plain arrays\n"
+		"(numpy.load).  For a step that Orbax restores, copy the stored files from the mount:\n"
+		"    cp -r MNT/STEP/.stored DEST/STEP\n",
+		real);
 }
 
 int ckfs_cmd_info(int argc, char **argv)
 {
-	int json = 0;
+	int flags = 0;
 	const char *source = NULL, *sub = "";
 	for (int i = 1; i < argc; i++) {
 		if (!strcmp(argv[i], "--json")) {
-			json = 1;
+			flags |= CKPT_SUMMARY_JSON;
+		} else if (!strcmp(argv[i], "--all")) {
+			flags |= CKPT_SUMMARY_ALL;
 		} else if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
 			info_usage(stdout);
 			return 0;
@@ -49,8 +94,11 @@ int ckfs_cmd_info(int argc, char **argv)
 	ckpt_view *v;
 	char *real;
 	int rc = cli_open_view(source, &v, &real);
-	if (rc < 0)
+	if (rc < 0) {
+		if (!ckpt_store_source_is_remote(source) && has_npy(source, 8))
+			explain_tree_copy(source);
 		return 1;
+	}
 	ckpt_attr a;
 	rc = ckfs_resolve(v, sub, &a);
 	if (rc < 0) {
@@ -61,12 +109,21 @@ int ckfs_cmd_info(int argc, char **argv)
 	} else {
 		char *buf;
 		size_t len;
-		rc = ckpt_view_summary(v, a.ino, real, json, &buf, &len);
+		rc = ckpt_view_summary(v, a.ino, real, flags, &buf, &len);
 		if (rc < 0) {
 			fprintf(stderr, "ckptfs info: %s: %s\n", real, strerror(-rc));
 		} else {
 			fwrite(buf, 1, len, stdout);
 			free(buf);
+			if (rc > 0) {
+				fprintf(stderr,
+					"ckptfs info: %s: %d array%s cannot be read (listed under "
+					"\"unreadable\")\n",
+					real, rc, rc == 1 ? "" : "s");
+				if (!ckpt_store_source_is_remote(real) && has_npy(real, 8))
+					explain_tree_copy(real);
+				rc = -EIO;
+			}
 		}
 	}
 	ckpt_view_destroy(v);

@@ -28,12 +28,13 @@ static const char *const counters[] = { "bytes_written", "stored_bytes_written",
 					"commits",	 "commit_failures",	 "errors",
 					"cache_hits",	 "cache_misses",	 "cache_evictions",
 					"bytes_served",	 "chunks_decoded",	 "cache_bytes",
-					"cache_budget",	 "unsettled_steps" };
+					"cache_budget",	 "unsettled_steps",	 "stored_copy_bytes" };
 #define NCOUNTERS (sizeof(counters) / sizeof(counters[0]))
 
 struct pstep {
 	char name[256];
 	uint64_t arrays, declared, stored, stored_files;
+	int leftover; /* no such step in the mount: left by an earlier mount */
 };
 
 static void usage(FILE *f)
@@ -151,11 +152,53 @@ static size_t pending_steps(const char *mnt, const char *source, struct pstep **
 		char p[PATH_MAX];
 		if (snprintf(p, sizeof(p), "%s/%s", source, e->d_name) < (int)sizeof(p))
 			walk_step(p, 0, 1, ps);
-		if (snprintf(p, sizeof(p), "%s/%s", mnt, ps->name) < (int)sizeof(p))
+		struct stat st;
+		if (snprintf(p, sizeof(p), "%s/%s", mnt, ps->name) < (int)sizeof(p)) {
+			ps->leftover = stat(p, &st) != 0;
 			walk_step(p, 0, 0, ps);
+		}
 	}
 	closedir(d);
 	*out = v;
+	return n;
+}
+
+/* The error and warning lines of MNT/.ckptfs/log, the last `max` of them
+ * (newest last, each a malloc'd string without its newline), and the log's
+ * destination from the mount's first line (*dest, malloc'd, or NULL). */
+#define RECENT_MAX 5
+static size_t recent_errors(const char *mnt, char **lines, size_t max, char **dest)
+{
+	char path[PATH_MAX];
+	*dest = NULL;
+	snprintf(path, sizeof(path), "%s/.ckptfs/log", mnt);
+	FILE *lf = fopen(path, "re");
+	if (!lf)
+		return 0;
+	size_t n = 0;
+	char line[1024];
+	while (fgets(line, sizeof(line), lf)) {
+		line[strcspn(line, "\n")] = 0;
+		const char *msg = strchr(line, ' '); /* past the time */
+		if (!msg)
+			continue;
+		msg++;
+		const char *lp = strstr(msg, "; log: ");
+		if (!strncmp(msg, "info: ", 6) && strstr(msg, ": mounted on ") && lp) {
+			free(*dest);
+			*dest = strdup(lp + 7);
+		}
+		if (strncmp(msg, "error: ", 7) && strncmp(msg, "warning: ", 9))
+			continue;
+		if (n == max) {
+			free(lines[0]);
+			memmove(lines, lines + 1, (max - 1) * sizeof(*lines));
+			n--;
+		}
+		if ((lines[n] = strdup(line)))
+			n++;
+	}
+	fclose(lf);
 	return n;
 }
 
@@ -173,6 +216,8 @@ static int show(const char *mnt, const char *source, int json, FILE *f)
 	fclose(sf);
 	struct pstep *ps;
 	size_t np = pending_steps(mnt, source, &ps);
+	char *errs[RECENT_MAX], *dest;
+	size_t ne = recent_errors(mnt, errs, RECENT_MAX, &dest);
 	char h1[32], h2[32], h3[32];
 	if (json) {
 		fprintf(f, "{\"mountpoint\": ");
@@ -185,9 +230,20 @@ static int show(const char *mnt, const char *source, int json, FILE *f)
 			ckpt_json_str(f, ps[i].name);
 			fprintf(f,
 				", \"arrays\": %llu, \"declared_bytes\": %llu, \"stored_bytes\": %llu, "
-				"\"stored_files\": %llu}",
+				"\"stored_files\": %llu, \"leftover\": %s}",
 				(unsigned long long)ps[i].arrays, (unsigned long long)ps[i].declared,
-				(unsigned long long)ps[i].stored, (unsigned long long)ps[i].stored_files);
+				(unsigned long long)ps[i].stored, (unsigned long long)ps[i].stored_files,
+				ps[i].leftover ? "true" : "false");
+		}
+		fprintf(f, "], \"log\": ");
+		if (dest)
+			ckpt_json_str(f, dest);
+		else
+			fprintf(f, "null");
+		fprintf(f, ", \"recent_errors\": [");
+		for (size_t i = 0; i < ne; i++) {
+			fprintf(f, "%s", i ? ", " : "");
+			ckpt_json_str(f, errs[i]);
 		}
 		fprintf(f, "], \"stats\": {");
 		for (size_t i = 0; i < NCOUNTERS; i++)
@@ -196,14 +252,30 @@ static int show(const char *mnt, const char *source, int json, FILE *f)
 		fprintf(f, "}}\n");
 	} else {
 		fprintf(f, "%s: ckptfs mount of %s\n", mnt, source);
-		if (!np)
-			fprintf(f, "no pending step\n");
+		size_t live = 0;
 		for (size_t i = 0; i < np; i++)
+			live += !ps[i].leftover;
+		if (!live)
+			fprintf(f, "no pending step\n");
+		for (size_t i = 0; i < np; i++) {
+			if (ps[i].leftover) {
+				fprintf(f,
+					"left over: %s" TMP_SUFFIX
+					" (%s in %llu files), a step an earlier mount "
+					"never committed; not part of this mount.  Discard it: rm -r "
+					"%s/%s" TMP_SUFFIX
+					" (or, on a writable mount, mkdir %s/%s && rmdir %s/%s)\n",
+					ps[i].name, ckpt_human(ps[i].stored, h2, sizeof(h2)),
+					(unsigned long long)ps[i].stored_files, source, ps[i].name, mnt,
+					ps[i].name, mnt, ps[i].name);
+				continue;
+			}
 			fprintf(f, "pending step %s: %llu array%s declared (%s), %s stored in %llu files\n",
 				ps[i].name, (unsigned long long)ps[i].arrays, ps[i].arrays == 1 ? "" : "s",
 				ckpt_human(ps[i].declared, h1, sizeof(h1)),
 				ckpt_human(ps[i].stored, h2, sizeof(h2)),
 				(unsigned long long)ps[i].stored_files);
+		}
 		fprintf(f, "written: %s received, %s stored (compressed), %s buffered\n",
 			ckpt_human(stat_value(buf, "bytes_written"), h1, sizeof(h1)),
 			ckpt_human(stat_value(buf, "stored_bytes_written"), h2, sizeof(h2)),
@@ -227,7 +299,19 @@ static int show(const char *mnt, const char *source, int json, FILE *f)
 		fprintf(f, "cache in use: %s of %s\n",
 			ckpt_human(stat_value(buf, "cache_bytes"), h2, sizeof(h2)),
 			ckpt_human(stat_value(buf, "cache_budget"), h3, sizeof(h3)));
+		if (stat_value(buf, "stored_copy_bytes"))
+			fprintf(f, "copied out of STEP/.stored: %s\n",
+				ckpt_human(stat_value(buf, "stored_copy_bytes"), h1, sizeof(h1)));
+		if (ne)
+			fprintf(f, "recent errors (all: cat %s/.ckptfs/log):\n", mnt);
+		for (size_t i = 0; i < ne; i++)
+			fprintf(f, "  %s\n", errs[i]);
+		if (dest)
+			fprintf(f, "log: %s\n", dest);
 	}
+	for (size_t i = 0; i < ne; i++)
+		free(errs[i]);
+	free(dest);
 	free(ps);
 	fflush(f);
 	return 0;

@@ -1,19 +1,23 @@
 /*
  * main.c - options, mount, readiness signal, the request loop, teardown.
  */
+#include <dirent.h>
 #include <fcntl.h>
 #include <pthread.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
+#include <sys/un.h>
 #include <syslog.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "ckfs.h"
+#include "cli.h"
 
 #ifndef CKPT_VERSION
 #error "CKPT_VERSION comes from CMake (project VERSION)"
@@ -43,6 +47,10 @@ static const struct fuse_opt opt_spec[] = { OPT("cache_size=%s", cache_size, 0),
 					    OPT("process_index=%d", process_index, 0),
 					    OPT("process_count=%d", process_count, 0),
 					    OPT("commit_timeout=%d", commit_timeout, 0),
+					    OPT("nonempty", nonempty, 1),
+					    OPT("-q", quiet, 1),
+					    OPT("--quiet", quiet, 1),
+					    OPT("quiet", quiet, 1),
 					    FUSE_OPT_KEY("fsname=", 1001),
 					    FUSE_OPT_KEY("subtype=", 1002),
 					    FUSE_OPT_KEY("ro", 1000),
@@ -70,6 +78,7 @@ static void usage(const char *prog)
 	       "    DIR.safetensors         every array under DIR as one safetensors file\n"
 	       "    DIR.safetensors.d/      the same, in shards (-o safetensors_shard_size)\n"
 	       "    .ckptfs/stats           counters as JSON (cache, bytes, commits, errors)\n"
+	       "    .ckptfs/log             the recent log lines (errors with their reasons)\n"
 	       "    STEP/.ckptfs/summary.txt  the table of `ckptfs info SOURCE STEP` (.json: --json);\n"
 	       "                            .ckptfs/summary.txt at the root of a one-step/item mount\n"
 	       "Array files carry user.ckpt.* xattrs (dtype, shape, chunks, codec, stored_bytes).\n\n"
@@ -98,7 +107,7 @@ static void usage(const char *prog)
 	       "                            SOURCE; host 0 is the primary (docs/usage.md)\n"
 	       "    -o commit_timeout=SEC   multi-host commit: wait this long for the other hosts (600)\n"
 	       "    -o uid=N,gid=N          owner shown for every file (default: the mounting user)\n"
-	       "    -o umask=OCT            show modes 0777/0666 & ~OCT (e.g. 022: copies stay writable)\n"
+	       "    -o umask=OCT            show modes 0777/0666 & ~OCT (default 022: 0755 and 0644)\n"
 	       "    -o allow_other_writes   with allow_other: let other users write and commit steps\n"
 	       "                            (default: EACCES for any uid but the mounting user's)\n"
 	       "    -o endpoint=URL         s3://, gs:// SOURCE: the service's URL (MinIO, R2, a local\n"
@@ -118,9 +127,15 @@ static void usage(const char *prog)
 	       "                            Google files, never from options (see ckptfs(1)).\n"
 	       "    -o log_level=LEVEL      error, warning, info (default) or debug\n"
 	       "    -o log_file=PATH        log to PATH (default: stderr in the foreground, syslog\n"
-	       "                            with ident ckptfs once daemonized)\n"
+	       "                            with ident ckptfs once daemonized; without a syslog\n"
+	       "                            daemon, $XDG_RUNTIME_DIR/ckptfs.log or /tmp/ckptfs-UID.log)\n"
 	       "    -o ready_file=PATH      write the daemon's PID to PATH once the mount is ready\n"
 	       "    -o ready_fd=N           write 's' (mounted) or 'f' (failed) to fd N, then close it\n"
+	       "    -o nonempty             mount even over a non-empty folder or a mount point (its\n"
+	       "                            files are hidden until the unmount; refused otherwise)\n"
+	       "    -q, --quiet, -o quiet   print no line on a successful mount (quiet: for fstab)\n"
+	       "    --foreground, --read-only, --allow-other, --log-file=PATH\n"
+	       "                            GNU long forms of -f, -o ro, -o allow_other, -o log_file\n"
 	       "    -h, --help              this help\n"
 	       "    -V, --version           print the version\n\n"
 	       "fsname=SOURCE and subtype=ckptfs are set unless given.  mount -t fuse.ckptfs and\n"
@@ -307,6 +322,7 @@ static void file_sink(int level, const char *msg)
 }
 
 static int log_foreground;
+static char *log_dest; /* where the log goes, in words (the mount line) */
 
 static void file_and_stderr_sink(int level, const char *msg)
 {
@@ -319,6 +335,45 @@ static void syslog_sink(int level, const char *msg)
 {
 	static const int prio[] = { LOG_ERR, LOG_WARNING, LOG_INFO, LOG_DEBUG };
 	syslog(prio[level < 0 ? 0 : level > 3 ? 3 : level], "%s", msg);
+}
+
+/* 1 when a syslog daemon listens on /dev/log (often none in a container:
+ * syslog(3) would then drop every line without a word). */
+static int syslog_listens(void)
+{
+	struct sockaddr_un sa = { .sun_family = AF_UNIX, .sun_path = "/dev/log" };
+	int fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+	if (fd < 0)
+		return 0;
+	int ok = connect(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0;
+	close(fd);
+	return ok;
+}
+
+/* The log file of a daemon in the background without syslog and without
+ * -o log_file: $XDG_RUNTIME_DIR/ckptfs.log, else /tmp/ckptfs-UID.log.  The
+ * file must be a regular file of ours (not a link someone planted).
+ * Opens log_fd; the path (malloc'd) or NULL. */
+static char *open_default_log(void)
+{
+	const char *xdg = getenv("XDG_RUNTIME_DIR");
+	struct stat st;
+	char *path = NULL;
+	if (xdg && xdg[0] == '/' && stat(xdg, &st) == 0 && S_ISDIR(st.st_mode)) {
+		if (asprintf(&path, "%s/ckptfs.log", xdg) < 0)
+			return NULL;
+	} else if (asprintf(&path, "/tmp/ckptfs-%u.log", (unsigned)geteuid()) < 0) {
+		return NULL;
+	}
+	int fd = open(path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+	if (fd < 0 || fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_uid != geteuid()) {
+		if (fd >= 0)
+			close(fd);
+		free(path);
+		return NULL;
+	}
+	log_fd = fd;
+	return path;
 }
 
 /* Absolute form of a path given on the command line (the daemon changes
@@ -362,12 +417,320 @@ static int write_ready_file(const char *path)
 	return rc;
 }
 
+/* ---- the mount point: refuse one whose files the mount would hide ---- */
+
+/* Names whose presence marks a folder as a checkpoint (or part of one). */
+static const char *const ckpt_marks[] = { "commit_success.txt", "_CHECKPOINT_METADATA",
+					  "_METADATA",		"manifest.ocdbt",
+					  "_sharding",		".zarray",
+					  "zarr.json",		"checkpoint",
+					  "model.safetensors" };
+
+/* The entries of dir but . and ..: their count (the first ones' names,
+ * comma-separated, in names), or -errno.  *ckpt is set when one looks like
+ * part of a checkpoint: a marker file or a step folder (digits only). */
+static long dir_entries(const char *dir, char *names, size_t cap, int *ckpt)
+{
+	DIR *d = opendir(dir);
+	if (!d)
+		return -errno;
+	long n = 0;
+	size_t used = 0;
+	struct dirent *e;
+	names[0] = 0;
+	*ckpt = 0;
+	while ((e = readdir(d))) {
+		if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, ".."))
+			continue;
+		if (n < 3 && used + strlen(e->d_name) + 3 < cap)
+			used += (size_t)snprintf(names + used, cap - used, "%s%s", n ? ", " : "", e->d_name);
+		n++;
+		size_t k = strspn(e->d_name, "0123456789");
+		if (k && !e->d_name[k])
+			*ckpt = 1;
+		for (size_t i = 0; i < sizeof(ckpt_marks) / sizeof(ckpt_marks[0]); i++)
+			if (!strcmp(e->d_name, ckpt_marks[i]))
+				*ckpt = 1;
+	}
+	closedir(d);
+	return n;
+}
+
+/* 1 when `real` (a resolved path) is a mount point of this namespace. */
+static int is_mount_point(const char *real)
+{
+	FILE *f = fopen("/proc/self/mountinfo", "re");
+	if (!f)
+		return 0;
+	char line[8192];
+	int found = 0;
+	while (!found && fgets(line, sizeof(line), f)) {
+		char point[4096], un[4096];
+		if (sscanf(line, "%*u %*u %*s %*s %4095s", point) != 1)
+			continue;
+		size_t o = 0; /* mountinfo writes blanks and backslashes as \ooo */
+		for (const char *c = point; *c && o + 1 < sizeof(un); c++) {
+			if (c[0] == '\\' && c[1] >= '0' && c[1] <= '3' && c[2] && c[3]) {
+				un[o++] = (char)((c[1] - '0') * 64 + (c[2] - '0') * 8 + (c[3] - '0'));
+				c += 3;
+			} else {
+				un[o++] = *c;
+			}
+		}
+		un[o] = 0;
+		found = !strcmp(un, real);
+	}
+	fclose(f);
+	return found;
+}
+
+/* After libfuse refused the mount point: when the last argument (the
+ * MOUNTPOINT) is a FUSE mount whose daemon is gone, say what to do. */
+static void hint_dead_mount(int argc, char **argv)
+{
+	const char *mnt = argc >= 2 ? argv[argc - 1] : NULL;
+	struct stat st;
+	if (mnt && mnt[0] != '-' && stat(mnt, &st) != 0 && errno == ENOTCONN)
+		fprintf(stderr,
+			"ckptfs: MOUNTPOINT %s is a FUSE mount whose daemon is gone (Transport endpoint is "
+			"not "
+			"connected): fusermount3 -u %s first\n",
+			mnt, mnt);
+}
+
+/*
+ * 0 when mnt may be mounted on: an empty folder that is no mount point yet
+ * (or anything, with -o nonempty).  Else prints why, and what to do, and
+ * returns -1.  A mount over a folder hides its files until the unmount; a
+ * swap of SOURCE and MOUNTPOINT would hide the very checkpoint.
+ */
+static int check_mountpoint(const char *mnt, const char *source, int nonempty)
+{
+	if (nonempty || !strncmp(mnt, "/dev/fd/", 8)) /* libfuse's pre-opened /dev/fuse */
+		return 0;
+	struct stat st;
+	if (stat(mnt, &st) != 0 && errno == ENOTCONN) {
+		hint_dead_mount(2, (char *[]){ NULL, (char *)mnt });
+		return -1;
+	}
+	if (is_mount_point(mnt)) {
+		fprintf(stderr,
+			"ckptfs: MOUNTPOINT %s is already a mount point: unmount it first (fusermount3 -u "
+			"%s), "
+			"or add -o nonempty to mount over it\n",
+			mnt, mnt);
+		return -1;
+	}
+	char names[256];
+	int ckpt = 0, src_ckpt = 0;
+	long n = dir_entries(mnt, names, sizeof(names), &ckpt);
+	if (n < 0) {
+		fprintf(stderr, "ckptfs: MOUNTPOINT %s: %s\n", mnt, strerror((int)-n));
+		return -1;
+	}
+	if (n == 0)
+		return 0;
+	char snames[8];
+	long sn = ckpt_store_source_is_remote(source)
+			  ? 1
+			  : dir_entries(source, snames, sizeof(snames), &src_ckpt);
+	if (ckpt && sn == 0)
+		fprintf(stderr,
+			"ckptfs: MOUNTPOINT %s holds a checkpoint and SOURCE %s is empty: did you swap "
+			"SOURCE "
+			"and MOUNTPOINT? (usage: ckptfs [options] SOURCE MOUNTPOINT)\n",
+			mnt, source);
+	else
+		fprintf(stderr,
+			"ckptfs: MOUNTPOINT %s is not empty (%ld entr%s: %s%s): the mount would hide %s; use "
+			"an "
+			"empty folder, or add -o nonempty to mount over it\n",
+			mnt, n, n == 1 ? "y" : "ies", names, n > 3 ? ", ..." : "", n == 1 ? "it" : "them");
+	return -1;
+}
+
+/* ---- GNU long forms, and "did you mean" for a mistyped name ---- */
+
+static char *alias_made[16]; /* the -o strings long_aliases made (freed at exit) */
+static unsigned n_alias_made;
+
+/* argv with the GNU long forms rewritten as their libfuse/-o forms:
+ * --foreground -f, --read-only -o ro, --allow-other -o allow_other,
+ * --log-file=PATH (or --log-file PATH) -o log_file=PATH.  NULL when out of
+ * memory (or past 16 --log-file); the strings of the result are argv's,
+ * static, or in alias_made. */
+static char **long_aliases(int *argc, char **argv)
+{
+	char **out = calloc(2 * (size_t)*argc + 1, sizeof(*out));
+	if (!out)
+		return NULL;
+	static char f[] = "-f", o[] = "-o", ro[] = "ro", ao[] = "allow_other";
+	int n = 0;
+	for (int i = 0; i < *argc; i++) {
+		const char *a = argv[i];
+		if (i && !strcmp(a, "--")) { /* the rest are names */
+			while (i < *argc)
+				out[n++] = argv[i++];
+			break;
+		}
+		if (i && !strcmp(a, "--foreground")) {
+			out[n++] = f;
+		} else if (i && !strcmp(a, "--read-only")) {
+			out[n++] = o;
+			out[n++] = ro;
+		} else if (i && !strcmp(a, "--allow-other")) {
+			out[n++] = o;
+			out[n++] = ao;
+		} else if (i &&
+			   (!strncmp(a, "--log-file=", 11) || (!strcmp(a, "--log-file") && i + 1 < *argc))) {
+			const char *path = a[10] == '=' ? a + 11 : argv[++i];
+			char *kv = NULL, *opt = NULL;
+			if (asprintf(&kv, "log_file=%s", path) < 0 ||
+			    fuse_opt_add_opt_escaped(&opt, kv) == -1) {
+				free(kv);
+				free(out);
+				return NULL;
+			}
+			free(kv);
+			if (n_alias_made == sizeof(alias_made) / sizeof(alias_made[0])) {
+				free(opt);
+				free(out);
+				return NULL;
+			}
+			alias_made[n_alias_made++] = opt;
+			out[n++] = o;
+			out[n++] = opt;
+		} else {
+			out[n++] = argv[i];
+		}
+	}
+	out[n] = NULL;
+	*argc = n;
+	return out;
+}
+
+/* The -o names ckptfs and libfuse know (for "did you mean"). */
+static const char *const known_opts[] = { "cache_size",
+					  "threads",
+					  "ready_fd",
+					  "show_companions",
+					  "read_ahead_kb",
+					  "direct_read",
+					  "log_level",
+					  "safetensors_shard_size",
+					  "zstd_level",
+					  "write_buffer",
+					  "log_file",
+					  "ready_file",
+					  "uid",
+					  "gid",
+					  "umask",
+					  "allow_other_writes",
+					  "root",
+					  "process_index",
+					  "process_count",
+					  "commit_timeout",
+					  "nonempty",
+					  "quiet",
+					  "fsname",
+					  "subtype",
+					  "ro",
+					  "rw",
+					  "allow_other",
+					  "allow_root",
+					  "auto_unmount",
+					  "default_permissions",
+					  "max_read",
+					  "blkdev",
+					  "blksize",
+					  "nosuid",
+					  "suid",
+					  "nodev",
+					  "dev",
+					  "noexec",
+					  "exec",
+					  "noatime",
+					  "relatime",
+					  "sync",
+					  "async",
+					  "dirsync",
+					  "clone_fd",
+					  "max_threads",
+					  "max_idle_threads",
+					  "endpoint",
+					  "region",
+					  "profile",
+					  "token_file",
+					  "anonymous",
+					  "connections",
+					  "retries",
+					  "timeout_ms",
+					  "cache_dir",
+					  "cache_dir_size",
+					  "retry_base_ms" };
+
+/* After libfuse refused the command line: a hint for each -o name that
+ * looks like a known one mistyped. */
+static void hint_options(const struct fuse_args *args)
+{
+	for (int i = 1; i < args->argc; i++) {
+		const char *list = NULL;
+		if (!strcmp(args->argv[i], "-o") && i + 1 < args->argc)
+			list = args->argv[++i];
+		else if (!strncmp(args->argv[i], "-o", 2))
+			list = args->argv[i] + 2;
+		if (!list)
+			continue;
+		char *copy = strdup(list), *save = NULL;
+		for (char *o = copy ? strtok_r(copy, ",", &save) : NULL; o; o = strtok_r(NULL, ",", &save)) {
+			o[strcspn(o, "=")] = 0;
+			int known = 0;
+			for (size_t k = 0; k < sizeof(known_opts) / sizeof(known_opts[0]); k++)
+				known |= !strcmp(o, known_opts[k]);
+			const char *m = known ? NULL
+					      : cli_did_you_mean(o, known_opts,
+								 sizeof(known_opts) / sizeof(known_opts[0]));
+			if (m)
+				fprintf(stderr, "ckptfs: unknown option -o %s: did you mean -o %s?\n", o, m);
+		}
+		free(copy);
+	}
+}
+
+/* The line printed on a successful mount (-q: none): what, where, the
+ * log and how to unmount.  Before the fork: flushed. */
+static void mount_line(struct ckfs *fs, const char *mnt, const char *log)
+{
+	const char *kind = ckpt_view_kind(fs->view);
+	char what[96];
+	if (!strcmp(kind, "root")) {
+		unsigned long steps = 0;
+		const char *name;
+		ckpt_attr a;
+		for (uint64_t i = 0; ckpt_view_readdir(fs->view, CKPT_ROOT_INO, i, &name, &a) > 0; i++)
+			if (a.is_dir && name[0] && !name[strspn(name, "0123456789")])
+				steps++;
+		snprintf(what, sizeof(what), "CheckpointManager root, %lu step%s", steps,
+			 steps == 1 ? "" : "s");
+	} else {
+		snprintf(what, sizeof(what), "one %s", kind);
+	}
+	printf("ckptfs: mounted %s on %s (%s, %s); log: %s; unmount: fusermount3 -u %s\n", fs->opts.source,
+	       mnt, what, fs->writable ? "writable" : "read-only",
+	       log ? log : "none (no syslog: add -o log_file=PATH)", mnt);
+	fflush(stdout);
+}
+
 static int parse_options(struct ckfs *fs, struct fuse_args *args)
 {
 	struct ckfs_opts *o = &fs->opts;
 	fs->owner_uid = getuid();
 	fs->show_uid = o->uid >= 0 ? (uid_t)o->uid : getuid();
 	fs->show_gid = o->gid >= 0 ? (gid_t)o->gid : getgid();
+	/* 0755 folders, 0644 files, as rclone, s3fs and gcsfuse show them:
+	 * copies out of the mount (cp -r, rsync, tar) stay writable */
+	fs->have_umask = 1;
+	fs->umask_bits = 022;
 	if (o->umask) {
 		char *end;
 		errno = 0;
@@ -434,6 +797,22 @@ int main(int argc, char *argv[])
 		return ckfs_cmd_verify(argc - 1, argv + 1);
 	if (argc >= 2 && !strcmp(argv[1], "status"))
 		return ckfs_cmd_status(argc - 1, argv + 1);
+	if (argc >= 2 && argv[1][0] != '-' && access(argv[1], F_OK) != 0) {
+		static const char *const subs[] = { "info", "verify", "status" };
+		const char *m = cli_did_you_mean(argv[1], subs, 3);
+		if (m) {
+			fprintf(stderr,
+				"ckptfs: %s: no such subcommand or SOURCE; did you mean 'ckptfs %s'?\n",
+				argv[1], m);
+			return 1;
+		}
+	}
+	char **av = long_aliases(&argc, argv);
+	if (!av) {
+		fprintf(stderr, "ckptfs: out of memory\n");
+		return 1;
+	}
+	argv = av;
 
 	struct fuse_args args = FUSE_ARGS_INIT(argc, argv);
 	struct ckfs fs = { 0 };
@@ -458,8 +837,10 @@ int main(int argc, char *argv[])
 		ret = 0;
 		goto out_args;
 	}
-	if (fuse_parse_cmdline(&args, &cl) != 0)
+	if (fuse_parse_cmdline(&args, &cl) != 0) {
+		hint_dead_mount(argc, argv);
 		goto out_ready;
+	}
 	if (!fs.opts.source || !cl.mountpoint) {
 		fprintf(stderr, "usage: %s [options] SOURCE MOUNTPOINT (see --help)\n", argv[0]);
 		goto out_ready;
@@ -475,6 +856,8 @@ int main(int argc, char *argv[])
 		free(fs.opts.source);
 		fs.opts.source = real;
 	}
+	if (check_mountpoint(cl.mountpoint, fs.opts.source, fs.opts.nonempty) < 0)
+		goto out_ready;
 	if (parse_options(&fs, &args) < 0)
 		goto out_ready;
 	ckpt_view_opts vo = { 0 };
@@ -534,7 +917,13 @@ int main(int argc, char *argv[])
 		goto out_ready;
 	}
 	/* The session first: it refuses unknown options before any work. */
+	struct fuse_args seen = FUSE_ARGS_INIT(0, NULL); /* libfuse frees args on failure */
+	for (int i = 0; i < args.argc; i++)
+		fuse_opt_add_arg(&seen, args.argv[i]);
 	se = fuse_session_new(&args, &ckfs_ops, sizeof(ckfs_ops), &fs);
+	if (!se)
+		hint_options(&seen);
+	fuse_opt_free_args(&seen);
 	if (!se)
 		goto out_ready;
 	int rc = ckpt_view_open(fs.opts.source, &vo, &fs.view);
@@ -543,10 +932,25 @@ int main(int argc, char *argv[])
 		goto out_session;
 	}
 	fs.writable = !fs.opts.read_only && !strcmp(ckpt_view_kind(fs.view), "root");
+	/* where the log goes: -o log_file, stderr in the foreground, syslog
+	 * when a daemon listens on /dev/log, else a default file */
+	int use_syslog = 0;
+	if (log_fd >= 0) {
+		log_dest = abs_path(fs.opts.log_file);
+	} else if (cl.foreground) {
+		log_dest = strdup("stderr");
+	} else if (syslog_listens()) {
+		use_syslog = 1;
+		log_dest = strdup("syslog (journalctl -t ckptfs)");
+	} else {
+		log_dest = open_default_log();
+	}
 	if (fuse_set_signal_handlers(se) != 0)
 		goto out_view;
 	if (fuse_session_mount(se, cl.mountpoint) != 0)
 		goto out_signals;
+	if (!fs.opts.quiet)
+		mount_line(&fs, cl.mountpoint, log_dest);
 	/* No thread may start before this fork (the child would not have it). */
 	if (fuse_daemonize(cl.foreground) != 0)
 		goto out_unmount;
@@ -556,12 +960,13 @@ int main(int argc, char *argv[])
 	log_foreground = cl.foreground;
 	if (log_fd >= 0) {
 		ckpt_log_set_sink(file_and_stderr_sink);
-	} else if (!cl.foreground) {
+	} else if (use_syslog) {
 		openlog("ckptfs", LOG_PID | LOG_NDELAY, LOG_DAEMON);
 		ckpt_log_set_sink(syslog_sink);
 	}
-	ckpt_log(CKPT_LOG_INFO, "%s: mounted on %s as a checkpoint %s%s", fs.opts.source, cl.mountpoint,
-		 ckpt_view_kind(fs.view), fs.writable ? " (writable)" : " (read-only)");
+	ckpt_log(CKPT_LOG_INFO, "%s: mounted on %s as a checkpoint %s%s; log: %s", fs.opts.source,
+		 cl.mountpoint, ckpt_view_kind(fs.view), fs.writable ? " (writable)" : " (read-only)",
+		 log_dest ? log_dest : "none (no syslog, no file: add -o log_file=PATH)");
 	set_read_ahead(cl.mountpoint, fs.opts.read_ahead_kb);
 	if (fs.opts.ready_file)
 		write_ready_file(fs.opts.ready_file);
@@ -611,5 +1016,9 @@ out_args:
 	if (spool_dir)
 		ckpt_rmtree(spool_dir);
 	free(spool_dir);
+	free(av);
+	for (unsigned i = 0; i < n_alias_made; i++)
+		free(alias_made[i]);
+	free(log_dest);
 	return ret;
 }

@@ -20,8 +20,8 @@ static struct ckfs *fs_of(fuse_req_t req)
 }
 
 /* Every attribute reply goes through here: owner from -o uid=,gid= (else
- * the mounting user), modes from the view or, with -o umask=, 0777 for
- * directories and 0666 for files less the umask. */
+ * the mounting user), modes 0777 for directories and 0666 for files less
+ * the umask (-o umask=, default 022); the view's own modes when none. */
 static void to_stat(const struct ckfs *fs, const ckpt_attr *a, struct stat *st)
 {
 	memset(st, 0, sizeof(*st));

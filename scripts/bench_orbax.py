@@ -35,6 +35,7 @@ import importlib.machinery
 import importlib.util
 import json
 import os
+import resource
 import shutil
 import subprocess
 import sys
@@ -85,6 +86,19 @@ def nest(flat):
     return tree
 
 
+def cpu_s():
+    """CPU seconds (user + system) of this process so far, every thread included."""
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+def proc_cpu_s(pid):
+    """CPU seconds of another process (utime + stime of /proc/PID/stat)."""
+    with open('/proc/%d/stat' % pid) as f:
+        rest = f.read().rsplit(')', 1)[1].split()
+    return (int(rest[11]) + int(rest[12])) / os.sysconf('SC_CLK_TCK')
+
+
 def child(cfg):
     """A fresh process: JAX/Orbax/TensorStore imported, then one timed job; prints JSON."""
     os.environ.setdefault('JAX_PLATFORMS', 'cpu')
@@ -99,29 +113,29 @@ def child(cfg):
         jax.block_until_ready(tree)
         # OCDBT + zarr3 (StandardCheckpointHandler alone would write zarr v2)
         mgr = ocp.CheckpointManager(root, item_handlers=ocp.PyTreeCheckpointHandler(use_ocdbt=True, use_zarr3=True))
-        t0 = time.monotonic()
+        t0, c0 = time.monotonic(), cpu_s()
         mgr.save(STEP, args=ocp.args.PyTreeSave(tree))
         mgr.wait_until_finished()
-        dt = time.monotonic() - t0
+        dt, dc = time.monotonic() - t0, cpu_s() - c0
         mgr.close()
-        print(json.dumps({'seconds': dt}))
+        print(json.dumps({'seconds': dt, 'cpu': dc}))
         return
     if cfg['job'] == 'orbax_restore':
         item = os.path.join(root, str(STEP), 'default')
         ckptr = ocp.PyTreeCheckpointer()
-        t0 = time.monotonic()
+        t0, c0 = time.monotonic(), cpu_s()
         meta = ckptr.metadata(item)
         tree_meta = meta.item_metadata.tree if hasattr(meta, 'item_metadata') else meta.tree
         rargs = jax.tree_util.tree_map(lambda m: ocp.RestoreArgs(restore_type=np.ndarray), tree_meta)
         out = ckptr.restore(item, args=ocp.args.PyTreeRestore(restore_args=rargs))
-        dt = time.monotonic() - t0
+        dt, dc = time.monotonic() - t0, cpu_s() - c0
         h = hashlib.sha256()
         for k in sorted(spec):
             v = out
             for p in k.split('/'):
                 v = v[p]
             h.update(np.ascontiguousarray(v).tobytes())
-        print(json.dumps({'seconds': dt, 'sha256': h.hexdigest()}))
+        print(json.dumps({'seconds': dt, 'cpu': dc, 'sha256': h.hexdigest()}))
         return
     if cfg['job'] == 'ts_read':
         import tensorstore as ts
@@ -129,7 +143,7 @@ def child(cfg):
         from orbax.checkpoint._src.serialization import tensorstore_utils as tsu
         from orbax.checkpoint._src.serialization.types import ParamInfo
         item = os.path.join(root, str(STEP), 'default')
-        t0 = time.monotonic()
+        t0, c0 = time.monotonic(), cpu_s()
         ctx = tsu.get_ts_context(use_ocdbt=True)
         futs = []
         for k in sorted(spec):
@@ -138,11 +152,11 @@ def child(cfg):
             t = ts.open(tsu.get_json_tspec_read(info, use_ocdbt=True), open=True, read=True, context=ctx).result()
             futs.append(t.read())
         vals = [f.result() for f in futs]
-        dt = time.monotonic() - t0
+        dt, dc = time.monotonic() - t0, cpu_s() - c0
         h = hashlib.sha256()
         for v in vals:
             h.update(np.ascontiguousarray(v).tobytes())
-        print(json.dumps({'seconds': dt, 'sha256': h.hexdigest()}))
+        print(json.dumps({'seconds': dt, 'cpu': dc, 'sha256': h.hexdigest()}))
         return
     raise SystemExit('unknown job')
 
@@ -173,15 +187,19 @@ def writer(cfg):
 
 
 def mount_read_all(daemon, root, mnt, logp, spec):
-    """np.load every array through a fresh mount; (seconds, sha256)."""
+    """np.load every array through a fresh mount, as a restore to numpy
+    does (the arrays kept); (seconds, CPU seconds of reader + daemon,
+    sha256 of the arrays, taken after the clock stopped)."""
     import numpy as np
-    t0 = time.monotonic()
-    with bench.Mount(daemon, root, mnt, '', logp).start():
-        h = hashlib.sha256()
-        for k in sorted(spec):
-            h.update(np.ascontiguousarray(np.load(mnt / str(STEP) / 'default' / (k + '.npy'))).tobytes())
+    t0, c0 = time.monotonic(), cpu_s()
+    with bench.Mount(daemon, root, mnt, '', logp).start() as m:
+        arrays = [np.load(mnt / str(STEP) / 'default' / (k + '.npy')) for k in sorted(spec)]
         dt = time.monotonic() - t0
-    return dt, h.hexdigest()
+        cpu = proc_cpu_s(m.proc.pid) + (cpu_s() - c0)
+    h = hashlib.sha256()
+    for a in arrays:
+        h.update(np.ascontiguousarray(a).tobytes())
+    return dt, cpu, h.hexdigest()
 
 
 def main():
@@ -236,26 +254,34 @@ def main():
 
         # (a) reads
         mount_s, orbax_s, ts_s = [], [], []
+        mount_c, orbax_c, ts_c = [], [], []
         want = None
         for i in range(runs):
             bench.drop_caches()
             r = run_child({'job': 'orbax_restore', 'root': str(root), 'spec': jspec})
             orbax_s.append(r['seconds'])
+            orbax_c.append(r['cpu'])
             want = want or r['sha256']
             assert r['sha256'] == want
             bench.drop_caches()
             r = run_child({'job': 'ts_read', 'root': str(root), 'spec': jspec})
             ts_s.append(r['seconds'])
+            ts_c.append(r['cpu'])
             assert r['sha256'] == want, 'TensorStore read other bytes'
             bench.drop_caches()
-            dt, h = mount_read_all(daemon, root, work / 'mnt', logs / 'read.log', spec)
+            dt, cpu, h = mount_read_all(daemon, root, work / 'mnt', logs / 'read.log', spec)
             assert h == want, 'the mount served other bytes than Orbax restores'
             mount_s.append(dt)
+            mount_c.append(cpu)
         m, o, t = bench.median(mount_s), bench.median(orbax_s), bench.median(ts_s)
         table.add('(a) read every array: np.load through a fresh mount vs Orbax restore to numpy',
                   '%.2f s (%.2f GB/s)' % (m, total / m / 1e9), 'Orbax %.2f s' % o, o / m, '≥ 1.00', o / m >= 1.0)
         table.add('(a) the same vs TensorStore reading every array directly', '%.2f s' % m,
                   'TensorStore %.2f s' % t, t / m)
+        mc, oc, tc = bench.median(mount_c), bench.median(orbax_c), bench.median(ts_c)
+        table.add('(a) CPU s/GiB: mount (reader + daemon) vs Orbax restore / TensorStore',
+                  '%.2f' % (mc * GIB / total), 'Orbax %.2f / TS %.2f' % (oc * GIB / total, tc * GIB / total),
+                  oc / mc)
         details.append('read runs (s): mount %s; Orbax restore %s; TensorStore %s'
                        % (fmt(mount_s), fmt(orbax_s), fmt(ts_s)))
 

@@ -26,6 +26,12 @@ void ckpt_log_set_level(int level);
 typedef void (*ckpt_log_sink_fn)(int level, const char *msg);
 void ckpt_log_set_sink(ckpt_log_sink_fn sink);
 const char *ckpt_log_level_name(int level); /* "error", "warning", "info", "debug" */
+/* The recent log lines (the last 256 that passed the level filter, each
+ * cut at 511 bytes) of level max_level or more severe, oldest first, as
+ * "YYYY-MM-DDTHH:MM:SSZ LEVEL: message\n": as many of the newest as fit in
+ * cap - 1 bytes, NUL-terminated.  Returns the length.  Kept whatever the
+ * sink, so a daemon without syslog still has them (MNT/.ckptfs/log). */
+size_t ckpt_log_recent(char *buf, size_t cap, int max_level);
 
 /* ---- files (base/sysio.c) ---- */
 /* Remove path and, if it is a folder, everything below it.  Symlinks are

@@ -145,7 +145,9 @@ int ckpt_view_next_inval(ckpt_view *v, ckpt_ino *parent, char *name, size_t cap)
 
 /* Directory entry number `index` (0-based, "." and ".." not included):
  * returns 1 and sets *name (valid for the life of the view) and *attr, 0
- * past the end, -ENOTDIR / -errno on error. */
+ * past the end, -ENOTDIR / -errno on error.  Entries come sorted by name
+ * (strcmp), except at the root, where step folders (names all digits)
+ * come first, by number (10, 20, 100), then the other names. */
 int ckpt_view_readdir(ckpt_view *v, ckpt_ino dir, uint64_t index, const char **name, ckpt_attr *attr);
 
 /* Read file bytes [off, off+len) into dst: returns bytes copied (0 at EOF)

@@ -31,6 +31,7 @@ typedef struct ckpt_stats {
 	/* gauge: steps committed to an object store whose marker's outcome is
 	 * not known (they stay pending until a touch of the marker settles it) */
 	atomic_int_least64_t unsettled_steps;
+	atomic_uint_least64_t stored_copy_bytes; /* bytes read from STEP/.stored/ files */
 } ckpt_stats;
 
 extern ckpt_stats ckpt_g_stats;

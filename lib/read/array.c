@@ -177,7 +177,11 @@ void ckpt_ctx_destroy(ckpt_ctx *ctx)
 {
 	if (!ctx)
 		return;
-	ckpt_pool_destroy(atomic_load(&ctx->pool));
+	/* a pool made before a fork (a daemon that went to the background after
+	 * opening its view) has its threads in the parent: joining them here
+	 * would wait forever, so it is left as it is */
+	if (ctx->pool_pid == getpid())
+		ckpt_pool_destroy(atomic_load(&ctx->pool));
 	ckpt_cache_destroy(ctx->cache);
 	ckpt_streams_destroy(ctx->streams);
 	pthread_mutex_destroy(&ctx->pool_lock);

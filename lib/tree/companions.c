@@ -464,15 +464,135 @@ static int dir_lookup(ckpt_view *v, struct node *dir, const char *name, struct n
 	return meta_dir(v, dir, name, out); /* STEP/.ckptfs/ */
 }
 
+/* ---- STEP/.stored/: the step's files as they are stored ---------------------- */
+
+/* Folders of .stored/: their kids only, no hidden names. */
+static int stored_readdir(ckpt_view *v, struct node *dir, uint64_t index, struct node **out)
+{
+	(void)v;
+	struct dir_node *d = to_dir(dir);
+	if (index >= d->nkids)
+		return 0;
+	*out = d->kids[index];
+	return 1;
+}
+
+static const struct node_ops stored_dir_ops = {
+	.kind = N_DIR,
+	.size = sizeof(struct dir_node),
+	.getattr = dir_attr,
+	.readdir = stored_readdir,
+};
+
+#define STORED_MAX_DEPTH 64
+#define STORED_MAX_NODES (1u << 22)
+
+struct stored_ent {
+	char *name;
+	struct ckpt_store_stat st;
+};
+
+struct stored_list {
+	struct stored_ent *e;
+	size_t n, cap;
+};
+
+static int stored_collect(void *ctx, const char *name, const struct ckpt_store_stat *st)
+{
+	struct stored_list *l = ctx;
+	if (l->n == l->cap) {
+		size_t cap = l->cap ? 2 * l->cap : 16;
+		struct stored_ent *e = realloc(l->e, cap * sizeof(*e));
+		if (!e)
+			return -ENOMEM;
+		l->e = e;
+		l->cap = cap;
+	}
+	l->e[l->n].name = strdup(name);
+	if (!l->e[l->n].name)
+		return -ENOMEM;
+	l->e[l->n++].st = *st;
+	return 0;
+}
+
+/* The files and folders of source folder `key` as kids of dir, recursively:
+ * files read straight from the source store (ckpt_file_ops). */
+static int stored_fill(ckpt_view *v, struct node *dir, const char *key, int depth, size_t *budget)
+{
+	if (depth > STORED_MAX_DEPTH)
+		return -ELOOP;
+	struct stored_list l = { 0 };
+	int rc = ckpt_store_listdir(v->src, key, stored_collect, &l);
+	for (size_t i = 0; rc >= 0 && i < l.n; i++) {
+		char k[VIEW_PATH_MAX];
+		if (snprintf(k, sizeof(k), "%s/%s", key, l.e[i].name) >= (int)sizeof(k) || !(*budget)--) {
+			rc = -ENAMETOOLONG;
+			break;
+		}
+		struct node *n = ckpt_node_new(v, l.e[i].st.is_dir ? &stored_dir_ops : &ckpt_file_ops,
+					       l.e[i].name, dir);
+		if (!n) {
+			rc = -ENOMEM;
+			break;
+		}
+		n->mtime_ns = l.e[i].st.mtime_ns ? l.e[i].st.mtime_ns : dir->mtime_ns;
+		if (!l.e[i].st.is_dir) {
+			struct file_node *f = to_file(n);
+			f->store = v->src;
+			f->key = strdup(k);
+			f->size = l.e[i].st.size;
+			f->stored_copy = 1;
+			if (!f->key) {
+				rc = -ENOMEM;
+				break;
+			}
+		}
+		rc = ckpt_node_add_kid(dir, n);
+		if (rc == 0 && l.e[i].st.is_dir)
+			rc = stored_fill(v, n, k, depth + 1, budget);
+	}
+	for (size_t i = 0; i < l.n; i++)
+		free(l.e[i].name);
+	free(l.e);
+	return rc < 0 ? rc : 0;
+}
+
+/* ".stored" in a committed step of a root: a hidden folder holding the
+ * step's files as the source stores them (Orbax metadata, zarr or OCDBT
+ * files), so that `cp -r STEP/.stored DEST` makes a step Orbax restores,
+ * from any source, s3:// and gs:// included.  Listed once, on this lookup
+ * (ns_lock shared: the listing takes no view lock). */
+static int stored_dir(ckpt_view *v, struct node *dir, struct node **out)
+{
+	struct node *top = ckpt_node_new(v, &stored_dir_ops, CKPT_STORED_DIR, dir);
+	if (!top)
+		return -ENOMEM;
+	top->hidden = 1;
+	top->mtime_ns = dir->mtime_ns;
+	size_t budget = STORED_MAX_NODES;
+	int rc = stored_fill(v, top, dir->name, 0, &budget);
+	if (rc < 0) {
+		ckpt_log(CKPT_LOG_ERR, "%s/%s: cannot list the stored files: %s", dir->name, CKPT_STORED_DIR,
+			 strerror(-rc));
+		return -EIO;
+	}
+	*out = top;
+	return 0;
+}
+
 /* ckpt_dir_ops lookup of `name` in dir: for ".ckptfs" in a committed step of a
  * root, 0 and a new hidden .ckptfs/ directory holding the summary files
- * (summary.c); -ENOENT otherwise.  Called with ns_lock shared; builds
+ * (summary.c); for ".stored", the step's stored files; -ENOENT otherwise.  Called with ns_lock shared; builds
  * nothing. */
 static int meta_dir(ckpt_view *v, struct node *dir, const char *name, struct node **out)
 {
 	/* committed steps of a root only (the root's own .ckptfs/ is made at open) */
-	if (strcmp(name, ".ckptfs") || strcmp(v->kind, "root") || dir->ino == CKPT_ROOT_INO ||
-	    dir->parent != CKPT_ROOT_INO || !strcmp(dir->name, ".ckptfs"))
+	if (strcmp(v->kind, "root") || dir->ino == CKPT_ROOT_INO || dir->parent != CKPT_ROOT_INO ||
+	    !strcmp(dir->name, ".ckptfs"))
+		return -ENOENT;
+	if (!strcmp(name, CKPT_STORED_DIR))
+		return stored_dir(v, dir, out);
+	if (strcmp(name, ".ckptfs"))
 		return -ENOENT;
 	struct node *meta = ckpt_node_new(v, &ckpt_dir_ops, ".ckptfs", dir);
 	if (!meta)

@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "foreign.h"
 #include "npy.h"
@@ -740,6 +741,63 @@ static int step_lookup(ckpt_view *v, struct node *dir, const char *name, struct 
 	return rc ? rc : ckpt_dir_ops.lookup(v, dir, name, out);
 }
 
+/* Extended attributes of a committed step of a root: what `ckptfs info
+ * ROOT` prints on the step's line.  Called with no view lock held. */
+static const char *const step_xattrs[] = { "user.ckpt.step",	     "user.ckpt.committed",
+					   "user.ckpt.arrays",	     "user.ckpt.logical_bytes",
+					   "user.ckpt.stored_bytes", "user.ckpt.unreadable" };
+
+static ssize_t step_getxattr(ckpt_view *v, struct node *n, const char *name, char *buf, size_t cap)
+{
+	char val[64];
+	if (!strcmp(name, step_xattrs[0])) {
+		snprintf(val, sizeof(val), "%s", n->name);
+	} else if (!strcmp(name, step_xattrs[1])) {
+		ckpt_layout_step_touch(v, n);
+		int64_t ns = atomic_load(&to_step(n)->mtime);
+		time_t sec = (time_t)(ns / 1000000000);
+		struct tm tm;
+		gmtime_r(&sec, &tm);
+		strftime(val, sizeof(val), "%Y-%m-%dT%H:%M:%SZ", &tm);
+	} else {
+		size_t k = 2;
+		while (k < sizeof(step_xattrs) / sizeof(step_xattrs[0]) && strcmp(name, step_xattrs[k]))
+			k++;
+		if (k == sizeof(step_xattrs) / sizeof(step_xattrs[0]))
+			return -ENODATA;
+		struct summary_totals t;
+		int rc = ckpt_summary_totals(v, n->ino, &t);
+		if (rc < 0)
+			return rc;
+		uint64_t x = k == 2 ? t.arrays : k == 3 ? t.logical : k == 4 ? t.stored : t.unreadable;
+		snprintf(val, sizeof(val), "%llu", (unsigned long long)x);
+	}
+	size_t len = strlen(val);
+	if (cap == 0)
+		return (ssize_t)len;
+	if (len > cap)
+		return -ERANGE;
+	memcpy(buf, val, len);
+	return (ssize_t)len;
+}
+
+static ssize_t step_listxattr(ckpt_view *v, struct node *n, char *buf, size_t cap)
+{
+	(void)v;
+	(void)n;
+	size_t total = 0;
+	for (size_t i = 0; i < sizeof(step_xattrs) / sizeof(step_xattrs[0]); i++) {
+		size_t l = strlen(step_xattrs[i]) + 1;
+		if (cap) {
+			if (total + l > cap)
+				return -ERANGE;
+			memcpy(buf + total, step_xattrs[i], l);
+		}
+		total += l;
+	}
+	return (ssize_t)total;
+}
+
 static void step_destroy(ckpt_view *v, struct node *n)
 {
 	(void)v;
@@ -752,6 +810,8 @@ static const struct node_ops step_ops = {
 	.getattr = step_attr,
 	.readdir = step_readdir,
 	.lookup = step_lookup,
+	.getxattr = step_getxattr,
+	.listxattr = step_listxattr,
 	.load = step_load,
 	.destroy = step_destroy,
 };

@@ -21,6 +21,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "summary.h"
 #include "view_internal.h"
@@ -45,7 +46,10 @@ struct info {
 	struct arr *a;
 	size_t n, cap;
 	char **steps;
+	int64_t *step_mtime; /* of each step folder (ns) */
 	size_t nsteps;
+	char **broken; /* arrays listed but unreadable (paths) */
+	size_t nbroken;
 };
 
 struct total {
@@ -133,10 +137,20 @@ static int visit(struct info *in, const char *path, const ckpt_attr *a)
 	for (const char *p = path; *p; p++)
 		abs_depth += *p == '/';
 	if (a->is_dir) {
-		if (abs_depth == in->step_depth && push_str(&in->steps, &in->nsteps, path) < 0)
-			return -ENOMEM;
+		if (abs_depth == in->step_depth) {
+			int64_t *m = realloc(in->step_mtime, (in->nsteps + 1) * sizeof(*m));
+			if (!m)
+				return -ENOMEM;
+			in->step_mtime = m;
+			m[in->nsteps] = a->mtime_ns;
+			if (push_str(&in->steps, &in->nsteps, path) < 0)
+				return -ENOMEM;
+		}
 		return 0;
 	}
+	struct node *nd = ckpt_node_at(in->v, a->ino);
+	if (nd && nd->ops->kind == N_BROKEN) /* listed, reads answer EIO */
+		return push_str(&in->broken, &in->nbroken, path);
 	char buf[512];
 	if (xattr(in->v, a->ino, "user.ckpt.dtype", buf, sizeof(buf)) < 0)
 		return 0; /* not an array: a metadata file */
@@ -211,9 +225,16 @@ static int walk(struct info *in, ckpt_ino dir, const char *prefix, int depth)
 		if (!path)
 			return -ENOMEM;
 		snprintf(path, len, "%s%s%s", prefix, *prefix ? "/" : "", name);
+		size_t nsteps = in->nsteps;
 		rc = visit(in, path, &a);
 		if (rc == 0 && a.is_dir)
 			rc = walk(in, a.ino, path, depth + 1);
+		struct node *sn = in->nsteps > nsteps ? ckpt_node_at(in->v, a.ino) : NULL;
+		if (rc == 0 && sn) { /* a step: its commit time is read when it is first listed */
+			ckpt_attr fresh;
+			ckpt_node_fill_attr(in->v, sn, &fresh);
+			in->step_mtime[in->nsteps - 1] = fresh.mtime_ns;
+		}
 		free(path);
 		if (rc)
 			return rc;
@@ -273,7 +294,67 @@ static struct total *tally(struct total **t, size_t *n, const char *name)
 	return &nt[(*n)++];
 }
 
-static void print_text(FILE *f, struct info *in, const char *source, const char *kind)
+static void print_unreadable(FILE *f, struct info *in)
+{
+	if (!in->nbroken)
+		return;
+	fprintf(f,
+		"unreadable: %zu array%s listed whose data or metadata cannot be read (reads answer EIO;\n"
+		"the reasons are logged):\n",
+		in->nbroken, in->nbroken == 1 ? "" : "s");
+	for (size_t i = 0; i < in->nbroken; i++)
+		fprintf(f, "  %s\n", in->broken[i]);
+}
+
+/* One line per step (the default for a whole root): when it was committed,
+ * its arrays and bytes, the latest marked. */
+static void print_steps(FILE *f, struct info *in)
+{
+	char a1[32], a2[32], when[32];
+	int sw = 4;
+	for (size_t i = 0; i < in->nsteps; i++)
+		sw = (int)strlen(in->steps[i]) > sw ? (int)strlen(in->steps[i]) : sw;
+	fprintf(f, "\n  %*s  %-20s %7s %10s %10s %-5s\n", sw, "STEP", "COMMITTED (UTC)", "ARRAYS", "LOGICAL",
+		"STORED", "RATIO");
+	struct total all = { "", 0, 0, 0 };
+	for (size_t i = 0; i < in->nsteps; i++) {
+		struct total t = { "", 0, 0, 0 };
+		size_t bad = 0;
+		for (size_t k = 0; k < in->n; k++) {
+			if (strcmp(in->a[k].step, in->steps[i]))
+				continue;
+			t.arrays++;
+			t.logical += in->a[k].logical;
+			t.stored += in->a[k].stored;
+		}
+		size_t sl = strlen(in->steps[i]);
+		for (size_t k = 0; k < in->nbroken; k++)
+			bad += !strncmp(in->broken[k], in->steps[i], sl) && in->broken[k][sl] == '/';
+		time_t sec = (time_t)(in->step_mtime[i] / 1000000000);
+		struct tm tm;
+		gmtime_r(&sec, &tm);
+		strftime(when, sizeof(when), "%Y-%m-%d %H:%M:%S", &tm);
+		fprintf(f, "  %*s  %-20s %7zu %10s %10s ", sw, in->steps[i], when, t.arrays,
+			ckpt_human(t.logical, a1, sizeof(a1)), ckpt_human(t.stored, a2, sizeof(a2)));
+		print_ratio(f, t.logical, t.stored);
+		if (bad)
+			fprintf(f, "  %zu unreadable", bad);
+		fprintf(f, "%s\n", i + 1 == in->nsteps ? "  latest" : "");
+		all.arrays += t.arrays;
+		all.logical += t.logical;
+		all.stored += t.stored;
+	}
+	fprintf(f, "\ntotal: %zu steps, %zu arrays, %s logical, %s stored, ratio ", in->nsteps, all.arrays,
+		ckpt_human(all.logical, a1, sizeof(a1)), ckpt_human(all.stored, a2, sizeof(a2)));
+	print_ratio(f, all.logical, all.stored);
+	fprintf(f, "\n");
+	print_unreadable(f, in);
+	if (in->nsteps)
+		fprintf(f, "(the table of one step's arrays: ckptfs info SOURCE %s; of every step: --all)\n",
+			in->steps[in->nsteps - 1]);
+}
+
+static void print_text(FILE *f, struct info *in, const char *source, const char *kind, int compact)
 {
 	char a1[32], a2[32];
 	fprintf(f, "%s: %s\n", source,
@@ -285,6 +366,10 @@ static void print_text(FILE *f, struct info *in, const char *source, const char 
 		for (size_t i = 0; i < in->nsteps; i++)
 			fprintf(f, " %s", in->steps[i]);
 		fprintf(f, "\n");
+	}
+	if (compact) {
+		print_steps(f, in);
+		return;
 	}
 	struct total *dt = NULL, all = { "", 0, 0, 0 };
 	size_t ndt = 0;
@@ -351,6 +436,7 @@ static void print_text(FILE *f, struct info *in, const char *source, const char 
 		ckpt_human(all.logical, a1, sizeof(a1)), ckpt_human(all.stored, a2, sizeof(a2)));
 	print_ratio(f, all.logical, all.stored);
 	fprintf(f, "\n");
+	print_unreadable(f, in);
 	free(dt);
 }
 
@@ -421,6 +507,11 @@ static void print_json(FILE *f, struct info *in, const char *source, const char 
 				t->arrays, (unsigned long long)t->logical, (unsigned long long)t->stored);
 		}
 	}
+	fprintf(f, "],\n \"unreadable\": [");
+	for (size_t i = 0; i < in->nbroken; i++) {
+		fprintf(f, i ? ", " : "");
+		ckpt_json_str(f, in->broken[i]);
+	}
 	fprintf(f, "],\n \"total\": {\"arrays\": %zu, \"logical_bytes\": %llu, \"stored_bytes\": %llu}}\n",
 		all.arrays, (unsigned long long)all.logical, (unsigned long long)all.stored);
 	free(dt);
@@ -450,8 +541,9 @@ static char *dir_path(ckpt_view *v, ckpt_ino dir)
 	return p;
 }
 
-int ckpt_view_summary(ckpt_view *v, ckpt_ino dir, const char *source, int json, char **buf, size_t *len)
+int ckpt_view_summary(ckpt_view *v, ckpt_ino dir, const char *source, int flags, char **buf, size_t *len)
 {
+	int json = flags & CKPT_SUMMARY_JSON;
 	ckpt_assert_not_held(CKPT_RANK_NS); /* the walk takes it shared, entry by entry */
 	ckpt_attr a;
 	struct node *dn = ckpt_node_at(v, dir);
@@ -470,10 +562,13 @@ int ckpt_view_summary(ckpt_view *v, ckpt_ino dir, const char *source, int json, 
 	char *prefix = dir_path(v, dir);
 	if (!prefix)
 		return -ENOMEM;
+	/* a whole root: one line per step unless CKPT_SUMMARY_ALL */
+	int compact = !*prefix && in.step_depth == 0 && !(flags & CKPT_SUMMARY_ALL);
 	if (*prefix && in.step_depth == 0) { /* the step the directory is in */
 		char step[1024];
 		component(prefix, 0, step, sizeof(step));
-		rc = push_str(&in.steps, &in.nsteps, step);
+		in.step_mtime = calloc(1, sizeof(*in.step_mtime));
+		rc = in.step_mtime ? push_str(&in.steps, &in.nsteps, step) : -ENOMEM;
 	}
 	if (rc == 0)
 		rc = walk(&in, dir, prefix, 0);
@@ -486,7 +581,7 @@ int ckpt_view_summary(ckpt_view *v, ckpt_ino dir, const char *source, int json, 
 			if (json)
 				print_json(f, &in, source ? source : v->source, kind);
 			else
-				print_text(f, &in, source ? source : v->source, kind);
+				print_text(f, &in, source ? source : v->source, kind, compact);
 			if (fclose(f) != 0) {
 				free(*buf);
 				rc = -ENOMEM;
@@ -503,7 +598,34 @@ int ckpt_view_summary(ckpt_view *v, ckpt_ino dir, const char *source, int json, 
 	for (size_t i = 0; i < in.nsteps; i++)
 		free(in.steps[i]);
 	free(in.steps);
-	return rc;
+	free(in.step_mtime);
+	for (size_t i = 0; i < in.nbroken; i++)
+		free(in.broken[i]);
+	free(in.broken);
+	return rc < 0 ? rc : (int)(in.nbroken < 0x7fffffff ? in.nbroken : 0x7fffffff);
+}
+
+int ckpt_summary_totals(ckpt_view *v, ckpt_ino dir, struct summary_totals *t)
+{
+	ckpt_assert_not_held(CKPT_RANK_NS); /* the walk takes it shared, entry by entry */
+	memset(t, 0, sizeof(*t));
+	struct info in = { .v = v, .step_depth = -1, .item_depth = -1 };
+	int rc = walk(&in, dir, "", 0);
+	for (size_t i = 0; i < in.n; i++) {
+		t->arrays++;
+		t->logical += in.a[i].logical;
+		t->stored += in.a[i].stored;
+		free(in.a[i].path);
+		free(in.a[i].step);
+		free(in.a[i].item);
+		free(in.a[i].key);
+	}
+	t->unreadable = in.nbroken;
+	free(in.a);
+	for (size_t i = 0; i < in.nbroken; i++)
+		free(in.broken[i]);
+	free(in.broken);
+	return rc < 0 ? rc : 0;
 }
 
 /* ---- .ckptfs/summary.txt and summary.json ---------------------------------- */

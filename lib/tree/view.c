@@ -14,6 +14,7 @@
 /* .ckptfs/: hidden, reachable by name */
 #define VIEW_META_DIR ".ckptfs"
 #define VIEW_STATS_FILE "stats"
+#define VIEW_LOG_FILE "log"
 /* A root whose store reports no mtime (object stores) is listed again at
  * most this often. */
 #define RESCAN_INTERVAL_NS 1000000000ll
@@ -216,7 +217,8 @@ static int view_open(const char *source, ckpt_store *src, const ckpt_view_opts *
 		meta->hidden = 1;
 	/* a one-step or one-item mount: its summary next to the stats (a root's
 	 * steps each have their own, STEP/.ckptfs/) */
-	if (!stats || ckpt_node_add_kid(meta, stats) < 0 ||
+	struct node *log = stats ? ckpt_node_new(v, &ckpt_log_ops, VIEW_LOG_FILE, meta) : NULL;
+	if (!stats || !log || ckpt_node_add_kid(meta, stats) < 0 || ckpt_node_add_kid(meta, log) < 0 ||
 	    (strcmp(v->kind, "root") && ckpt_summary_add_files(v, meta) < 0) ||
 	    ckpt_node_dyn_add(v, meta) < 0) {
 		ckpt_view_destroy(v);

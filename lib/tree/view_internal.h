@@ -7,10 +7,12 @@
  *   node.c        node table, kids, hidden-name map, generic lookup/readdir/attr
  *   view_xattr.c  user.ckpt.* xattrs of array files
  *   view_read.c   reads, zero-copy map, read-ahead / next-file warming; the
- *                 ops of the committed file kinds (array, file, safetensors, stats)
+ *                 ops of the committed file kinds (array, file, safetensors, stats,
+ *                 log)
  *   summary.c     the table of arrays of a directory, and the summary files
  *   companions.c  hidden names made on lookup: NAME[slice].npy, NAME.shards/,
- *                 X.safetensors, X.safetensors.d/; the ops of committed directories
+ *                 X.safetensors, X.safetensors.d/, STEP/.ckptfs/, STEP/.stored/;
+ *                 the ops of committed directories
  *   foreign_vitem.c  the virtual-item builder of formats that are not Orbax
  *                 (stores only: no node; see foreign.h)
  *   foreign_npz.c  .npz archives -> a virtual item (translator)
@@ -123,6 +125,8 @@
 
 /* A path in the source folder, and a file name plus a suffix. */
 #define VIEW_PATH_MAX 4096
+/* STEP/.stored/: a committed step's files as stored (companions.c) */
+#define CKPT_STORED_DIR ".stored"
 #define VIEW_NAME_BUF (VIEW_PATH_MAX + 104)
 /* A '.'-joined key path (param name) built from a tree walk. */
 #define VIEW_KEYPATH_MAX 8192
@@ -132,7 +136,7 @@ enum node_kind {
 	N_ARRAY, /* NAME.npy, NAME[slice].npy, NAME.shards/[..].npy: region of an array */
 	N_FILE, /* regular file copied from the source (path) or synthesized (content) */
 	N_SHARDS, /* NAME.shards/ */
-	N_STATS, /* .ckptfs/stats */
+	N_STATS, /* .ckptfs/stats, .ckptfs/log */
 	N_SAFETENSORS, /* X.safetensors, and the shard files of X.safetensors.d/ */
 	N_STDIR, /* X.safetensors.d/ */
 	N_PSTEP, /* a pending step (mkdir at the root of a writable mount) */
@@ -235,7 +239,7 @@ _Static_assert((NODE_OPENED & NODE_INVAL_QUEUED) == 0, "kcache holds both flags 
 /* N_DIR, N_STDIR, N_PSTEP, N_PDIR */
 struct dir_node {
 	struct node n;
-	struct node **kids; /* sorted by name */
+	struct node **kids; /* sorted by name (the root's step folders by number: node.c) */
 	size_t nkids, capkids;
 };
 
@@ -267,6 +271,7 @@ struct file_node {
 	char *key; /* ... and its key there; or */
 	char *content; /* the bytes themselves */
 	uint64_t size;
+	int stored_copy; /* a file of STEP/.stored/: reads count in stored_copy_bytes */
 };
 
 /* N_SHARDS */
@@ -446,7 +451,7 @@ int ckpt_node_ends_with(const char *s, const char *suffix, size_t *stem);
 
 /* ---- view_read.c / view_xattr.c -------------------------------------------- */
 
-extern const struct node_ops ckpt_array_ops, ckpt_file_ops, ckpt_st_ops, ckpt_stats_ops;
+extern const struct node_ops ckpt_array_ops, ckpt_file_ops, ckpt_st_ops, ckpt_stats_ops, ckpt_log_ops;
 /* Set up array node n (made with ckpt_array_ops) as region r of ar. */
 int ckpt_array_node_init(struct node *n, struct aref *ar, const ckpt_region *r);
 /* The same, served as float32 (NAME.f32.npy); -ENOTSUP unless the dtype is
@@ -491,6 +496,14 @@ int ckpt_layout_list_steps(ckpt_view *v, struct layout_steps **out);
 int ckpt_layout_apply_steps(ckpt_view *v, struct layout_steps *l);
 
 /* ---- summary.c ------------------------------------------------------------- */
+
+/* The arrays under dir and their bytes (logical: shape x itemsize; stored:
+ * user.ckpt.stored_bytes), and the arrays listed but unreadable: the walk
+ * of ckpt_view_summary without the text.  No view lock may be held. */
+struct summary_totals {
+	uint64_t arrays, logical, stored, unreadable;
+};
+int ckpt_summary_totals(ckpt_view *v, ckpt_ino dir, struct summary_totals *t);
 
 /* Add the hidden summary files (summary.txt, summary.json: the table of
  * `ckptfs info` for meta's parent, built on first open/read/getattr,

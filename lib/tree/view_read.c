@@ -25,6 +25,8 @@
 #define OPEN_CHECK_BUDGET 64
 /* Size reported for .ckptfs/stats (served with direct I/O). */
 #define STATS_SIZE 4096
+/* Size reported for .ckptfs/log (direct I/O: a read ends where the lines do). */
+#define LOG_SIZE (256u * 512u)
 
 static void file_attr(ckpt_view *v, struct node *n, ckpt_attr *a, uint64_t size)
 {
@@ -322,6 +324,8 @@ static ssize_t file_read(ckpt_view *v, struct node *node, uint64_t off, size_t l
 		ckpt_log(CKPT_LOG_ERR, "%s/%s: read failed: %s", n->store->root, n->key, strerror((int)-r));
 		return -EIO;
 	}
+	if (n->stored_copy)
+		CKPT_STAT_ADD(stored_copy_bytes, (uint64_t)r);
 	return r;
 }
 
@@ -555,4 +559,40 @@ const struct node_ops ckpt_stats_ops = {
 	.size = sizeof(struct node),
 	.getattr = stats_attr,
 	.read = stats_read,
+};
+
+/* ---- .ckptfs/log: the recent log lines (ckpt_log_recent) --------------------- */
+
+static void log_attr(ckpt_view *v, struct node *n, ckpt_attr *a)
+{
+	file_attr(v, n, a, LOG_SIZE);
+	a->immutable = 0;
+	a->volatile_data = 1;
+}
+
+/* Each read takes a new snapshot: lines are only appended until the ring
+ * is full, so a reader reading on from where it stopped gets the lines
+ * that came since (one read of LOG_SIZE bytes gets them all at once). */
+static ssize_t log_read(ckpt_view *v, struct node *n, uint64_t off, size_t len, void *dst)
+{
+	(void)v;
+	(void)n;
+	char *buf = malloc(LOG_SIZE + 1);
+	if (!buf)
+		return -ENOMEM;
+	size_t k = ckpt_log_recent(buf, LOG_SIZE + 1, CKPT_LOG_DEBUG);
+	size_t m = 0;
+	if (off < k) {
+		m = k - (size_t)off < len ? k - (size_t)off : len;
+		memcpy(dst, buf + off, m);
+	}
+	free(buf);
+	return (ssize_t)m;
+}
+
+const struct node_ops ckpt_log_ops = {
+	.kind = N_STATS,
+	.size = sizeof(struct node),
+	.getattr = log_attr,
+	.read = log_read,
 };

@@ -562,11 +562,13 @@ def assert_absent_or_eio(path):
 
 
 def is_dir_mode(m):
-    return stat.S_ISDIR(m) and stat.S_IMODE(m) == 0o555
+    """A folder of the mount as shown by default (-o umask=022)."""
+    return stat.S_ISDIR(m) and stat.S_IMODE(m) == 0o755
 
 
 def is_file_mode(m):
-    return stat.S_ISREG(m) and stat.S_IMODE(m) == 0o444
+    """A file of the mount as shown by default (-o umask=022)."""
+    return stat.S_ISREG(m) and stat.S_IMODE(m) == 0o644
 
 
 def wait_until(pred, timeout=EXIT_TIMEOUT, step=0.05):

@@ -297,7 +297,9 @@ def test_unopenable_store_with_malformed_entries(tmp_path, mount, expected):
     import subprocess
     root = damaged_copy(tmp_path, "pytree_ocdbt_zarr2", _ocdbt_unopenable_bad_entries)
     p = subprocess.run([str(U.BIN), "info", str(root)], capture_output=True, text=True, timeout=60)
-    assert p.returncode == 0, f"ckptfs info exited {p.returncode}:\n{p.stderr[-4000:]}"
+    # it answers, and exits 1: every array is listed as unreadable
+    assert p.returncode == 1, f"ckptfs info exited {p.returncode}:\n{p.stderr[-4000:]}"
+    assert "unreadable:" in p.stdout and "embedding.npy" in p.stdout, p.stdout
     assert "malformed entry ('broken',)" in p.stderr
     assert "name collision" in p.stderr
     m = mount(root)

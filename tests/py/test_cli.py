@@ -77,7 +77,7 @@ def test_info_json_lists_every_array(layout, expected):
 
 
 def test_info_text_manager():
-    p = run("info", U.FIXTURES / "manager", check=0)
+    p = run("info", "--all", U.FIXTURES / "manager", check=0)
     out = p.stdout
     assert "CheckpointManager root" in out
     assert re.search(r"^steps \(2\): 10 20$", out, re.M), out

@@ -51,6 +51,18 @@ def test_cmake_install_puts_ckptfs_in_bin(build_dir, tmp_path):
     assert "ckptfs" in out
     if (U.REPO / "docs" / "ckptfs.1").exists():
         assert (prefix / "share" / "man" / "man1" / "ckptfs.1").is_file()
+    # the Python helper, where python3 finds it under the prefix, and bash completion
+    helper = list(prefix.glob("lib/python3*/dist-packages/ckptfs.py"))
+    assert len(helper) == 1 and helper[0].read_bytes() == (U.REPO / "python" / "ckptfs.py").read_bytes()
+    code = "import ckptfs; print(ckptfs.mount.__name__)"
+    out = subprocess.run(["/usr/bin/python3", "-c", code], env=dict(clean_env(), PYTHONPATH=str(helper[0].parent)),
+                         stdout=subprocess.PIPE, check=True, timeout=60).stdout.decode()
+    assert out.strip() == "mount"
+    comp = prefix / "share" / "bash-completion" / "completions" / "ckptfs"
+    assert comp.is_file()
+    script = f"source {comp}; COMP_WORDS=(ckptfs -o cache_si); COMP_CWORD=2; _ckptfs; echo ${{COMPREPLY[@]}}"
+    out = subprocess.run(["bash", "-c", script], stdout=subprocess.PIPE, check=True, timeout=60).stdout.decode()
+    assert out.split() == ["cache_size="], out
 
 
 def ldd(path):

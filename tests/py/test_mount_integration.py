@@ -231,6 +231,9 @@ umount {mnt}
 """)
     assert p.returncode == 0, p.stdout + p.stderr
     lines = p.stdout.splitlines()
+    assert lines[0] == (f"ckptfs: mounted {src.resolve()} on {mnt} (CheckpointManager root, 2 steps, "
+                        f"read-only); log: {log}; unmount: fusermount3 -u {mnt}"), lines[0]
+    lines = lines[1:]
     fstype, source, opts = lines[0].split()
     assert fstype == "fuse.ckptfs" and source == str(src.resolve())
     assert "ro" in opts.split(",") and "nosuid" in opts.split(",")
@@ -248,7 +251,7 @@ def test_fstab_line(tmp_path):
     ready = tmp_path / "ready"
     fstab = tmp_path / "fstab"
     fstab.write_text(f"# a test fstab\n{src} {mnt} fuse.ckptfs "
-                     f"noauto,nofail,_netdev,nosuid,nodev,umask=022,ready_file={ready},"
+                     f"noauto,nofail,_netdev,nosuid,nodev,umask=022,quiet,ready_file={ready},"
                      f"log_file={tmp_path / 'log'} 0 0\n")
     p = run_in_namespace(tmp_path, f"""
 mount -T {fstab} {mnt}

@@ -106,7 +106,7 @@ def test_shard_files(lm, expected):
             assert len(box) == len(exp.shape), f"{rel}/{name}: rank"
             p = sd / name
             st = os.stat(p)
-            assert stat.S_ISREG(st.st_mode) and stat.S_IMODE(st.st_mode) == 0o444, f"{p}: {oct(st.st_mode)}"
+            assert U.is_file_mode(st.st_mode), f"{p}: {oct(st.st_mode)}"
             sl = tuple(slice(s, e) for s, e in box)
             part = np.array(full[sl], order="C")
             raw = U.read_all(p)
