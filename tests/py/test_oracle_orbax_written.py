@@ -1,0 +1,154 @@
+"""Orbax -> ckptfs: every step the real orbax-checkpoint 0.12.8 wrote
+(tests/fixtures/orbax-0.12.8, made by tests/fixtures/make_orbax_oracle.py)
+read through a mount, byte for byte, against what Orbax itself restores.
+
+For every Orbax item of a fixture (a folder with `_METADATA`) the test
+restores the tree with Orbax (PyTreeCheckpointHandler, every array leaf as
+np.ndarray, so no device layout is needed) and checks through the mount:
+
+- the set of array files (`.npy`) and string files (`.txt`) of the item is
+  exactly the set of the leaves Orbax restores;
+- each `.npy` has Orbax's shape and data type (numpy's type string; `<Vn`
+  for the ml_dtypes types) and the C-order bytes of the restored array;
+- each string leaf reads as its text;
+- JSON items (CheckpointManager's `metadata`) read as the JSON Orbax restores;
+- a CheckpointManager root shows only the steps `max_to_keep` kept.
+"""
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+import orbax.checkpoint as ocp  # noqa: E402
+
+import ckfs_util as U  # noqa: E402
+
+pytestmark = pytest.mark.oracle
+
+jax.config.update("jax_enable_x64", True)
+
+FIX = U.REPO / "tests" / "fixtures" / "orbax-0.12.8"
+
+LAYOUTS = sorted(p.name for p in FIX.iterdir() if p.is_dir()) if FIX.is_dir() else []
+ITEM_FILES = {"_METADATA", "_CHECKPOINT_METADATA", "_sharding", "commit_success.txt", "orbax.checkpoint"}
+
+
+def items_of(src):
+    """Relative paths (from src) of the Orbax pytree items under src."""
+    return sorted(str(p.parent.relative_to(src)) if p.parent != src else "" for p in src.rglob("_METADATA"))
+
+
+def orbax_restore(item):
+    """{key path tuple: restored leaf} as Orbax restores the item."""
+    with ocp.Checkpointer(ocp.PyTreeCheckpointHandler()) as ck:
+        tree = ck.metadata(item).item_metadata.tree
+
+        def ra(m):
+            return ocp.RestoreArgs(restore_type=np.ndarray) if isinstance(m, ocp.metadata.ArrayMetadata) \
+                else ocp.RestoreArgs()
+
+        r = ck.restore(item, args=ocp.args.PyTreeRestore(restore_args=jax.tree.map(ra, tree)))
+    out = {}
+    for kp, v in jax.tree_util.tree_flatten_with_path(r)[0]:
+        keys = tuple(str(getattr(k, "key", getattr(k, "idx", getattr(k, "name", k)))) for k in kp)
+        out[keys] = v
+    return out
+
+
+def npy_descr(a):
+    """The type string ckptfs writes for an array of a's dtype."""
+    if a.dtype.kind == "V" or type(a.dtype).__module__.startswith("ml_dtypes") or a.dtype.name in (
+            "bfloat16",) or a.dtype.name.startswith(("float8", "float4", "int4", "int2", "uint4", "uint2")):
+        return f"<V{a.dtype.itemsize}"
+    return a.dtype.str
+
+
+def mounted_leaves(root):
+    """Relative paths of the .npy / .txt files under `root` in the mount."""
+    out = set()
+    for dirpath, _dirs, files in os.walk(root):
+        for f in files:
+            if f.endswith((".npy", ".txt")) and f not in ITEM_FILES:
+                out.add(str(Path(dirpath, f).relative_to(root)))
+    return out
+
+
+def check_item(mnt_item, src_item):
+    want = orbax_restore(src_item)
+    assert want, f"{src_item}: Orbax restored nothing"
+    names = {}
+    for keys, v in want.items():
+        ext = ".txt" if isinstance(v, str) else ".npy"
+        names["/".join(keys) + ext] = v
+    got = mounted_leaves(mnt_item)
+    assert got == set(names), (f"{mnt_item}: the mount's leaves differ from Orbax's: "
+                               f"only in the mount {sorted(got - set(names))}, "
+                               f"only in Orbax {sorted(set(names) - got)}")
+    for rel, v in names.items():
+        p = mnt_item / rel
+        raw = U.read_all(p)
+        if isinstance(v, str):
+            assert raw == v.encode(), f"{rel}: {raw!r} is not Orbax's string {v!r}"
+            continue
+        a = np.array(v, order="C", copy=True)  # (np.ascontiguousarray makes a 0-d array 1-d)
+        _ver, hl, shape, fortran, _dt, head = U.parse_npy_header(raw[:4096])
+        assert not fortran
+        assert tuple(shape) == a.shape, f"{rel}: shape {shape}, Orbax restores {a.shape}"
+        assert f"'descr': '{npy_descr(a)}'" in head, f"{rel}: header {head!r}, Orbax's dtype {a.dtype}"
+        assert len(raw) - hl == a.nbytes, f"{rel}: {len(raw) - hl} data bytes, Orbax's array has {a.nbytes}"
+        assert raw[hl:] == a.tobytes(), f"{rel}: bytes differ from Orbax's restore ({a.dtype}{a.shape})"
+    return len(names)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_every_array_matches_orbax_restore(layout, mount):
+    src = FIX / layout
+    items = items_of(src)
+    assert items, f"{layout}: no Orbax item"
+    m = mount(src)
+    n = 0
+    for rel in items:
+        n += check_item(m.p(rel) if rel else m.p(), src / rel if rel else src)
+    assert n >= 4
+
+
+def test_fixture_set_is_complete():
+    """The generator's layouts are all here (a missing folder must fail)."""
+    want = {f"pytree_{o}_{z}_{c}" for o in ("files", "ocdbt") for z in ("zarr2", "zarr3") for c in ("zstd", "raw")}
+    want |= {"replica_folders", "split_ocdbt", "v1_pytree", "v1_checkpointables", "v1_partial", "manager",
+             "multiprocess_ocdbt", "multiprocess_files"}
+    assert want <= set(LAYOUTS), sorted(want - set(LAYOUTS))
+
+
+def test_manager_root_keeps_last_two_steps(mount):
+    src = FIX / "manager"
+    m = mount(src)
+    assert sorted(os.listdir(m.p())) == ["20", "30"]
+    for step in ("20", "30"):
+        with ocp.Checkpointer(ocp.JsonCheckpointHandler()) as ck:
+            want = ck.restore(src / step / "metadata", args=ocp.args.JsonRestore())
+        got = json.loads(U.read_all(m.p(f"{step}/metadata/metadata")))
+        assert got == want == {"step": int(step), "model": "tiny"}
+
+
+def _dtype_names():
+    import ast
+    src = (U.REPO / "tests" / "fixtures" / "make_orbax_oracle.py").read_text()
+    for node in ast.walk(ast.parse(src)):
+        if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", "") == "DTYPES":
+            return ast.literal_eval(node.value)
+    raise AssertionError("DTYPES not found")
+
+
+@pytest.mark.parametrize("layout", ["pytree_files_zarr2_zstd", "pytree_ocdbt_zarr3_zstd", "pytree_files_zarr3_raw"])
+def test_dtypes_present(layout, mount):
+    m = mount(FIX / layout)
+    for kind in ("jax", "np", "scalar"):
+        names = {f[:-4] for f in os.listdir(m.p(f"dtypes/{kind}"))}
+        assert names == set(_dtype_names()), (layout, kind, set(_dtype_names()) ^ names)
