@@ -81,6 +81,20 @@ def test_reads_as_the_writers_reader(name, mount):
     assert seen == set(want)
 
 
+SHAPES = sorted(str(p.relative_to(FIX)) for p in FIX.glob("orbax-*/shapes*") if p.is_dir())
+
+
+@pytest.mark.parametrize("rel", SHAPES)
+def test_empty_dict_and_none_leaves(rel, mount):
+    """Orbax restores a {} leaf as {} and None as None (0.5 from _METADATA,
+    where its `checkpoint` holds a placeholder and an empty folder for
+    each): an empty folder, and nothing."""
+    m = mount(FIX / rel)
+    names = os.listdir(m.p())
+    assert "empty" in names and os.path.isdir(m.p("empty")) and os.listdir(m.p("empty")) == []
+    assert not [n for n in names if n.startswith(("none", "empty."))], names
+
+
 def test_fixture_set():
     want = {"t5x", "flax_legacy", "flax_orbax", "orbax-0.11.0", "orbax-0.6.4", "orbax-0.5.10", "orbax-0.4.8",
             "orbax-0.2.7"}
