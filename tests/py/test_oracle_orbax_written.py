@@ -171,6 +171,33 @@ def test_manager_step_prefix_and_keep_period(mount):
     assert sorted(os.listdir(m.p())) == ["ckpt_000020", "ckpt_000040"]
 
 
+V1_LAYOUTS = [("v1_pytree", "pytree", "state/"), ("v1_partial", "pytree", "state/"),
+              ("v1_checkpointables", "checkpointables", "")]
+
+
+@pytest.mark.parametrize("layout,kind,prefix", V1_LAYOUTS, ids=[x[0] for x in V1_LAYOUTS])
+def test_v1_load_on_8_devices_matches(layout, kind, prefix, tmp_path, mount):
+    """ocp.v1.load_pytree / load_checkpointables (on 8 CPU devices, with the
+    shardings the checkpoint records, in a subprocess) against the mount."""
+    import subprocess
+    import sys
+    out = tmp_path / "v1.npz"
+    subprocess.run([sys.executable, str(U.REPO / "tests" / "py" / "orbax_v1_load.py"), str(FIX / layout), kind,
+                    str(out)], check=True, timeout=600, stdout=subprocess.DEVNULL)
+    with np.load(out) as z:
+        want = {prefix + k: z[k] for k in z.files}
+    assert len(want) >= 10
+    m = mount(FIX / layout)
+    for rel, w in want.items():
+        raw = U.read_all(m.p(rel))
+        if rel.endswith(".txt"):
+            assert raw == w.tobytes(), rel
+            continue
+        _v, hl, shape, _f, _d, _h = U.parse_npy_header(raw[:4096])
+        assert tuple(shape) == w.shape, rel
+        assert raw[hl:] == np.array(w, order="C").tobytes(), f"{rel}: not what v1.load gives"
+
+
 def _dtype_names():
     import ast
     src = (U.REPO / "tests" / "fixtures" / "make_orbax_oracle.py").read_text()
@@ -183,6 +210,11 @@ def _dtype_names():
 @pytest.mark.parametrize("layout", ["pytree_files_zarr2_zstd", "pytree_ocdbt_zarr3_zstd", "pytree_files_zarr3_raw"])
 def test_dtypes_present(layout, mount):
     m = mount(FIX / layout)
+    want = orbax_restore(FIX / layout)
     for kind in ("jax", "np", "scalar"):
         names = {f[:-4] for f in os.listdir(m.p(f"dtypes/{kind}"))}
         assert names == set(_dtype_names()), (layout, kind, set(_dtype_names()) ^ names)
+        for n in names:
+            # the type's name, as ckptfs tells it, is that of the array Orbax restores
+            got = os.getxattr(m.p(f"dtypes/{kind}/{n}.npy"), "user.ckpt.dtype").decode()
+            assert got == np.asarray(want[("dtypes", kind, n)]).dtype.name == n, (layout, kind, n, got)
