@@ -20,7 +20,7 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 import numpy as np  # noqa: E402
 
 import ckfs_util as U  # noqa: E402
-from test_oracle_orbax_written import orbax_restore  # noqa: E402
+from orbax_oracle import orbax_restore  # noqa: E402
 
 pytestmark = pytest.mark.oracle
 

@@ -28,6 +28,7 @@ import numpy as np  # noqa: E402
 import orbax.checkpoint as ocp  # noqa: E402
 
 import ckfs_util as U  # noqa: E402
+from orbax_oracle import orbax_restore  # noqa: E402
 
 pytestmark = pytest.mark.oracle
 
@@ -42,23 +43,6 @@ ITEM_FILES = {"_METADATA", "_CHECKPOINT_METADATA", "_sharding", "commit_success.
 def items_of(src):
     """Relative paths (from src) of the Orbax pytree items under src."""
     return sorted(str(p.parent.relative_to(src)) if p.parent != src else "" for p in src.rglob("_METADATA"))
-
-
-def orbax_restore(item):
-    """{key path tuple: restored leaf} as Orbax restores the item."""
-    with ocp.Checkpointer(ocp.PyTreeCheckpointHandler()) as ck:
-        tree = ck.metadata(item).item_metadata.tree
-
-        def ra(m):
-            return ocp.RestoreArgs(restore_type=np.ndarray) if isinstance(m, ocp.metadata.ArrayMetadata) \
-                else ocp.RestoreArgs()
-
-        r = ck.restore(item, args=ocp.args.PyTreeRestore(restore_args=jax.tree.map(ra, tree)))
-    out = {}
-    for kp, v in jax.tree_util.tree_flatten_with_path(r)[0]:
-        keys = tuple(str(getattr(k, "key", getattr(k, "idx", getattr(k, "name", k)))) for k in kp)
-        out[keys] = v
-    return out
 
 
 def npy_descr(a):
