@@ -41,8 +41,10 @@ ITEM_FILES = {"_METADATA", "_CHECKPOINT_METADATA", "_sharding", "commit_success.
 
 
 def items_of(src):
-    """Relative paths (from src) of the Orbax pytree items under src."""
-    return sorted(str(p.parent.relative_to(src)) if p.parent != src else "" for p in src.rglob("_METADATA"))
+    """Relative paths (from src) of the Orbax pytree items under src (not
+    those of a partial save never finalized, which Orbax does not read)."""
+    return sorted(str(p.parent.relative_to(src)) if p.parent != src else "" for p in src.rglob("_METADATA")
+                  if ".partial_save" not in str(p.relative_to(src)))
 
 
 def npy_descr(a):
@@ -119,14 +121,20 @@ def test_fixture_set_is_complete():
     want |= {"replica_folders", "split_ocdbt", "v1_pytree", "v1_checkpointables", "v1_partial", "manager",
              "multiprocess_ocdbt", "multiprocess_files", "tree_shapes_files", "tree_shapes_ocdbt",
              "chunked_files_zarr2", "chunked_files_zarr3", "chunked_ocdbt_zarr3", "extra_ocdbt_small_files",
-             "extra_manager_prefix", "extra_array_item", "extra_prng_keys", "extra_aggregate", "extra_standard"}
+             "extra_manager_prefix", "extra_array_item", "extra_prng_keys", "extra_aggregate", "extra_standard",
+             "v1_root_unfinalized"}
     assert want <= set(LAYOUTS), sorted(want - set(LAYOUTS))
+
+
+def all_steps(root, **kw):
+    with ocp.CheckpointManager(root, options=ocp.CheckpointManagerOptions(read_only=True, **kw)) as mgr:
+        return mgr.all_steps()
 
 
 def test_manager_root_keeps_last_two_steps(mount):
     src = FIX / "manager"
     m = mount(src)
-    assert sorted(os.listdir(m.p())) == ["20", "30"]
+    assert sorted(os.listdir(m.p())) == sorted(str(s) for s in all_steps(src)) == ["20", "30"]
     for step in ("20", "30"):
         with ocp.Checkpointer(ocp.JsonCheckpointHandler()) as ck:
             want = ck.restore(src / step / "metadata", args=ocp.args.JsonRestore())
@@ -151,8 +159,19 @@ def test_array_item_matches_array_restore(mount):
 def test_manager_step_prefix_and_keep_period(mount):
     """step_prefix 'ckpt', 6 digits, max_to_keep=1 with keep_period=20:
     steps 20 (kept by the period) and 40 (the last)."""
-    m = mount(FIX / "extra_manager_prefix")
-    assert sorted(os.listdir(m.p())) == ["ckpt_000020", "ckpt_000040"]
+    src = FIX / "extra_manager_prefix"
+    m = mount(src)
+    steps = all_steps(src, step_prefix="ckpt", step_format_fixed_length=6)
+    assert sorted(os.listdir(m.p())) == [f"ckpt_{s:06d}" for s in sorted(steps)] == ["ckpt_000020", "ckpt_000040"]
+
+
+def test_unfinalized_partial_save_is_not_a_step(mount):
+    """A partial save never finalized (`2.partial_save/`) is not a step for
+    Orbax, nor in the mount."""
+    src = FIX / "v1_root_unfinalized"
+    assert any(p.name.startswith("2.partial_save") for p in src.iterdir())
+    m = mount(src)
+    assert sorted(os.listdir(m.p())) == [str(s) for s in all_steps(src)] == ["1"]
 
 
 V1_LAYOUTS = [("v1_pytree", "pytree", "state/"), ("v1_partial", "pytree", "state/"),
