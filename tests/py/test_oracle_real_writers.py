@@ -95,6 +95,20 @@ def test_empty_dict_and_none_leaves(rel, mount):
     assert not [n for n in names if n.startswith(("none", "empty."))], names
 
 
+@pytest.mark.parametrize("ver", ["0.6.4", "0.5.10"])
+def test_orbax_before_the_flag_left_out_zero_chunks(ver, mount):
+    """Orbax before store_array_data_equal_to_fill_value let TensorStore
+    leave out the chunks equal to the zarr 3 fill value: an all-zero array
+    has no chunk at all.  It restores as zeros, and so it reads."""
+    step = FIX / f"orbax-{ver}" / "zeros_zarr3_ocdbt_0"
+    assert "store_array_data_equal_to_fill_value" not in (step / "_METADATA").read_text()
+    assert [p.name for p in (step / "opt_state.mu").rglob("*") if p.is_file()] == ["zarr.json"]
+    m = mount(step)
+    a = np.load(m.p("opt_state/mu.npy"))
+    assert a.shape == (8, 6) and a.dtype == np.float32 and not a.any()
+    assert a.tobytes() == expected_of(f"orbax-{ver}")["zeros_zarr3_ocdbt_0/opt_state/mu.npy"].tobytes()
+
+
 def test_fixture_set():
     want = {"t5x", "flax_legacy", "flax_orbax", "orbax-0.11.0", "orbax-0.6.4", "orbax-0.5.10", "orbax-0.4.8",
             "orbax-0.3.5", "orbax-0.2.7", "flax_legacy-0.7.0", "flax_orbax-0.7.0", "flax_legacy-0.7.5", "flax_orbax-0.7.5",
