@@ -1,17 +1,18 @@
 """Older writers, real ones: steps written by TensorStore in the shape of a
-T5X checkpoint, by flax.training.checkpoints (with and without Orbax) and by
+T5X checkpoint, zarr arrays written by zarr-python 3, by flax.training.checkpoints (with and without Orbax) and by
 older orbax-checkpoint releases (tests/fixtures/real-writers/, see
 tests/fixtures/README.md), read through a mount and compared, byte for byte, with what
 the writer's own reader returned when the fixture was made
-(`expected/<folder>.npz`: TensorStore's read, flax's restore_checkpoint,
-that Orbax release's restore).
+(`expected/<folder>.npz`: TensorStore's read, zarr's read, flax's
+restore_checkpoint, that Orbax release's restore).
 
 OCDBT manifests of Orbax 0.4 / 0.5 list a data file with an empty path
 (TensorStore's first, empty generation); ckptfs reads them.
 
 Missing chunks follow the writer's reader: the T5X embedding's padded rows
 were never written (fill_value null), and TensorStore reads them as zeros;
-so must ckptfs.
+zarr-python 3 leaves out the chunks equal to the fill value (null in zarr
+v2, which it reads as zeros); so must ckptfs.
 """
 
 import os
@@ -110,7 +111,7 @@ def test_orbax_before_the_flag_left_out_zero_chunks(ver, mount):
 
 
 def test_fixture_set():
-    want = {"t5x", "flax_legacy", "flax_orbax", "orbax-0.11.0", "orbax-0.6.4", "orbax-0.5.10", "orbax-0.4.8",
+    want = {"t5x", "zarr_python", "flax_legacy", "flax_orbax", "orbax-0.11.0", "orbax-0.6.4", "orbax-0.5.10", "orbax-0.4.8",
             "orbax-0.3.5", "orbax-0.2.7", "flax_legacy-0.7.0", "flax_orbax-0.7.0", "flax_legacy-0.7.5", "flax_orbax-0.7.5",
             "flax_legacy-0.8.2", "flax_orbax-0.8.2"}
     assert want <= set(FOLDERS), sorted(want - set(FOLDERS))
