@@ -110,6 +110,16 @@ def test_orbax_before_the_flag_left_out_zero_chunks(ver, mount):
     assert a.tobytes() == expected_of(f"orbax-{ver}")["zeros_zarr3_ocdbt_0/opt_state/mu.npy"].tobytes()
 
 
+@pytest.mark.parametrize("name", ["t5x", "zarr_python", "orbax-0.6.4/zeros_zarr3_ocdbt_0"])
+def test_verify_counts_absent_chunks_as_fill(name):
+    """`ckptfs verify` reads every array: chunks the writer left out are
+    counted (read as the fill value), not problems; exit status 0."""
+    import subprocess
+    p = subprocess.run([str(U.BIN), "verify", str(FIX / name)], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "with chunks absent (read as the fill value)" in p.stdout + p.stderr, p.stdout + p.stderr
+
+
 def test_fixture_set():
     want = {"t5x", "zarr_python", "flax_legacy", "flax_orbax", "orbax-0.11.0", "orbax-0.6.4", "orbax-0.5.10", "orbax-0.4.8",
             "orbax-0.3.5", "orbax-0.2.7", "flax_legacy-0.7.0", "flax_orbax-0.7.0", "flax_legacy-0.7.5", "flax_orbax-0.7.5",
