@@ -122,7 +122,7 @@ def test_fixture_set_is_complete():
              "multiprocess_ocdbt", "multiprocess_files", "tree_shapes_files", "tree_shapes_ocdbt",
              "chunked_files_zarr2", "chunked_files_zarr3", "chunked_ocdbt_zarr3", "extra_ocdbt_small_files",
              "extra_manager_prefix", "extra_array_item", "extra_prng_keys", "extra_aggregate", "extra_standard",
-             "v1_root_unfinalized"}
+             "v1_root_unfinalized", "cast_zarr2", "cast_zarr3"}
     assert want <= set(LAYOUTS), sorted(want - set(LAYOUTS))
 
 
