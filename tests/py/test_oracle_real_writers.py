@@ -122,7 +122,7 @@ def test_verify_counts_absent_chunks_as_fill(name):
 
 def test_fixture_set():
     want = {"t5x", "zarr_python", "flax_legacy", "flax_orbax", "orbax-0.11.0", "orbax-0.6.4", "orbax-0.5.10", "orbax-0.4.8",
-            "orbax-0.3.5", "orbax-0.2.7", "flax_legacy-0.7.0", "flax_orbax-0.7.0", "flax_legacy-0.7.5", "flax_orbax-0.7.5",
+            "orbax-0.3.5", "orbax-0.2.7", "orbax-0.2.3", "flax_legacy-0.7.0", "flax_orbax-0.7.0", "flax_legacy-0.7.5", "flax_orbax-0.7.5",
             "flax_legacy-0.8.2", "flax_orbax-0.8.2"}
     assert want <= set(FOLDERS), sorted(want - set(FOLDERS))
 
