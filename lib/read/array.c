@@ -691,11 +691,9 @@ static void log_missing(ckpt_array *a, const uint64_t *g, uint64_t li)
 	if (m->sharded)
 		snprintf(where, sizeof(where), " (inner chunk %llu of the shard)", (unsigned long long)inner);
 	ckpt_log(CKPT_LOG_ERR,
-		 "%s: array %s: chunk %s is missing: key %s%s; %s, so reads of it fail with EIO",
-		 a->store->root, a->prefix, coords, key, where,
-		 m->missing_is_error
-			 ? "every chunk of this array is stored (store_array_data_equal_to_fill_value)"
-			 : "the array has no fill value (fill_value null)");
+		 "%s: array %s: chunk %s is missing: key %s%s; every chunk of this array is stored "
+		 "(store_array_data_equal_to_fill_value), so reads of it fail with EIO",
+		 a->store->root, a->prefix, coords, key, where);
 }
 
 /* ---- chunk access ------------------------------------------------------ */

@@ -53,7 +53,8 @@ typedef struct ckpt_array_open_opts {
 	 * store_array_data_equal_to_fill_value true, or a step ckptfs wrote):
 	 * a chunk, shard, inner chunk or OCDBT key the store lacks makes the
 	 * reads that need it fail with -EIO (logged once per chunk), never the
-	 * fill value.  Without it, only v2 arrays with fill_value null do so. */
+	 * fill value.  Without it a missing unit reads as the fill value
+	 * (zeros for a v2 fill_value null). */
 	int missing_is_error;
 } ckpt_array_open_opts;
 

@@ -689,10 +689,12 @@ uint64_t ckpt_zarr_storage_index(const ckpt_array_meta *m, const uint64_t *g, ui
 	return inner;
 }
 
-/* A unit the metadata implies but the store lacks. */
+/* A unit the metadata implies but the store lacks: the fill value (zeros
+ * for a v2 fill_value null, as TensorStore and zarr read it), unless every
+ * unit was stored. */
 static int missing(const ckpt_array_meta *m, uint8_t *dst)
 {
-	if (m->missing_is_error || m->fill_null)
+	if (m->missing_is_error)
 		return -ENODATA;
 	fill_unit(m, dst);
 	return 0;

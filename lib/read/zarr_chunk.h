@@ -25,11 +25,11 @@
  * encoding of their unit are refused before they are read.
  *
  * Missing data: a storage unit absent from the store, or an inner chunk
- * that its shard's index marks absent, reads as the fill value unless
+ * that its shard's index marks absent, reads as the fill value (zeros for a
+ * v2 fill_value null, as TensorStore, T5X and zarr-python read it) unless
  * `missing_is_error` (set by the caller: store_array_data_equal_to_fill_value
- * true, or a step ckptfs wrote) or the array has no fill value (v2
- * fill_value null); then ckpt_zarr_read_unit answers -ENODATA without
- * logging, and the caller (read/array.c) logs and answers -EIO.
+ * true, or a step ckptfs wrote); then ckpt_zarr_read_unit answers -ENODATA
+ * without logging, and the caller (read/array.c) logs and answers -EIO.
  */
 #ifndef CKPT_ZARR_CHUNK_H
 #define CKPT_ZARR_CHUNK_H
@@ -81,7 +81,7 @@ typedef struct ckpt_array_meta {
 	char sep; /* chunk key separator */
 	int key_c_prefix; /* v3 default encoding: "c/..." */
 	uint8_t fill[16]; /* one element of the fill value */
-	int fill_null; /* v2 fill_value null: there is no fill value */
+	int fill_null; /* v2 fill_value null: no fill value stated (missing units read as zeros) */
 	/* A stored ZIP member (zarr_meta.h, zip_has_crc): each decode leaves
 	 * the CRC-32 of the unit's stored bytes in the scratch
 	 * (ckpt_zarr_scratch_unit_crc), for the array to check the member. */
@@ -113,8 +113,8 @@ void ckpt_zarr_scratch_destroy(ckpt_zarr_scratch *sc);
 
 /* Decode the decode unit at (decode-unit) grid index `g` of the array
  * stored under `prefix` in `s` into dst (m->unit_bytes bytes, C order,
- * native little-endian).  A missing unit reads as fill, or is -ENODATA
- * (not logged) when m->missing_is_error or m->fill_null.  Returns 0, or
+ * native little-endian).  A missing unit reads as fill (zeros for
+ * fill_value null), or is -ENODATA (not logged) when m->missing_is_error.  Returns 0, or
  * -EIO after logging the key and the reason (truncated, CRC mismatch, bad
  * compressed data, wrong size, index out of bounds), or the store's error
  * (-ESTALE, ...). */

@@ -292,6 +292,10 @@ struct ent {
 	uint32_t file; /* FILE_INLINE or index into db->files */
 };
 #define FILE_INLINE UINT32_MAX
+/* A data file table entry with an empty path: TensorStore writes one for
+ * the empty B+tree of a database's first generation (a merged Orbax 0.4 /
+ * 0.5 manifest keeps it in its version list).  Nothing may be read from it. */
+#define FILE_NONE (UINT32_MAX - 1)
 
 struct ckpt_ocdbt {
 	char *root; /* for messages */
@@ -555,13 +559,17 @@ static int parse_table(ckpt_ocdbt *db, struct rd *r, struct perr *e, const char 
 			goto out;
 		}
 		size_t full = trans_len + plen;
+		t->e[i].trans_len = (uint32_t)(trans_len + base[i]);
+		if (plen == 0) {
+			t->e[i].gid = FILE_NONE; /* refused where a reference uses it */
+			continue;
+		}
 		rc = check_rel_path(e, path, full);
 		if (rc)
 			goto out;
 		rc = file_intern(db, e, path, full, &t->e[i].gid);
 		if (rc)
 			goto out;
-		t->e[i].trans_len = (uint32_t)(trans_len + base[i]);
 	}
 	t->n = n;
 out:
@@ -727,6 +735,10 @@ static int parse_manifest_body(ckpt_ocdbt *db, struct perr *e, const uint8_t *bo
 	m->height = heights[n - 1];
 	if (off[n - 1] == REF_MISSING && ln[n - 1] == REF_MISSING) {
 		m->empty = true;
+		goto out;
+	}
+	if (t.e[fid[n - 1]].gid == FILE_NONE) {
+		rc = fail(e, "the latest version's root node is in a data file with an empty path");
 		goto out;
 	}
 	m->gid = t.e[fid[n - 1]].gid;
@@ -1176,8 +1188,8 @@ static struct pre_batch *pre_batch_run(ckpt_ocdbt *db, const struct node *nd, si
 		j->gid = ke->gid;
 		j->off = nd->off[i + k];
 		j->len = nd->len[i + k];
-		int want = nd->len[i + k] <= node_cap && file_size(db, ke->gid, &fsz) == 0 &&
-			   nd->off[i + k] + nd->len[i + k] <= fsz;
+		int want = ke->gid != FILE_NONE && nd->len[i + k] <= node_cap &&
+			   file_size(db, ke->gid, &fsz) == 0 && nd->off[i + k] + nd->len[i + k] <= fsz;
 		atomic_init(&j->state, want ? PRE_QUEUED : PRE_NONE);
 	}
 	for (size_t k = 0; pool && k < n; k++) {
@@ -1260,6 +1272,10 @@ static int visit(ckpt_ocdbt *db, struct walk *w, uint32_t gid, uint32_t trans_le
 		if (height == 0) {
 			bool inl = nd.fid[i] == REF_MISSING;
 			uint32_t vfile = inl ? FILE_INLINE : nd.tab.e[nd.fid[i]].gid;
+			if (vfile == FILE_NONE) {
+				rc = fail(&e, "entry %zu: value in a data file with an empty path", i);
+				break;
+			}
 			rc = emit(db, &e, w, kb, flen, nd.len[i], vfile, inl ? body + nd.off[i] : NULL,
 				  nd.off[i]);
 			continue;
@@ -1273,6 +1289,10 @@ static int visit(ckpt_ocdbt *db, struct walk *w, uint32_t gid, uint32_t trans_le
 			nhi = nb;
 		}
 		const struct dft_entry *ce = &nd.tab.e[nd.fid[i]];
+		if (ce->gid == FILE_NONE) {
+			rc = fail(&e, "entry %zu: child node in a data file with an empty path", i);
+			break;
+		}
 		if (i >= jfirst + jn && nd.n > 1 && ckpt_store_connections(db->base) > 1) {
 			/* the next batch of siblings, fetched at once */
 			if (pb)

@@ -50,6 +50,9 @@ struct mctx {
 	int listed; /* 1 listed, -1 could not be listed (then every name is looked up) */
 	cJSON *strings; /* dir's _strings.json */
 	int strings_tried;
+	struct mkey *mkeys; /* dir's _METADATA leaves with no data, sorted by path */
+	size_t nmkeys;
+	int meta_tried;
 	struct ckpt_vitem *vi;
 	const char *path[CKPT_ORBAX_MAX_DEPTH];
 	char num[CKPT_ORBAX_MAX_DEPTH][24]; /* integer keys as text */
@@ -184,6 +187,117 @@ static int maybe_folder(struct mctx *c, const char *name)
 	return c->nfolders && bsearch(&key, c->folders, c->nfolders, sizeof(*c->folders), cmp_str) != NULL;
 }
 
+/* A leaf of the item's _METADATA that carries no data: its key path (keys
+ * joined by 0x1f) and whether it is an empty container (else None). */
+struct mkey {
+	char *path;
+	int container;
+};
+
+static int mkey_cmp(const void *a, const void *b)
+{
+	return strcmp(((const struct mkey *)a)->path, ((const struct mkey *)b)->path);
+}
+
+#define MKEY_SEP '\x1f'
+
+/* Collect the _METADATA leaves whose value_type carries no data (Orbax 0.5
+ * writes a placeholder for them in `checkpoint` too, with an empty folder,
+ * and restores them from _METADATA as {} / [] / None). */
+static void meta_load(struct mctx *c)
+{
+	c->meta_tried = 1;
+	char *k = join(c->dir, CKPT_ORBAX_METADATA);
+	char *txt = NULL;
+	size_t len;
+	cJSON *meta = NULL;
+	if (k && ckpt_store_read_small(c->src, k, MAX_JSON, &txt, &len) == 0)
+		meta = cJSON_ParseWithLength(txt, len);
+	free(txt);
+	free(k);
+	const cJSON *tree = meta ? cJSON_GetObjectItemCaseSensitive(meta, "tree_metadata") : NULL;
+	const cJSON *e;
+	size_t cap = 0;
+	cJSON_ArrayForEach(e, tree)
+	{
+		const cJSON *vm = cJSON_GetObjectItemCaseSensitive(e, "value_metadata");
+		const cJSON *vt = cJSON_GetObjectItemCaseSensitive(vm, "value_type");
+		const cJSON *km = cJSON_GetObjectItemCaseSensitive(e, "key_metadata");
+		if (!cJSON_IsString(vt) || !cJSON_IsArray(km))
+			continue;
+		const char *t = vt->valuestring;
+		int container = !strcmp(t, "Dict") || !strcmp(t, "List") || !strcmp(t, "Tuple") ||
+				!strcmp(t, "NamedTuple");
+		if (!container && strcmp(t, "None") != 0)
+			continue;
+		size_t plen = 0;
+		const cJSON *ke;
+		cJSON_ArrayForEach(ke, km)
+		{
+			const cJSON *kk = cJSON_GetObjectItemCaseSensitive(ke, "key");
+			plen += (cJSON_IsString(kk) ? strlen(kk->valuestring) : 24) + 1;
+		}
+		char *path = malloc(plen + 1);
+		if (!path)
+			break;
+		size_t o = 0;
+		cJSON_ArrayForEach(ke, km)
+		{
+			const cJSON *kk = cJSON_GetObjectItemCaseSensitive(ke, "key");
+			if (o)
+				path[o++] = MKEY_SEP;
+			if (cJSON_IsString(kk))
+				o += (size_t)snprintf(path + o, plen + 1 - o, "%s", kk->valuestring);
+			else if (cJSON_IsNumber(kk))
+				o += (size_t)snprintf(path + o, plen + 1 - o, "%.0f", kk->valuedouble);
+		}
+		path[o] = 0;
+		if (c->nmkeys == cap) {
+			size_t nc = cap ? 2 * cap : 16;
+			struct mkey *v = realloc(c->mkeys, nc * sizeof(*v));
+			if (!v) {
+				free(path);
+				break;
+			}
+			c->mkeys = v;
+			cap = nc;
+		}
+		c->mkeys[c->nmkeys].path = path;
+		c->mkeys[c->nmkeys++].container = container;
+	}
+	cJSON_Delete(meta);
+	if (c->nmkeys)
+		qsort(c->mkeys, c->nmkeys, sizeof(*c->mkeys), mkey_cmp);
+}
+
+/* The _METADATA entry of the current key path when it carries no data. */
+static const struct mkey *meta_dataless(struct mctx *c)
+{
+	if (!c->meta_tried)
+		meta_load(c);
+	if (!c->nmkeys)
+		return NULL;
+	size_t n = 0;
+	for (int i = 0; i < c->depth; i++)
+		n += strlen(c->path[i]) + 1;
+	char *path = malloc(n + 1);
+	if (!path)
+		return NULL;
+	size_t o = 0;
+	for (int i = 0; i < c->depth; i++) {
+		if (i)
+			path[o++] = MKEY_SEP;
+		size_t l = strlen(c->path[i]);
+		memcpy(path + o, c->path[i], l);
+		o += l;
+	}
+	path[o] = 0;
+	struct mkey key = { .path = path };
+	const struct mkey *m = bsearch(&key, c->mkeys, c->nmkeys, sizeof(*c->mkeys), mkey_cmp);
+	free(path);
+	return m;
+}
+
 static int placeholder(struct mctx *c, const char *name)
 {
 	if (!*name || !ckpt_store_key_ok(name))
@@ -230,6 +344,10 @@ static int placeholder(struct mctx *c, const char *name)
 	const cJSON *s = c->strings ? cJSON_GetObjectItemCaseSensitive(c->strings, name) : NULL;
 	if (cJSON_IsString(s))
 		return ckpt_vitem_add_string(c->vi, c->path, c->depth, s->valuestring);
+	/* Orbax 0.5 wrote placeholders for {} and None too; _METADATA says so */
+	const struct mkey *mk = meta_dataless(c);
+	if (mk)
+		return mk->container ? ckpt_vitem_add_empty(c->vi, c->path, c->depth) : 0;
 	return unreadable(c, "its zarr folder is not in the checkpoint");
 }
 
@@ -509,6 +627,9 @@ static int translate(ckpt_store *src, const char *file, const char *dir, uint64_
 		free(d);
 	}
 	cJSON_Delete(c.strings);
+	for (size_t i = 0; i < c.nmkeys; i++)
+		free(c.mkeys[i].path);
+	free(c.mkeys);
 	return rc;
 }
 

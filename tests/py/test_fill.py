@@ -1,8 +1,8 @@
 """Missing chunks read as the fill value where the checkpoint allows it:
 _METADATA's store_array_data_equal_to_fill_value false (or absent) and a
 fill value in the array metadata (zarr v2 fill_value 0, zarr v3 0.0 or
-2.5); only the missing box does.  (With the flag true, or a zarr v2
-fill_value null, a missing chunk is EIO: test_missing_data.py.)"""
+2.5; zeros for a zarr v2 fill_value null); only the missing box does.
+(With the flag true a missing chunk is EIO: test_missing_data.py.)"""
 
 import json
 import os

@@ -7,8 +7,8 @@ true, a chunk / shard / inner chunk / OCDBT key that the metadata implies
 but the store lacks makes the read of that range fail with EIO (other
 ranges of the array still read), logged once with the array and the chunk
 coordinates.  Where the flag is absent or false a missing chunk is the fill
-value, as zarr specifies, except for zarr v2 arrays whose fill_value is
-null (there is no fill value to serve).
+value, as zarr specifies and TensorStore reads it: zeros for a zarr v2
+fill_value null.
 
 Unreadable metadata never makes data vanish: an array named in _METADATA
 whose .zarray / zarr.json is missing or corrupt, or an item whose OCDBT
@@ -247,8 +247,23 @@ def test_missing_piece_with_nonzero_fill(flag, tmp_path, mount, expected):
 
 
 @pytest.mark.parametrize("flag", [None, False], ids=["flag_absent", "flag_false"])
-def test_zarr2_null_fill_missing_chunk_is_eio(flag, tmp_path, mount, expected):
+def test_zarr2_null_fill_missing_chunk_is_zeros(flag, tmp_path, mount, expected):
+    """fill_value null states no fill value; TensorStore (and so Orbax's
+    restore without the flag, and T5X) and zarr read a chunk that is not
+    stored as zeros, and so does ckptfs."""
     c = make_case("z2_chunk", tmp_path, expected, flag=flag, fill=None)
+    assert json.loads((c.root / Q / ".zarray").read_text())["fill_value"] is None
+    want = c.want.copy()
+    want[c.box] = 0
+    m = mount(c.root)
+    assert data_of(m.p(c.rel), want.nbytes) == want.tobytes()
+    hole = np.ascontiguousarray(want[8:16])
+    assert data_of(m.p(slice_rel(c.rel, c.bad)), hole.nbytes) == hole.tobytes()
+    check_others(m, expected, Q)
+
+
+def test_zarr2_null_fill_missing_chunk_is_eio_when_flag_true(tmp_path, mount, expected):
+    c = make_case("z2_chunk", tmp_path, expected, flag=True, fill=None)
     assert json.loads((c.root / Q / ".zarray").read_text())["fill_value"] is None
     m = mount(c.root)
     assert U.errno_of(U.read_all, m.p(c.rel)) == errno.EIO

@@ -1048,6 +1048,33 @@ static void test_crafted(void)
 	}
 	bfree(&mb);
 	bfree(&me);
+	/* an empty data file path (TensorStore's entry for the empty tree of a
+	 * first generation, kept in merged manifests of Orbax 0.4 / 0.5): fine
+	 * while nothing is read from it ... */
+	mb = manifest_body(0, 100000000, "", 0, UINT64_MAX, UINT64_MAX);
+	me = envelope(0x0cdb3a2a, &mb, 0);
+	write_db(d, &me, NULL, NULL);
+	{
+		ckpt_ocdbt *db;
+		CHECK_EQ_INT(ckpt_ocdbt_open(d, &db), 0);
+		if (db) {
+			CHECK_EQ_INT(ckpt_ocdbt_count(db), 0);
+			ckpt_ocdbt_close(db);
+		}
+	}
+	bfree(&mb);
+	bfree(&me);
+	/* ... and refused where the root node would be read from it */
+	lf = leaf_body(k2, 2);
+	le = envelope(0x0cdb20de, &lf, 0);
+	mb = manifest_body(0, 100000000, "", 0, 0, le.n);
+	me = envelope(0x0cdb3a2a, &mb, 0);
+	write_db(d, &me, NULL, NULL);
+	CHECK_EQ_INT(open_rc(d), -EIO);
+	bfree(&lf);
+	bfree(&le);
+	bfree(&mb);
+	bfree(&me);
 	/* a data file path escaping the folder */
 	lf = leaf_body(k2, 2);
 	le = envelope(0x0cdb20de, &lf, 0);

@@ -405,6 +405,11 @@ static void test_missing(ckpt_store *s)
 	CHECK_EQ_INT(ckpt_zarr_read_unit(s, "m0", &m, g, v, sc), -ENODATA);
 	CHECK_EQ_INT(parse(2, jsonn, &m), 0);
 	CHECK(m.fill_null);
+	/* fill_value null: zeros, as TensorStore reads it; -ENODATA with the flag */
+	v[0] = v[1] = 5;
+	CHECK_EQ_INT(ckpt_zarr_read_unit(s, "mn", &m, g, v, sc), 0);
+	CHECK(v[0] == 0 && v[1] == 0);
+	m.missing_is_error = 1;
 	CHECK_EQ_INT(ckpt_zarr_read_unit(s, "mn", &m, g, v, sc), -ENODATA);
 	ckpt_zarr_scratch_destroy(sc);
 
@@ -451,9 +456,16 @@ static void test_missing(ckpt_store *s)
 	CHECK_EQ_INT(ckpt_array_read(a, &first, 0, 8, out), 8);
 	ckpt_log_set_sink(NULL);
 	ckpt_array_destroy(a);
-	/* without the flag, a v2 null fill still fails */
+	/* without the flag, a v2 null fill reads the missing chunk as zeros */
 	CHECK_EQ_INT(ckpt_array_open_ex(ctx, s, "mn", NULL, &a), 0);
+	CHECK_EQ_INT(ckpt_array_read(a, &all, 0, sizeof(out), out), (int)sizeof(out));
+	CHECK(out[0] == 7 && out[1] == 8 && out[2] == 0 && out[3] == 0);
+	ckpt_array_destroy(a);
+	/* with it, EIO */
+	CHECK_EQ_INT(ckpt_array_open_ex(ctx, s, "mn", &o, &a), 0);
+	ckpt_log_set_sink(count_log);
 	CHECK_EQ_INT(ckpt_array_read(a, &all, 0, sizeof(out), out), -EIO);
+	ckpt_log_set_sink(NULL);
 	ckpt_array_destroy(a);
 	ckpt_ctx_destroy(ctx);
 }
