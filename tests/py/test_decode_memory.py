@@ -58,6 +58,18 @@ def expected_bytes(start, n):
     return raw[off:off + n]
 
 
+def write_values(f, nbytes, raw):
+    """The data (the n-th MiB all float32 n), raw or as one zstd frame."""
+    if raw:
+        for k in range(nbytes // MiB):
+            f.write(np.full(MiB // 4, k, dtype="<f4").tobytes())
+        return
+    cctx = zstandard.ZstdCompressor(level=1)
+    with cctx.stream_writer(f, size=nbytes, closefd=False) as w:
+        for k in range(nbytes // MiB):
+            w.write(np.full(MiB // 4, k, dtype="<f4").tobytes())
+
+
 def write_one_chunk_array(item, name, rows, cols, raw=False):
     d = item / name
     d.mkdir()
@@ -66,16 +78,8 @@ def write_one_chunk_array(item, name, rows, cols, raw=False):
         "dimension_separator": ".",
         "dtype": "<f4", "fill_value": None, "filters": None, "order": "C", "shape": [rows, cols],
         "zarr_format": 2}))
-    nbytes = rows * cols * 4
     with open(d / "0.0", "wb") as f:
-        if raw:
-            for k in range(nbytes // MiB):
-                f.write(np.full(MiB // 4, k, dtype="<f4").tobytes())
-        else:
-            cctx = zstandard.ZstdCompressor(level=1)
-            with cctx.stream_writer(f, size=nbytes, closefd=False) as w:
-                for k in range(nbytes // MiB):
-                    w.write(np.full(MiB // 4, k, dtype="<f4").tobytes())
+        write_values(f, rows * cols * 4, raw)
     return {"key_metadata": [{"key": name, "key_type": 2}],
             "value_metadata": {"value_type": "jax.Array", "skip_deserialize": False, "write_shape": [rows, cols]}}
 
@@ -96,16 +100,8 @@ def write_one_shard_array(item, name, rows, cols, raw=False):
             "chunk_shape": [rows, cols], "codecs": inner,
             "index_codecs": [{"name": "bytes", "configuration": {"endian": "little"}}, {"name": "crc32c"}],
             "index_location": "end"}}]}))
-    nbytes = rows * cols * 4
     with open(d / "c" / "0" / "0", "wb") as f:
-        if raw:
-            for k in range(nbytes // MiB):
-                f.write(np.full(MiB // 4, k, dtype="<f4").tobytes())
-        else:
-            cctx = zstandard.ZstdCompressor(level=1)
-            with cctx.stream_writer(f, size=nbytes, closefd=False) as w:
-                for k in range(nbytes // MiB):
-                    w.write(np.full(MiB // 4, k, dtype="<f4").tobytes())
+        write_values(f, rows * cols * 4, raw)
         n = f.tell()
         index = np.array([0, n], dtype="<u8").tobytes()
         f.write(index + np.array([crc32c(index)], dtype="<u4").tobytes())
