@@ -10,7 +10,7 @@ Each write path of the mount makes a step in a CheckpointManager root:
 - an `s3://` root on s3rver (the objects then fetched into a folder).
 
 After the commit the daemon is unmounted and the step is judged without
-ckptfs (tests/py/oracle_orbax.py, a subprocess per call): the real Orbax
+ckptfs (tests/py/orbax_judge.py, a subprocess per call): the real Orbax
 restores it through CheckpointManager + StandardRestore, StandardCheckpointer,
 PyTreeCheckpointer + PyTreeRestore, `v1.load` and to numpy, onto 8 CPU
 devices with the shardings `_sharding` records and onto one; TensorStore
@@ -36,7 +36,7 @@ from ckfs_help import Arr, bf16_patterns, commit, makedirs_in_mount, npy_bytes, 
 
 pytestmark = pytest.mark.oracle
 
-ORACLE = Path(__file__).with_name("oracle_orbax.py")
+ORACLE = Path(__file__).with_name("orbax_judge.py")
 # every restore API on both device counts for the richest step; two for the others
 ALL_APIS = [("manager", 8), ("manager", 1), ("standard", 8), ("standard", 1), ("pytree", 8), ("pytree", 1),
             ("v1", 8), ("v1", 1), ("numpy", 1)]

@@ -2,7 +2,7 @@
 the oracle tests (marker `oracle`), run as a subprocess so that each call
 picks its own JAX device count.
 
-    python oracle_orbax.py ROOT STEP ITEM --api API --devices N
+    python orbax_judge.py ROOT STEP ITEM --api API --devices N
 
 restores item ITEM of step STEP of the CheckpointManager root ROOT with the
 real Orbax, then opens every array of the item with TensorStore (the spec
