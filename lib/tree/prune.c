@@ -110,6 +110,7 @@ static int retire(ckpt_view *v, struct node *s)
 	struct node *root = ckpt_node_at(v, CKPT_ROOT_INO);
 	ckpt_node_remove_kid(root, s);
 	atomic_store(&s->pruned, true);
+	s->hidden = 1; /* by name only from here on (its readers hold no pointer to it) */
 	rc = ckpt_node_dyn_add(v, s);
 	ckpt_log(CKPT_LOG_INFO, "step %s: deleted", s->name);
 	return rc;
