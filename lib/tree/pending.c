@@ -692,6 +692,11 @@ static int new_step(ckpt_view *v, struct node *root, const char *name, ckpt_attr
 	}
 	if (ckpt_node_find_kid(root, name) || ckpt_name_reserved(root, name))
 		return -EEXIST;
+	struct node *same = as_written ? ckpt_node_find_kid(root, sname) : NULL;
+	if (same && same->kind == N_PSTEP) {
+		ckpt_log(CKPT_LOG_ERR, "%s: step %s is being written through the mount already", name, sname);
+		return -EEXIST;
+	}
 	if (as_written && v->opts.process_count > 1) {
 		ckpt_log(CKPT_LOG_ERR,
 			 "%s: an Orbax save through a mount with process_count is not supported (each host's "

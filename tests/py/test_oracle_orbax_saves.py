@@ -180,3 +180,28 @@ def test_sigkill_at_points_of_a_save_leaves_no_step(mount, tmp_path):
     assert ok(orbax(m.p(), "save", 7))["all_steps"] == [7]
     assert ok(orbax(m.p(), "restore", 7))["restored"] == [7]
     assert os.listdir(src) == ["7"]
+
+
+def test_two_jax_processes_save_through_one_mount(mount, tmp_path):
+    import socket
+    src = tmp_path / "src"
+    src.mkdir()
+    m = mount(src)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    helper = Path(__file__).with_name("oracle_orbax_procs.py")
+    procs = [subprocess.Popen([sys.executable, str(helper), str(m.p()), str(i), str(port)], env=ENV,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in (0, 1)]
+    outs = [p.communicate(timeout=600) for p in procs]
+    for p, (out, err) in zip(procs, outs):
+        assert p.returncode == 0, err[-4000:]
+        r = json.loads(out.strip().splitlines()[-1])
+        assert r["all_steps"] == [1, 2] and r["restored"], r
+    assert sorted(os.listdir(m.p())) == ["1", "2"]
+    names = stored_names(src)
+    assert not [n for n in names if n.endswith(".__lock") or ".orbax-checkpoint-tmp" in n], names
+    for p in (0, 1):  # each process's database and array metadata, merged by process 0
+        assert f"2/default/ocdbt.process_{p}/manifest.ocdbt" in names
+        assert f"2/default/array_metadatas/process_{p}" in names
+    m.unmount()
