@@ -101,8 +101,12 @@ struct pstep {
 	/* An Orbax save (mkdir of "S.orbax-checkpoint-tmp"): every folder and
 	 * file is stored as written in the tmp folder, any name, any level; the
 	 * rename to S commits it (see "Orbax saves" below).  Set before
-	 * publication. */
+	 * publication, or by aw_convert under io_lock exclusive. */
 	int as_written;
+	/* Orbax's COMMIT_FILE mode: a step made as "S" (not Orbax's tmp name)
+	 * that became stored as written (aw_convert); the close of its
+	 * commit_success.txt, written with bytes, commits it.  ns_lock. */
+	int commit_file;
 };
 
 static void ps_set(struct pstep *ps, enum ps_state to)
@@ -933,6 +937,128 @@ static int aw_rmdir(ckpt_view *v, struct node *dir, struct node *n)
 	return 0;
 }
 
+/* Orbax's COMMIT_FILE mode saves into "S" itself: mkdir MNT/S starts a
+ * .npy step, and the first thing only a live Orbax save makes turns it into
+ * one stored as written (aw_convert): a TensorStore lock file ("*.__lock")
+ * or the step's _CHECKPOINT_METADATA without a commit time (a copy of a
+ * committed step has neither: its lock files are gone and its metadata
+ * carries the commit time).  Every folder and file made so far
+ * goes to the tmp folder as written (the buffered metadata, marker and
+ * JSON files too); a step holding .npy arrays is not converted (-EINVAL).
+ * The close of its commit_success.txt then commits it (Orbax writes it
+ * last, after every item's). */
+
+/* A pending file that holds .npy or safetensors data (not convertible). */
+static int aw_npy_kid(struct node *dir)
+{
+	struct dir_node *d = to_dir(dir);
+	for (size_t i = 0; i < d->nkids; i++) {
+		struct node *k = d->kids[i];
+		if (k->kind == N_PDIR && aw_npy_kid(k))
+			return 1;
+		if (k->kind == N_PFILE) {
+			struct pfile *pf = &to_pfile(k)->pf;
+			if (pf->arr || pf->is_slice || pf->is_st || pf->is_index ||
+			    (!pf->is_raw && !buffered(pf)))
+				return 1;
+		}
+	}
+	return 0;
+}
+
+/* Put dir's folders and buffered files in the tmp folder (io_lock exclusive). */
+static int aw_spill(ckpt_view *v, struct node *dir)
+{
+	struct dir_node *d = to_dir(dir);
+	struct pstep *ps = to_pdir(dir)->ps;
+	int rc = 0;
+	for (size_t i = 0; i < d->nkids && !rc; i++) {
+		struct node *k = d->kids[i];
+		char rel[VIEW_PATH_MAX], path[VIEW_PATH_MAX];
+		rc = rel_of(v, dir, k->name, rel, sizeof(rel));
+		if (!rc)
+			rc = tmp_file(ps, rel, path, sizeof(path));
+		if (rc)
+			break;
+		if (k->kind == N_PDIR) {
+			to_pdir(k)->stored = 0; /* its files are the step's own now */
+			if (mkdir(path, 0755) && errno != EEXIST)
+				rc = -errno;
+			if (!rc)
+				rc = aw_spill(v, k);
+			continue;
+		}
+		struct pfile *pf = &to_pfile(k)->pf;
+		ckpt_lock(&pf->mu, CKPT_RANK_PF);
+		if (!pf->is_raw) {
+			int fd = open(path, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0644);
+			rc = fd < 0	? -errno
+			     : pf->size ? ckpt_pwrite_all(fd, pf->hdr, (size_t)pf->size, 0)
+					: 0;
+			if (fd >= 0) {
+				raw_note_stat(pf, fd);
+				close(fd);
+			}
+		}
+		if (!rc) {
+			pf->is_raw = 1;
+			pf->is_json = pf->is_meta = pf->is_marker = 0;
+			free(pf->rel);
+			pf->rel = NULL; /* the path follows renames from now on */
+		}
+		ckpt_unlock(&pf->mu, CKPT_RANK_PF);
+		if (rc)
+			ckpt_log(CKPT_LOG_ERR, "%s: cannot put it in the tmp folder: %s", rel, strerror(-rc));
+	}
+	return rc;
+}
+
+/* Pending step sn becomes an Orbax save in COMMIT_FILE mode (ns_lock
+ * exclusive); why: what showed it. */
+static int aw_convert(ckpt_view *v, struct node *sn, const char *why)
+{
+	struct pstep *ps = to_pdir(sn)->ps;
+	if (ps->as_written)
+		return 0;
+	if (ckpt_hosts_is_multi(ps->step)) {
+		ckpt_log(CKPT_LOG_ERR,
+			 "step %s: %s: an Orbax save through a mount with process_count is not supported",
+			 sn->name, why);
+		return -EPERM;
+	}
+	if (aw_npy_kid(sn)) {
+		ckpt_log(CKPT_LOG_ERR, "step %s: %s is Orbax's, but the step holds .npy arrays", sn->name,
+			 why);
+		return -EINVAL;
+	}
+	ckpt_wrlock(&ps->io_lock, CKPT_RANK_IO);
+	int rc = ckpt_step_set_as_written(ps->step);
+	if (!rc)
+		rc = aw_spill(v, sn);
+	if (!rc) {
+		ps->as_written = 1;
+		ps->commit_file = 1;
+		ps->commit_wanted = 0;
+	}
+	ckpt_rwunlock(&ps->io_lock, CKPT_RANK_IO);
+	if (!rc)
+		ckpt_log(CKPT_LOG_INFO, "step %s: an Orbax save (%s): stored as written, committed by its %s",
+			 sn->name, why, CKPT_ORBAX_COMMIT_SUCCESS);
+	return rc;
+}
+
+/* Step-level _CHECKPOINT_METADATA of a live Orbax save: no commit time. */
+static int aw_fresh_meta(struct pfile *pf)
+{
+	ckpt_lock(&pf->mu, CKPT_RANK_PF);
+	cJSON *j = pf->hdr ? cJSON_ParseWithLength((const char *)pf->hdr, (size_t)pf->size) : NULL;
+	ckpt_unlock(&pf->mu, CKPT_RANK_PF);
+	const cJSON *c = cJSON_GetObjectItemCaseSensitive(j, "commit_timestamp_nsecs");
+	int fresh = cJSON_IsObject(j) && cJSON_IsNull(c);
+	cJSON_Delete(j);
+	return fresh;
+}
+
 int ckpt_view_mkdir(ckpt_view *v, ckpt_ino parent, const char *name, ckpt_attr *out)
 {
 	ckpt_wrlock(&v->ns_lock, CKPT_RANK_NS);
@@ -1196,6 +1322,14 @@ static int new_pfile_as(ckpt_view *v, struct node *dir, const char *name, const 
 
 static int new_pfile(ckpt_view *v, struct node *dir, const char *name, struct node **out)
 {
+	if (!to_pdir(dir)->ps->as_written && has_suffix(name, CKPT_ORBAX_LOCK_SUFFIX)) {
+		struct node *sn = dir;
+		while (sn && sn->kind != N_PSTEP)
+			sn = parent_of(v, sn);
+		int rc = sn ? aw_convert(v, sn, name) : -EINVAL;
+		if (rc)
+			return rc;
+	}
 	if (to_pdir(dir)->ps->as_written)
 		return aw_create(v, dir, name, out);
 	char fbuf[VIEW_NAME_BUF];
@@ -1914,8 +2048,17 @@ int ckpt_view_flush(ckpt_view *v, ckpt_ino ino)
 		f->pf.dirty = 0;
 		ckpt_unlock(&f->pf.mu, CKPT_RANK_PF);
 		struct node *sn = step_of(v, n);
-		if (sn && !frozen(f->ps) && !atomic_load(&sn->orphan)) {
-			if (f->pf.is_marker && !dirty && !f->pf.final) {
+		if (sn && !frozen(f->ps) && !atomic_load(&sn->orphan) && f->ps->as_written) {
+			struct node *st;
+			/* COMMIT_FILE: the step's own marker, written, commits */
+			if (f->ps->commit_file && n->parent == sn->ino &&
+			    !strcmp(n->name, CKPT_ORBAX_COMMIT_SUCCESS) && f->pf.size)
+				rc = commit_step(v, sn, sn->name, 0, &st);
+		} else if (sn && !frozen(f->ps) && !atomic_load(&sn->orphan)) {
+			if (f->pf.is_meta && n->parent == sn->ino &&
+			    !strcmp(n->name, CKPT_ORBAX_CKPT_METADATA) && aw_fresh_meta(&f->pf)) {
+				rc = aw_convert(v, sn, n->name);
+			} else if (f->pf.is_marker && !dirty && !f->pf.final) {
 				rc = try_commit(v, sn, 0); /* touch: commit now, or say why not */
 				if (rc < 0 && !atomic_load(&n->orphan)) {
 					/* not committed: no marker is left behind (touch again to retry) */

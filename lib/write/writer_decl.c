@@ -585,7 +585,14 @@ int ckpt_step_add_stored_item(ckpt_step *st, const char *item)
 int ckpt_step_set_as_written(ckpt_step *st)
 {
 	ckpt_lock(&st->decl_mu, CKPT_RANK_W_DECL);
-	int rc = st->state != CKPT_STEP_PENDING ? -EROFS : st->items ? -EINVAL : 0;
+	int rc = st->state != CKPT_STEP_PENDING ? -EROFS : 0;
+	for (struct witem *it = st->items; it && !rc; it = it->next)
+		if (it->narrays) {
+			ckpt_log(CKPT_LOG_ERR,
+				 "writer: step %s: item %s holds arrays: it cannot be stored as written",
+				 st->name, it->name);
+			rc = -EINVAL;
+		}
 	if (!rc)
 		st->as_written = 1;
 	ckpt_unlock(&st->decl_mu, CKPT_RANK_W_DECL);

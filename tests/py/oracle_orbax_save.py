@@ -6,7 +6,8 @@ a subprocess (its own JAX).
     python oracle_orbax_save.py ROOT restore STEP... [--view MNT]
 
 save: one CheckpointManager(ROOT, max_to_keep=K) saves tree(STEP) for each
-STEP (async, Orbax's defaults: ATOMIC_RENAME, OCDBT), waits, and prints
+STEP (async, Orbax's defaults: ATOMIC_RENAME, OCDBT; --commit-file:
+COMMIT_FILE), waits, and prints
 {"all_steps": [...]}.  restore: a fresh manager restores each STEP with
 StandardRestore and checks every leaf byte for byte against tree(STEP);
 with --view, also np.load of each leaf's NAME.npy in MNT/STEP/default (the
@@ -52,19 +53,24 @@ def main():
     ap.add_argument("steps", type=int, nargs="+")
     ap.add_argument("--max-to-keep", type=int, default=3)
     ap.add_argument("--view")
+    ap.add_argument("--commit-file", action="store_true", help="AtomicityMode.COMMIT_FILE")
     a = ap.parse_args()
     import numpy as np
     import orbax.checkpoint as ocp
 
+    kw = {}
+    if a.commit_file:
+        from orbax.checkpoint import options as oo
+        kw["atomicity_options"] = oo.AtomicityOptions(mode=oo.AtomicityMode.COMMIT_FILE)
     if a.what == "save":
-        mgr = ocp.CheckpointManager(a.root, options=ocp.CheckpointManagerOptions(max_to_keep=a.max_to_keep))
+        mgr = ocp.CheckpointManager(a.root, options=ocp.CheckpointManagerOptions(max_to_keep=a.max_to_keep, **kw))
         for s in a.steps:
             mgr.save(s, args=ocp.args.StandardSave(tree(s)))
         mgr.wait_until_finished()
         print(json.dumps({"all_steps": list(mgr.all_steps())}))
         mgr.close()
         return
-    mgr = ocp.CheckpointManager(a.root)
+    mgr = ocp.CheckpointManager(a.root, options=ocp.CheckpointManagerOptions(**kw))
     done = []
     for s in a.steps:
         want = tree(s)

@@ -31,10 +31,12 @@ SAVER = Path(__file__).with_name("oracle_orbax_save.py")
 ENV = dict(os.environ, JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="3", PYTHONDONTWRITEBYTECODE="1")
 
 
-def orbax(root, what, *steps, view=None, prefix=()):
+def orbax(root, what, *steps, view=None, prefix=(), commit_file=False):
     cmd = [*prefix, sys.executable, str(SAVER), str(root), what, *map(str, steps)]
     if view:
         cmd += ["--view", str(view)]
+    if commit_file:
+        cmd += ["--commit-file"]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=ENV)
     return p
 
@@ -73,6 +75,21 @@ def test_local_root_saves_restores_prunes(mount, tmp_path):
     m.unmount()
     # Orbax restores the backing root without the mount
     assert ok(orbax(src, "restore", 3, 4, 5))["restored"] == [3, 4, 5]
+
+
+def test_local_root_commit_file_mode(mount, tmp_path):
+    """Orbax's COMMIT_FILE mode: no renames, the step's commit_success.txt
+    (written last) commits."""
+    src = tmp_path / "src"
+    src.mkdir()
+    m = mount(src)
+    assert ok(orbax(m.p(), "save", 0, 1, 2, 3, 4, commit_file=True))["all_steps"] == [2, 3, 4]
+    assert sorted(os.listdir(m.p())) == ["2", "3", "4"]
+    check_backing(src, [2, 3, 4])
+    assert ok(orbax(m.p(), "restore", 2, 3, 4, view=m.p(), commit_file=True))["restored"] == [2, 3, 4]
+    assert "an Orbax save" in m.log()
+    m.unmount()
+    assert ok(orbax(src, "restore", 2, 3, 4, commit_file=True))["restored"] == [2, 3, 4]
 
 
 def _keys(env, prefix):
