@@ -457,7 +457,7 @@ static void ckfs_op_create(fuse_req_t req, fuse_ino_t parent, const char *name, 
 	struct fuse_entry_param e;
 	fill_entry(fs, &a, &e);
 	fi->keep_cache = a.immutable;
-	fi->direct_io = write_only(fi);
+	fi->direct_io = write_only(fi) || a.volatile_data;
 	fuse_reply_create(req, &e, fi);
 }
 

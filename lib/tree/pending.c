@@ -102,7 +102,7 @@ struct pstep {
 	 * file is stored as written in the tmp folder, any name, any level; the
 	 * rename to S commits it (see "Orbax saves" below).  Set before
 	 * publication, or by aw_convert under io_lock exclusive. */
-	int as_written;
+	atomic_int as_written;
 	/* Orbax's COMMIT_FILE mode: a step made as "S" (not Orbax's tmp name)
 	 * that became stored as written (aw_convert); the close of its
 	 * commit_success.txt, written with bytes, commits it.  ns_lock. */
@@ -529,6 +529,9 @@ static void pfile_attr(ckpt_view *v, struct node *n, ckpt_attr *a)
 	a->size = pf->size;
 	if (pf->raw_mtime_ns)
 		a->mtime_ns = pf->raw_mtime_ns;
+	/* an Orbax save's file: its bytes go straight to the tmp folder and are
+	 * read from there, so the kernel keeps no pages of it (direct I/O) */
+	a->volatile_data = pf->is_raw && to_pfile(n)->ps->as_written;
 	ckpt_unlock(&pf->mu, CKPT_RANK_PF);
 }
 
