@@ -457,7 +457,7 @@ static void ckfs_op_create(fuse_req_t req, fuse_ino_t parent, const char *name, 
 	struct fuse_entry_param e;
 	fill_entry(fs, &a, &e);
 	fi->keep_cache = a.immutable;
-	fi->direct_io = write_only(fi);
+	fi->direct_io = write_only(fi) || a.volatile_data;
 	fuse_reply_create(req, &e, fi);
 }
 
@@ -496,7 +496,8 @@ static void ckfs_op_rename(fuse_req_t req, fuse_ino_t parent, const char *name, 
 		return;
 	}
 	if (may_write(req))
-		reply_err(req, ckpt_view_rename(fs_of(req)->view, parent, name, newparent, newname));
+		reply_err(req, ckpt_view_rename(fs_of(req)->view, parent, name, newparent, newname,
+						(flags & RENAME_NOREPLACE) ? CKPT_RENAME_NOREPLACE : 0));
 }
 
 /* Only a size change of a pending file means anything; time updates are

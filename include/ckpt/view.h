@@ -187,6 +187,16 @@ ssize_t ckpt_view_listxattr(ckpt_view *v, ckpt_ino ino, char *buf, size_t cap);
  *   rename <step> -> <new name>       commit under the new name
  *   rmdir <step>                      abort the pending step
  *
+ * An Orbax save: mkdir ROOT/<step>.orbax-checkpoint-tmp starts a pending
+ * step stored as written: any folder and file inside it, at any level, is
+ * made in its folder of that name as it is written (renames inside the
+ * step, of open files and over existing files, unlink, rmdir of empty
+ * folders as on a local disk), and rename to <step> commits it.
+ * A committed step of a writable root is deleted by removing anything in
+ * it (rmtree): the first unlink or rmdir below it takes the whole step out
+ * of the root (the source folder or objects are deleted at once); the
+ * rest of the removal then works on what the mount still shows of it.
+ *
  * Errors: -EROFS (committed data, read-only mount), -EEXIST, -EINVAL (bad
  * .npy header, header that disagrees with the declaration or the slice,
  * bad name, array file directly in a step), -EFBIG (write past the end),
@@ -226,8 +236,12 @@ int ckpt_view_setattr_meta(ckpt_view *v, ckpt_ino ino);
 /* Truncate a pending file to `size` (only 0 before a header, or its
  * current size); -EROFS elsewhere. */
 int ckpt_view_truncate(ckpt_view *v, ckpt_ino ino, uint64_t size);
-int ckpt_view_rename(ckpt_view *v, ckpt_ino parent, const char *name, ckpt_ino newparent,
-		     const char *newname);
+/* flags: 0 (a file replaces a file, a folder an empty folder, where the
+ * target takes it: inside an Orbax save) or CKPT_RENAME_NOREPLACE (-EEXIST
+ * when newname exists). */
+#define CKPT_RENAME_NOREPLACE 1u
+int ckpt_view_rename(ckpt_view *v, ckpt_ino parent, const char *name, ckpt_ino newparent, const char *newname,
+		     unsigned flags);
 int ckpt_view_unlink(ckpt_view *v, ckpt_ino parent, const char *name);
 int ckpt_view_rmdir(ckpt_view *v, ckpt_ino parent, const char *name);
 /* Set user.ckpt.sharding (a JSON string, e.g. {"sharding_type":

@@ -31,6 +31,17 @@ int ckpt_orbax_is_unfinished(const char *name)
 	       (n >= np && strcmp(name + n - np, CKPT_ORBAX_PARTIAL) == 0);
 }
 
+int ckpt_orbax_tmp_step(const char *name, char *step, size_t cap)
+{
+	size_t n = strlen(name), k = sizeof(CKPT_ORBAX_TMP_INFIX) - 1;
+	const char *why;
+	if (n <= k || strcmp(name + n - k, CKPT_ORBAX_TMP_INFIX) || n - k >= cap)
+		return 0;
+	memcpy(step, name, n - k);
+	step[n - k] = 0;
+	return ckpt_orbax_name_ok(CKPT_NAME_STEP, step, &why);
+}
+
 int ckpt_orbax_step_number(const char *name, uint64_t *step)
 {
 	if (!name || !*name)

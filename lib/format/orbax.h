@@ -26,6 +26,7 @@
 #define CKPT_ORBAX_ROOT_METADATA_DIR "metadata" /* root: the manager's metadata folder, never a step */
 #define CKPT_ORBAX_TMP_INFIX                                                                                 \
 	".orbax-checkpoint-tmp" /* unfinished step/item: "<name>" CKPT_ORBAX_TMP_INFIX... */
+#define CKPT_ORBAX_LOCK_SUFFIX ".__lock" /* TensorStore's lock file of a key being written */
 #define CKPT_ORBAX_PARTIAL ".partial_save" /* unfinished (partial save) folder suffix */
 #define CKPT_ORBAX_OCDBT_MANIFEST "manifest.ocdbt" /* item: OCDBT root manifest */
 #define CKPT_ORBAX_OCDBT_PROCESS_PREFIX "ocdbt.process_" /* item: per-process OCDBT database folders */
@@ -99,6 +100,13 @@ int ckpt_orbax_keypath_ok(const char *const *keys, const int *types, int depth, 
  * CKPT_ORBAX_TMP_INFIX or ends with CKPT_ORBAX_PARTIAL.  Readers skip these.
  */
 int ckpt_orbax_is_unfinished(const char *name);
+
+/*
+ * The folder Orbax makes for step S while it saves it (ATOMIC_RENAME):
+ * "S" CKPT_ORBAX_TMP_INFIX, S a step name Orbax finds.  Returns 1 and S in
+ * step (cap bytes), else 0.
+ */
+int ckpt_orbax_tmp_step(const char *name, char *step, size_t cap);
 
 /*
  * The step number of a step folder name, the way Orbax's standard step naming

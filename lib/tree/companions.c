@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "orbax.h"
+#include "store.h"
 #include "view_internal.h"
 
 /* Most stored units a NAME.shards/ directory lists. */
@@ -438,6 +439,50 @@ static int make_safetensors(ckpt_view *v, struct node *dir, const char *name, si
 /* The hidden companion `name` of committed directory dir, or -ENOENT/-EINVAL. */
 static int meta_dir(ckpt_view *v, struct node *dir, const char *name, struct node **out);
 
+/* A file or folder the source holds at dir's path under `name` that the
+ * tree does not show (Orbax's own files: manifest.ocdbt, d/, ocdbt.process_0/,
+ * array_metadatas/, zarr folders): a hidden node reading it as stored, so
+ * that Orbax and TensorStore restore through the mount, opening its files
+ * by name.  Not in the root (its unfinished folders are no steps).  0 and
+ * the node, or -ENOENT. */
+static int stored_lookup(ckpt_view *v, struct node *dir, const char *name, struct node **out)
+{
+	const char *parts[CKPT_ORBAX_MAX_DEPTH + 1];
+	int k = 0;
+	if (dir->ino == CKPT_ROOT_INO || !strcmp(name, ".") || !strcmp(name, ".."))
+		return -ENOENT;
+	parts[k++] = name;
+	for (struct node *d = dir; d && d->ino != CKPT_ROOT_INO; d = ckpt_node_at(v, d->parent)) {
+		if (k == CKPT_ORBAX_MAX_DEPTH + 1 || d->kind != N_DIR || !strcmp(d->name, ".ckptfs"))
+			return -ENOENT;
+		parts[k++] = d->name;
+	}
+	char key[VIEW_PATH_MAX];
+	size_t len = 0;
+	for (int i = k - 1; i >= 0; i--) {
+		int m = snprintf(key + len, sizeof(key) - len, "%s%s", parts[i], i ? "/" : "");
+		if (m < 0 || (size_t)m >= sizeof(key) - len)
+			return -ENOENT;
+		len += (size_t)m;
+	}
+	struct ckpt_store_stat st;
+	if (ckpt_store_stat(v->src, key, &st) < 0)
+		return -ENOENT;
+	struct node *n = ckpt_node_new(v, st.is_dir ? &ckpt_dir_ops : &ckpt_file_ops, name, dir);
+	if (!n)
+		return -ENOMEM;
+	n->hidden = 1;
+	if (!st.is_dir) {
+		struct file_node *f = to_file(n);
+		f->store = v->src;
+		f->size = st.size;
+		if (!(f->key = strdup(key)))
+			return -ENOMEM;
+	}
+	*out = n;
+	return 0;
+}
+
 static int dir_lookup(ckpt_view *v, struct node *dir, const char *name, struct node **out)
 {
 	size_t stem;
@@ -461,7 +506,8 @@ static int dir_lookup(ckpt_view *v, struct node *dir, const char *name, struct n
 		return make_safetensors(v, dir, name, stem, 1, out);
 	if (ckpt_node_ends_with(name, ".safetensors", &stem))
 		return make_safetensors(v, dir, name, stem, 0, out);
-	return meta_dir(v, dir, name, out); /* STEP/.ckptfs/ */
+	int rc = meta_dir(v, dir, name, out); /* STEP/.ckptfs/ */
+	return rc == -ENOENT ? stored_lookup(v, dir, name, out) : rc;
 }
 
 /* ---- STEP/.stored/: the step's files as they are stored ---------------------- */

@@ -387,6 +387,14 @@ static void dyn_remove_locked(ckpt_view *v, struct node *n)
 		(void)dyn_rehash_locked(v, v->ndyn_buckets / 2); /* on ENOMEM: keep the big table */
 }
 
+void ckpt_node_dyn_remove(ckpt_view *v, struct node *n)
+{
+	ckpt_lock(&v->dyn_lock, CKPT_RANK_DYN);
+	if (dyn_find_locked(v, n->parent, n->name) == n)
+		dyn_remove_locked(v, n);
+	ckpt_unlock(&v->dyn_lock, CKPT_RANK_DYN);
+}
+
 /* The invalidation list (dyn_lock held). */
 static void inval_unlink_locked(ckpt_view *v, struct node *n)
 {

@@ -119,6 +119,15 @@ struct pstep {
 	 * and whether a settle_step runs (both under ns_lock) */
 	char *unsettled;
 	int settling;
+	/* An Orbax save (mkdir of "S.orbax-checkpoint-tmp"): every folder and
+	 * file is stored as written in the tmp folder, any name, any level; the
+	 * rename to S commits it (see "Orbax saves" below).  Set before
+	 * publication, or by aw_convert under io_lock exclusive. */
+	atomic_int as_written;
+	/* Orbax's COMMIT_FILE mode: a step made as "S" (not Orbax's tmp name)
+	 * that became stored as written (aw_convert); the close of its
+	 * commit_success.txt, written with bytes, commits it.  ns_lock. */
+	int commit_file;
 };
 
 static void ps_set(struct pstep *ps, enum ps_state to)
@@ -181,7 +190,8 @@ struct pfile {
 	/* a file of a stored copy: its bytes live in the tmp folder at rel
 	 * (its final name), written and read there; size is its size */
 	int is_raw;
-	char *rel;
+	char *rel; /* NULL in an Orbax save: the path follows renames (raw_path) */
+	int64_t raw_mtime_ns; /* a raw file's mtime on disk after its last change (0: unknown) */
 	/* X.safetensors being imported: hdr collects the 8-byte length and the
 	 * JSON header until they parse (data_off = 8 + N from then on); each of
 	 * its nst tensors is then an array of the step, st_arr[i], under the key
@@ -396,6 +406,41 @@ static int raw_open(struct pstep *ps, const char *rel, int flags)
 	return fd < 0 ? -errno : fd;
 }
 
+/* The path of raw file f in the tmp folder.  Its name and folders change
+ * only under io_lock exclusive (renames in an Orbax save), so the caller
+ * holds io_lock or ns_lock. */
+static int raw_path(ckpt_view *v, struct pfile_node *f, char *buf, size_t cap)
+{
+	char rel[VIEW_PATH_MAX];
+	int rc = 0;
+	if (f->pf.rel)
+		snprintf(rel, sizeof(rel), "%s", f->pf.rel);
+	else
+		rc = rel_of(v, parent_of(v, &f->n), f->n.name, rel, sizeof(rel));
+	return rc ? rc : tmp_file(f->ps, rel, buf, cap);
+}
+
+static int raw_open_f(ckpt_view *v, struct pfile_node *f, int flags)
+{
+	char path[VIEW_PATH_MAX];
+	int rc = raw_path(v, f, path, sizeof(path));
+	if (rc)
+		return rc;
+	int fd = open(path, flags | O_CLOEXEC | O_NOFOLLOW, 0644);
+	return fd < 0 ? -errno : fd;
+}
+
+/* Size and mtime of raw file f from its open descriptor fd (pf->mu held):
+ * what stat answers from now on, unchanged by renames and closes. */
+static void raw_note_stat(struct pfile *pf, int fd)
+{
+	struct stat sb;
+	if (fstat(fd, &sb) == 0) {
+		pf->size = (uint64_t)sb.st_size;
+		pf->raw_mtime_ns = (int64_t)sb.st_mtim.tv_sec * 1000000000 + sb.st_mtim.tv_nsec;
+	}
+}
+
 /* A pending .npy (or JSON) file anywhere below dir. */
 static int has_arrays(struct node *dir)
 {
@@ -503,6 +548,11 @@ static void pfile_attr(ckpt_view *v, struct node *n, ckpt_attr *a)
 	a->mode = 0644;
 	ckpt_lock(&pf->mu, CKPT_RANK_PF);
 	a->size = pf->size;
+	if (pf->raw_mtime_ns)
+		a->mtime_ns = pf->raw_mtime_ns;
+	/* an Orbax save's file: its bytes go straight to the tmp folder and are
+	 * read from there, so the kernel keeps no pages of it (direct I/O) */
+	a->volatile_data = pf->is_raw && to_pfile(n)->ps->as_written;
 	ckpt_unlock(&pf->mu, CKPT_RANK_PF);
 }
 
@@ -670,12 +720,27 @@ static unsigned upload_threads(const ckpt_view *v, uint64_t budget)
 static int new_step(ckpt_view *v, struct node *root, const char *name, ckpt_attr *out)
 {
 	const char *why = "";
-	if (!ckpt_orbax_name_ok(CKPT_NAME_PENDING_STEP, name, &why)) {
+	char sname[CKPT_ORBAX_NAME_MAX + 1];
+	/* Orbax's own folder for step S: an Orbax save, stored as written */
+	int as_written = ckpt_orbax_tmp_step(name, sname, sizeof(sname));
+	if (!as_written && !ckpt_orbax_name_ok(CKPT_NAME_PENDING_STEP, name, &why)) {
 		ckpt_log(CKPT_LOG_ERR, "%s: not a valid step name (%s)", name, why);
 		return -EINVAL;
 	}
 	if (ckpt_node_find_kid(root, name) || ckpt_name_reserved(root, name))
 		return -EEXIST;
+	struct node *same = as_written ? ckpt_node_find_kid(root, sname) : NULL;
+	if (same && same->kind == N_PSTEP) {
+		ckpt_log(CKPT_LOG_ERR, "%s: step %s is being written through the mount already", name, sname);
+		return -EEXIST;
+	}
+	if (as_written && v->opts.process_count > 1) {
+		ckpt_log(CKPT_LOG_ERR,
+			 "%s: an Orbax save through a mount with process_count is not supported (each host's "
+			 "mount would stage its own folder); save through one mount",
+			 name);
+		return -EPERM;
+	}
 	ckpt_writer_opts o;
 	ckpt_writer_opts_init(&o);
 	if (v->opts.zstd_level)
@@ -692,7 +757,12 @@ static int new_step(ckpt_view *v, struct node *root, const char *name, ckpt_attr
 	}
 	ckpt_step *st;
 	ckpt_hosts_opts ho = { v->opts.process_index, v->opts.process_count, v->opts.commit_timeout_s };
-	int rc = ckpt_hosts_step_begin(v->opts.spool_dir ? v->opts.spool_dir : v->source, name, &o, &ho, &st);
+	int rc = ckpt_hosts_step_begin(v->opts.spool_dir ? v->opts.spool_dir : v->source,
+				       as_written ? sname : name, &o, &ho, &st);
+	if (rc == 0 && as_written && (rc = ckpt_step_set_as_written(st)) < 0) {
+		ckpt_step_abort(st);
+		ckpt_step_destroy(st);
+	}
 	if (rc < 0) {
 		ckpt_log(CKPT_LOG_ERR, "step %s: cannot start a pending step: %s", name, strerror(-rc));
 		return rc;
@@ -707,7 +777,8 @@ static int new_step(ckpt_view *v, struct node *root, const char *name, ckpt_attr
 	}
 	ps->step = st;
 	ps->up_threads = up_threads;
-	if (v->opts.spool_dir && v->opts.process_count <= 1) {
+	ps->as_written = as_written;
+	if (v->opts.spool_dir && v->opts.process_count <= 1 && !as_written) {
 		ckpt_step_info info;
 		ckpt_step_get_info(st, &info);
 		/* without it (-ENOMEM, no thread) everything goes at commit */
@@ -732,6 +803,295 @@ static int new_step(ckpt_view *v, struct node *root, const char *name, ckpt_attr
 	return 0;
 }
 
+/* ---- Orbax saves -------------------------------------------------------------
+ *
+ * Orbax (ATOMIC_RENAME, its default on every path but gs://) saves step S
+ * into "S.orbax-checkpoint-tmp/" and renames that to "S" when done.  A
+ * pending step made under that name is stored as written (ps->as_written):
+ * its tmp folder on disk has that very name, every folder and file made in
+ * it, at any level and under any name, is made there at once, its bytes
+ * written and read there (raw files), and the namespace calls map one to
+ * one onto the folder:
+ *   mkdir, create, O_TRUNC, write, read, unlink, rmdir of an empty folder;
+ *   rename of files and folders inside the step, replacing a file (TensorStore
+ *     renames "K.__lock" over "K" while it still holds it open), under
+ *     io_lock exclusive, so no read or write sees a path change midway;
+ *   a second open for writing of an open file, and a flush of either
+ *     descriptor, change nothing (no file here is a commit request: the
+ *     commit_success.txt files Orbax writes into the tmp folders are data);
+ *   stat: the node's inode number (kept across renames) and the size and
+ *     mtime (ns) the file had on disk after its last change, so that
+ *     TensorStore's generations (dev, ino, mtime) of an unchanged file stay
+ *     equal across fsync, rename and close.
+ * The rename of the step to S commits it (commit_step): the writer fsyncs
+ * every file and folder, drops leftover "*.__lock" files and renames the
+ * folder (ckpt_step_set_as_written); on an object store the staged folder
+ * is then uploaded, commit_success.txt last.  rmdir of the step (Orbax's
+ * rmtree of a stale tmp folder) throws it away.  fsync answers at once:
+ * the commit makes the step durable.
+ */
+
+/* mkdir in an Orbax save (ns_lock exclusive). */
+static int aw_mkdir(ckpt_view *v, struct node *dir, const char *name, ckpt_attr *out)
+{
+	struct pstep *ps = to_pdir(dir)->ps;
+	char rel[VIEW_PATH_MAX], path[VIEW_PATH_MAX];
+	if (ckpt_node_find_kid(dir, name))
+		return -EEXIST;
+	int rc = rel_of(v, dir, name, rel, sizeof(rel));
+	if (!rc)
+		rc = tmp_file(ps, rel, path, sizeof(path));
+	if (!rc && mkdir(path, 0755) && errno != EEXIST)
+		rc = -errno;
+	if (rc) {
+		ckpt_log(CKPT_LOG_ERR, "%s: mkdir in the tmp folder: %s", rel, strerror(-rc));
+		return rc;
+	}
+	struct node *n = ckpt_node_new(v, &pdir_ops, name, dir);
+	if (!n || ckpt_node_add_kid(dir, n) < 0)
+		return -ENOMEM;
+	to_pdir(n)->ps = ps;
+	ckpt_node_fill_attr(v, n, out);
+	note_writer(ps);
+	return 0;
+}
+
+/* A new file in an Orbax save (ns_lock exclusive), made on disk at once. */
+static int aw_create(ckpt_view *v, struct node *dir, const char *name, struct node **out)
+{
+	struct pfile_node *f = pfile_node_new(v, dir, name);
+	if (!f)
+		return -ENOMEM;
+	f->pf.is_raw = 1;
+	int fd = raw_open_f(v, f, O_RDWR | O_CREAT);
+	if (fd < 0) {
+		ckpt_log(CKPT_LOG_ERR, "%s: cannot create it in the tmp folder: %s", name, strerror(-fd));
+		return fd; /* the node is unlinked: freed with the view */
+	}
+	raw_note_stat(&f->pf, fd);
+	close(fd);
+	*out = &f->n;
+	return 0;
+}
+
+/* 1 when dir is kid or below node n. */
+static int aw_below(ckpt_view *v, struct node *dir, struct node *n)
+{
+	for (struct node *d = dir; d && d->ino != CKPT_ROOT_INO; d = parent_of(v, d))
+		if (d == n)
+			return 1;
+	return 0;
+}
+
+/* rename inside an Orbax save (ns_lock exclusive): the folder's rename,
+ * then the nodes'.  A file replaces a file, a folder an empty folder. */
+static int aw_rename(ckpt_view *v, struct node *dir, struct node *n, struct node *ndir, const char *newname,
+		     unsigned flags)
+{
+	struct pstep *ps = to_pdir(dir)->ps;
+	if (!ndir || (ndir->kind != N_PSTEP && ndir->kind != N_PDIR) || to_pdir(ndir)->ps != ps ||
+	    atomic_load(&ndir->orphan))
+		return -EXDEV;
+	if (frozen(ps))
+		return refuse(n->name, "rename (the step is committed or committing)");
+	struct node *t = ckpt_node_find_kid(ndir, newname);
+	if (t == n)
+		return 0;
+	if (t && (flags & CKPT_RENAME_NOREPLACE))
+		return -EEXIST;
+	if (t && n->kind == N_PFILE && t->kind != N_PFILE)
+		return -EISDIR;
+	if (t && n->kind == N_PDIR && t->kind != N_PDIR)
+		return -ENOTDIR;
+	if (t && t->kind == N_PDIR && to_dir(t)->nkids)
+		return -ENOTEMPTY;
+	if (n->kind == N_PDIR && aw_below(v, ndir, n))
+		return -EINVAL;
+	char *nn = strdup(newname);
+	if (!nn)
+		return -ENOMEM;
+	char orel[VIEW_PATH_MAX], nrel[VIEW_PATH_MAX], op[VIEW_PATH_MAX], np[VIEW_PATH_MAX];
+	int rc = rel_of(v, dir, n->name, orel, sizeof(orel));
+	if (!rc)
+		rc = rel_of(v, ndir, newname, nrel, sizeof(nrel));
+	if (!rc)
+		rc = tmp_file(ps, orel, op, sizeof(op));
+	if (!rc)
+		rc = tmp_file(ps, nrel, np, sizeof(np));
+	if (rc) {
+		free(nn);
+		return rc;
+	}
+	/* no read or write of the step runs while paths change */
+	ckpt_wrlock(&ps->io_lock, CKPT_RANK_IO);
+	if (rename(op, np)) {
+		rc = -errno;
+		ckpt_log(CKPT_LOG_ERR, "%s -> %s: rename in the tmp folder: %s", orel, nrel, strerror(errno));
+	} else {
+		if (t) {
+			ckpt_node_remove_kid(ndir, t);
+			atomic_store(&t->orphan, true);
+		}
+		ckpt_node_remove_kid(dir, n);
+		char *old = n->name;
+		if (n->kind == N_PFILE)
+			ckpt_lock(&to_pfile(n)->pf.mu, CKPT_RANK_PF);
+		n->name = nn;
+		n->parent = ndir->ino;
+		if (n->kind == N_PFILE)
+			ckpt_unlock(&to_pfile(n)->pf.mu, CKPT_RANK_PF);
+		nn = old;
+		rc = ckpt_node_add_kid(ndir, n);
+	}
+	ckpt_rwunlock(&ps->io_lock, CKPT_RANK_IO);
+	free(nn);
+	note_writer(ps);
+	return rc;
+}
+
+/* rmdir of an empty folder in an Orbax save (ns_lock exclusive). */
+static int aw_rmdir(ckpt_view *v, struct node *dir, struct node *n)
+{
+	struct pstep *ps = to_pdir(n)->ps;
+	if (frozen(ps))
+		return refuse(n->name, "remove (the step is committed or committing)");
+	if (to_dir(n)->nkids)
+		return -ENOTEMPTY;
+	char rel[VIEW_PATH_MAX], path[VIEW_PATH_MAX];
+	int rc = rel_of(v, dir, n->name, rel, sizeof(rel));
+	if (!rc)
+		rc = tmp_file(ps, rel, path, sizeof(path));
+	if (!rc && rmdir(path) && errno != ENOENT)
+		rc = -errno;
+	if (rc)
+		return rc;
+	ckpt_node_remove_kid(dir, n);
+	atomic_store(&n->orphan, true);
+	return 0;
+}
+
+/* Orbax's COMMIT_FILE mode saves into "S" itself: mkdir MNT/S starts a
+ * .npy step, and the first thing only a live Orbax save makes turns it into
+ * one stored as written (aw_convert): a TensorStore lock file ("*.__lock")
+ * or the step's _CHECKPOINT_METADATA without a commit time (a copy of a
+ * committed step has neither: its lock files are gone and its metadata
+ * carries the commit time).  Every folder and file made so far
+ * goes to the tmp folder as written (the buffered metadata, marker and
+ * JSON files too); a step holding .npy arrays is not converted (-EINVAL).
+ * The close of its commit_success.txt then commits it (Orbax writes it
+ * last, after every item's). */
+
+/* A pending file that holds .npy or safetensors data (not convertible). */
+static int aw_npy_kid(struct node *dir)
+{
+	struct dir_node *d = to_dir(dir);
+	for (size_t i = 0; i < d->nkids; i++) {
+		struct node *k = d->kids[i];
+		if (k->kind == N_PDIR && aw_npy_kid(k))
+			return 1;
+		if (k->kind == N_PFILE) {
+			struct pfile *pf = &to_pfile(k)->pf;
+			if (pf->arr || pf->is_slice || pf->is_st || pf->is_index ||
+			    (!pf->is_raw && !buffered(pf)))
+				return 1;
+		}
+	}
+	return 0;
+}
+
+/* Put dir's folders and buffered files in the tmp folder (io_lock exclusive). */
+static int aw_spill(ckpt_view *v, struct node *dir)
+{
+	struct dir_node *d = to_dir(dir);
+	struct pstep *ps = to_pdir(dir)->ps;
+	int rc = 0;
+	for (size_t i = 0; i < d->nkids && !rc; i++) {
+		struct node *k = d->kids[i];
+		char rel[VIEW_PATH_MAX], path[VIEW_PATH_MAX];
+		rc = rel_of(v, dir, k->name, rel, sizeof(rel));
+		if (!rc)
+			rc = tmp_file(ps, rel, path, sizeof(path));
+		if (rc)
+			break;
+		if (k->kind == N_PDIR) {
+			to_pdir(k)->stored = 0; /* its files are the step's own now */
+			if (mkdir(path, 0755) && errno != EEXIST)
+				rc = -errno;
+			if (!rc)
+				rc = aw_spill(v, k);
+			continue;
+		}
+		struct pfile *pf = &to_pfile(k)->pf;
+		ckpt_lock(&pf->mu, CKPT_RANK_PF);
+		if (!pf->is_raw) {
+			int fd = open(path, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0644);
+			rc = fd < 0	? -errno
+			     : pf->size ? ckpt_pwrite_all(fd, pf->hdr, (size_t)pf->size, 0)
+					: 0;
+			if (fd >= 0) {
+				raw_note_stat(pf, fd);
+				close(fd);
+			}
+		}
+		if (!rc) {
+			pf->is_raw = 1;
+			pf->is_json = pf->is_meta = pf->is_marker = 0;
+			free(pf->rel);
+			pf->rel = NULL; /* the path follows renames from now on */
+		}
+		ckpt_unlock(&pf->mu, CKPT_RANK_PF);
+		if (rc)
+			ckpt_log(CKPT_LOG_ERR, "%s: cannot put it in the tmp folder: %s", rel, strerror(-rc));
+	}
+	return rc;
+}
+
+/* Pending step sn becomes an Orbax save in COMMIT_FILE mode (ns_lock
+ * exclusive); why: what showed it. */
+static int aw_convert(ckpt_view *v, struct node *sn, const char *why)
+{
+	struct pstep *ps = to_pdir(sn)->ps;
+	if (ps->as_written)
+		return 0;
+	if (ckpt_hosts_is_multi(ps->step)) {
+		ckpt_log(CKPT_LOG_ERR,
+			 "step %s: %s: an Orbax save through a mount with process_count is not supported",
+			 sn->name, why);
+		return -EPERM;
+	}
+	if (aw_npy_kid(sn)) {
+		ckpt_log(CKPT_LOG_ERR, "step %s: %s is Orbax's, but the step holds .npy arrays", sn->name,
+			 why);
+		return -EINVAL;
+	}
+	ckpt_wrlock(&ps->io_lock, CKPT_RANK_IO);
+	int rc = ckpt_step_set_as_written(ps->step);
+	if (!rc)
+		rc = aw_spill(v, sn);
+	if (!rc) {
+		ps->as_written = 1;
+		ps->commit_file = 1;
+		ps->commit_wanted = 0;
+	}
+	ckpt_rwunlock(&ps->io_lock, CKPT_RANK_IO);
+	if (!rc)
+		ckpt_log(CKPT_LOG_INFO, "step %s: an Orbax save (%s): stored as written, committed by its %s",
+			 sn->name, why, CKPT_ORBAX_COMMIT_SUCCESS);
+	return rc;
+}
+
+/* Step-level _CHECKPOINT_METADATA of a live Orbax save: no commit time. */
+static int aw_fresh_meta(struct pfile *pf)
+{
+	ckpt_lock(&pf->mu, CKPT_RANK_PF);
+	cJSON *j = pf->hdr ? cJSON_ParseWithLength((const char *)pf->hdr, (size_t)pf->size) : NULL;
+	ckpt_unlock(&pf->mu, CKPT_RANK_PF);
+	const cJSON *c = cJSON_GetObjectItemCaseSensitive(j, "commit_timestamp_nsecs");
+	int fresh = cJSON_IsObject(j) && cJSON_IsNull(c);
+	cJSON_Delete(j);
+	return fresh;
+}
+
 int ckpt_view_mkdir(ckpt_view *v, ckpt_ino parent, const char *name, ckpt_attr *out)
 {
 	ckpt_wrlock(&v->ns_lock, CKPT_RANK_NS);
@@ -741,6 +1101,9 @@ int ckpt_view_mkdir(ckpt_view *v, ckpt_ino parent, const char *name, ckpt_attr *
 		rc = -ENOENT;
 	} else if (dir->ino == CKPT_ROOT_INO && v->writable) {
 		rc = new_step(v, dir, name, out);
+	} else if ((dir->kind == N_PSTEP || dir->kind == N_PDIR) && !frozen(to_pdir(dir)->ps) &&
+		   !atomic_load(&dir->orphan) && to_pdir(dir)->ps->as_written) {
+		rc = aw_mkdir(v, dir, name, out);
 	} else if ((dir->kind == N_PSTEP || dir->kind == N_PDIR) && !frozen(to_pdir(dir)->ps) &&
 		   !atomic_load(&dir->orphan)) {
 		struct pstep *ps = to_pdir(dir)->ps;
@@ -1083,6 +1446,16 @@ static int new_pfile_as(ckpt_view *v, struct node *dir, const char *name, const 
 
 static int new_pfile(ckpt_view *v, struct node *dir, const char *name, struct node **out)
 {
+	if (!to_pdir(dir)->ps->as_written && has_suffix(name, CKPT_ORBAX_LOCK_SUFFIX)) {
+		struct node *sn = dir;
+		while (sn && sn->kind != N_PSTEP)
+			sn = parent_of(v, sn);
+		int rc = sn ? aw_convert(v, sn, name) : -EINVAL;
+		if (rc)
+			return rc;
+	}
+	if (to_pdir(dir)->ps->as_written)
+		return aw_create(v, dir, name, out);
 	char fbuf[VIEW_NAME_BUF];
 	const char *fin = temp_final(name, fbuf, sizeof(fbuf));
 	const char *eff = fin ? fin : name;
@@ -1799,8 +2172,17 @@ int ckpt_view_flush(ckpt_view *v, ckpt_ino ino)
 		f->pf.dirty = 0;
 		ckpt_unlock(&f->pf.mu, CKPT_RANK_PF);
 		struct node *sn = step_of(v, n);
-		if (sn && !frozen(f->ps) && !atomic_load(&sn->orphan)) {
-			if (f->pf.is_marker && !dirty && !f->pf.final) {
+		if (sn && !frozen(f->ps) && !atomic_load(&sn->orphan) && f->ps->as_written) {
+			struct node *st;
+			/* COMMIT_FILE: the step's own marker, written, commits */
+			if (f->ps->commit_file && n->parent == sn->ino &&
+			    !strcmp(n->name, CKPT_ORBAX_COMMIT_SUCCESS) && f->pf.size)
+				rc = commit_step(v, sn, sn->name, 0, &st);
+		} else if (sn && !frozen(f->ps) && !atomic_load(&sn->orphan)) {
+			if (f->pf.is_meta && n->parent == sn->ino &&
+			    !strcmp(n->name, CKPT_ORBAX_CKPT_METADATA) && aw_fresh_meta(&f->pf)) {
+				rc = aw_convert(v, sn, n->name);
+			} else if (f->pf.is_marker && !dirty && !f->pf.final) {
 				rc = try_commit(v, sn, 0); /* touch: commit now, or say why not */
 				if (rc < 0 && !atomic_load(&n->orphan)) {
 					/* not committed: no marker is left behind (touch again to retry) */
@@ -1884,7 +2266,8 @@ int ckpt_view_create(ckpt_view *v, ckpt_ino parent, const char *name, ckpt_attr 
 	return rc;
 }
 
-int ckpt_view_rename(ckpt_view *v, ckpt_ino parent, const char *name, ckpt_ino newparent, const char *newname)
+int ckpt_view_rename(ckpt_view *v, ckpt_ino parent, const char *name, ckpt_ino newparent, const char *newname,
+		     unsigned flags)
 {
 	ckpt_wrlock(&v->ns_lock, CKPT_RANK_NS);
 	struct node *dir = ckpt_node_at(v, parent);
@@ -1893,6 +2276,9 @@ int ckpt_view_rename(ckpt_view *v, ckpt_ino parent, const char *name, ckpt_ino n
 	const char *why = "";
 	if (!n)
 		rc = -ENOENT;
+	else if ((n->kind == N_PFILE || n->kind == N_PDIR) && (dir->kind == N_PSTEP || dir->kind == N_PDIR) &&
+		 to_pdir(dir)->ps->as_written)
+		rc = aw_rename(v, dir, n, ckpt_node_at(v, newparent), newname, flags);
 	else if (n->kind == N_PSTEP && parent == CKPT_ROOT_INO && newparent == CKPT_ROOT_INO &&
 		 !ps_dead(to_pdir(n)->ps)) {
 		struct node *step;
@@ -1943,11 +2329,20 @@ int ckpt_view_unlink(ckpt_view *v, ckpt_ino parent, const char *name)
 {
 	ckpt_wrlock(&v->ns_lock, CKPT_RANK_NS);
 	struct node *dir = ckpt_node_at(v, parent);
-	struct node *n =
-		dir && (dir->kind == N_PDIR || dir->kind == N_DIR) ? ckpt_node_find_kid(dir, name) : NULL;
+	if (dir && node_has_kids(dir) && ckpt_prune_step_of(v, dir)) { /* inside a committed step */
+		int rc = node_load(v, dir);
+		rc = rc ? rc : ckpt_prune_remove(v, dir, ckpt_node_find_kid(dir, name), 0);
+		ckpt_rwunlock(&v->ns_lock, CKPT_RANK_NS);
+		return rc;
+	}
+	struct node *n = dir && (dir->kind == N_PDIR || dir->kind == N_DIR || dir->kind == N_PSTEP)
+				 ? ckpt_node_find_kid(dir, name)
+				 : NULL;
 	int rc;
 	if (!n) {
-		rc = dir && dir->kind == N_PDIR ? -ENOENT : refuse(name, "remove");
+		rc = dir && (dir->kind == N_PDIR || (dir->kind == N_PSTEP && to_pdir(dir)->ps->as_written))
+			     ? -ENOENT
+			     : refuse(name, "remove");
 	} else if (n->kind != N_PFILE) {
 		rc = n->kind == N_PDIR ? -EISDIR : refuse(name, "remove");
 	} else if (frozen(to_pfile(n)->ps)) {
@@ -1961,8 +2356,7 @@ int ckpt_view_unlink(ckpt_view *v, ckpt_ino parent, const char *name)
 		ckpt_warray *arr = pf->is_slice ? NULL : pf->arr;
 		int json = pf->is_json;
 		char raw[VIEW_PATH_MAX];
-		if (pf->is_raw && tmp_file(f->ps, pf->rel, raw, sizeof(raw)) == 0 && unlink(raw) &&
-		    errno != ENOENT)
+		if (pf->is_raw && raw_path(v, f, raw, sizeof(raw)) == 0 && unlink(raw) && errno != ENOENT)
 			ckpt_log(CKPT_LOG_WARN, "%s: unlink: %s", raw, strerror(errno));
 		if (pf->is_marker)
 			f->ps->commit_wanted = 0; /* the copy's request to commit is withdrawn */
@@ -1989,8 +2383,14 @@ int ckpt_view_rmdir(ckpt_view *v, ckpt_ino parent, const char *name)
 	ckpt_wrlock(&v->ns_lock, CKPT_RANK_NS);
 	struct node *dir = ckpt_node_at(v, parent);
 	struct node *n = dir && node_has_kids(dir) ? ckpt_node_find_kid(dir, name) : NULL;
+	struct node *gone = !n && parent == CKPT_ROOT_INO ? ckpt_node_dyn_find(v, parent, name) : NULL;
 	int rc;
-	if (!n) {
+	if (gone && atomic_load(&gone->pruned)) { /* the end of an rmtree of a committed step */
+		rc = ckpt_prune_remove(v, dir, gone, 1);
+	} else if (dir && node_has_kids(dir) && ckpt_prune_step_of(v, dir)) { /* inside one */
+		rc = node_load(v, dir);
+		rc = rc ? rc : ckpt_prune_remove(v, dir, ckpt_node_find_kid(dir, name), 1);
+	} else if (!n) {
 		rc = -ENOENT;
 	} else if (n->kind == N_PSTEP &&
 		   (!ps_dead(to_pdir(n)->ps) || atomic_load(&to_pdir(n)->ps->state) == PS_LOST)) {
@@ -2019,6 +2419,8 @@ int ckpt_view_rmdir(ckpt_view *v, ckpt_ino parent, const char *name)
 			 "removing it",
 			 name, name, CKPT_ORBAX_COMMIT_SUCCESS);
 		rc = -EBUSY;
+	} else if (n->kind == N_PDIR && to_pdir(n)->ps->as_written) {
+		rc = aw_rmdir(v, dir, n);
 	} else if (n->kind == N_PDIR) {
 		ckpt_log(CKPT_LOG_ERR,
 			 "%s: directories of a pending step cannot be removed (rmdir the step to abort it)",
@@ -2595,18 +2997,20 @@ static ssize_t write_locked(ckpt_view *v, struct pfile_node *n, uint64_t off, co
 		pf->hwm = off + len;
 	if (pf->is_raw) { /* a stored copy's file: straight to the tmp folder */
 		ckpt_unlock(&pf->mu, CKPT_RANK_PF);
-		int fd = raw_open(n->ps, pf->rel, O_WRONLY);
+		int fd = raw_open_f(v, n, O_WRONLY);
 		int rc = fd < 0 ? fd : ckpt_pwrite_all(fd, data, len, off);
-		if (fd >= 0)
-			close(fd);
 		if (rc < 0) {
-			ckpt_log(CKPT_LOG_ERR, "%s: write: %s", pf->rel, strerror(-rc));
+			if (fd >= 0)
+				close(fd);
+			ckpt_log(CKPT_LOG_ERR, "%s: write: %s", n->n.name, strerror(-rc));
 			return rc;
 		}
 		ckpt_lock(&pf->mu, CKPT_RANK_PF);
 		if (off + len > pf->size)
 			pf->size = off + len;
+		raw_note_stat(pf, fd);
 		ckpt_unlock(&pf->mu, CKPT_RANK_PF);
+		close(fd);
 		return (ssize_t)len;
 	}
 	if (buffered(pf))
@@ -2677,12 +3081,14 @@ int ckpt_view_truncate(ckpt_view *v, ckpt_ino ino, uint64_t size)
 		if (rc)
 			ckpt_log(CKPT_LOG_ERR, "%s: cannot resize an imported safetensors file", n->name);
 	} else if (pf->is_raw) {
-		char path[VIEW_PATH_MAX];
-		rc = tmp_file(f->ps, pf->rel, path, sizeof(path));
-		if (!rc && truncate(path, (off_t)size))
-			rc = -errno;
-		if (!rc)
+		int fd = raw_open_f(v, f, O_WRONLY);
+		rc = fd < 0 ? fd : ftruncate(fd, (off_t)size) ? -errno : 0;
+		if (!rc) {
 			pf->size = pf->hwm = size;
+			raw_note_stat(pf, fd);
+		}
+		if (fd >= 0)
+			close(fd);
 	} else if (buffered(pf)) {
 		rc = json_resize_locked(pf, size);
 		if (!rc && pf->is_json)
@@ -2718,7 +3124,6 @@ int ckpt_view_truncate(ckpt_view *v, ckpt_ino ino, uint64_t size)
  * (io_lock shared: never concurrent with the step's commit or abort). */
 static ssize_t pending_read(ckpt_view *v, struct node *node, uint64_t off, size_t len, void *dst)
 {
-	(void)v;
 	struct pfile_node *n = to_pfile(node);
 	struct pfile *pf = &n->pf;
 	ckpt_rdlock(&n->ps->io_lock, CKPT_RANK_IO);
@@ -2738,7 +3143,7 @@ static ssize_t pending_read(ckpt_view *v, struct node *node, uint64_t off, size_
 	if (pf->is_raw) {
 		ckpt_unlock(&pf->mu, CKPT_RANK_PF);
 		size_t k = off < size ? (size_t)(size - off < len ? size - off : len) : 0;
-		int fd = k ? raw_open(n->ps, pf->rel, O_RDONLY) : 0;
+		int fd = k ? raw_open_f(v, n, O_RDONLY) : 0;
 		int rc = fd < 0 ? fd : k ? ckpt_pread_all(fd, dst, k, off) : 0;
 		if (k && fd >= 0)
 			close(fd);

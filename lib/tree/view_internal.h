@@ -21,6 +21,7 @@
  *   foreign.c     the translator table: which format a SOURCE or folder is
  *   layout.c      source folder -> nodes (root/step/item detection, _METADATA walk);
  *                 the root's list of steps (which names a committing step takes)
+ *   prune.c       deleting committed steps of a writable root (rmtree through the mount)
  *   pending.c     the write protocol on the namespace; the ops of pending kinds
  *   view.c        open/destroy, lookup, readdir, getattr, read, xattr: dispatch
  *
@@ -220,6 +221,10 @@ struct node {
 	int on_inval;
 	int inval_swept; /* its parent's entry was invalidated while it was on the list (node.c) */
 	atomic_bool orphan; /* removed from its directory (committed/aborted/renamed/unlinked) */
+	/* a committed step being deleted through the mount (prune.c): out of
+	 * the source and of the root's kids, in the hidden-name map until its
+	 * rmdir */
+	atomic_bool pruned;
 	atomic_bool gone; /* its source vanished (a step pruned from a live root): it and
 			   * everything below it answer -ENOENT/-ESTALE (ckpt_node_is_gone) */
 	/* NODE_OPENED once a file was opened (the kernel may keep pages of it);
@@ -428,6 +433,8 @@ int ckpt_node_entry(ckpt_view *v, ckpt_ino ino, uint64_t index, const char **nam
 /* The hidden-name map (takes dyn_lock itself). */
 struct node *ckpt_node_dyn_find(ckpt_view *v, ckpt_ino parent, const char *name);
 int ckpt_node_dyn_add(ckpt_view *v, struct node *n);
+/* Take a node that is not transient out of the map (no-op when absent). */
+void ckpt_node_dyn_remove(ckpt_view *v, struct node *n);
 /* Name lookup in dir: kids, hidden-name map, then dir->ops->lookup (the
  * result published in the map).  Caller holds ns_lock shared. */
 int ckpt_node_lookup_locked(ckpt_view *v, struct node *dir, const char *name, struct node **out);
@@ -494,6 +501,16 @@ int ckpt_layout_list_steps(ckpt_view *v, struct layout_steps **out);
  * and names a committing step takes stay).  Frees the list; returns the
  * number of steps linked or unlinked. */
 int ckpt_layout_apply_steps(ckpt_view *v, struct layout_steps *l);
+
+/* ---- prune.c --------------------------------------------------------------- */
+
+/* The committed step of a writable root's view that n is in (n itself when
+ * it is one), or NULL. */
+struct node *ckpt_prune_step_of(ckpt_view *v, struct node *n);
+/* unlink (rmdir_op 0) or rmdir (1) of n (NULL: a name not there) in dir,
+ * inside a committed step: the first such call deletes the whole step
+ * from the source (see prune.c); 0 or -errno.  ns_lock exclusive held. */
+int ckpt_prune_remove(ckpt_view *v, struct node *dir, struct node *n, int rmdir_op);
 
 /* ---- summary.c ------------------------------------------------------------- */
 

@@ -167,6 +167,16 @@ int ckpt_step_set_item_handler(ckpt_step *st, const char *item, const char *hand
  * -ENOMEM, -EROFS after commit. */
 int ckpt_step_add_stored_item(ckpt_step *st, const char *item);
 
+/* Make the whole step one stored as written: the caller (an Orbax save
+ * through the mount) puts every file and folder into the tmp folder
+ * itself, and the commit writes nothing: it removes the leftover lock files
+ * of TensorStore (names ending in CKPT_ORBAX_LOCK_SUFFIX), fsyncs every file
+ * and folder and renames the tmp folder.  Items declared so far must hold
+ * no array (-EINVAL); they and their JSON are then ignored (the caller put
+ * their files in the tmp folder), and the step takes no new item, array or
+ * JSON (-EINVAL).  Returns 0, -EINVAL or -EROFS after commit. */
+int ckpt_step_set_as_written(ckpt_step *st);
+
 /* The name of the JSON file of item `item` (static string). */
 const char *ckpt_step_json_file(const char *item);
 

@@ -279,8 +279,16 @@ static cJSON *metadata_json(const struct witem *it)
 	return j;
 }
 
-/* fsync every file and folder below rel (a stored copy), folders last. */
-static int fsync_tree(struct ckpt_step *st, const char *rel, int depth)
+static int lock_file(const char *name)
+{
+	size_t n = strlen(name), k = strlen(CKPT_ORBAX_LOCK_SUFFIX);
+	return n > k && !strcmp(name + n - k, CKPT_ORBAX_LOCK_SUFFIX);
+}
+
+/* fsync every file and folder below rel (a stored copy), folders last;
+ * with drop_locks, files named *.__lock (TensorStore's lock files, which a
+ * committed step never holds) are removed instead. */
+static int fsync_tree(struct ckpt_step *st, const char *rel, int depth, int drop_locks)
 {
 	int fd = openat(st->dirfd, rel, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
 	if (fd < 0 || depth > 64) {
@@ -309,7 +317,10 @@ static int fsync_tree(struct ckpt_step *st, const char *rel, int depth)
 		if (fstatat(st->dirfd, sub, &sb, AT_SYMLINK_NOFOLLOW)) {
 			rc = -errno;
 		} else if (S_ISDIR(sb.st_mode)) {
-			rc = fsync_tree(st, sub, depth + 1);
+			rc = fsync_tree(st, sub, depth + 1, drop_locks);
+		} else if (S_ISREG(sb.st_mode) && drop_locks && lock_file(e->d_name)) {
+			if (unlinkat(st->dirfd, sub, 0) && errno != ENOENT)
+				rc = -errno;
 		} else if (S_ISREG(sb.st_mode)) {
 			int f = openat(st->dirfd, sub, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
 			if (f < 0 || fsync(f))
@@ -330,7 +341,7 @@ static int finish_item(struct ckpt_step *st, struct witem *it, const char *final
 	char path[4096];
 	int rc = 0;
 	if (it->stored)
-		return fsync_tree(st, it->name, 0);
+		return fsync_tree(st, it->name, 0, 0);
 	if (it->json)
 		return finish_json_item(st, it, final_path);
 	for (struct ckpt_warray *a = it->first; a && !rc; a = a->next)
@@ -434,6 +445,22 @@ static uint64_t report_holes(struct ckpt_step *st)
 	return bad;
 }
 
+static int rename_into_place(struct ckpt_step *st, const char *final_name, const char *final_path);
+
+/* The commit of a step stored as written: its files are the caller's. */
+static int commit_as_written(struct ckpt_step *st, const char *final_name)
+{
+	char final_path[4096];
+	snprintf(final_path, sizeof(final_path), "%s/%s", st->root, final_name);
+	struct stat sb;
+	if (fstatat(st->rootfd, final_name, &sb, AT_SYMLINK_NOFOLLOW) == 0) {
+		ckpt_log(CKPT_LOG_ERR, "writer: commit of step %s: %s already exists", st->name, final_path);
+		return -EEXIST;
+	}
+	int rc = fsync_tree(st, ".", 0, 1);
+	return rc ? rc : rename_into_place(st, final_name, final_path);
+}
+
 static int commit_inner(struct ckpt_step *st, const char *final_name)
 {
 	const char *why;
@@ -454,6 +481,8 @@ static int commit_inner(struct ckpt_step *st, const char *final_name)
 		ckpt_log(CKPT_LOG_ERR, "writer: step %s: commit while writes are in progress", st->name);
 		return -EBUSY;
 	}
+	if (st->as_written)
+		return commit_as_written(st, final_name);
 	/* Chunks whose store failed get another try. */
 	ckpt_w_chunk_retry_errors(st);
 	ckpt_w_chunk_wait_idle(st);
@@ -493,8 +522,14 @@ static int commit_inner(struct ckpt_step *st, const char *final_name)
 	rc = write_file(st, CKPT_ORBAX_COMMIT_SUCCESS, msg, (size_t)m);
 	if (!rc)
 		rc = ckpt_w_fsync_dir(st, ".");
-	if (rc)
-		return rc;
+	return rc ? rc : rename_into_place(st, final_name, final_path);
+}
+
+/* Rename the tmp folder (fsynced) to final_name, fsync the root: committed. */
+static int rename_into_place(struct ckpt_step *st, const char *final_name, const char *final_path)
+{
+	int rc = 0;
+	struct stat sb;
 	if (renameat2(st->rootfd, st->tmpname, st->rootfd, final_name, RENAME_NOREPLACE)) {
 		rc = -errno;
 		if (errno == EINVAL || errno == ENOSYS) {

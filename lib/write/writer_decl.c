@@ -178,6 +178,11 @@ int ckpt_w_step_writable(struct ckpt_step *st, const char *what)
 static struct witem *item_to_change(struct ckpt_step *st, const char *item, int *rc)
 {
 	*rc = ckpt_w_step_writable(st, item);
+	if (!*rc && st->as_written) {
+		ckpt_log(CKPT_LOG_ERR, "writer: step %s is stored as written: item %s cannot be declared",
+			 st->name, item);
+		*rc = -EINVAL;
+	}
 	return *rc ? NULL : item_get(st, item, 1, rc);
 }
 
@@ -573,6 +578,23 @@ int ckpt_step_add_stored_item(ckpt_step *st, const char *item)
 	} else if (it) {
 		it->stored = 1;
 	}
+	ckpt_unlock(&st->decl_mu, CKPT_RANK_W_DECL);
+	return rc;
+}
+
+int ckpt_step_set_as_written(ckpt_step *st)
+{
+	ckpt_lock(&st->decl_mu, CKPT_RANK_W_DECL);
+	int rc = st->state != CKPT_STEP_PENDING ? -EROFS : 0;
+	for (struct witem *it = st->items; it && !rc; it = it->next)
+		if (it->narrays) {
+			ckpt_log(CKPT_LOG_ERR,
+				 "writer: step %s: item %s holds arrays: it cannot be stored as written",
+				 st->name, it->name);
+			rc = -EINVAL;
+		}
+	if (!rc)
+		st->as_written = 1;
 	ckpt_unlock(&st->decl_mu, CKPT_RANK_W_DECL);
 	return rc;
 }

@@ -172,6 +172,10 @@ struct ckpt_step {
 	char *name; /* step_name */
 	char *tmpname; /* "<name>.orbax-checkpoint-tmp" */
 	char *tmppath; /* root/tmpname */
+	/* the whole step is stored as written (an Orbax save through the
+	 * mount): the commit only drops *.__lock files, fsyncs and renames;
+	 * set before any write (ckpt_step_set_as_written) */
+	int as_written;
 	int rootfd, dirfd;
 	int64_t init_ns;
 	ckpt_writer_opts opts;

@@ -16,6 +16,7 @@ import errno
 import io
 import json
 import os
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -292,8 +293,7 @@ def write_attempts(m):
         ("create a[0:1].npy", lambda: np.save(m.p("30/state/a[0:1].npy"), np.zeros((1, 4), np.float32))),
         ("mkdir item", lambda: os.mkdir(m.p("30/newitem"))),
         ("mkdir pytree dir", lambda: os.mkdir(m.p("30/state/sub"))),
-        ("unlink a.npy", lambda: os.unlink(a)),
-        ("rmdir state", lambda: os.rmdir(m.p("30/state"))),
+        ("rmdir step", lambda: os.rmdir(m.p("30"))),
         ("rename step", lambda: os.rename(m.p("30"), m.p("31"))),
         ("rename array", lambda: os.rename(a, m.p("30/state/b.npy"))),
     ]
@@ -311,6 +311,22 @@ def test_committed_step_refuses_writes_with_erofs(root):
     assert np.array_equal(np.load(m.p("30/state/a.npy")), v)
     after = {p: p.read_bytes() for p in (src / "30").rglob("*") if p.is_file()}
     assert after == before
+
+
+def test_a_removal_inside_a_committed_step_deletes_all_of_it(root):
+    """rmtree of a committed step (Orbax's max_to_keep): the first unlink
+    inside takes the whole step out of SOURCE; the rest of the walk works."""
+    src, m = root
+    committed_step(src, m)
+    os.unlink(m.p("30/state/a.npy"))
+    assert os.listdir(m.p()) == [] and os.listdir(src) == []
+    assert err(os.rmdir, m.p("30/state")) == errno.ENOTEMPTY
+    shutil.rmtree(m.p("30"))
+    assert err(os.stat, m.p("30")) == errno.ENOENT
+    alive(m)
+    os.makedirs(m.p("30/state"))  # the name is free again
+    committed_step(src, m)
+    assert sorted(os.listdir(src)) == ["30"]
 
 
 def test_committed_step_write_refusals_are_logged(root):
@@ -455,7 +471,14 @@ def test_array_file_directly_in_step(root):
     assert sorted(os.listdir(src)) == ["30" + TMP]
 
 
-@pytest.mark.parametrize("name", ["x" + TMP, "30" + TMP, ".hidden", "metadata"])
+def test_an_orbax_save_of_a_step_being_written_is_eexist(root):
+    src, m = root
+    assert err(os.mkdir, m.p("30" + TMP)) == errno.EEXIST
+    alive(m)
+    assert sorted(os.listdir(m.p())) == ["30"]
+
+
+@pytest.mark.parametrize("name", ["x" + TMP, "30" + TMP + "x", ".hidden", "metadata"])
 def test_bad_step_name_is_einval(root, name):
     src, m = root
     lg = Log(m)

@@ -218,7 +218,7 @@ static void test_commit_does_not_block_the_namespace(void)
 	CHECK_EQ_INT(ckpt_view_rmdir(v, CKPT_ROOT_INO, "3"), 0);
 	CHECK_EQ_INT(ckpt_view_mkdir(v, s2.ino, "other", &a), -EROFS);
 	CHECK_EQ_INT(ckpt_view_rmdir(v, CKPT_ROOT_INO, "2"), -EROFS);
-	CHECK_EQ_INT(ckpt_view_rename(v, CKPT_ROOT_INO, "2", CKPT_ROOT_INO, "4"), -EROFS);
+	CHECK_EQ_INT(ckpt_view_rename(v, CKPT_ROOT_INO, "2", CKPT_ROOT_INO, "4", 0), -EROFS);
 	CHECK_EQ_INT(c.rc, 1); /* still held */
 
 	int fd = open(fifo, O_RDONLY | O_NONBLOCK);
