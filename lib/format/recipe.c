@@ -30,11 +30,12 @@ enum op_kind {
 	OP_STACK,
 	OP_CONCAT,
 	OP_AFFINE,
-	OP_CAST
+	OP_CAST,
+	OP_DIVIDE
 };
 
-static const char *const op_names[] = { "take",	   "slice", "split",  "pad",	"transpose",
-					"reshape", "stack", "concat", "affine", "cast" };
+static const char *const op_names[] = { "take",	 "slice",  "split",  "pad",  "transpose", "reshape",
+					"stack", "concat", "affine", "cast", "divide" };
 
 struct rop {
 	enum op_kind kind;
@@ -102,6 +103,8 @@ struct env {
 	const char *name[MAX_VARS * 2];
 	double val[MAX_VARS * 2];
 	int n;
+	char own[16][72]; /* names made here (num_VAR) */
+	int nown;
 };
 
 static int env_get(const struct env *e, const char *name, size_t len, double *out)
@@ -602,7 +605,7 @@ static int parse_rule(const cJSON *j, struct rule *r, int idx, char *why, size_t
 				}
 				ro->nargs++;
 			}
-			static const int want[] = { 2, 3, 3, 2, -1, -1, 1, 1, 2, 1 };
+			static const int want[] = { 2, 3, 3, 2, -1, -1, 1, 1, 2, 1, 1 };
 			int ok = want[kind] < 0 ? na >= 1 && na <= CKPT_RECIPE_MAX_RANK : na == want[kind];
 			if (kind == OP_AFFINE)
 				ok = na == 1 || na == 2;
@@ -1306,6 +1309,21 @@ static int build_one(const ckpt_recipe *r, const struct rule *ru, const long *in
 			desc_add(desc, sizeof(desc), " affine(%.9g,%.9g)", s, b);
 			break;
 		}
+		case OP_DIVIDE: {
+			double c;
+			const char *w;
+			if (eval(o->args[0], strlen(o->args[0]), env, &c, &w) < 0 || c == 0 ||
+			    t.divisor != 0) {
+				say(why, whylen, "%s: divide: %s", ru->name,
+				    w ? w : "one non-zero divisor per tensor");
+				rc = -EINVAL;
+				goto out;
+			}
+			t.divisor = c;
+			t.elem = 1;
+			desc_add(desc, sizeof(desc), " divide(%.9g)", c);
+			break;
+		}
 		case OP_CAST:
 			out_dt = ckpt_dtype_from_name(o->args[0]);
 			t.elem = 1;
@@ -1331,7 +1349,7 @@ static int build_one(const ckpt_recipe *r, const struct rule *ru, const long *in
 			rc = -ENOENT;
 			goto out;
 		}
-		if (out_dt == cur->dt && t.scale == 1 && t.bias == 0)
+		if (out_dt == cur->dt && t.scale == 1 && t.bias == 0 && t.divisor == 0)
 			t.elem = 0; /* a cast to the same type */
 	}
 	if (cur->rank > CKPT_RECIPE_MAX_RANK) {
@@ -1404,6 +1422,9 @@ static int run_rule(const ckpt_recipe *r, const struct rule *ru, const struct sr
 {
 	size_t bl = strlen(m->base);
 	int any = 0, mark = env->n;
+	char capn[8][64];
+	double capmax[8];
+	int ncap = 0;
 	/* the first key enumerates the captures; the others are rendered */
 	for (size_t i = 0; i < m->n; i++) {
 		if (strncmp(m->srcs[i].name, m->base, bl))
@@ -1418,6 +1439,17 @@ static int run_rule(const ckpt_recipe *r, const struct rule *ru, const struct sr
 		for (int k = 0; k < nv; k++) {
 			memcpy(keep[k], vars[k], 64);
 			env->name[mark + k] = keep[k];
+		}
+		for (int k = 0; k < nv; k++) { /* the largest value of each capture */
+			int c = 0;
+			while (c < ncap && strcmp(capn[c], vars[k]))
+				c++;
+			if (c == ncap && ncap < 8) {
+				memcpy(capn[ncap], vars[k], 64);
+				capmax[ncap++] = env->val[mark + k];
+			} else if (c < ncap && env->val[mark + k] > capmax[c]) {
+				capmax[c] = env->val[mark + k];
+			}
 		}
 		long in[MAX_INPUTS];
 		in[0] = (long)i;
@@ -1451,6 +1483,20 @@ static int run_rule(const ckpt_recipe *r, const struct rule *ru, const struct sr
 		any = 1;
 		if (nv == 0)
 			break; /* a plain key matches once */
+	}
+	env->n = mark; /* a key that failed to match half-way may have bound a capture */
+	/* num_VAR: how many values a capture took (its largest + 1) */
+	for (int c = 0; c < ncap; c++) {
+		char nm[72];
+		double have;
+		snprintf(nm, sizeof(nm), "num_%s", capn[c]);
+		if (env_get(env, nm, strlen(nm), &have)) {
+			env_set(env, nm, capmax[c] + 1 > have ? capmax[c] + 1 : have);
+		} else if (env->nown < 16) {
+			memcpy(env->own[env->nown], nm, sizeof(nm));
+			if (env_set(env, env->own[env->nown], capmax[c] + 1) == 0)
+				env->nown++;
+		}
 	}
 	return any;
 }
@@ -2025,6 +2071,8 @@ int ckpt_rtensor_convert(const ckpt_rtensor *t, const void *src, size_t count, v
 			}
 			if (t->scale != 1)
 				x = x * t->scale;
+			if (t->divisor != 0)
+				x = x / t->divisor;
 			if (t->bias != 0)
 				x = x + t->bias;
 			if (out == CKPT_DT_FLOAT64) {
@@ -2045,8 +2093,8 @@ int ckpt_rtensor_convert(const ckpt_rtensor *t, const void *src, size_t count, v
 	if ((in != CKPT_DT_FLOAT32 && in != CKPT_DT_BFLOAT16 && in != CKPT_DT_FLOAT16) ||
 	    (out != CKPT_DT_FLOAT32 && out != CKPT_DT_BFLOAT16 && out != CKPT_DT_FLOAT16))
 		return -ENOTSUP;
-	const float a = (float)t->scale, b = (float)t->bias;
-	const int mul = t->scale != 1, add = t->bias != 0;
+	const float a = (float)t->scale, b = (float)t->bias, c = (float)t->divisor;
+	const int mul = t->scale != 1, add = t->bias != 0, div = t->divisor != 0;
 	for (size_t i = 0; i < count; i++) {
 		float x;
 		if (in == CKPT_DT_FLOAT32) {
@@ -2060,6 +2108,8 @@ int ckpt_rtensor_convert(const ckpt_rtensor *t, const void *src, size_t count, v
 		 * floating-point contraction: no fused multiply-add) */
 		if (mul)
 			x = x * a;
+		if (div)
+			x = x / c;
 		if (add)
 			x = x + b;
 		if (out == CKPT_DT_FLOAT32) {

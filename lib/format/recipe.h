@@ -18,7 +18,8 @@
  * the source value widened exactly to float32 (float64 stays float64),
  * y = x*scale rounded to float32, then y + bias rounded to float32, then
  * rounded once to nearest even into the output dtype.  Without element
- * ops the target's bytes are the source's bytes.
+ * ops the target's bytes are the source's bytes.  A divide op divides by
+ * f32(divisor) (one more float32 rounding) after the scale, before the bias.
  *
  * Ownership: a recipe and a plan own all their memory; a plan does not
  * refer to the recipe it came from, nor to the source list it was given.
@@ -91,6 +92,7 @@ typedef struct ckpt_rtensor {
 	ckpt_rpart *parts;
 	int elem; /* element ops present (else a byte copy) */
 	double scale, bias; /* affine: y = x*scale + bias (scale 1, bias 0: none) */
+	double divisor; /* divide: y = x / divisor, after the scale, before the bias (0: none) */
 	char *desc; /* "SOURCE: op op ..." for the mapping table */
 } ckpt_rtensor;
 

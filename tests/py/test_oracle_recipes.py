@@ -248,3 +248,203 @@ def test_mismatch_and_refused(mount, tmp_path):
     r = subprocess.run([str(U.BIN), "info", "--recipe", "maxtext-llama-hf", str(root), "30"],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 1 and "lm_head.weight: no source key" in r.stderr, r.stderr
+
+
+# ---- the other shipped recipes ---------------------------------------------------
+
+X = 4  # experts
+
+
+def heads_rows(m, n, d, scale=None):
+    """W[h*D+r, e] = m[e, h, r] (m: [E, n, d]), times scale in float32 rounded once."""
+    w = np.empty((n * d, m.shape[0]), dtype=m.dtype)
+    for h in range(n):
+        for r in range(d):
+            w[h * d + r, :] = m[:, h, r]
+    if scale is not None:
+        w = (w.astype(np.float32) * np.float32(scale)).astype(m.dtype)
+    return w
+
+
+def heads_cols(m, n, d):
+    """W[e, h*D+r] = m[h, r, e] (m: [n, d, E])."""
+    w = np.empty((m.shape[2], n * d), dtype=m.dtype)
+    for h in range(n):
+        for r in range(d):
+            w[:, h * d + r] = m[h, r, :]
+    return w
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_maxtext_mixtral_to_hf(mount, tmp_path, dtype):
+    rng = np.random.default_rng(5)
+    p = maxtext_llama(rng, dtype)
+    r = lambda *s: _rand(rng, s, dtype)  # noqa: E731
+    lay = p["decoder"]["layers"]
+    del lay["mlp"]
+    lay["MoeBlock_0"] = {"gate": {"kernel": r(E, L, X)}, "wi_0": r(X, L, E, F), "wi_1": r(X, L, E, F),
+                         "wo": r(X, L, F, E)}
+    root = tmp_path / "ck"
+    _save(root, 30, {"params": {"params": p}})
+    want = {k: v for k, v in expected_llama({**p, "decoder": {**p["decoder"], "layers": {
+        **lay, "mlp": {"wi_0": {"kernel": r(E, L, F)}, "wi_1": {"kernel": r(E, L, F)},
+                       "wo": {"kernel": r(F, L, E)}}}}}).items() if ".mlp." not in k}
+    moe = lay["MoeBlock_0"]
+    for l in range(L):
+        pre = f"model.layers.{l}.block_sparse_moe."
+        want[pre + "gate.weight"] = np.ascontiguousarray(moe["gate"]["kernel"][:, l, :].T)
+        for x in range(X):
+            want[pre + f"experts.{x}.w1.weight"] = np.ascontiguousarray(moe["wi_0"][x, l].T)
+            want[pre + f"experts.{x}.w3.weight"] = np.ascontiguousarray(moe["wi_1"][x, l].T)
+            want[pre + f"experts.{x}.w2.weight"] = np.ascontiguousarray(moe["wo"][x, l].T)
+    m = mount(root, "ro")
+    assert sorted(os.listdir(m.path / "30/.views")) == ["maxtext-mixtral-hf"]
+    folder = m.path / "30/.views/maxtext-mixtral-hf"
+    assert assert_folder(folder, want) == 3 + L * (6 + 1 + 3 * X)
+    cfg = json.loads((folder / "config.json").read_text())
+    assert cfg["num_local_experts"] == X and cfg["architectures"] == ["MixtralForCausalLM"]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_maxtext_gemma2_to_hf(mount, tmp_path, dtype):
+    rng = np.random.default_rng(6)
+    r = lambda *s: _rand(rng, s, dtype)  # noqa: E731
+    VM = V + 128  # MaxText pads Gemma's vocabulary
+    layers = {}
+    for half in ("local", "global"):
+        for n in ("pre_self_attention_norm", "post_self_attention_norm", "pre_ffw_norm", "post_ffw_norm"):
+            layers[f"{n}_{half}"] = {"scale": r(E, L) + 1}
+        layers[f"self_attention_{half}"] = {"query": {"kernel": r(E, L, H, D)}, "key": {"kernel": r(E, L, K, D)},
+                                            "value": {"kernel": r(E, L, K, D)}, "out": {"kernel": r(H, L, D, E)}}
+        layers[f"mlp_{half}"] = {"wi_0": {"kernel": r(E, L, F)}, "wi_1": {"kernel": r(E, L, F)},
+                                 "wo": {"kernel": r(F, L, E)}}
+    p = {"token_embedder": {"embedding": r(VM, E)},
+         "decoder": {"layers": layers, "decoder_norm": {"scale": r(E) + 1}}}
+    root = tmp_path / "ck"
+    _save(root, 30, {"params": {"params": p}})
+    dt = p["token_embedder"]["embedding"].dtype
+    f32 = np.float32
+    minus1 = lambda x: (x.astype(f32) - f32(1)).astype(dt)  # noqa: E731
+    want = {"model.embed_tokens.weight": (p["token_embedder"]["embedding"][:V].astype(f32) / f32(np.sqrt(E))).astype(dt),
+            "model.norm.weight": minus1(p["decoder"]["decoder_norm"]["scale"])}
+    for half, off in (("local", 0), ("global", 1)):
+        for mm in range(L):
+            pre = f"model.layers.{2 * mm + off}."
+            for n, hf in (("pre_self_attention_norm", "input_layernorm"),
+                          ("post_self_attention_norm", "post_attention_layernorm"),
+                          ("pre_ffw_norm", "pre_feedforward_layernorm"),
+                          ("post_ffw_norm", "post_feedforward_layernorm")):
+                want[pre + hf + ".weight"] = minus1(layers[f"{n}_{half}"]["scale"][:, mm])
+            a = layers[f"self_attention_{half}"]
+            want[pre + "self_attn.q_proj.weight"] = heads_rows(a["query"]["kernel"][:, mm], H, D, np.sqrt(D))
+            want[pre + "self_attn.k_proj.weight"] = heads_rows(a["key"]["kernel"][:, mm], K, D)
+            want[pre + "self_attn.v_proj.weight"] = heads_rows(a["value"]["kernel"][:, mm], K, D)
+            want[pre + "self_attn.o_proj.weight"] = heads_cols(a["out"]["kernel"][:, mm], H, D)
+            mlp = layers[f"mlp_{half}"]
+            want[pre + "mlp.gate_proj.weight"] = mlp["wi_0"]["kernel"][:, mm].T
+            want[pre + "mlp.up_proj.weight"] = mlp["wi_1"]["kernel"][:, mm].T
+            want[pre + "mlp.down_proj.weight"] = mlp["wo"]["kernel"][:, mm].T
+    want = {k: np.ascontiguousarray(v) for k, v in want.items()}
+    m = mount(root, "ro")
+    assert sorted(os.listdir(m.path / "30/.views")) == ["maxtext-gemma2-hf"]
+    folder = m.path / "30/.views/maxtext-gemma2-hf"
+    assert assert_folder(folder, want) == 2 + 2 * L * 11
+    cfg = json.loads((folder / "config.json").read_text())
+    assert cfg["num_hidden_layers"] == 2 * L and cfg["vocab_size"] == V and cfg["tie_word_embeddings"]
+
+
+@pytest.mark.parametrize("qk_norm", [False, True])
+def test_gemma_flax_to_hf(mount, tmp_path, qk_norm):
+    rng = np.random.default_rng(7)
+    r = lambda *s: _rand(rng, s, "bfloat16")  # noqa: E731
+    NL = 3
+    tr = {"embedder": {"input_embedding": r(V, E)}, "final_norm": {"scale": r(E)}}
+    for i in range(NL):
+        attn = {"q_einsum": {"w": r(H, E, D)}, "kv_einsum": {"w": r(2, K, E, D)},
+                "attn_vec_einsum": {"w": r(H, D, E)}}
+        if qk_norm:
+            attn["_query_norm"] = {"scale": r(D)}
+            attn["_key_norm"] = {"scale": r(D)}
+        tr[f"layer_{i}"] = {"attn": attn, "mlp": {"gating_einsum": r(2, F, E), "linear": r(F, E)},
+                            **{n: {"scale": r(E)} for n in ("pre_attention_norm", "post_attention_norm",
+                                                           "pre_ffw_norm", "post_ffw_norm")}}
+    root = tmp_path / "ck"
+    _save(root, 30, {"params": {"transformer": tr}})
+    want = {"model.embed_tokens.weight": tr["embedder"]["input_embedding"],
+            "model.norm.weight": tr["final_norm"]["scale"]}
+    for i in range(NL):
+        t, pre = tr[f"layer_{i}"], f"model.layers.{i}."
+        q = t["attn"]["q_einsum"]["w"]  # [H, E, D]: W[h*D+d, e] = q[h, e, d]
+        want[pre + "self_attn.q_proj.weight"] = heads_rows(np.transpose(q, (1, 0, 2)), H, D)
+        kv = t["attn"]["kv_einsum"]["w"]
+        want[pre + "self_attn.k_proj.weight"] = heads_rows(np.transpose(kv[0], (1, 0, 2)), K, D)
+        want[pre + "self_attn.v_proj.weight"] = heads_rows(np.transpose(kv[1], (1, 0, 2)), K, D)
+        want[pre + "self_attn.o_proj.weight"] = heads_cols(t["attn"]["attn_vec_einsum"]["w"], H, D)
+        if qk_norm:
+            want[pre + "self_attn.q_norm.weight"] = t["attn"]["_query_norm"]["scale"]
+            want[pre + "self_attn.k_norm.weight"] = t["attn"]["_key_norm"]["scale"]
+        want[pre + "mlp.gate_proj.weight"] = t["mlp"]["gating_einsum"][0]
+        want[pre + "mlp.up_proj.weight"] = t["mlp"]["gating_einsum"][1]
+        want[pre + "mlp.down_proj.weight"] = t["mlp"]["linear"].T
+        for n, hf in (("pre_attention_norm", "input_layernorm"), ("post_attention_norm", "post_attention_layernorm"),
+                      ("pre_ffw_norm", "pre_feedforward_layernorm"), ("post_ffw_norm", "post_feedforward_layernorm")):
+            want[pre + hf + ".weight"] = t[n]["scale"]
+    want = {k: np.ascontiguousarray(v) for k, v in want.items()}
+    m = mount(root, "ro")
+    assert sorted(os.listdir(m.path / "30/.views")) == ["gemma-flax-hf"]
+    folder = m.path / "30/.views/gemma-flax-hf"
+    assert assert_folder(folder, want) == 2 + NL * (11 + (2 if qk_norm else 0))
+    cfg = json.loads((folder / "config.json").read_text())
+    assert cfg["num_hidden_layers"] == NL and cfg["head_dim"] == D
+
+
+def test_t5x_to_hf(mount, tmp_path):
+    rng = np.random.default_rng(8)
+    r = lambda *s: _rand(rng, s, "float32")  # noqa: E731
+    NE, ND, B = 2, 3, 32
+    att = lambda: {n: {"kernel": r(E, H * D)} for n in ("query", "key", "value")} | {"out": {"kernel": r(H * D, E)}}  # noqa: E731
+    mlp = lambda: {"wi_0": {"kernel": r(E, F)}, "wi_1": {"kernel": r(E, F)}, "wo": {"kernel": r(F, E)}}  # noqa: E731
+    enc = {"encoder_norm": {"scale": r(E)}, "relpos_bias": {"rel_embedding": r(H, B)}}
+    for i in range(NE):
+        enc[f"layers_{i}"] = {"attention": att(), "mlp": mlp(), "pre_attention_layer_norm": {"scale": r(E)},
+                              "pre_mlp_layer_norm": {"scale": r(E)}}
+    dec = {"decoder_norm": {"scale": r(E)}, "relpos_bias": {"rel_embedding": r(H, B)},
+           "logits_dense": {"kernel": r(E, V)}}
+    for j in range(ND):
+        dec[f"layers_{j}"] = {"self_attention": att(), "encoder_decoder_attention": att(), "mlp": mlp(),
+                              **{n: {"scale": r(E)} for n in ("pre_self_attention_layer_norm",
+                                                             "pre_cross_attention_layer_norm", "pre_mlp_layer_norm")}}
+    tgt = {"token_embedder": {"embedding": r(V, E)}, "encoder": enc, "decoder": dec}
+    root = tmp_path / "ck"
+    _save(root, 30, {"target": tgt})
+    emb = tgt["token_embedder"]["embedding"]
+    want = {"shared.weight": emb, "encoder.embed_tokens.weight": emb, "decoder.embed_tokens.weight": emb,
+            "lm_head.weight": dec["logits_dense"]["kernel"].T,
+            "encoder.final_layer_norm.weight": enc["encoder_norm"]["scale"],
+            "decoder.final_layer_norm.weight": dec["decoder_norm"]["scale"],
+            "encoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight": enc["relpos_bias"]["rel_embedding"].T,
+            "decoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight": dec["relpos_bias"]["rel_embedding"].T}
+    qkvo = {"q": "query", "k": "key", "v": "value", "o": "out"}
+    for side, n, blocks, mlpi, norms in (
+            ("encoder", NE, (("0.SelfAttention", "attention"),), 1,
+             (("0", "pre_attention_layer_norm"), ("1", "pre_mlp_layer_norm"))),
+            ("decoder", ND, (("0.SelfAttention", "self_attention"), ("1.EncDecAttention", "encoder_decoder_attention")), 2,
+             (("0", "pre_self_attention_layer_norm"), ("1", "pre_cross_attention_layer_norm"), ("2", "pre_mlp_layer_norm")))):
+        src = enc if side == "encoder" else dec
+        for i in range(n):
+            lay, hb = src[f"layers_{i}"], f"{side}.block.{i}.layer."
+            for hl, mt in blocks:
+                for q, k in qkvo.items():
+                    want[f"{hb}{hl}.{q}.weight"] = lay[mt][k]["kernel"].T
+            for w in ("wi_0", "wi_1", "wo"):
+                want[f"{hb}{mlpi}.DenseReluDense.{w}.weight"] = lay["mlp"][w]["kernel"].T
+            for nn, mt in norms:
+                want[f"{hb}{nn}.layer_norm.weight"] = lay[mt]["scale"]
+    want = {k: np.ascontiguousarray(v) for k, v in want.items()}
+    m = mount(root, "ro")
+    assert sorted(os.listdir(m.path / "30/.views")) == ["t5x-t5-hf"]
+    folder = m.path / "30/.views/t5x-t5-hf"
+    assert assert_folder(folder, want) == len(want)
+    cfg = json.loads((folder / "config.json").read_text())
+    assert (cfg["num_layers"], cfg["num_decoder_layers"], cfg["d_kv"], cfg["num_heads"]) == (NE, ND, D, H)
+    assert cfg["relative_attention_num_buckets"] == B
