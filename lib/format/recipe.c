@@ -1527,10 +1527,12 @@ static int fill_json(cJSON *j, const struct env *env, char *why, size_t whylen)
 				cJSON *num = cJSON_CreateNumber(v);
 				if (!num)
 					return -ENOMEM;
-				if (e->string)
-					cJSON_ReplaceItemInObjectCaseSensitive(j, e->string, num);
-				else
-					cJSON_ReplaceItemViaPointer(j, e, num);
+				/* in place, by pointer: a key met twice stays two items */
+				if (e->string && !(num->string = strdup(e->string))) {
+					cJSON_Delete(num);
+					return -ENOMEM;
+				}
+				cJSON_ReplaceItemViaPointer(j, e, num);
 				e = num;
 				continue;
 			}
@@ -1887,6 +1889,38 @@ static inline void copy_el(uint8_t *dst, const uint8_t *src, unsigned is)
 	}
 }
 
+/* Rows gathered together, and columns per step of a batch. */
+#define GATHER_ROWS 16
+#define GATHER_COLS 64
+
+struct srow {
+	uint8_t *o;
+	const uint8_t *s;
+};
+
+/* cnt elements of each row, source stride st elements, column block by
+ * column block over all the rows. */
+static void flush_rows(const struct srow *rows, int n, uint64_t cnt, uint64_t st, unsigned is)
+{
+	for (uint64_t c0 = 0; c0 < cnt; c0 += GATHER_COLS) {
+		uint64_t c1 = c0 + GATHER_COLS < cnt ? c0 + GATHER_COLS : cnt;
+		for (int k = 0; k < n; k++) {
+			uint8_t *o = rows[k].o;
+			const uint8_t *s = rows[k].s;
+			if (is == 2) {
+				for (uint64_t c = c0; c < c1; c++)
+					memcpy(o + 2 * c, s + 2 * c * st, 2);
+			} else if (is == 4) {
+				for (uint64_t c = c0; c < c1; c++)
+					memcpy(o + 4 * c, s + 4 * c * st, 4);
+			} else {
+				for (uint64_t c = c0; c < c1; c++)
+					copy_el(o + is * c, s + is * c * st, is);
+			}
+		}
+	}
+}
+
 void ckpt_rtensor_gather(const ckpt_rtensor *t, size_t part, const ckpt_region *box, const void *boxbuf,
 			 uint64_t e0, uint64_t e1, void *dst)
 {
@@ -1915,6 +1949,9 @@ void ckpt_rtensor_gather(const ckpt_rtensor *t, size_t part, const ckpt_region *
 	uint64_t fstr[CKPT_RECIPE_MAX_FACTORS];
 	for (int j = 0; j < part_nfactors(p, t->rank); j++)
 		fstr[j] = p->f[j].stride * bs[p->f[j].sdim];
+	struct srow batch[GATHER_ROWS];
+	int nb = 0;
+	uint64_t bcnt = 0, bst = 0;
 	for (uint64_t row = e0 / R; row * R < e1; row++) {
 		uint64_t c0 = row * R < e0 ? e0 - row * R : 0, c1 = (row + 1) * R > e1 ? e1 - row * R : R;
 		/* outer dims of this row */
@@ -1955,15 +1992,18 @@ void ckpt_rtensor_gather(const ckpt_rtensor *t, size_t part, const ckpt_region *
 			const uint8_t *s = src + ((uint64_t)off + u0 * st) * is;
 			if (st == 1) {
 				memcpy(o, s, cnt * is);
-			} else if (is == 2) {
-				for (uint64_t c = 0; c < cnt; c++)
-					memcpy(o + 2 * c, s + 2 * c * st, 2);
-			} else if (is == 4) {
-				for (uint64_t c = 0; c < cnt; c++)
-					memcpy(o + 4 * c, s + 4 * c * st, 4);
 			} else {
-				for (uint64_t c = 0; c < cnt; c++)
-					copy_el(o + is * c, s + is * c * st, is);
+				/* strided rows (a transpose): batched, so that the
+				 * source lines of neighbouring rows are read while in
+				 * the first-level cache */
+				if (nb && (cnt != bcnt || st != bst || nb == GATHER_ROWS)) {
+					flush_rows(batch, nb, bcnt, bst, is);
+					nb = 0;
+				}
+				bcnt = cnt;
+				bst = st;
+				batch[nb].o = o;
+				batch[nb++].s = s;
 			}
 		} else {
 			/* odometer over the last dim's factors */
@@ -1985,6 +2025,8 @@ void ckpt_rtensor_gather(const ckpt_rtensor *t, size_t part, const ckpt_region *
 			}
 		}
 	}
+	if (nb)
+		flush_rows(batch, nb, bcnt, bst, is);
 }
 
 static float bits_f32(uint32_t b)

@@ -16,7 +16,8 @@
  * the bounding box of the source elements a range needs is read through
  * the shared decoded-chunk cache (ckpt_array_read), gathered, then the
  * element ops run.  Memory per read is bounded by VIEW_BATCH elements and
- * a box at most a few times that; decoded chunks live in the cache only,
+ * a box at most a few times that, in per-thread scratch buffers kept
+ * between reads; decoded chunks live in the cache only,
  * so a scan-stacked chunk that spans all layers is decoded once while the
  * cache holds it, whichever layer's tensor is read.
  *
@@ -54,6 +55,7 @@ struct vset {
 	size_t narrs;
 	ckpt_st_layout *st; /* model.safetensors, or */
 	ckpt_st_sharded *sts; /* the shards */
+	size_t *order; /* layout input i is plan tensor order[i] */
 };
 
 /* N_DIR of a view folder */
@@ -282,6 +284,55 @@ static void srcs_free(struct srcs *c)
 
 /* ---- reading target tensors ------------------------------------------------ */
 
+/* Per-thread scratch buffers of reads, kept between reads (grow only; freed
+ * at thread exit): a fresh large buffer per read would be fresh pages the
+ * kernel zeroes every time. */
+#define SCRATCH_SLOTS 3
+struct scratch {
+	void *p[SCRATCH_SLOTS];
+	size_t cap[SCRATCH_SLOTS];
+};
+static pthread_key_t scratch_key;
+static pthread_once_t scratch_once = PTHREAD_ONCE_INIT;
+
+static void scratch_free(void *arg)
+{
+	struct scratch *s = arg;
+	for (int i = 0; i < SCRATCH_SLOTS; i++)
+		free(s->p[i]);
+	free(s);
+}
+
+static void scratch_init(void)
+{
+	if (pthread_key_create(&scratch_key, scratch_free) != 0)
+		abort();
+}
+
+/* Slot `slot` of this thread's scratch, at least size bytes, or NULL. */
+static void *scratch(int slot, size_t size)
+{
+	pthread_once(&scratch_once, scratch_init);
+	struct scratch *s = pthread_getspecific(scratch_key);
+	if (!s) {
+		if (!(s = calloc(1, sizeof(*s))))
+			return NULL;
+		if (pthread_setspecific(scratch_key, s) != 0) {
+			free(s);
+			return NULL;
+		}
+	}
+	if (s->cap[slot] < size) {
+		void *n = malloc(size);
+		if (!n)
+			return NULL;
+		free(s->p[slot]);
+		s->p[slot] = n;
+		s->cap[slot] = size;
+	}
+	return s->p[slot];
+}
+
 /* Elements [a, b) of tensor t's part `part` into dst (src_dtype elements,
  * dst[0] is element a): the box read through the cache, then gathered.
  * A box much larger than the range is split first. */
@@ -300,7 +351,7 @@ static int read_part(struct vset *vs, const ckpt_rtensor *t, size_t part, uint64
 		int rc = read_part(vs, t, part, a, mid, dst);
 		return rc < 0 ? rc : read_part(vs, t, part, mid, b, dst + (mid - a) * is);
 	}
-	uint8_t *buf = malloc(count ? count * is : 1);
+	uint8_t *buf = scratch(0, count ? count * is : 1);
 	if (!buf)
 		return -ENOMEM;
 	ckpt_array *arr = vs->arrs[t->parts[part].input];
@@ -309,8 +360,20 @@ static int read_part(struct vset *vs, const ckpt_rtensor *t, size_t part, uint64
 		r = -EIO;
 	if (r >= 0)
 		ckpt_rtensor_gather(t, part, &box, buf, a, b, dst);
-	free(buf);
 	return r < 0 ? (int)r : 0;
+}
+
+/* 1 when t's parts cover all of it (no pad). */
+static int covered(const ckpt_rtensor *t)
+{
+	uint64_t sum = 0;
+	for (size_t p = 0; p < t->nparts; p++) {
+		uint64_t c = 1;
+		for (int d = 0; d < t->rank; d++)
+			c *= t->parts[p].hi[d] - t->parts[p].lo[d];
+		sum += c;
+	}
+	return sum == ckpt_rtensor_count(t);
 }
 
 /* Bytes [off, off+len) of target tensor ti's data. */
@@ -323,21 +386,30 @@ static ssize_t tensor_read(struct vset *vs, size_t ti, uint64_t off, size_t len,
 		return 0;
 	if (len > total - off)
 		len = (size_t)(total - off);
-	uint8_t *gath = malloc((size_t)VIEW_BATCH * is),
-		*conv = t->elem ? malloc((size_t)VIEW_BATCH * os) : NULL;
+	uint64_t want = (off + len + os - 1) / os - off / os;
+	size_t batch = want < VIEW_BATCH ? (size_t)want : VIEW_BATCH;
+	uint8_t *gath = scratch(1, batch * is), *conv = t->elem ? scratch(2, batch * os) : NULL;
 	int rc = gath && (!t->elem || conv) ? 0 : -ENOMEM;
 	size_t done = 0;
 	while (rc == 0 && done < len) {
 		uint64_t e0 = (off + done) / os, skip = (off + done) % os;
 		uint64_t e1 = (off + len + os - 1) / os;
-		if (e1 - e0 > VIEW_BATCH)
-			e1 = e0 + VIEW_BATCH;
+		if (e1 - e0 > batch)
+			e1 = e0 + batch;
 		size_t cnt = (size_t)(e1 - e0);
-		memset(gath, 0, cnt * is); /* pad: zeros outside every part */
+		/* whole elements of a plain copy go straight to dst */
+		int direct = !t->elem && skip == 0 && cnt * os <= len - done;
+		uint8_t *to = direct ? dst + done : gath;
+		if (!covered(t))
+			memset(to, 0, cnt * is); /* pad: zeros outside every part */
 		for (size_t p = 0; p < t->nparts && rc == 0; p++)
-			rc = read_part(vs, t, p, e0, e1, gath);
+			rc = read_part(vs, t, p, e0, e1, to);
 		if (rc < 0)
 			break;
+		if (direct) {
+			done += cnt * os;
+			continue;
+		}
 		const uint8_t *res = gath;
 		if (t->elem) {
 			rc = ckpt_rtensor_convert(t, gath, cnt, conv);
@@ -349,8 +421,6 @@ static ssize_t tensor_read(struct vset *vs, size_t ti, uint64_t off, size_t len,
 		memcpy(dst + done, res + skip, take);
 		done += take;
 	}
-	free(gath);
-	free(conv);
 	return rc < 0 ? rc : (ssize_t)done;
 }
 
@@ -384,7 +454,8 @@ static ssize_t vfile_read(ckpt_view *v, struct node *node, uint64_t off, size_t 
 				memcpy(dst + done + p->dst_off, hdr + p->src_off, p->len);
 				continue;
 			}
-			ssize_t r = tensor_read(n->vs, p->input, p->src_off, p->len, dst + done + p->dst_off);
+			ssize_t r = tensor_read(n->vs, n->vs->order[p->input], p->src_off, p->len,
+						dst + done + p->dst_off);
 			if (r < 0)
 				return r;
 			if ((size_t)r != p->len)
@@ -408,6 +479,7 @@ static void vset_free(struct vset *vs)
 		return;
 	ckpt_rplan_free(vs->plan);
 	free(vs->arrs);
+	free(vs->order);
 	ckpt_st_layout_destroy(vs->st);
 	ckpt_st_sharded_destroy(vs->sts);
 	free(vs);
@@ -471,6 +543,18 @@ static int add_vfile(ckpt_view *v, struct node *dir, struct vset *vs, const char
 	return ckpt_node_add_kid(dir, f);
 }
 
+/* Plan tensors by their first source, then name. */
+static int cmp_source_order(const void *a, const void *b, void *plan)
+{
+	const ckpt_rtensor *x = ckpt_rplan_tensor(plan, *(const size_t *)a);
+	const ckpt_rtensor *y = ckpt_rplan_tensor(plan, *(const size_t *)b);
+	size_t sx = x->nparts ? x->parts[0].input : (size_t)-1,
+	       sy = y->nparts ? y->parts[0].input : (size_t)-1;
+	if (sx != sy)
+		return sx < sy ? -1 : 1;
+	return strcmp(x->name, y->name);
+}
+
 /* The folder of plan p in views (takes p and arrs). */
 static int make_folder(ckpt_view *v, struct node *views, const char *name, ckpt_rplan *p, ckpt_array **arrs,
 		       size_t narrs)
@@ -492,11 +576,20 @@ static int make_folder(ckpt_view *v, struct node *views, const char *name, ckpt_
 	container_of(to_dir(dn), struct vdir_node, d)->vs = vs;
 	size_t n = ckpt_rplan_count(p);
 	ckpt_st_tensor *tl = calloc(n ? n : 1, sizeof(*tl));
-	if (!tl)
+	vs->order = malloc((n ? n : 1) * sizeof(*vs->order));
+	if (!tl || !vs->order) {
+		free(tl);
 		return -ENOMEM;
+	}
+	/* file order: the tensors of one source array together (all layers of
+	 * a scan-stacked kernel in a row: its chunks are decoded once while
+	 * the cache holds them), by name within */
+	for (size_t i = 0; i < n; i++)
+		vs->order[i] = i;
+	qsort_r(vs->order, n, sizeof(*vs->order), cmp_source_order, p);
 	uint64_t total = 0;
 	for (size_t i = 0; i < n; i++) {
-		const ckpt_rtensor *t = ckpt_rplan_tensor(p, i);
+		const ckpt_rtensor *t = ckpt_rplan_tensor(p, vs->order[i]);
 		tl[i] = (ckpt_st_tensor){ t->name, t->dtype, t->rank, t->shape };
 		total += ckpt_rtensor_count(t) * ckpt_dtype_get(t->dtype)->itemsize;
 	}
@@ -504,11 +597,11 @@ static int make_folder(ckpt_view *v, struct node *views, const char *name, ckpt_
 	ckpt_st_meta meta[1] = { { "format", "pt" } };
 	int rc;
 	if (total <= limit) {
-		rc = ckpt_st_layout_create(tl, n, meta, 1, 0, &vs->st);
+		rc = ckpt_st_layout_create(tl, n, meta, 1, CKPT_ST_CALLER_ORDER, &vs->st);
 		if (rc == 0)
 			rc = add_vfile(v, dn, vs, "model.safetensors", vs->st);
 	} else {
-		rc = ckpt_st_sharded_create(tl, n, NULL, 0, limit, 0, &vs->sts);
+		rc = ckpt_st_sharded_create(tl, n, NULL, 0, limit, CKPT_ST_CALLER_ORDER, &vs->sts);
 		for (size_t i = 0; rc == 0 && i < ckpt_st_sharded_count(vs->sts); i++)
 			rc = add_vfile(v, dn, vs, ckpt_st_sharded_name(vs->sts, i),
 				       ckpt_st_sharded_layout(vs->sts, i));
