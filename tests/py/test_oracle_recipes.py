@@ -448,3 +448,74 @@ def test_t5x_to_hf(mount, tmp_path):
     cfg = json.loads((folder / "config.json").read_text())
     assert (cfg["num_layers"], cfg["num_decoder_layers"], cfg["d_kv"], cfg["num_heads"]) == (NE, ND, D, H)
     assert cfg["relative_attention_num_buckets"] == B
+
+
+def test_step_mount_and_where_views_are(mount, tmp_path):
+    """A one-step mount has .views/ at its root; no directory but a step has
+    one; a view folder is read-only."""
+    p = maxtext_llama(np.random.default_rng(9), "bfloat16")
+    root = tmp_path / "ck"
+    _save(root, 30, {"params": {"params": p}})
+    m = mount(root / "30")
+    assert sorted(os.listdir(m.path / ".views")) == ["maxtext-llama-hf", "maxtext-llama3.1-hf"]
+    assert_folder(m.path / ".views" / "maxtext-llama-hf", expected_llama(p))
+    assert not os.path.exists(m.path / "items" / ".views")
+    assert not os.path.exists(m.path / "items" / "params" / ".views")
+    with pytest.raises(OSError):
+        open(m.path / ".views" / "maxtext-llama-hf" / "model.safetensors", "r+b")
+    with pytest.raises(OSError):
+        open(m.path / ".views" / "maxtext-llama-hf" / "new.txt", "wb")
+    m2 = mount(root, "ro")
+    assert not os.path.exists(m2.path / ".views")  # the root of a root mount: no step
+
+
+SHARDED_SAVE = r"""
+import os, sys
+os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
+import jax, numpy as np
+import orbax.checkpoint as ocp
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+src = np.load(sys.argv[2], allow_pickle=True).item()
+mesh = Mesh(np.array(jax.devices()), ("fsdp",))
+put = lambda x: jax.device_put(x, NamedSharding(mesh, P("fsdp")))
+tree = jax.tree_util.tree_map(put, src)
+mngr = ocp.CheckpointManager(sys.argv[1], item_names=("items",))
+mngr.save(30, args=ocp.args.Composite(items=ocp.args.StandardSave({"params": {"params": tree}})))
+mngr.wait_until_finished()
+mngr.close()
+"""
+
+
+def stored_chunks(step_dir):
+    n = 0
+    for dirpath, _, files in os.walk(step_dir):
+        for f in files:
+            if f.endswith(".npy"):
+                shape = json.loads(os.getxattr(os.path.join(dirpath, f), "user.ckpt.shape"))
+                chunk = json.loads(os.getxattr(os.path.join(dirpath, f), "user.ckpt.chunks"))
+                n += int(np.prod([-(-s // c) for s, c in zip(shape, chunk)]))
+    return n
+
+
+@pytest.mark.parametrize("cache", ["64M", "256K"])
+def test_fsdp_sharded_source(mount, tmp_path, cache):
+    """Arrays sharded on their first axis over 4 devices (MaxText's FSDP:
+    each stored chunk spans all layers of scan axis 1).  With a cache that
+    holds a source array's chunks, every chunk is decoded once for all
+    layers; with a tiny one the bytes are still exact."""
+    p = maxtext_llama(np.random.default_rng(10), "float32")
+    np.save(tmp_path / "src.npy", p, allow_pickle=True)
+    root = tmp_path / "ck"
+    import sys
+    subprocess.run([sys.executable, "-c", SHARDED_SAVE, str(root), str(tmp_path / "src.npy")], check=True,
+                   timeout=300)
+    m = mount(root, "ro", f"cache_size={cache}")
+    chunks = stored_chunks(m.path / "30" / "items")
+    assert chunks == 12 * 4  # every array in 4 chunks along its first axis
+    before = stats(m)["chunks_decoded"]
+    assert_folder(m.path / "30/.views/maxtext-llama-hf", expected_llama(p))
+    decoded = stats(m)["chunks_decoded"] - before
+    if cache == "64M":
+        assert decoded == chunks, (decoded, chunks)
+    else:
+        assert decoded >= chunks
