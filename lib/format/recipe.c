@@ -1811,6 +1811,29 @@ static void unravel(const ckpt_rtensor *t, uint64_t e, uint64_t *idx)
 	}
 }
 
+int ckpt_rtensor_region(const ckpt_rtensor *t, size_t part, ckpt_region *r)
+{
+	const ckpt_rpart *p = &t->parts[part];
+	int fi = 0, last = -1;
+	r->rank = p->srank;
+	for (int d = 0; d < p->srank; d++) {
+		r->start[d] = p->base[d];
+		r->stop[d] = p->base[d] + 1;
+	}
+	for (int d = 0; d < t->rank; d++) {
+		if (p->lo[d] != 0 || p->hi[d] != t->shape[d] || p->nf[d] > 1)
+			return 0;
+		if (p->nf[d] == 1) {
+			const ckpt_rfactor *f = &p->f[fi++];
+			if (f->stride != 1 || f->sdim <= last)
+				return 0;
+			last = f->sdim;
+			r->stop[f->sdim] = p->base[f->sdim] + f->n;
+		}
+	}
+	return 1;
+}
+
 int ckpt_rtensor_box(const ckpt_rtensor *t, size_t part, uint64_t e0, uint64_t e1, ckpt_region *box)
 {
 	const ckpt_rpart *p = &t->parts[part];

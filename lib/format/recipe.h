@@ -125,6 +125,12 @@ uint64_t ckpt_rtensor_count(const ckpt_rtensor *t);
  * count is at most (rows spanned + 1) times a part's row. */
 int ckpt_rtensor_box(const ckpt_rtensor *t, size_t part, uint64_t e0, uint64_t e1, ckpt_region *box);
 
+/* 1 and *r when part `part` covers all of t and its elements, in C order,
+ * are those of region r of its source in C order (takes and slices only,
+ * axes in source order): target bytes are then the region's stream bytes.
+ * 0 otherwise. */
+int ckpt_rtensor_region(const ckpt_rtensor *t, size_t part, ckpt_region *r);
+
 /* Copy the elements of part `part` among target elements [e0, e1) from
  * boxbuf (the C-order bytes of *box of the part's source, src_dtype
  * elements) into dst (e1-e0 src_dtype elements; dst[0] is element e0).

@@ -340,6 +340,12 @@ static int read_part(struct vset *vs, const ckpt_rtensor *t, size_t part, uint64
 		     uint8_t *dst)
 {
 	ckpt_region box;
+	unsigned is0 = ckpt_dtype_get(t->src_dtype)->itemsize;
+	if (ckpt_rtensor_region(t, part, &box)) { /* a region of the source: its stream, no gather */
+		ssize_t r =
+			ckpt_array_read(vs->arrs[t->parts[part].input], &box, a * is0, (b - a) * is0, dst);
+		return r < 0 ? (int)r : (uint64_t)r == (b - a) * is0 ? 0 : -EIO;
+	}
 	if (!ckpt_rtensor_box(t, part, a, b, &box))
 		return 0;
 	uint64_t count;
