@@ -5,7 +5,7 @@
  * (ckpt_rtensor_box, ckpt_rtensor_gather, ckpt_rtensor_convert).
  * Checked: a refused recipe or plan says why; every box lies inside its
  * source array; a gather writes only inside its output range.
- * Seeds: the shipped recipes (recipes/*.json, copied by scripts/fuzz) and
+ * Seeds: the shipped recipes (the .json files of recipes/, copied by scripts/fuzz) and
  * tests/fuzz/seeds/fuzz_recipe/.
  */
 #include <errno.h>

@@ -519,3 +519,21 @@ def test_fsdp_sharded_source(mount, tmp_path, cache):
         assert decoded == chunks, (decoded, chunks)
     else:
         assert decoded >= chunks
+
+
+def test_maxtext_llama_unscanned_to_hf(mount, tmp_path):
+    """scan_layers: false: decoder/layers_{l}/... without the layer axis;
+    the same HF tensors as the scanned tree they are cut from."""
+    p = maxtext_llama(np.random.default_rng(11), "bfloat16")
+    lay = p["decoder"].pop("layers")
+    import jax
+    for l in range(L):
+        p["decoder"][f"layers_{l}"] = jax.tree_util.tree_map(lambda x: np.ascontiguousarray(x[:, l]), lay)
+    root = tmp_path / "ck"
+    _save(root, 30, {"params": {"params": p}})
+    m = mount(root, "ro")
+    assert sorted(os.listdir(m.path / "30/.views")) == ["maxtext-llama-unscanned-hf"]
+    folder = m.path / "30/.views/maxtext-llama-unscanned-hf"
+    assert_folder(folder, expected_llama({**p, "decoder": {**p["decoder"], "layers": lay}}))
+    assert json.loads((folder / "config.json").read_text())["num_hidden_layers"] == L
+    assert "maxtext-llama-hf: no view: " in m.log()
