@@ -70,6 +70,8 @@ struct vfile_node {
 	struct vset *vs;
 	const ckpt_st_layout *st;
 	uint64_t size;
+	atomic_uint seen_changes; /* sum of the source arrays' change counts at the last open */
+	atomic_size_t open_rr; /* the source array the next open starts checking at */
 };
 
 static struct vfile_node *to_vfile(struct node *n)
@@ -472,9 +474,37 @@ static ssize_t vfile_read(ckpt_view *v, struct node *node, uint64_t off, size_t 
 	return (ssize_t)done;
 }
 
+/* As the safetensors files of companions: every open revalidates the
+ * source arrays (a bounded number of store stats, round-robin), and the
+ * kernel's cached pages go when what they came from changed. */
+#define VIEW_OPEN_CHECK_BUDGET 64
+
+static int vfile_open(ckpt_view *v, struct node *node)
+{
+	(void)v;
+	struct vfile_node *n = to_vfile(node);
+	size_t count = n->vs->narrs;
+	if (count == 0)
+		return 0;
+	size_t first = atomic_fetch_add(&n->open_rr, 1) % count;
+	int budget = VIEW_OPEN_CHECK_BUDGET, spent_all = 0;
+	unsigned sum = 0;
+	for (size_t k = 0; k < count; k++) {
+		size_t i = (first + k) % count;
+		int none = 0;
+		sum += ckpt_array_open_check(n->vs->arrs[i], spent_all ? &none : &budget);
+		if (budget <= 0 && !spent_all) {
+			spent_all = 1;
+			atomic_store(&n->open_rr, i + 1);
+		}
+	}
+	return atomic_exchange(&n->seen_changes, sum) != sum;
+}
+
 static const struct node_ops vfile_ops = {
 	.kind = N_VIEWFILE,
 	.size = sizeof(struct vfile_node),
+	.open = vfile_open,
 	.getattr = vfile_attr,
 	.read = vfile_read,
 };
