@@ -1201,7 +1201,7 @@ static int build_one(const ckpt_recipe *r, const struct rule *ru, const long *in
 			if ((rc = arg_int(o, 0, env, &a0, why, whylen)) < 0 ||
 			    (rc = arg_int(o, 1, env, &a1, why, whylen)) < 0)
 				goto out;
-			if (a0 >= cur->rank || a1 <= 0) {
+			if (a0 >= cur->rank || a1 <= 0 || (uint64_t)a1 > CKPT_RECIPE_MAX_PAD) {
 				say(why, whylen, "pad(%lld, %lld): out of range", (long long)a0,
 				    (long long)a1);
 				rc = -EINVAL;

@@ -42,8 +42,11 @@
 #define CKPT_RECIPE_MAX_FACTORS 24
 /* Most target dimensions and source dimensions a rule handles. */
 #define CKPT_RECIPE_MAX_RANK 8
-/* Most target tensors one plan makes (a guard against runaway loops). */
-#define CKPT_RECIPE_MAX_TENSORS (1u << 20)
+/* Most target tensors one plan makes (a guard against runaway loops; the
+ * largest MoE checkpoints have tens of thousands). */
+#define CKPT_RECIPE_MAX_TENSORS (1u << 17)
+/* Largest axis a pad may make. */
+#define CKPT_RECIPE_MAX_PAD (1ull << 40)
 
 typedef struct ckpt_recipe ckpt_recipe;
 
