@@ -31,9 +31,16 @@ static int recipe_table(ckpt_view *v, const char *real, const char *sub, const c
 	if (!*sub && !strcmp(ckpt_view_kind(v), "root")) {
 		const char *name;
 		ckpt_attr at;
-		for (uint64_t i = 0; ckpt_view_readdir(v, CKPT_ROOT_INO, i, &name, &at) > 0; i++)
-			if (at.is_dir && name[0] != '.')
+		unsigned long long best = 0;
+		for (uint64_t i = 0; ckpt_view_readdir(v, CKPT_ROOT_INO, i, &name, &at) > 0; i++) {
+			char *end;
+			unsigned long long num = strtoull(name, &end, 10);
+			/* the highest step number (names sort as text: "10" < "9") */
+			if (at.is_dir && name[0] != '.' && (!last[0] || (!*end && num >= best))) {
 				snprintf(last, sizeof(last), "%s", name);
+				best = *end ? 0 : num;
+			}
+		}
 		sub = last;
 	}
 	ckpt_attr a;

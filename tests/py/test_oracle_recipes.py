@@ -537,3 +537,20 @@ def test_maxtext_llama_unscanned_to_hf(mount, tmp_path):
     assert_folder(folder, expected_llama({**p, "decoder": {**p["decoder"], "layers": lay}}))
     assert json.loads((folder / "config.json").read_text())["num_hidden_layers"] == L
     assert "maxtext-llama-hf: no view: " in m.log()
+
+
+def test_info_recipe_default_step_is_the_highest(tmp_path):
+    """Steps 9 and 10 (names that sort the other way as text): the default
+    STEP of `info --recipe` is 10."""
+    root = tmp_path / "ck"
+    p9 = maxtext_llama(np.random.default_rng(12), "float32")
+    _save(root, 9, {"params": {"params": p9}})
+    p10 = maxtext_llama(np.random.default_rng(13), "float32")
+    p10["decoder"]["decoder_norm"]["scale"] = np.zeros(E + 2, dtype=np.float32)  # only 10 fails
+    _save(root, 10, {"params": {"params": p10}})
+    r = subprocess.run([str(U.BIN), "info", "--recipe", "maxtext-llama-hf", str(root)],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1 and "/10: model.norm.weight" in r.stderr and "axis 0 is E = 64" in r.stderr, r.stderr
+    r = subprocess.run([str(U.BIN), "info", "--recipe", "maxtext-llama-hf", str(root), "9"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
