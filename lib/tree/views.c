@@ -419,6 +419,12 @@ static ssize_t tensor_read(struct vset *vs, size_t ti, uint64_t off, size_t len,
 			continue;
 		}
 		const uint8_t *res = gath;
+		if (t->elem && skip == 0 && cnt * os <= len - done) {
+			/* whole converted elements: straight into dst */
+			if ((rc = ckpt_rtensor_convert(t, gath, cnt, dst + done)) == 0)
+				done += cnt * os;
+			continue;
+		}
 		if (t->elem) {
 			rc = ckpt_rtensor_convert(t, gath, cnt, conv);
 			res = conv;

@@ -554,3 +554,30 @@ def test_info_recipe_default_step_is_the_highest(tmp_path):
     r = subprocess.run([str(U.BIN), "info", "--recipe", "maxtext-llama-hf", str(root), "9"],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
+
+
+def test_unaligned_reads(mount, tmp_path):
+    """Reads at any offset and length (inside elements, across tensors)
+    give the bytes of the whole file."""
+    p = maxtext_llama(np.random.default_rng(14), "bfloat16")
+    root = tmp_path / "ck"
+    _save(root, 30, {"params": {"params": p}})
+    m = mount(root, "ro", "direct_read")
+    path = m.path / "30/.views/maxtext-llama3.1-hf/model.safetensors"
+    whole = path.read_bytes()
+    rng = np.random.default_rng(15)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        for _ in range(300):
+            off = int(rng.integers(0, len(whole)))
+            n = int(rng.integers(1, 70000))
+            assert os.pread(fd, n, off) == whole[off:off + n], (off, n)
+    finally:
+        os.close(fd)
+    (tmp_path / "copy.safetensors").write_bytes(whole)
+    import ml_dtypes  # noqa: F401
+    from safetensors.numpy import load_file
+    got = load_file(str(tmp_path / "copy.safetensors"))
+    want = expected_llama(p, rope31=True)
+    assert sorted(got) == sorted(want)
+    assert all(got[k].tobytes() == want[k].tobytes() for k in want)
