@@ -353,8 +353,8 @@ def test_maxtext_gemma2_to_hf(mount, tmp_path, dtype):
     assert cfg["num_hidden_layers"] == 2 * L and cfg["vocab_size"] == V and cfg["tie_word_embeddings"]
 
 
-@pytest.mark.parametrize("qk_norm", [False, True])
-def test_gemma_flax_to_hf(mount, tmp_path, qk_norm):
+@pytest.mark.parametrize("qk_norm,gating", [(False, "FE"), (True, "FE"), (False, "EF")])
+def test_gemma_flax_to_hf(mount, tmp_path, qk_norm, gating):
     rng = np.random.default_rng(7)
     r = lambda *s: _rand(rng, s, "bfloat16")  # noqa: E731
     NL = 3
@@ -365,7 +365,8 @@ def test_gemma_flax_to_hf(mount, tmp_path, qk_norm):
         if qk_norm:
             attn["_query_norm"] = {"scale": r(D)}
             attn["_key_norm"] = {"scale": r(D)}
-        tr[f"layer_{i}"] = {"attn": attn, "mlp": {"gating_einsum": r(2, F, E), "linear": r(F, E)},
+        g = r(2, F, E) if gating == "FE" else r(2, E, F)
+        tr[f"layer_{i}"] = {"attn": attn, "mlp": {"gating_einsum": g, "linear": r(F, E)},
                             **{n: {"scale": r(E)} for n in ("pre_attention_norm", "post_attention_norm",
                                                            "pre_ffw_norm", "post_ffw_norm")}}
     root = tmp_path / "ck"
@@ -383,8 +384,9 @@ def test_gemma_flax_to_hf(mount, tmp_path, qk_norm):
         if qk_norm:
             want[pre + "self_attn.q_norm.weight"] = t["attn"]["_query_norm"]["scale"]
             want[pre + "self_attn.k_norm.weight"] = t["attn"]["_key_norm"]["scale"]
-        want[pre + "mlp.gate_proj.weight"] = t["mlp"]["gating_einsum"][0]
-        want[pre + "mlp.up_proj.weight"] = t["mlp"]["gating_einsum"][1]
+        g = t["mlp"]["gating_einsum"]  # [2, F, E] as HF wants, or [2, E, F] (transposed)
+        want[pre + "mlp.gate_proj.weight"] = g[0] if gating == "FE" else g[0].T
+        want[pre + "mlp.up_proj.weight"] = g[1] if gating == "FE" else g[1].T
         want[pre + "mlp.down_proj.weight"] = t["mlp"]["linear"].T
         for n, hf in (("pre_attention_norm", "input_layernorm"), ("post_attention_norm", "post_attention_layernorm"),
                       ("pre_ffw_norm", "pre_feedforward_layernorm"), ("post_ffw_norm", "post_feedforward_layernorm")):
