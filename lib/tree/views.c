@@ -662,6 +662,28 @@ static int make_folder(ckpt_view *v, struct node *views, const char *name, ckpt_
 	}
 	if (rc == 0)
 		rc = ckpt_node_add_kid(views, dn);
+	/* a source chunk over the cache's unit cap (a quarter of the budget)
+	 * is streamed, not kept: every read of a tensor that needs it decodes
+	 * it again; say so once per folder */
+	uint64_t budget = v->opts.ctx.cache_bytes ? v->opts.ctx.cache_bytes : (256ull << 20), worst = 0;
+	const char *wname = NULL;
+	for (size_t i = 0; rc == 0 && i < n; i++) {
+		const ckpt_rtensor *t = ckpt_rplan_tensor(p, i);
+		for (size_t k = 0; k < t->nparts; k++) {
+			const ckpt_array_meta *m = ckpt_array_meta_of(arrs[t->parts[k].input]);
+			if (m->unit_bytes > worst) {
+				worst = m->unit_bytes;
+				wname = t->name;
+			}
+		}
+	}
+	if (wname && worst > budget / 4)
+		ckpt_log(CKPT_LOG_WARN,
+			 "%s: source chunks of %llu MiB (for %s) exceed a quarter of cache_size: they are "
+			 "decoded "
+			 "again for every read that needs them; mount with -o cache_size=%lluM or more",
+			 name, (unsigned long long)(worst >> 20), wname,
+			 (unsigned long long)((worst * 4) >> 20) + 1);
 	return rc;
 }
 
