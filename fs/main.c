@@ -2,6 +2,7 @@
  * main.c - options, mount, readiness signal, the request loop, teardown.
  */
 #include <fcntl.h>
+#include <limits.h>
 #include <pthread.h>
 #include <stddef.h>
 #include <stdio.h>
@@ -487,6 +488,23 @@ int main(int argc, char *argv[])
 	vo.read_only = fs.opts.read_only;
 	vo.force_root = fs.opts.force_root;
 	vo.zstd_level = fs.opts.zstd_level;
+	if (fs.opts.recipes) { /* read after the daemon changed directory: absolute paths */
+		size_t ndirs = 1, n = 0;
+		for (const char *c = fs.opts.recipes; *c; c++)
+			ndirs += *c == ':';
+		size_t cap = ndirs * (PATH_MAX + 1) + 1;
+		char *abs = calloc(1, cap), *save = NULL;
+		for (char *d = abs ? strtok_r(fs.opts.recipes, ":", &save) : NULL; d;
+		     d = strtok_r(NULL, ":", &save)) {
+			char *r = realpath(d, NULL);
+			int w = snprintf(abs + n, cap - n, "%s%s", n ? ":" : "", r ? r : d);
+			if (w > 0 && (size_t)w < cap - n)
+				n += (size_t)w;
+			free(r);
+		}
+		free(fs.opts.recipes);
+		fs.opts.recipes = abs;
+	}
 	vo.recipe_dirs = fs.opts.recipes;
 	if (fs.opts.process_count < 0 || fs.opts.process_index < 0 || fs.opts.commit_timeout < 0 ||
 	    (fs.opts.process_index && fs.opts.process_index >= fs.opts.process_count)) {
