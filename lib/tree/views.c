@@ -4,7 +4,8 @@
  *
  * The recipes are read once per view, on the first .views lookup, from the
  * folders of opts.recipe_dirs and then the shipped ones (next to the
- * binary: ../share/ckptfs/recipes, or ../recipes in a build tree); a name
+ * binary: ../share/ckptfs/recipes, or ../recipes in a build tree; then the
+ * install prefix's share/ckptfs/recipes); a name
  * met twice keeps its first recipe (a user's own overrides a shipped one).
  * STEP/.views/ is made on lookup (hidden, like .ckptfs/) with one folder per
  * recipe that matches the step's arrays; one that does not is logged with
