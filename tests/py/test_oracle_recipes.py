@@ -587,3 +587,61 @@ def test_unaligned_reads(mount, tmp_path):
     want = expected_llama(p, rope31=True)
     assert sorted(got) == sorted(want)
     assert all(got[k].tobytes() == want[k].tobytes() for k in want)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_maxtext_gemma3_to_hf(mount, tmp_path, dtype):
+    """Six-layer pattern: layers_{b} slice s is HF layer 6s+b, the remainder
+    layers_{r} is HF layer 6S+r; norms minus 1, embedding / bf16(sqrt(E))."""
+    import ml_dtypes
+    rng = np.random.default_rng(16)
+    r = lambda *s: _rand(rng, s, dtype)  # noqa: E731
+    S, NR = 2, 2
+
+    def block(scan):
+        ax = (lambda *d: (d[0], S) + d[1:]) if scan else (lambda *d: d)  # noqa: E731
+        return {**{n: {"scale": r(*ax(E)) + 1} for n in ("pre_self_attention_norm", "post_self_attention_norm",
+                                                          "pre_ffw_norm", "post_ffw_norm")},
+                "self_attention": {"query": {"kernel": r(*ax(E, H, D))}, "key": {"kernel": r(*ax(E, K, D))},
+                                   "value": {"kernel": r(*ax(E, K, D))},
+                                   "out": {"kernel": r(*((H, S, D, E) if scan else (H, D, E)))},
+                                   "query_norm": {"scale": r(*ax(D)) + 1}, "key_norm": {"scale": r(*ax(D)) + 1}},
+                "mlp": {"wi_0": {"kernel": r(*ax(E, F))}, "wi_1": {"kernel": r(*ax(E, F))},
+                        "wo": {"kernel": r(*ax(F, E))}}}
+    dec = {"layers": {f"layers_{b}": block(True) for b in range(6)},
+           "layers_remainder": {f"layers_{i}": block(False) for i in range(NR)},
+           "decoder_norm": {"scale": r(E) + 1}}
+    p = {"token_embedder": {"embedding": r(V, E)}, "decoder": dec}
+    root = tmp_path / "ck"
+    _save(root, 30, {"params": {"params": p}})
+    dt = p["token_embedder"]["embedding"].dtype
+    f32 = np.float32
+    minus1 = lambda x: (x.astype(f32) - f32(1)).astype(dt)  # noqa: E731
+    n = f32(ml_dtypes.bfloat16(np.sqrt(E)))
+    want = {"model.embed_tokens.weight": (p["token_embedder"]["embedding"].astype(f32) / n).astype(dt),
+            "model.norm.weight": minus1(dec["decoder_norm"]["scale"])}
+    layers = [(6 * s + b, dec["layers"][f"layers_{b}"], s) for b in range(6) for s in range(S)]
+    layers += [(6 * S + i, dec["layers_remainder"][f"layers_{i}"], None) for i in range(NR)]
+    for hl, blk, s in layers:
+        cut = (lambda x: x[:, s]) if s is not None else (lambda x: x)  # noqa: E731
+        pre = f"model.layers.{hl}."
+        for mt, hf in (("pre_self_attention_norm", "input_layernorm"),
+                       ("post_self_attention_norm", "post_attention_layernorm"),
+                       ("pre_ffw_norm", "pre_feedforward_layernorm"), ("post_ffw_norm", "post_feedforward_layernorm")):
+            want[pre + hf + ".weight"] = minus1(cut(blk[mt]["scale"]))
+        a = blk["self_attention"]
+        want[pre + "self_attn.q_norm.weight"] = minus1(cut(a["query_norm"]["scale"]))
+        want[pre + "self_attn.k_norm.weight"] = minus1(cut(a["key_norm"]["scale"]))
+        want[pre + "self_attn.q_proj.weight"] = heads_rows(cut(a["query"]["kernel"]), H, D)
+        want[pre + "self_attn.k_proj.weight"] = heads_rows(cut(a["key"]["kernel"]), K, D)
+        want[pre + "self_attn.v_proj.weight"] = heads_rows(cut(a["value"]["kernel"]), K, D)
+        want[pre + "self_attn.o_proj.weight"] = heads_cols(cut(a["out"]["kernel"]), H, D)
+        want[pre + "mlp.gate_proj.weight"] = cut(blk["mlp"]["wi_0"]["kernel"]).T
+        want[pre + "mlp.up_proj.weight"] = cut(blk["mlp"]["wi_1"]["kernel"]).T
+        want[pre + "mlp.down_proj.weight"] = cut(blk["mlp"]["wo"]["kernel"]).T
+    want = {k: np.ascontiguousarray(v) for k, v in want.items()}
+    m = mount(root, "ro")
+    assert sorted(os.listdir(m.path / "30/.views")) == ["maxtext-gemma3-hf"]
+    folder = m.path / "30/.views/maxtext-gemma3-hf"
+    assert assert_folder(folder, want) == 2 + (6 * S + NR) * 13
+    assert json.loads((folder / "config.json").read_text())["num_hidden_layers"] == 6 * S + NR
