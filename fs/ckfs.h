@@ -15,6 +15,7 @@ struct ckfs_opts {
 	char *source;
 	char *cache_size;
 	char *st_shard_size;
+	char *recipes; /* -o recipes=DIR: view recipes read before the shipped ones */
 	int threads;
 	int ready_fd;
 	int show_companions;

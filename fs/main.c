@@ -3,6 +3,7 @@
  */
 #include <dirent.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <pthread.h>
 #include <stddef.h>
 #include <stdio.h>
@@ -35,6 +36,7 @@ static const struct fuse_opt opt_spec[] = { OPT("cache_size=%s", cache_size, 0),
 					    OPT("direct_read", direct_read, 1),
 					    OPT("log_level=%s", log_level, 0),
 					    OPT("safetensors_shard_size=%s", st_shard_size, 0),
+					    OPT("recipes=%s", recipes, 0),
 					    OPT("zstd_level=%d", zstd_level, 0),
 					    OPT("write_buffer=%s", write_buffer, 0),
 					    OPT("log_file=%s", log_file, 0),
@@ -77,6 +79,8 @@ static void usage(const char *prog)
 	       "    NAME.f32.npy            a bfloat16/float8 array as float32, exactly (also slices)\n"
 	       "    DIR.safetensors         every array under DIR as one safetensors file\n"
 	       "    DIR.safetensors.d/      the same, in shards (-o safetensors_shard_size)\n"
+	       "    STEP/.views/NAME/       STEP as another model family's folder (Hugging Face\n"
+	       "                            safetensors + config.json) by view recipe NAME\n"
 	       "    .ckptfs/stats           counters as JSON (cache, bytes, commits, errors)\n"
 	       "    .ckptfs/log             the recent log lines (errors with their reasons)\n"
 	       "    STEP/.ckptfs/summary.txt  the table of `ckptfs info SOURCE STEP` (.json: --json);\n"
@@ -100,6 +104,7 @@ static void usage(const char *prog)
 	       "    -o direct_read          read-only opens bypass the kernel page cache (less CPU per\n"
 	       "                            byte for streaming readers; no shared mmap, no warm re-reads)\n"
 	       "    -o safetensors_shard_size=SIZE  shard size of X.safetensors.d/ (default 5G)\n"
+	       "    -o recipes=DIR          view recipes of DIR too (before the shipped ones)\n"
 	       "    -o zstd_level=N         zstd level of written chunks (default 1)\n"
 	       "    -o write_buffer=SIZE    buffered bytes per pending step before writers wait (default "
 	       "RAM/8, 512M..2G)\n"
@@ -866,6 +871,24 @@ int main(int argc, char *argv[])
 	vo.read_only = fs.opts.read_only;
 	vo.force_root = fs.opts.force_root;
 	vo.zstd_level = fs.opts.zstd_level;
+	if (fs.opts.recipes) { /* read after the daemon changed directory: absolute paths */
+		size_t ndirs = 1, n = 0;
+		for (const char *c = fs.opts.recipes; *c; c++)
+			ndirs += *c == ':';
+		size_t cap = ndirs * (PATH_MAX + 1) + 1;
+		char *abs = calloc(1, cap), *save = NULL;
+		for (char *d = abs ? strtok_r(fs.opts.recipes, ":", &save) : NULL; d;
+		     d = strtok_r(NULL, ":", &save)) {
+			char *r = realpath(d, NULL);
+			int w = snprintf(abs + n, cap - n, "%s%s", n ? ":" : "", r ? r : d);
+			if (w > 0 && (size_t)w < cap - n)
+				n += (size_t)w;
+			free(r);
+		}
+		free(fs.opts.recipes);
+		fs.opts.recipes = abs;
+	}
+	vo.recipe_dirs = fs.opts.recipes;
 	if (fs.opts.process_count < 0 || fs.opts.process_index < 0 || fs.opts.commit_timeout < 0 ||
 	    (fs.opts.process_index && fs.opts.process_index >= fs.opts.process_count)) {
 		fprintf(stderr, "ckptfs: process_index must be in [0, process_count)\n");
@@ -1006,6 +1029,7 @@ out_args:
 	free(fs.opts.source);
 	free(fs.opts.cache_size);
 	free(fs.opts.st_shard_size);
+	free(fs.opts.recipes);
 	free(fs.opts.log_level);
 	free(fs.opts.write_buffer);
 	free(fs.opts.log_file);

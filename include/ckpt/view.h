@@ -51,6 +51,11 @@ typedef struct ckpt_view_opts {
 	 * (committed steps are uploaded from it, commit marker last); NULL: the
 	 * view is read-only there.  Borrowed for the life of the view. */
 	const char *spool_dir;
+	/* View recipes (STEP/.views/, docs/recipes.md): ':'-separated folders of
+	 * recipe files read before the shipped ones (a name met twice keeps the
+	 * first); NULL: none.  Borrowed for the life of the view. */
+	const char *recipe_dirs;
+	int no_shipped_recipes; /* do not read the recipes shipped with ckptfs */
 } ckpt_view_opts;
 
 typedef struct ckpt_attr {
@@ -92,6 +97,15 @@ void ckpt_view_destroy(ckpt_view *v);
 const char *ckpt_view_kind(const ckpt_view *v);
 
 int ckpt_view_getattr(ckpt_view *v, ckpt_ino ino, ckpt_attr *out);
+
+/* The mapping of view recipe `recipe` (a recipe name, or a path with a '/'
+ * to a recipe file) over the arrays of directory `step` (a committed step):
+ * one line per target tensor (name, shape, dtype, source key and ops) and
+ * per literal file, in *out (malloc'ed).  -ENOENT for an unknown recipe or
+ * one that does not match, -EINVAL for a recipe that cannot be applied;
+ * *why (malloc'ed, or NULL) then names the failing rule.  Reads metadata
+ * only. */
+int ckpt_view_recipe_table(ckpt_view *v, ckpt_ino step, const char *recipe, char **out, char **why);
 
 /* A file is being opened (for reading).  Stored data behind it is
  * revalidated, cheaply and boundedly (a few stats): 1 when bytes the

@@ -270,6 +270,13 @@ static int cmp_in_file_order(const void *a, const void *b)
 	return strcmp(x->name, y->name);
 }
 
+static int cmp_in_caller_order(const void *a, const void *b)
+{
+	const struct st_in *x = a, *y = b;
+
+	return x->input < y->input ? -1 : x->input > y->input;
+}
+
 static int cmp_meta_key(const void *a, const void *b)
 {
 	const ckpt_st_meta *const *x = a, *const *y = b;
@@ -444,7 +451,7 @@ static int cmp_ent_name_idx(const void *a, const void *b, void *ctx)
 }
 
 /* Build a layout from checked inputs (in[] is reordered in place). */
-static int layout_build(struct st_in *in, size_t n, const ckpt_st_meta *meta, size_t n_meta,
+static int layout_build(struct st_in *in, size_t n, const ckpt_st_meta *meta, size_t n_meta, unsigned flags,
 			ckpt_st_layout **out)
 {
 	ckpt_st_layout *l;
@@ -455,7 +462,7 @@ static int layout_build(struct st_in *in, size_t n, const ckpt_st_meta *meta, si
 	uint64_t *sp;
 	int rc;
 
-	qsort(in, n, sizeof(*in), cmp_in_file_order);
+	qsort(in, n, sizeof(*in), flags & CKPT_ST_CALLER_ORDER ? cmp_in_caller_order : cmp_in_file_order);
 	for (size_t i = 0; i < n; i++) {
 		size_t sl = strlen(in[i].name) + 1;
 
@@ -589,7 +596,7 @@ int ckpt_st_layout_create(const ckpt_st_tensor *tensors, size_t n, const ckpt_st
 	rc = check_tensors(tensors, n, flags, &in, &k);
 	if (rc)
 		return rc;
-	rc = layout_build(in, k, meta, n_meta, out);
+	rc = layout_build(in, k, meta, n_meta, flags, out);
 	free(in);
 	return rc;
 }
@@ -828,7 +835,8 @@ int ckpt_st_sharded_create(const ckpt_st_tensor *tensors, size_t n, const ckpt_s
 	}
 	for (size_t j = 0; j < nshards; j++) {
 		/* layout_build reorders its slice of in[] (wm is filled already) */
-		rc = layout_build(in + first[j], first[j + 1] - first[j], shard_meta, 1, &s->layouts[j]);
+		rc = layout_build(in + first[j], first[j + 1] - first[j], shard_meta, 1, flags,
+				  &s->layouts[j]);
 		if (rc)
 			goto fail;
 		if (ckpt_add_u64(s->total, s->layouts[j]->data_size, &s->total)) {

@@ -69,6 +69,12 @@
 /* create flag: leave out tensors whose dtype has no safetensors code
  * instead of failing with -ENOTSUP. */
 #define CKPT_ST_SKIP_UNSUPPORTED 0x1u
+/* create flag: tensor order = file order = the caller's order instead of
+ * the reference writer's (dtype, name) order; readers find tensors by
+ * their offsets, so any order loads.  View recipes use it to keep the
+ * tensors read from one source array together (its decoded chunks stay in
+ * the cache while they are read). */
+#define CKPT_ST_CALLER_ORDER 0x2u
 
 /* One input tensor.  `name` is the '.'-joined key path, UTF-8. */
 typedef struct ckpt_st_tensor {

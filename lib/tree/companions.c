@@ -506,6 +506,8 @@ static int dir_lookup(ckpt_view *v, struct node *dir, const char *name, struct n
 		return make_safetensors(v, dir, name, stem, 1, out);
 	if (ckpt_node_ends_with(name, ".safetensors", &stem))
 		return make_safetensors(v, dir, name, stem, 0, out);
+	if (!strcmp(name, CKPT_VIEWS_DIR))
+		return ckpt_views_lookup(v, dir, name, out); /* STEP/.views/ */
 	int rc = meta_dir(v, dir, name, out); /* STEP/.ckptfs/ */
 	return rc == -ENOENT ? stored_lookup(v, dir, name, out) : rc;
 }

@@ -258,6 +258,7 @@ void ckpt_view_destroy(ckpt_view *v)
 	free(v->stores);
 	ckpt_ctx_destroy(v->ctx);
 	ckpt_node_free_all(v);
+	ckpt_views_destroy(v);
 	free(v->dyn);
 	free(v->source);
 	pthread_rwlock_destroy(&v->ns_lock);

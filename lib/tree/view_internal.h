@@ -10,6 +10,8 @@
  *                 ops of the committed file kinds (array, file, safetensors, stats,
  *                 log)
  *   summary.c     the table of arrays of a directory, and the summary files
+ *   views.c       STEP/.views/NAME/: a step shown as another model family's folder
+ *                 by a view recipe (the recipe set, planning, reading target tensors)
  *   companions.c  hidden names made on lookup: NAME[slice].npy, NAME.shards/,
  *                 X.safetensors, X.safetensors.d/, STEP/.ckptfs/, STEP/.stored/;
  *                 the ops of committed directories
@@ -145,6 +147,7 @@ enum node_kind {
 	N_PFILE, /* NAME.npy or NAME[slice].npy being written */
 	N_BROKEN, /* NAME.npy of an array whose metadata or store is unusable: listed, reads -EIO */
 	N_SUMMARY, /* .ckptfs/summary.txt, .ckptfs/summary.json (summary.c) */
+	N_VIEWFILE, /* a safetensors file of STEP/.views/NAME/ (views.c) */
 	N_KINDS
 };
 
@@ -360,6 +363,8 @@ struct ckpt_view {
 	pthread_mutex_t inval_mu;
 	ckpt_ino *inval_inos;
 	size_t ninval, capinval;
+	/* views.c: the recipes, read on first use (set once, compare-and-swap) */
+	struct recipe_set *_Atomic recipes;
 	void (*inval_notify)(void *arg); /* set before requests are served */
 	void *inval_arg;
 };
@@ -472,6 +477,17 @@ ssize_t ckpt_array_listxattr(ckpt_view *v, struct node *n, char *buf, size_t cap
 /* Committed directories: kids, then (show_companions) NAME.shards and
  * X.safetensors entries; hidden companions made on lookup. */
 extern const struct node_ops ckpt_dir_ops;
+
+/* ---- views.c --------------------------------------------------------------- */
+
+#define CKPT_VIEWS_DIR ".views"
+/* ckpt_dir_ops lookup of ".views" in a committed step (or the root of a
+ * step mount): 0 and a new hidden directory with one folder per recipe
+ * that matches the step; -ENOENT for any other name or directory.  Called
+ * with ns_lock shared. */
+int ckpt_views_lookup(ckpt_view *v, struct node *dir, const char *name, struct node **out);
+/* Free the recipe set (view destroy, after the nodes). */
+void ckpt_views_destroy(ckpt_view *v);
 
 /* ---- layout.c -------------------------------------------------------------- */
 

@@ -1,5 +1,6 @@
 """What a user gets out of a build folder: `cmake --install` puts the daemon
-in bin/ (and the man page in share/man/man1 when the repository has one),
+in bin/ (and the man page in share/man/man1 when the repository has one,
+the shipped view recipes in share/ckptfs/recipes/),
 and scripts/bundle makes a folder that runs with none of the build
 machine's libraries but the C library's.
 
@@ -63,6 +64,16 @@ def test_cmake_install_puts_ckptfs_in_bin(build_dir, tmp_path):
     script = f"source {comp}; COMP_WORDS=(ckptfs -o cache_si); COMP_CWORD=2; _ckptfs; echo ${{COMPREPLY[@]}}"
     out = subprocess.run(["bash", "-c", script], stdout=subprocess.PIPE, check=True, timeout=60).stdout.decode()
     assert out.split() == ["cache_size="], out
+    # the shipped view recipes, found by the installed daemon next to itself
+    shipped = sorted(p.name for p in (U.REPO / "recipes").glob("*.json"))
+    assert shipped and sorted(p.name for p in (prefix / "share" / "ckptfs" / "recipes").glob("*.json")) == shipped
+    r = subprocess.run([str(exe), "info", "--recipe", "maxtext-llama-hf", str(U.REPO / "examples" / "sample")],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1 and "model.embed_tokens.weight: no source key token_embedder.embedding" in r.stderr, \
+        r.stderr
+    r = subprocess.run([str(exe), "info", "--recipe", "no-such-recipe", str(U.REPO / "examples" / "sample")],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1 and "No such file or directory" in r.stderr, r.stderr
 
 
 def ldd(path):

@@ -1,0 +1,153 @@
+/*
+ * recipe.h - view recipes: a declarative description of how one model
+ * family's checkpoint becomes another's folder (docs/recipes.md), compiled
+ * against the arrays of a step into a plan of target tensors, each a lazy
+ * function of source arrays.
+ *
+ * Pure: no I/O, no threads, no global state.  The recipe text is outside
+ * bytes (a user's -o recipes=DIR): every failure is a return value with a
+ * reason, never a crash (fuzzed: tests/fuzz/fuzz_recipe.c).
+ *
+ * The shape ops of a rule (take, split, pad, truncate, transpose, reshape,
+ * stack, concat) compose into one index map per target tensor: the target
+ * is a set of parts, each a box of the target's index space whose element
+ * at index t is source element base + sum(digit_f(t) * stride_f) over the
+ * factors f of the part (a strided view of one source array; a reshape
+ * splits a dimension into factors).  Target elements in no part are zero
+ * (pad).  The element ops (affine, cast) run after the gather, per element:
+ * the source value widened exactly to float32 (float64 stays float64),
+ * y = x*scale rounded to float32, then y + bias rounded to float32, then
+ * rounded once to nearest even into the output dtype.  Without element
+ * ops the target's bytes are the source's bytes.  A divide op divides by
+ * f32(divisor) (one more float32 rounding) after the scale, before the bias.
+ *
+ * Ownership: a recipe and a plan own all their memory; a plan does not
+ * refer to the recipe it came from, nor to the source list it was given.
+ * Thread-safety: all calls on a finished recipe or plan are read-only and
+ * may run from many threads at once.
+ */
+#ifndef CKPT_RECIPE_H
+#define CKPT_RECIPE_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "dtype.h"
+#include "slice.h"
+
+/* Largest recipe file accepted. */
+#define CKPT_RECIPE_MAX_BYTES (1u << 20)
+/* Most factors one part's index map has, over all its dimensions. */
+#define CKPT_RECIPE_MAX_FACTORS 24
+/* Most target dimensions and source dimensions a rule handles. */
+#define CKPT_RECIPE_MAX_RANK 8
+/* Most target tensors one plan makes (a guard against runaway loops; the
+ * largest MoE checkpoints have tens of thousands). */
+#define CKPT_RECIPE_MAX_TENSORS (1u << 17)
+/* Largest axis a pad may make. */
+#define CKPT_RECIPE_MAX_PAD (1ull << 40)
+
+typedef struct ckpt_recipe ckpt_recipe;
+
+/* Parse and check recipe text (len bytes, JSON).  0 and *out, or -EINVAL
+ * with a one-line reason in why (NUL-terminated, truncated to whylen). */
+int ckpt_recipe_parse(const char *text, size_t len, ckpt_recipe **out, char *why, size_t whylen);
+void ckpt_recipe_free(ckpt_recipe *r);
+/* The recipe's "name" (the folder name under STEP/.views/). */
+const char *ckpt_recipe_name(const ckpt_recipe *r);
+
+/* One array of the source step: its '.'-joined key path below the step
+ * (item name first), dtype and shape.  Borrowed for the call. */
+typedef struct ckpt_recipe_src {
+	const char *name;
+	ckpt_dtype dtype;
+	int rank;
+	const uint64_t *shape;
+} ckpt_recipe_src;
+
+/* One factor of a part's index map: n values, each moving source dim sdim
+ * by stride. */
+typedef struct ckpt_rfactor {
+	uint64_t n;
+	uint64_t stride;
+	int sdim;
+} ckpt_rfactor;
+
+/* A part: the box lo..hi of the target, read from source `input`. */
+typedef struct ckpt_rpart {
+	size_t input; /* index in the source list given to ckpt_recipe_plan */
+	int srank;
+	uint64_t base[CKPT_RECIPE_MAX_RANK]; /* source index of the box's first element */
+	uint64_t lo[CKPT_RECIPE_MAX_RANK], hi[CKPT_RECIPE_MAX_RANK];
+	int nf[CKPT_RECIPE_MAX_RANK]; /* factors of each target dim, outermost first */
+	ckpt_rfactor f[CKPT_RECIPE_MAX_FACTORS]; /* dim 0's factors, then dim 1's, ... */
+} ckpt_rpart;
+
+/* One target tensor of a plan. */
+typedef struct ckpt_rtensor {
+	char *name;
+	ckpt_dtype dtype; /* what the target holds */
+	ckpt_dtype src_dtype; /* what its parts read (all parts share it) */
+	int rank;
+	uint64_t shape[CKPT_RECIPE_MAX_RANK];
+	size_t nparts;
+	ckpt_rpart *parts;
+	int elem; /* element ops present (else a byte copy) */
+	double scale, bias; /* affine: y = x*scale + bias (scale 1, bias 0: none) */
+	double divisor; /* divide: y = x / divisor, after the scale, before the bias (0: none) */
+	char *desc; /* "SOURCE: op op ..." for the mapping table */
+} ckpt_rtensor;
+
+typedef struct ckpt_rplan ckpt_rplan;
+
+/* Match recipe r against the arrays of a step.  0 and *out; -ENOENT when a
+ * required rule does not match (a key missing, a shape or dtype that
+ * differs), -EINVAL when the rules cannot be applied (an index out of
+ * range, a reshape the index map cannot express), -ENOMEM; why names the
+ * failing rule and the reason. */
+int ckpt_recipe_plan(const ckpt_recipe *r, const ckpt_recipe_src *srcs, size_t n, ckpt_rplan **out, char *why,
+		     size_t whylen);
+void ckpt_rplan_free(ckpt_rplan *p);
+size_t ckpt_rplan_count(const ckpt_rplan *p);
+/* Tensor i, in name order. */
+const ckpt_rtensor *ckpt_rplan_tensor(const ckpt_rplan *p, size_t i);
+/* Literal files: name and content (NUL-terminated, len bytes). */
+size_t ckpt_rplan_nfiles(const ckpt_rplan *p);
+const char *ckpt_rplan_file(const ckpt_rplan *p, size_t i, const char **content, size_t *len);
+/* The mapping as a table (one line per tensor: name, shape, dtype, source
+ * and ops); malloc'ed, NUL-terminated. */
+char *ckpt_rplan_table(const ckpt_rplan *p);
+
+/* Elements of t (its shape's product). */
+uint64_t ckpt_rtensor_count(const ckpt_rtensor *t);
+
+/* The box of part `part`'s source that target elements [e0, e1) (C order)
+ * read: 1 and *box (rank srank), or 0 when the part holds none of them.
+ * The box may hold more than those elements (a bounding box); its element
+ * count is at most (rows spanned + 1) times a part's row. */
+int ckpt_rtensor_box(const ckpt_rtensor *t, size_t part, uint64_t e0, uint64_t e1, ckpt_region *box);
+
+/* 1 and *r when part `part` covers all of t and its elements, in C order,
+ * are those of region r of its source in C order (takes and slices only,
+ * axes in source order): target bytes are then the region's stream bytes.
+ * 0 otherwise. */
+int ckpt_rtensor_region(const ckpt_rtensor *t, size_t part, ckpt_region *r);
+
+/* Copy the elements of part `part` among target elements [e0, e1) from
+ * boxbuf (the C-order bytes of *box of the part's source, src_dtype
+ * elements) into dst (e1-e0 src_dtype elements; dst[0] is element e0).
+ * Elements outside the part are left as they are. */
+void ckpt_rtensor_gather(const ckpt_rtensor *t, size_t part, const ckpt_region *box, const void *boxbuf,
+			 uint64_t e0, uint64_t e1, void *dst);
+
+/* Apply t's element ops to count src_dtype elements of src, writing count
+ * dtype elements to dst (they may not overlap).  0, or -ENOTSUP. */
+int ckpt_rtensor_convert(const ckpt_rtensor *t, const void *src, size_t count, void *dst);
+
+/* Round a float32 value to bfloat16 / float16 bits, to nearest even (NaN
+ * stays NaN, infinities stay). */
+uint16_t ckpt_f32_to_bf16(float x);
+uint16_t ckpt_f32_to_f16(float x);
+
+#endif

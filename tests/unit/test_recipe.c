@@ -1,0 +1,449 @@
+/*
+ * test_recipe.c - view recipes (lib/format/recipe.h): refused recipe texts
+ * name their reason; random chains of shape ops (take, slice, split, pad,
+ * transpose, reshape, stack, concat) gathered lazily over random element
+ * ranges equal the same chain applied eagerly to a dense array; rounding
+ * to bfloat16 / float16 (nearest even) and the float32 affine.
+ */
+#include <errno.h>
+#include <math.h>
+
+#include "check.h"
+#include "recipe.h"
+
+/* ---- refused texts ---------------------------------------------------------- */
+
+static void test_refused(void)
+{
+	static const char *const bad[] = {
+		"",
+		"{",
+		"[]",
+		"{\"name\": \"x\", \"tensors\": [{\"name\": \"a\", \"from\": \"b\"}]}",
+		"{\"ckptfs_recipe\": 2, \"name\": \"x\", \"tensors\": [{\"name\": \"a\", \"from\": \"b\"}]}",
+		"{\"ckptfs_recipe\": 1, \"name\": \"a/b\", \"tensors\": [{\"name\": \"a\", \"from\": "
+		"\"b\"}]}",
+		"{\"ckptfs_recipe\": 1, \"name\": \".x\", \"tensors\": [{\"name\": \"a\", \"from\": \"b\"}]}",
+		"{\"ckptfs_recipe\": 1, \"name\": \"x\", \"tensors\": []}",
+		"{\"ckptfs_recipe\": 1, \"name\": \"x\", \"tensors\": [{\"name\": \"a\"}]}",
+		"{\"ckptfs_recipe\": 1, \"name\": \"x\", \"tensors\": [{\"name\": \"a\", \"from\": \"b\", "
+		"\"ops\": [[\"nosuchop\", 1]]}]}",
+		"{\"ckptfs_recipe\": 1, \"name\": \"x\", \"tensors\": [{\"name\": \"a\", \"from\": \"b\", "
+		"\"ops\": [[\"take\", 1]]}]}",
+		"{\"ckptfs_recipe\": 1, \"name\": \"x\", \"tensors\": [{\"name\": \"a\", \"from\": \"b\", "
+		"\"ops\": [[\"cast\", \"float33\"]]}]}",
+		"{\"ckptfs_recipe\": 1, \"name\": \"x\", \"tensors\": [{\"name\": \"a\", \"from\": [\"b\", "
+		"\"c\"]}]}",
+		"{\"ckptfs_recipe\": 1, \"name\": \"x\", \"tensors\": [{\"name\": \"a\", \"from\": [\"b\", "
+		"\"c\"], "
+		"\"ops\": [[\"transpose\", 1, 0]]}]}",
+		"{\"ckptfs_recipe\": 1, \"name\": \"x\", \"tensors\": [{\"name\": \"a\", \"from\": \"b\", "
+		"\"ops\": [[\"stack\", 0]]}]}",
+		"{\"ckptfs_recipe\": 1, \"name\": \"x\", \"tensors\": [{\"name\": \"a\", \"from\": \"b\"}], "
+		"\"files\": [{\"name\": \"model.safetensors\", \"text\": \"x\"}]}",
+		"{\"ckptfs_recipe\": 1, \"name\": \"x\", \"tensors\": [{\"name\": \"a\", \"from\": \"b\"}], "
+		"\"files\": [{\"name\": \"c.json\"}]}",
+	};
+	for (size_t i = 0; i < sizeof(bad) / sizeof(*bad); i++) {
+		ckpt_recipe *r = (ckpt_recipe *)1;
+		char why[256] = "";
+		int rc = ckpt_recipe_parse(bad[i], strlen(bad[i]), &r, why, sizeof(why));
+		CHECK_EQ_INT(rc, -EINVAL);
+		CHECK(r == NULL);
+		CHECK(why[0] != 0);
+		if (rc == 0)
+			fprintf(stderr, "accepted: %s\n", bad[i]);
+	}
+}
+
+/* A recipe that parses but does not match names its rule. */
+static void test_mismatch(void)
+{
+	const char *t = "{\"ckptfs_recipe\": 1, \"name\": \"x\", \"tensors\": ["
+			"{\"name\": \"a\", \"from\": \"w\", \"shape\": [\"E\", \"F\"]},"
+			"{\"name\": \"b.{l}\", \"from\": \"v\", \"shape\": [\"F\", \"E\", \"L\"], \"for\": "
+			"{\"l\": \"L\"},"
+			" \"ops\": [[\"take\", 2, \"l\"]]},"
+			"{\"name\": \"c\", \"from\": \"u\", \"optional\": true}]}";
+	ckpt_recipe *r;
+	char why[256] = "";
+	CHECK_EQ_INT(ckpt_recipe_parse(t, strlen(t), &r, why, sizeof(why)), 0);
+	uint64_t s1[2] = { 4, 6 }, s2[3] = { 6, 4, 3 }, s3[3] = { 6, 5, 3 };
+	ckpt_recipe_src src[2] = { { "w", CKPT_DT_FLOAT32, 2, s1 }, { "v", CKPT_DT_FLOAT32, 3, s2 } };
+	ckpt_rplan *p;
+	CHECK_EQ_INT(ckpt_recipe_plan(r, src, 2, &p, why, sizeof(why)), 0);
+	CHECK_EQ_INT(ckpt_rplan_count(p), 4); /* a, b.0, b.1, b.2 */
+	CHECK(!strcmp(ckpt_rplan_tensor(p, 1)->name, "b.0"));
+	CHECK_EQ_INT(ckpt_rplan_tensor(p, 3)->shape[1], 4);
+	ckpt_rplan_free(p);
+	src[1].shape = s3; /* E differs */
+	CHECK_EQ_INT(ckpt_recipe_plan(r, src, 2, &p, why, sizeof(why)), -ENOENT);
+	CHECK(strstr(why, "b.{l}: v has shape [6,5,3]; axis 1 is E = 4") != NULL);
+	CHECK_EQ_INT(ckpt_recipe_plan(r, src, 1, &p, why, sizeof(why)), -ENOENT);
+	CHECK(strstr(why, "b.{l}: no source key v") != NULL);
+	ckpt_recipe_free(r);
+}
+
+/* ---- lazy vs eager ------------------------------------------------------------ */
+
+struct dense {
+	int rank;
+	uint64_t shape[8];
+	int64_t *v; /* source flat index + 1, or 0 (pad) */
+};
+
+static uint64_t dcount(const struct dense *d)
+{
+	uint64_t c = 1;
+	for (int i = 0; i < d->rank; i++)
+		c *= d->shape[i];
+	return c;
+}
+
+static void unrav(const uint64_t *shape, int rank, uint64_t e, uint64_t *idx)
+{
+	for (int d = rank - 1; d >= 0; d--) {
+		idx[d] = e % shape[d];
+		e /= shape[d];
+	}
+}
+
+static uint64_t rav(const uint64_t *shape, int rank, const uint64_t *idx)
+{
+	uint64_t e = 0;
+	for (int d = 0; d < rank; d++)
+		e = e * shape[d] + idx[d];
+	return e;
+}
+
+/* out = op(in); returns 0, or -1 when the op does not apply. */
+static int eager(struct dense *x, int kind, const int64_t *a)
+{
+	struct dense y = *x;
+	uint64_t n = dcount(x), idx[8], jdx[8];
+	if (kind == 0) { /* take(a0, a1) */
+		for (int d = (int)a[0]; d < x->rank - 1; d++)
+			y.shape[d] = x->shape[d + 1];
+		y.rank--;
+	} else if (kind == 1) { /* slice(a0, a1, a2) */
+		y.shape[a[0]] = (uint64_t)(a[2] - a[1]);
+	} else if (kind == 2) { /* transpose(a...) */
+		for (int d = 0; d < x->rank; d++)
+			y.shape[d] = x->shape[a[d]];
+	} else if (kind == 3) { /* pad(a0, a1) */
+		y.shape[a[0]] = (uint64_t)a[1];
+	}
+	uint64_t m = dcount(&y);
+	y.v = calloc(m ? m : 1, sizeof(int64_t));
+	for (uint64_t e = 0; e < m; e++) {
+		unrav(y.shape, y.rank, e, idx);
+		int64_t val = 0;
+		if (kind == 0) {
+			for (int d = 0, k = 0; d < x->rank; d++)
+				jdx[d] = d == a[0] ? (uint64_t)a[1] : idx[k++];
+			val = x->v[rav(x->shape, x->rank, jdx)];
+		} else if (kind == 1) {
+			memcpy(jdx, idx, sizeof(jdx));
+			jdx[a[0]] += (uint64_t)a[1];
+			val = x->v[rav(x->shape, x->rank, jdx)];
+		} else if (kind == 2) {
+			for (int d = 0; d < x->rank; d++)
+				jdx[a[d]] = idx[d];
+			val = x->v[rav(x->shape, x->rank, jdx)];
+		} else if (kind == 3) {
+			memcpy(jdx, idx, sizeof(jdx));
+			val = idx[a[0]] < x->shape[a[0]] ? x->v[rav(x->shape, x->rank, jdx)] : 0;
+		}
+		y.v[e] = val;
+	}
+	(void)n;
+	free(x->v);
+	*x = y;
+	return 0;
+}
+
+static int chains_tested, chains_refused, chains_region;
+
+/* One random chain over source [4,3,6] (and a concat of two of them). */
+static void one_chain(uint64_t *seed)
+{
+	uint64_t s0[3] = { 4, 3, 6 };
+	int two = check_rnd(seed) % 3 == 0;
+	struct dense x = { 3, { 4, 3, 6 }, NULL };
+	x.v = malloc(72 * sizeof(int64_t));
+	for (int i = 0; i < 72; i++)
+		x.v[i] = i + 1;
+	char ops[2048] = "";
+	size_t ol = 0;
+	if (two) { /* concat of b and c on a random axis: c's values are offset by 1000 */
+		int ax = (int)(check_rnd(seed) % 3);
+		struct dense y = x;
+		y.shape[ax] *= 2;
+		y.v = malloc(144 * sizeof(int64_t));
+		uint64_t idx[8];
+		for (uint64_t e = 0; e < 144; e++) {
+			unrav(y.shape, 3, e, idx);
+			int second = idx[ax] >= s0[ax];
+			if (second)
+				idx[ax] -= s0[ax];
+			y.v[e] = (int64_t)rav(s0, 3, idx) + 1 + (second ? 1000 : 0);
+		}
+		free(x.v);
+		x = y;
+		ol += (size_t)snprintf(ops + ol, sizeof(ops) - ol, "[\"concat\", %d]", ax);
+	}
+	int nops = 1 + (int)(check_rnd(seed) % 5);
+	for (int k = 0; k < nops; k++) {
+		int kind = (int)(check_rnd(seed) % 5);
+		int64_t a[8];
+		char txt[256];
+		if (kind == 0 && x.rank > 1) {
+			a[0] = (int64_t)(check_rnd(seed) % (uint64_t)x.rank);
+			a[1] = (int64_t)(check_rnd(seed) % x.shape[a[0]]);
+			snprintf(txt, sizeof(txt), "[\"take\", %lld, %lld]", (long long)a[0],
+				 (long long)a[1]);
+		} else if (kind == 1) {
+			a[0] = (int64_t)(check_rnd(seed) % (uint64_t)x.rank);
+			if (x.shape[a[0]] < 2)
+				continue;
+			a[1] = (int64_t)(check_rnd(seed) % (x.shape[a[0]] - 1));
+			a[2] = a[1] + 1 + (int64_t)(check_rnd(seed) % (x.shape[a[0]] - (uint64_t)a[1]));
+			snprintf(txt, sizeof(txt), "[\"slice\", %lld, %lld, %lld]", (long long)a[0],
+				 (long long)a[1], (long long)a[2]);
+		} else if (kind == 2) {
+			for (int d = 0; d < x.rank; d++)
+				a[d] = d;
+			for (int d = x.rank - 1; d > 0; d--) {
+				int j = (int)(check_rnd(seed) % (uint64_t)(d + 1));
+				int64_t t = a[d];
+				a[d] = a[j];
+				a[j] = t;
+			}
+			int w = snprintf(txt, sizeof(txt), "[\"transpose\"");
+			for (int d = 0; d < x.rank; d++)
+				w += snprintf(txt + w, sizeof(txt) - (size_t)w, ", %lld", (long long)a[d]);
+			snprintf(txt + w, sizeof(txt) - (size_t)w, "]");
+		} else if (kind == 3) {
+			a[0] = (int64_t)(check_rnd(seed) % (uint64_t)x.rank);
+			a[1] = (int64_t)x.shape[a[0]] + (int64_t)(check_rnd(seed) % 3);
+			snprintf(txt, sizeof(txt), "[\"pad\", %lld, %lld]", (long long)a[0], (long long)a[1]);
+		} else {
+			/* reshape: split a dim into factors or merge two adjacent ones */
+			uint64_t ns[8];
+			int nr = 0, d = (int)(check_rnd(seed) % (uint64_t)x.rank);
+			int merge = d + 1 < x.rank && check_rnd(seed) % 2;
+			for (int i = 0; i < x.rank; i++) {
+				if (merge && i == d) {
+					ns[nr++] = x.shape[i] * x.shape[i + 1];
+					i++;
+				} else if (!merge && i == d && x.shape[i] % 2 == 0 && x.rank < 6) {
+					ns[nr++] = x.shape[i] / 2;
+					ns[nr++] = 2;
+				} else {
+					ns[nr++] = x.shape[i];
+				}
+			}
+			int w = snprintf(txt, sizeof(txt), "[\"reshape\"");
+			for (int i = 0; i < nr; i++)
+				w += snprintf(txt + w, sizeof(txt) - (size_t)w, ", %llu",
+					      (unsigned long long)ns[i]);
+			snprintf(txt + w, sizeof(txt) - (size_t)w, "]");
+			/* eager reshape: only the shape changes (C order) */
+			char full[4096];
+			snprintf(full, sizeof(full), "%s%s%s", ops, ol ? ", " : "", txt);
+			(void)full;
+			uint64_t before = dcount(&x);
+			x.rank = nr;
+			memcpy(x.shape, ns, sizeof(ns));
+			if (dcount(&x) != before)
+				abort();
+			ol += (size_t)snprintf(ops + ol, sizeof(ops) - ol, "%s%s", ol ? ", " : "", txt);
+			continue;
+		}
+		if (kind == 0 && x.rank <= 1)
+			continue;
+		eager(&x, kind, a);
+		ol += (size_t)snprintf(ops + ol, sizeof(ops) - ol, "%s%s", ol ? ", " : "", txt);
+	}
+	char text[4096];
+	snprintf(text, sizeof(text),
+		 "{\"ckptfs_recipe\": 1, \"name\": \"t\", \"tensors\": [{\"name\": \"out\", \"from\": %s, "
+		 "\"ops\": [%s]}]}",
+		 two ? "[\"b\", \"c\"]" : "\"b\"", ops);
+	ckpt_recipe *r;
+	char why[256] = "";
+	int rc = ckpt_recipe_parse(text, strlen(text), &r, why, sizeof(why));
+	CHECK_EQ_INT(rc, 0);
+	if (rc) {
+		fprintf(stderr, "%s: %s\n", text, why);
+		free(x.v);
+		return;
+	}
+	ckpt_recipe_src src[2] = { { "b", CKPT_DT_INT64, 3, s0 }, { "c", CKPT_DT_INT64, 3, s0 } };
+	ckpt_rplan *p;
+	rc = ckpt_recipe_plan(r, src, 2, &p, why, sizeof(why));
+	if (rc == -EINVAL && strstr(why, "cannot express")) {
+		/* a pad or concat boundary that a later reshape crosses, or a
+		 * slice of a split dim: refused, never wrong */
+		chains_refused++;
+		ckpt_recipe_free(r);
+		free(x.v);
+		return;
+	}
+	if (rc == -EINVAL && strstr(why, "boundary")) {
+		chains_refused++;
+		ckpt_recipe_free(r);
+		free(x.v);
+		return;
+	}
+	CHECK_EQ_INT(rc, 0);
+	if (rc) {
+		fprintf(stderr, "%s: %s\n", text, why);
+		ckpt_recipe_free(r);
+		free(x.v);
+		return;
+	}
+	const ckpt_rtensor *t = ckpt_rplan_tensor(p, 0);
+	chains_tested++;
+	CHECK_EQ_INT(t->rank, x.rank);
+	for (int d = 0; d < x.rank && d < t->rank; d++)
+		CHECK_EQ_INT(t->shape[d], x.shape[d]);
+	uint64_t n = dcount(&x);
+	ckpt_region reg;
+	if (t->nparts == 1 && ckpt_rtensor_region(t, 0, &reg)) {
+		/* a plain region: its C-order stream is the target */
+		uint64_t rs[8], idx[8], cnt = 1;
+		for (int d = 0; d < reg.rank; d++)
+			cnt *= rs[d] = reg.stop[d] - reg.start[d];
+		int same = cnt == n;
+		for (uint64_t e = 0; same && e < n; e++) {
+			unrav(rs, reg.rank, e, idx);
+			for (int d = 0; d < reg.rank; d++)
+				idx[d] += reg.start[d];
+			same = x.v[e] == (int64_t)rav(s0, 3, idx) + 1 + (t->parts[0].input ? 1000 : 0);
+		}
+		CHECK(same);
+		chains_region++;
+	}
+	/* source values: flat index + 1 (c: + 1000) */
+	int64_t sv[2][72];
+	for (int i = 0; i < 72; i++) {
+		sv[0][i] = i + 1;
+		sv[1][i] = i + 1001;
+	}
+	for (int trial = 0; trial < 6 && n; trial++) {
+		uint64_t e0 = check_rnd(seed) % n, e1 = e0 + 1 + check_rnd(seed) % (n - e0);
+		if (trial == 0) {
+			e0 = 0;
+			e1 = n;
+		}
+		int64_t *got = calloc(e1 - e0, sizeof(int64_t));
+		for (size_t pi = 0; pi < t->nparts; pi++) {
+			ckpt_region box;
+			if (!ckpt_rtensor_box(t, pi, e0, e1, &box))
+				continue;
+			uint64_t bc = 1;
+			for (int d = 0; d < box.rank; d++) {
+				CHECK(box.start[d] < box.stop[d] && box.stop[d] <= s0[d]);
+				bc *= box.stop[d] - box.start[d];
+			}
+			int64_t *bb = malloc(bc * sizeof(int64_t));
+			uint64_t idx[8], jdx[8], bshape[8];
+			for (int d = 0; d < box.rank; d++)
+				bshape[d] = box.stop[d] - box.start[d];
+			for (uint64_t e = 0; e < bc; e++) {
+				unrav(bshape, box.rank, e, idx);
+				for (int d = 0; d < box.rank; d++)
+					jdx[d] = idx[d] + box.start[d];
+				bb[e] = sv[t->parts[pi].input][rav(s0, 3, jdx)];
+			}
+			ckpt_rtensor_gather(t, pi, &box, bb, e0, e1, got);
+			free(bb);
+		}
+		int same = 1;
+		for (uint64_t e = e0; e < e1; e++)
+			same &= got[e - e0] == x.v[e];
+		CHECK(same);
+		if (!same)
+			fprintf(stderr, "lazy != eager: %s, elements [%llu, %llu)\n", text,
+				(unsigned long long)e0, (unsigned long long)e1);
+		free(got);
+	}
+	ckpt_rplan_free(p);
+	ckpt_recipe_free(r);
+	free(x.v);
+}
+
+static void test_lazy_vs_eager(void)
+{
+	uint64_t seed = 0x5eed31;
+	for (int i = 0; i < 3000; i++)
+		one_chain(&seed);
+	/* most chains are expressible: the comparison is not vacuous */
+	CHECK(chains_tested > 2000);
+	CHECK(chains_region > 100); /* plain regions met too */
+	fprintf(stderr, "lazy vs eager: %d chains compared (%d plain regions), %d refused\n", chains_tested,
+		chains_region, chains_refused);
+}
+
+/* ---- rounding ----------------------------------------------------------------- */
+
+static float f_of(uint32_t b)
+{
+	float f;
+	memcpy(&f, &b, 4);
+	return f;
+}
+
+static void test_rounding(void)
+{
+	CHECK_EQ_INT(ckpt_f32_to_bf16(1.0f), 0x3f80);
+	CHECK_EQ_INT(ckpt_f32_to_bf16(1.00390625f), 0x3f80); /* tie: to even */
+	CHECK_EQ_INT(ckpt_f32_to_bf16(1.01171875f), 0x3f82); /* tie: to even (up) */
+	CHECK_EQ_INT(ckpt_f32_to_bf16(f_of(0x3f808001u)), 0x3f81); /* past the tie */
+	CHECK_EQ_INT(ckpt_f32_to_bf16(-INFINITY), 0xff80);
+	CHECK((ckpt_f32_to_bf16(NAN) & 0x7f80) == 0x7f80 && (ckpt_f32_to_bf16(NAN) & 0x7f) != 0);
+	CHECK_EQ_INT(ckpt_f32_to_bf16(f_of(0x7f7fffffu)), 0x7f80); /* max float rounds to inf */
+	CHECK_EQ_INT(ckpt_f32_to_f16(1.0f), 0x3c00);
+	CHECK_EQ_INT(ckpt_f32_to_f16(65504.0f), 0x7bff);
+	CHECK_EQ_INT(ckpt_f32_to_f16(65519.0f), 0x7bff);
+	CHECK_EQ_INT(ckpt_f32_to_f16(65520.0f), 0x7c00);
+	CHECK_EQ_INT(ckpt_f32_to_f16(-1e10f), 0xfc00);
+	CHECK_EQ_INT(ckpt_f32_to_f16(ldexpf(1, -24)), 0x0001);
+	CHECK_EQ_INT(ckpt_f32_to_f16(ldexpf(1, -25)), 0x0000); /* tie: to even (0) */
+	CHECK_EQ_INT(ckpt_f32_to_f16(ldexpf(1.5f, -24)), 0x0002); /* tie: to even (2) */
+	CHECK_EQ_INT(ckpt_f32_to_f16(ldexpf(1, -14)), 0x0400);
+	CHECK_EQ_INT(ckpt_f32_to_f16(ldexpf(1023.5f, -24)), 0x0400); /* rounds up into the normals */
+	CHECK_EQ_INT(ckpt_f32_to_f16(1.0f + ldexpf(1, -11)), 0x3c00); /* tie: to even */
+	CHECK_EQ_INT(ckpt_f32_to_f16(1.0f + ldexpf(3, -11)), 0x3c02);
+	CHECK_EQ_INT(ckpt_f32_to_f16(-0.0f), 0x8000);
+	/* affine in float32: one rounding per operation, then one to the output */
+	ckpt_rtensor t = { 0 };
+	t.src_dtype = CKPT_DT_FLOAT32;
+	t.dtype = CKPT_DT_BFLOAT16;
+	t.elem = 1;
+	t.scale = sqrt(128.0);
+	t.bias = 0;
+	float in[3] = { 1.0f, -0.5f, 3.0f };
+	uint16_t out[3];
+	CHECK_EQ_INT(ckpt_rtensor_convert(&t, in, 3, out), 0);
+	for (int i = 0; i < 3; i++)
+		CHECK_EQ_INT(out[i], ckpt_f32_to_bf16(in[i] * (float)sqrt(128.0)));
+	t.dtype = CKPT_DT_FLOAT32;
+	t.scale = 1;
+	t.bias = -1;
+	float o2[3];
+	CHECK_EQ_INT(ckpt_rtensor_convert(&t, in, 3, o2), 0);
+	CHECK(o2[0] == 0.0f && o2[1] == -1.5f && o2[2] == 2.0f);
+	t.src_dtype = CKPT_DT_INT32;
+	CHECK_EQ_INT(ckpt_rtensor_convert(&t, in, 3, o2), -ENOTSUP);
+}
+
+int main(void)
+{
+	CHECK_RUN(test_refused);
+	CHECK_RUN(test_mismatch);
+	CHECK_RUN(test_lazy_vs_eager);
+	CHECK_RUN(test_rounding);
+	return CHECK_DONE();
+}
