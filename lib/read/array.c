@@ -836,6 +836,17 @@ ckpt_pool *ckpt_ctx_pool(ckpt_ctx *ctx)
 	return ctx_pool(ctx);
 }
 
+void ckpt_ctx_quiesce(ckpt_ctx *ctx)
+{
+	pthread_mutex_lock(&ctx->pool_lock);
+	ckpt_pool *p = atomic_load(&ctx->pool);
+	if (p && ctx->pool_pid != getpid())
+		p = NULL; /* the parent's */
+	pthread_mutex_unlock(&ctx->pool_lock);
+	if (p)
+		ckpt_pool_quiesce(p);
+}
+
 /* Queue the decode of chunk g unless it is cached, being loaded or already
  * queued (the cache reservation makes each chunk queued once). */
 static void prefetch(ckpt_array *a, const uint64_t *g)

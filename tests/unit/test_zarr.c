@@ -493,6 +493,7 @@ static void test_ctx_pool_fork(void)
 	ckpt_pool *p = ckpt_ctx_pool(ctx);
 	CHECK(p != NULL && ckpt_ctx_pool(ctx) == p);
 	CHECK(pool_runs(p));
+	ckpt_ctx_quiesce(ctx); /* as ckpt_view_open returns */
 #if defined(__SANITIZE_THREAD__) || TSAN_CLANG
 	/* ThreadSanitizer does not support threads started in the child of a
 	 * multi-threaded fork: the child half runs in the other builds. */
@@ -508,7 +509,64 @@ static void test_ctx_pool_fork(void)
 	CHECK(pid > 0 && waitpid(pid, &st, 0) == pid);
 	CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0);
 	CHECK(ckpt_ctx_pool(ctx) == p);
+	/* A child that never needed threads destroys the context (a daemon
+	 * unmounted before any read): the parent's workers are not there to
+	 * join, which must not hang it (SIGALRM ends it if it does). */
+	pid = fork();
+	if (pid == 0) {
+		alarm(10);
+		ckpt_ctx_destroy(ctx);
+		_exit(0);
+	}
+	CHECK(pid > 0 && waitpid(pid, &st, 0) == pid);
+	CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0);
 	ckpt_ctx_destroy(ctx);
+}
+
+static void slow_set_flag(void *arg)
+{
+	usleep(50000);
+	atomic_store((atomic_int *)arg, 1);
+}
+
+/* A pool is at rest when create returns (every worker started and parked)
+ * and after ckpt_pool_quiesce (a running task returned, not only the queue
+ * emptied).  A worker that is still starting is inside the thread library
+ * and a sanitizer's runtime (ASan's allocator, for its own thread set-up):
+ * a fork then copies that runtime's lock into the child held, and the
+ * child's own first thread stalls on it for good. */
+static void test_pool_rest(void)
+{
+	enum { N = 32 };
+	ckpt_pool *p;
+	CHECK_EQ_INT(ckpt_pool_create(N, 4, &p), 0);
+	CHECK_EQ_INT(ckpt_pool_parked(p), N);
+	static atomic_int done;
+	atomic_store(&done, 0);
+	CHECK_EQ_INT(ckpt_pool_submit(p, slow_set_flag, (void *)&done), 0);
+	ckpt_pool_quiesce(p);
+	CHECK(atomic_load(&done));
+	CHECK_EQ_INT(ckpt_pool_parked(p), N);
+	ckpt_pool_quiesce(p); /* at rest already: returns at once */
+	ckpt_pool_destroy(p);
+#if !(defined(__SANITIZE_THREAD__) || TSAN_CLANG)
+	/* Fork right after create, again and again: the child's pool runs, and
+	 * the parent's pool destroyed in the child returns (nothing to join). */
+	for (int i = 0; i < 20; i++) {
+		CHECK_EQ_INT(ckpt_pool_create(N, 4, &p), 0);
+		pid_t pid = fork();
+		if (pid == 0) {
+			alarm(10);
+			ckpt_pool_destroy(p);
+			ckpt_pool *q = NULL;
+			_exit(ckpt_pool_create(2, 4, &q) == 0 && pool_runs(q) ? 0 : 1);
+		}
+		int st = 0;
+		CHECK(pid > 0 && waitpid(pid, &st, 0) == pid);
+		CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+		ckpt_pool_destroy(p);
+	}
+#endif
 }
 
 /* ---- decoding from a mapping ---------------------------------------- */
@@ -720,6 +778,7 @@ int main(void)
 	CHECK_RUN_CALL(test_v2_fortran, (s));
 	CHECK_RUN(test_refused);
 	CHECK_RUN(test_ctx_pool_fork);
+	CHECK_RUN(test_pool_rest);
 	CHECK_RUN_CALL(test_compressors, (s));
 	CHECK_RUN_CALL(test_transpose, (s));
 	CHECK_RUN_CALL(test_missing, (s));
