@@ -141,6 +141,11 @@ int ckpt_pool_threads(const ckpt_pool *p)
 	return p->nthreads;
 }
 
+int ckpt_pool_forked(const ckpt_pool *p)
+{
+	return p->pid != getpid();
+}
+
 int ckpt_pool_parked(ckpt_pool *p)
 {
 	pthread_mutex_lock(&p->lock);
@@ -154,10 +159,14 @@ void ckpt_pool_destroy(ckpt_pool *p)
 	if (!p)
 		return;
 	/* The child of a fork: the workers stayed in the parent, and the lock
-	 * may be a copy of one a worker held.  Nothing to join; the memory is
-	 * left as it is. */
-	if (p->pid != getpid())
+	 * may be a copy of one a worker held.  Nothing to join or to lock; no
+	 * thread here uses the memory. */
+	if (ckpt_pool_forked(p)) {
+		free(p->q);
+		free(p->threads);
+		free(p);
 		return;
+	}
 	pthread_mutex_lock(&p->lock);
 	p->stop = 1;
 	pthread_cond_broadcast(&p->nonempty);

@@ -33,8 +33,8 @@ int ckpt_pool_try_submit(ckpt_pool *p, ckpt_task_fn fn, void *arg);
 int ckpt_pool_submit(ckpt_pool *p, ckpt_task_fn fn, void *arg);
 
 /* Run remaining tasks, stop and join the workers, free the pool.  In the
- * child of a fork, for a pool the parent made: nothing (the parent's
- * workers cannot be joined there; the memory stays). */
+ * child of a fork, for a pool the parent made: free its memory only (the
+ * parent's workers and queued tasks are not there). */
 void ckpt_pool_destroy(ckpt_pool *p);
 
 int ckpt_pool_threads(const ckpt_pool *p);
@@ -44,6 +44,10 @@ int ckpt_pool_threads(const ckpt_pool *p);
  * too; the caller must keep others from submitting if it needs the pool
  * to stay at rest (before a fork). */
 void ckpt_pool_quiesce(ckpt_pool *p);
+
+/* 1 in the child of a fork for a pool the parent made: its workers are
+ * not in this process (submit nothing to it; destroy frees its memory). */
+int ckpt_pool_forked(const ckpt_pool *p);
 
 /* Workers parked now, waiting for a task (for tests). */
 int ckpt_pool_parked(ckpt_pool *p);

@@ -500,8 +500,11 @@ static void test_ctx_pool_fork(void)
 #endif
 	pid_t pid = fork();
 	if (pid == 0) {
+		alarm(10);
 		ckpt_pool *q = ckpt_ctx_pool(ctx);
-		_exit(q && q != p && pool_runs(q) ? 0 : 1);
+		int ok = q && q != p && ckpt_ctx_pool(ctx) == q && pool_runs(q);
+		ckpt_ctx_destroy(ctx); /* its pool and the parent's copy */
+		_exit(ok ? 0 : 1);
 	}
 	int st = 0;
 	CHECK(pid > 0 && waitpid(pid, &st, 0) == pid);
