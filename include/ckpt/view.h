@@ -84,7 +84,12 @@ typedef struct ckpt_attr {
  * when its mtime moved (object stores: at most once a second), so steps
  * committed outside the mount appear and pruned ones disappear; nodes of a
  * pruned step answer -ENOENT (lookup, readdir) or -ESTALE (getattr, read).
- * Such nodes (the root and its steps) are not `immutable`. */
+ * Such nodes (the root and its steps) are not `immutable`.
+ *
+ * It returns with the view's decode threads at rest (none runs or has a
+ * task queued): the caller may fork before its next call into the view
+ * (fuse_daemonize); the child starts threads of its own when it needs
+ * them. */
 int ckpt_view_open(const char *source, const ckpt_view_opts *opts, ckpt_view **out);
 /* The same over a store the caller made (tests, fuzzers: an in-memory
  * store); the view takes its own reference and names it by src->root.

@@ -12,7 +12,6 @@
 typedef struct ckpt_stats {
 	atomic_uint_least64_t backing_bytes_read; /* bytes read from the backing store */
 	atomic_uint_least64_t backing_reads; /* read calls on the backing store */
-	atomic_uint_least64_t backing_maps; /* ... of them, ranges mapped in place (not copied) */
 	atomic_uint_least64_t chunks_decoded; /* chunk decodes (cache misses that decoded) */
 	atomic_uint_least64_t decoded_bytes; /* bytes produced by chunk decodes */
 	atomic_uint_least64_t cache_hits;

@@ -23,9 +23,12 @@ struct ckpt_ctx {
 	/* Started on first use, not at create: a daemon that forks after
 	 * building its view (fuse_daemonize) must not lose its threads.  One
 	 * started before a fork (an OCDBT item opened while the view was built)
-	 * is left to the parent, and the child starts its own (pool_pid). */
+	 * is left to the parent, and the child starts its own
+	 * (ckpt_pool_forked); the parent's copy is kept in parent_pool, under
+	 * pool_lock, and freed at destroy (a thread may still hold the pointer
+	 * it loaded when it was replaced). */
 	_Atomic(ckpt_pool *) pool;
-	pid_t pool_pid; /* the process that started pool */
+	ckpt_pool *parent_pool;
 	pthread_mutex_t pool_lock;
 	int threads;
 	uint64_t prefetch_bytes;
@@ -177,11 +180,8 @@ void ckpt_ctx_destroy(ckpt_ctx *ctx)
 {
 	if (!ctx)
 		return;
-	/* a pool made before a fork (a daemon that went to the background after
-	 * opening its view) has its threads in the parent: joining them here
-	 * would wait forever, so it is left as it is */
-	if (ctx->pool_pid == getpid())
-		ckpt_pool_destroy(atomic_load(&ctx->pool));
+	ckpt_pool_destroy(atomic_load(&ctx->pool));
+	ckpt_pool_destroy(ctx->parent_pool);
 	ckpt_cache_destroy(ctx->cache);
 	ckpt_streams_destroy(ctx->streams);
 	pthread_mutex_destroy(&ctx->pool_lock);
@@ -818,15 +818,20 @@ static void prefetch_run(void *arg)
 static ckpt_pool *ctx_pool(ckpt_ctx *ctx)
 {
 	ckpt_pool *p = atomic_load(&ctx->pool);
-	pid_t me = getpid();
-	if (p && ctx->pool_pid == me)
+	if (p && !ckpt_pool_forked(p))
 		return p;
 	pthread_mutex_lock(&ctx->pool_lock);
 	p = atomic_load(&ctx->pool);
-	if (p && ctx->pool_pid != me)
-		p = NULL; /* its threads stayed in the parent: never touched again */
-	if (!p && ckpt_pool_create(ctx->threads, 256, &p) == 0) {
-		ctx->pool_pid = me;
+	if (p && ckpt_pool_forked(p)) {
+		/* Its threads stayed in the parent.  An earlier parent's pool
+		 * was replaced before this process began: nobody holds it. */
+		ckpt_pool_destroy(ctx->parent_pool);
+		ctx->parent_pool = p;
+		p = NULL;
+	}
+	if (!p) {
+		if (ckpt_pool_create(ctx->threads, 256, &p) != 0)
+			p = NULL;
 		atomic_store(&ctx->pool, p);
 	}
 	pthread_mutex_unlock(&ctx->pool_lock);
@@ -836,6 +841,13 @@ static ckpt_pool *ctx_pool(ckpt_ctx *ctx)
 ckpt_pool *ckpt_ctx_pool(ckpt_ctx *ctx)
 {
 	return ctx_pool(ctx);
+}
+
+void ckpt_ctx_quiesce(ckpt_ctx *ctx)
+{
+	ckpt_pool *p = atomic_load(&ctx->pool);
+	if (p && !ckpt_pool_forked(p))
+		ckpt_pool_quiesce(p);
 }
 
 /* Queue the decode of chunk g unless it is cached, being loaded or already

@@ -38,6 +38,12 @@ struct ckpt_pool;
  * could be started. */
 struct ckpt_pool *ckpt_ctx_pool(ckpt_ctx *ctx);
 
+/* Wait until the context's decode threads are at rest: no prefetch or
+ * other task queued or running (base/pool.h).  A process may fork after
+ * this returns, as long as nothing new was submitted meanwhile (a daemon
+ * that forks after building its view). */
+void ckpt_ctx_quiesce(ckpt_ctx *ctx);
+
 /* Open the array whose zarr metadata is stored under `prefix` in `store`
  * (`prefix/zarr.json` or `prefix/.zarray`; format 0 tries v3 then v2).
  * The store must outlive the array.  Returns -ENOENT when no metadata

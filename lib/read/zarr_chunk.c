@@ -13,7 +13,6 @@
 #include <zstd.h>
 
 #include "crc32c.h"
-#include "fault.h"
 #include "stats.h"
 #include "zarr_chunk.h"
 
@@ -601,64 +600,6 @@ static int decode_chain(const ckpt_array_meta *m, const char *root, const char *
 	return 0;
 }
 
-/* ---- decoding in place from a mapping ---------------------------------- */
-
-/* A chain whose decode touches its input only in zstd, crc32c and memmove:
- * code that may be abandoned midway (fault.h) and then reset. */
-static int mappable(const ckpt_array_meta *m)
-{
-	for (int i = 0; i < m->nb2b; i++)
-		if (m->b2b[i] != CKPT_B2B_ZSTD && m->b2b[i] != CKPT_B2B_CRC32C)
-			return 0;
-	return 1;
-}
-
-struct mapped_decode {
-	const ckpt_array_meta *m;
-	const char *root, *key;
-	const uint8_t *src;
-	size_t n;
-	uint8_t *dst;
-	ckpt_zarr_scratch *sc;
-};
-
-static int mapped_decode_fn(void *arg)
-{
-	struct mapped_decode *d = arg;
-	return decode_chain(d->m, d->root, d->key, d->src, d->n, d->dst, d->sc);
-}
-
-/* Decode the n stored bytes at off of key where they lie, when the store
- * maps them (a folder: the file's page cache) and the chain allows it: no
- * copy of the stored bytes.  Returns 1 when not mapped (the caller reads
- * them), else decode_chain's result; -EIO when the file shrank under the
- * mapping while it was decoded. */
-static int decode_mapped(ckpt_store *s, const char *key, uint64_t off, size_t n, const ckpt_array_meta *m,
-			 uint8_t *dst, ckpt_zarr_scratch *sc)
-{
-	if (!mappable(m))
-		return 1;
-	struct ckpt_store_mapping mp;
-	int rc = ckpt_store_map(s, key, off, n, &mp);
-	if (rc == -ENOTSUP)
-		return 1;
-	if (rc < 0)
-		return rc;
-	struct mapped_decode d = { m, s->root, key, mp.data, n, dst, sc };
-	rc = ckpt_fault_guard(mp.data, n, mapped_decode_fn, &d);
-	ckpt_store_unmap(&mp);
-	if (rc == -ENOTSUP)
-		return 1;
-	if (rc == -EFAULT) {
-		/* abandoned inside ZSTD_decompressDCtx: its context is reset */
-		ZSTD_DCtx_reset(sc->dctx, ZSTD_reset_session_and_parameters);
-		ckpt_log(CKPT_LOG_ERR, "%s/%s: the file shrank while it was read; this read fails with EIO",
-			 s->root, key);
-		return -EIO;
-	}
-	return rc;
-}
-
 int ckpt_zarr_decode_unit(const ckpt_array_meta *m, const char *what, const void *src, size_t n, void *dst,
 			  ckpt_zarr_scratch *sc)
 {
@@ -815,8 +756,6 @@ int ckpt_zarr_read_unit_id(ckpt_store *s, const char *prefix, const ckpt_array_m
 		}
 		/* No bytes-to-bytes codec: the stored bytes are the unit, read in place. */
 		uint8_t *buf = m->nb2b == 0 && size == m->unit_bytes ? dst : NULL;
-		if (!buf && (rc = decode_mapped(s, key, 0, (size_t)size, m, dst, sc)) != 1)
-			return rc;
 		if (!buf) {
 			if (grow(&sc->buf, &sc->cap, (size_t)size) < 0)
 				return -ENOMEM;
@@ -836,10 +775,6 @@ int ckpt_zarr_read_unit_id(ckpt_store *s, const char *prefix, const ckpt_array_m
 	}
 	uint64_t ioff = m->index_at_start ? 0 : size - isize;
 	int whole = nidx == 1 && size <= m->unit_bytes + (m->unit_bytes >> 3) + (1u << 20) + isize;
-	/* A shard that can be decoded where it lies: its index first, then the
-	 * inner chunk in place (below), rather than one read of it all. */
-	if (whole && size >= CKPT_STORE_MAP_MIN + isize && mappable(m) && ckpt_store_can_map(s))
-		whole = 0;
 	uint8_t *ix;
 	if (whole) {
 		/* One inner chunk: one read brings index and data. */
@@ -863,8 +798,6 @@ int ckpt_zarr_read_unit_id(ckpt_store *s, const char *prefix, const ckpt_array_m
 		return rc;
 	if (whole)
 		return decode_chain(m, s->root, key, sc->buf + off, (size_t)n, dst, sc);
-	if ((rc = decode_mapped(s, key, off, (size_t)n, m, dst, sc)) != 1)
-		return rc;
 	if (grow(&sc->buf, &sc->cap, (size_t)n) < 0)
 		return -ENOMEM;
 	if ((rc = read_exact(s, key, off, (size_t)n, sc->buf)) < 0)

@@ -1826,19 +1826,6 @@ ssize_t ckpt_ocdbt_read(ckpt_ocdbt *db, const char *key, uint64_t off, size_t le
 	return rc ? rc : (ssize_t)n;
 }
 
-int ckpt_ocdbt_map(ckpt_ocdbt *db, const char *key, uint64_t off, size_t len, struct ckpt_store_mapping *m)
-{
-	const struct ent *en = find(db, key);
-	if (!en)
-		return -ENOENT;
-	if (en->file == FILE_INLINE || off > en->size || len > en->size - off)
-		return -ENOTSUP;
-	int rc = value_file(db, en);
-	if (rc)
-		return rc;
-	return ckpt_store_map_raw(db->base, db->files[en->file].rel, en->voff + off, len, m);
-}
-
 int ckpt_ocdbt_list(ckpt_ocdbt *db, const char *prefix, int (*cb)(void *ctx, const char *key, uint64_t size),
 		    void *ctx)
 {

@@ -91,13 +91,6 @@ ssize_t ckpt_ocdbt_read(ckpt_ocdbt *db, const char *key, uint64_t off, size_t le
  * unsigned byte order.  A non-zero return of cb stops the scan and is
  * returned; otherwise 0.  `key` is valid only during the call.  The sizes are
  * the stored value lengths (not checked against the data files). */
-/* Map bytes [off, off+len) of key's value in place (store.h,
- * ckpt_store_map): through the base store's mapping of the data file that
- * holds it.  -ENOTSUP for a value held inline in a node, a range outside
- * the value, or a base store that cannot map. */
-struct ckpt_store_mapping;
-int ckpt_ocdbt_map(ckpt_ocdbt *db, const char *key, uint64_t off, size_t len, struct ckpt_store_mapping *m);
-
 int ckpt_ocdbt_list(ckpt_ocdbt *db, const char *prefix, int (*cb)(void *ctx, const char *key, uint64_t size),
 		    void *ctx);
 

@@ -8,7 +8,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 
 #include "common.h"
 #include "stats.h"
@@ -44,34 +43,6 @@ ssize_t ckpt_store_read(ckpt_store *s, const char *key, uint64_t off, size_t len
 		CKPT_STAT_ADD(backing_reads, 1);
 	}
 	return n;
-}
-
-int ckpt_store_map_raw(ckpt_store *s, const char *key, uint64_t off, size_t len, struct ckpt_store_mapping *m)
-{
-	memset(m, 0, sizeof(*m));
-	if (!ckpt_store_key_ok(key))
-		return -ENOENT;
-	if (!s->ops->map || len == 0)
-		return -ENOTSUP;
-	return s->ops->map(s, key, off, len, m);
-}
-
-int ckpt_store_map(ckpt_store *s, const char *key, uint64_t off, size_t len, struct ckpt_store_mapping *m)
-{
-	int rc = ckpt_store_map_raw(s, key, off, len, m);
-	if (rc == 0) {
-		CKPT_STAT_ADD(backing_bytes_read, (uint64_t)len);
-		CKPT_STAT_ADD(backing_reads, 1);
-		CKPT_STAT_ADD(backing_maps, 1);
-	}
-	return rc;
-}
-
-void ckpt_store_unmap(struct ckpt_store_mapping *m)
-{
-	if (m->map_base)
-		munmap(m->map_base, m->map_len);
-	memset(m, 0, sizeof(*m));
 }
 
 int ckpt_store_list(ckpt_store *s, const char *prefix, ckpt_store_list_cb cb, void *ctx)
@@ -225,24 +196,6 @@ static ssize_t sub_read(ckpt_store *s, const char *key, uint64_t off, size_t len
 	return rc;
 }
 
-static int sub_can_map(ckpt_store *s)
-{
-	return ckpt_store_can_map(((struct sub_store *)s)->parent);
-}
-
-static int sub_map(ckpt_store *s, const char *key, uint64_t off, size_t len, struct ckpt_store_mapping *m)
-{
-	struct sub_store *u = (struct sub_store *)s;
-	if (!u->parent->ops->map)
-		return -ENOTSUP;
-	char *k = sub_key(u, key);
-	if (!k)
-		return -ENOMEM;
-	int rc = u->parent->ops->map(u->parent, k, off, len, m);
-	free(k);
-	return rc;
-}
-
 struct sub_list_ctx {
 	size_t strip;
 	ckpt_store_list_cb cb;
@@ -319,16 +272,7 @@ static const struct ckpt_store_ops sub_ops = {
 	.stat = sub_stat,
 	.destroy = sub_destroy,
 	.connections = sub_connections,
-	.map = sub_map,
-	.can_map = sub_can_map,
 };
-
-int ckpt_store_can_map(ckpt_store *s)
-{
-	if (!s->ops->map)
-		return 0;
-	return s->ops->can_map ? s->ops->can_map(s) : 1;
-}
 
 int ckpt_store_unwrap(ckpt_store *s, const char *key, ckpt_store **base, char **full)
 {

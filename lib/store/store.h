@@ -65,8 +65,6 @@ struct ckpt_store_stat {
  * during the call.  Return 0 to continue, non-zero to stop (returned). */
 typedef int (*ckpt_store_dir_cb)(void *ctx, const char *name, const struct ckpt_store_stat *st);
 
-struct ckpt_store_mapping;
-
 struct ckpt_store_ops {
 	/* Size of the value stored under key; -ENOENT when absent (or a folder). */
 	int (*size)(ckpt_store *s, const char *key, uint64_t *size);
@@ -90,13 +88,6 @@ struct ckpt_store_ops {
 	 * connections, a view's (sub-store, OCDBT) those of the store below it.
 	 * NULL: CKPT_STORE_FOLDER_CONNECTIONS. */
 	unsigned (*connections)(ckpt_store *s);
-	/* Map bytes [off, off+len) of key's value read-only into memory (*m
-	 * filled, see ckpt_store_map).  NULL, or -ENOTSUP: this store cannot
-	 * (the caller reads instead). */
-	int (*map)(ckpt_store *s, const char *key, uint64_t off, size_t len, struct ckpt_store_mapping *m);
-	/* For a view over another store (sub-store, OCDBT): whether the store
-	 * below maps.  NULL: map != NULL says it. */
-	int (*can_map)(ckpt_store *s);
 };
 
 #define CKPT_STORE_FOLDER_CONNECTIONS 4 /* a folder: a few reads at once */
@@ -187,37 +178,6 @@ int ckpt_store_ocdbt_open_pool(ckpt_store *base, const char *dir, struct ckpt_po
 /* Dispatchers; read() also counts backing_bytes_read in ckpt_g_stats. */
 int ckpt_store_size(ckpt_store *s, const char *key, uint64_t *size);
 
-/*
- * Stored bytes seen in place, without a copy: a folder store maps the
- * file's pages (its page cache) read-only, populated, so that a decoder
- * reads them where they lie.  Ownership: the mapping is the caller's until
- * ckpt_store_unmap; it does not hold the store.
- *
- * The pages vanish if the file is truncated while mapped, and a touch of a
- * vanished page raises SIGBUS: touch m->data only inside ckpt_fault_guard
- * (base/fault.h), which turns that into -EFAULT for the guarded call (the
- * zarr chunk decoder answers the read with -EIO).  The bytes are the file's as
- * they are now: a file rewritten in place changes under the mapping (a file
- * replaced by rename does not).
- *
- * Returns 0, -ENOTSUP when the store cannot map or the range does not lie
- * inside the value (the caller reads it instead and gets the read's error),
- * -ENOENT when absent, -EIO.  Counted as one backing read of len bytes.
- */
-struct ckpt_store_mapping {
-	const void *data; /* the len bytes asked for */
-	size_t len;
-	void *map_base; /* private: what ckpt_store_unmap releases */
-	size_t map_len;
-};
-int ckpt_store_map(ckpt_store *s, const char *key, uint64_t off, size_t len, struct ckpt_store_mapping *m);
-void ckpt_store_unmap(struct ckpt_store_mapping *m);
-/* 1 when the store (below any sub-store views) maps at all: a range of at
- * least CKPT_STORE_MAP_MIN bytes inside a value is then mapped, a smaller
- * one is -ENOTSUP (copying a few pages costs less than a mapping's system
- * calls and its TLB shootdown at unmap). */
-int ckpt_store_can_map(ckpt_store *s);
-#define CKPT_STORE_MAP_MIN ((size_t)256 << 10)
 ssize_t ckpt_store_read(ckpt_store *s, const char *key, uint64_t off, size_t len, void *dst);
 int ckpt_store_list(ckpt_store *s, const char *prefix, ckpt_store_list_cb cb, void *ctx);
 int ckpt_store_listdir(ckpt_store *s, const char *dir, ckpt_store_dir_cb cb, void *ctx);

@@ -14,7 +14,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -159,34 +158,6 @@ static int dir_stat(ckpt_store *s, const char *key, struct ckpt_store_stat *out)
 		return -EIO;
 	}
 	out->size = (uint64_t)st.st_size;
-	return 0;
-}
-
-static int dir_map(ckpt_store *s, const char *key, uint64_t off, size_t len, struct ckpt_store_mapping *m)
-{
-	if (len < CKPT_STORE_MAP_MIN)
-		return -ENOTSUP;
-	dir_store *d = (dir_store *)s;
-	struct stat st;
-	int fd = open_reg(d, key, &st);
-	if (fd < 0)
-		return fd;
-	uint64_t end;
-	if (ckpt_add_u64(off, len, &end) < 0 || end > (uint64_t)st.st_size) {
-		close(fd);
-		return -ENOTSUP; /* the read reports it */
-	}
-	uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE);
-	uint64_t base = off - off % page;
-	size_t mlen = (size_t)(end - base);
-	void *p = mmap(NULL, mlen, PROT_READ, MAP_SHARED | MAP_POPULATE, fd, (off_t)base);
-	close(fd);
-	if (p == MAP_FAILED)
-		return -ENOTSUP; /* e.g. a file system without mmap: read instead */
-	m->data = (const char *)p + (off - base);
-	m->len = len;
-	m->map_base = p;
-	m->map_len = mlen;
 	return 0;
 }
 
@@ -338,7 +309,6 @@ static const struct ckpt_store_ops ckpt_dir_ops = {
 	.listdir = dir_listdir,
 	.stat = dir_stat,
 	.destroy = dir_destroy,
-	.map = dir_map,
 };
 
 int ckpt_store_dir_open(const char *dir, ckpt_store **out)

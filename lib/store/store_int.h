@@ -48,10 +48,6 @@ int ckpt_store_stat_from_keys(ckpt_store *s, const char *key, struct ckpt_store_
  * store and count what they read themselves (OCDBT). */
 ssize_t ckpt_store_read_raw(ckpt_store *s, const char *key, uint64_t off, size_t len, void *dst);
 
-/* ckpt_store_map without the stats, for the same stores. */
-int ckpt_store_map_raw(ckpt_store *s, const char *key, uint64_t off, size_t len,
-		       struct ckpt_store_mapping *m);
-
 /* The innermost store below sub-store views, and `key` as a key of it
  * (*full malloc'd).  -ENOMEM. */
 int ckpt_store_unwrap(ckpt_store *s, const char *key, ckpt_store **base, char **full);

@@ -33,16 +33,6 @@ static ssize_t ocdbt_read(ckpt_store *s, const char *key, uint64_t off, size_t l
 	return ckpt_ocdbt_read(db_of(s), key, off, len, dst);
 }
 
-static int ocdbt_map(ckpt_store *s, const char *key, uint64_t off, size_t len, struct ckpt_store_mapping *m)
-{
-	return ckpt_ocdbt_map(db_of(s), key, off, len, m);
-}
-
-static int ocdbt_can_map(ckpt_store *s)
-{
-	return ckpt_store_can_map(((struct ocdbt_store *)s)->under);
-}
-
 static int ocdbt_list(ckpt_store *s, const char *prefix, ckpt_store_list_cb cb, void *ctx)
 {
 	return ckpt_ocdbt_list(db_of(s), prefix ? prefix : "", cb, ctx);
@@ -69,8 +59,6 @@ static const struct ckpt_store_ops ocdbt_ops = {
 	.stat = ckpt_store_stat_from_keys,
 	.destroy = ocdbt_destroy,
 	.connections = ocdbt_connections,
-	.map = ocdbt_map,
-	.can_map = ocdbt_can_map,
 };
 
 int ckpt_store_ocdbt_open_on(ckpt_store *base, const char *dir, ckpt_store **out)

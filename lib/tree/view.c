@@ -224,6 +224,9 @@ static int view_open(const char *source, ckpt_store *src, const ckpt_view_opts *
 		ckpt_view_destroy(v);
 		return -ENOMEM;
 	}
+	/* Work the build queued (OCDBT node fetches) is done: the caller may
+	 * fork now (ckpt_view_open, view.h). */
+	ckpt_ctx_quiesce(v->ctx);
 	*out = v;
 	return 0;
 }

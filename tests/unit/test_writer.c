@@ -758,6 +758,9 @@ static void test_forget_exact(void)
 		ckpt_step_get_info(st, &si);
 		spills0 = si.spills;
 	}
+	/* The budget is read by the compression threads under the step's
+	 * lock: changed only while none runs. */
+	ckpt_w_chunk_wait_idle(st);
 	st->opts.mem_budget = 3 * part->live_cost;
 	box_stream(v, 64, 4, &left, sb);
 	CHECK_EQ_INT(ckpt_warray_write(part, &left, 0, sb, n / 2), 0);
@@ -781,6 +784,7 @@ static void test_forget_exact(void)
 	box_stream(v, 64, 4, &right, sb);
 	CHECK_EQ_INT(ckpt_warray_write(part, &right, 0, sb, n / 2), 0);
 	box_put(pw, 64, 4, &right, sb);
+	ckpt_w_chunk_wait_idle(st);
 	st->opts.mem_budget = (uint64_t)64 << 20;
 	CHECK_EQ_INT(written(part), n);
 	CHECK_EQ_INT(ckpt_step_commit(st, "60"), 0);
