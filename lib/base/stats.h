@@ -28,6 +28,8 @@ typedef struct ckpt_stats {
 	atomic_uint_least64_t cache_bytes; /* gauge: bytes held by the decoded-unit cache */
 	atomic_uint_least64_t cache_budget; /* its byte budget (cache_size) */
 	atomic_uint_least64_t hidden_nodes; /* gauge: names made on lookup alive (slice files, ...) */
+	atomic_uint_least64_t
+		steps_freed; /* steps pruned from a live root whose nodes, arrays and stores were freed */
 } ckpt_stats;
 
 extern ckpt_stats ckpt_g_stats;
