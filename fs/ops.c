@@ -137,7 +137,8 @@ static void ckfs_op_lookup(fuse_req_t req, fuse_ino_t parent, const char *name)
 }
 
 /* Transient nodes (slice names) are freed when their count drops to 0;
- * the others live as long as the view. */
+ * the nodes of a step pruned from a live root when the count of all of
+ * them does; the others live as long as the view. */
 static void ckfs_op_forget(fuse_req_t req, fuse_ino_t ino, uint64_t nlookup)
 {
 	ckpt_view_forget(fs_of(req)->view, ino, nlookup);

@@ -139,8 +139,10 @@ void ckpt_view_forget(ckpt_view *v, ckpt_ino ino, uint64_t nlookup);
 #define CKPT_VIEW_INVAL_NAMES_CAP 4096
 
 /* Transient nodes answered by ckpt_view_lookup, oldest first, each handed
- * out once per answer: 1 and the parent and name (copied, NUL-terminated,
- * into name of cap bytes) of one, 0 when there are none.  A kernel keeps a
+ * out once per answer (and, once each, a step pruned from a live root and
+ * the nodes of it the kernel holds): 1 and the parent and name (copied,
+ * NUL-terminated, into name of cap bytes) of one, 0 when there are none.
+ * A kernel keeps a
  * dentry until it is invalidated or memory runs short, so the daemon
  * invalidates each of these entries (away from request handlers) to get
  * the forget that frees the node.  A node freed meanwhile is not handed

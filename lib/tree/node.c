@@ -772,7 +772,7 @@ void ckpt_view_forget(ckpt_view *v, ckpt_ino ino, uint64_t nlookup)
 			step_reclaim(v, s);
 			ckpt_unlock(&v->scan_mu, CKPT_RANK_SCAN);
 		}
-		return; /* other nodes live as long as the view */
+		return; /* the others go with their step (freed above), or with the view */
 	}
 	if (nlookup > n->nlookup) {
 		ckpt_log(CKPT_LOG_WARN, "forget of %llu references to inode %llu, which has %llu",
