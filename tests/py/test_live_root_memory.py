@@ -26,12 +26,14 @@ Q = "state/params/layer_0/attn/q_proj.npy"    # f32 [32, 48]
 GONE = (errno.ENOENT, errno.ESTALE, errno.EIO)
 # Saves before the first and the second RSS figure.  Each step read costs
 # about 100-125 KiB while it is kept (its nodes, arrays, OCDBT store), so
-# 200 saves that are never freed grow the daemon by about 20 MiB.
-FIRST, SECOND = 100, 300
-# VmRSS growth allowed from FIRST to SECOND saves: heap fragmentation and
-# the steps alive at either moment (KEEP plus those whose forget is on its
-# way); measured: see docs/reliability.md ("What a pruned step leaves behind").
-GROWTH_BOUND = 4 << 20
+# 300 saves that are never freed grow the daemon by about 33 MiB.
+FIRST, SECOND = 100, 400
+# VmRSS growth allowed from FIRST to SECOND saves: the allocator settling
+# (arenas of the daemon's threads; up to 7 MiB in some runs, mostly 1-2 MiB)
+# and the steps alive at either moment (KEEP plus those whose forget is on
+# its way); measured: see docs/reliability.md ("What a pruned step leaves
+# behind").
+GROWTH_BOUND = 12 << 20
 # Steps saved but not yet freed at the end, once the readers stopped and the
 # kernel was given time to send its forgets: the KEEP live ones, and a few
 # whose entries wait for their invalidation.
@@ -129,6 +131,10 @@ def test_memory_follows_the_live_steps_not_the_history(tmp_path, mount):
             t.join(timeout=60)
     assert not errors, errors
     assert done[0] > 0
+    if not U.sanitized():
+        grew = rss[SECOND] - rss[FIRST]
+        assert grew <= GROWTH_BOUND, (f"VmRSS grew {grew >> 10} KiB from {FIRST} to {SECOND} saves "
+                                      f"(bound {GROWTH_BOUND >> 10} KiB): the daemon keeps pruned steps")
     # With the readers gone, the kernel forgets the pruned steps' inodes
     # once their entries are invalidated: all but the live ones are freed.
     U.wait_until(lambda: SECOND - _freed(m) <= ALIVE_BOUND, timeout=30)
@@ -137,10 +143,6 @@ def test_memory_follows_the_live_steps_not_the_history(tmp_path, mount):
           f"steps alive {alive}")
     assert alive <= ALIVE_BOUND, (f"{alive} of {SECOND} steps saved are still held by the daemon "
                                   f"({KEEP} are live): pruned steps are not freed")
-    if not U.sanitized():
-        grew = rss[SECOND] - rss[FIRST]
-        assert grew <= GROWTH_BOUND, (f"VmRSS grew {grew >> 10} KiB from {FIRST} to {SECOND} saves "
-                                      f"(bound {GROWTH_BOUND >> 10} KiB): the daemon keeps pruned steps")
     # what is live still reads right
     s = _steps(mnt)
     assert s == list(range(SECOND - KEEP + 1, SECOND + 1)), s
