@@ -576,12 +576,13 @@ void ckpt_node_step_gone(ckpt_view *v, struct node *s)
 	if (v->nunlinked == v->capunlinked) {
 		size_t cap = v->capunlinked ? v->capunlinked * 2 : 16;
 		struct node **a = realloc(v->unlinked, cap * sizeof(*a));
-		if (!a)
-			return; /* its tree reference stays: kept until the view goes */
-		v->unlinked = a;
-		v->capunlinked = cap;
+		if (a) {
+			v->unlinked = a;
+			v->capunlinked = cap;
+		}
 	}
-	v->unlinked[v->nunlinked++] = s;
+	if (v->nunlinked < v->capunlinked)
+		v->unlinked[v->nunlinked++] = s; /* else its tree reference stays: kept until the view goes */
 	/* The kernel keeps the step's dentries (and so its references to the
 	 * step's inodes) until they are invalidated: ask for that, the step's
 	 * own entry first (it drops the unused ones below it at once), then
