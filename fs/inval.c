@@ -23,6 +23,9 @@
  * by one afterwards.  The nodes waiting for the kernel's forget, hence the
  * daemon's memory, stay bounded whatever the number of readers and names.
  *
+ * libckpt's list also holds the entries of a step pruned from a live root
+ * and of each node of it the kernel holds: their forgets free the step.
+ *
  * The same thread drops the kernel's cached pages of files whose step
  * vanished from a live root (ckpt_view_next_inval_inode): an open
  * descriptor would otherwise go on reading them without asking; after the

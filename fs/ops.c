@@ -137,7 +137,8 @@ static void ckfs_op_lookup(fuse_req_t req, fuse_ino_t parent, const char *name)
 }
 
 /* Transient nodes (slice names) are freed when their count drops to 0;
- * the others live as long as the view. */
+ * the nodes of a step pruned from a live root when the count of all of
+ * them does; the others live as long as the view. */
 static void ckfs_op_forget(fuse_req_t req, fuse_ino_t ino, uint64_t nlookup)
 {
 	ckpt_view_forget(fs_of(req)->view, ino, nlookup);
@@ -212,6 +213,11 @@ static void do_readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, i
 		if (i < 2) {
 			rc = ckpt_view_getattr(fs->view, ino, &a);
 			name = i == 0 ? "." : "..";
+		} else if (plus) {
+			/* the kernel counts each entry of a READDIRPLUS reply as a
+			 * lookup: so does libckpt (nodes of a pruned step are freed
+			 * when those references are forgotten) */
+			rc = ckpt_view_readdir_ref(fs->view, ino, i - 2, &name, &a);
 		} else {
 			rc = ckpt_view_readdir(fs->view, ino, i - 2, &name, &a);
 		}
@@ -228,6 +234,8 @@ static void do_readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, i
 			struct fuse_entry_param e;
 			fill_entry(fs, &a, &e);
 			n = fuse_add_direntry_plus(req, buf + used, size - used, name, &e, (off_t)(i + 1));
+			if (n > size - used && i >= 2)
+				ckpt_view_forget(fs->view, a.ino, 1); /* not sent */
 		} else {
 			struct stat st;
 			to_stat(fs, &a, &st);

@@ -36,7 +36,7 @@
 /* scripts/lock_tree reads one rank a line: */
 /* clang-format off */
 #define CKPT_RANKS(CKPT_RANK, P) \
-	CKPT_RANK(SCAN, "v->scan_mu", "a rescan of the root: listing without view locks, then ns_lock exclusive", 0) \
+	CKPT_RANK(SCAN, "v->scan_mu", "a rescan of the root: listing without view locks, then ns_lock exclusive; the freeing of a pruned step", 0) \
 	CKPT_RANK(NS, "v->ns_lock", "rwlock. Shared: lookup, readdir, user.ckpt.shards. Exclusive: mkdir, create, rename, unlink, rmdir, the two short sections of a commit", P(SCAN)) \
 	CKPT_RANK(LOAD, "step->load_mu", "a committed step of a root building its kids, once", P(NS)) \
 	CKPT_RANK(UNITS, "sd->units_mu", "one NAME.shards/ listing its units, once", P(NS)) \
@@ -50,7 +50,7 @@
 	CKPT_RANK(W_LIVE, "wlive->mu", "writer: one chunk buffer; a leaf, taken with no other writer lock held but decl_mu (the multi-host merge)", P(PF) | P(W_DECL)) \
 	CKPT_RANK(W_SHARD, "wshard->mu", "writer: appends to one shard file; a leaf, also read under decl_mu by the multi-host records", P(PF) | P(W_DECL)) \
 	CKPT_RANK(RES, "v->res_lock", "the view's store and array lists", P(LOAD) | P(IO)) \
-	CKPT_RANK(ALLOC, "v->alloc_lock", "node table appends", P(LOAD) | P(UNITS) | P(IO)) \
+	CKPT_RANK(ALLOC, "v->alloc_lock", "node table appends, and the frees of a pruned step's nodes", P(LOAD) | P(UNITS) | P(IO)) \
 	CKPT_RANK(CACHE, "cache->lock", "decoded-chunk cache entries; the fill callback runs without it", P(LOAD) | P(UNITS) | P(IO)) \
 	CKPT_RANK(INVAL, "v->inval_mu", "inodes to invalidate in the kernel; filled by a rescan", P(SCAN)) \
 	CKPT_RANK(FS_INVAL, "iq.mu", "fs/inval.c: the daemon's invalidation queue (kicked by a rescan)", P(SCAN))

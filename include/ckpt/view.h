@@ -6,8 +6,9 @@
  * The daemon maps FUSE requests onto these calls one to one.
  *
  * Inode numbers: 1 is the root; a node keeps its number for the life of the
- * view, except transient nodes (see ckpt_view_forget); looking the same
- * hidden name up twice while it is referenced returns the same node.
+ * view, except transient nodes and the nodes of a step pruned from a live
+ * root (see ckpt_view_forget); looking the same hidden name up twice while
+ * it is referenced returns the same node.
  *
  * Thread-safety: every call may run concurrently with every other.  A
  * commit (create of commit_success.txt, rename of a pending step) blocks
@@ -82,8 +83,9 @@ typedef struct ckpt_attr {
  *
  * A root is live: a lookup or readdir of the root lists the source again
  * when its mtime moved (object stores: at most once a second), so steps
- * committed outside the mount appear and pruned ones disappear; nodes of a
- * pruned step answer -ENOENT (lookup, readdir) or -ESTALE (getattr, read).
+ * committed outside the mount appear and pruned ones disappear; the name of
+ * a pruned step answers -ENOENT, its nodes -ENOENT (readdir) or -ESTALE
+ * (lookup in them, getattr, read).
  * Such nodes (the root and its steps) are not `immutable`.
  *
  * It returns with the view's decode threads at rest (none runs or has a
@@ -134,13 +136,19 @@ void ckpt_view_set_inval_notify(ckpt_view *v, void (*fn)(void *arg), void *arg);
  * name; -ENOTDIR when parent is not a directory. */
 int ckpt_view_lookup(ckpt_view *v, ckpt_ino parent, const char *name, ckpt_attr *out);
 
-/* Every successful ckpt_view_lookup of a transient node (out->transient:
- * slice files and other hidden files made on lookup) counts one reference;
- * ckpt_view_forget drops nlookup of them (the FUSE forget).  At zero the
- * node is freed and its inode number may come back for another node with a
- * new out->generation.  A caller that could not pass a lookup's answer on
- * forgets it (nlookup 1).  No-op for other nodes, which live as long as the
- * view. */
+/* Every successful ckpt_view_lookup (and ckpt_view_readdir_ref) answer
+ * counts one kernel reference to the node; ckpt_view_forget drops nlookup of
+ * them (the FUSE forget).  A transient node (out->transient: slice files and
+ * other hidden files made on lookup) is freed when its own count reaches
+ * zero.  The nodes of a step of a live root are freed together once the
+ * step was pruned (a rescan no longer finds its folder) and the references
+ * to all of them are forgotten.  A freed node's inode number may come back
+ * for another node with a new out->generation, so a caller must use an
+ * inode number only while it holds a reference (the kernel does: it sends
+ * no request for an inode it has forgotten).  A caller that could not pass
+ * an answer on forgets it (nlookup 1).  Other nodes live as long as the
+ * view.  A caller that never forgets (a tool walking a view) keeps every
+ * node it looked up. */
 void ckpt_view_forget(ckpt_view *v, ckpt_ino ino, uint64_t nlookup);
 
 /* Answered transient names waiting for their entry invalidation beyond
@@ -150,8 +158,10 @@ void ckpt_view_forget(ckpt_view *v, ckpt_ino ino, uint64_t nlookup);
 #define CKPT_VIEW_INVAL_NAMES_CAP 4096
 
 /* Transient nodes answered by ckpt_view_lookup, oldest first, each handed
- * out once per answer: 1 and the parent and name (copied, NUL-terminated,
- * into name of cap bytes) of one, 0 when there are none.  A kernel keeps a
+ * out once per answer (and, once each, a step pruned from a live root and
+ * the nodes of it the kernel holds): 1 and the parent and name (copied,
+ * NUL-terminated, into name of cap bytes) of one, 0 when there are none.
+ * A kernel keeps a
  * dentry until it is invalidated or memory runs short, so the daemon
  * invalidates each of these entries (away from request handlers) to get
  * the forget that frees the node.  A node freed meanwhile is not handed
@@ -163,11 +173,15 @@ void ckpt_view_forget(ckpt_view *v, ckpt_ino ino, uint64_t nlookup);
 int ckpt_view_next_inval(ckpt_view *v, ckpt_ino *parent, char *name, size_t cap);
 
 /* Directory entry number `index` (0-based, "." and ".." not included):
- * returns 1 and sets *name (valid for the life of the view) and *attr, 0
- * past the end, -ENOTDIR / -errno on error.  Entries come sorted by name
- * (strcmp), except at the root, where step folders (names all digits)
- * come first, by number (10, 20, 100), then the other names. */
+ * returns 1 and sets *name (valid while the caller holds a reference to
+ * dir) and *attr, 0 past the end, -ENOTDIR / -errno on error.  Entries come
+ * sorted by name (strcmp), except at the root, where step folders (names
+ * all digits) come first, by number (10, 20, 100), then the other names. */
 int ckpt_view_readdir(ckpt_view *v, ckpt_ino dir, uint64_t index, const char **name, ckpt_attr *attr);
+/* The same for a READDIRPLUS entry, which the kernel counts as a lookup:
+ * one reference to the entry's node is counted (ckpt_view_forget drops it;
+ * the caller forgets an entry it does not send). */
+int ckpt_view_readdir_ref(ckpt_view *v, ckpt_ino dir, uint64_t index, const char **name, ckpt_attr *attr);
 
 /* Read file bytes [off, off+len) into dst: returns bytes copied (0 at EOF)
  * or -EIO (logged) / -EISDIR. */

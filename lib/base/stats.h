@@ -31,6 +31,8 @@ typedef struct ckpt_stats {
 	 * not known (they stay pending until a touch of the marker settles it) */
 	atomic_int_least64_t unsettled_steps;
 	atomic_uint_least64_t stored_copy_bytes; /* bytes read from STEP/.stored/ files */
+	atomic_uint_least64_t
+		steps_freed; /* steps pruned from a live root whose nodes, arrays and stores were freed */
 } ckpt_stats;
 
 extern ckpt_stats ckpt_g_stats;

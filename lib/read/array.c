@@ -91,6 +91,7 @@ struct ckpt_array {
 	 * were dropped (forget_all, stale): see ckpt_array_open_check. */
 	atomic_uint changes;
 	_Atomic int state; /* enum arr_state (the table above) */
+	atomic_int inflight; /* its prefetch tasks queued or running (ckpt_array_destroy waits) */
 	/* epoch + 1 of an epoch that served bytes of a unit that then changed:
 	 * the rest of that epoch is -ESTALE (a reader retrying, as the kernel
 	 * does after a failed read-ahead, must not get the new version next to
@@ -285,10 +286,12 @@ void ckpt_array_destroy(ckpt_array *a)
 {
 	if (!a)
 		return;
-	/* Prefetch tasks may still reference arrays: wait until none runs. */
+	/* Its prefetch tasks may still reference it: wait until none runs (the
+	 * others' go on: an array freed while the mount serves reads, its step
+	 * pruned from a live root, does not wait for the whole pool). */
 	ckpt_ctx *ctx = a->ctx;
 	pthread_mutex_lock(&ctx->drain_lock);
-	while (atomic_load(&ctx->inflight) > 0)
+	while (atomic_load(&a->inflight) > 0)
 		pthread_cond_wait(&ctx->drained, &ctx->drain_lock);
 	pthread_mutex_unlock(&ctx->drain_lock);
 	ckpt_streams_forget(ctx->streams, (const void *)(uintptr_t)atomic_load(&a->owner));
@@ -796,9 +799,13 @@ struct prefetch_task {
 	uint64_t g[CKPT_MAX_RANK];
 };
 
-static void prefetch_done(ckpt_ctx *ctx)
+/* A prefetch task of a ended: a may be freed as soon as its count drops,
+ * so nothing of it is touched after that. */
+static void prefetch_done(ckpt_ctx *ctx, ckpt_array *a)
 {
-	if (atomic_fetch_sub(&ctx->inflight, 1) == 1) {
+	int last_a = atomic_fetch_sub(&a->inflight, 1) == 1;
+	int last = atomic_fetch_sub(&ctx->inflight, 1) == 1;
+	if (last_a || last) {
 		pthread_mutex_lock(&ctx->drain_lock);
 		pthread_cond_broadcast(&ctx->drained);
 		pthread_mutex_unlock(&ctx->drain_lock);
@@ -808,11 +815,12 @@ static void prefetch_done(ckpt_ctx *ctx)
 static void prefetch_run(void *arg)
 {
 	struct prefetch_task *t = arg;
-	struct fill_arg f = { t->a, t->g, t->owner };
-	ckpt_ctx *ctx = t->a->ctx;
+	ckpt_array *a = t->a;
+	struct fill_arg f = { a, t->g, t->owner };
+	ckpt_ctx *ctx = a->ctx;
 	ckpt_cache_fill_reserved(ctx->cache, t->e, fill_chunk, &f);
 	free(t);
-	prefetch_done(ctx);
+	prefetch_done(ctx, a);
 }
 
 static ckpt_pool *ctx_pool(ckpt_ctx *ctx)
@@ -869,11 +877,12 @@ static void prefetch(ckpt_array *a, const uint64_t *g)
 	}
 	t->a = a;
 	memcpy(t->g, g, sizeof(uint64_t) * (size_t)m->rank);
+	atomic_fetch_add(&a->inflight, 1);
 	atomic_fetch_add(&a->ctx->inflight, 1);
 	if (ckpt_pool_try_submit(pool, prefetch_run, t) < 0) {
 		ckpt_cache_cancel(a->ctx->cache, t->e);
 		free(t);
-		prefetch_done(a->ctx);
+		prefetch_done(a->ctx, a);
 	}
 }
 

@@ -380,7 +380,7 @@ static void build_item_in(ckpt_view *v, struct node *dir, ckpt_store *isrc, cons
 		ckpt_log(CKPT_LOG_ERR, "%s/%s: cannot open the %s store (%s); its arrays answer EIO",
 			 isrc->root, path, ocdbt ? "OCDBT" : "folder", strerror(-rc));
 		store = NULL;
-	} else if (ckpt_node_own_store(v, store) < 0) {
+	} else if (ckpt_node_own_store(v, store, dir) < 0) {
 		ckpt_store_destroy(store);
 		cJSON_Delete(meta);
 		return;
@@ -513,7 +513,7 @@ static int build_foreign(ckpt_view *v, struct node *dir, const char *path, const
 	int rc = ckpt_store_stat(v->src, path, &st);
 	if (rc == 0)
 		rc = f->open(v->src, path, &st, &item);
-	if (rc == 0 && (rc = ckpt_node_own_store(v, item)) < 0)
+	if (rc == 0 && (rc = ckpt_node_own_store(v, item, dir)) < 0)
 		ckpt_store_destroy(item);
 	if (rc < 0) {
 		const char *base = strrchr(path, '/');
@@ -829,6 +829,8 @@ static struct node *new_step_node(ckpt_view *v, const char *name, int64_t mtime)
 	atomic_init(&s->timed, false);
 	atomic_init(&s->mtime, mtime);
 	n->mtime_ns = mtime;
+	if (v->live)
+		ckpt_node_step_track(n); /* freed with all its nodes once pruned */
 	return n;
 }
 
@@ -1040,6 +1042,7 @@ int ckpt_layout_apply_steps(ckpt_view *v, struct layout_steps *l)
 		ckpt_node_remove_kid(root, k);
 		atomic_store(&k->gone, true);
 		atomic_store(&k->orphan, true);
+		ckpt_node_step_gone(v, k); /* freed once the kernel forgets it (node.c) */
 		changes++;
 		ckpt_log(CKPT_LOG_INFO, "%s: step %s is gone from the source", v->src->root, k->name);
 	}
@@ -1115,7 +1118,7 @@ static int build_single_file(ckpt_view *v, const char *source, int remote)
 					   : (*slash = 0, ckpt_store_dir_open(dir, &src)))
 			   : ckpt_store_dir_open(".", &src);
 	}
-	if (rc == 0 && (rc = ckpt_node_own_store(v, src)) < 0)
+	if (rc == 0 && (rc = ckpt_node_own_store(v, src, NULL)) < 0)
 		ckpt_store_destroy(src);
 	if (rc < 0) {
 		free(dir);
@@ -1133,7 +1136,7 @@ static int build_single_file(ckpt_view *v, const char *source, int remote)
 		return rc < 0 ? rc : -EMEDIUMTYPE;
 	}
 	ckpt_store *item = NULL;
-	if ((rc = f->open(src, name, &st, &item)) == 0 && (rc = ckpt_node_own_store(v, item)) < 0)
+	if ((rc = f->open(src, name, &st, &item)) == 0 && (rc = ckpt_node_own_store(v, item, NULL)) < 0)
 		ckpt_store_destroy(item);
 	free(dir);
 	if (rc < 0)
@@ -1228,7 +1231,7 @@ static int build_view(ckpt_view *v, const char *source, ckpt_store *given)
 	int rc = given ? 0 : ckpt_store_open_source(source, v->opts.store, &src);
 	if (rc < 0)
 		return rc;
-	if ((rc = ckpt_node_own_store(v, src)) < 0) {
+	if ((rc = ckpt_node_own_store(v, src, NULL)) < 0) {
 		ckpt_store_destroy(src);
 		return rc;
 	}
@@ -1245,7 +1248,7 @@ static int build_view(ckpt_view *v, const char *source, ckpt_store *given)
 		ckpt_store *item = NULL;
 		if ((rc = f->open(src, "", &st, &item)) < 0)
 			return rc;
-		if ((rc = ckpt_node_own_store(v, item)) < 0) {
+		if ((rc = ckpt_node_own_store(v, item, NULL)) < 0) {
 			ckpt_store_destroy(item);
 			return rc;
 		}

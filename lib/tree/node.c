@@ -12,6 +12,47 @@
 #include "stats.h"
 #include "view_internal.h"
 
+/*
+ * The life of a kid of the root (node->life; every change through
+ * life_set(), which checks the edge against life_edges):
+ *
+ *   from       to        by
+ *   UNTRACKED  LIVE      ckpt_node_step_track: a committed step of a live
+ *                        root, before it is linked (refs = 1, the tree's)
+ *   LIVE       GONE      ckpt_node_step_gone: a rescan unlinked it (its
+ *                        folder vanished); ns_lock exclusive, scan_mu
+ *   GONE       FREEING   step_reclaim: its last reference went (scan_mu)
+ *
+ * UNTRACKED nodes (pending steps, .ckptfs/, everything of a step or item
+ * mount) live as long as the view; their refs are not kept.  LIVE: listed
+ * in the root, refs >= 1.  GONE: unlinked, every request on it answers
+ * -ENOENT / -ESTALE; refs counts the kernel's references left (and the
+ * tree's until the rescan drops it).  FREEING: refs reached 0, nothing can
+ * reach it or its nodes; step_reclaim frees them.
+ */
+enum node_life { LIFE_UNTRACKED, LIFE_LIVE, LIFE_GONE, LIFE_FREEING, LIFE_NSTATES };
+
+static const char *const life_names[LIFE_NSTATES] = { "untracked", "live", "gone", "freeing" };
+static const unsigned life_edges[LIFE_NSTATES] = {
+	[LIFE_UNTRACKED] = 1u << LIFE_LIVE,
+	[LIFE_LIVE] = 1u << LIFE_GONE,
+	[LIFE_GONE] = 1u << LIFE_FREEING,
+};
+_Static_assert(LIFE_NSTATES <= 32, "life_edges is a 32-bit mask per state");
+
+/* Move step s from `from` to `to`: an edge of the table, and s in `from`
+ * (each edge has one caller, so a mismatch is a bug: it aborts). */
+static void life_set(struct node *s, enum node_life from, enum node_life to)
+{
+	int cur = from;
+	int ok = (life_edges[from] & (1u << to)) && atomic_compare_exchange_strong(&s->life, &cur, (int)to);
+	if (!ok) {
+		ckpt_log(CKPT_LOG_ERR, "step %s: no edge %s -> %s (it is %s)", s->name, life_names[from],
+			 life_names[to], life_names[cur]);
+		abort();
+	}
+}
+
 /* ---- node table ----------------------------------------------------------- */
 
 struct node *ckpt_node_at(ckpt_view *v, ckpt_ino ino)
@@ -59,11 +100,15 @@ struct node *ckpt_node_new(ckpt_view *v, const struct node_ops *ops, const char 
 	n->parent = parent ? parent->ino : CKPT_ROOT_INO;
 	n->mtime_ns = parent ? parent->mtime_ns : 0;
 	n->gen = 1;
+	atomic_init(&n->life, LIFE_UNTRACKED);
+	atomic_init(&n->refs, 0);
+	atomic_init(&n->kref, 0);
 	ckpt_lock(&v->alloc_lock, CKPT_RANK_ALLOC);
 	if (v->nfree) {
-		/* a number a freed transient node had: a new generation */
+		/* a number a freed node had: a new generation (fresh numbers have 1) */
 		n->ino = v->free_inos[--v->nfree];
-		n->gen = ++v->last_gen;
+		n->gen = ++v->last_gen + 1;
+		n->step = !parent ? 0 : parent->ino == CKPT_ROOT_INO ? n->ino : parent->step;
 		uint64_t j = n->ino - 1;
 		__atomic_store_n(&v->pages[j >> PAGE_BITS][j & ((1u << PAGE_BITS) - 1)], n, __ATOMIC_RELEASE);
 		ckpt_unlock(&v->alloc_lock, CKPT_RANK_ALLOC);
@@ -88,6 +133,7 @@ struct node *ckpt_node_new(ckpt_view *v, const struct node_ops *ops, const char 
 		}
 	}
 	n->ino = i + 1;
+	n->step = !parent ? 0 : parent->ino == CKPT_ROOT_INO ? n->ino : parent->step;
 	__atomic_store_n(&v->pages[pg][i & ((1u << PAGE_BITS) - 1)], n, __ATOMIC_RELEASE);
 	atomic_store_explicit(&v->count, i + 1, memory_order_release);
 	ckpt_unlock(&v->alloc_lock, CKPT_RANK_ALLOC);
@@ -245,7 +291,7 @@ struct node *ckpt_node_find_kid(struct node *dir, const char *name)
 	return found ? d->kids[pos] : NULL;
 }
 
-int ckpt_node_entry(ckpt_view *v, ckpt_ino ino, uint64_t index, const char **name, ckpt_attr *attr)
+int ckpt_node_entry(ckpt_view *v, ckpt_ino ino, uint64_t index, const char **name, ckpt_attr *attr, int ref)
 {
 	ckpt_rdlock(&v->ns_lock, CKPT_RANK_NS);
 	struct node *dir = ckpt_node_at(v, ino);
@@ -256,6 +302,8 @@ int ckpt_node_entry(ckpt_view *v, ckpt_ino ino, uint64_t index, const char **nam
 	if (rc == 1) {
 		*name = n->name;
 		ckpt_node_fill_attr(v, n, attr);
+		if (ref)
+			ckpt_node_kref(v, n, 1); /* listed (ns_lock) or under dir, which the kernel holds */
 	}
 	ckpt_rwunlock(&v->ns_lock, CKPT_RANK_NS);
 	return rc;
@@ -490,6 +538,8 @@ static int lookup(ckpt_view *v, struct node *dir, const char *name, int ref, str
 				ckpt_node_free(v, made);
 		}
 	}
+	if (ref)
+		ckpt_node_kref(v, n, 1); /* n's step is listed (ns_lock held) or holds dir */
 	*out = n;
 	return 0;
 }
@@ -505,13 +555,258 @@ int ckpt_node_lookup_ref(ckpt_view *v, struct node *dir, const char *name, struc
 	return lookup(v, dir, name, 1, out);
 }
 
+/* ---- the life of a step of a live root ------------------------------------ */
+
+/* The tracked step n belongs to, or NULL.  n is held (by the caller's
+ * reference, or listed under ns_lock), hence its step too. */
+static struct node *tracked_step(ckpt_view *v, const struct node *n)
+{
+	if (!n->step)
+		return NULL;
+	struct node *s = ckpt_node_at(v, n->step);
+	assert(s && s->parent == CKPT_ROOT_INO);
+	return s && atomic_load_explicit(&s->life, memory_order_relaxed) != LIFE_UNTRACKED ? s : NULL;
+}
+
+void ckpt_node_step_track(struct node *step)
+{
+	assert(step->parent == CKPT_ROOT_INO && step->step == step->ino);
+	atomic_store(&step->refs, 1); /* the tree's */
+	life_set(step, LIFE_UNTRACKED, LIFE_LIVE);
+}
+
+void ckpt_node_kref(ckpt_view *v, struct node *n, uint64_t k)
+{
+	struct node *s = tracked_step(v, n);
+	if (s) {
+		uint64_t was = atomic_fetch_add(&s->refs, k);
+		(void)was;
+		assert(was > 0); /* a reference already held keeps it: never revived from 0 */
+		atomic_fetch_add(&n->kref, k);
+	}
+}
+
+/* Drop k references of tracked step s: 1 when they were the last (the
+ * caller then frees it under scan_mu).  More than it holds: logged, and
+ * the step is kept (a kernel forgetting more than it was answered). */
+static int step_put(struct node *s, uint64_t k)
+{
+	uint64_t r = atomic_load(&s->refs);
+	do {
+		if (k > r) {
+			ckpt_log(CKPT_LOG_WARN, "step %s: %llu references dropped, it has %llu; kept",
+				 s->name, (unsigned long long)k, (unsigned long long)r);
+			return 0;
+		}
+	} while (!atomic_compare_exchange_weak(&s->refs, &r, r - k));
+	return r == k;
+}
+
+void ckpt_node_step_gone(ckpt_view *v, struct node *s)
+{
+	ckpt_assert_held(CKPT_RANK_NS);
+	life_set(s, LIFE_LIVE, LIFE_GONE);
+	if (v->nunlinked == v->capunlinked) {
+		size_t cap = v->capunlinked ? v->capunlinked * 2 : 16;
+		struct node **a = realloc(v->unlinked, cap * sizeof(*a));
+		if (a) {
+			v->unlinked = a;
+			v->capunlinked = cap;
+		}
+	}
+	if (v->nunlinked < v->capunlinked)
+		v->unlinked[v->nunlinked++] = s; /* else its tree reference stays: kept until the view goes */
+	/* The kernel keeps the step's dentries (and so its references to the
+	 * step's inodes) until they are invalidated: ask for that, the step's
+	 * own entry first (it drops the unused ones below it at once), then
+	 * that of every node of it the kernel holds.  A lookup answered before
+	 * the step went may put its dentry in place after the step's entry was
+	 * invalidated, under a directory of the step; its own invalidation waits
+	 * for that lookup (the kernel holds the directory's lock across it). */
+	struct node **held = NULL;
+	size_t nh = 0, cap = 0;
+	ckpt_lock(&v->alloc_lock, CKPT_RANK_ALLOC);
+	uint64_t count = atomic_load(&v->count);
+	for (uint64_t i = 1; i <= count; i++) {
+		struct node *x = ckpt_node_at(v, i);
+		if (!x || x == s || x->step != s->ino || x->transient || !atomic_load(&x->kref))
+			continue; /* transient ones are on the list from their lookup */
+		if (nh == cap) {
+			size_t nc = cap ? cap * 2 : 64;
+			struct node **a = realloc(held, nc * sizeof(*a));
+			if (!a)
+				break; /* those left wait for the kernel to shrink its cache */
+			held = a;
+			cap = nc;
+		}
+		held[nh++] = x;
+	}
+	ckpt_unlock(&v->alloc_lock, CKPT_RANK_ALLOC);
+	ckpt_lock(&v->dyn_lock, CKPT_RANK_DYN);
+	if (!s->on_inval)
+		inval_append_locked(v, s);
+	for (size_t i = 0; i < nh; i++)
+		if (!held[i]->on_inval)
+			inval_append_locked(v, held[i]);
+	ckpt_unlock(&v->dyn_lock, CKPT_RANK_DYN);
+	free(held);
+}
+
+static void step_reclaim(ckpt_view *v, struct node *s);
+
+int ckpt_node_drop_unlinked(ckpt_view *v)
+{
+	ckpt_assert_held(CKPT_RANK_SCAN);
+	size_t n = v->nunlinked;
+	for (size_t i = 0; i < n; i++)
+		if (step_put(v->unlinked[i], 1))
+			step_reclaim(v, v->unlinked[i]);
+	v->nunlinked = 0;
+	return n > 0;
+}
+
+/* Free GONE step s, whose last reference went, and every node of it
+ * (scan_mu held: serialized with the rescan's walks of the node table and
+ * the array list).  Nothing reaches s any more: it is unlinked, the kernel
+ * forgot all of its inodes, and no request on them is in progress. */
+static void step_reclaim(ckpt_view *v, struct node *s)
+{
+	ckpt_assert_held(CKPT_RANK_SCAN);
+	life_set(s, LIFE_GONE, LIFE_FREEING);
+	ckpt_ino sino = s->ino;
+	/* 1. the hidden-name map and the invalidation list */
+	ckpt_lock(&v->dyn_lock, CKPT_RANK_DYN);
+	struct node *drop[64];
+	for (;;) {
+		size_t k = 0;
+		for (size_t i = 0; i < v->ndyn_buckets && k < 64; i++)
+			if (v->dyn[i] && v->dyn[i]->step == sino)
+				drop[k++] = v->dyn[i];
+		for (size_t i = 0; i < k; i++) {
+			inval_unlink_locked(v, drop[i]);
+			dyn_remove_locked(v, drop[i]);
+		}
+		if (k < 64)
+			break;
+	}
+	for (struct node *x = v->inval_head, *next; x; x = next) {
+		next = x->inval_next;
+		if (x->step == sino)
+			inval_unlink_locked(v, x);
+	}
+	ckpt_unlock(&v->dyn_lock, CKPT_RANK_DYN);
+	/* 2. its arrays and stores leave the view's lists */
+	struct aref **ars = NULL;
+	ckpt_store **sts = NULL;
+	size_t nar = 0, nst = 0;
+	ckpt_lock(&v->res_lock, CKPT_RANK_RES);
+	ars = malloc((v->narefs ? v->narefs : 1) * sizeof(*ars));
+	sts = malloc((v->nstores ? v->nstores : 1) * sizeof(*sts));
+	if (ars && sts) {
+		size_t keep = 0;
+		for (size_t i = 0; i < v->narefs; i++)
+			if (v->arefs[i]->step == sino)
+				ars[nar++] = v->arefs[i];
+			else
+				v->arefs[keep++] = v->arefs[i];
+		v->narefs = keep;
+		keep = 0;
+		for (size_t i = 0; i < v->nstores; i++)
+			if (v->store_step[i] == sino) {
+				sts[nst++] = v->stores[i];
+			} else {
+				v->stores[keep] = v->stores[i];
+				v->store_step[keep++] = v->store_step[i];
+			}
+		v->nstores = keep;
+	}
+	ckpt_unlock(&v->res_lock, CKPT_RANK_RES);
+	/* 3. its nodes leave the table, all in one section: a walk of the table
+	 * (under alloc_lock) sees all of them or none */
+	struct node **nodes = NULL;
+	size_t nn = 0, cap = 0;
+	ckpt_lock(&v->alloc_lock, CKPT_RANK_ALLOC);
+	uint64_t count = atomic_load(&v->count);
+	for (uint64_t i = 1; i <= count; i++) {
+		struct node *x = ckpt_node_at(v, i);
+		if (!x || x->step != sino)
+			continue;
+		if (nn == cap) {
+			size_t nc = cap ? cap * 2 : 64;
+			struct node **a = realloc(nodes, nc * sizeof(*a));
+			if (!a)
+				break; /* the rest stay in the table until the view goes */
+			nodes = a;
+			cap = nc;
+		}
+		nodes[nn++] = x;
+	}
+	if (v->nfree + nn > v->capfree) {
+		size_t nc = v->capfree ? v->capfree : 64;
+		while (nc < v->nfree + nn)
+			nc *= 2;
+		ckpt_ino *f = realloc(v->free_inos, nc * sizeof(*f));
+		if (f) {
+			v->free_inos = f;
+			v->capfree = nc;
+		}
+	}
+	for (size_t i = 0; i < nn; i++) {
+		uint64_t j = nodes[i]->ino - 1;
+		__atomic_store_n(&v->pages[j >> PAGE_BITS][j & ((1u << PAGE_BITS) - 1)], NULL,
+				 __ATOMIC_RELEASE);
+		if (v->nfree < v->capfree)
+			v->free_inos[v->nfree++] = nodes[i]->ino; /* else the number is never reused */
+	}
+	ckpt_unlock(&v->alloc_lock, CKPT_RANK_ALLOC);
+	/* 4. what the nodes own, then the arrays (once their prefetch tasks
+	 * ended), the stores (newest first: a sub-store may lean on the one it
+	 * was made from) and the nodes' memory */
+	for (size_t i = 0; i < nn; i++)
+		if (nodes[i]->ops->destroy)
+			nodes[i]->ops->destroy(v, nodes[i]);
+	if (nar) {
+		ckpt_array **arrs = malloc(nar * sizeof(*arrs));
+		for (size_t i = 0; arrs && i < nar; i++)
+			arrs[i] = ars[i]->arr;
+		if (arrs)
+			ckpt_arrays_retire(v->ctx, arrs, nar); /* its cached chunks and streams */
+		free(arrs);
+	}
+	for (size_t i = 0; i < nar; i++) {
+		ckpt_array_destroy(ars[i]->arr);
+		free(ars[i]->sharding);
+		free(ars[i]);
+	}
+	for (size_t i = nst; i-- > 0;)
+		ckpt_store_destroy(sts[i]);
+	free(ars);
+	free(sts);
+	for (size_t i = 0; i < nn; i++)
+		node_free_memory(nodes[i]);
+	free(nodes);
+	CKPT_STAT_ADD(steps_freed, 1);
+}
+
 void ckpt_view_forget(ckpt_view *v, ckpt_ino ino, uint64_t nlookup)
 {
 	ckpt_lock(&v->dyn_lock, CKPT_RANK_DYN);
 	struct node *n = ckpt_node_at(v, ino);
+	/* the kernel's references to n keep n's step (this call drops them) */
+	struct node *s = n ? tracked_step(v, n) : NULL;
+	if (s) {
+		uint64_t r = atomic_load(&n->kref);
+		while (!atomic_compare_exchange_weak(&n->kref, &r, r > nlookup ? r - nlookup : 0))
+			;
+	}
 	if (!n || !n->transient) {
 		ckpt_unlock(&v->dyn_lock, CKPT_RANK_DYN);
-		return; /* other nodes live as long as the view */
+		if (s && step_put(s, nlookup)) {
+			ckpt_lock(&v->scan_mu, CKPT_RANK_SCAN);
+			step_reclaim(v, s);
+			ckpt_unlock(&v->scan_mu, CKPT_RANK_SCAN);
+		}
+		return; /* the others go with their step (freed above), or with the view */
 	}
 	if (nlookup > n->nlookup) {
 		ckpt_log(CKPT_LOG_WARN, "forget of %llu references to inode %llu, which has %llu",
@@ -527,7 +822,12 @@ void ckpt_view_forget(ckpt_view *v, ckpt_ino ino, uint64_t nlookup)
 	}
 	ckpt_unlock(&v->dyn_lock, CKPT_RANK_DYN);
 	if (last)
-		ckpt_node_free(v, n);
+		ckpt_node_free(v, n); /* before its step's references drop: the step may go next */
+	if (s && step_put(s, nlookup)) {
+		ckpt_lock(&v->scan_mu, CKPT_RANK_SCAN);
+		step_reclaim(v, s);
+		ckpt_unlock(&v->scan_mu, CKPT_RANK_SCAN);
+	}
 }
 
 /* Sweep directory p (dyn_lock held): every entry of the list under p that
@@ -609,16 +909,20 @@ void ckpt_node_fill_attr(ckpt_view *v, struct node *n, ckpt_attr *a)
 
 /* ---- owned resources ------------------------------------------------------- */
 
-int ckpt_node_own_store(ckpt_view *v, ckpt_store *s)
+int ckpt_node_own_store(ckpt_view *v, ckpt_store *s, const struct node *owner)
 {
 	ckpt_lock(&v->res_lock, CKPT_RANK_RES);
 	ckpt_store **p = realloc(v->stores, (v->nstores + 1) * sizeof(*p));
-	if (p) {
+	if (p)
 		v->stores = p;
+	ckpt_ino *q = p ? realloc(v->store_step, (v->nstores + 1) * sizeof(*q)) : NULL;
+	if (q) {
+		v->store_step = q;
+		v->store_step[v->nstores] = owner ? owner->step : 0;
 		v->stores[v->nstores++] = s;
 	}
 	ckpt_unlock(&v->res_lock, CKPT_RANK_RES);
-	return p ? 0 : -ENOMEM;
+	return q ? 0 : -ENOMEM;
 }
 
 struct aref *ckpt_node_new_aref(ckpt_view *v, ckpt_array *arr, int ocdbt)

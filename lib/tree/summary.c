@@ -205,7 +205,7 @@ static int visit(struct info *in, const char *path, const ckpt_attr *a)
 static int entry(ckpt_view *v, ckpt_ino ino, uint64_t index, const char **name, ckpt_attr *attr)
 {
 	ckpt_assert_not_held(CKPT_RANK_NS);
-	return ckpt_node_entry(v, ino, index, name, attr);
+	return ckpt_node_entry(v, ino, index, name, attr, 0);
 }
 
 /* Every entry below dir, depth first in listing order (hidden names are

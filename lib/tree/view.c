@@ -82,7 +82,9 @@ static void queue_gone_files(ckpt_view *v)
 
 /* After a rescan unlinked steps: their arrays' decoded chunks can never be
  * read again (every read of a gone step answers ESTALE); drop them from the
- * cache now rather than let them crowd out live data until they age out. */
+ * cache now rather than let them crowd out live data until they age out.
+ * Under scan_mu, as the freeing of a step (node.c): the arrays listed here
+ * stay alive until ckpt_arrays_retire is done with them. */
 static void retire_gone_arrays(ckpt_view *v)
 {
 	ckpt_array **gone = NULL;
@@ -161,6 +163,11 @@ static void root_refresh(ckpt_view *v)
 			queue_gone_files(v);
 			retire_gone_arrays(v);
 		}
+		/* the steps unlinked: freed now unless the kernel still holds some
+		 * of their inodes (then by the forget of the last one); their
+		 * entries were queued for invalidation, which brings those forgets */
+		if (ckpt_node_drop_unlinked(v) && v->inval_notify)
+			v->inval_notify(v->inval_arg);
 		int64_t shown = atomic_load(&v->root_mtime), t = st.mtime_ns;
 		if (changes && t <= shown) /* object stores: no folder mtime */
 			t = wall_ns() > shown ? wall_ns() : shown + 1;
@@ -259,6 +266,8 @@ void ckpt_view_destroy(ckpt_view *v)
 	for (size_t i = 0; i < v->nstores; i++)
 		ckpt_store_destroy(v->stores[i]);
 	free(v->stores);
+	free(v->store_step);
+	free(v->unlinked);
 	ckpt_ctx_destroy(v->ctx);
 	ckpt_node_free_all(v);
 	ckpt_views_destroy(v);
@@ -302,7 +311,12 @@ int ckpt_view_lookup(ckpt_view *v, ckpt_ino parent, const char *name, ckpt_attr 
 	ckpt_rdlock(&v->ns_lock, CKPT_RANK_NS);
 	struct node *dir = ckpt_node_at(v, parent);
 	struct node *n = NULL;
-	int rc = dir && !ckpt_node_is_gone(v, dir) ? ckpt_node_lookup_ref(v, dir, name, &n) : -ENOENT;
+	/* In a directory of a pruned step: -ESTALE, not -ENOENT, on which the
+	 * kernel would cache a negative entry that keeps the directory's
+	 * dentry, hence the step's nodes, until its cache is shrunk. */
+	int rc = !dir			     ? -ENOENT
+		 : ckpt_node_is_gone(v, dir) ? -ESTALE
+					     : ckpt_node_lookup_ref(v, dir, name, &n);
 	if (rc == 0) {
 		ckpt_layout_step_touch(v, n);
 		ckpt_node_fill_attr(v, n, out);
@@ -315,7 +329,14 @@ int ckpt_view_readdir(ckpt_view *v, ckpt_ino ino, uint64_t index, const char **n
 {
 	if (ino == CKPT_ROOT_INO && index == 0)
 		root_refresh(v);
-	return ckpt_node_entry(v, ino, index, name, attr);
+	return ckpt_node_entry(v, ino, index, name, attr, 0);
+}
+
+int ckpt_view_readdir_ref(ckpt_view *v, ckpt_ino ino, uint64_t index, const char **name, ckpt_attr *attr)
+{
+	if (ino == CKPT_ROOT_INO && index == 0)
+		root_refresh(v);
+	return ckpt_node_entry(v, ino, index, name, attr, 1);
 }
 
 int ckpt_view_read_iov(ckpt_view *v, ckpt_ino ino, uint64_t off, size_t len, struct iovec *iov, int max,

@@ -28,16 +28,40 @@
  *   view.c        open/destroy, lookup, readdir, getattr, read, xattr: dispatch
  *
  * Nodes: a common head (struct node) embedded first in a per-kind struct
- * (container_of), with a per-kind ops table.  Nodes are created, never
- * freed, until the view is destroyed, so a node pointer stays valid for the
- * life of the view - except transient nodes (hidden files made on lookup:
- * slice names, widened views): they sit in the hidden-name map with a
- * count of kernel references (+1 per ckpt_view_lookup answer, -n per
- * ckpt_view_forget), and at 0 they leave the map and are freed; their
- * inode number is reused with a new generation.  Nothing in the library
- * keeps a pointer to a transient node across calls, and the kernel sends
- * no request for an inode it has forgotten (an open file holds its inode,
- * hence its reference).  A node is published when its inode number is handed
+ * (container_of), with a per-kind ops table.  Three lifetimes:
+ *   - transient nodes (hidden files made on lookup: slice names, widened
+ *     views) sit in the hidden-name map with a count of kernel references
+ *     (+1 per ckpt_view_lookup answer, -n per ckpt_view_forget); at 0 they
+ *     leave the map and are freed.
+ *   - the nodes of a committed step of a live root (node->step names the
+ *     step: the kid of the root they lie under) go together, step by
+ *     step.  The step node counts references for all of them (step->refs):
+ *     one for the root's tree while the step is listed, plus one per
+ *     kernel reference to any of its nodes (ckpt_view_lookup and
+ *     ckpt_view_readdir_ref answers +1, ckpt_view_forget -n).  A rescan
+ *     that finds the step folder gone unlinks it (LIVE -> GONE, ns_lock
+ *     exclusive), queues its name for an entry invalidation (so that the
+ *     kernel drops its dentries and sends the forgets) and drops the
+ *     tree's reference.  Whoever drops the last one frees the step, under
+ *     scan_mu (GONE -> FREEING, step_reclaim in node.c): its nodes leave
+ *     the hidden-name map, the invalidation list and the node table (one
+ *     alloc_lock section), its arrays (after their prefetch tasks ended)
+ *     and stores leave the view's lists (res_lock) and are destroyed, then
+ *     the nodes' memory goes.  The state table is node_life in node.c.
+ *   - every other node (the root, its .ckptfs/, pending steps, a step or
+ *     item mount, a step not in a live root) lives as long as the view.
+ * A freed node's inode number is reused with a new generation.  Why no
+ * freed node is ever touched: the kernel sends no request for an inode it
+ * has forgotten, and forgets an inode only after every request on it was
+ * answered (an open file holds its inode, hence its reference); a lookup or
+ * readdir reaches a step only while it is listed (under ns_lock) or through
+ * a directory of it the kernel holds; the library's own walks of the node
+ * table (queue_gone_files, under alloc_lock), of the array list
+ * (retire_gone_arrays, under res_lock and scan_mu) and of the invalidation
+ * list (dyn_lock) are serialized with the frees; read-ahead and next-file
+ * warming queue prefetch tasks that ckpt_array_destroy waits for; nothing
+ * in the library keeps a node pointer across calls otherwise.  A node is
+ * published when its inode number is handed
  * out; from then on its name, kind, ops and parent never change.  What
  * changes after publication, and under which lock:
  *   - the kids of the root (pending steps and committed steps are added and
@@ -52,6 +76,8 @@
  *   - a shards directory's unit list: made once, under its own mutex.
  *   - node->orphan, node->gone, pstep->dead/committing: atomics (read
  *     without locks).
+ *   - a step's life and refs, a node's kref: atomics; the view's list of
+ *     steps a rescan unlinked: scan_mu.
  *   - a pending file's header state: its pfile mutex (pending.c).
  *
  * ---- Lock order of libckpt ---------------------------------------------------
@@ -61,15 +87,16 @@
  * from the table in include/ckpt/lockrank.h, whose wrappers (ckpt_lock,
  * ckpt_rdlock, ckpt_wrlock) assert it in debug and sanitizer builds.
  *
- * v->scan_mu  (a rescan of the root: listing without view locks, then ns_lock exclusive)
+ * v->scan_mu  (a rescan of the root: listing without view locks, then ns_lock exclusive; the
+ * |            freeing of a pruned step)
  * |-> v->ns_lock  (rwlock. Shared: lookup, readdir, user.ckpt.shards. Exclusive: mkdir, create,
  * |   |            rename, unlink, rmdir, the two short sections of a commit)
  * |   |-> step->load_mu  (a committed step of a root building its kids, once)
  * |   |   |-> v->res_lock  (the view's store and array lists)
- * |   |   |-> v->alloc_lock  (node table appends)
+ * |   |   |-> v->alloc_lock  (node table appends, and the frees of a pruned step's nodes)
  * |   |   '-> cache->lock  (decoded-chunk cache entries; the fill callback runs without it)
  * |   |-> sd->units_mu  (one NAME.shards/ listing its units, once)
- * |   |   |-> v->alloc_lock  (node table appends)
+ * |   |   |-> v->alloc_lock  (node table appends, and the frees of a pruned step's nodes)
  * |   |   '-> cache->lock  (decoded-chunk cache entries; the fill callback runs without it)
  * |   |-> v->dyn_lock  (hidden-name map, transient nodes' references)
  * |   |-> ps->wp_mu  (the processes writing a pending step)
@@ -88,7 +115,7 @@
  * |       |   '-> wshard->mu  (writer: appends to one shard file; a leaf, also read under decl_mu
  * |       |                    by the multi-host records)
  * |       |-> v->res_lock  (the view's store and array lists)
- * |       |-> v->alloc_lock  (node table appends)
+ * |       |-> v->alloc_lock  (node table appends, and the frees of a pruned step's nodes)
  * |       '-> cache->lock  (decoded-chunk cache entries; the fill callback runs without it)
  * |-> v->inval_mu  (inodes to invalidate in the kernel; filled by a rescan)
  * '-> iq.mu  (fs/inval.c: the daemon's invalidation queue (kicked by a rescan))
@@ -223,6 +250,18 @@ struct node {
 	struct node *inval_prev, *inval_next;
 	int on_inval;
 	int inval_swept; /* its parent's entry was invalidated while it was on the list (node.c) */
+	/* The step of a live root the node belongs to: its own number for a kid
+	 * of the root, the parent's step below, 0 for the root.  Set before
+	 * publication. */
+	ckpt_ino step;
+	/* A kid of the root: its life (enum node_life, node.c) and, while
+	 * tracked (a committed step of a live root), the references that keep
+	 * it and every node of it: the tree's, and the kernel's (see above). */
+	_Atomic int life;
+	atomic_uint_least64_t refs;
+	/* in a tracked step: the kernel's references to this node itself (its
+	 * entry is invalidated when the step goes) */
+	atomic_uint_least64_t kref;
 	atomic_bool orphan; /* removed from its directory (committed/aborted/renamed/unlinked) */
 	/* a committed step being deleted through the mount (prune.c): out of
 	 * the source and of the root's kids, in the hidden-name map until its
@@ -352,9 +391,11 @@ struct ckpt_view {
 	/* the root's mtime as shown: moves whenever a rescan changed the steps,
 	 * so that the kernel drops its cached listing of the root */
 	_Atomic int64_t root_mtime;
-	/* owned resources, appended under res_lock */
+	/* owned resources, appended under res_lock (and removed there when
+	 * their step is freed) */
 	pthread_mutex_t res_lock;
 	ckpt_store **stores;
+	ckpt_ino *store_step; /* the step each store belongs to (0: the view) */
 	size_t nstores;
 	struct aref **arefs;
 	size_t narefs;
@@ -365,6 +406,10 @@ struct ckpt_view {
 	size_t ninval, capinval;
 	/* views.c: the recipes, read on first use (set once, compare-and-swap) */
 	struct recipe_set *_Atomic recipes;
+	/* steps a rescan unlinked, whose tree reference the rescan drops once
+	 * it is done with them (scan_mu) */
+	struct node **unlinked;
+	size_t nunlinked, capunlinked;
 	void (*inval_notify)(void *arg); /* set before requests are served */
 	void *inval_arg;
 };
@@ -433,8 +478,9 @@ int ckpt_node_kid_index(struct node *dir, const char *name, size_t *pos);
 /* Generic readdir of a node with kids. */
 int ckpt_node_readdir_kids(ckpt_view *v, struct node *dir, uint64_t index, struct node **out);
 /* Entry `index` of directory ino, as ckpt_view_readdir answers it (without
- * the root's rescan): takes ns_lock shared, so the caller holds no view lock. */
-int ckpt_node_entry(ckpt_view *v, ckpt_ino ino, uint64_t index, const char **name, ckpt_attr *attr);
+ * the root's rescan): takes ns_lock shared, so the caller holds no view lock.
+ * ref: count a kernel reference on the entry (ckpt_view_readdir_ref). */
+int ckpt_node_entry(ckpt_view *v, ckpt_ino ino, uint64_t index, const char **name, ckpt_attr *attr, int ref);
 /* The hidden-name map (takes dyn_lock itself). */
 struct node *ckpt_node_dyn_find(ckpt_view *v, ckpt_ino parent, const char *name);
 int ckpt_node_dyn_add(ckpt_view *v, struct node *n);
@@ -452,11 +498,28 @@ int ckpt_node_lookup_ref(ckpt_view *v, struct node *dir, const char *name, struc
  * reused with a new generation. */
 void ckpt_node_free(ckpt_view *v, struct node *n);
 void ckpt_node_fill_attr(ckpt_view *v, struct node *n, ckpt_attr *a);
+/* The step life (node.c): a committed step of a live root, not linked
+ * yet, becomes tracked (one reference: the tree's, taken when it is
+ * linked under the root). */
+void ckpt_node_step_track(struct node *step);
+/* A rescan unlinked tracked step s from the root (ns_lock exclusive, under
+ * scan_mu): LIVE -> GONE; its name is queued for an entry invalidation and
+ * s for ckpt_node_drop_unlinked. */
+void ckpt_node_step_gone(ckpt_view *v, struct node *s);
+/* The rescan is done with the steps it unlinked (scan_mu held, no other
+ * view lock): drop the tree's reference of each; the ones nothing else
+ * holds are freed now.  1 when any was unlinked. */
+int ckpt_node_drop_unlinked(ckpt_view *v);
+/* n was answered to the kernel k more times (a lookup, a READDIRPLUS
+ * entry): count it on n's step.  n must be reachable (listed, or under a
+ * directory the kernel holds) for the whole call. */
+void ckpt_node_kref(ckpt_view *v, struct node *n, uint64_t k);
 /* Free every node (ops->destroy first, for all of them, when `release`). */
 void ckpt_node_release_all(ckpt_view *v);
 void ckpt_node_free_all(ckpt_view *v);
-/* The views's owned stores and arrays (take res_lock). */
-int ckpt_node_own_store(ckpt_view *v, ckpt_store *s);
+/* The views's owned stores and arrays (take res_lock).  owner: the node
+ * whose tree uses the store (its step's, freed with it), or NULL. */
+int ckpt_node_own_store(ckpt_view *v, ckpt_store *s, const struct node *owner);
 struct aref *ckpt_node_new_aref(ckpt_view *v, ckpt_array *arr, int ocdbt);
 /* 1 when s ends with suffix (and is longer), *stem = its length without it. */
 int ckpt_node_ends_with(const char *s, const char *suffix, size_t *stem);

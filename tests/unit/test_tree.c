@@ -311,11 +311,111 @@ static void test_sources_and_live_root(void)
 	CHECK_EQ_INT(system(p), 0);
 }
 
+/* The process's steps_freed counter (.ckptfs/stats). */
+static long steps_freed(ckpt_view *v)
+{
+	char buf[4096];
+	ckpt_attr a;
+	ckpt_ino meta = 0, st = 0;
+	if (ckpt_view_lookup(v, CKPT_ROOT_INO, ".ckptfs", &a) == 0)
+		meta = a.ino;
+	if (meta && ckpt_view_lookup(v, meta, "stats", &a) == 0)
+		st = a.ino;
+	ssize_t n = st ? ckpt_view_read(v, st, 0, sizeof(buf) - 1, buf) : -1;
+	if (n <= 0)
+		return -1;
+	buf[n] = 0;
+	const char *f = strstr(buf, "\"steps_freed\": ");
+	return f ? strtol(f + 15, NULL, 10) : -1;
+}
+
+/* A step pruned from a live root is freed, with its arrays and stores,
+ * once every reference the caller (the kernel) got to its nodes is
+ * forgotten, and not before; lookups inside it answer ESTALE meanwhile.  A
+ * freed inode number comes back with another generation than it had. */
+static void test_pruned_step_is_freed(void)
+{
+	char tmpl[] = "/tmp/test_tree_free.XXXXXX";
+	char *root = mkdtemp(tmpl);
+	CHECK(root != NULL);
+	if (!root)
+		return;
+	char p[600];
+	snprintf(p, sizeof(p), "cp -r '%s/manager/10' '%s/5' && cp -r '%s/manager/10' '%s/6'", FIX, root, FIX,
+		 root);
+	CHECK_EQ_INT(system(p), 0);
+	ckpt_view_opts o = { 0 };
+	o.read_only = 1;
+	ckpt_view *v = NULL;
+	CHECK_EQ_INT(ckpt_view_open(root, &o, &v), 0);
+	if (!v)
+		return;
+	/* a freed transient number comes back with a new generation */
+	ckpt_attr a, b;
+	ckpt_ino emb = lookup(v, CKPT_ROOT_INO, "6/state/params/embed");
+	CHECK(emb != 0);
+	CHECK_EQ_INT(ckpt_view_lookup(v, emb, "embedding[0:1].npy", &a), 0);
+	CHECK(a.transient);
+	ckpt_view_forget(v, a.ino, 1);
+	CHECK_EQ_INT(ckpt_view_lookup(v, emb, "embedding[0:2].npy", &b), 0);
+	CHECK(b.ino != a.ino || b.generation != a.generation);
+	ckpt_view_forget(v, b.ino, 1);
+
+	/* step 5: each path component looked up once (as the kernel would) */
+	static const char *const path[] = { "5", "state", "params", "embed", "embedding.npy" };
+	ckpt_ino ino[5], dir = CKPT_ROOT_INO;
+	uint64_t gen[5];
+	for (int i = 0; i < 5; i++) {
+		CHECK_EQ_INT(ckpt_view_lookup(v, dir, path[i], &a), 0);
+		dir = ino[i] = a.ino;
+		gen[i] = a.generation;
+	}
+	char head[16];
+	CHECK_EQ_INT(ckpt_view_read(v, ino[4], 0, 6, head), 6);
+	CHECK_EQ_INT(ckpt_view_lookup(v, ino[3], "embedding[0:1].npy", &a), 0); /* a transient one too */
+	ckpt_ino sl = a.ino;
+	long freed0 = steps_freed(v);
+	CHECK(freed0 >= 0);
+	snprintf(p, sizeof(p), "rm -r '%s/5'", root);
+	CHECK_EQ_INT(system(p), 0);
+	CHECK_EQ_INT(count_entries(v, CKPT_ROOT_INO), 1); /* the rescan: 5 is gone */
+	CHECK_EQ_INT(ckpt_view_lookup(v, CKPT_ROOT_INO, "5", &a), -ENOENT);
+	CHECK_EQ_INT(ckpt_view_lookup(v, ino[3], "embedding.npy", &a), -ESTALE);
+	CHECK_EQ_INT(ckpt_view_getattr(v, ino[4], &a), -ESTALE);
+	CHECK_EQ_INT(steps_freed(v), freed0); /* still referenced */
+	ckpt_view_forget(v, sl, 1);
+	for (int i = 0; i < 4; i++)
+		ckpt_view_forget(v, ino[i], 1);
+	CHECK_EQ_INT(steps_freed(v), freed0); /* embedding.npy is still referenced */
+	CHECK_EQ_INT(ckpt_view_read(v, ino[4], 0, 6, head), -ESTALE);
+	ckpt_view_forget(v, ino[4], 1);
+	CHECK_EQ_INT(steps_freed(v), freed0 + 1);
+	/* the numbers come back (to new slice names), each with a new generation */
+	int reused = 0;
+	for (int i = 0; i < 16; i++)
+		for (int j = 0; j < 8; j++) {
+			char nm[64];
+			snprintf(nm, sizeof(nm), "embedding[%d:%d,%d:%d].npy", i, i + 1, j, j + 1);
+			CHECK_EQ_INT(ckpt_view_lookup(v, emb, nm, &a), 0);
+			for (int k = 0; k < 5; k++)
+				if (a.ino == ino[k]) {
+					CHECK(a.generation != gen[k]);
+					reused++;
+				}
+		}
+	CHECK_EQ_INT(reused, 5);
+	CHECK(lookup(v, CKPT_ROOT_INO, "6/state/params/embed/embedding.npy") != 0);
+	ckpt_view_destroy(v);
+	snprintf(p, sizeof(p), "rm -rf '%s'", root);
+	CHECK_EQ_INT(system(p), 0);
+}
+
 int main(void)
 {
 	alarm(120); /* a blocked call ends the test (SIGALRM) */
 	CHECK_RUN(test_read_side);
 	CHECK_RUN(test_commit_does_not_block_the_namespace);
 	CHECK_RUN(test_sources_and_live_root);
+	CHECK_RUN(test_pruned_step_is_freed);
 	return CHECK_DONE();
 }
