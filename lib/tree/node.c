@@ -794,14 +794,19 @@ void ckpt_view_forget(ckpt_view *v, ckpt_ino ino, uint64_t nlookup)
 	struct node *n = ckpt_node_at(v, ino);
 	/* the kernel's references to n keep n's step (this call drops them) */
 	struct node *s = n ? tracked_step(v, n) : NULL;
+	/* Only the references n's step counted go back to it: lookups answered
+	 * before the step was tracked (its pending folder's, whose inode a
+	 * commit hands on) were never counted. */
+	uint64_t counted = 0;
 	if (s) {
 		uint64_t r = atomic_load(&n->kref);
-		while (!atomic_compare_exchange_weak(&n->kref, &r, r > nlookup ? r - nlookup : 0))
-			;
+		do
+			counted = r < nlookup ? r : nlookup;
+		while (!atomic_compare_exchange_weak(&n->kref, &r, r - counted));
 	}
 	if (!n || !n->transient) {
 		ckpt_unlock(&v->dyn_lock, CKPT_RANK_DYN);
-		if (s && step_put(s, nlookup)) {
+		if (s && counted && step_put(s, counted)) {
 			ckpt_lock(&v->scan_mu, CKPT_RANK_SCAN);
 			step_reclaim(v, s);
 			ckpt_unlock(&v->scan_mu, CKPT_RANK_SCAN);
@@ -823,7 +828,7 @@ void ckpt_view_forget(ckpt_view *v, ckpt_ino ino, uint64_t nlookup)
 	ckpt_unlock(&v->dyn_lock, CKPT_RANK_DYN);
 	if (last)
 		ckpt_node_free(v, n); /* before its step's references drop: the step may go next */
-	if (s && step_put(s, nlookup)) {
+	if (s && counted && step_put(s, counted)) {
 		ckpt_lock(&v->scan_mu, CKPT_RANK_SCAN);
 		step_reclaim(v, s);
 		ckpt_unlock(&v->scan_mu, CKPT_RANK_SCAN);
