@@ -734,6 +734,8 @@ static int new_step(ckpt_view *v, struct node *root, const char *name, ckpt_attr
 
 int ckpt_view_mkdir(ckpt_view *v, ckpt_ino parent, const char *name, ckpt_attr *out)
 {
+	if (ckpt_latest_is(v, parent, name))
+		return ckpt_latest_refuse("make a folder");
 	ckpt_wrlock(&v->ns_lock, CKPT_RANK_NS);
 	struct node *dir = ckpt_node_at(v, parent);
 	int rc = 0;
@@ -1840,6 +1842,8 @@ int ckpt_view_setattr_meta(ckpt_view *v, ckpt_ino ino)
 
 int ckpt_view_create(ckpt_view *v, ckpt_ino parent, const char *name, ckpt_attr *out)
 {
+	if (ckpt_latest_is(v, parent, name))
+		return ckpt_latest_refuse("create a file");
 	ckpt_wrlock(&v->ns_lock, CKPT_RANK_NS);
 	struct node *dir = ckpt_node_at(v, parent);
 	int rc = 0;
@@ -1886,6 +1890,8 @@ int ckpt_view_create(ckpt_view *v, ckpt_ino parent, const char *name, ckpt_attr 
 
 int ckpt_view_rename(ckpt_view *v, ckpt_ino parent, const char *name, ckpt_ino newparent, const char *newname)
 {
+	if (ckpt_latest_is(v, parent, name) || ckpt_latest_is(v, newparent, newname))
+		return ckpt_latest_refuse("rename");
 	ckpt_wrlock(&v->ns_lock, CKPT_RANK_NS);
 	struct node *dir = ckpt_node_at(v, parent);
 	struct node *n = dir && node_has_kids(dir) ? ckpt_node_find_kid(dir, name) : NULL;
@@ -1941,6 +1947,8 @@ int ckpt_view_rename(ckpt_view *v, ckpt_ino parent, const char *name, ckpt_ino n
 
 int ckpt_view_unlink(ckpt_view *v, ckpt_ino parent, const char *name)
 {
+	if (ckpt_latest_is(v, parent, name))
+		return ckpt_latest_refuse("remove");
 	ckpt_wrlock(&v->ns_lock, CKPT_RANK_NS);
 	struct node *dir = ckpt_node_at(v, parent);
 	struct node *n =
@@ -1986,6 +1994,8 @@ int ckpt_view_unlink(ckpt_view *v, ckpt_ino parent, const char *name)
 
 int ckpt_view_rmdir(ckpt_view *v, ckpt_ino parent, const char *name)
 {
+	if (ckpt_latest_is(v, parent, name))
+		return ckpt_latest_refuse("remove");
 	ckpt_wrlock(&v->ns_lock, CKPT_RANK_NS);
 	struct node *dir = ckpt_node_at(v, parent);
 	struct node *n = dir && node_has_kids(dir) ? ckpt_node_find_kid(dir, name) : NULL;
