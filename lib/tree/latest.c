@@ -1,8 +1,9 @@
 /*
  * latest.c - the `latest` entry of a CheckpointManager root: a symlink
- * whose target is the name of the newest committed step (the last
- * committed step folder of the root's kids, which node.c keeps in numeric
- * order).  It is listed after the steps and looked up by name only while
+ * whose target is the name of the newest committed step (the committed
+ * step folder of the root's kids with the greatest number, as Orbax's
+ * latest_step picks it: "100" over "20", "step_100" over "step_20").  It
+ * is listed after the steps and looked up by name only while
  * the root has a committed step; it is no kid of the root (so it is never
  * taken for a step, and no rescan or commit has to move it) and not in the
  * hidden-name map: the root's ops answer it (companions.c).  Its target is
@@ -26,16 +27,42 @@ struct latest_node {
 	_Atomic size_t len; /* length of the target at the last answer (st_size) */
 };
 
-/* The newest committed step of root, or NULL (ns_lock held). */
+/* The step number a folder name ends with (Orbax's "N", "PREFIX_N",
+ * "PREFIX_000N"): its digits without leading zeros, *len of them; NULL
+ * when the name ends with no digit. */
+static const char *step_number(const char *name, size_t *len)
+{
+	size_t n = strlen(name), k = n;
+	while (k > 0 && name[k - 1] >= '0' && name[k - 1] <= '9')
+		k--;
+	if (k == n)
+		return NULL;
+	while (k < n - 1 && name[k] == '0')
+		k++;
+	*len = n - k;
+	return name + k;
+}
+
+/* The newest committed step of root by number (the last of equal numbers
+ * in kid order), or NULL (ns_lock held). */
 static const char *target(struct node *root)
 {
 	struct dir_node *d = to_dir(root);
-	for (size_t i = d->nkids; i-- > 0;) {
+	const char *best = NULL, *bnum = NULL;
+	size_t blen = 0;
+	for (size_t i = 0; i < d->nkids; i++) {
 		struct node *k = d->kids[i];
-		if (k->kind == N_DIR && !atomic_load(&k->orphan) && !atomic_load(&k->gone))
-			return k->name;
+		size_t len;
+		const char *num = step_number(k->name, &len);
+		if (k->kind != N_DIR || !num || atomic_load(&k->orphan) || atomic_load(&k->gone))
+			continue;
+		if (!best || len > blen || (len == blen && memcmp(num, bnum, len) >= 0)) {
+			best = k->name;
+			bnum = num;
+			blen = len;
+		}
 	}
-	return NULL;
+	return best;
 }
 
 /* Refresh n's size from the root's kids (ns_lock held): 1 when shown. */
