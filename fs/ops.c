@@ -27,9 +27,9 @@ static void to_stat(const struct ckfs *fs, const ckpt_attr *a, struct stat *st)
 	memset(st, 0, sizeof(*st));
 	st->st_ino = a->ino;
 	unsigned mode = a->mode;
-	if (fs->have_umask)
+	if (fs->have_umask && !a->is_link)
 		mode = (a->is_dir ? 0777u : 0666u) & ~fs->umask_bits;
-	st->st_mode = (a->is_dir ? S_IFDIR : S_IFREG) | mode;
+	st->st_mode = (a->is_link ? S_IFLNK : a->is_dir ? S_IFDIR : S_IFREG) | mode;
 	st->st_uid = fs->show_uid;
 	st->st_gid = fs->show_gid;
 	st->st_nlink = a->nlink;
@@ -361,6 +361,21 @@ static void ckfs_op_getxattr(fuse_req_t req, fuse_ino_t ino, const char *name, s
 	reply_xattr(req, ckpt_view_getxattr(fs_of(req)->view, ino, name, buf, size), buf, size);
 }
 
+/* A root's `latest` symlink: its target (the newest committed step). */
+static void ckfs_op_readlink(fuse_req_t req, fuse_ino_t ino)
+{
+	char *buf = thread_buf(4096);
+	if (!buf) {
+		reply_err(req, -ENOMEM);
+		return;
+	}
+	ssize_t n = ckpt_view_readlink(fs_of(req)->view, ino, buf, 4096);
+	if (n < 0)
+		reply_err(req, (int)n);
+	else
+		fuse_reply_readlink(req, buf);
+}
+
 static void ckfs_op_listxattr(fuse_req_t req, fuse_ino_t ino, size_t size)
 {
 	char *buf = size ? thread_buf(size) : NULL;
@@ -560,6 +575,7 @@ const struct fuse_lowlevel_ops ckfs_ops = {
 	.forget = ckfs_op_forget,
 	.forget_multi = ckfs_op_forget_multi,
 	.getattr = ckfs_op_getattr,
+	.readlink = ckfs_op_readlink,
 	.setattr = ckfs_op_setattr,
 	.opendir = ckfs_op_opendir,
 	.readdir = ckfs_op_readdir,

@@ -62,6 +62,7 @@ typedef struct ckpt_view_opts {
 typedef struct ckpt_attr {
 	ckpt_ino ino;
 	int is_dir;
+	int is_link; /* a symlink (a root's `latest`): ckpt_view_readlink gives its target */
 	unsigned mode; /* permission bits */
 	uint64_t size;
 	int64_t mtime_ns;
@@ -176,12 +177,20 @@ int ckpt_view_next_inval(ckpt_view *v, ckpt_ino *parent, char *name, size_t cap)
  * returns 1 and sets *name (valid while the caller holds a reference to
  * dir) and *attr, 0 past the end, -ENOTDIR / -errno on error.  Entries come
  * sorted by name (strcmp), except at the root, where step folders (names
- * all digits) come first, by number (10, 20, 100), then the other names. */
+ * all digits) come first, by number (10, 20, 100), then the other names; a root with a committed
+ * step ends with `latest`, a symlink (attr->is_link) to the newest one. */
 int ckpt_view_readdir(ckpt_view *v, ckpt_ino dir, uint64_t index, const char **name, ckpt_attr *attr);
 /* The same for a READDIRPLUS entry, which the kernel counts as a lookup:
  * one reference to the entry's node is counted (ckpt_view_forget drops it;
  * the caller forgets an entry it does not send). */
 int ckpt_view_readdir_ref(ckpt_view *v, ckpt_ino dir, uint64_t index, const char **name, ckpt_attr *attr);
+
+/* The target of symlink ino (a root's `latest`: the name of its newest
+ * committed step, the root listed again first as a lookup does) into buf,
+ * NUL-terminated: its length, -ENOENT when the root has no committed step
+ * any more, -EINVAL when ino is no symlink, -ENAMETOOLONG when cap is too
+ * small. */
+ssize_t ckpt_view_readlink(ckpt_view *v, ckpt_ino ino, char *buf, size_t cap);
 
 /* Read file bytes [off, off+len) into dst: returns bytes copied (0 at EOF)
  * or -EIO (logged) / -EISDIR. */
@@ -275,6 +284,9 @@ int ckpt_view_truncate(ckpt_view *v, ckpt_ino ino, uint64_t size);
 #define CKPT_RENAME_NOREPLACE 1u
 int ckpt_view_rename(ckpt_view *v, ckpt_ino parent, const char *name, ckpt_ino newparent, const char *newname,
 		     unsigned flags);
+/* The root's `latest` (a symlink to the newest committed step) is refused
+ * by unlink, rmdir, rename (either side) and mkdir/create with -EPERM
+ * (logged). */
 int ckpt_view_unlink(ckpt_view *v, ckpt_ino parent, const char *name);
 int ckpt_view_rmdir(ckpt_view *v, ckpt_ino parent, const char *name);
 /* Set user.ckpt.sharding (a JSON string, e.g. {"sharding_type":

@@ -485,6 +485,8 @@ static int stored_lookup(ckpt_view *v, struct node *dir, const char *name, struc
 
 static int dir_lookup(ckpt_view *v, struct node *dir, const char *name, struct node **out)
 {
+	if (ckpt_latest_is(v, dir->ino, name)) /* the root keeps it (latest.c) */
+		return ckpt_latest_entry(v, out) ? 1 : -ENOENT;
 	size_t stem;
 	if (ckpt_node_ends_with(name, ".f32.npy", &stem))
 		return make_widened(v, dir, name, stem, out);
@@ -684,6 +686,14 @@ static int dir_readdir(ckpt_view *v, struct node *dir, uint64_t index, struct no
 	if (index < d->nkids) {
 		*out = d->kids[index];
 		return 1;
+	}
+	struct node *latest;
+	if (dir->ino == CKPT_ROOT_INO && ckpt_latest_entry(v, &latest)) { /* after the steps */
+		if (index == d->nkids) {
+			*out = latest;
+			return 1;
+		}
+		index--;
 	}
 	if (!v->opts.show_companions)
 		return 0;

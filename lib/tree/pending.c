@@ -1094,6 +1094,8 @@ static int aw_fresh_meta(struct pfile *pf)
 
 int ckpt_view_mkdir(ckpt_view *v, ckpt_ino parent, const char *name, ckpt_attr *out)
 {
+	if (ckpt_latest_is(v, parent, name))
+		return ckpt_latest_refuse("make a folder");
 	ckpt_wrlock(&v->ns_lock, CKPT_RANK_NS);
 	struct node *dir = ckpt_node_at(v, parent);
 	int rc = 0;
@@ -2222,6 +2224,8 @@ int ckpt_view_setattr_meta(ckpt_view *v, ckpt_ino ino)
 
 int ckpt_view_create(ckpt_view *v, ckpt_ino parent, const char *name, ckpt_attr *out)
 {
+	if (ckpt_latest_is(v, parent, name))
+		return ckpt_latest_refuse("create a file");
 	ckpt_wrlock(&v->ns_lock, CKPT_RANK_NS);
 	struct node *dir = ckpt_node_at(v, parent);
 	int rc = 0;
@@ -2269,6 +2273,8 @@ int ckpt_view_create(ckpt_view *v, ckpt_ino parent, const char *name, ckpt_attr 
 int ckpt_view_rename(ckpt_view *v, ckpt_ino parent, const char *name, ckpt_ino newparent, const char *newname,
 		     unsigned flags)
 {
+	if (ckpt_latest_is(v, parent, name) || ckpt_latest_is(v, newparent, newname))
+		return ckpt_latest_refuse("rename");
 	ckpt_wrlock(&v->ns_lock, CKPT_RANK_NS);
 	struct node *dir = ckpt_node_at(v, parent);
 	struct node *n = dir && node_has_kids(dir) ? ckpt_node_find_kid(dir, name) : NULL;
@@ -2327,6 +2333,8 @@ int ckpt_view_rename(ckpt_view *v, ckpt_ino parent, const char *name, ckpt_ino n
 
 int ckpt_view_unlink(ckpt_view *v, ckpt_ino parent, const char *name)
 {
+	if (ckpt_latest_is(v, parent, name))
+		return ckpt_latest_refuse("remove");
 	ckpt_wrlock(&v->ns_lock, CKPT_RANK_NS);
 	struct node *dir = ckpt_node_at(v, parent);
 	if (dir && node_has_kids(dir) && ckpt_prune_step_of(v, dir)) { /* inside a committed step */
@@ -2380,6 +2388,8 @@ int ckpt_view_unlink(ckpt_view *v, ckpt_ino parent, const char *name)
 
 int ckpt_view_rmdir(ckpt_view *v, ckpt_ino parent, const char *name)
 {
+	if (ckpt_latest_is(v, parent, name))
+		return ckpt_latest_refuse("remove");
 	ckpt_wrlock(&v->ns_lock, CKPT_RANK_NS);
 	struct node *dir = ckpt_node_at(v, parent);
 	struct node *n = dir && node_has_kids(dir) ? ckpt_node_find_kid(dir, name) : NULL;

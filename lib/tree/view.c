@@ -225,7 +225,8 @@ static int view_open(const char *source, ckpt_store *src, const ckpt_view_opts *
 	/* a one-step or one-item mount: its summary next to the stats (a root's
 	 * steps each have their own, STEP/.ckptfs/) */
 	struct node *log = stats ? ckpt_node_new(v, &ckpt_log_ops, VIEW_LOG_FILE, meta) : NULL;
-	if (!stats || !log || ckpt_node_add_kid(meta, stats) < 0 || ckpt_node_add_kid(meta, log) < 0 ||
+	if (!stats || !log || (!strcmp(v->kind, "root") && ckpt_latest_make(v) < 0) ||
+	    ckpt_node_add_kid(meta, stats) < 0 || ckpt_node_add_kid(meta, log) < 0 ||
 	    (strcmp(v->kind, "root") && ckpt_summary_add_files(v, meta) < 0) ||
 	    ckpt_node_dyn_add(v, meta) < 0) {
 		ckpt_view_destroy(v);
@@ -356,6 +357,21 @@ void ckpt_view_unpin(ckpt_view *v, ckpt_ino ino, ckpt_pin **pins, int npins)
 	(void)ino;
 	for (int i = 0; i < npins; i++)
 		ckpt_ctx_unpin(v->ctx, pins[i]);
+}
+
+ssize_t ckpt_view_readlink(ckpt_view *v, ckpt_ino ino, char *buf, size_t cap)
+{
+	struct node *n = ckpt_node_at(v, ino);
+	if (!n)
+		return -ENOENT;
+	if (!n->ops->readlink)
+		return -EINVAL;
+	if (n->parent == CKPT_ROOT_INO)
+		root_refresh(v); /* it follows the live root */
+	ckpt_rdlock(&v->ns_lock, CKPT_RANK_NS);
+	ssize_t rc = n->ops->readlink(v, n, buf, cap);
+	ckpt_rwunlock(&v->ns_lock, CKPT_RANK_NS);
+	return rc;
 }
 
 ssize_t ckpt_view_read(ckpt_view *v, ckpt_ino ino, uint64_t off, size_t len, void *dst)

@@ -12,6 +12,7 @@
  *   summary.c     the table of arrays of a directory, and the summary files
  *   views.c       STEP/.views/NAME/: a step shown as another model family's folder
  *                 by a view recipe (the recipe set, planning, reading target tensors)
+ *   latest.c      the root's `latest` symlink to its newest committed step
  *   companions.c  hidden names made on lookup: NAME[slice].npy, NAME.shards/,
  *                 X.safetensors, X.safetensors.d/, STEP/.ckptfs/, STEP/.stored/;
  *                 the ops of committed directories
@@ -175,6 +176,7 @@ enum node_kind {
 	N_BROKEN, /* NAME.npy of an array whose metadata or store is unusable: listed, reads -EIO */
 	N_SUMMARY, /* .ckptfs/summary.txt, .ckptfs/summary.json (summary.c) */
 	N_VIEWFILE, /* a safetensors file of STEP/.views/NAME/ (views.c) */
+	N_LINK, /* a root's `latest` symlink (latest.c) */
 	N_KINDS
 };
 
@@ -226,6 +228,10 @@ struct node_ops {
 	/* Pending steps: the final name the step takes while it commits
 	 * (committing or sealed), else NULL.  Read with ns_lock held.  NULL: none. */
 	const char *(*reserves)(struct node *n);
+	/* Symlinks: the target into buf (NUL-terminated), its length, or
+	 * -errno (-ENAMETOOLONG when cap is too small); called with ns_lock
+	 * shared.  NULL: not a symlink (-EINVAL). */
+	ssize_t (*readlink)(ckpt_view *v, struct node *n, char *buf, size_t cap);
 };
 
 /* The head of every node. */
@@ -412,6 +418,7 @@ struct ckpt_view {
 	size_t nunlinked, capunlinked;
 	void (*inval_notify)(void *arg); /* set before requests are served */
 	void *inval_arg;
+	struct node *latest; /* a root's `latest` symlink (latest.c), else NULL; set at open */
 };
 
 /* ---- node.c ---------------------------------------------------------------- */
@@ -605,6 +612,19 @@ int ckpt_summary_totals(ckpt_view *v, ckpt_ino dir, struct summary_totals *t);
  * `ckptfs info` for meta's parent, built on first open/read/getattr,
  * outside ns_lock) to the .ckptfs/ directory meta before it is published. */
 int ckpt_summary_add_files(ckpt_view *v, struct node *meta);
+
+/* ---- latest.c -------------------------------------------------------------- */
+
+#define CKPT_LATEST_NAME "latest"
+/* Make v->latest (a root view, at open).  0 or -ENOMEM. */
+int ckpt_latest_make(ckpt_view *v);
+/* 1 when (parent, name) is the root's `latest` entry. */
+int ckpt_latest_is(ckpt_view *v, ckpt_ino parent, const char *name);
+/* The root's `latest` entry when the root has a committed step: 1 and
+ * *out (its size refreshed), else 0.  ns_lock held. */
+int ckpt_latest_entry(ckpt_view *v, struct node **out);
+/* A write call on `latest` (what: "remove", "rename", ...): -EPERM, logged. */
+int ckpt_latest_refuse(const char *what);
 
 /* ---- layout.c (the root's steps) ------------------------------------------- */
 

@@ -250,7 +250,9 @@ def save_orbax_style(root, step, src_step, tmp_suffix=""):
 
 # from test_live_root.py
 def listing(m):
-    return sorted(os.listdir(m.p()))
+    """The root's steps: its listing less `latest` (the link to the newest
+    committed step, which test_latest.py checks)."""
+    return sorted(n for n in os.listdir(m.p()) if n != "latest")
 
 
 # from test_live_root.py

@@ -360,6 +360,7 @@ class Layout:
     dirs: dict = field(default_factory=dict)     # rel dir ("" = root) -> set of names
     commit_ns: dict = field(default_factory=dict)  # rel -> commit ns (files, dirs) where defined
     optional: dict = field(default_factory=dict)   # rel dir -> names allowed but not required
+    links: dict = field(default_factory=dict)      # rel -> symlink target (a root's `latest`)
     ocdbt: bool = False
     fmt: str = ""
 
@@ -447,6 +448,8 @@ def layout(name, root=None):
                 lay.files[f"{step}/metadata/{fn}"] = src / step / "metadata" / fn
                 lay.commit_ns[f"{step}/metadata/{fn}"] = ns
             _add_item(lay, src / step / "state", f"{step}/state", "", ns)
+        lay.dirs[""].add("latest")  # the link to the newest committed step
+        lay.links["latest"] = "20"
     elif name == "v1_checkpointables":
         lay.ocdbt = True
         lay.fmt = "zarr3+ocdbt"

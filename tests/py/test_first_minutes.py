@@ -107,7 +107,7 @@ def test_non_empty_mountpoint_is_refused_unless_nonempty(tmp_path):
     m = U.Mount(ck, mnt, tmp_path / "log", options=["nonempty"])
     m.start()
     try:
-        assert sorted(os.listdir(mnt)) == ["10", "20"]
+        assert sorted(os.listdir(mnt)) == ["10", "20", "latest"]
         assert np.load(mnt / "20" / "state" / "step.npy").shape == ()
     finally:
         m.unmount()
@@ -119,7 +119,7 @@ def test_already_mounted_mountpoint_is_refused(tmp_path, mount):
     m = mount(ck)
     err = refused(tmp_path, ck, m.path)
     assert "already a mount point" in err and "fusermount3 -u" in err, err
-    assert sorted(os.listdir(m.path)) == ["10", "20"]  # the first mount still serves
+    assert sorted(os.listdir(m.path)) == ["10", "20", "latest"]  # the first mount still serves
 
 
 def test_empty_source_and_empty_mountpoint_still_mount_a_new_root(tmp_path, mount):
@@ -284,7 +284,8 @@ def test_info_lists_steps_by_number_one_line_each(tmp_path):
 def test_readdir_of_a_root_is_in_step_order(tmp_path, mount):
     src = many_steps(tmp_path)
     m = mount(src, "ro")
-    assert os.listdir(m.path) == ["10", "20", "100", "200", "1000"]  # readdir order
+    assert os.listdir(m.path) == ["10", "20", "100", "200", "1000", "latest"]  # readdir order
+    assert os.readlink(m.path / "latest") == "1000"
 
 
 def test_info_exits_1_and_lists_unreadable_arrays(tmp_path):
@@ -413,7 +414,7 @@ def test_python_mount_context_manager(ckptfs_module, tmp_path):
     mine.mkdir()
     with pytest.raises(KeyError):  # an exception in the block still unmounts
         with ckptfs.mount(src, mine, ro=False, options=["cache_size=64M"]) as mnt:
-            assert mnt == mine and os.listdir(mnt) == ["10", "20"]
+            assert mnt == mine and os.listdir(mnt) == ["10", "20", "latest"]
             raise KeyError("boom")
     assert not U.is_mounted(mine) and mine.is_dir()  # a mount point of the caller's stays
 

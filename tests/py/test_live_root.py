@@ -270,7 +270,7 @@ def test_thousands_of_steps_are_not_walked(tmp_path):
         with FifoWatch(fifos) as w:
             try:
                 m = f(root, "ro")
-                names = os.listdir(m.p())
+                names = [x for x in os.listdir(m.p()) if x != "latest"]
                 st = os.stat(m.p())
                 touched_after_ls = set(w.touched)
                 opened_after_ls = ow.events()

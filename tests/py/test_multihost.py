@@ -247,7 +247,7 @@ def test_four_hosts_write_one_step(src, mount, tmp_path):
     commit_and_check(ms, src, exp, steps)
     # a read-only mount elsewhere sees the same step
     ro = mount(src, "ro")
-    assert sorted(os.listdir(ro.p())) == ["30"]
+    assert sorted(os.listdir(ro.p())) == ["30", "latest"]
     for rel, a in exp.items():
         assert (ro.p("30") / rel).read_bytes() == a.file_bytes(), rel
     # one chunk per shard file: big's chunks 2 and 3 (hosts 2, 3), h2only's two chunks (host 2)

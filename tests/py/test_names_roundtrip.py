@@ -68,7 +68,8 @@ def test_plain_step_names_accepted(mount, tmp_path):
         np.save(m.p(n + "/state/a.npy"), np.arange(3, dtype=np.int32))
         commit(m.p(n))
     assert sorted(os.listdir(src)) == sorted(names)
-    assert sorted(os.listdir(m.p())) == sorted(names)
+    assert sorted(os.listdir(m.p())) == sorted(names + ["latest"])
+    assert os.readlink(m.p("latest")) == "run.a_60"  # the greatest number, as Orbax's latest_step
 
 
 # ---------------------------------------------------------------------------

@@ -134,7 +134,8 @@ def all_steps(root, **kw):
 def test_manager_root_keeps_last_two_steps(mount):
     src = FIX / "manager"
     m = mount(src)
-    assert sorted(os.listdir(m.p())) == sorted(str(s) for s in all_steps(src)) == ["20", "30"]
+    assert sorted(os.listdir(m.p())) == sorted(str(s) for s in all_steps(src)) + ["latest"] == ["20", "30", "latest"]
+    assert os.readlink(m.p("latest")) == "30"
     for step in ("20", "30"):
         with ocp.Checkpointer(ocp.JsonCheckpointHandler()) as ck:
             want = ck.restore(src / step / "metadata", args=ocp.args.JsonRestore())
@@ -162,7 +163,9 @@ def test_manager_step_prefix_and_keep_period(mount):
     src = FIX / "extra_manager_prefix"
     m = mount(src)
     steps = all_steps(src, step_prefix="ckpt", step_format_fixed_length=6)
-    assert sorted(os.listdir(m.p())) == [f"ckpt_{s:06d}" for s in sorted(steps)] == ["ckpt_000020", "ckpt_000040"]
+    assert sorted(os.listdir(m.p())) == [f"ckpt_{s:06d}" for s in sorted(steps)] + ["latest"] == [
+        "ckpt_000020", "ckpt_000040", "latest"]
+    assert os.readlink(m.p("latest")) == "ckpt_000040"
 
 
 def test_unfinalized_partial_save_is_not_a_step(mount):
@@ -171,7 +174,7 @@ def test_unfinalized_partial_save_is_not_a_step(mount):
     src = FIX / "v1_root_unfinalized"
     assert any(p.name.startswith("2.partial_save") for p in src.iterdir())
     m = mount(src)
-    assert sorted(os.listdir(m.p())) == [str(s) for s in all_steps(src)] == ["1"]
+    assert sorted(os.listdir(m.p())) == [str(s) for s in all_steps(src)] + ["latest"] == ["1", "latest"]
 
 
 V1_LAYOUTS = [("v1_pytree", "pytree", "state/"), ("v1_partial", "pytree", "state/"),

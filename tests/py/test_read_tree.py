@@ -51,7 +51,9 @@ def test_scandir_types_match_stat(lm):
         for e in os.scandir(m.p(rel)):
             child = f"{rel}/{e.name}" if rel else e.name
             assert e.is_dir(follow_symlinks=False) == (child in lay.dirs), child
-            assert not e.is_symlink(), child
+            assert e.is_symlink() == (child in lay.links), child
+            if e.is_symlink():
+                assert os.readlink(e.path) == lay.links[child], child
 
 
 def test_hidden_names_are_not_listed(lm):

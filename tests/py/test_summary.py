@@ -14,7 +14,7 @@ import subprocess
 import pytest
 
 import ckfs_util as U
-from ckfs_help import save_orbax_style, wait_listing
+from ckfs_help import listing, save_orbax_style, wait_listing
 
 
 def info(*args):
@@ -94,7 +94,7 @@ def test_live_root_new_step(mount, tmp_path):
     src = src.resolve()
     m = mount(src)
     assert read_text(m.p("20/.ckptfs/summary.txt")) == info(src, "20")
-    want = sorted(os.listdir(m.p()) + ["40"])
+    want = sorted(listing(m) + ["40"])
     save_orbax_style(src, 40, U.FIXTURES / "manager" / "20")
     assert wait_listing(m, want) == want
     text = read_text(m.p("40/.ckptfs/summary.txt"))

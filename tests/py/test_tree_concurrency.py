@@ -115,7 +115,7 @@ def test_ls_and_read_answer_while_a_commit_is_held(mount, tmp_path):
             assert c.error is None, f"{what}: {c.error!r}"
         # the commit is still held: the answers came while it ran
         assert not commit.done.is_set()
-        assert ls_root.result == ["1", "2"]
+        assert ls_root.result == ["1", "2", "latest"]
         assert ls_step.result == sorted(arrays)
         assert np.array_equal(read1.result, a1)
     finally:
@@ -128,7 +128,7 @@ def test_ls_and_read_answer_while_a_commit_is_held(mount, tmp_path):
 
     # The held file was a FIFO: that commit failed and the step stays pending.
     assert isinstance(commit.error, OSError), commit.error
-    assert sorted(os.listdir(m.p())) == ["1", "2"]
+    assert sorted(os.listdir(m.p())) == ["1", "2", "latest"]
     os.unlink(fifo)
     open(m.p("2/commit_success.txt"), "w").close()
     assert sorted(os.listdir(src)) == ["1", "2"]

@@ -151,7 +151,7 @@ def test_step_without_checkpoint_metadata_mounts(name, mount):
 def test_root_of_steps_without_checkpoint_metadata(mount):
     ref = mount(_ref_step(), "ro")
     m = mount(WILD / "legacy_root", "ro")
-    assert sorted(os.listdir(m.p())) == ["20", "30"], "the tmp folder must stay invisible"
+    assert sorted(os.listdir(m.p())) == ["20", "30", "latest"], "the tmp folder must stay invisible"
     for step in ("20", "30"):
         assert sorted(n for n in os.listdir(m.p(step)) if not n.startswith("_")
                       and n != "commit_success.txt") == ["metadata", "state"]

@@ -419,14 +419,15 @@ def test_t5x_tmp_folder_is_no_step(tmp_path, mount):
     shutil.copytree(WF / "t5x", root)
     shutil.copytree(root / "checkpoint_100", root / "checkpoint_200.tmp-1700000000")
     m = mount(root, "ro")
-    assert os.listdir(m.p()) == ["checkpoint_100"]
+    assert os.listdir(m.p()) == ["checkpoint_100", "latest"]
 
 
 def test_gda_folder_belongs_to_its_step(mounts):
     """Legacy Flax's checkpoint_<N>_gda/ holds arrays of step checkpoint_<N>,
     it is no step of its own."""
     m = mounts("flax_legacy")
-    assert sorted(os.listdir(m.p())) == ["checkpoint_1", "checkpoint_2"]
+    assert sorted(os.listdir(m.p())) == ["checkpoint_1", "checkpoint_2", "latest"]
+    assert os.readlink(m.p("latest")) == "checkpoint_2"
 
 
 def test_xattrs_of_npz_members(mounts):

@@ -113,7 +113,7 @@ def step30(tmp_path_factory):
 def test_pending_step_is_only_a_tmp_folder_on_disk(step30):
     assert step30.pending_listing == ["30" + TMP]
     assert step30.listing_after == ["30"]
-    assert step30.mnt_listing == ["30"]
+    assert step30.mnt_listing == ["30", "latest"]
     assert step30.returncode == 0
 
 
@@ -129,7 +129,7 @@ def test_same_mount_reads_back_committed_step(step30):
 
 def test_fresh_mount_reads_back_byte_for_byte(step30, mount):
     m = mount(step30.src)
-    assert sorted(os.listdir(m.p())) == ["30"]
+    assert sorted(os.listdir(m.p())) == ["30", "latest"]
     assert sorted(os.listdir(m.p("30"))) == ["_CHECKPOINT_METADATA", "commit_success.txt", "opt", "state"]
     for rel, a in step30.exp.items():
         assert_file_is(m.p("30/" + rel), a, what=rel)
@@ -219,7 +219,7 @@ def test_rename_commits_under_new_name(mount, tmp_path):
     exp = small_step(m.p("tmp50"), 50)
     assert sorted(os.listdir(src)) == ["tmp50" + TMP]
     os.rename(m.p("tmp50"), m.p("50"))
-    assert sorted(os.listdir(m.p())) == ["50"]
+    assert sorted(os.listdir(m.p())) == ["50", "latest"]
     assert sorted(os.listdir(src)) == ["50"]
     step = src / "50"
     assert (step / "commit_success.txt").read_text() == f"Checkpoint commit was successful to {step}"
@@ -231,7 +231,7 @@ def test_rename_commits_under_new_name(mount, tmp_path):
     assert U.errno_of(os.stat, m.p("tmp50")) == errno.ENOENT
     m.unmount()
     m2 = mount(src)
-    assert sorted(os.listdir(m2.p())) == ["50"]
+    assert sorted(os.listdir(m2.p())) == ["50", "latest"]
     for rel, a in exp.items():
         assert_file_is(m2.p("50/" + rel), a, what=rel)
 
@@ -246,7 +246,7 @@ def test_rmdir_aborts_pending_step(mount, tmp_path):
     write_bytes(m.p("60/state/half.npy"), npy_bytes("<i4", (8, 8), a[:4].tobytes()))  # half written
     assert "60" + TMP in os.listdir(src)
     os.rmdir(m.p("60"))
-    assert sorted(os.listdir(m.p())) == ["10"]
+    assert sorted(os.listdir(m.p())) == ["10", "latest"]
     assert U.errno_of(os.stat, m.p("60")) == errno.ENOENT
     assert sorted(os.listdir(src)) == ["10"], "the aborted step left something on disk"
     assert tree_files(src / "10") == before
@@ -268,7 +268,8 @@ def test_pending_step_invisible_to_readers(mount, tmp_path):
     os.mkdir(w.p("70"))
     exp70 = small_step(w.p("70"), 70)  # complete, but not committed
     # the writer sees its pending step, with what it wrote
-    assert sorted(os.listdir(w.p())) == ["10", "70"]
+    assert sorted(os.listdir(w.p())) == ["10", "70", "latest"]
+    assert os.readlink(w.p("latest")) == "10"  # a pending step is no committed step
     for rel, a in exp70.items():
         assert read_bytes(w.p("70/" + rel)) == a.file_bytes(), f"pending {rel} reads back wrong"
     # on disk: only the tmp name
@@ -276,7 +277,7 @@ def test_pending_step_invisible_to_readers(mount, tmp_path):
     assert names == ["10", "70" + TMP], names
     # a read-only mount started now shows no step 70, and no tmp folder
     r = mount(src, "ro")
-    assert sorted(os.listdir(r.p())) == ["10"]
+    assert sorted(os.listdir(r.p())) == ["10", "latest"]
     assert U.errno_of(os.stat, r.p("70")) == errno.ENOENT
     assert U.errno_of(os.stat, r.p("70" + TMP)) == errno.ENOENT
     for rel, a in exp10.items():
@@ -285,6 +286,7 @@ def test_pending_step_invisible_to_readers(mount, tmp_path):
     commit(w.p("70"))
     assert sorted(os.listdir(src)) == ["10", "70"]
     r2 = mount(src, "ro")
-    assert sorted(os.listdir(r2.p())) == ["10", "70"]
+    assert sorted(os.listdir(r2.p())) == ["10", "70", "latest"]
+    assert os.readlink(r2.p("latest")) == "70"
     for rel, a in exp70.items():
         assert_file_is(r2.p("70/" + rel), a, what=rel)

@@ -307,7 +307,7 @@ def test_committed_step_refuses_writes_with_erofs(root):
     bad = {what: e for what, e in errs.items() if e != errno.EROFS}
     assert not bad, f"not EROFS: { {k: (errno.errorcode.get(e, e) if e else 'succeeded') for k, e in bad.items()} }"
     alive(m)
-    assert sorted(os.listdir(m.p())) == ["30"]
+    assert sorted(os.listdir(m.p())) == ["30", "latest"]
     assert np.array_equal(np.load(m.p("30/state/a.npy")), v)
     after = {p: p.read_bytes() for p in (src / "30").rglob("*") if p.is_file()}
     assert after == before
@@ -444,7 +444,7 @@ def test_existing_step_or_dir_is_eexist(root):
     alive(m)
     logged = lg.has("renamee")
     assert sorted(os.listdir(src)) == ["30", "renamee" + TMP]
-    assert sorted(os.listdir(m.p())) == ["30", "renamee"]
+    assert sorted(os.listdir(m.p())) == ["30", "latest", "renamee"]
     assert np.array_equal(np.load(m.p("30/state/a.npy")), np.ones(2, np.float32))
     os.rename(m.p("renamee"), m.p("31"))
     assert sorted(os.listdir(src)) == ["30", "31"]

@@ -116,6 +116,7 @@ class Root:
         m = self.mount(self.src)
         names = sorted(os.listdir(m.p()))
         want = sorted(self.steps) + ([step] if committed else [])
+        want += ["latest"] if want else []  # the link to the newest committed step
         assert names == sorted(want), f"mount shows {names}, want {sorted(want)}"
         assert not [n for n in names if TMP in n]
         assert U.errno_of(os.stat, m.p(step + TMP)) == errno.ENOENT

@@ -63,7 +63,17 @@ static void test_read_side(void)
 	ckpt_attr a;
 	CHECK_EQ_INT(ckpt_view_readdir(v, CKPT_ROOT_INO, 0, &name, &a), 1);
 	CHECK(!strcmp(name, "10") && a.is_dir && a.mode == 0555 && a.nlink == 2);
-	CHECK_EQ_INT(count_entries(v, CKPT_ROOT_INO), 2);
+	CHECK_EQ_INT(count_entries(v, CKPT_ROOT_INO), 3); /* 10, 20, latest */
+	CHECK_EQ_INT(ckpt_view_readdir(v, CKPT_ROOT_INO, 2, &name, &a), 1);
+	CHECK(!strcmp(name, "latest") && a.is_link && !a.is_dir && a.size == 2 && !a.immutable);
+	char target[8];
+	CHECK_EQ_INT(ckpt_view_readlink(v, a.ino, target, sizeof(target)), 2);
+	CHECK(!strcmp(target, "20"));
+	CHECK_EQ_INT(ckpt_view_readlink(v, a.ino, target, 2), -ENAMETOOLONG);
+	CHECK_EQ_INT(ckpt_view_readlink(v, CKPT_ROOT_INO, target, sizeof(target)), -EINVAL);
+	CHECK(lookup(v, CKPT_ROOT_INO, "latest") == a.ino);
+	CHECK_EQ_INT(ckpt_view_unlink(v, CKPT_ROOT_INO, "latest"), -EPERM);
+	CHECK_EQ_INT(ckpt_view_rename(v, CKPT_ROOT_INO, "latest", CKPT_ROOT_INO, "30", 0), -EPERM);
 
 	ckpt_ino emb = lookup(v, CKPT_ROOT_INO, "10/state/params/embed/embedding.npy");
 	CHECK(emb != 0);
@@ -206,7 +216,7 @@ static void test_commit_does_not_block_the_namespace(void)
 	while (!thread_in_fifo_open())
 		usleep(1000);
 	/* The commit is held inside the writer: the namespace answers. */
-	CHECK_EQ_INT(count_entries(v, CKPT_ROOT_INO), 2);
+	CHECK_EQ_INT(count_entries(v, CKPT_ROOT_INO), 3); /* 1, 2 (pending), latest */
 	ckpt_ino w = lookup(v, CKPT_ROOT_INO, "1/state/w.npy");
 	float f[2];
 	CHECK(w != 0);
@@ -229,7 +239,7 @@ static void test_commit_does_not_block_the_namespace(void)
 	CHECK(c.rc < 0);
 	unlink(fifo);
 	CHECK_EQ_INT(commit_marker(v, s2.ino, &a), 0);
-	CHECK_EQ_INT(count_entries(v, CKPT_ROOT_INO), 2);
+	CHECK_EQ_INT(count_entries(v, CKPT_ROOT_INO), 3); /* 1, 2, latest */
 	ckpt_ino a5 = lookup(v, CKPT_ROOT_INO, "2/state/a5.npy");
 	CHECK(a5 != 0 && a5 != s2.ino);
 	CHECK_EQ_INT(ckpt_view_read(v, a5, (uint64_t)hdr_len, sizeof(f), f), (int)sizeof(f));
@@ -301,7 +311,7 @@ static void test_sources_and_live_root(void)
 	CHECK_EQ_INT(ckpt_view_lookup(v, CKPT_ROOT_INO, "6", &a), 0);
 	snprintf(p, sizeof(p), "rm -r '%s/5'", root);
 	CHECK_EQ_INT(system(p), 0);
-	CHECK_EQ_INT(count_entries(v, CKPT_ROOT_INO), 2); /* 6/ and src/ */
+	CHECK_EQ_INT(count_entries(v, CKPT_ROOT_INO), 3); /* 6/, src/ and latest */
 	CHECK_EQ_INT(ckpt_view_lookup(v, CKPT_ROOT_INO, "5", &a), -ENOENT);
 	char buf[16];
 	CHECK_EQ_INT(ckpt_view_getattr(v, meta, &a), -ESTALE);
@@ -378,7 +388,7 @@ static void test_pruned_step_is_freed(void)
 	CHECK(freed0 >= 0);
 	snprintf(p, sizeof(p), "rm -r '%s/5'", root);
 	CHECK_EQ_INT(system(p), 0);
-	CHECK_EQ_INT(count_entries(v, CKPT_ROOT_INO), 1); /* the rescan: 5 is gone */
+	CHECK_EQ_INT(count_entries(v, CKPT_ROOT_INO), 2); /* the rescan: 5 is gone (6 and latest) */
 	CHECK_EQ_INT(ckpt_view_lookup(v, CKPT_ROOT_INO, "5", &a), -ENOENT);
 	CHECK_EQ_INT(ckpt_view_lookup(v, ino[3], "embedding.npy", &a), -ESTALE);
 	CHECK_EQ_INT(ckpt_view_getattr(v, ino[4], &a), -ESTALE);
