@@ -1489,7 +1489,9 @@ static int run_rule(const ckpt_recipe *r, const struct rule *ru, const struct sr
 	for (int c = 0; c < ncap; c++) {
 		char nm[72];
 		double have;
-		snprintf(nm, sizeof(nm), "num_%s", capn[c]);
+		int w = snprintf(nm, sizeof(nm), "num_%s", capn[c]);
+		if (w < 0 || (size_t)w >= sizeof(nm))
+			continue; /* a capture name this long has no num_ variable */
 		if (env_get(env, nm, strlen(nm), &have)) {
 			env_set(env, nm, capmax[c] + 1 > have ? capmax[c] + 1 : have);
 		} else if (env->nown < 16) {
