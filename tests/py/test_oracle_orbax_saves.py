@@ -65,7 +65,7 @@ def test_local_root_saves_restores_prunes(mount, tmp_path):
     src.mkdir()
     m = mount(src)
     assert ok(orbax(m.p(), "save", 0, 1, 2, 3, 4))["all_steps"] == [2, 3, 4]
-    assert sorted(os.listdir(m.p())) == ["2", "3", "4"]
+    assert sorted(os.listdir(m.p())) == ["2", "3", "4", "latest"]
     check_backing(src, [2, 3, 4])
     r = ok(orbax(m.p(), "restore", 2, 3, 4, view=m.p()))
     assert r == {"all_steps": [2, 3, 4], "restored": [2, 3, 4]}
@@ -84,7 +84,7 @@ def test_local_root_commit_file_mode(mount, tmp_path):
     src.mkdir()
     m = mount(src)
     assert ok(orbax(m.p(), "save", 0, 1, 2, 3, 4, commit_file=True))["all_steps"] == [2, 3, 4]
-    assert sorted(os.listdir(m.p())) == ["2", "3", "4"]
+    assert sorted(os.listdir(m.p())) == ["2", "3", "4", "latest"]
     check_backing(src, [2, 3, 4])
     assert ok(orbax(m.p(), "restore", 2, 3, 4, view=m.p(), commit_file=True))["restored"] == [2, 3, 4]
     assert "an Orbax save" in m.log()
@@ -215,7 +215,7 @@ def test_two_jax_processes_save_through_one_mount(mount, tmp_path):
         assert p.returncode == 0, err[-4000:]
         r = json.loads(out.strip().splitlines()[-1])
         assert r["all_steps"] == [1, 2] and r["restored"], r
-    assert sorted(os.listdir(m.p())) == ["1", "2"]
+    assert sorted(os.listdir(m.p())) == ["1", "2", "latest"]
     names = stored_names(src)
     assert not [n for n in names if n.endswith(".__lock") or ".orbax-checkpoint-tmp" in n], names
     for p in (0, 1):  # each process's database and array metadata, merged by process 0
