@@ -32,6 +32,7 @@ struct ckfs_opts {
 	int uid, gid; /* owner shown for every node (-1: the daemon's) */
 	char *umask; /* octal; when set, modes are 0777/0666 & ~umask */
 	int allow_other_writes; /* other uids may write (allow_other) */
+	int delete_steps; /* removals inside a committed step delete it (Orbax's max_to_keep) */
 	int force_root; /* -o root: a non-checkpoint SOURCE is a CheckpointManager root */
 	int process_index, process_count; /* multi-host writes (docs/usage.md) */
 	int commit_timeout; /* seconds; 0: default */

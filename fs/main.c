@@ -45,6 +45,7 @@ static const struct fuse_opt opt_spec[] = { OPT("cache_size=%s", cache_size, 0),
 					    OPT("gid=%d", gid, 0),
 					    OPT("umask=%s", umask, 0),
 					    OPT("allow_other_writes", allow_other_writes, 1),
+					    OPT("delete_steps", delete_steps, 1),
 					    OPT("root", force_root, 1),
 					    OPT("process_index=%d", process_index, 0),
 					    OPT("process_count=%d", process_count, 0),
@@ -113,6 +114,8 @@ static void usage(const char *prog)
 	       "    -o commit_timeout=SEC   multi-host commit: wait this long for the other hosts (600)\n"
 	       "    -o uid=N,gid=N          owner shown for every file (default: the mounting user)\n"
 	       "    -o umask=OCT            show modes 0777/0666 & ~OCT (default 022: 0755 and 0644)\n"
+	       "    -o delete_steps         let rm -r (and Orbax's max_to_keep) delete committed steps:\n"
+	       "                            the first removal inside a step deletes all of it\n"
 	       "    -o allow_other_writes   with allow_other: let other users write and commit steps\n"
 	       "                            (default: EACCES for any uid but the mounting user's)\n"
 	       "    -o endpoint=URL         s3://, gs:// SOURCE: the service's URL (MinIO, R2, a local\n"
@@ -631,6 +634,7 @@ static const char *const known_opts[] = { "cache_size",
 					  "gid",
 					  "umask",
 					  "allow_other_writes",
+					  "delete_steps",
 					  "root",
 					  "process_index",
 					  "process_count",
@@ -868,6 +872,7 @@ int main(int argc, char *argv[])
 	ckpt_view_opts vo = { 0 };
 	vo.ctx.threads = fs.opts.threads;
 	vo.show_companions = fs.opts.show_companions;
+	vo.delete_steps = fs.opts.delete_steps;
 	vo.read_only = fs.opts.read_only;
 	vo.force_root = fs.opts.force_root;
 	vo.zstd_level = fs.opts.zstd_level;

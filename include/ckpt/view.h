@@ -57,6 +57,10 @@ typedef struct ckpt_view_opts {
 	 * first); NULL: none.  Borrowed for the life of the view. */
 	const char *recipe_dirs;
 	int no_shipped_recipes; /* do not read the recipes shipped with ckptfs */
+	/* A writable root: an unlink or rmdir inside a committed step deletes
+	 * the whole step (rmtree, CheckpointManager's max_to_keep; prune.c).
+	 * 0: such removals are -EROFS, committed steps never lose a byte. */
+	int delete_steps;
 } ckpt_view_opts;
 
 typedef struct ckpt_attr {

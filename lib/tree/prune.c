@@ -2,6 +2,10 @@
  * prune.c - deleting committed steps of a writable root through the mount
  * (CheckpointManager's max_to_keep, `rm -rf MNT/<step>`).
  *
+ * Only with -o delete_steps (ckpt_view_opts.delete_steps): otherwise every
+ * removal inside a committed step is -EROFS and no step loses a byte to a
+ * stray `rm`.
+ *
  * The mount shows a committed step as its tree of arrays, not as the files
  * Orbax stored, so removing it file by file cannot map onto the source.  A
  * removal anywhere inside committed step S is taken as the deletion of all
@@ -121,6 +125,15 @@ int ckpt_prune_remove(ckpt_view *v, struct node *dir, struct node *n, int rmdir_
 	struct node *s = ckpt_prune_step_of(v, n ? n : dir);
 	if (!s)
 		return -EROFS;
+	if (!v->opts.delete_steps && !atomic_load(&s->pruned)) {
+		ckpt_log(CKPT_LOG_WARN,
+			 "step %s: committed steps are read-only here; mount with -o delete_steps to let rm "
+			 "-r "
+			 "and Orbax's max_to_keep delete them (the first removal inside a step deletes all "
+			 "of it)",
+			 s->name);
+		return -EROFS;
+	}
 	if (!atomic_load(&s->pruned)) {
 		int rc = retire(v, s);
 		if (rc)

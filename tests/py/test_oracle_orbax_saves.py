@@ -63,7 +63,7 @@ def check_backing(src, steps):
 def test_local_root_saves_restores_prunes(mount, tmp_path):
     src = tmp_path / "src"
     src.mkdir()
-    m = mount(src)
+    m = mount(src, "delete_steps")  # Orbax's max_to_keep deletes steps
     assert ok(orbax(m.p(), "save", 0, 1, 2, 3, 4))["all_steps"] == [2, 3, 4]
     assert sorted(os.listdir(m.p())) == ["2", "3", "4", "latest"]
     check_backing(src, [2, 3, 4])
@@ -82,7 +82,7 @@ def test_local_root_commit_file_mode(mount, tmp_path):
     (written last) commits."""
     src = tmp_path / "src"
     src.mkdir()
-    m = mount(src)
+    m = mount(src, "delete_steps")  # Orbax's max_to_keep deletes steps
     assert ok(orbax(m.p(), "save", 0, 1, 2, 3, 4, commit_file=True))["all_steps"] == [2, 3, 4]
     assert sorted(os.listdir(m.p())) == ["2", "3", "4", "latest"]
     check_backing(src, [2, 3, 4])
@@ -110,7 +110,7 @@ def test_s3_root_saves_restores_prunes(tmp_path, monkeypatch):
     with s3env.S3Env(tmp_path / "s3") as env:
         def s3mount(n):
             m = U.Mount("placeholder", tmp_path / f"m{n}", tmp_path / f"m{n}.log",
-                        options=[f"endpoint={env.endpoint}"])
+                        options=[f"endpoint={env.endpoint}", "delete_steps"])
             m.source = f"s3://{s3env.BUCKET}/run"
             m.start()
             return m
@@ -171,7 +171,7 @@ def _counts(root, step):
 def test_sigkill_at_points_of_a_save_leaves_no_step(mount, tmp_path):
     src = tmp_path / "src"
     src.mkdir()
-    m = mount(src)
+    m = mount(src, "delete_steps")  # Orbax's max_to_keep deletes steps
     counts = _counts(m.p(), 9)
     shutil.rmtree(m.p("9"))  # through the mount: the step is deleted
     assert os.listdir(m.p()) == [] and os.listdir(src) == []
@@ -203,7 +203,7 @@ def test_two_jax_processes_save_through_one_mount(mount, tmp_path):
     import socket
     src = tmp_path / "src"
     src.mkdir()
-    m = mount(src)
+    m = mount(src, "delete_steps")  # Orbax's max_to_keep deletes steps
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]

@@ -313,10 +313,29 @@ def test_committed_step_refuses_writes_with_erofs(root):
     assert after == before
 
 
-def test_a_removal_inside_a_committed_step_deletes_all_of_it(root):
-    """rmtree of a committed step (Orbax's max_to_keep): the first unlink
-    inside takes the whole step out of SOURCE; the rest of the walk works."""
+def test_a_removal_inside_a_committed_step_is_erofs_by_default(root):
+    """Without -o delete_steps no removal touches a committed step: a stray
+    rm is EROFS (logged, naming the option) and SOURCE keeps every byte."""
     src, m = root
+    committed_step(src, m)
+    before = {p: p.read_bytes() for p in (src / "30").rglob("*") if p.is_file()}
+    assert err(os.unlink, m.p("30/state/a.npy")) == errno.EROFS
+    assert err(os.rmdir, m.p("30/state")) == errno.EROFS
+    assert err(shutil.rmtree, m.p("30")) == errno.EROFS
+    assert "-o delete_steps" in m.log()
+    assert sorted(os.listdir(m.p())) == ["30", "latest"]
+    assert {p: p.read_bytes() for p in (src / "30").rglob("*") if p.is_file()} == before
+
+
+def test_a_removal_inside_a_committed_step_deletes_all_of_it(mount, tmp_path):
+    """-o delete_steps, rmtree of a committed step (Orbax's max_to_keep): the
+    first unlink inside takes the whole step out of SOURCE; the rest of the
+    walk works."""
+    src = tmp_path / "root"
+    src.mkdir()
+    m = mount(src, "delete_steps")
+    os.mkdir(m.p("30"))
+    os.mkdir(m.p("30/state"))
     committed_step(src, m)
     os.unlink(m.p("30/state/a.npy"))
     assert os.listdir(m.p()) == [] and os.listdir(src) == []
