@@ -41,6 +41,23 @@ struct lres {
 	int marker; /* a "dir/" object exists */
 };
 
+/* Append an entry taking ownership of name (freed on failure). */
+static int lres_add(struct lres *r, char *name, int is_dir, uint64_t size, int64_t mtime_ns)
+{
+	if (r->n == r->cap) {
+		size_t nc = r->cap ? 2 * r->cap : 64;
+		struct lentry *nv = realloc(r->v, nc * sizeof(*nv));
+		if (!nv) {
+			free(name);
+			return -ENOMEM;
+		}
+		r->v = nv;
+		r->cap = nc;
+	}
+	r->v[r->n++] = (struct lentry){ .name = name, .is_dir = is_dir, .size = size, .mtime_ns = mtime_ns };
+	return 0;
+}
+
 struct ld_ctx {
 	size_t strip;
 	struct lres res;
@@ -71,23 +88,10 @@ static int ld_cb(struct s3_store *s, void *ctx, const char *key, const char *eta
 		if (memchr(rest, '/', n))
 			return 0;
 	}
-	if (c->res.n == c->res.cap) {
-		size_t nc = c->res.cap ? 2 * c->res.cap : 64;
-		struct lentry *nv = realloc(c->res.v, nc * sizeof(*nv));
-		if (!nv)
-			return -ENOMEM;
-		c->res.v = nv;
-		c->res.cap = nc;
-	}
-	struct lentry *e = &c->res.v[c->res.n];
-	e->name = strndup(rest, n);
-	if (!e->name)
+	char *name = strndup(rest, n);
+	if (!name)
 		return -ENOMEM;
-	e->is_dir = is_prefix;
-	e->size = is_prefix ? 0 : size;
-	e->mtime_ns = is_prefix ? 0 : mt;
-	c->res.n++;
-	return 0;
+	return lres_add(&c->res, name, is_prefix, is_prefix ? 0 : size, is_prefix ? 0 : mt);
 }
 
 static int lentry_cmp(const void *a, const void *b)
@@ -148,21 +152,10 @@ static int fl_cb(struct s3_store *s, void *ctx, const char *key, const char *eta
 	int rc = ckpt_s3_obj_pin(s, key, size, etag, mt, NULL);
 	if (rc)
 		return rc;
-	if (c->res.n == c->res.cap) {
-		size_t nc = c->res.cap ? 2 * c->res.cap : 64;
-		struct lentry *nv = realloc(c->res.v, nc * sizeof(*nv));
-		if (!nv)
-			return -ENOMEM;
-		c->res.v = nv;
-		c->res.cap = nc;
-	}
-	struct lentry *e = &c->res.v[c->res.n];
-	e->name = strdup(key + c->strip);
-	if (!e->name)
+	char *name = strdup(key + c->strip);
+	if (!name)
 		return -ENOMEM;
-	e->size = size;
-	c->res.n++;
-	return 0;
+	return lres_add(&c->res, name, 0, size, 0);
 }
 
 static int s3_list(ckpt_store *st, const char *prefix, ckpt_store_list_cb cb, void *ctx)
