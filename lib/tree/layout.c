@@ -785,17 +785,7 @@ static ssize_t step_listxattr(ckpt_view *v, struct node *n, char *buf, size_t ca
 {
 	(void)v;
 	(void)n;
-	size_t total = 0;
-	for (size_t i = 0; i < sizeof(step_xattrs) / sizeof(step_xattrs[0]); i++) {
-		size_t l = strlen(step_xattrs[i]) + 1;
-		if (cap) {
-			if (total + l > cap)
-				return -ERANGE;
-			memcpy(buf + total, step_xattrs[i], l);
-		}
-		total += l;
-	}
-	return (ssize_t)total;
+	return ckpt_xattr_list(step_xattrs, sizeof(step_xattrs) / sizeof(step_xattrs[0]), NULL, buf, cap);
 }
 
 static void step_destroy(ckpt_view *v, struct node *n)

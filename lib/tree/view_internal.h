@@ -541,6 +541,10 @@ int ckpt_array_node_init(struct node *n, struct aref *ar, const ckpt_region *r);
 int ckpt_array_node_init_f32(struct node *n, struct aref *ar, const ckpt_region *r);
 ssize_t ckpt_array_getxattr(ckpt_view *v, struct node *n, const char *name, char *buf, size_t cap);
 ssize_t ckpt_array_listxattr(ckpt_view *v, struct node *n, char *buf, size_t cap);
+/* A listxattr answer of names[i] (those with skip[i] 0; skip may be NULL),
+ * each with its NUL: the size needed when cap is 0, -ERANGE when it does
+ * not fit. */
+ssize_t ckpt_xattr_list(const char *const *names, size_t count, const uint8_t *skip, char *buf, size_t cap);
 
 /* ---- companions.c ---------------------------------------------------------- */
 

@@ -215,21 +215,30 @@ ssize_t ckpt_array_getxattr(ckpt_view *v, struct node *node, const char *name, c
 	return put(val, (size_t)len, buf, cap);
 }
 
-ssize_t ckpt_array_listxattr(ckpt_view *v, struct node *node, char *buf, size_t cap)
+ssize_t ckpt_xattr_list(const char *const *names, size_t count, const uint8_t *skip, char *buf, size_t cap)
 {
-	(void)v;
-	struct array_node *n = to_array(node);
 	size_t total = 0;
-	for (size_t i = 0; i < sizeof(array_xattrs) / sizeof(array_xattrs[0]); i++) {
-		if (!has_xattr(n, array_xattrs[i]))
+	for (size_t i = 0; i < count; i++) {
+		if (skip && skip[i])
 			continue;
-		size_t l = strlen(array_xattrs[i]) + 1;
+		size_t l = strlen(names[i]) + 1;
 		if (cap) {
 			if (total + l > cap)
 				return -ERANGE;
-			memcpy(buf + total, array_xattrs[i], l);
+			memcpy(buf + total, names[i], l);
 		}
 		total += l;
 	}
 	return (ssize_t)total;
+}
+
+ssize_t ckpt_array_listxattr(ckpt_view *v, struct node *node, char *buf, size_t cap)
+{
+	(void)v;
+	struct array_node *n = to_array(node);
+	enum { N = sizeof(array_xattrs) / sizeof(array_xattrs[0]) };
+	uint8_t skip[N];
+	for (size_t i = 0; i < N; i++)
+		skip[i] = !has_xattr(n, array_xattrs[i]);
+	return ckpt_xattr_list(array_xattrs, N, skip, buf, cap);
 }
