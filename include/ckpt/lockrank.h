@@ -8,7 +8,7 @@
  * have several parents: it then appears under each): a lock may be taken
  * only while every lock the thread holds is one of its ancestors, that is,
  * lies on a path from a root of the tree down to it.  scripts/lock_tree
- * prints the tree from this table; the text in tree/view_internal.h and
+ * prints the tree from this table; the text in tree/tree_int.h and
  * docs/design.md is that output (tests/py/test_repo.py compares them).
  *
  * Leaf locks of store/ and base/ (OCDBT node cache, HTTP handles, decode

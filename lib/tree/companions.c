@@ -10,7 +10,7 @@
 
 #include "orbax.h"
 #include "store.h"
-#include "view_internal.h"
+#include "tree_int.h"
 
 /* Most stored units a NAME.shards/ directory lists. */
 #define SHARDS_MAX_UNITS (1u << 20)

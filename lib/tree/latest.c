@@ -20,7 +20,7 @@
  */
 #include <string.h>
 
-#include "view_internal.h"
+#include "tree_int.h"
 
 struct latest_node {
 	struct node n;

@@ -17,7 +17,7 @@
 #include "foreign.h"
 #include "npy.h"
 #include "orbax.h"
-#include "view_internal.h"
+#include "tree_int.h"
 
 #define MAX_JSON (64u << 20) /* _METADATA and friends */
 /* Deepest folder mirrored below a non-pytree item, and the most nodes (files

@@ -2,7 +2,7 @@
  * node.c - the node table (inode number -> node), kids of directories, the
  * hidden-name map, and the kind-independent parts of lookup, readdir and
  * attributes.  The node model, its invariants and the lock order of
- * libckpt are described in view_internal.h.
+ * libckpt are described in tree_int.h.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -10,7 +10,7 @@
 
 #include "hash.h"
 #include "stats.h"
-#include "view_internal.h"
+#include "tree_int.h"
 
 /*
  * The life of a kid of the root (node->life; every change through

@@ -3,7 +3,7 @@
  * pytree directories and array files map onto the writer (writer.h).  The
  * pending node kinds (N_PSTEP, N_PDIR, N_PFILE) and their ops live here.
  *
- * Locks (the whole order is in view_internal.h): ns_lock -> ps->io_lock
+ * Locks (the whole order is in tree_int.h): ns_lock -> ps->io_lock
  * (writes, reads and setxattr of the step shared; commit/abort exclusive)
  * -> pf->mu (header state of one file).  ckpt_warray_write runs with only
  * io_lock held (shared), so writers of different files never wait for each
@@ -33,7 +33,7 @@
 #include "orbax.h"
 #include "writer.h"
 #include "writer_hosts.h"
-#include "view_internal.h"
+#include "tree_int.h"
 
 /*
  * The life of a pending step (ps->state; every change through ps_set(),

@@ -33,7 +33,7 @@
 #include "store.h"
 #include "sysio.h"
 #include "upload.h"
-#include "view_internal.h"
+#include "tree_int.h"
 
 /* The committed step of the root that n is in (n itself when it is one),
  * or NULL. */

@@ -24,7 +24,7 @@
 #include <time.h>
 
 #include "summary.h"
-#include "view_internal.h"
+#include "tree_int.h"
 
 #define META_DIR ".ckptfs"
 

@@ -1,7 +1,7 @@
 /*
  * view.c - the public read-side calls on the mounted tree: open/destroy,
  * lookup, readdir, getattr, reads and xattrs.  Each one finds the node and
- * dispatches through its kind's ops table (view_internal.h); the write-side
+ * dispatches through its kind's ops table (tree_int.h); the write-side
  * calls (mkdir, create, write, ...) are in pending.c.
  */
 #include <stdlib.h>
@@ -9,7 +9,7 @@
 #include <time.h>
 
 #include "sysio.h"
-#include "view_internal.h"
+#include "tree_int.h"
 
 /* .ckptfs/: hidden, reachable by name */
 #define VIEW_META_DIR ".ckptfs"

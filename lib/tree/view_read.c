@@ -13,7 +13,7 @@
 #include "npy.h"
 #include "stats.h"
 #include "store.h"
-#include "view_internal.h"
+#include "tree_int.h"
 
 /* A streaming reader is one whose next read starts within this distance of
  * where the last one ended. */

@@ -6,7 +6,7 @@
 #include <string.h>
 
 #include "store.h"
-#include "view_internal.h"
+#include "tree_int.h"
 
 /* Room for one attribute value. */
 #define XATTR_VAL_MAX 4096

@@ -37,7 +37,7 @@
 #include "orbax.h"
 #include "recipe.h"
 #include "sysio.h"
-#include "view_internal.h"
+#include "tree_int.h"
 
 /* Target elements made per step of a read. */
 #define VIEW_BATCH 262144u

@@ -1,5 +1,5 @@
 """The repository's own texts agree with its code: the lock order and the
-ops table that docs/design.md copies from lib/tree/view_internal.h, no issue
+ops table that docs/design.md copies from lib/tree/tree_int.h, no issue
 numbers in docs or comments, .editorconfig against .clang-format; and the
 tools around the tests: scripts/check_format and the unit tests' CHECK_CASE
 filter (tests/unit/check.h)."""
@@ -14,7 +14,7 @@ import pytest
 
 import ckfs_util as U
 
-HEADER = U.REPO / "lib" / "tree" / "view_internal.h"
+HEADER = U.REPO / "lib" / "tree" / "tree_int.h"
 DESIGN = U.REPO / "docs" / "design.md"
 
 
@@ -30,7 +30,7 @@ def test_design_lock_order_is_the_header_text():
     want = header_lock_order()
     assert "v->inval_mu" in want
     block = doc.split("## Lock order")[1].split("```")[1].strip("\n")
-    assert block == want, "docs/design.md's lock order differs from lib/tree/view_internal.h's"
+    assert block == want, "docs/design.md's lock order differs from lib/tree/tree_int.h's"
 
 
 def test_lock_order_text_is_the_rank_table():
@@ -40,7 +40,7 @@ def test_lock_order_text_is_the_rank_table():
     out = subprocess.run([sys.executable, str(U.REPO / "scripts" / "lock_tree")], capture_output=True, text=True,
                          check=True).stdout.strip("\n")
     assert "v->ns_lock" in out and "ps->io_lock" in out
-    assert header_lock_order() == out, "lib/tree/view_internal.h's lock order is not scripts/lock_tree's output"
+    assert header_lock_order() == out, "lib/tree/tree_int.h's lock order is not scripts/lock_tree's output"
     # every rank of the table is taken somewhere through the wrappers
     table = (U.REPO / "include" / "ckpt" / "lockrank.h").read_text()
     ids = re.findall(r"CKPT_RANK\((\w+), \"", table)

@@ -1,5 +1,5 @@
 /*
- * view_internal.h - the node model of the mounted tree, shared by the files
+ * tree_int.h - the node model of the mounted tree, shared by the files
  * of lib/tree/.  Not a public header.
  *
  * Files, from the bottom up (each calls only the ones above it in this
