@@ -14,6 +14,10 @@
 
 #include "recipe.h"
 
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+
 #define MAX_VARS 64
 #define MAX_NAME 1024
 #define MAX_EXPR_DEPTH 32
@@ -1915,7 +1919,7 @@ static inline void copy_el(uint8_t *dst, const uint8_t *src, unsigned is)
 }
 
 /* Rows gathered together, and columns per step of a batch. */
-#define GATHER_ROWS 16
+#define GATHER_ROWS 32
 #define GATHER_COLS 64
 
 struct srow {
@@ -1923,10 +1927,109 @@ struct srow {
 	const uint8_t *s;
 };
 
+#if defined(__SSE2__)
+/* 8 rows of 2-byte elements that are neighbours in the source (row k
+ * starts at s + 2k), columns [c0, c1) with c1 - c0 a multiple of 8: each
+ * 8x8 block is 8 loads of 16 source bytes, a transpose in registers, and 8
+ * stores of 16 bytes. */
+static void transpose8_u16(uint8_t *const *o, const uint8_t *s, uint64_t c0, uint64_t c1, uint64_t st)
+{
+	const size_t step = (size_t)(2 * st);
+	for (uint64_t c = c0; c < c1; c += 8) {
+		const uint8_t *p = s + 2 * c * st;
+		__m128i r0 = _mm_loadu_si128((const __m128i *)(const void *)p);
+		__m128i r1 = _mm_loadu_si128((const __m128i *)(const void *)(p + step));
+		__m128i r2 = _mm_loadu_si128((const __m128i *)(const void *)(p + 2 * step));
+		__m128i r3 = _mm_loadu_si128((const __m128i *)(const void *)(p + 3 * step));
+		__m128i r4 = _mm_loadu_si128((const __m128i *)(const void *)(p + 4 * step));
+		__m128i r5 = _mm_loadu_si128((const __m128i *)(const void *)(p + 5 * step));
+		__m128i r6 = _mm_loadu_si128((const __m128i *)(const void *)(p + 6 * step));
+		__m128i r7 = _mm_loadu_si128((const __m128i *)(const void *)(p + 7 * step));
+		__m128i t0 = _mm_unpacklo_epi16(r0, r1), t1 = _mm_unpackhi_epi16(r0, r1);
+		__m128i t2 = _mm_unpacklo_epi16(r2, r3), t3 = _mm_unpackhi_epi16(r2, r3);
+		__m128i t4 = _mm_unpacklo_epi16(r4, r5), t5 = _mm_unpackhi_epi16(r4, r5);
+		__m128i t6 = _mm_unpacklo_epi16(r6, r7), t7 = _mm_unpackhi_epi16(r6, r7);
+		__m128i u0 = _mm_unpacklo_epi32(t0, t2), u1 = _mm_unpackhi_epi32(t0, t2);
+		__m128i u2 = _mm_unpacklo_epi32(t1, t3), u3 = _mm_unpackhi_epi32(t1, t3);
+		__m128i u4 = _mm_unpacklo_epi32(t4, t6), u5 = _mm_unpackhi_epi32(t4, t6);
+		__m128i u6 = _mm_unpacklo_epi32(t5, t7), u7 = _mm_unpackhi_epi32(t5, t7);
+		_mm_storeu_si128((__m128i *)(void *)(o[0] + 2 * c), _mm_unpacklo_epi64(u0, u4));
+		_mm_storeu_si128((__m128i *)(void *)(o[1] + 2 * c), _mm_unpackhi_epi64(u0, u4));
+		_mm_storeu_si128((__m128i *)(void *)(o[2] + 2 * c), _mm_unpacklo_epi64(u1, u5));
+		_mm_storeu_si128((__m128i *)(void *)(o[3] + 2 * c), _mm_unpackhi_epi64(u1, u5));
+		_mm_storeu_si128((__m128i *)(void *)(o[4] + 2 * c), _mm_unpacklo_epi64(u2, u6));
+		_mm_storeu_si128((__m128i *)(void *)(o[5] + 2 * c), _mm_unpackhi_epi64(u2, u6));
+		_mm_storeu_si128((__m128i *)(void *)(o[6] + 2 * c), _mm_unpacklo_epi64(u3, u7));
+		_mm_storeu_si128((__m128i *)(void *)(o[7] + 2 * c), _mm_unpackhi_epi64(u3, u7));
+	}
+}
+
+/* The same for 4 rows of 4-byte elements, 4x4 blocks. */
+static void transpose4_u32(uint8_t *const *o, const uint8_t *s, uint64_t c0, uint64_t c1, uint64_t st)
+{
+	const size_t step = (size_t)(4 * st);
+	for (uint64_t c = c0; c < c1; c += 4) {
+		const uint8_t *p = s + 4 * c * st;
+		__m128i r0 = _mm_loadu_si128((const __m128i *)(const void *)p);
+		__m128i r1 = _mm_loadu_si128((const __m128i *)(const void *)(p + step));
+		__m128i r2 = _mm_loadu_si128((const __m128i *)(const void *)(p + 2 * step));
+		__m128i r3 = _mm_loadu_si128((const __m128i *)(const void *)(p + 3 * step));
+		__m128i t0 = _mm_unpacklo_epi32(r0, r1), t1 = _mm_unpackhi_epi32(r0, r1);
+		__m128i t2 = _mm_unpacklo_epi32(r2, r3), t3 = _mm_unpackhi_epi32(r2, r3);
+		_mm_storeu_si128((__m128i *)(void *)(o[0] + 4 * c), _mm_unpacklo_epi64(t0, t2));
+		_mm_storeu_si128((__m128i *)(void *)(o[1] + 4 * c), _mm_unpackhi_epi64(t0, t2));
+		_mm_storeu_si128((__m128i *)(void *)(o[2] + 4 * c), _mm_unpacklo_epi64(t1, t3));
+		_mm_storeu_si128((__m128i *)(void *)(o[3] + 4 * c), _mm_unpackhi_epi64(t1, t3));
+	}
+}
+#endif
+
+/* Rows [k, k+g) of a batch whose sources are neighbours: row k+j starts
+ * j elements after row k's first. */
+static int neighbours(const struct srow *rows, int k, int g, unsigned is)
+{
+	for (int j = 1; j < g; j++)
+		if (rows[k + j].s != rows[k].s + (size_t)j * is)
+			return 0;
+	return 1;
+}
+
 /* cnt elements of each row, source stride st elements, column block by
- * column block over all the rows. */
+ * column block over all the rows.  Groups of rows whose sources are
+ * neighbours (a transpose) go through register transposes where the CPU
+ * has them; the rest, element by element. */
 static void flush_rows(const struct srow *rows, int n, uint64_t cnt, uint64_t st, unsigned is)
 {
+	int k0 = 0; /* rows before k0 are done */
+#if defined(__SSE2__)
+	const int g = is == 2 ? 8 : is == 4 ? 4 : 0;
+	const uint64_t cv = g ? cnt - cnt % (uint64_t)g : 0; /* columns the blocks cover */
+	if (g && cv) {
+		int ng = 0; /* groups of g neighbour rows from the first row on */
+		while ((ng + 1) * g <= n && neighbours(rows, ng * g, g, is))
+			ng++;
+		k0 = ng * g;
+		/* column blocks outside, so that the source lines a block loads
+		 * serve every group while they are in the first-level cache */
+		for (uint64_t c0 = 0; c0 < cv && ng; c0 += GATHER_COLS) {
+			uint64_t c1 = c0 + GATHER_COLS < cv ? c0 + GATHER_COLS : cv;
+			for (int q = 0; q < ng; q++) {
+				uint8_t *o[8];
+				for (int j = 0; j < g; j++)
+					o[j] = rows[q * g + j].o;
+				if (is == 2)
+					transpose8_u16(o, rows[q * g].s, c0, c1, st);
+				else
+					transpose4_u32(o, rows[q * g].s, c0, c1, st);
+			}
+		}
+		for (int k = 0; k < k0; k++) /* the columns after the blocks */
+			for (uint64_t c = cv; c < cnt; c++)
+				copy_el(rows[k].o + is * c, rows[k].s + is * c * st, is);
+	}
+#endif
+	rows += k0;
+	n -= k0;
 	for (uint64_t c0 = 0; c0 < cnt; c0 += GATHER_COLS) {
 		uint64_t c1 = c0 + GATHER_COLS < cnt ? c0 + GATHER_COLS : cnt;
 		for (int k = 0; k < n; k++) {
@@ -1944,6 +2047,51 @@ static void flush_rows(const struct srow *rows, int n, uint64_t cnt, uint64_t st
 			}
 		}
 	}
+}
+
+/* Whole rows whose last dimension is several source factors (heads
+ * merged: (H, D) -> H*D), all starting at factor digit 0: for each value
+ * of the outer factors, the run of the innermost factor is a strided row,
+ * and the batch's rows give flush_rows a block of them.  f/fstr are the
+ * last dimension's factors (nlf >= 2) and their strides in the box. */
+static void flush_factored(const struct srow *rows, int n, const ckpt_rfactor *f, const uint64_t *fstr,
+			   int nlf, unsigned is)
+{
+	uint64_t nin = f[nlf - 1].n, stin = fstr[nlf - 1], dg[CKPT_RECIPE_MAX_FACTORS] = { 0 };
+	struct srow seg[GATHER_ROWS];
+	for (uint64_t oo = 0;; oo += nin) {
+		uint64_t so = 0;
+		for (int j = 0; j < nlf - 1; j++)
+			so += dg[j] * fstr[j];
+		for (int k = 0; k < n; k++) {
+			seg[k].o = rows[k].o + oo * is;
+			seg[k].s = rows[k].s + so * is;
+		}
+		if (stin == 1)
+			for (int k = 0; k < n; k++)
+				memcpy(seg[k].o, seg[k].s, nin * is);
+		else
+			flush_rows(seg, n, nin, stin, is);
+		int j = nlf - 2;
+		for (; j >= 0; j--) {
+			if (++dg[j] < f[j].n)
+				break;
+			dg[j] = 0;
+		}
+		if (j < 0)
+			return;
+	}
+}
+
+/* A batch of strided rows (fact 0: cnt elements, stride st) or of whole
+ * factored rows (fact 1). */
+static void flush_batch(const struct srow *rows, int n, int fact, uint64_t cnt, uint64_t st, unsigned is,
+			const ckpt_rfactor *f, const uint64_t *fstr, int nlf)
+{
+	if (fact)
+		flush_factored(rows, n, f, fstr, nlf, is);
+	else
+		flush_rows(rows, n, cnt, st, is);
 }
 
 void ckpt_rtensor_gather(const ckpt_rtensor *t, size_t part, const ckpt_region *box, const void *boxbuf,
@@ -1975,7 +2123,8 @@ void ckpt_rtensor_gather(const ckpt_rtensor *t, size_t part, const ckpt_region *
 	for (int j = 0; j < part_nfactors(p, t->rank); j++)
 		fstr[j] = p->f[j].stride * bs[p->f[j].sdim];
 	struct srow batch[GATHER_ROWS];
-	int nb = 0;
+	int nb = 0, fact = 0; /* fact: the batch holds whole factored rows */
+
 	uint64_t bcnt = 0, bst = 0;
 	for (uint64_t row = e0 / R; row * R < e1; row++) {
 		uint64_t c0 = row * R < e0 ? e0 - row * R : 0, c1 = (row + 1) * R > e1 ? e1 - row * R : R;
@@ -2021,15 +2170,26 @@ void ckpt_rtensor_gather(const ckpt_rtensor *t, size_t part, const ckpt_region *
 				/* strided rows (a transpose): batched, so that the
 				 * source lines of neighbouring rows are read while in
 				 * the first-level cache */
-				if (nb && (cnt != bcnt || st != bst || nb == GATHER_ROWS)) {
-					flush_rows(batch, nb, bcnt, bst, is);
+				if (nb && (fact || cnt != bcnt || st != bst || nb == GATHER_ROWS)) {
+					flush_batch(batch, nb, fact, bcnt, bst, is, &p->f[lf0], &fstr[lf0],
+						    nlf);
 					nb = 0;
 				}
+				fact = 0;
 				bcnt = cnt;
 				bst = st;
 				batch[nb].o = o;
 				batch[nb++].s = s;
 			}
+		} else if (u0 == 0 && c1 - c0 == p->hi[last] - p->lo[last]) {
+			/* a whole row of several factors: batched by flush_factored */
+			if (nb && (!fact || nb == GATHER_ROWS)) {
+				flush_batch(batch, nb, fact, bcnt, bst, is, &p->f[lf0], &fstr[lf0], nlf);
+				nb = 0;
+			}
+			fact = 1;
+			batch[nb].o = o;
+			batch[nb++].s = src + (uint64_t)off * is;
 		} else {
 			/* odometer over the last dim's factors */
 			uint64_t dg[CKPT_RECIPE_MAX_FACTORS], u = u0;
@@ -2051,7 +2211,7 @@ void ckpt_rtensor_gather(const ckpt_rtensor *t, size_t part, const ckpt_region *
 		}
 	}
 	if (nb)
-		flush_rows(batch, nb, bcnt, bst, is);
+		flush_batch(batch, nb, fact, bcnt, bst, is, &p->f[lf0], &fstr[lf0], nlf);
 }
 
 static float bits_f32(uint32_t b)
@@ -2162,6 +2322,18 @@ int ckpt_rtensor_convert(const ckpt_rtensor *t, const void *src, size_t count, v
 		return -ENOTSUP;
 	const float a = (float)t->scale, b = (float)t->bias, c = (float)t->divisor;
 	const int mul = t->scale != 1, add = t->bias != 0, div = t->divisor != 0;
+	if (in == CKPT_DT_BFLOAT16 && out == CKPT_DT_BFLOAT16 && !div && !add) {
+		/* the common case (a scale folded into a kernel undone): one
+		 * branch-free loop */
+		for (size_t i = 0; i < count; i++) {
+			uint16_t h;
+			memcpy(&h, s + 2 * i, 2);
+			float x = bits_f32((uint32_t)h << 16) * a;
+			h = ckpt_f32_to_bf16(x);
+			memcpy(d + 2 * i, &h, 2);
+		}
+		return 0;
+	}
 	for (size_t i = 0; i < count; i++) {
 		float x;
 		if (in == CKPT_DT_FLOAT32) {

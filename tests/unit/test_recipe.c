@@ -3,7 +3,8 @@
  * name their reason; random chains of shape ops (take, slice, split, pad,
  * transpose, reshape, stack, concat) gathered lazily over random element
  * ranges equal the same chain applied eagerly to a dense array; rounding
- * to bfloat16 / float16 (nearest even) and the float32 affine.
+ * to bfloat16 / float16 (nearest even) and the float32 affine; transposes
+ * of 2- and 4-byte elements (the gather's register blocks) element by element.
  */
 #include <errno.h>
 #include <math.h>
@@ -386,6 +387,151 @@ static void test_lazy_vs_eager(void)
 		chains_region, chains_refused);
 }
 
+/* ---- transposes of 2- and 4-byte elements ------------------------------------ */
+
+/* A scan-stacked kernel (E, L, F) taken at one layer and transposed to
+ * (F, E), as the Hugging Face views do, for element widths 2 and 4 (the
+ * widths the gather moves in register blocks) and shapes with and without
+ * whole 8x8 blocks, over the whole tensor and random element ranges:
+ * every element equals the source element it names. */
+static void one_transpose(ckpt_dtype dt, unsigned is, uint64_t E, uint64_t L, uint64_t F, uint64_t *seed)
+{
+	uint64_t s0[3] = { E, L, F };
+	uint64_t l = check_rnd(seed) % L;
+	char text[512];
+	snprintf(text, sizeof(text),
+		 "{\"ckptfs_recipe\": 1, \"name\": \"t\", \"tensors\": [{\"name\": \"out\", "
+		 "\"from\": \"b\", \"ops\": [[\"take\", 1, %llu], [\"transpose\", 1, 0]]}]}",
+		 (unsigned long long)l);
+	ckpt_recipe *r;
+	char why[256] = "";
+	CHECK_EQ_INT(ckpt_recipe_parse(text, strlen(text), &r, why, sizeof(why)), 0);
+	ckpt_recipe_src src[1] = { { "b", dt, 3, s0 } };
+	ckpt_rplan *p;
+	CHECK_EQ_INT(ckpt_recipe_plan(r, src, 1, &p, why, sizeof(why)), 0);
+	const ckpt_rtensor *t = ckpt_rplan_tensor(p, 0);
+	uint64_t n = F * E;
+	for (int trial = 0; trial < 8; trial++) {
+		uint64_t e0 = check_rnd(seed) % n, e1 = e0 + 1 + check_rnd(seed) % (n - e0);
+		if (trial == 0) {
+			e0 = 0;
+			e1 = n;
+		}
+		ckpt_region box;
+		CHECK(ckpt_rtensor_box(t, 0, e0, e1, &box));
+		uint64_t bs[3], bc = 1;
+		for (int d = 0; d < 3; d++)
+			bc *= bs[d] = box.stop[d] - box.start[d];
+		uint8_t *bb = malloc(bc * is), *got = calloc(e1 - e0, is);
+		/* box element (i, j, k) holds the low bytes of its source index */
+		for (uint64_t i = 0; i < bs[0]; i++)
+			for (uint64_t j = 0; j < bs[1]; j++)
+				for (uint64_t k = 0; k < bs[2]; k++) {
+					uint64_t v = ((i + box.start[0]) * L + j + box.start[1]) * F + k +
+						     box.start[2];
+					memcpy(bb + ((i * bs[1] + j) * bs[2] + k) * is, &v, is);
+				}
+		ckpt_rtensor_gather(t, 0, &box, bb, e0, e1, got);
+		int same = 1;
+		for (uint64_t e = e0; e < e1 && same; e++) {
+			uint64_t f = e / E, x = e % E, v = (x * L + l) * F + f, w = 0;
+			memcpy(&w, got + (e - e0) * is, is);
+			same = w == (v & (is == 2 ? 0xffffu : 0xffffffffu));
+			if (!same)
+				fprintf(stderr, "transpose width %u (%llu, %llu, %llu): element %llu\n", is,
+					(unsigned long long)E, (unsigned long long)L, (unsigned long long)F,
+					(unsigned long long)e);
+		}
+		CHECK(same);
+		free(bb);
+		free(got);
+	}
+	ckpt_rplan_free(p);
+	ckpt_recipe_free(r);
+}
+
+/* Heads merged after a transpose, as o_proj: (H, L, D, E) taken at one
+ * layer, transposed to (E, H, D) and reshaped to (E, H*D): a row's last
+ * dimension is two source factors. */
+static void one_merge(ckpt_dtype dt, unsigned is, uint64_t H, uint64_t L, uint64_t D, uint64_t E,
+		      uint64_t *seed)
+{
+	uint64_t s0[4] = { H, L, D, E };
+	uint64_t l = check_rnd(seed) % L;
+	char text[512];
+	snprintf(text, sizeof(text),
+		 "{\"ckptfs_recipe\": 1, \"name\": \"t\", \"tensors\": [{\"name\": \"out\", "
+		 "\"from\": \"b\", \"ops\": [[\"take\", 1, %llu], [\"transpose\", 2, 0, 1], "
+		 "[\"reshape\", %llu, %llu]]}]}",
+		 (unsigned long long)l, (unsigned long long)E, (unsigned long long)(H * D));
+	ckpt_recipe *r;
+	char why[256] = "";
+	CHECK_EQ_INT(ckpt_recipe_parse(text, strlen(text), &r, why, sizeof(why)), 0);
+	ckpt_recipe_src src[1] = { { "b", dt, 4, s0 } };
+	ckpt_rplan *p;
+	CHECK_EQ_INT(ckpt_recipe_plan(r, src, 1, &p, why, sizeof(why)), 0);
+	const ckpt_rtensor *t = ckpt_rplan_tensor(p, 0);
+	uint64_t n = E * H * D;
+	for (int trial = 0; trial < 8; trial++) {
+		uint64_t e0 = check_rnd(seed) % n, e1 = e0 + 1 + check_rnd(seed) % (n - e0);
+		if (trial == 0) {
+			e0 = 0;
+			e1 = n;
+		}
+		ckpt_region box;
+		CHECK(ckpt_rtensor_box(t, 0, e0, e1, &box));
+		uint64_t bs[4], bc = 1;
+		for (int d = 0; d < 4; d++)
+			bc *= bs[d] = box.stop[d] - box.start[d];
+		uint8_t *bb = malloc(bc * is), *got = calloc(e1 - e0, is);
+		uint64_t i[4];
+		for (uint64_t e = 0; e < bc; e++) {
+			uint64_t r2 = e;
+			for (int d = 3; d >= 0; d--) {
+				i[d] = r2 % bs[d] + box.start[d];
+				r2 /= bs[d];
+			}
+			uint64_t v = ((i[0] * L + i[1]) * D + i[2]) * E + i[3];
+			memcpy(bb + e * is, &v, is);
+		}
+		ckpt_rtensor_gather(t, 0, &box, bb, e0, e1, got);
+		int same = 1;
+		for (uint64_t e = e0; e < e1 && same; e++) {
+			uint64_t x = e / (H * D), hd = e % (H * D), h = hd / D, d = hd % D;
+			uint64_t v = ((h * L + l) * D + d) * E + x, w = 0;
+			memcpy(&w, got + (e - e0) * is, is);
+			same = w == (v & (is == 2 ? 0xffffu : 0xffffffffu));
+			if (!same)
+				fprintf(stderr, "merge width %u (%llu, %llu, %llu, %llu): element %llu\n", is,
+					(unsigned long long)H, (unsigned long long)L, (unsigned long long)D,
+					(unsigned long long)E, (unsigned long long)e);
+		}
+		CHECK(same);
+		free(bb);
+		free(got);
+	}
+	ckpt_rplan_free(p);
+	ckpt_recipe_free(r);
+}
+
+static void test_transpose_widths(void)
+{
+	static const uint64_t shapes[][3] = { { 64, 2, 128 }, { 37, 3, 45 }, { 8, 1, 8 },   { 9, 4, 17 },
+					      { 256, 1, 40 }, { 5, 2, 300 }, { 128, 3, 64 } };
+	uint64_t seed = 0x7a11;
+	for (size_t i = 0; i < sizeof(shapes) / sizeof(shapes[0]); i++) {
+		one_transpose(CKPT_DT_BFLOAT16, 2, shapes[i][0], shapes[i][1], shapes[i][2], &seed);
+		one_transpose(CKPT_DT_FLOAT32, 4, shapes[i][0], shapes[i][1], shapes[i][2], &seed);
+	}
+	static const uint64_t heads[][4] = {
+		{ 4, 2, 8, 64 }, { 3, 3, 5, 37 }, { 2, 1, 16, 8 }, { 5, 2, 3, 100 }
+	};
+	for (size_t i = 0; i < sizeof(heads) / sizeof(heads[0]); i++) {
+		one_merge(CKPT_DT_BFLOAT16, 2, heads[i][0], heads[i][1], heads[i][2], heads[i][3], &seed);
+		one_merge(CKPT_DT_FLOAT32, 4, heads[i][0], heads[i][1], heads[i][2], heads[i][3], &seed);
+	}
+}
+
 /* ---- rounding ----------------------------------------------------------------- */
 
 static float f_of(uint32_t b)
@@ -444,6 +590,7 @@ int main(void)
 	CHECK_RUN(test_refused);
 	CHECK_RUN(test_mismatch);
 	CHECK_RUN(test_lazy_vs_eager);
+	CHECK_RUN(test_transpose_widths);
 	CHECK_RUN(test_rounding);
 	return CHECK_DONE();
 }
