@@ -697,7 +697,8 @@ static int views_step(ckpt_view *v, struct node *dir)
 	if (!strcmp(v->kind, "root"))
 		return dir->ino != CKPT_ROOT_INO && dir->parent == CKPT_ROOT_INO &&
 		       strcmp(dir->name, ".ckptfs") && dir->kind == N_DIR;
-	return !strcmp(v->kind, "step") && dir->ino == CKPT_ROOT_INO;
+	/* a one-step mount, or one item (a released model: gemma's FLAT checkpoints) */
+	return (!strcmp(v->kind, "step") || !strcmp(v->kind, "item")) && dir->ino == CKPT_ROOT_INO;
 }
 
 /* Plan recipe r over step's arrays: 0 and the folder made in views, or

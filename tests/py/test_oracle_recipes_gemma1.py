@@ -152,6 +152,26 @@ def test_gemma1_to_hf(mount, tmp_path, layout, attn, gating, dtype):
     assert src in k[0], k[0]
 
 
+def test_gemma1_flat_release_item(mount, tmp_path):
+    """A released model is one Orbax item (gemma's save_params: the FLAT dict
+    saved by StandardCheckpointer, no step folder): mounted as it is, the
+    view is MNT/.views/NAME/, and `info --recipe` reads it without a STEP."""
+    import orbax.checkpoint as ocp
+    tr = gemma1_nested(np.random.default_rng(45), "mqa")
+    src = tmp_path / "gemma-2b"
+    ck = ocp.StandardCheckpointer()
+    ck.save(str(src), to_flat(tr))
+    ck.wait_until_finished()
+    ck.close()
+    m = mount(src, "ro")
+    assert sorted(os.listdir(m.path / ".views")) == ["gemma1-flat-hf"]
+    assert assert_folder(m.path / ".views/gemma1-flat-hf", expected_gemma1(tr, "mqa")) == 2 + NL * 9
+    r = subprocess.run([str(U.BIN), "info", "--recipe", "gemma1-flat-hf", str(src)],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert "transformer/embedder.input_embedding pad(0,256)" in r.stdout
+
+
 def gemma2(rng, r=None):
     r = r or (lambda *s: _rand(rng, s, "bfloat16"))  # noqa: E731
     K = 2
