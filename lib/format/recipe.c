@@ -60,6 +60,8 @@ struct rule {
 	struct rop *ops;
 	int nops;
 	int optional;
+	char *group; /* alternatives: the recipe needs one rule of the group to match, or NULL */
+	int absent; /* a guard: the recipe fails when `from` matches a key */
 };
 
 struct rfile {
@@ -414,6 +416,7 @@ static void free_rule(struct rule *r)
 	free(r->for_var);
 	free(r->for_expr);
 	free(r->when);
+	free(r->group);
 	for (int i = 0; i < r->nops; i++) {
 		for (int j = 0; j < r->ops[i].nargs; j++)
 			free(r->ops[i].args[j]);
@@ -564,6 +567,23 @@ static int parse_rule(const cJSON *j, struct rule *r, int idx, char *why, size_t
 	}
 	const cJSON *opt = cJSON_GetObjectItemCaseSensitive(j, "optional");
 	r->optional = cJSON_IsTrue(opt);
+	const cJSON *group = cJSON_GetObjectItemCaseSensitive(j, "group");
+	if (group) {
+		if (!cJSON_IsString(group) || !*group->valuestring || strlen(group->valuestring) >= 64 ||
+		    r->optional || r->alias) {
+			say(why, whylen, "%s: \"group\" must be a name (not on an optional rule or an alias)",
+			    r->name);
+			return -EINVAL;
+		}
+		if (!(r->group = strdup(group->valuestring)))
+			return -ENOMEM;
+	}
+	r->absent = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(j, "absent"));
+	if (r->absent && (r->alias || r->nfrom != 1 || r->nshape || r->nfor || r->when || r->optional ||
+			  r->group || cJSON_GetObjectItemCaseSensitive(j, "ops"))) {
+		say(why, whylen, "%s: an \"absent\" rule has one \"from\" key and nothing else", r->name);
+		return -EINVAL;
+	}
 	const cJSON *ops = cJSON_GetObjectItemCaseSensitive(j, "ops");
 	if (ops) {
 		int cnt = cJSON_IsArray(ops) ? cJSON_GetArraySize(ops) : -1;
@@ -1609,12 +1629,55 @@ static int make_files(const ckpt_recipe *r, const struct env *env, ckpt_rplan *p
 	return 0;
 }
 
+/* An absent rule: -ENOENT with the key when its `from` matches one. */
+static int check_absent(const struct rule *ru, const struct src_map *m, char *why, size_t whylen)
+{
+	size_t bl = strlen(m->base);
+	for (size_t i = 0; i < m->n; i++) {
+		struct env e = { .n = 0 }; /* captures match any value */
+		char vars[8][64];
+		int nv = 0;
+		if (!strncmp(m->srcs[i].name, m->base, bl) &&
+		    match(ru->from[0], m->srcs[i].name + bl, &e, vars, &nv)) {
+			say(why, whylen, "%s: source key %s is present (the rule says absent)", ru->name,
+			    m->srcs[i].name);
+			return -ENOENT;
+		}
+	}
+	return 0;
+}
+
+/* Every group needs one rule that matched (hit[i]: rule i did). */
+static int check_groups(const ckpt_recipe *r, const unsigned char *hit, const struct src_map *m, char *why,
+			size_t whylen)
+{
+	for (int i = 0; i < r->nrules; i++) {
+		const char *g = r->rules[i].group;
+		int first = 1, any = 0;
+		for (int k = 0; g && k < r->nrules; k++)
+			if (r->rules[k].group && !strcmp(r->rules[k].group, g)) {
+				first &= k >= i;
+				any |= hit[k];
+			}
+		if (g && first && !any) {
+			say(why, whylen, "%s: no source key %s%s (nor one of the other rules of group %s)",
+			    r->rules[i].name, m->base, r->rules[i].from[0], g);
+			return -ENOENT;
+		}
+	}
+	return 0;
+}
+
 static int plan_with_base(const ckpt_recipe *r, const struct src_map *m, ckpt_rplan **out, char *why,
 			  size_t whylen)
 {
 	ckpt_rplan *p = calloc(1, sizeof(*p));
-	if (!p)
+	unsigned char *hit = calloc((size_t)r->nrules + 1, 1);
+	if (!p || !hit) {
+		free(p);
+		free(hit);
 		return -ENOMEM;
+	}
 	struct env env = { .n = 0 };
 	for (int i = 0; i < r->nvars; i++)
 		env_set(&env, r->var_name[i], r->var_val[i]);
@@ -1623,13 +1686,21 @@ static int plan_with_base(const ckpt_recipe *r, const struct src_map *m, ckpt_rp
 		const struct rule *ru = &r->rules[i];
 		if (ru->alias)
 			continue;
+		if (ru->absent) {
+			rc = check_absent(ru, m, why, whylen);
+			continue;
+		}
 		rc = run_rule(r, ru, m, &env, p, why, whylen);
-		if (rc == 0 && !ru->optional) {
+		if (rc == 0 && !ru->optional && !ru->group) {
 			say(why, whylen, "%s: no source key %s%s", ru->name, m->base, ru->from[0]);
 			rc = -ENOENT;
 		}
+		hit[i] = rc > 0;
 		rc = rc > 0 ? 0 : rc;
 	}
+	if (rc == 0)
+		rc = check_groups(r, hit, m, why, whylen);
+	free(hit);
 	/* aliases: every tensor the alias template names a second time */
 	for (int i = 0; i < r->nrules && rc == 0; i++) {
 		const struct rule *ru = &r->rules[i];
@@ -1696,7 +1767,7 @@ int ckpt_recipe_plan(const ckpt_recipe *r, const ckpt_recipe_src *srcs, size_t n
 	int npre = r->nprefixes ? r->nprefixes : 1;
 	const struct rule *first = NULL;
 	for (int i = 0; i < r->nrules && !first; i++)
-		if (!r->rules[i].alias && !r->rules[i].optional)
+		if (!r->rules[i].alias && !r->rules[i].optional && !r->rules[i].group && !r->rules[i].absent)
 			first = &r->rules[i];
 	if (!first) {
 		say(why, whylen, "no required rule");

@@ -235,11 +235,14 @@ static int walk(struct node *dir, const char *prefix, struct srcs *c, int depth)
 	struct dir_node *dn = to_dir(dir);
 	for (size_t i = 0; i < dn->nkids; i++) {
 		struct node *k = dn->kids[i];
-		char name[VIEW_KEYPATH_MAX];
+		char name[VIEW_KEYPATH_MAX], key[NAME_MAX + 1];
 		size_t stem;
-		if (k->kind == N_ARRAY && ckpt_node_ends_with(k->name, ".npy", &stem)) {
+		/* the key as Orbax names it: a '/' in a key (FLAT checkpoints) is '/' here,
+		 * not the %2F of the node name */
+		const char *kn = ckpt_orbax_key_unescape(k->name, key, sizeof(key)) > 0 ? key : k->name;
+		if (k->kind == N_ARRAY && ckpt_node_ends_with(kn, ".npy", &stem)) {
 			int w = snprintf(name, sizeof(name), "%s%s%.*s", prefix, *prefix ? "." : "",
-					 (int)stem, k->name);
+					 (int)stem, kn);
 			if (w < 0 || (size_t)w >= sizeof(name))
 				continue;
 			if (c->n == c->cap) {
@@ -265,7 +268,7 @@ static int walk(struct node *dir, const char *prefix, struct srcs *c, int depth)
 			c->arrs[c->n] = arr;
 			c->n++;
 		} else if (k->kind == N_DIR) {
-			int w = snprintf(name, sizeof(name), "%s%s%s", prefix, *prefix ? "." : "", k->name);
+			int w = snprintf(name, sizeof(name), "%s%s%s", prefix, *prefix ? "." : "", kn);
 			if (w < 0 || (size_t)w >= sizeof(name))
 				continue;
 			int rc = walk(k, name, c, depth + 1);
@@ -694,7 +697,8 @@ static int views_step(ckpt_view *v, struct node *dir)
 	if (!strcmp(v->kind, "root"))
 		return dir->ino != CKPT_ROOT_INO && dir->parent == CKPT_ROOT_INO &&
 		       strcmp(dir->name, ".ckptfs") && dir->kind == N_DIR;
-	return !strcmp(v->kind, "step") && dir->ino == CKPT_ROOT_INO;
+	/* a one-step mount, or one item (a released model: gemma's FLAT checkpoints) */
+	return (!strcmp(v->kind, "step") || !strcmp(v->kind, "item")) && dir->ino == CKPT_ROOT_INO;
 }
 
 /* Plan recipe r over step's arrays: 0 and the folder made in views, or

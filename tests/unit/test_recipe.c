@@ -4,7 +4,8 @@
  * transpose, reshape, stack, concat) gathered lazily over random element
  * ranges equal the same chain applied eagerly to a dense array; rounding
  * to bfloat16 / float16 (nearest even) and the float32 affine; transposes
- * of 2- and 4-byte elements (the gather's register blocks) element by element.
+ * of 2- and 4-byte elements (the gather's register blocks) element by
+ * element; groups of alternative rules and absent rules.
  */
 #include <errno.h>
 #include <math.h>
@@ -44,6 +45,14 @@ static void test_refused(void)
 		"\"files\": [{\"name\": \"model.safetensors\", \"text\": \"x\"}]}",
 		"{\"ckptfs_recipe\": 1, \"name\": \"x\", \"tensors\": [{\"name\": \"a\", \"from\": \"b\"}], "
 		"\"files\": [{\"name\": \"c.json\"}]}",
+		"{\"ckptfs_recipe\": 1, \"name\": \"x\", \"tensors\": [{\"name\": \"a\", \"from\": \"b\", "
+		"\"group\": \"g\", \"optional\": true}]}",
+		"{\"ckptfs_recipe\": 1, \"name\": \"x\", \"tensors\": [{\"name\": \"a\", \"from\": \"b\", "
+		"\"group\": 1}]}",
+		"{\"ckptfs_recipe\": 1, \"name\": \"x\", \"tensors\": [{\"name\": \"a\", \"from\": \"b\", "
+		"\"absent\": true, \"shape\": [\"E\"]}]}",
+		"{\"ckptfs_recipe\": 1, \"name\": \"x\", \"tensors\": [{\"name\": \"a\", \"from\": \"b\", "
+		"\"absent\": true, \"ops\": []}]}",
 	};
 	for (size_t i = 0; i < sizeof(bad) / sizeof(*bad); i++) {
 		ckpt_recipe *r = (ckpt_recipe *)1;
@@ -82,6 +91,49 @@ static void test_mismatch(void)
 	CHECK(strstr(why, "b.{l}: v has shape [6,5,3]; axis 1 is E = 4") != NULL);
 	CHECK_EQ_INT(ckpt_recipe_plan(r, src, 1, &p, why, sizeof(why)), -ENOENT);
 	CHECK(strstr(why, "b.{l}: no source key v") != NULL);
+	ckpt_recipe_free(r);
+}
+
+/* Groups of alternative rules and absent rules; keys with '/' (FLAT). */
+static void test_group_absent(void)
+{
+	const char *t = "{\"ckptfs_recipe\": 1, \"name\": \"x\", \"tensors\": ["
+			"{\"name\": \"e\", \"from\": \"t/emb.w\", \"shape\": [\"V\", \"E\"]},"
+			"{\"name\": \"not g2\", \"from\": \"t/layer_{i}/post.scale\", \"absent\": true},"
+			"{\"name\": \"q.{i}\", \"from\": \"t/layer_{i}/qkv.w\", \"shape\": [3, \"E\"], "
+			"\"group\": \"q\", \"ops\": [[\"take\", 0, 0]]},"
+			"{\"name\": \"q.{i}\", \"from\": \"t/layer_{i}/q.w\", \"shape\": [\"E\"], \"group\": "
+			"\"q\"}]}";
+	ckpt_recipe *r;
+	char why[256] = "";
+	CHECK_EQ_INT(ckpt_recipe_parse(t, strlen(t), &r, why, sizeof(why)), 0);
+	uint64_t se[2] = { 5, 4 }, sq3[2] = { 3, 4 }, sq[1] = { 4 };
+	ckpt_recipe_src fused[3] = { { "i.t/emb.w", CKPT_DT_FLOAT32, 2, se },
+				     { "i.t/layer_0/qkv.w", CKPT_DT_FLOAT32, 2, sq3 },
+				     { "i.t/layer_1/qkv.w", CKPT_DT_FLOAT32, 2, sq3 } };
+	ckpt_rplan *p;
+	CHECK_EQ_INT(ckpt_recipe_plan(r, fused, 3, &p, why, sizeof(why)), 0);
+	CHECK_EQ_INT(ckpt_rplan_count(p), 3); /* e, q.0, q.1 */
+	CHECK(!strcmp(ckpt_rplan_tensor(p, 2)->name, "q.1"));
+	CHECK_EQ_INT(ckpt_rplan_tensor(p, 2)->rank, 1);
+	ckpt_rplan_free(p);
+	ckpt_recipe_src split[2] = { { "i.t/emb.w", CKPT_DT_FLOAT32, 2, se },
+				     { "i.t/layer_0/q.w", CKPT_DT_FLOAT32, 1, sq } };
+	CHECK_EQ_INT(ckpt_recipe_plan(r, split, 2, &p, why, sizeof(why)), 0);
+	CHECK_EQ_INT(ckpt_rplan_count(p), 2);
+	ckpt_rplan_free(p);
+	/* neither form: the group's first rule is named */
+	CHECK_EQ_INT(ckpt_recipe_plan(r, split, 1, &p, why, sizeof(why)), -ENOENT);
+	CHECK(strstr(why,
+		     "q.{i}: no source key i.t/layer_{i}/qkv.w (nor one of the other rules of group q)") !=
+	      NULL);
+	/* an absent rule's key present: refused, the key named */
+	ckpt_recipe_src g2[3] = { { "i.t/emb.w", CKPT_DT_FLOAT32, 2, se },
+				  { "i.t/layer_0/q.w", CKPT_DT_FLOAT32, 1, sq },
+				  { "i.t/layer_7/post.scale", CKPT_DT_FLOAT32, 1, sq } };
+	CHECK_EQ_INT(ckpt_recipe_plan(r, g2, 3, &p, why, sizeof(why)), -ENOENT);
+	CHECK(strstr(why, "not g2: source key i.t/layer_7/post.scale is present") != NULL);
+	CHECK(p == NULL);
 	ckpt_recipe_free(r);
 }
 
@@ -589,6 +641,7 @@ int main(void)
 {
 	CHECK_RUN(test_refused);
 	CHECK_RUN(test_mismatch);
+	CHECK_RUN(test_group_absent);
 	CHECK_RUN(test_lazy_vs_eager);
 	CHECK_RUN(test_transpose_widths);
 	CHECK_RUN(test_rounding);
