@@ -4,21 +4,24 @@
  *
  * Files, from the bottom up (each calls only the files listed before it;
  * calls the other way go through a node's ops table):
- *   node.c        node table, kids, hidden-name map, generic lookup/readdir/attr;
+ *   node/node.c   node table, kids, hidden-name map, generic lookup/readdir/attr;
  *                 the life of a live root's steps (node_life), kernel references,
  *                 forget and the name invalidation list
- *   view_xattr.c  user.ckpt.* xattrs of array files
- *   view_read.c   the ops of the committed file kinds (array, .f32.npy, file,
- *                 safetensors, stats, log) and their reads: zero-copy map,
- *                 read-ahead, next-file warming, open checks
- *   summary.c     the table of arrays of a directory, and the summary files
- *   views.c       STEP/.views/NAME/: a step shown as another model family's folder
- *                 by a view recipe (the recipe set, planning, reading target tensors)
- *   latest.c      the root's `latest` symlink to its newest committed step
- *   companions.c  hidden names made on lookup: NAME[slice].npy, NAME.f32.npy,
- *                 NAME.shards/, X.safetensors, X.safetensors.d/, STEP/.ckptfs/,
- *                 STEP/.stored/ (and .views, latest: answered by their files);
- *                 the ops of committed directories
+ *   node/xattr.c  user.ckpt.* xattrs of array files
+ *   node/array_files.c  the file kinds read from arrays (array, .f32.npy,
+ *                 safetensors) and their reads: zero-copy map, read-ahead,
+ *                 next-file warming, open checks
+ *   node/plain_files.c  files read from a store key or held in memory, and
+ *                 .ckptfs/stats, .ckptfs/log
+ *   derived/summary.c  the table of arrays of a directory, and the summary files
+ *   derived/views.c  STEP/.views/NAME/: a step shown as another model family's
+ *                 folder by a view recipe (the recipe set, planning, reading
+ *                 target tensors)
+ *   derived/latest.c  the root's `latest` symlink to its newest committed step
+ *   derived/companions.c  the ops of committed directories, and their hidden
+ *                 names made on lookup, one row each in its table: NAME[slice].npy,
+ *                 NAME.f32.npy, NAME.shards/, X.safetensors, X.safetensors.d/,
+ *                 STEP/.ckptfs/, STEP/.stored/, .views (views.c), latest (latest.c)
  *   foreign_vitem.c  the virtual-item builder of formats that are not Orbax
  *                 (stores only: no node; see foreign.h)
  *   foreign_npz.c  .npz archives -> a virtual item (translator)
@@ -28,6 +31,7 @@
  *   layout.c      SOURCE -> nodes (root/step/item detection, _METADATA walk);
  *                 the root's list of steps (which names a committing step takes)
  *   prune.c       deleting committed steps of a writable root (rmtree through the mount)
+ *                 (on top: it changes the root's listing and the source, for pending.c)
  *   pending.c     the write protocol on the namespace; the ops of pending kinds;
  *                 the thread that commits stored copies
  *   view.c        open/destroy, lookup, readdir, getattr, read, xattr: dispatch;
@@ -35,6 +39,14 @@
  * The sections at the end of this header declare each file's calls, in this
  * order; the foreign*.c files are declared in foreign.h, and view.c defines
  * only public calls (view.h).
+ *
+ * Floors: node/ is the node model (the node table, kids, the hidden-name
+ * map, the file kinds: array, safetensors and plain files); derived/ makes,
+ * out of node/, what the source does not store (the hidden names made on
+ * lookup, the summary files, recipe views, `latest`) and holds the ops of
+ * committed directories that answer them; the files of lib/tree/ itself
+ * sit on top.  node/ calls nothing in derived/ nor layout.c, derived/
+ * nothing in layout.c (scripts/check_layers).
  *
  * Nodes: a common head (struct node) embedded first in a per-kind struct
  * (container_of), with a per-kind ops table.  Three lifetimes:
@@ -427,7 +439,7 @@ struct ckpt_view {
 	struct node *latest; /* a root's `latest` symlink (latest.c), else NULL; set at open */
 };
 
-/* ---- node.c ---------------------------------------------------------------- */
+/* ---- node/node.c ----------------------------------------------------------- */
 /* (also ckpt_view_forget and ckpt_view_next_inval of view.h) */
 
 static inline int node_has_kids(const struct node *n)
@@ -540,7 +552,7 @@ struct aref *ckpt_node_new_aref(ckpt_view *v, ckpt_array *arr, int ocdbt);
 /* 1 when s ends with suffix (and is longer), *stem = its length without it. */
 int ckpt_node_ends_with(const char *s, const char *suffix, size_t *stem);
 
-/* ---- view_xattr.c ---------------------------------------------------------- */
+/* ---- node/xattr.c ---------------------------------------------------------- */
 
 ssize_t ckpt_array_getxattr(ckpt_view *v, struct node *n, const char *name, char *buf, size_t cap);
 ssize_t ckpt_array_listxattr(ckpt_view *v, struct node *n, char *buf, size_t cap);
@@ -549,16 +561,20 @@ ssize_t ckpt_array_listxattr(ckpt_view *v, struct node *n, char *buf, size_t cap
  * not fit. */
 ssize_t ckpt_xattr_list(const char *const *names, size_t count, const uint8_t *skip, char *buf, size_t cap);
 
-/* ---- view_read.c ----------------------------------------------------------- */
+/* ---- node/array_files.c ---------------------------------------------------- */
 
-extern const struct node_ops ckpt_array_ops, ckpt_file_ops, ckpt_st_ops, ckpt_stats_ops, ckpt_log_ops;
+extern const struct node_ops ckpt_array_ops, ckpt_st_ops;
 /* Set up array node n (made with ckpt_array_ops) as region r of ar. */
 int ckpt_array_node_init(struct node *n, struct aref *ar, const ckpt_region *r);
 /* The same, served as float32 (NAME.f32.npy); -ENOTSUP unless the dtype is
  * bfloat16, float8_e4m3fn or float8_e5m2. */
 int ckpt_array_node_init_f32(struct node *n, struct aref *ar, const ckpt_region *r);
 
-/* ---- summary.c ------------------------------------------------------------- */
+/* ---- node/plain_files.c ---------------------------------------------------- */
+
+extern const struct node_ops ckpt_file_ops, ckpt_stats_ops, ckpt_log_ops;
+
+/* ---- derived/summary.c ----------------------------------------------------- */
 /* (also ckpt_view_summary, ckpt_human and ckpt_json_str of summary.h) */
 
 /* The arrays under dir and their bytes (logical: shape x itemsize; stored:
@@ -575,7 +591,7 @@ int ckpt_summary_totals(ckpt_view *v, ckpt_ino dir, struct summary_totals *t);
  * published. */
 int ckpt_summary_add_files(ckpt_view *v, struct node *meta);
 
-/* ---- views.c --------------------------------------------------------------- */
+/* ---- derived/views.c ------------------------------------------------------- */
 /* (also ckpt_view_recipe_table of view.h) */
 
 #define CKPT_VIEWS_DIR ".views"
@@ -587,7 +603,7 @@ int ckpt_views_lookup(ckpt_view *v, struct node *dir, const char *name, struct n
 /* Free the recipe set (view destroy, after the nodes). */
 void ckpt_views_destroy(ckpt_view *v);
 
-/* ---- latest.c -------------------------------------------------------------- */
+/* ---- derived/latest.c ------------------------------------------------------ */
 
 #define CKPT_LATEST_NAME "latest"
 /* Make v->latest (a root view, at open).  0 or -ENOMEM. */
@@ -600,7 +616,7 @@ int ckpt_latest_entry(ckpt_view *v, struct node **out);
 /* A write call on `latest` (what: "remove", "rename", ...): -EPERM, logged. */
 int ckpt_latest_refuse(const char *what);
 
-/* ---- companions.c ---------------------------------------------------------- */
+/* ---- derived/companions.c -------------------------------------------------- */
 
 /* STEP/.stored/: a committed step's files as stored */
 #define CKPT_STORED_DIR ".stored"
