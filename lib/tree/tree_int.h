@@ -2,31 +2,51 @@
  * tree_int.h - the node model of the mounted tree, shared by the files
  * of lib/tree/.  Not a public header.
  *
- * Files, from the bottom up (each calls only the ones above it in this
- * list; calls the other way go through a node's ops table):
- *   node.c        node table, kids, hidden-name map, generic lookup/readdir/attr
- *   view_xattr.c  user.ckpt.* xattrs of array files
- *   view_read.c   reads, zero-copy map, read-ahead / next-file warming; the
- *                 ops of the committed file kinds (array, file, safetensors, stats,
- *                 log)
- *   summary.c     the table of arrays of a directory, and the summary files
- *   views.c       STEP/.views/NAME/: a step shown as another model family's folder
- *                 by a view recipe (the recipe set, planning, reading target tensors)
- *   latest.c      the root's `latest` symlink to its newest committed step
- *   companions.c  hidden names made on lookup: NAME[slice].npy, NAME.shards/,
- *                 X.safetensors, X.safetensors.d/, STEP/.ckptfs/, STEP/.stored/;
- *                 the ops of committed directories
+ * Files, from the bottom up (each calls only the files listed before it;
+ * calls the other way go through a node's ops table):
+ *   node/node.c   node table, kids, hidden-name map, generic lookup/readdir/attr;
+ *                 the life of a live root's steps (node_life), kernel references,
+ *                 forget and the name invalidation list
+ *   node/xattr.c  user.ckpt.* xattrs of array files
+ *   node/array_files.c  the file kinds read from arrays (array, .f32.npy,
+ *                 safetensors) and their reads: zero-copy map, read-ahead,
+ *                 next-file warming, open checks
+ *   node/plain_files.c  files read from a store key or held in memory, and
+ *                 .ckptfs/stats, .ckptfs/log
+ *   derived/summary.c  the table of arrays of a directory, and the summary files
+ *   derived/views.c  STEP/.views/NAME/: a step shown as another model family's
+ *                 folder by a view recipe (the recipe set, planning, reading
+ *                 target tensors)
+ *   derived/latest.c  the root's `latest` symlink to its newest committed step
+ *   derived/companions.c  the ops of committed directories, and their hidden
+ *                 names made on lookup, one row each in its table: NAME[slice].npy,
+ *                 NAME.f32.npy, NAME.shards/, X.safetensors, X.safetensors.d/,
+ *                 STEP/.ckptfs/, STEP/.stored/, .views (views.c), latest (latest.c)
  *   foreign_vitem.c  the virtual-item builder of formats that are not Orbax
  *                 (stores only: no node; see foreign.h)
  *   foreign_npz.c  .npz archives -> a virtual item (translator)
  *   foreign_msgpack.c  Flax / old Orbax / T5X msgpack checkpoints (translator)
  *   foreign_torch.c  torch.save, DCP, safetensors files and folders (translator)
  *   foreign.c     the translator table: which format a SOURCE or folder is
- *   layout.c      source folder -> nodes (root/step/item detection, _METADATA walk);
+ *   layout.c      SOURCE -> nodes (root/step/item detection, _METADATA walk);
  *                 the root's list of steps (which names a committing step takes)
  *   prune.c       deleting committed steps of a writable root (rmtree through the mount)
- *   pending.c     the write protocol on the namespace; the ops of pending kinds
- *   view.c        open/destroy, lookup, readdir, getattr, read, xattr: dispatch
+ *                 (on top: it changes the root's listing and the source, for pending.c)
+ *   pending.c     the write protocol on the namespace; the ops of pending kinds;
+ *                 the thread that commits stored copies
+ *   view.c        open/destroy, lookup, readdir, getattr, read, xattr: dispatch;
+ *                 root rescans, and the files of gone steps to invalidate
+ * The sections at the end of this header declare each file's calls, in this
+ * order; the foreign*.c files are declared in foreign.h, and view.c defines
+ * only public calls (view.h).
+ *
+ * Floors: node/ is the node model (the node table, kids, the hidden-name
+ * map, the file kinds: array, safetensors and plain files); derived/ makes,
+ * out of node/, what the source does not store (the hidden names made on
+ * lookup, the summary files, recipe views, `latest`) and holds the ops of
+ * committed directories that answer them; the files of lib/tree/ itself
+ * sit on top.  node/ calls nothing in derived/ nor layout.c, derived/
+ * nothing in layout.c (scripts/check_layers).
  *
  * Nodes: a common head (struct node) embedded first in a per-kind struct
  * (container_of), with a per-kind ops table.  Three lifetimes:
@@ -140,8 +160,8 @@
  *   never waits for io_lock of a committing step (the commit needs ns_lock
  *   to finish): it refuses it with -EROFS, as it would once committed.
  */
-#ifndef CKPT_VIEW_INTERNAL_H
-#define CKPT_VIEW_INTERNAL_H
+#ifndef CKPT_TREE_INT_H
+#define CKPT_TREE_INT_H
 
 #include <assert.h>
 #include <pthread.h>
@@ -156,16 +176,14 @@
 
 /* A path in the source folder, and a file name plus a suffix. */
 #define VIEW_PATH_MAX 4096
-/* STEP/.stored/: a committed step's files as stored (companions.c) */
-#define CKPT_STORED_DIR ".stored"
 #define VIEW_NAME_BUF (VIEW_PATH_MAX + 104)
 /* A '.'-joined key path (param name) built from a tree walk. */
 #define VIEW_KEYPATH_MAX 8192
 
 enum node_kind {
-	N_DIR, /* step, item, pytree node, mirrored folder (committed) */
-	N_ARRAY, /* NAME.npy, NAME[slice].npy, NAME.shards/[..].npy: region of an array */
-	N_FILE, /* regular file copied from the source (path) or synthesized (content) */
+	N_DIR, /* step, item, pytree node, .ckptfs/, .stored/ and .views/ folders (committed) */
+	N_ARRAY, /* NAME.npy, NAME[slice].npy, NAME.f32.npy, NAME.shards/[..].npy: region of an array */
+	N_FILE, /* regular file read from a store (store, key) or synthesized (content) */
 	N_SHARDS, /* NAME.shards/ */
 	N_STATS, /* .ckptfs/stats, .ckptfs/log */
 	N_SAFETENSORS, /* X.safetensors, and the shard files of X.safetensors.d/ */
@@ -421,7 +439,8 @@ struct ckpt_view {
 	struct node *latest; /* a root's `latest` symlink (latest.c), else NULL; set at open */
 };
 
-/* ---- node.c ---------------------------------------------------------------- */
+/* ---- node/node.c ----------------------------------------------------------- */
+/* (also ckpt_view_forget and ckpt_view_next_inval of view.h) */
 
 static inline int node_has_kids(const struct node *n)
 {
@@ -521,24 +540,20 @@ int ckpt_node_drop_unlinked(ckpt_view *v);
  * entry): count it on n's step.  n must be reachable (listed, or under a
  * directory the kernel holds) for the whole call. */
 void ckpt_node_kref(ckpt_view *v, struct node *n, uint64_t k);
-/* Free every node (ops->destroy first, for all of them, when `release`). */
+/* View destroy: ops->destroy of every node (what the kinds own; the nodes
+ * stay), then, after the arrays and stores went, every node's memory and the
+ * node table. */
 void ckpt_node_release_all(ckpt_view *v);
 void ckpt_node_free_all(ckpt_view *v);
-/* The views's owned stores and arrays (take res_lock).  owner: the node
+/* The view's owned stores and arrays (take res_lock).  owner: the node
  * whose tree uses the store (its step's, freed with it), or NULL. */
 int ckpt_node_own_store(ckpt_view *v, ckpt_store *s, const struct node *owner);
 struct aref *ckpt_node_new_aref(ckpt_view *v, ckpt_array *arr, int ocdbt);
 /* 1 when s ends with suffix (and is longer), *stem = its length without it. */
 int ckpt_node_ends_with(const char *s, const char *suffix, size_t *stem);
 
-/* ---- view_read.c / view_xattr.c -------------------------------------------- */
+/* ---- node/xattr.c ---------------------------------------------------------- */
 
-extern const struct node_ops ckpt_array_ops, ckpt_file_ops, ckpt_st_ops, ckpt_stats_ops, ckpt_log_ops;
-/* Set up array node n (made with ckpt_array_ops) as region r of ar. */
-int ckpt_array_node_init(struct node *n, struct aref *ar, const ckpt_region *r);
-/* The same, served as float32 (NAME.f32.npy); -ENOTSUP unless the dtype is
- * bfloat16, float8_e4m3fn or float8_e5m2. */
-int ckpt_array_node_init_f32(struct node *n, struct aref *ar, const ckpt_region *r);
 ssize_t ckpt_array_getxattr(ckpt_view *v, struct node *n, const char *name, char *buf, size_t cap);
 ssize_t ckpt_array_listxattr(ckpt_view *v, struct node *n, char *buf, size_t cap);
 /* A listxattr answer of names[i] (those with skip[i] 0; skip may be NULL),
@@ -546,37 +561,82 @@ ssize_t ckpt_array_listxattr(ckpt_view *v, struct node *n, char *buf, size_t cap
  * not fit. */
 ssize_t ckpt_xattr_list(const char *const *names, size_t count, const uint8_t *skip, char *buf, size_t cap);
 
-/* ---- companions.c ---------------------------------------------------------- */
+/* ---- node/array_files.c ---------------------------------------------------- */
 
-/* Committed directories: kids, then (show_companions) NAME.shards and
- * X.safetensors entries; hidden companions made on lookup. */
-extern const struct node_ops ckpt_dir_ops;
+extern const struct node_ops ckpt_array_ops, ckpt_st_ops;
+/* Set up array node n (made with ckpt_array_ops) as region r of ar. */
+int ckpt_array_node_init(struct node *n, struct aref *ar, const ckpt_region *r);
+/* The same, served as float32 (NAME.f32.npy); -ENOTSUP unless the dtype is
+ * bfloat16, float8_e4m3fn or float8_e5m2. */
+int ckpt_array_node_init_f32(struct node *n, struct aref *ar, const ckpt_region *r);
 
-/* ---- views.c --------------------------------------------------------------- */
+/* ---- node/plain_files.c ---------------------------------------------------- */
+
+extern const struct node_ops ckpt_file_ops, ckpt_stats_ops, ckpt_log_ops;
+
+/* ---- derived/summary.c ----------------------------------------------------- */
+/* (also ckpt_view_summary, ckpt_human and ckpt_json_str of summary.h) */
+
+/* The arrays under dir and their bytes (logical: shape x itemsize; stored:
+ * user.ckpt.stored_bytes), and the arrays listed but unreadable: the walk
+ * of ckpt_view_summary without the text.  No view lock may be held. */
+struct summary_totals {
+	uint64_t arrays, logical, stored, unreadable;
+};
+int ckpt_summary_totals(ckpt_view *v, ckpt_ino dir, struct summary_totals *t);
+
+/* Add the summary files (summary.txt, summary.json: the table of `ckptfs
+ * info` for meta's parent, built on first open/read/getattr, outside
+ * ns_lock) as kids of the hidden .ckptfs/ directory meta before it is
+ * published. */
+int ckpt_summary_add_files(ckpt_view *v, struct node *meta);
+
+/* ---- derived/views.c ------------------------------------------------------- */
+/* (also ckpt_view_recipe_table of view.h) */
 
 #define CKPT_VIEWS_DIR ".views"
-/* ckpt_dir_ops lookup of ".views" in a committed step (or the root of a
- * step mount): 0 and a new hidden directory with one folder per recipe
- * that matches the step; -ENOENT for any other name or directory.  Called
- * with ns_lock shared. */
+/* ckpt_dir_ops lookup of ".views" in a committed step of a root (or the
+ * root of a step mount): 0 and a new hidden directory with one folder per
+ * recipe that matches the step; -ENOENT for any other name or directory,
+ * or -errno.  Called with ns_lock shared. */
 int ckpt_views_lookup(ckpt_view *v, struct node *dir, const char *name, struct node **out);
 /* Free the recipe set (view destroy, after the nodes). */
 void ckpt_views_destroy(ckpt_view *v);
 
+/* ---- derived/latest.c ------------------------------------------------------ */
+
+#define CKPT_LATEST_NAME "latest"
+/* Make v->latest (a root view, at open).  0 or -ENOMEM. */
+int ckpt_latest_make(ckpt_view *v);
+/* 1 when (parent, name) is the root's `latest` entry. */
+int ckpt_latest_is(ckpt_view *v, ckpt_ino parent, const char *name);
+/* The root's `latest` entry when the root has a committed step: 1 and
+ * *out (its size refreshed), else 0.  ns_lock held. */
+int ckpt_latest_entry(ckpt_view *v, struct node **out);
+/* A write call on `latest` (what: "remove", "rename", ...): -EPERM, logged. */
+int ckpt_latest_refuse(const char *what);
+
+/* ---- derived/companions.c -------------------------------------------------- */
+
+/* STEP/.stored/: a committed step's files as stored */
+#define CKPT_STORED_DIR ".stored"
+/* Committed directories: kids, then (show_companions) NAME.shards and
+ * X.safetensors entries; hidden companions made on lookup. */
+extern const struct node_ops ckpt_dir_ops;
+
 /* ---- layout.c -------------------------------------------------------------- */
 
-/* Fill v's root from the source folder: detect what it is; a root's steps
- * become lazy step nodes (named only; built on first use).  A non-empty
- * source that is none of item, step or root is refused with -EMEDIUMTYPE
- * (logged: what was looked for) unless opts.force_root.  src: read that
- * store (one more reference taken) instead of opening `source`'s. */
+/* Fill v's root from SOURCE (a folder, or one file of a foreign format):
+ * detect what it is; a root's steps become lazy step nodes (named only;
+ * built on first use).  A non-empty source that is none of item, step or
+ * root is refused with -EMEDIUMTYPE (logged: what was looked for) unless
+ * opts.force_root; a read error met on the way fails it (-EIO).  src: read
+ * that store (one more reference taken) instead of opening `source`'s. */
 int ckpt_layout_build_view(ckpt_view *v, const char *source, ckpt_store *src);
 /* Build the committed step folder `name` of the source as a new directory
  * node of the root (not yet linked into the root's kids).  Takes no view
  * lock but res_lock/alloc_lock: callable without ns_lock. */
 struct node *ckpt_layout_new_step(ckpt_view *v, const char *name);
-/* pending.c: stop its thread (first thing at view destroy). */
-void ckpt_pending_shutdown(ckpt_view *v);
 /* The item folder `path` (relative to the source) read as an item into a
  * new directory node that is linked nowhere (a stored copy checked before
  * its step commits); NULL on ENOMEM. */
@@ -591,6 +651,9 @@ int ckpt_layout_list_steps(ckpt_view *v, struct layout_steps **out);
  * and names a committing step takes stay).  Frees the list; returns the
  * number of steps linked or unlinked. */
 int ckpt_layout_apply_steps(ckpt_view *v, struct layout_steps *l);
+/* 1 when a committing step of the root takes `name` (ns_lock held): asks
+ * each pending step through its ops (reserves). */
+int ckpt_name_reserved(struct node *root, const char *name);
 
 /* ---- prune.c --------------------------------------------------------------- */
 
@@ -602,38 +665,11 @@ struct node *ckpt_prune_step_of(ckpt_view *v, struct node *n);
  * from the source (see prune.c); 0 or -errno.  ns_lock exclusive held. */
 int ckpt_prune_remove(ckpt_view *v, struct node *dir, struct node *n, int rmdir_op);
 
-/* ---- summary.c ------------------------------------------------------------- */
+/* ---- pending.c ------------------------------------------------------------- */
+/* (also the write-side calls of view.h: ckpt_view_mkdir, ckpt_view_create,
+ * ckpt_view_write, ...) */
 
-/* The arrays under dir and their bytes (logical: shape x itemsize; stored:
- * user.ckpt.stored_bytes), and the arrays listed but unreadable: the walk
- * of ckpt_view_summary without the text.  No view lock may be held. */
-struct summary_totals {
-	uint64_t arrays, logical, stored, unreadable;
-};
-int ckpt_summary_totals(ckpt_view *v, ckpt_ino dir, struct summary_totals *t);
-
-/* Add the hidden summary files (summary.txt, summary.json: the table of
- * `ckptfs info` for meta's parent, built on first open/read/getattr,
- * outside ns_lock) to the .ckptfs/ directory meta before it is published. */
-int ckpt_summary_add_files(ckpt_view *v, struct node *meta);
-
-/* ---- latest.c -------------------------------------------------------------- */
-
-#define CKPT_LATEST_NAME "latest"
-/* Make v->latest (a root view, at open).  0 or -ENOMEM. */
-int ckpt_latest_make(ckpt_view *v);
-/* 1 when (parent, name) is the root's `latest` entry. */
-int ckpt_latest_is(ckpt_view *v, ckpt_ino parent, const char *name);
-/* The root's `latest` entry when the root has a committed step: 1 and
- * *out (its size refreshed), else 0.  ns_lock held. */
-int ckpt_latest_entry(ckpt_view *v, struct node **out);
-/* A write call on `latest` (what: "remove", "rename", ...): -EPERM, logged. */
-int ckpt_latest_refuse(const char *what);
-
-/* ---- layout.c (the root's steps) ------------------------------------------- */
-
-/* 1 when a committing step of the root takes `name` (ns_lock held): asks
- * each pending step through its ops (reserves). */
-int ckpt_name_reserved(struct node *root, const char *name);
+/* Stop the thread that commits stored copies (first thing at view destroy). */
+void ckpt_pending_shutdown(ckpt_view *v);
 
 #endif

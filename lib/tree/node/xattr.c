@@ -1,5 +1,5 @@
 /*
- * view_xattr.c - the user.ckpt.* extended attributes of array files.
+ * xattr.c - the user.ckpt.* extended attributes of array files.
  */
 #include <stdio.h>
 #include <stdlib.h>

@@ -1,9 +1,16 @@
 /*
- * view_read.c - the committed file kinds and their reads: array files
- * (.npy of a region of a stored array), files copied from the source or
- * synthesized, safetensors files and .ckptfs/stats.  Zero-copy mapping of
- * decoded chunks, read-ahead across safetensors tensors, and warming of the
- * next file of a directory.
+ * array_files.c - the file kinds whose bytes are decoded arrays and their
+ * reads: array files (NAME.npy, NAME[slice].npy, a stored shard: a region
+ * of a stored array), NAME.f32.npy (bfloat16 and float8 widened to
+ * float32) and safetensors files.  Zero-copy mapping of decoded chunks,
+ * read-ahead across safetensors tensors, warming of the next file of a
+ * directory, and the revalidation on open.
+ *
+ * The committed file kinds are two files, split by how they read: these
+ * read through the read layer's arrays, with the machinery above (maps,
+ * read-ahead, warming, open checks) that serves only them; the plain kinds
+ * (plain_files.c: copied and synthesized files, .ckptfs/stats and log)
+ * read bytes they hold or one store key, and share none of it.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -11,8 +18,6 @@
 #include <sys/uio.h>
 
 #include "npy.h"
-#include "stats.h"
-#include "store.h"
 #include "tree_int.h"
 
 /* A streaming reader is one whose next read starts within this distance of
@@ -23,10 +28,6 @@
 #define ST_IOV_PIECES 8
 /* Store stats one open may spend revalidating (ckpt_array_open_check). */
 #define OPEN_CHECK_BUDGET 64
-/* Size reported for .ckptfs/stats (served with direct I/O). */
-#define STATS_SIZE 4096
-/* Size reported for .ckptfs/log (direct I/O: a read ends where the lines do). */
-#define LOG_SIZE (256u * 512u)
 
 static void file_attr(ckpt_view *v, struct node *n, ckpt_attr *a, uint64_t size)
 {
@@ -300,51 +301,6 @@ const struct node_ops ckpt_array_ops = {
 	.destroy = array_destroy,
 };
 
-/* ---- copied and synthesized files ------------------------------------------ */
-
-static void plain_file_attr(ckpt_view *v, struct node *n, ckpt_attr *a)
-{
-	file_attr(v, n, a, to_file(n)->size);
-}
-
-static ssize_t file_read(ckpt_view *v, struct node *node, uint64_t off, size_t len, void *dst)
-{
-	(void)v;
-	struct file_node *n = to_file(node);
-	if (off >= n->size)
-		return 0;
-	if (len > n->size - off)
-		len = (size_t)(n->size - off);
-	if (n->content) {
-		memcpy(dst, n->content + off, len);
-		return (ssize_t)len;
-	}
-	ssize_t r = ckpt_store_read(n->store, n->key, off, len, dst);
-	if (r < 0) {
-		ckpt_log(CKPT_LOG_ERR, "%s/%s: read failed: %s", n->store->root, n->key, strerror((int)-r));
-		return -EIO;
-	}
-	if (n->stored_copy)
-		CKPT_STAT_ADD(stored_copy_bytes, (uint64_t)r);
-	return r;
-}
-
-static void file_destroy(ckpt_view *v, struct node *node)
-{
-	(void)v;
-	struct file_node *n = to_file(node);
-	free(n->key);
-	free(n->content);
-}
-
-const struct node_ops ckpt_file_ops = {
-	.kind = N_FILE,
-	.size = sizeof(struct file_node),
-	.getattr = plain_file_attr,
-	.read = file_read,
-	.destroy = file_destroy,
-};
-
 /* ---- safetensors files ----------------------------------------------------- */
 
 static struct array_node *st_array(struct st_node *n, size_t input)
@@ -519,80 +475,4 @@ const struct node_ops ckpt_st_ops = {
 	.read = st_read,
 	.read_iov = st_read_iov,
 	.destroy = st_destroy,
-};
-
-/* ---- .ckptfs/stats ---------------------------------------------------------- */
-
-static void stats_attr(ckpt_view *v, struct node *n, ckpt_attr *a)
-{
-	file_attr(v, n, a, STATS_SIZE);
-	a->immutable = 0;
-	a->volatile_data = 1;
-}
-
-static ssize_t stats_read(ckpt_view *v, struct node *n, uint64_t off, size_t len, void *dst)
-{
-	(void)v;
-	(void)n;
-	char buf[STATS_SIZE];
-	int k = ckpt_stats_json(buf, sizeof(buf));
-	if (k < 0)
-		return k;
-	/* Every snapshot is exactly STATS_SIZE bytes, the JSON padded with
-	 * spaces and a newline (JSON whitespace): a reader whose second read
-	 * lands past the first snapshot's JSON gets padding, never the tail
-	 * of a longer, newer snapshot. */
-	if ((size_t)k < sizeof(buf)) {
-		memset(buf + k, ' ', sizeof(buf) - (size_t)k);
-		buf[sizeof(buf) - 1] = '\n';
-		k = (int)sizeof(buf);
-	}
-	if (off >= (uint64_t)k)
-		return 0;
-	size_t m = (size_t)k - (size_t)off < len ? (size_t)k - (size_t)off : len;
-	memcpy(dst, buf + off, m);
-	return (ssize_t)m;
-}
-
-const struct node_ops ckpt_stats_ops = {
-	.kind = N_STATS,
-	.size = sizeof(struct node),
-	.getattr = stats_attr,
-	.read = stats_read,
-};
-
-/* ---- .ckptfs/log: the recent log lines (ckpt_log_recent) --------------------- */
-
-static void log_attr(ckpt_view *v, struct node *n, ckpt_attr *a)
-{
-	file_attr(v, n, a, LOG_SIZE);
-	a->immutable = 0;
-	a->volatile_data = 1;
-}
-
-/* Each read takes a new snapshot: lines are only appended until the ring
- * is full, so a reader reading on from where it stopped gets the lines
- * that came since (one read of LOG_SIZE bytes gets them all at once). */
-static ssize_t log_read(ckpt_view *v, struct node *n, uint64_t off, size_t len, void *dst)
-{
-	(void)v;
-	(void)n;
-	char *buf = malloc(LOG_SIZE + 1);
-	if (!buf)
-		return -ENOMEM;
-	size_t k = ckpt_log_recent(buf, LOG_SIZE + 1, CKPT_LOG_DEBUG);
-	size_t m = 0;
-	if (off < k) {
-		m = k - (size_t)off < len ? k - (size_t)off : len;
-		memcpy(dst, buf + off, m);
-	}
-	free(buf);
-	return (ssize_t)m;
-}
-
-const struct node_ops ckpt_log_ops = {
-	.kind = N_STATS,
-	.size = sizeof(struct node),
-	.getattr = log_attr,
-	.read = log_read,
 };

@@ -1,8 +1,12 @@
 /*
  * companions.c - committed directories and the hidden names they make on
- * lookup: NAME[slice].npy (a region of array NAME.npy), NAME.shards/ (one
- * file per stored unit), X.safetensors (directory X as one safetensors
- * file) and X.safetensors.d/ (the Hugging Face sharded form).
+ * lookup: NAME[slice].npy (a region of array NAME.npy), NAME.f32.npy (a
+ * bfloat16 or float8 array widened to float32), NAME.shards/ (one file per
+ * stored unit), X.safetensors (directory X as one safetensors file),
+ * X.safetensors.d/ (the Hugging Face sharded form), STEP/.ckptfs/ and
+ * STEP/.stored/, and the stored files the tree does not show; .views
+ * (views.c) and the root's `latest` (latest.c) are answered through the
+ * same table, hidden_names: one row per hidden name, its match and maker.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -322,12 +326,44 @@ static int build_safetensors_dir(ckpt_view *v, struct stdir_node *sd, struct nod
 	return rc;
 }
 
-/* ---- committed directories ------------------------------------------------- */
+/* ---- the makers of hidden names -------------------------------------------- */
 
-/* NAME[<slice>].npy of array NAME.npy in dir. */
-static int make_slice(ckpt_view *v, struct node *dir, const char *name, const char *br, size_t stem,
-		      struct node **out)
+/*
+ * Each hidden name of committed directories has a row in hidden_names
+ * (below): how the name matches, and its maker, called with ns_lock shared
+ * as ops->lookup is: stem is the length of the name without the row's
+ * suffix (0 for a row matching the whole name).  A maker answers as
+ * ops->lookup (0 and a new hidden node, 1 and a node the directory keeps,
+ * -errno), or NOT_MINE: the name matched the row but is not the maker's
+ * (no array behind NAME.shards, .ckptfs outside a committed step), and the
+ * rows after it decide.
+ */
+#define NOT_MINE 2
+
+/* dir is a committed step of a root (where .ckptfs/ and .stored/ are made). */
+static int committed_step(ckpt_view *v, struct node *dir)
 {
+	/* the root's own .ckptfs/ is made at open */
+	return !strcmp(v->kind, "root") && dir->ino != CKPT_ROOT_INO && dir->parent == CKPT_ROOT_INO &&
+	       strcmp(dir->name, ".ckptfs");
+}
+
+/* The root's `latest` entry: answered, not made (latest.c). */
+static int latest_entry(ckpt_view *v, struct node *dir, const char *name, size_t stem, struct node **out)
+{
+	(void)stem;
+	if (!ckpt_latest_is(v, dir->ino, name))
+		return NOT_MINE;
+	return ckpt_latest_entry(v, out) ? 1 : -ENOENT; /* the root keeps it */
+}
+
+/* NAME[<slice>].npy of array NAME.npy in dir (stem: the name without "].npy"). */
+static int make_slice(ckpt_view *v, struct node *dir, const char *name, size_t stem, struct node **out)
+{
+	const char *br = strchr(name, '[');
+	if (!br)
+		return NOT_MINE;
+	stem++; /* NAME[<slice>] */
 	struct array_node *arr = array_kid(dir, name, (size_t)(br - name));
 	if (!arr) {
 		char base[VIEW_NAME_BUF];
@@ -436,8 +472,36 @@ static int make_safetensors(ckpt_view *v, struct node *dir, const char *name, si
 	return 0;
 }
 
-/* The hidden companion `name` of committed directory dir, or -ENOENT/-EINVAL. */
-static int meta_dir(ckpt_view *v, struct node *dir, const char *name, struct node **out);
+static int make_st(ckpt_view *v, struct node *dir, const char *name, size_t stem, struct node **out)
+{
+	return make_safetensors(v, dir, name, stem, 0, out);
+}
+
+static int make_st_sharded(ckpt_view *v, struct node *dir, const char *name, size_t stem, struct node **out)
+{
+	return make_safetensors(v, dir, name, stem, 1, out);
+}
+
+/* NAME.shards/ of array NAME.npy in dir: its units are listed on first use. */
+static int make_shards(ckpt_view *v, struct node *dir, const char *name, size_t stem, struct node **out)
+{
+	if (!array_kid(dir, name, stem))
+		return NOT_MINE;
+	struct node *n = ckpt_node_new(v, &shards_ops, name, dir);
+	if (!n)
+		return -ENOMEM;
+	pthread_mutex_init(&to_shards(n)->units_mu, NULL);
+	n->hidden = 1;
+	*out = n;
+	return 0;
+}
+
+/* STEP/.views/ (views.c). */
+static int views_dir(ckpt_view *v, struct node *dir, const char *name, size_t stem, struct node **out)
+{
+	(void)stem;
+	return ckpt_views_lookup(v, dir, name, out);
+}
 
 /* A file or folder the source holds at dir's path under `name` that the
  * tree does not show (Orbax's own files: manifest.ocdbt, d/, ocdbt.process_0/,
@@ -445,8 +509,9 @@ static int meta_dir(ckpt_view *v, struct node *dir, const char *name, struct nod
  * that Orbax and TensorStore restore through the mount, opening its files
  * by name.  Not in the root (its unfinished folders are no steps).  0 and
  * the node, or -ENOENT. */
-static int stored_lookup(ckpt_view *v, struct node *dir, const char *name, struct node **out)
+static int stored_lookup(ckpt_view *v, struct node *dir, const char *name, size_t stem, struct node **out)
 {
+	(void)stem;
 	const char *parts[CKPT_ORBAX_MAX_DEPTH + 1];
 	int k = 0;
 	if (dir->ino == CKPT_ROOT_INO || !strcmp(name, ".") || !strcmp(name, ".."))
@@ -481,37 +546,6 @@ static int stored_lookup(ckpt_view *v, struct node *dir, const char *name, struc
 	}
 	*out = n;
 	return 0;
-}
-
-static int dir_lookup(ckpt_view *v, struct node *dir, const char *name, struct node **out)
-{
-	if (ckpt_latest_is(v, dir->ino, name)) /* the root keeps it (latest.c) */
-		return ckpt_latest_entry(v, out) ? 1 : -ENOENT;
-	size_t stem;
-	if (ckpt_node_ends_with(name, ".f32.npy", &stem))
-		return make_widened(v, dir, name, stem, out);
-	const char *br = strchr(name, '[');
-	if (br && ckpt_node_ends_with(name, ".npy", &stem) && name[stem - 1] == ']')
-		return make_slice(v, dir, name, br, stem, out);
-	if (ckpt_node_ends_with(name, ".shards", &stem) && array_kid(dir, name, stem)) {
-		struct node *n = ckpt_node_new(v, &shards_ops, name, dir);
-		if (!n)
-			return -ENOMEM;
-		pthread_mutex_init(&to_shards(n)->units_mu, NULL);
-		n->hidden = 1;
-		*out = n;
-		return 0;
-	}
-	if (strcmp(name, ".safetensors.d") == 0 || strcmp(name, ".safetensors") == 0) /* dir itself */
-		return make_safetensors(v, dir, name, 0, name[12] == '.', out);
-	if (ckpt_node_ends_with(name, ".safetensors.d", &stem))
-		return make_safetensors(v, dir, name, stem, 1, out);
-	if (ckpt_node_ends_with(name, ".safetensors", &stem))
-		return make_safetensors(v, dir, name, stem, 0, out);
-	if (!strcmp(name, CKPT_VIEWS_DIR))
-		return ckpt_views_lookup(v, dir, name, out); /* STEP/.views/ */
-	int rc = meta_dir(v, dir, name, out); /* STEP/.ckptfs/ */
-	return rc == -ENOENT ? stored_lookup(v, dir, name, out) : rc;
 }
 
 /* ---- STEP/.stored/: the step's files as they are stored ---------------------- */
@@ -612,8 +646,12 @@ static int stored_fill(ckpt_view *v, struct node *dir, const char *key, int dept
  * files), so that `cp -r STEP/.stored DEST` makes a step Orbax restores,
  * from any source, s3:// and gs:// included.  Listed once, on this lookup
  * (ns_lock shared: the listing takes no view lock). */
-static int stored_dir(ckpt_view *v, struct node *dir, struct node **out)
+static int stored_dir(ckpt_view *v, struct node *dir, const char *name, size_t stem, struct node **out)
 {
+	(void)name;
+	(void)stem;
+	if (!committed_step(v, dir))
+		return NOT_MINE;
 	struct node *top = ckpt_node_new(v, &stored_dir_ops, CKPT_STORED_DIR, dir);
 	if (!top)
 		return -ENOMEM;
@@ -630,21 +668,14 @@ static int stored_dir(ckpt_view *v, struct node *dir, struct node **out)
 	return 0;
 }
 
-/* ckpt_dir_ops lookup of `name` in dir: for ".ckptfs" in a committed step of a
- * root, 0 and a new hidden .ckptfs/ directory holding the summary files
- * (summary.c); for ".stored", the step's stored files; -ENOENT otherwise.  Called with ns_lock shared; builds
- * nothing. */
-static int meta_dir(ckpt_view *v, struct node *dir, const char *name, struct node **out)
+/* ".ckptfs" in a committed step of a root: a new hidden .ckptfs/ directory
+ * holding the summary files (summary.c), which builds nothing now. */
+static int meta_dir(ckpt_view *v, struct node *dir, const char *name, size_t stem, struct node **out)
 {
-	/* committed steps of a root only (the root's own .ckptfs/ is made at open) */
-	if (strcmp(v->kind, "root") || dir->ino == CKPT_ROOT_INO || dir->parent != CKPT_ROOT_INO ||
-	    !strcmp(dir->name, ".ckptfs"))
-		return -ENOENT;
-	if (!strcmp(name, CKPT_STORED_DIR))
-		return stored_dir(v, dir, out);
-	if (strcmp(name, ".ckptfs"))
-		return -ENOENT;
-	struct node *meta = ckpt_node_new(v, &ckpt_dir_ops, ".ckptfs", dir);
+	(void)stem;
+	if (!committed_step(v, dir))
+		return NOT_MINE;
+	struct node *meta = ckpt_node_new(v, &ckpt_dir_ops, name, dir);
 	if (!meta)
 		return -ENOMEM;
 	meta->hidden = 1;
@@ -653,6 +684,70 @@ static int meta_dir(ckpt_view *v, struct node *dir, const char *name, struct nod
 		return rc;
 	*out = meta;
 	return 0;
+}
+
+/* ---- committed directories ------------------------------------------------- */
+
+/* How a row of hidden_names matches a name. */
+enum hidden_match {
+	BY_NAME, /* the name is the row's text */
+	BY_SUFFIX, /* NAME + text, NAME not empty */
+	BY_SUFFIX_OR_NAME, /* NAME + text, NAME maybe empty (the directory itself) */
+	BY_ANY, /* every name */
+};
+
+struct hidden_row {
+	enum hidden_match match;
+	const char *text;
+	int (*make)(ckpt_view *v, struct node *dir, const char *name, size_t stem, struct node **out);
+};
+
+/* The hidden names of committed directories (names no kid has), tried in
+ * this order: the first row that matches and whose maker does not answer
+ * NOT_MINE answers the lookup.  A new derived file is one row here. */
+static const struct hidden_row hidden_names[] = {
+	{ BY_NAME, CKPT_LATEST_NAME, latest_entry }, /* the root's `latest` */
+	{ BY_SUFFIX, ".f32.npy", make_widened }, /* NAME.f32.npy, NAME[<slice>].f32.npy */
+	{ BY_SUFFIX, "].npy", make_slice }, /* NAME[<slice>].npy */
+	{ BY_SUFFIX, ".shards", make_shards }, /* NAME.shards/ */
+	{ BY_SUFFIX_OR_NAME, ".safetensors.d", make_st_sharded }, /* X.safetensors.d/ */
+	{ BY_SUFFIX_OR_NAME, ".safetensors", make_st }, /* X.safetensors */
+	{ BY_NAME, CKPT_VIEWS_DIR, views_dir }, /* STEP/.views/ */
+	{ BY_NAME, ".ckptfs", meta_dir }, /* STEP/.ckptfs/ */
+	{ BY_NAME, CKPT_STORED_DIR, stored_dir }, /* STEP/.stored/ */
+	{ BY_ANY, NULL, stored_lookup }, /* a stored file or folder the tree does not show */
+};
+
+/* 1 when name matches row r (*stem: its length without the row's suffix). */
+static int row_matches(const struct hidden_row *r, const char *name, size_t *stem)
+{
+	*stem = 0;
+	switch (r->match) {
+	case BY_NAME:
+		return !strcmp(name, r->text);
+	case BY_SUFFIX_OR_NAME:
+		if (!strcmp(name, r->text))
+			return 1;
+		/* fall through */
+	case BY_SUFFIX:
+		return ckpt_node_ends_with(name, r->text, stem);
+	case BY_ANY:
+		return 1;
+	}
+	return 0;
+}
+
+static int dir_lookup(ckpt_view *v, struct node *dir, const char *name, struct node **out)
+{
+	for (size_t i = 0; i < sizeof(hidden_names) / sizeof(hidden_names[0]); i++) {
+		size_t stem;
+		if (!row_matches(&hidden_names[i], name, &stem))
+			continue;
+		int rc = hidden_names[i].make(v, dir, name, stem, out);
+		if (rc != NOT_MINE)
+			return rc;
+	}
+	return -ENOENT;
 }
 
 /* Companion entry c of dir (show_companions): NAME.shards for each array,

@@ -691,7 +691,8 @@ static int make_folder(ckpt_view *v, struct node *views, const char *name, ckpt_
 	return rc;
 }
 
-/* The step whose .views/ dir would be, or NULL. */
+/* 1 when dir is a step that has a .views/ (a committed step of a root, or
+ * the root of a step mount). */
 static int views_step(ckpt_view *v, struct node *dir)
 {
 	if (!strcmp(v->kind, "root"))
@@ -701,8 +702,6 @@ static int views_step(ckpt_view *v, struct node *dir)
 	return (!strcmp(v->kind, "step") || !strcmp(v->kind, "item")) && dir->ino == CKPT_ROOT_INO;
 }
 
-/* Plan recipe r over step's arrays: 0 and the folder made in views, or
- * -errno with why. */
 int ckpt_views_lookup(ckpt_view *v, struct node *dir, const char *name, struct node **out)
 {
 	if (strcmp(name, CKPT_VIEWS_DIR) || !views_step(v, dir))
