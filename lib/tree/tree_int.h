@@ -16,14 +16,10 @@
  *   companions.c  hidden names made on lookup: NAME[slice].npy, NAME.shards/,
  *                 X.safetensors, X.safetensors.d/, STEP/.ckptfs/, STEP/.stored/;
  *                 the ops of committed directories
- *   foreign_vitem.c  the virtual-item builder of formats that are not Orbax
- *                 (stores only: no node; see foreign.h)
- *   foreign_npz.c  .npz archives -> a virtual item (translator)
- *   foreign_msgpack.c  Flax / old Orbax / T5X msgpack checkpoints (translator)
- *   foreign_torch.c  torch.save, DCP, safetensors files and folders (translator)
- *   foreign.c     the translator table: which format a SOURCE or folder is
- *   layout.c      source folder -> nodes (root/step/item detection, _METADATA walk);
- *                 the root's list of steps (which names a committing step takes)
+ *   layout.c      source folder -> nodes (root/step/item detection, _METADATA walk;
+ *                 formats that are not Orbax through the translator table of
+ *                 lib/foreign/, foreign.h); the root's list of steps (which names a
+ *                 committing step takes)
  *   prune.c       deleting committed steps of a writable root (rmtree through the mount)
  *   pending.c     the write protocol on the namespace; the ops of pending kinds
  *   view.c        open/destroy, lookup, readdir, getattr, read, xattr: dispatch
@@ -142,6 +138,13 @@
  */
 #ifndef CKPT_VIEW_INTERNAL_H
 #define CKPT_VIEW_INTERNAL_H
+
+/* The translators (lib/foreign/, built with CKPT_LAYER_FOREIGN) sit below
+ * the tree: lib/tree/ is not on their include path, and this refuses them
+ * by any other path. */
+#ifdef CKPT_LAYER_FOREIGN
+#error "tree_int.h is the node model: a translator (lib/foreign/) never sees nodes; it builds a virtual item with foreign.h"
+#endif
 
 #include <assert.h>
 #include <pthread.h>

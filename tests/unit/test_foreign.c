@@ -1,7 +1,7 @@
 /*
  * test_foreign.c - the parsers of foreign checkpoint bytes (format/zip.h,
  * format/npz.h, format/msgpack.h) on hostile input, and the virtual-item
- * builder (tree/foreign.h) read back through the zarr reader.
+ * builder (foreign/foreign.h) read back through the zarr reader.
  */
 #include <errno.h>
 #include <stdio.h>

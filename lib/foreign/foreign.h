@@ -1,7 +1,19 @@
 /*
  * foreign.h - checkpoint formats that are not Orbax (npz archives, Flax and
  * old Orbax msgpack trees, T5X steps, PyTorch files), shown through the
- * same tree as Orbax items.
+ * same tree as Orbax items.  The layer lib/foreign/ (CMakeLists.txt): it
+ * links store, format and base, and never sees the node model (lib/tree/);
+ * the tree reaches a translator only through the table (ckpt_foreign_probe
+ * and the table entry's open).
+ *
+ * Files, from the bottom up (each calls only the ones above it in this
+ * list; scripts/check_layers checks it):
+ *   foreign_vitem.c    the virtual-item builder (ckpt_vitem_*): stores only
+ *   foreign_npz.c      .npz archives (translator)
+ *   foreign_msgpack.c  Flax / old Orbax / T5X msgpack checkpoints (translator)
+ *   foreign_torch.c    torch.save, DCP, safetensors files and folders
+ *                      (translator)
+ *   foreign.c          the translator table: which format a SOURCE or folder is
  *
  * The mechanism: a translator reads a foreign file's structure (never its
  * array bytes) and builds a VIRTUAL ORBAX ITEM, an in-memory store
@@ -18,13 +30,14 @@
  * A translator is one entry of the table in foreign.c: a name, a probe
  * ("is this file or folder yours?", decided by content: magic bytes,
  * structure; a file name is only a hint) and an open (build the virtual
- * item).  Layout detection asks the table wherever it finds a SOURCE, a
- * step or an item it does not know as Orbax.
+ * item).  Layout detection (lib/tree/layout.c) asks the table wherever it
+ * finds a SOURCE, a step or an item it does not know as Orbax.
  *
- * Writing a translator: a file lib/tree/foreign_<name>.c defining a const
+ * Writing a translator: a file lib/foreign/foreign_<name>.c defining a const
  * struct ckpt_foreign_fmt (its bytes parsed by a pure lib/format/<name>.c),
  * declared extern and appended to formats[] in foreign.c (probes are asked
- * in that order; the first that claims wins).  Its open: ckpt_vitem_new,
+ * in that order; the first that claims wins), and named in the file map
+ * above, between foreign_vitem.c and foreign.c.  Its open: ckpt_vitem_new,
  * one ckpt_vitem_add_* per leaf (arrays, strings, empty nodes),
  * ckpt_vitem_finish for the store.
  * Errors are negative errno, logged once by the translator with the file
