@@ -151,6 +151,43 @@ int ckpt_vitem_add_zarr(struct ckpt_vitem *vi, const char *const *path, int dept
 			const char *dir);
 int ckpt_vitem_add_string(struct ckpt_vitem *vi, const char *const *path, int depth, const char *value);
 int ckpt_vitem_add_empty(struct ckpt_vitem *vi, const char *const *path, int depth);
+/*
+ * Arrays put cell by cell, for layouts add_array does not cut itself: a
+ * chunk grid the translator lays out (a distributed checkpoint's chunk
+ * boxes, cut into equal cells), or one block whose elements lie in a
+ * permuted dimension order.  ckpt_vitem_cell_* put the cell at grid
+ * coordinates `coord` (rank of them) of the array that the next leaf added
+ * will be; ckpt_vitem_add_grid then adds that leaf with the array's
+ * metadata.  Cells put before a leaf is added otherwise (add_unreadable
+ * after a cell failed) stay in the store, named by no leaf.
+ *
+ * cell_bytes: the cell's bytes (copied; C order within the cell, or the
+ * grid's order).  cell_range: `length` bytes of file base_key of base from
+ * `offset` on.  cell_pieces: npieces (offset, length) pairs of base_key one
+ * after another.  -EINVAL, -ENOMEM.
+ * add_grid: a cell never put reads as the fill value (as an add_zarr
+ * array's missing chunk).  -EINVAL for a bad dtype, rank or order; -ENOMEM.
+ */
+struct ckpt_vgrid {
+	ckpt_dtype dtype;
+	int rank;
+	uint64_t shape[CKPT_MAX_RANK];
+	uint64_t cell[CKPT_MAX_RANK]; /* a cell's shape (a dimension of 0 counts as 1) */
+	int big_endian;
+	/* NULL: each cell's elements in C order (a zarr v2 array); else their
+	 * dimension order, order[0] slowest, a permutation of 0..rank-1 (a zarr
+	 * v3 array with a transpose codec) */
+	const int *order;
+};
+int ckpt_vitem_cell_bytes(struct ckpt_vitem *vi, int rank, const uint64_t *coord, const void *data,
+			  size_t len);
+int ckpt_vitem_cell_range(struct ckpt_vitem *vi, int rank, const uint64_t *coord, ckpt_store *base,
+			  const char *base_key, uint64_t offset, uint64_t length);
+int ckpt_vitem_cell_pieces(struct ckpt_vitem *vi, int rank, const uint64_t *coord, ckpt_store *base,
+			   const char *base_key, const uint64_t *pieces, size_t npieces);
+int ckpt_vitem_add_grid(struct ckpt_vitem *vi, const char *const *path, int depth,
+			const struct ckpt_vgrid *g);
+
 /* An array the translator found but cannot serve (it logged why): listed
  * as NAME.npy, reads answer EIO, so that a copy of the tree fails instead
  * of leaving it out silently. */
