@@ -123,7 +123,7 @@ int ckpt_store_mem_put(ckpt_store *s, const char *key, const void *data, size_t 
  * until it is destroyed.  The same key again replaces what it held.
  * -EINVAL for a malformed key, a base that is s, an offset + length that
  * overflows; -ENOMEM.  This is how a foreign format's array is served
- * from its original file (tree/foreign.h). */
+ * from its original file (foreign/foreign.h). */
 int ckpt_store_mem_put_range(ckpt_store *s, const char *key, ckpt_store *base, const char *base_key,
 			     uint64_t offset, uint64_t length);
 

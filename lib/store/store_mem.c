@@ -4,7 +4,7 @@
  * or with byte ranges of files of other stores (ckpt_store_mem_put_range)
  * and whole folders of other stores (ckpt_store_mem_put_folder): the
  * virtual Orbax items that foreign formats are translated into
- * (tree/foreign.c).  The keys are kept sorted in byte order, so list()
+ * (foreign/foreign.c).  The keys are kept sorted in byte order, so list()
  * walks one range and listdir/stat come from the flat key list (a folder is
  * any proper '/'-prefix of a key), as for OCDBT; below a mounted folder the
  * base store answers.

@@ -22,14 +22,10 @@
  *                 names made on lookup, one row each in its table: NAME[slice].npy,
  *                 NAME.f32.npy, NAME.shards/, X.safetensors, X.safetensors.d/,
  *                 STEP/.ckptfs/, STEP/.stored/, .views (views.c), latest (latest.c)
- *   foreign_vitem.c  the virtual-item builder of formats that are not Orbax
- *                 (stores only: no node; see foreign.h)
- *   foreign_npz.c  .npz archives -> a virtual item (translator)
- *   foreign_msgpack.c  Flax / old Orbax / T5X msgpack checkpoints (translator)
- *   foreign_torch.c  torch.save, DCP, safetensors files and folders (translator)
- *   foreign.c     the translator table: which format a SOURCE or folder is
- *   layout.c      SOURCE -> nodes (root/step/item detection, _METADATA walk);
- *                 the root's list of steps (which names a committing step takes)
+ *   layout.c      SOURCE -> nodes (root/step/item detection, _METADATA walk;
+ *                 formats that are not Orbax through the translator table of
+ *                 lib/foreign/, foreign.h); the root's list of steps (which names
+ *                 a committing step takes)
  *   prune.c       deleting committed steps of a writable root (rmtree through the mount)
  *                 (on top: it changes the root's listing and the source, for pending.c)
  *   pending.c     the write protocol on the namespace; the ops of pending kinds;
@@ -37,7 +33,7 @@
  *   view.c        open/destroy, lookup, readdir, getattr, read, xattr: dispatch;
  *                 root rescans, and the files of gone steps to invalidate
  * The sections at the end of this header declare each file's calls, in this
- * order; the foreign*.c files are declared in foreign.h, and view.c defines
+ * order; the translators live in lib/foreign/ (foreign.h), and view.c defines
  * only public calls (view.h).
  *
  * Floors: node/ is the node model (the node table, kids, the hidden-name
@@ -162,6 +158,13 @@
  */
 #ifndef CKPT_TREE_INT_H
 #define CKPT_TREE_INT_H
+
+/* The translators (lib/foreign/, built with CKPT_LAYER_FOREIGN) sit below
+ * the tree: lib/tree/ is not on their include path, and this refuses them
+ * by any other path. */
+#ifdef CKPT_LAYER_FOREIGN
+#error "tree_int.h is the node model: a translator (lib/foreign/) never sees nodes; it builds a virtual item with foreign.h"
+#endif
 
 #include <assert.h>
 #include <pthread.h>

@@ -1,7 +1,7 @@
 /*
  * test_foreign.c - the parsers of foreign checkpoint bytes (format/zip.h,
  * format/npz.h, format/msgpack.h) on hostile input, and the virtual-item
- * builder (tree/foreign.h) read back through the zarr reader.
+ * builder (foreign/foreign.h) read back through the zarr reader.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -298,6 +298,74 @@ static void test_vitem_chunks(void)
 	free(file);
 }
 
+/* Arrays put cell by cell: a 2x2 grid of [2,2] cells given as bytes, a
+ * range and pieces (one cell left out: the fill value), and one block in a
+ * permuted dimension order; read back through the zarr reader. */
+static void test_vitem_grid(void)
+{
+	/* int16 [4,4] = 0..15 in C order; the file holds cell (0,1) as one range
+	 * at 0 and cell (1,0)'s two rows apart, at 8 and 20 */
+	static const int16_t file[] = { 2, 3, 6, 7, 99, 99, 8, 9, 99, 99, 99, 99, 12, 13 };
+	/* int16 [2,3,4]: element (i,j,k) = 100*i + 10*j + k, stored in order
+	 * {1,2,0}: as a C-order [3,4,2] array at (j,k,i), after the cells */
+	int16_t perm[24];
+	for (int i = 0; i < 2; i++)
+		for (int j = 0; j < 3; j++)
+			for (int k = 0; k < 4; k++)
+				perm[(j * 4 + k) * 2 + i] = (int16_t)(100 * i + 10 * j + k);
+	ckpt_store *base, *item;
+	CHECK_EQ_INT(ckpt_store_mem_open("mem:cells", &base), 0);
+	CHECK_EQ_INT(ckpt_store_mem_put(base, "f", file, sizeof(file)), 0);
+	CHECK_EQ_INT(ckpt_store_mem_put(base, "p", perm, sizeof(perm)), 0);
+	struct ckpt_vitem *vi;
+	CHECK_EQ_INT(ckpt_vitem_new("virt", &vi), 0);
+	const int16_t c00[] = { 0, 1, 4, 5 };
+	const uint64_t at00[2] = { 0, 0 }, at01[2] = { 0, 1 }, at10[2] = { 1, 0 };
+	const uint64_t pieces[4] = { 12, 4, 24, 4 };
+	CHECK_EQ_INT(ckpt_vitem_cell_bytes(vi, 2, at00, c00, sizeof(c00)), 0);
+	CHECK_EQ_INT(ckpt_vitem_cell_range(vi, 2, at01, base, "f", 0, 8), 0);
+	CHECK_EQ_INT(ckpt_vitem_cell_pieces(vi, 2, at10, base, "f", pieces, 2), 0);
+	CHECK_EQ_INT(ckpt_vitem_cell_range(vi, CKPT_MAX_RANK + 1, at00, base, "f", 0, 8), -EINVAL);
+	const char *pg[] = { "grid" }, *pp[] = { "permuted" };
+	struct ckpt_vgrid g = { .dtype = CKPT_DT_INT16, .rank = 2, .shape = { 4, 4 }, .cell = { 2, 2 } };
+	CHECK_EQ_INT(ckpt_vitem_add_grid(vi, pg, 1, &g), 0);
+	const int bad[3] = { 0, 0, 1 }, order[3] = { 1, 2, 0 };
+	struct ckpt_vgrid pgrid = {
+		.dtype = CKPT_DT_INT16, .rank = 3, .shape = { 2, 3, 4 }, .cell = { 2, 3, 4 }
+	};
+	pgrid.order = bad;
+	CHECK_EQ_INT(ckpt_vitem_add_grid(vi, pp, 1, &pgrid), -EINVAL); /* not a permutation */
+	const uint64_t zero[3] = { 0, 0, 0 };
+	CHECK_EQ_INT(ckpt_vitem_cell_range(vi, 3, zero, base, "p", 0, sizeof(perm)), 0);
+	pgrid.order = order;
+	CHECK_EQ_INT(ckpt_vitem_add_grid(vi, pp, 1, &pgrid), 0);
+	CHECK_EQ_INT(ckpt_vitem_leaves(vi), 2);
+	CHECK_EQ_INT(ckpt_vitem_finish(vi, &item), 0);
+	ckpt_store_destroy(base);
+	uint64_t size;
+	CHECK_EQ_INT(ckpt_store_size(item, "a/0000000001/zarr.json", &size), 0); /* zarr v3: a transpose */
+	ckpt_ctx *ctx;
+	CHECK_EQ_INT(ckpt_ctx_create(NULL, &ctx), 0);
+	ckpt_array *arr;
+	ckpt_region r;
+	CHECK_EQ_INT(ckpt_array_open(ctx, item, "a/0000000000", 2, &arr), 0);
+	int16_t got[16];
+	ckpt_region_full(&r, 2, g.shape);
+	CHECK_EQ_INT(ckpt_array_read(arr, &r, 0, sizeof(got), got), (int)sizeof(got));
+	for (int i = 0; i < 16; i++) /* cell (1,1), never put, is the fill value */
+		CHECK_EQ_INT(got[i], i / 4 >= 2 && i % 4 >= 2 ? 0 : i);
+	ckpt_array_destroy(arr);
+	CHECK_EQ_INT(ckpt_array_open(ctx, item, "a/0000000001", 3, &arr), 0);
+	int16_t pgot[24];
+	ckpt_region_full(&r, 3, pgrid.shape);
+	CHECK_EQ_INT(ckpt_array_read(arr, &r, 0, sizeof(pgot), pgot), (int)sizeof(pgot));
+	for (int i = 0; i < 24; i++)
+		CHECK_EQ_INT(pgot[i], 100 * (i / 12) + 10 * (i / 4 % 3) + i % 4);
+	ckpt_array_destroy(arr);
+	ckpt_ctx_destroy(ctx);
+	ckpt_store_destroy(item);
+}
+
 int main(void)
 {
 	ckpt_log_set_level(CKPT_LOG_ERR);
@@ -306,5 +374,6 @@ int main(void)
 	CHECK_RUN(test_zip);
 	CHECK_RUN(test_vitem);
 	CHECK_RUN(test_vitem_chunks);
+	CHECK_RUN(test_vitem_grid);
 	return CHECK_DONE();
 }

@@ -431,7 +431,7 @@ static void test_mem(void)
 }
 
 /* Byte ranges of another store's file and whole folders of another store
- * (the virtual items of foreign formats, tree/foreign.h). */
+ * (the virtual items of foreign formats, foreign/foreign.h). */
 static void test_mem_ranges(void)
 {
 	ckpt_store *base, *m;

@@ -2,7 +2,8 @@
  * foreign.c - the translator table (see foreign.h): which foreign format a
  * SOURCE or a step folder is, by content.  The translators are the
  * foreign_*.c files below it; they build their virtual items with
- * foreign_vitem.c.
+ * foreign_vitem.c.  The tree (lib/tree/layout.c) reaches them only through
+ * this table.
  */
 #include <cjson/cJSON.h>
 #include <pthread.h>

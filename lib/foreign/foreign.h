@@ -1,7 +1,19 @@
 /*
  * foreign.h - checkpoint formats that are not Orbax (npz archives, Flax and
  * old Orbax msgpack trees, T5X steps, PyTorch files), shown through the
- * same tree as Orbax items.
+ * same tree as Orbax items.  The layer lib/foreign/ (CMakeLists.txt): it
+ * links store, format and base, and never sees the node model (lib/tree/);
+ * the tree reaches a translator only through the table (ckpt_foreign_probe
+ * and the table entry's open).
+ *
+ * Files, from the bottom up (each calls only the ones above it in this
+ * list; scripts/check_layers checks it):
+ *   foreign_vitem.c    the virtual-item builder (ckpt_vitem_*): stores only
+ *   foreign_npz.c      .npz archives (translator)
+ *   foreign_msgpack.c  Flax / old Orbax / T5X msgpack checkpoints (translator)
+ *   foreign_torch.c    torch.save, DCP, safetensors files and folders
+ *                      (translator)
+ *   foreign.c          the translator table: which format a SOURCE or folder is
  *
  * The mechanism: a translator reads a foreign file's structure (never its
  * array bytes) and builds a VIRTUAL ORBAX ITEM, an in-memory store
@@ -18,13 +30,14 @@
  * A translator is one entry of the table in foreign.c: a name, a probe
  * ("is this file or folder yours?", decided by content: magic bytes,
  * structure; a file name is only a hint) and an open (build the virtual
- * item).  Layout detection asks the table wherever it finds a SOURCE, a
- * step or an item it does not know as Orbax.
+ * item).  Layout detection (lib/tree/layout.c) asks the table wherever it
+ * finds a SOURCE, a step or an item it does not know as Orbax.
  *
- * Writing a translator: a file lib/tree/foreign_<name>.c defining a const
+ * Writing a translator: a file lib/foreign/foreign_<name>.c defining a const
  * struct ckpt_foreign_fmt (its bytes parsed by a pure lib/format/<name>.c),
  * declared extern and appended to formats[] in foreign.c (probes are asked
- * in that order; the first that claims wins).  Its open: ckpt_vitem_new,
+ * in that order; the first that claims wins), and named in the file map
+ * above, between foreign_vitem.c and foreign.c.  Its open: ckpt_vitem_new,
  * one ckpt_vitem_add_* per leaf (arrays, strings, empty nodes),
  * ckpt_vitem_finish for the store.
  * Errors are negative errno, logged once by the translator with the file
@@ -138,6 +151,43 @@ int ckpt_vitem_add_zarr(struct ckpt_vitem *vi, const char *const *path, int dept
 			const char *dir);
 int ckpt_vitem_add_string(struct ckpt_vitem *vi, const char *const *path, int depth, const char *value);
 int ckpt_vitem_add_empty(struct ckpt_vitem *vi, const char *const *path, int depth);
+/*
+ * Arrays put cell by cell, for layouts add_array does not cut itself: a
+ * chunk grid the translator lays out (a distributed checkpoint's chunk
+ * boxes, cut into equal cells), or one block whose elements lie in a
+ * permuted dimension order.  ckpt_vitem_cell_* put the cell at grid
+ * coordinates `coord` (rank of them) of the array that the next leaf added
+ * will be; ckpt_vitem_add_grid then adds that leaf with the array's
+ * metadata.  Cells put before a leaf is added otherwise (add_unreadable
+ * after a cell failed) stay in the store, named by no leaf.
+ *
+ * cell_bytes: the cell's bytes (copied; C order within the cell, or the
+ * grid's order).  cell_range: `length` bytes of file base_key of base from
+ * `offset` on.  cell_pieces: npieces (offset, length) pairs of base_key one
+ * after another.  -EINVAL, -ENOMEM.
+ * add_grid: a cell never put reads as the fill value (as an add_zarr
+ * array's missing chunk).  -EINVAL for a bad dtype, rank or order; -ENOMEM.
+ */
+struct ckpt_vgrid {
+	ckpt_dtype dtype;
+	int rank;
+	uint64_t shape[CKPT_MAX_RANK];
+	uint64_t cell[CKPT_MAX_RANK]; /* a cell's shape (a dimension of 0 counts as 1) */
+	int big_endian;
+	/* NULL: each cell's elements in C order (a zarr v2 array); else their
+	 * dimension order, order[0] slowest, a permutation of 0..rank-1 (a zarr
+	 * v3 array with a transpose codec) */
+	const int *order;
+};
+int ckpt_vitem_cell_bytes(struct ckpt_vitem *vi, int rank, const uint64_t *coord, const void *data,
+			  size_t len);
+int ckpt_vitem_cell_range(struct ckpt_vitem *vi, int rank, const uint64_t *coord, ckpt_store *base,
+			  const char *base_key, uint64_t offset, uint64_t length);
+int ckpt_vitem_cell_pieces(struct ckpt_vitem *vi, int rank, const uint64_t *coord, ckpt_store *base,
+			   const char *base_key, const uint64_t *pieces, size_t npieces);
+int ckpt_vitem_add_grid(struct ckpt_vitem *vi, const char *const *path, int depth,
+			const struct ckpt_vgrid *g);
+
 /* An array the translator found but cannot serve (it logged why): listed
  * as NAME.npy, reads answer EIO, so that a copy of the tree fails instead
  * of leaving it out silently. */

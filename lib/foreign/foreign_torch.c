@@ -30,7 +30,6 @@
 #include "pickle.h"
 #include "safetensors.h"
 #include "torch.h"
-#include "zarr_meta.h"
 #include "zip.h"
 
 #define PICKLE_MAX (64u << 20) /* data.pkl, .metadata */
@@ -231,10 +230,7 @@ static int tensor_at(struct tarch *a, const struct ckpt_torch_tensor *t, int *or
 
 struct build {
 	struct ckpt_vitem *vi;
-	ckpt_store *side; /* zarr folders the item cannot describe itself (a general
-			     transpose, a DCP chunk grid, decompressed items) */
-	size_t nside;
-	uint64_t mem_bytes; /* bytes copied into side */
+	uint64_t mem_bytes; /* bytes of decompressed zstd items copied into the item */
 	const char *what;
 	/* the safetensors parts of DCP data files read so far, each parsed once */
 	struct st_part *parts;
@@ -258,57 +254,6 @@ static void st_part_drop(struct build *b)
 	free(b->parts);
 	b->parts = NULL;
 	b->nparts = 0;
-}
-
-static int side_store(struct build *b)
-{
-	if (b->side)
-		return 0;
-	char name[512];
-	snprintf(name, sizeof(name), "%s (arrays)", b->what);
-	return ckpt_store_mem_open(name, &b->side);
-}
-
-static int put_meta(ckpt_store *s, const char *dir, const struct ckpt_zarr_meta *m)
-{
-	char *txt = ckpt_zarr_meta_emit(m);
-	if (!txt)
-		return -ENOTSUP;
-	char k[64];
-	snprintf(k, sizeof(k), "%s/%s", dir,
-		 m->zarr_format == 3 ? CKPT_ORBAX_ZARR3_META : CKPT_ORBAX_ZARR2_META);
-	int rc = ckpt_store_mem_put(s, k, txt, strlen(txt));
-	free(txt);
-	return rc;
-}
-
-/* A zarr model of dtype/shape with the given chunk shape, raw bytes. */
-static void meta_init(struct ckpt_zarr_meta *m, int format, ckpt_dtype dt, int rank, const uint64_t *shape,
-		      const uint64_t *chunk, int big)
-{
-	memset(m, 0, sizeof(*m));
-	m->zarr_format = format;
-	m->dtype = dt;
-	m->rank = rank;
-	for (int d = 0; d < rank; d++) {
-		m->shape[d] = shape[d];
-		m->chunk_shape[d] = chunk[d] ? chunk[d] : 1;
-	}
-	m->key_encoding = CKPT_ZARR_KEYS_V2;
-	m->sep = '.';
-	m->codecs.a2b.id = CKPT_CODEC_BYTES;
-	m->codecs.a2b.endian = ckpt_dtype_get(dt)->itemsize == 1 ? CKPT_ENDIAN_NONE
-			       : big				 ? CKPT_ENDIAN_BIG
-								 : CKPT_ENDIAN_LITTLE;
-}
-
-static void grid_key(char *buf, size_t cap, const char *dir, int rank, const uint64_t *coord)
-{
-	size_t o = (size_t)snprintf(buf, cap, "%s/", dir);
-	if (rank == 0)
-		snprintf(buf + o, cap - o, "0");
-	for (int d = 0; d < rank && o < cap; d++)
-		o += (size_t)snprintf(buf + o, cap - o, "%s%llu", d ? "." : "", (unsigned long long)coord[d]);
 }
 
 /* A dense block of `len` bytes at off of base_key: the array of `shape`
@@ -339,24 +284,13 @@ static int add_block(struct build *b, const char *const *comps, int depth, ckpt_
 		memcpy(a.shape, shape, sizeof(uint64_t) * (size_t)rank);
 		return ckpt_vitem_add_array(b->vi, comps, depth, &a);
 	}
-	/* any other order: zarr v3 with a transpose codec, one chunk */
-	int rc = side_store(b);
-	if (rc)
-		return rc;
-	char dir[32], key[64];
-	snprintf(dir, sizeof(dir), "t%zu", b->nside++);
-	struct ckpt_zarr_meta m;
-	meta_init(&m, 3, dt, rank, shape, shape, big);
-	m.codecs.na2a = 1;
-	m.codecs.a2a[0].id = CKPT_CODEC_TRANSPOSE;
-	for (int d = 0; d < rank; d++)
-		m.codecs.a2a[0].order[d] = order[d];
+	/* any other order: one cell, its elements in that order */
+	struct ckpt_vgrid g = { .dtype = dt, .rank = rank, .big_endian = big, .order = order };
+	memcpy(g.shape, shape, sizeof(uint64_t) * (size_t)rank);
+	memcpy(g.cell, shape, sizeof(uint64_t) * (size_t)rank);
 	uint64_t zero[CKPT_MAX_RANK] = { 0 };
-	grid_key(key, sizeof(key), dir, rank, zero);
-	if ((rc = put_meta(b->side, dir, &m)) ||
-	    (len && (rc = ckpt_store_mem_put_range(b->side, key, base, base_key, off, len))))
-		return rc;
-	return ckpt_vitem_add_zarr(b->vi, comps, depth, b->side, dir);
+	int rc = len ? ckpt_vitem_cell_range(b->vi, rank, zero, base, base_key, off, len) : 0;
+	return rc ? rc : ckpt_vitem_add_grid(b->vi, comps, depth, &g);
 }
 
 static int finish(struct build *b, int rc, ckpt_store **item)
@@ -364,12 +298,9 @@ static int finish(struct build *b, int rc, ckpt_store **item)
 	st_part_drop(b);
 	if (rc < 0) {
 		ckpt_vitem_free(b->vi);
-		ckpt_store_destroy(b->side);
 		return rc;
 	}
-	rc = ckpt_vitem_finish(b->vi, item);
-	ckpt_store_destroy(b->side); /* the item holds its own reference */
-	return rc;
+	return ckpt_vitem_finish(b->vi, item);
 }
 
 /* ---- torch.save files ---------------------------------------------------------- */
@@ -558,13 +489,13 @@ static int unzstd(const uint8_t *in, size_t n, uint8_t **out, size_t *outn, cons
 
 #define MAX_RUNS_PER_CELL 65536u
 
-/* The grid cells of box c (cell shape g, grid counts n) into folder zdir of
- * the side store: each cell's bytes are one range, or several (a cell
- * narrower than its box), of the box's C-order elements, which lie at
+/* The grid cells of box c (cell shape g) as cells of the item's next
+ * array (ckpt_vitem_cell_*): each cell's bytes are one range, or several (a
+ * cell narrower than its box), of the box's C-order elements, which lie at
  * `at` in fkey of src, or in plain[at...] when the item was decompressed. */
 static int put_cells(struct build *b, ckpt_store *src, const char *fkey, const uint8_t *plain, uint64_t at,
 		     const struct ckpt_dcp_entry *e, const struct ckpt_dcp_chunk *c, const uint64_t *g,
-		     const char *zdir, const char **why)
+		     const char **why)
 {
 	int r = e->rank;
 	uint64_t isz = ckpt_dtype_get(e->dtype)->itemsize;
@@ -607,8 +538,6 @@ static int put_cells(struct build *b, ckpt_store *src, const char *fkey, const u
 			start[d] = q[d] * g[d];
 			coord[d] = c->offsets[d] / g[d] + q[d];
 		}
-		char key[512];
-		grid_key(key, sizeof(key), zdir, r, coord);
 		/* every run of the cell: an odometer over dims 0..j-2 inside the cell */
 		uint64_t w[CKPT_MAX_RANK] = { 0 };
 		for (uint64_t k = 0; k < nruns; k++) {
@@ -631,19 +560,19 @@ static int put_cells(struct build *b, ckpt_store *src, const char *fkey, const u
 			} else {
 				b->mem_bytes += total;
 				if (nruns == 1) {
-					rc = ckpt_store_mem_put(b->side, key, plain + pieces[0],
-								(size_t)pieces[1]);
+					rc = ckpt_vitem_cell_bytes(b->vi, r, coord, plain + pieces[0],
+								   (size_t)pieces[1]);
 				} else {
 					for (uint64_t k = 0; k < nruns; k++)
 						memcpy(copy + k * run * isz, plain + pieces[2 * k],
 						       (size_t)pieces[2 * k + 1]);
-					rc = ckpt_store_mem_put(b->side, key, copy, (size_t)total);
+					rc = ckpt_vitem_cell_bytes(b->vi, r, coord, copy, (size_t)total);
 				}
 			}
 		} else if (nruns == 1) {
-			rc = ckpt_store_mem_put_range(b->side, key, src, fkey, pieces[0], pieces[1]);
+			rc = ckpt_vitem_cell_range(b->vi, r, coord, src, fkey, pieces[0], pieces[1]);
 		} else {
-			rc = ckpt_store_mem_put_pieces(b->side, key, src, fkey, pieces, (size_t)nruns);
+			rc = ckpt_vitem_cell_pieces(b->vi, r, coord, src, fkey, pieces, (size_t)nruns);
 		}
 		if (rc)
 			break;
@@ -732,7 +661,7 @@ static int st_part_load(struct build *b, ckpt_store *src, const char *fkey, uint
 /* One chunk box of a DCP tensor kept in the safetensors part of its data file. */
 static int dcp_chunk_st(struct build *b, ckpt_store *src, const char *fkey, uint64_t fsize,
 			const struct ckpt_dcp_entry *e, const struct ckpt_dcp_chunk *c, const uint64_t *g,
-			const char *zdir, const char **why)
+			const char **why)
 {
 	const struct st_part *p = NULL;
 	int rc = st_part_load(b, src, fkey, c->offset, fsize, &p, why);
@@ -770,13 +699,12 @@ static int dcp_chunk_st(struct build *b, ckpt_store *src, const char *fkey, uint
 	}
 	if (t->end == t->begin)
 		return 0;
-	return put_cells(b, src, fkey, NULL, c->offset + t->begin, e, c, g, zdir, why);
+	return put_cells(b, src, fkey, NULL, c->offset + t->begin, e, c, g, why);
 }
 
 /* One chunk box of a DCP tensor: locate the tensor in its item, put its cells. */
 static int dcp_chunk(struct build *b, ckpt_store *src, const char *dir, const struct ckpt_dcp_entry *e,
-		     const struct ckpt_dcp_chunk *c, const uint64_t *g, const char *zdir, int *big,
-		     const char **why)
+		     const struct ckpt_dcp_chunk *c, const uint64_t *g, int *big, const char **why)
 {
 	char fkey[4096];
 	if (strchr(c->file, '/') || strcmp(c->file, ".") == 0 || strcmp(c->file, "..") == 0 ||
@@ -800,7 +728,7 @@ static int dcp_chunk(struct build *b, ckpt_store *src, const char *dir, const st
 		if (hn == (ssize_t)sizeof(h) && memcmp(h, "PK\x03\x04", 4) != 0 &&
 		    st_head_ok(h, sizeof(h), fs.size - c->offset)) {
 			*big = 0;
-			return dcp_chunk_st(b, src, fkey, fs.size, e, c, g, zdir, why);
+			return dcp_chunk_st(b, src, fkey, fs.size, e, c, g, why);
 		}
 	}
 	uint8_t *plain = NULL;
@@ -854,7 +782,7 @@ static int dcp_chunk(struct build *b, ckpt_store *src, const char *dir, const st
 	}
 	*big = a.big_endian;
 	if (rc == 0 && len)
-		rc = put_cells(b, src, fkey, plain, plain ? off : c->offset + off, e, c, g, zdir, why);
+		rc = put_cells(b, src, fkey, plain, plain ? off : c->offset + off, e, c, g, why);
 	tarch_free(&a);
 	free(plain);
 	if (rc == -EIO || rc == -EPERM)
@@ -871,14 +799,10 @@ static int dcp_tensor(struct build *b, ckpt_store *src, const char *dir, const s
 		*why = rc == -ENOMEM ? NULL : "its chunk boxes do not tile the tensor (gaps or overlaps)";
 		return rc;
 	}
-	if ((rc = side_store(b)))
-		return rc;
-	char zdir[32];
-	snprintf(zdir, sizeof(zdir), "d%zu", b->nside++);
 	int big = -1;
 	for (size_t i = 0; i < e->nchunks && rc == 0; i++) {
 		int cbig = 0;
-		rc = dcp_chunk(b, src, dir, e, &e->chunks[i], g, zdir, &cbig, why);
+		rc = dcp_chunk(b, src, dir, e, &e->chunks[i], g, &cbig, why);
 		if (rc == 0 && big >= 0 && cbig != big) {
 			*why = "its chunks differ in byte order";
 			rc = -EINVAL;
@@ -887,11 +811,10 @@ static int dcp_tensor(struct build *b, ckpt_store *src, const char *dir, const s
 	}
 	if (rc)
 		return rc;
-	struct ckpt_zarr_meta m;
-	meta_init(&m, 2, e->dtype, e->rank, e->size, g, big > 0);
-	if ((rc = put_meta(b->side, zdir, &m)))
-		return rc;
-	return ckpt_vitem_add_zarr(b->vi, comps, depth, b->side, zdir);
+	struct ckpt_vgrid grid = { .dtype = e->dtype, .rank = e->rank, .big_endian = big > 0 };
+	memcpy(grid.shape, e->size, sizeof(uint64_t) * (size_t)e->rank);
+	memcpy(grid.cell, g, sizeof(uint64_t) * (size_t)e->rank);
+	return ckpt_vitem_add_grid(b->vi, comps, depth, &grid);
 }
 
 /* ---- sharded safetensors folders without .metadata ---- */

@@ -5,8 +5,10 @@
  *   _METADATA        tree_metadata with every leaf's key path; value_metadata
  *                    names the leaf's store key (CKPT_VITEM_KEY_MEMBER);
  *   _strings.json    string leaves, by that key;
- *   a/<i>/.zarray    leaf i's synthesized zarr v2 metadata (literal);
- *   a/<i>/<chunk>    its chunks: byte ranges of the original file;
+ *   a/<i>/.zarray    leaf i's synthesized zarr v2 metadata (literal; zarr.json,
+ *                    v3, for a grid in a permuted order);
+ *   a/<i>/<chunk>    its chunks: byte ranges (or pieces) of the original file,
+ *                    or bytes given (a grid's cells of decompressed items);
  *   a/<i>/...        or, for an array kept as a zarr folder, that folder.
  */
 #include <cjson/cJSON.h>
@@ -114,40 +116,51 @@ static int put_meta(struct ckpt_vitem *vi, const char *skey, const struct ckpt_z
 	if (!txt)
 		return -ENOTSUP;
 	char k[64];
-	snprintf(k, sizeof(k), "%s/" CKPT_ORBAX_ZARR2_META, skey);
+	snprintf(k, sizeof(k), "%s/%s", skey,
+		 m->zarr_format == 3 ? CKPT_ORBAX_ZARR3_META : CKPT_ORBAX_ZARR2_META);
 	int rc = ckpt_store_mem_put(vi->mem, k, txt, strlen(txt));
 	free(txt);
 	return rc;
 }
 
-static void meta_init(struct ckpt_zarr_meta *m, ckpt_dtype dt, int rank, const uint64_t *shape, int big,
-		      int fortran)
+/* A zarr model of dtype/shape in chunks of `chunk` (NULL: one chunk; a
+ * dimension of 0 counts as 1), elements in C order, raw bytes. */
+static void meta_init(struct ckpt_zarr_meta *m, int format, ckpt_dtype dt, int rank, const uint64_t *shape,
+		      const uint64_t *chunk, int big)
 {
 	memset(m, 0, sizeof(*m));
-	m->zarr_format = 2;
+	m->zarr_format = format;
 	m->dtype = dt;
 	m->rank = rank;
 	for (int d = 0; d < rank; d++) {
+		uint64_t c = chunk ? chunk[d] : shape[d];
 		m->shape[d] = shape[d];
-		m->chunk_shape[d] = shape[d] ? shape[d] : 1;
+		m->chunk_shape[d] = c ? c : 1;
 	}
 	m->key_encoding = CKPT_ZARR_KEYS_V2;
 	m->sep = '.';
 	struct ckpt_zarr_chain *ch = &m->codecs;
-	if (fortran && rank > 1) {
-		ch->a2a[0].id = CKPT_CODEC_TRANSPOSE;
-		for (int d = 0; d < rank; d++)
-			ch->a2a[0].order[d] = rank - 1 - d;
-		ch->na2a = 1;
-	}
 	ch->a2b.id = CKPT_CODEC_BYTES;
 	ch->a2b.endian = ckpt_dtype_get(dt)->itemsize == 1 ? CKPT_ENDIAN_NONE
 			 : big				   ? CKPT_ENDIAN_BIG
 							   : CKPT_ENDIAN_LITTLE;
 }
 
-/* Chunk key of chunk `c` along dimension `dim` (all others 0). */
-static void chunk_key(char *buf, size_t cap, const char *skey, int rank, int dim, uint64_t c)
+/* The elements in dimension order `order` (order[0] slowest): a transpose codec. */
+static void meta_order(struct ckpt_zarr_meta *m, const int *order)
+{
+	m->codecs.a2a[0].id = CKPT_CODEC_TRANSPOSE;
+	for (int d = 0; d < m->rank; d++)
+		m->codecs.a2a[0].order[d] = order[d];
+	m->codecs.na2a = 1;
+}
+
+/* Longest chunk key: the store key, '/', rank coordinates of up to 20
+ * digits with a '.' between them. */
+#define CHUNK_KEY_MAX (32 + CKPT_MAX_RANK * 21)
+
+/* Key of the chunk at grid coordinates coord ("0" for rank 0). */
+static void cell_key(char *buf, size_t cap, const char *skey, int rank, const uint64_t *coord)
 {
 	size_t o = (size_t)snprintf(buf, cap, "%s/", skey);
 	if (rank == 0) {
@@ -155,8 +168,16 @@ static void chunk_key(char *buf, size_t cap, const char *skey, int rank, int dim
 		return;
 	}
 	for (int d = 0; d < rank && o < cap; d++)
-		o += (size_t)snprintf(buf + o, cap - o, "%s%llu", d ? "." : "",
-				      (unsigned long long)(d == dim ? c : 0));
+		o += (size_t)snprintf(buf + o, cap - o, "%s%llu", d ? "." : "", (unsigned long long)coord[d]);
+}
+
+/* Chunk key of chunk `c` along dimension `dim` (all others 0). */
+static void chunk_key(char *buf, size_t cap, const char *skey, int rank, int dim, uint64_t c)
+{
+	uint64_t coord[CKPT_MAX_RANK] = { 0 };
+	if (dim >= 0 && dim < rank)
+		coord[dim] = c;
+	cell_key(buf, cap, skey, rank, coord);
 }
 
 /* Key k = bytes [from, from + len) of a's pieces laid end to end. */
@@ -210,7 +231,13 @@ int ckpt_vitem_add_array(struct ckpt_vitem *vi, const char *const *path, int dep
 	char skey[32];
 	snprintf(skey, sizeof(skey), KEY_FMT, vi->n);
 	struct ckpt_zarr_meta m;
-	meta_init(&m, a->dtype, a->rank, a->shape, a->big_endian, a->fortran_order);
+	meta_init(&m, 2, a->dtype, a->rank, a->shape, NULL, a->big_endian);
+	if (a->fortran_order && a->rank > 1) {
+		int rev[CKPT_MAX_RANK];
+		for (int d = 0; d < a->rank; d++)
+			rev[d] = a->rank - 1 - d;
+		meta_order(&m, rev);
+	}
 	/* the slowest stored dimension: cut it into chunks of whole slabs */
 	int dim = a->rank == 0 ? -1 : a->fortran_order ? a->rank - 1 : 0;
 	uint64_t per = 1; /* slabs per chunk */
@@ -251,7 +278,7 @@ int ckpt_vitem_add_array(struct ckpt_vitem *vi, const char *const *path, int dep
 		uint64_t nchunks = dim >= 0 ? a->shape[dim] / per : 1;
 		uint64_t cbytes = a->codec == CKPT_VCODEC_RAW ? nbytes / nchunks : a->length;
 		for (uint64_t c = 0; c < nchunks; c++) {
-			char k[96];
+			char k[CHUNK_KEY_MAX];
 			chunk_key(k, sizeof(k), skey, a->rank, dim, c);
 			if (a->npieces)
 				rc = put_from_pieces(vi, k, a, c * cbytes, cbytes);
@@ -280,12 +307,12 @@ int ckpt_vitem_add_bytes(struct ckpt_vitem *vi, const char *const *path, int dep
 	char skey[32];
 	snprintf(skey, sizeof(skey), KEY_FMT, vi->n);
 	struct ckpt_zarr_meta m;
-	meta_init(&m, dtype, rank, shape, 0, 0);
+	meta_init(&m, 2, dtype, rank, shape, NULL, 0);
 	int rc = put_meta(vi, skey, &m);
 	if (rc < 0)
 		return rc;
 	if (len) {
-		char k[96];
+		char k[CHUNK_KEY_MAX];
 		chunk_key(k, sizeof(k), skey, rank, 0, 0);
 		if ((rc = ckpt_store_mem_put(vi->mem, k, data, len)) < 0)
 			return rc;
@@ -303,6 +330,67 @@ int ckpt_vitem_add_zarr(struct ckpt_vitem *vi, const char *const *path, int dept
 		return rc;
 	/* TensorStore leaves out chunks equal to the fill value: a missing one
 	 * reads as the fill value */
+	return add_leaf(vi, path, depth, "np.ndarray", skey, 0);
+}
+
+/* The key of cell coord of the array the next leaf will be. */
+static int next_cell_key(struct ckpt_vitem *vi, int rank, const uint64_t *coord, char *k, size_t cap)
+{
+	if (rank < 0 || rank > CKPT_MAX_RANK)
+		return -EINVAL;
+	char skey[32];
+	snprintf(skey, sizeof(skey), KEY_FMT, vi->n);
+	cell_key(k, cap, skey, rank, coord);
+	return 0;
+}
+
+int ckpt_vitem_cell_bytes(struct ckpt_vitem *vi, int rank, const uint64_t *coord, const void *data,
+			  size_t len)
+{
+	char k[CHUNK_KEY_MAX];
+	int rc = next_cell_key(vi, rank, coord, k, sizeof(k));
+	return rc ? rc : ckpt_store_mem_put(vi->mem, k, data, len);
+}
+
+int ckpt_vitem_cell_range(struct ckpt_vitem *vi, int rank, const uint64_t *coord, ckpt_store *base,
+			  const char *base_key, uint64_t offset, uint64_t length)
+{
+	char k[CHUNK_KEY_MAX];
+	int rc = next_cell_key(vi, rank, coord, k, sizeof(k));
+	return rc ? rc : ckpt_store_mem_put_range(vi->mem, k, base, base_key, offset, length);
+}
+
+int ckpt_vitem_cell_pieces(struct ckpt_vitem *vi, int rank, const uint64_t *coord, ckpt_store *base,
+			   const char *base_key, const uint64_t *pieces, size_t npieces)
+{
+	char k[CHUNK_KEY_MAX];
+	int rc = next_cell_key(vi, rank, coord, k, sizeof(k));
+	return rc ? rc : ckpt_store_mem_put_pieces(vi->mem, k, base, base_key, pieces, npieces);
+}
+
+int ckpt_vitem_add_grid(struct ckpt_vitem *vi, const char *const *path, int depth, const struct ckpt_vgrid *g)
+{
+	if (!ckpt_dtype_get(g->dtype) || g->rank < 0 || g->rank > CKPT_MAX_RANK)
+		return -EINVAL;
+	if (g->order) { /* a permutation of the dimensions */
+		uint64_t seen = 0;
+		for (int d = 0; d < g->rank; d++) {
+			if (g->order[d] < 0 || g->order[d] >= g->rank || (seen >> g->order[d] & 1u))
+				return -EINVAL;
+			seen |= 1ull << g->order[d];
+		}
+	}
+	char skey[32];
+	snprintf(skey, sizeof(skey), KEY_FMT, vi->n);
+	struct ckpt_zarr_meta m;
+	/* a permuted order needs zarr v3's transpose codec (v2 knows C and F only) */
+	meta_init(&m, g->order ? 3 : 2, g->dtype, g->rank, g->shape, g->cell, g->big_endian);
+	if (g->order)
+		meta_order(&m, g->order);
+	int rc = put_meta(vi, skey, &m);
+	if (rc < 0)
+		return rc;
+	/* recorded as add_zarr's leaves are: a cell not put reads as the fill value */
 	return add_leaf(vi, path, depth, "np.ndarray", skey, 0);
 }
 
