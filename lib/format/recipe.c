@@ -18,78 +18,7 @@
 #include <emmintrin.h>
 #endif
 
-#define MAX_VARS 64
-#define MAX_NAME 1024
-#define MAX_EXPR_DEPTH 32
-#define MAX_INPUTS 64
-#define MAX_LOOP 1000000
-
-enum op_kind {
-	OP_TAKE,
-	OP_SLICE,
-	OP_SPLIT,
-	OP_PAD,
-	OP_TRANSPOSE,
-	OP_RESHAPE,
-	OP_STACK,
-	OP_CONCAT,
-	OP_AFFINE,
-	OP_CAST,
-	OP_DIVIDE
-};
-
-static const char *const op_names[] = { "take",	 "slice",  "split",  "pad",  "transpose", "reshape",
-					"stack", "concat", "affine", "cast", "divide" };
-
-struct rop {
-	enum op_kind kind;
-	int nargs;
-	char **args; /* expressions (numbers are kept as their text) */
-};
-
-struct rule {
-	char *name; /* target name template */
-	char *alias; /* target name template of the tensor this one repeats, or NULL */
-	char **from;
-	int nfrom;
-	char **shape;
-	int nshape;
-	char **for_var, **for_expr;
-	int nfor;
-	char *when;
-	struct rop *ops;
-	int nops;
-	int optional;
-	char *group; /* alternatives: the recipe needs one rule of the group to match, or NULL */
-	int absent; /* a guard: the recipe fails when `from` matches a key */
-};
-
-struct rfile {
-	char *name;
-	cJSON *json; /* template, or */
-	char *text;
-};
-
-struct ckpt_recipe {
-	char *name;
-	char **prefixes;
-	int nprefixes;
-	char *var_name[MAX_VARS];
-	double var_val[MAX_VARS];
-	int nvars;
-	struct rule *rules;
-	int nrules;
-	struct rfile *files;
-	int nfiles;
-};
-
-struct ckpt_rplan {
-	ckpt_rtensor *t;
-	size_t n, cap;
-	char **fname, **fcontent;
-	size_t *flen;
-	size_t nfiles;
-};
+#include "recipe_int.h"
 
 /* ---- small helpers --------------------------------------------------------- */
 
@@ -104,14 +33,6 @@ static void say(char *why, size_t whylen, const char *fmt, ...)
 }
 
 /* ---- expressions ----------------------------------------------------------- */
-
-struct env {
-	const char *name[MAX_VARS * 2];
-	double val[MAX_VARS * 2];
-	int n;
-	char own[16][72]; /* names made here (num_VAR) */
-	int nown;
-};
 
 static int env_get(const struct env *e, const char *name, size_t len, double *out)
 {
@@ -430,6 +351,7 @@ void ckpt_recipe_free(ckpt_recipe *r)
 	if (!r)
 		return;
 	free(r->name);
+	free(r->import_item);
 	for (int i = 0; i < r->nprefixes; i++)
 		free(r->prefixes[i]);
 	free(r->prefixes);
@@ -691,6 +613,16 @@ int ckpt_recipe_parse(const char *text, size_t len, ckpt_recipe **out, char *why
 		if (p && (str_list(p, 0, &r->prefixes, &r->nprefixes) < 0 || r->nprefixes > 32)) {
 			say(why, whylen, "\"prefixes\" must be a list of strings");
 			rc = -EINVAL;
+		}
+	}
+	const cJSON *imp = cJSON_GetObjectItemCaseSensitive(j, "import_item");
+	if (rc == 0 && imp) {
+		if (!cJSON_IsString(imp) || !*imp->valuestring || strlen(imp->valuestring) > 200 ||
+		    strchr(imp->valuestring, '/') || strchr(imp->valuestring, '.')) {
+			say(why, whylen, "\"import_item\" must be an item name (no '/' or '.')");
+			rc = -EINVAL;
+		} else if (!(r->import_item = strdup(imp->valuestring))) {
+			rc = -ENOMEM;
 		}
 	}
 	const cJSON *vars = cJSON_GetObjectItemCaseSensitive(j, "vars");
@@ -2430,4 +2362,31 @@ int ckpt_rtensor_convert(const ckpt_rtensor *t, const void *src, size_t count, v
 		}
 	}
 	return 0;
+}
+
+/* ---- for recipe_inverse.c ---------------------------------------------------- */
+
+int ckpt_rx_env_get(const struct env *e, const char *name, size_t len, double *out)
+{
+	return env_get(e, name, len, out);
+}
+
+int ckpt_rx_env_set(struct env *e, const char *name, double v)
+{
+	return env_set(e, name, v);
+}
+
+int ckpt_rx_eval(const char *s, size_t len, const struct env *env, double *v, const char **why)
+{
+	return eval(s, len, env, v, why);
+}
+
+int ckpt_rx_render(const char *tpl, const struct env *env, char *out, size_t cap, char *why, size_t whylen)
+{
+	return render(tpl, env, out, cap, why, whylen);
+}
+
+int ckpt_rx_match(const char *pat, const char *name, struct env *env, char vars[][64], int *nv)
+{
+	return match(pat, name, env, vars, nv);
 }

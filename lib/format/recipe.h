@@ -150,4 +150,64 @@ int ckpt_rtensor_convert(const ckpt_rtensor *t, const void *src, size_t count, v
 uint16_t ckpt_f32_to_bf16(float x);
 uint16_t ckpt_f32_to_f16(float x);
 
+/* ---- the other way (recipe_inverse.c) ----------------------------------------
+ *
+ * A folder of the target family (its tensors and config.json) back to the
+ * source arrays of recipe r: the inverse planner solves the names of the
+ * source shapes (config.json values whose template is exactly "{NAME}",
+ * loop counts from the largest index in the tensor names, the rest from the
+ * tensors' shapes), makes the source list, plans r forward over it and
+ * checks that the plan makes exactly the tensors given (same names, dtypes,
+ * shapes), that every part maps one to one onto a box of its source, and
+ * that the boxes fill every source array exactly once (aliases aside). */
+
+/* 0 when r can be imported; -EOPNOTSUPP and why (the rule and op) when an
+ * op does not invert (cast; affine with a bias) or a name template holds an
+ * expression that is not a plain {var}. */
+int ckpt_recipe_invertible(const ckpt_recipe *r, char *why, size_t whylen);
+
+/* One tensor of the folder (borrowed for the call). */
+typedef struct ckpt_recipe_target {
+	const char *name;
+	ckpt_dtype dtype;
+	int rank;
+	const uint64_t *shape;
+} ckpt_recipe_target;
+
+typedef struct ckpt_rinverse ckpt_rinverse;
+
+/* 0 and *out; -EOPNOTSUPP (see above), -ENODATA (a tensor missing, or
+ * source elements no tensor gives), -EINVAL (a name the recipe does not
+ * make, a shape or dtype that differs, config.json not an object),
+ * -ENOMEM; why names the tensor or rule.  config may be NULL. */
+int ckpt_recipe_invert(const ckpt_recipe *r, const ckpt_recipe_target *t, size_t n, const char *config,
+		       size_t clen, ckpt_rinverse **out, char *why, size_t whylen);
+void ckpt_rinverse_free(ckpt_rinverse *x);
+/* The source arrays: "ITEM.key.key" names (ITEM: the recipe's
+ * "import_item", else "items"; keys under the recipe's first prefix). */
+size_t ckpt_rinverse_nsrc(const ckpt_rinverse *x);
+const ckpt_recipe_src *ckpt_rinverse_src(const ckpt_rinverse *x, size_t i);
+/* The forward plan over them; its tensor i is target ckpt_rinverse_target_of(x, i);
+ * ckpt_rinverse_dup_of is an earlier plan tensor with the same parts (an
+ * alias: its bytes must be the same), or SIZE_MAX. */
+const ckpt_rplan *ckpt_rinverse_plan(const ckpt_rinverse *x);
+size_t ckpt_rinverse_target_of(const ckpt_rinverse *x, size_t i);
+size_t ckpt_rinverse_dup_of(const ckpt_rinverse *x, size_t i);
+
+/* The elements of part `part` of t, from src (all of t, src_dtype elements,
+ * C order), into boxbuf (the C-order bytes of *box of the part's source,
+ * the box ckpt_rtensor_box gives for all of t). */
+void ckpt_rtensor_scatter(const ckpt_rtensor *t, size_t part, const ckpt_region *box, const void *src,
+			  void *boxbuf);
+
+/* The inverse of t's element ops: count dtype elements of src to count
+ * src_dtype elements of dst.  A copy without element ops; else, in float32
+ * (float64 stays float64), x = ((y - bias) * divisor) / scale rounded once
+ * to the source dtype, then of x and its two neighbours the first that the
+ * forward ops take back to y exactly.  -EOPNOTSUPP for a cast. */
+int ckpt_rtensor_unconvert(const ckpt_rtensor *t, const void *src, size_t count, void *dst);
+
+/* The name of op kind `kind` ("take", ...). */
+const char *ckpt_recipe_op_name(int kind);
+
 #endif

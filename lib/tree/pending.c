@@ -128,6 +128,9 @@ struct pstep {
 	 * that became stored as written (aw_convert); the close of its
 	 * commit_success.txt, written with bytes, commits it.  ns_lock. */
 	int commit_file;
+	/* STEP/.views/NAME/ was made: the folder copied there becomes the
+	 * step's arrays at the commit (views_import.c).  ns_lock. */
+	int views_import;
 };
 
 static void ps_set(struct pstep *ps, enum ps_state to)
@@ -174,6 +177,7 @@ struct pdir_node {
 	 * they are: an OCDBT database, zarr folders); set once, ns_lock */
 	int stored;
 	int is_stdir; /* X.safetensors.d/: shards of one safetensors import (set before publication) */
+	int is_views; /* STEP/.views/ of a view import (views_import.c; set before publication) */
 };
 
 struct pfile {
@@ -612,6 +616,7 @@ static void pfile_destroy(ckpt_view *v, struct node *n)
 static ssize_t pending_read(ckpt_view *v, struct node *n, uint64_t off, size_t len, void *dst);
 
 static const char *pstep_reserves(struct node *k);
+static int pstep_lookup(ckpt_view *v, struct node *dir, const char *name, struct node **out);
 
 static const struct node_ops pstep_ops = {
 	.kind = N_PSTEP,
@@ -620,6 +625,7 @@ static const struct node_ops pstep_ops = {
 	.readdir = ckpt_node_readdir_kids,
 	.destroy = pstep_destroy,
 	.reserves = pstep_reserves,
+	.lookup = pstep_lookup,
 };
 
 static const struct node_ops pdir_ops = {
@@ -648,6 +654,31 @@ static struct pfile_node *pfile_node_new(ckpt_view *v, struct node *dir, const c
 	f->ps = to_pdir(dir)->ps;
 	pthread_mutex_init(&f->pf.mu, NULL);
 	return f;
+}
+
+/* ---- view imports (views_import.c) ------------------------------------------
+ *
+ * `cp -r hf_folder MNT/30/.views/NAME/`: STEP/.views/ of a pending step is
+ * a hidden folder made on lookup; its folder NAME (a recipe that imports)
+ * is staged like a stored copy's files (raw files in <tmp>/.views/NAME/),
+ * and the commit turns it into the step's arrays (ckpt_vimport_commit). */
+
+/* pstep_ops.lookup (ns_lock shared): STEP/.views/. */
+static int pstep_lookup(ckpt_view *v, struct node *dir, const char *name, struct node **out)
+{
+	struct pstep *ps = to_pdir(dir)->ps;
+	if (strcmp(name, CKPT_VIEWS_DIR) || ps->as_written || frozen(ps) || atomic_load(&dir->orphan) ||
+	    ckpt_hosts_is_multi(ps->step))
+		return -ENOENT;
+	struct node *n = ckpt_node_new(v, &pdir_ops, name, dir);
+	if (!n)
+		return -ENOMEM;
+	to_pdir(n)->ps = ps;
+	to_pdir(n)->stored = 1; /* its files are staged as they come */
+	to_pdir(n)->is_views = 1;
+	n->hidden = 1;
+	*out = n;
+	return 0;
 }
 
 int ckpt_view_is_writable(ckpt_view *v, ckpt_ino ino)
@@ -1125,7 +1156,18 @@ int ckpt_view_mkdir(ckpt_view *v, ckpt_ino parent, const char *name, ckpt_attr *
 			rc = -EINVAL;
 		} else if (ckpt_node_find_kid(dir, name)) {
 			rc = -EEXIST;
+		} else if (dir->kind == N_PDIR && item_of(v, dir) && to_pdir(item_of(v, dir))->is_views &&
+			   (dir != item_of(v, dir) || ps->views_import)) {
+			/* view import: one folder STEP/.views/NAME/, files only */
+			ckpt_log(CKPT_LOG_ERR, "%s: a view import is one folder %s/NAME/ of files", name,
+				 CKPT_VIEWS_DIR);
+			rc = -EPERM;
+		} else if (dir->kind == N_PDIR && to_pdir(dir)->is_views &&
+			   (rc = ckpt_vimport_check(v, parent_of(v, dir)->name, name)) < 0) {
+			/* logged: no such recipe, or one that does not invert */
 		} else {
+			if (dir->kind == N_PDIR && to_pdir(dir)->is_views)
+				ps->views_import = 1;
 			rc = dir->kind == N_PSTEP ? ckpt_step_add_item(ps->step, name) : 0;
 			struct node *n = rc == 0 ? ckpt_node_new(v, &pdir_ops, name, dir) : NULL;
 			if (n) /* shards of a safetensors import (before publication) */
@@ -1235,6 +1277,8 @@ static int commit_step(ckpt_view *v, struct node *sn, const char *final, int cop
 	int rc = ps->bg ? ckpt_bg_upload_drain(ps->bg) : 0;
 	if (rc == 0)
 		rc = check_stored(v, sn, copy); /* a copy not whole yet: -EAGAIN, quietly */
+	if (rc == 0 && ps->views_import) /* STEP/.views/NAME/ staged: its arrays now */
+		rc = ckpt_vimport_commit(v, ps->step, sn->name);
 	if (rc == 0)
 		rc = ckpt_hosts_commit(ps->step, final);
 	if (rc == 0) {
@@ -1458,6 +1502,11 @@ static int new_pfile(ckpt_view *v, struct node *dir, const char *name, struct no
 	}
 	if (to_pdir(dir)->ps->as_written)
 		return aw_create(v, dir, name, out);
+	if (dir->kind == N_PDIR && to_pdir(dir)->is_views) { /* view import: files go in .views/NAME/ */
+		ckpt_log(CKPT_LOG_ERR, "%s: a view import is one folder %s/NAME/ of files", name,
+			 CKPT_VIEWS_DIR);
+		return -EPERM;
+	}
 	char fbuf[VIEW_NAME_BUF];
 	const char *fin = temp_final(name, fbuf, sizeof(fbuf));
 	const char *eff = fin ? fin : name;
@@ -1907,6 +1956,7 @@ static int step_check(ckpt_view *v, struct node *sn, int copy, int log)
 		}
 	}
 	cJSON_Delete(cm);
+	c.items += c.ps->views_import; /* the arrays a view import makes at the commit */
 	if (!c.items)
 		check_fail(
 			&c, -EINVAL,

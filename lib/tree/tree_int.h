@@ -28,6 +28,8 @@
  *                 a committing step takes)
  *   prune.c       deleting committed steps of a writable root (rmtree through the mount)
  *                 (on top: it changes the root's listing and the source, for pending.c)
+ *   views_import.c  view recipes the other way: a folder copied into a pending
+ *                 STEP/.views/NAME/ becomes the step's arrays at its commit
  *   pending.c     the write protocol on the namespace; the ops of pending kinds;
  *                 the thread that commits stored copies
  *   view.c        open/destroy, lookup, readdir, getattr, read, xattr: dispatch;
@@ -174,6 +176,7 @@
 
 #include "array.h"
 #include "lockrank.h"
+#include "recipe.h"
 #include "safetensors.h"
 #include "view.h"
 
@@ -605,6 +608,8 @@ int ckpt_summary_add_files(ckpt_view *v, struct node *meta);
 int ckpt_views_lookup(ckpt_view *v, struct node *dir, const char *name, struct node **out);
 /* Free the recipe set (view destroy, after the nodes). */
 void ckpt_views_destroy(ckpt_view *v);
+/* The recipe named `name` (read on first use), or NULL. */
+const ckpt_recipe *ckpt_views_recipe(ckpt_view *v, const char *name);
 
 /* ---- derived/latest.c ------------------------------------------------------ */
 
@@ -667,6 +672,20 @@ struct node *ckpt_prune_step_of(ckpt_view *v, struct node *n);
  * inside a committed step: the first such call deletes the whole step
  * from the source (see prune.c); 0 or -errno.  ns_lock exclusive held. */
 int ckpt_prune_remove(ckpt_view *v, struct node *dir, struct node *n, int rmdir_op);
+
+/* ---- views_import.c -------------------------------------------------------- */
+
+struct ckpt_step;
+
+/* mkdir STEP/.views/NAME in pending step `step`: 0 when recipe NAME
+ * imports; -ENOENT (no such recipe) or -EOPNOTSUPP (an op that does not
+ * invert), logged with the rule and op. */
+int ckpt_vimport_check(ckpt_view *v, const char *step, const char *name);
+/* In the commit of pending step `stepname` (io_lock exclusive, no ns_lock):
+ * every folder <tmp>/.views/NAME/ staged by the step becomes arrays of the
+ * step through recipe NAME the other way, then the staged files go.  0
+ * when there is none; else -errno, logged, and nothing declared. */
+int ckpt_vimport_commit(ckpt_view *v, struct ckpt_step *step, const char *stepname);
 
 /* ---- pending.c ------------------------------------------------------------- */
 /* (also the write-side calls of view.h: ckpt_view_mkdir, ckpt_view_create,

@@ -208,6 +208,16 @@ static struct recipe_set *recipes_of(ckpt_view *v)
 	return s;
 }
 
+/* The recipe named `name` (views_import.c), or NULL. */
+const ckpt_recipe *ckpt_views_recipe(ckpt_view *v, const char *name)
+{
+	struct recipe_set *s = recipes_of(v);
+	for (size_t i = 0; s && i < s->n; i++)
+		if (!strcmp(ckpt_recipe_name(s->r[i]), name))
+			return s->r[i];
+	return NULL;
+}
+
 void ckpt_views_destroy(ckpt_view *v)
 {
 	struct recipe_set *s = atomic_load(&v->recipes);
