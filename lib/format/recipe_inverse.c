@@ -730,20 +730,20 @@ int ckpt_recipe_invert(const ckpt_recipe *r, const ckpt_recipe_target *t, size_t
 				say(why, whylen, "%s: given twice", t[ord[i]].name);
 				rc = -EINVAL;
 			}
-		/* both lists sorted by name: walk them together */
+		/* both lists sorted by name: walk them together; a name the
+		 * recipe does not make is told before what is then missing */
 		const ckpt_rplan *p = x->plan;
-		size_t a = 0, b = 0;
+		size_t a = 0, b = 0, missing = SIZE_MAX, unknown = SIZE_MAX;
 		while (rc == 0 && (a < p->n || b < nt)) {
 			int cmp = a == p->n ? 1 : b == nt ? -1 : strcmp(p->t[a].name, t[ord[b]].name);
 			if (cmp < 0) {
-				const ckpt_rtensor *m = &p->t[a];
-				say(why, whylen, "%s is missing (the recipe makes it from %s)", m->name,
-				    m->desc);
-				rc = -ENODATA;
+				if (missing == SIZE_MAX)
+					missing = a;
+				a++;
 			} else if (cmp > 0) {
-				say(why, whylen, "%s: recipe %s makes no tensor of this name", t[ord[b]].name,
-				    r->name);
-				rc = -EINVAL;
+				if (unknown == SIZE_MAX)
+					unknown = ord[b];
+				b++;
 			} else {
 				const ckpt_rtensor *m = &p->t[a];
 				const ckpt_recipe_target *g = &t[ord[b]];
@@ -768,14 +768,35 @@ int ckpt_recipe_invert(const ckpt_recipe *r, const ckpt_recipe_target *t, size_t
 				b++;
 			}
 		}
+		if (rc == 0 && unknown != SIZE_MAX) {
+			say(why, whylen, "%s: recipe %s makes no tensor of this name%s%s%s", t[unknown].name,
+			    r->name, missing != SIZE_MAX ? " (and " : "",
+			    missing != SIZE_MAX ? p->t[missing].name : "",
+			    missing != SIZE_MAX ? " is missing)" : "");
+			rc = -EINVAL;
+		} else if (rc == 0 && missing != SIZE_MAX) {
+			say(why, whylen, "%s is missing (the recipe makes it from %s)", p->t[missing].name,
+			    p->t[missing].desc);
+			rc = -ENODATA;
+		}
 	}
 	free(ord);
+	/* tensors with the same parts (aliases): the first one a rule with
+	 * "from" makes leads, the others must hold its bytes */
 	for (size_t i = 0; rc == 0 && i < x->plan->n; i++) {
+		const ckpt_rtensor *ti = &x->plan->t[i];
+		int ai = !strncmp(ti->desc, "alias of ", 9);
 		x->dup_of[i] = SIZE_MAX;
-		for (size_t j = 0; j < i && x->dup_of[i] == SIZE_MAX; j++)
-			if (x->dup_of[j] == SIZE_MAX && same_parts(&x->plan->t[i], &x->plan->t[j]))
+		for (size_t j = 0; j < x->plan->n && x->dup_of[i] == SIZE_MAX; j++) {
+			const ckpt_rtensor *tj = &x->plan->t[j];
+			int aj = !strncmp(tj->desc, "alias of ", 9);
+			if (j != i && (aj < ai || (aj == ai && j < i)) && same_parts(ti, tj))
 				x->dup_of[i] = j;
+		}
 	}
+	for (size_t i = 0; rc == 0 && i < x->plan->n; i++) /* the leader of a leader: its own */
+		while (x->dup_of[i] != SIZE_MAX && x->dup_of[x->dup_of[i]] != SIZE_MAX)
+			x->dup_of[i] = x->dup_of[x->dup_of[i]];
 	if (rc == 0)
 		rc = check_cover(x, why, whylen);
 	if (rc < 0) {

@@ -2481,6 +2481,18 @@ int ckpt_view_rmdir(ckpt_view *v, ckpt_ino parent, const char *name)
 		rc = -EBUSY;
 	} else if (n->kind == N_PDIR && to_pdir(n)->ps->as_written) {
 		rc = aw_rmdir(v, dir, n);
+	} else if (n->kind == N_PDIR && to_pdir(dir)->is_views && !frozen(to_pdir(n)->ps)) {
+		/* an emptied view import folder: the import is called off */
+		char rel[VIEW_PATH_MAX], path[VIEW_PATH_MAX];
+		rc = to_dir(n)->nkids ? -ENOTEMPTY : rel_of(v, dir, name, rel, sizeof(rel));
+		if (!rc && !tmp_file(to_pdir(n)->ps, rel, path, sizeof(path)) && rmdir(path) &&
+		    errno != ENOENT)
+			rc = -errno;
+		if (!rc) {
+			ckpt_node_remove_kid(dir, n);
+			atomic_store(&n->orphan, true);
+			to_pdir(n)->ps->views_import = 0;
+		}
 	} else if (n->kind == N_PDIR) {
 		ckpt_log(CKPT_LOG_ERR,
 			 "%s: directories of a pending step cannot be removed (rmdir the step to abort it)",

@@ -148,3 +148,206 @@ def test_maxtext_llama_round_trip_exact(mount, tmp_path):
     assert "tensors imported as 12 arrays" in m.log()
     # the staged files are not part of the step
     assert not (dst / "30" / ".views").exists()
+
+
+def view_tensors(folder):
+    """{name: raw bytes} of the safetensors file(s) of a view folder."""
+    from safetensors import safe_open
+    got = {}
+    for f in sorted(os.listdir(folder)):
+        if f.endswith(".safetensors"):
+            with safe_open(str(Path(folder) / f), framework="numpy") as st:
+                for k in st.keys():
+                    got[k] = st.get_tensor(k).tobytes()
+    return got
+
+
+def mixtral(rng, dtype):
+    p = R.maxtext_llama(rng, dtype)
+    r = lambda *s: R._rand(rng, s, dtype)  # noqa: E731
+    lay = p["decoder"]["layers"]
+    del lay["mlp"]
+    X = 4
+    lay["MoeBlock_0"] = {"gate": {"kernel": r(E, L, X)}, "wi_0": r(X, L, E, F), "wi_1": r(X, L, E, F),
+                         "wo": r(X, L, F, E)}
+    return p
+
+
+def unscanned(rng):
+    import jax
+    p = R.maxtext_llama(rng, "bfloat16")
+    lay = p["decoder"].pop("layers")
+    for l in range(L):
+        p["decoder"][f"layers_{l}"] = jax.tree_util.tree_map(lambda x: np.ascontiguousarray(x[:, l]), lay)
+    return p
+
+
+def gemma_flax(rng, qk_norm):
+    r = lambda *s: R._rand(rng, s, "bfloat16")  # noqa: E731
+    tr = {"embedder": {"input_embedding": r(V, E)}, "final_norm": {"scale": r(E)}}
+    for i in range(3):
+        attn = {"q_einsum": {"w": r(H, E, D)}, "kv_einsum": {"w": r(2, K, E, D)},
+                "attn_vec_einsum": {"w": r(H, D, E)}}
+        if qk_norm:
+            attn["_query_norm"] = {"scale": r(D)}
+            attn["_key_norm"] = {"scale": r(D)}
+        tr[f"layer_{i}"] = {"attn": attn, "mlp": {"gating_einsum": r(2, F, E), "linear": r(F, E)},
+                            **{n: {"scale": r(E)} for n in ("pre_attention_norm", "post_attention_norm",
+                                                           "pre_ffw_norm", "post_ffw_norm")}}
+    return {"params": {"transformer": tr}}
+
+
+def t5x(rng):
+    r = lambda *s: R._rand(rng, s, "float32")  # noqa: E731
+    att = lambda: {n: {"kernel": r(E, H * D)} for n in ("query", "key", "value")} | {"out": {"kernel": r(H * D, E)}}  # noqa: E731
+    mlp = lambda: {"wi_0": {"kernel": r(E, F)}, "wi_1": {"kernel": r(E, F)}, "wo": {"kernel": r(F, E)}}  # noqa: E731
+    enc = {"encoder_norm": {"scale": r(E)}, "relpos_bias": {"rel_embedding": r(H, 32)}}
+    for i in range(2):
+        enc[f"layers_{i}"] = {"attention": att(), "mlp": mlp(), "pre_attention_layer_norm": {"scale": r(E)},
+                              "pre_mlp_layer_norm": {"scale": r(E)}}
+    dec = {"decoder_norm": {"scale": r(E)}, "relpos_bias": {"rel_embedding": r(H, 32)},
+           "logits_dense": {"kernel": r(E, V)}}
+    for j in range(3):
+        dec[f"layers_{j}"] = {"self_attention": att(), "encoder_decoder_attention": att(), "mlp": mlp(),
+                              **{n: {"scale": r(E)} for n in ("pre_self_attention_layer_norm",
+                                                             "pre_cross_attention_layer_norm", "pre_mlp_layer_norm")}}
+    return {"target": {"token_embedder": {"embedding": r(V, E)}, "encoder": enc, "decoder": dec}}
+
+
+ROUND_TRIPS = {
+    "maxtext-llama-hf/float32": ("maxtext-llama-hf", lambda g: {"params": {"params": R.maxtext_llama(g, "float32")}}),
+    "maxtext-llama3.1-hf/bfloat16": ("maxtext-llama3.1-hf",
+                                     lambda g: {"params": {"params": R.maxtext_llama(g, "bfloat16")}}),
+    "maxtext-llama-unscanned-hf": ("maxtext-llama-unscanned-hf", lambda g: {"params": {"params": unscanned(g)}}),
+    "maxtext-mixtral-hf/bfloat16": ("maxtext-mixtral-hf", lambda g: {"params": {"params": mixtral(g, "bfloat16")}}),
+    "gemma-flax-hf": ("gemma-flax-hf", lambda g: gemma_flax(g, False)),
+    "gemma-flax-hf/qk_norm": ("gemma-flax-hf", lambda g: gemma_flax(g, True)),
+    "t5x-t5-hf": ("t5x-t5-hf", t5x),
+}
+
+
+@pytest.mark.parametrize("case", sorted(ROUND_TRIPS))
+def test_round_trip_exact(mount, tmp_path, case):
+    """Export, import, commit: every array byte for byte (the ops of these
+    recipes invert exactly: index maps, aliases, scales by powers of two)."""
+    recipe, build = ROUND_TRIPS[case]
+    src, ro, hf = export(mount, tmp_path, build(np.random.default_rng(41)), recipe)
+    dst, m, rc, out = import_(mount, tmp_path, hf, recipe)
+    assert rc == 0, out + m.log()
+    fresh, _ = assert_same_step(ro, dst, mount)
+    # and the new step's view is the folder that was imported
+    assert view_tensors(fresh.p(f"30/.views/{recipe}")) == view_tensors(hf)
+
+
+def test_sharded_folder_with_index(mount, tmp_path):
+    """The sharded form (model-0000N-of-0000M.safetensors and the index)
+    imports the same; a shard left out is named by the index."""
+    root = tmp_path / "src"
+    p = R.maxtext_llama(np.random.default_rng(42), "float32")
+    R._save(root, 30, {"params": {"params": p}})
+    ro = mount(root, "ro", "safetensors_shard_size=100K")
+    hf = tmp_path / "hf"
+    assert run(f"cp -r {ro.p('30/.views/maxtext-llama-hf')}/ {hf}/")[0] == 0
+    shards = sorted(f for f in os.listdir(hf) if f.startswith("model-"))
+    assert len(shards) > 1 and (hf / "model.safetensors.index.json").exists()
+    dst, m, rc, out = import_(mount, tmp_path, hf, "maxtext-llama-hf")
+    assert rc == 0, out + m.log()
+    assert_same_step(ro, dst, mount)
+    # without its second shard: ENODATA, the log names a tensor and the index
+    (hf / shards[1]).unlink()
+    dst, m, rc, out = import_(mount, tmp_path, hf, "maxtext-llama-hf", name="dst2")
+    assert rc != 0 and "No data available" in out, out
+    assert "named in model.safetensors.index.json" in m.log()
+    assert_no_step(m, dst)
+
+
+def test_query_scale_not_a_power_of_two_is_within_one_ulp(mount, tmp_path):
+    """D = 8: the query kernel was multiplied by sqrt(8) and rounded to
+    bfloat16, which loses information for some values.  Imported, it is
+    within one unit in the last place of the original everywhere, and the
+    new step exports the very bytes that were imported; every other array
+    is byte for byte."""
+    p = R.maxtext_llama(np.random.default_rng(43), "bfloat16", d=8)
+    src, ro, hf = export(mount, tmp_path, {"params": {"params": p}}, "maxtext-llama-hf")
+    dst, m, rc, out = import_(mount, tmp_path, hf, "maxtext-llama-hf")
+    assert rc == 0, out + m.log()
+    fresh, loose = assert_same_step(ro, dst, mount, inexact=("self_attention/query/",))
+    assert loose > 0  # the bound is reached: sqrt(8) is not exact
+    assert view_tensors(fresh.p("30/.views/maxtext-llama-hf")) == view_tensors(hf)
+
+
+@pytest.mark.parametrize("recipe,rule", [("maxtext-gemma2-hf", "affine with a bias"),
+                                         ("maxtext-gemma3-hf", "affine with a bias")])
+def test_refused_recipes(mount, tmp_path, recipe, rule):
+    """A recipe whose ops do not invert within the documented bound is
+    refused at the mkdir of its folder: EOPNOTSUPP, a log line naming the
+    rule and op, and nothing staged."""
+    root = tmp_path / "dst"
+    root.mkdir()
+    m = mount(root)
+    os.mkdir(m.p("30"))
+    with pytest.raises(OSError) as e:
+        os.mkdir(m.p(f"30/.views/{recipe}"))
+    assert e.value.errno == 95  # EOPNOTSUPP
+    assert f"recipe {recipe} does not import" in m.log() and rule in m.log()
+    # a name that is no recipe: ENOENT
+    with pytest.raises(FileNotFoundError):
+        os.mkdir(m.p("30/.views/no-such-recipe"))
+    assert "no recipe of that name" in m.log()
+
+
+def rewrite(path, drop=(), rename=None, reshape=None, change=None):
+    """Rewrite safetensors file `path` with tensors dropped, renamed
+    ({old: new}), reshaped ({name: shape}) or changed ({name: fn(array)})."""
+    from safetensors.numpy import load_file, save_file
+    t = load_file(str(path))
+    for k in drop:
+        del t[k]
+    for a, b in (rename or {}).items():
+        t[b] = t.pop(a)
+    for k, s in (reshape or {}).items():
+        t[k] = t[k].reshape(s)
+    for k, fn in (change or {}).items():
+        t[k] = fn(t[k])
+    save_file(t, str(path))
+
+
+@pytest.mark.parametrize("kind", ["missing", "shape", "unknown", "tied"])
+def test_mismatches_fail_the_commit_and_leave_no_step(mount, tmp_path, kind):
+    """A missing tensor (ENODATA), a wrong shape or an unknown name
+    (EINVAL), tied weights that differ (EINVAL): the commit fails with the
+    errno, the log names the tensor, no step is left; the step stays
+    pending, and the right folder then commits it."""
+    if kind == "tied":
+        recipe, state = "t5x-t5-hf", t5x(np.random.default_rng(44))
+    else:
+        recipe = "maxtext-llama-hf"
+        state = {"params": {"params": R.maxtext_llama(np.random.default_rng(44), "bfloat16")}}
+    src, ro, hf = export(mount, tmp_path, state, recipe)
+    good = tmp_path / "good"
+    shutil.copytree(hf, good)
+    st = hf / "model.safetensors"
+    if kind == "missing":
+        rewrite(st, drop=["model.layers.1.mlp.up_proj.weight"])
+        err, words = "No data available", "model.layers.1.mlp.up_proj.weight is missing"
+    elif kind == "shape":
+        rewrite(st, reshape={"model.norm.weight": (E // 2, 2)})
+        err, words = "Invalid argument", "model.norm.weight: bfloat16 [32,2], the recipe makes bfloat16 [64]"
+    elif kind == "unknown":
+        rewrite(st, rename={"lm_head.weight": "lm_head.weights"})
+        err, words = "recipe maxtext-llama-hf makes no tensor", "lm_head.weights"
+    else:
+        rewrite(st, change={"decoder.embed_tokens.weight": lambda a: a + np.float32(1)})
+        err, words = "Invalid argument", "decoder.embed_tokens.weight differs from shared.weight"
+    dst, m, rc, out = import_(mount, tmp_path, hf, recipe)
+    assert rc != 0, out
+    if kind != "unknown":
+        assert err in out, out
+    assert words in m.log(), m.log()
+    assert_no_step(m, dst)
+    assert "commit failed" in m.log()
+    # the step is still pending: the right folder in place of the wrong one commits it
+    shutil.rmtree(m.p(f"30/.views/{recipe}"))
+    assert run(f"cp -r {good}/ {m.p('30/.views/' + recipe)}/")[0] == 0
+    assert run(f"touch {m.p('30/commit_success.txt')}")[0] == 0, m.log()
+    assert_same_step(ro, dst, mount)
