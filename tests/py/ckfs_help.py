@@ -2,7 +2,7 @@
 never import each other).  Moved here from the modules that first needed
 them: writing steps (test_write), writable copies of fixtures (test_names),
 shard surgery (test_bad_input), Orbax-style saves into a live root
-(test_live_root)."""
+(test_live_root), the trees of view recipes's sources (test_oracle_recipes)."""
 
 import hashlib
 import io
@@ -516,3 +516,39 @@ def write_step(step_dir, tmp_path, seed, full=True):
     for rel, a in multi.items():
         exp["state/" + rel] = a
     return exp
+
+
+# from test_oracle_recipes.py: each family's tree in tiny dimensions (E = H*D
+# as the real ones, GQA: K < H), saved by the real Orbax
+RECIPE_DIMS = (64, 4, 2, 16, 96, 3, 256)  # E, H, K, D, F, L, V
+
+
+def recipe_save(root, step, state):
+    import orbax.checkpoint as ocp
+    mngr = ocp.CheckpointManager(str(root), item_names=("items",))
+    mngr.save(step, args=ocp.args.Composite(items=ocp.args.StandardSave(state)))
+    mngr.wait_until_finished()
+    mngr.close()
+
+
+def recipe_rand(rng, shape, dtype):
+    import ml_dtypes
+    a = rng.standard_normal(shape).astype(np.float32)
+    return a.astype(ml_dtypes.bfloat16) if dtype == "bfloat16" else a
+
+
+def maxtext_llama(rng, dtype, d=None):
+    """params of a MaxText llama2 decoder (scanned, scan axis 1)."""
+    E, H, K, D, F, L, V = RECIPE_DIMS
+    d = D if d is None else d
+    r = lambda *s: recipe_rand(rng, s, dtype)  # noqa: E731
+    layers = {
+        "pre_self_attention_layer_norm": {"scale": r(E, L)},
+        "post_self_attention_layer_norm": {"scale": r(E, L)},
+        "self_attention": {"query": {"kernel": r(E, L, H, d)}, "key": {"kernel": r(E, L, K, d)},
+                           "value": {"kernel": r(E, L, K, d)}, "out": {"kernel": r(H, L, d, E)}},
+        "mlp": {"wi_0": {"kernel": r(E, L, F)}, "wi_1": {"kernel": r(E, L, F)}, "wo": {"kernel": r(F, L, E)}},
+    }
+    return {"token_embedder": {"embedding": r(V, E)},
+            "decoder": {"layers": layers, "decoder_norm": {"scale": r(E)},
+                        "logits_dense": {"kernel": r(E, V)}}}

@@ -18,40 +18,15 @@ import numpy as np
 import pytest
 
 import ckfs_util as U
+from ckfs_help import RECIPE_DIMS, maxtext_llama
+from ckfs_help import recipe_rand as _rand
+from ckfs_help import recipe_save as _save
 
 pytestmark = pytest.mark.oracle
 
-# tiny Llama: E = H*D as the real ones, GQA (K < H)
-E, H, K, D, F, L, V = 64, 4, 2, 16, 96, 3, 256
-
-
-def _save(root, step, state):
-    import orbax.checkpoint as ocp
-    mngr = ocp.CheckpointManager(str(root), item_names=("items",))
-    mngr.save(step, args=ocp.args.Composite(items=ocp.args.StandardSave(state)))
-    mngr.wait_until_finished()
-    mngr.close()
-
-
-def _rand(rng, shape, dtype):
-    import ml_dtypes
-    a = rng.standard_normal(shape).astype(np.float32)
-    return a.astype(ml_dtypes.bfloat16) if dtype == "bfloat16" else a
-
-
-def maxtext_llama(rng, dtype, d=D):
-    """params of a MaxText llama2 decoder (scanned, scan axis 1)."""
-    r = lambda *s: _rand(rng, s, dtype)  # noqa: E731
-    layers = {
-        "pre_self_attention_layer_norm": {"scale": r(E, L)},
-        "post_self_attention_layer_norm": {"scale": r(E, L)},
-        "self_attention": {"query": {"kernel": r(E, L, H, d)}, "key": {"kernel": r(E, L, K, d)},
-                           "value": {"kernel": r(E, L, K, d)}, "out": {"kernel": r(H, L, d, E)}},
-        "mlp": {"wi_0": {"kernel": r(E, L, F)}, "wi_1": {"kernel": r(E, L, F)}, "wo": {"kernel": r(F, L, E)}},
-    }
-    return {"token_embedder": {"embedding": r(V, E)},
-            "decoder": {"layers": layers, "decoder_norm": {"scale": r(E)},
-                        "logits_dense": {"kernel": r(E, V)}}}
+# tiny Llama: E = H*D as the real ones, GQA (K < H); the tree builders are
+# shared with test_oracle_recipes_import.py (ckfs_help.py)
+E, H, K, D, F, L, V = RECIPE_DIMS
 
 
 def expected_llama(p, rope31=False, d=D):

@@ -1,7 +1,7 @@
 """View recipes the other way (docs/recipes.md, "The other direction").
 
-Each family's step is saved by the real Orbax (the tree builders of
-test_oracle_recipes.py), its view folder copied out of a read-only mount
+Each family's step is saved by the real Orbax (the tree builders
+test_oracle_recipes.py uses, in ckfs_help.py), its view folder copied out of a read-only mount
 (`cp -r MNT/30/.views/NAME/ hf/`), then copied into a new pending step of a
 writable root (`cp -r hf/ MNT/30/.views/NAME/`) and committed with `touch
 MNT/30/commit_success.txt`.  Every array of the new step is compared with
@@ -24,12 +24,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import ckfs_util as U
-import test_oracle_recipes as R
+import ckfs_help as R
 
 pytestmark = pytest.mark.oracle
 
-E, H, K, D, F, L, V = R.E, R.H, R.K, R.D, R.F, R.L, R.V
+E, H, K, D, F, L, V = R.RECIPE_DIMS
 
 
 def run(cmd):
@@ -75,7 +74,7 @@ def restore(root, step):
 def export(mount, tmp_path, state, recipe):
     """Save state as step 30, copy its view folder out: (root, folder)."""
     root = tmp_path / "src"
-    R._save(root, 30, state)
+    R.recipe_save(root, 30, state)
     ro = mount(root, "ro")
     hf = tmp_path / "hf"
     rc, out = run(f"cp -r {ro.p('30/.views/' + recipe)}/ {hf}/")
@@ -164,7 +163,7 @@ def view_tensors(folder):
 
 def mixtral(rng, dtype):
     p = R.maxtext_llama(rng, dtype)
-    r = lambda *s: R._rand(rng, s, dtype)  # noqa: E731
+    r = lambda *s: R.recipe_rand(rng, s, dtype)  # noqa: E731
     lay = p["decoder"]["layers"]
     del lay["mlp"]
     X = 4
@@ -183,7 +182,7 @@ def unscanned(rng):
 
 
 def gemma_flax(rng, qk_norm):
-    r = lambda *s: R._rand(rng, s, "bfloat16")  # noqa: E731
+    r = lambda *s: R.recipe_rand(rng, s, "bfloat16")  # noqa: E731
     tr = {"embedder": {"input_embedding": r(V, E)}, "final_norm": {"scale": r(E)}}
     for i in range(3):
         attn = {"q_einsum": {"w": r(H, E, D)}, "kv_einsum": {"w": r(2, K, E, D)},
@@ -198,7 +197,7 @@ def gemma_flax(rng, qk_norm):
 
 
 def t5x(rng):
-    r = lambda *s: R._rand(rng, s, "float32")  # noqa: E731
+    r = lambda *s: R.recipe_rand(rng, s, "float32")  # noqa: E731
     att = lambda: {n: {"kernel": r(E, H * D)} for n in ("query", "key", "value")} | {"out": {"kernel": r(H * D, E)}}  # noqa: E731
     mlp = lambda: {"wi_0": {"kernel": r(E, F)}, "wi_1": {"kernel": r(E, F)}, "wo": {"kernel": r(F, E)}}  # noqa: E731
     enc = {"encoder_norm": {"scale": r(E)}, "relpos_bias": {"rel_embedding": r(H, 32)}}
@@ -244,7 +243,7 @@ def test_sharded_folder_with_index(mount, tmp_path):
     imports the same; a shard left out is named by the index."""
     root = tmp_path / "src"
     p = R.maxtext_llama(np.random.default_rng(42), "float32")
-    R._save(root, 30, {"params": {"params": p}})
+    R.recipe_save(root, 30, {"params": {"params": p}})
     ro = mount(root, "ro", "safetensors_shard_size=100K")
     hf = tmp_path / "hf"
     assert run(f"cp -r {ro.p('30/.views/maxtext-llama-hf')}/ {hf}/")[0] == 0
