@@ -462,10 +462,15 @@ static int rule_sources(struct solver *s, const struct rule *ru, const char *bas
 			if (ckpt_rx_eval(ru->when, strlen(ru->when), &e, &g, &w) < 0 || g == 0)
 				continue;
 		}
-		uint64_t shape[CKPT_RECIPE_MAX_RANK];
+		uint64_t shape[CKPT_RECIPE_MAX_RANK], count = 1;
 		for (int d = 0; d < ru->nshape; d++) {
 			int64_t v;
-			if (!sd_num(&e, ru->shape[d], &v)) {
+			if (!sd_num(&e, ru->shape[d], &v) && !matched) {
+				say(why, whylen,
+				    "%s is missing (no tensor of the folder is made by this rule)", ru->name);
+				rc = -ENODATA;
+				goto out;
+			} else if (!sd_num(&e, ru->shape[d], &v)) {
 				say(why, whylen,
 				    "%s: axis %d (%s) of its source is not told by the tensors or "
 				    "config.json",
@@ -474,6 +479,13 @@ static int rule_sources(struct solver *s, const struct rule *ru, const char *bas
 				goto out;
 			}
 			shape[d] = (uint64_t)v;
+			if (!v || (uint64_t)v > (UINT64_C(1) << 50) / count) {
+				say(why, whylen, "%s: axis %d (%s) of its source would be %lld: not a size",
+				    ru->name, d, ru->shape[d], (long long)v);
+				rc = -EINVAL;
+				goto out;
+			}
+			count *= (uint64_t)v;
 		}
 		for (int k = 0; k < ru->nfrom && rc == 0; k++) {
 			char key[MAX_NAME], full[MAX_NAME + 512];
@@ -645,6 +657,22 @@ int ckpt_recipe_invert(const ckpt_recipe *r, const ckpt_recipe_target *t, size_t
 			if (!strcmp(r->files[i].name, "config.json") && r->files[i].json)
 				bind_config(s, r->files[i].json, cj, 0);
 		cJSON_Delete(cj);
+	}
+	/* a name no rule makes is told first (what it should have been is
+	 * then missing) */
+	for (size_t k = 0; k < nt; k++) {
+		int known = 0;
+		for (int i = 0; i < r->nrules && !known; i++) {
+			struct env e = s->env;
+			char vars[8][64];
+			int nv = 0;
+			known = ckpt_rx_match(r->rules[i].name, t[k].name, &e, vars, &nv);
+		}
+		if (!known) {
+			say(why, whylen, "%s: recipe %s makes no tensor of this name", t[k].name, r->name);
+			free(s);
+			return -EINVAL;
+		}
 	}
 	/* loop counts, then shapes, from the names and shapes of the tensors */
 	for (int pass = 0; pass < 4; pass++) {
