@@ -352,6 +352,7 @@ void ckpt_recipe_free(ckpt_recipe *r)
 		return;
 	free(r->name);
 	free(r->import_item);
+	free(r->import_prefix);
 	for (int i = 0; i < r->nprefixes; i++)
 		free(r->prefixes[i]);
 	free(r->prefixes);
@@ -622,6 +623,15 @@ int ckpt_recipe_parse(const char *text, size_t len, ckpt_recipe **out, char *why
 			say(why, whylen, "\"import_item\" must be an item name (no '/' or '.')");
 			rc = -EINVAL;
 		} else if (!(r->import_item = strdup(imp->valuestring))) {
+			rc = -ENOMEM;
+		}
+	}
+	const cJSON *ipre = cJSON_GetObjectItemCaseSensitive(j, "import_prefix");
+	if (rc == 0 && ipre) {
+		if (!cJSON_IsString(ipre) || strlen(ipre->valuestring) > 200) {
+			say(why, whylen, "\"import_prefix\" must be a string (a prefix of the keys)");
+			rc = -EINVAL;
+		} else if (!(r->import_prefix = strdup(ipre->valuestring))) {
 			rc = -ENOMEM;
 		}
 	}

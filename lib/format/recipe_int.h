@@ -74,6 +74,7 @@ struct ckpt_recipe {
 	struct rfile *files;
 	int nfiles;
 	char *import_item; /* "import_item": the item a view import writes (NULL: "items") */
+	char *import_prefix; /* "import_prefix": where its keys go in it (NULL: the first prefix) */
 };
 
 struct ckpt_rplan {

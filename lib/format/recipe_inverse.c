@@ -60,7 +60,7 @@ int ckpt_recipe_invertible(const ckpt_recipe *r, char *why, size_t whylen)
 {
 	for (int i = 0; i < r->nrules; i++) {
 		const struct rule *ru = &r->rules[i];
-		if (ru->alias)
+		if (ru->alias || ru->absent) /* an absent rule is a guard that makes nothing */
 			continue;
 		for (const char *p = strchr(ru->name, '{'); p; p = strchr(p + 1, '{')) {
 			const char *q = strchr(p, '}');
@@ -630,103 +630,33 @@ void ckpt_rinverse_free(ckpt_rinverse *x)
 	free(x);
 }
 
-int ckpt_recipe_invert(const ckpt_recipe *r, const ckpt_recipe_target *t, size_t nt, const char *config,
-		       size_t clen, ckpt_rinverse **out, char *why, size_t whylen)
+/* The position of rule i among the rules of its group (0: the first). */
+static int group_pos(const ckpt_recipe *r, int i)
+{
+	int k = 0;
+	for (int j = 0; j < i; j++)
+		k += r->rules[j].group && !strcmp(r->rules[j].group, r->rules[i].group);
+	return k;
+}
+
+/* The source arrays of alternative `alt` of the groups, planned forward
+ * and checked against the folder. */
+static int build_alt(struct solver *s, const ckpt_recipe *r, int alt, int *stage, ckpt_rinverse **out,
+		     char *why, size_t whylen)
 {
 	*out = NULL;
-	int rc = ckpt_recipe_invertible(r, why, whylen);
-	if (rc < 0)
-		return rc;
-	struct solver *s = calloc(1, sizeof(*s));
-	if (!s)
-		return -ENOMEM;
-	s->r = r;
-	s->t = t;
-	s->nt = nt;
-	for (int i = 0; i < r->nvars; i++)
-		ckpt_rx_env_set(&s->env, r->var_name[i], r->var_val[i]);
-	if (config) {
-		cJSON *cj = cJSON_ParseWithLength(config, clen);
-		if (!cj || !cJSON_IsObject(cj)) {
-			cJSON_Delete(cj);
-			free(s);
-			say(why, whylen, "config.json: not a JSON object");
-			return -EINVAL;
-		}
-		for (int i = 0; i < r->nfiles; i++)
-			if (!strcmp(r->files[i].name, "config.json") && r->files[i].json)
-				bind_config(s, r->files[i].json, cj, 0);
-		cJSON_Delete(cj);
-	}
-	/* a name no rule makes is told first (what it should have been is
-	 * then missing) */
-	for (size_t k = 0; k < nt; k++) {
-		int known = 0;
-		for (int i = 0; i < r->nrules && !known; i++) {
-			struct env e = s->env;
-			char vars[8][64];
-			int nv = 0;
-			known = ckpt_rx_match(r->rules[i].name, t[k].name, &e, vars, &nv);
-		}
-		if (!known) {
-			say(why, whylen, "%s: recipe %s makes no tensor of this name", t[k].name, r->name);
-			free(s);
-			return -EINVAL;
-		}
-	}
-	/* loop counts, then shapes, from the names and shapes of the tensors */
-	for (int pass = 0; pass < 4; pass++) {
-		int before = s->env.n;
-		for (int i = 0; i < r->nrules; i++) {
-			const struct rule *ru = &r->rules[i];
-			if (ru->alias)
-				continue;
-			int first = -1;
-			for (size_t k = 0; k < nt; k++) {
-				struct env e;
-				char vars[8][64];
-				int nv;
-				if (!match_target(s, ru, k, &e, vars, &nv))
-					continue;
-				for (int f = 0; f < ru->nfor; f++) {
-					double lv, have;
-					const char *fx = ru->for_expr[f];
-					if (!ckpt_rx_env_get(&e, ru->for_var[f], strlen(ru->for_var[f]),
-							     &lv) ||
-					    !is_ident(fx, strlen(fx)))
-						continue;
-					/* L: one more than the largest l of any tensor */
-					if (!ckpt_rx_env_get(&s->env, fx, strlen(fx), &have)) {
-						bind(s, fx, strlen(fx), lv + 1);
-					} else if (lv + 1 > have) {
-						for (int q = 0; q < s->nnames; q++)
-							if (!strcmp(s->names[q], fx))
-								ckpt_rx_env_set(&s->env, s->names[q], lv + 1);
-					}
-				}
-				if (first < 0)
-					first = (int)k;
-			}
-			if (first >= 0) {
-				struct env e;
-				char vars[8][64];
-				int nv;
-				match_target(s, ru, (size_t)first, &e, vars, &nv);
-				infer_shape(s, ru, &e, &t[first]);
-			}
-		}
-		if (s->env.n == before)
-			break;
-	}
 	const char *item = r->import_item ? r->import_item : "items";
-	const char *pre = r->nprefixes ? r->prefixes[0] : "";
+	const char *pre = r->import_prefix ? r->import_prefix : r->nprefixes ? r->prefixes[0] : "";
 	char base[512];
 	snprintf(base, sizeof(base), "%s.%s", item, pre);
 	struct cands c = { 0 };
-	for (int i = 0; rc == 0 && i < r->nrules; i++)
-		if (!r->rules[i].alias)
-			rc = rule_sources(s, &r->rules[i], base, &c, why, whylen);
-	free(s);
+	int rc = 0;
+	for (int i = 0; rc == 0 && i < r->nrules; i++) {
+		const struct rule *ru = &r->rules[i];
+		if (ru->alias || ru->absent || (ru->group && group_pos(r, i) != alt))
+			continue;
+		rc = rule_sources(s, ru, base, &c, why, whylen);
+	}
 	ckpt_rinverse *x = rc == 0 ? calloc(1, sizeof(*x)) : NULL;
 	if (rc == 0 && !x)
 		rc = -ENOMEM;
@@ -740,11 +670,14 @@ int ckpt_recipe_invert(const ckpt_recipe *r, const ckpt_recipe_target *t, size_t
 	for (size_t i = 0; i < c.n; i++)
 		x->src[i].shape = x->shape[i];
 	char fwhy[512] = "";
+	*stage = 1; /* how far it got: the sources are made */
 	rc = ckpt_recipe_plan(r, x->src, x->nsrc, &x->plan, fwhy, sizeof(fwhy));
 	if (rc < 0 && rc != -ENOMEM) {
 		say(why, whylen, "the folder's tensors do not make a source step: %s", fwhy);
 		rc = -EINVAL;
 	}
+	const ckpt_recipe_target *t = s->t;
+	size_t nt = s->nt;
 	size_t *ord = rc == 0 ? malloc((nt ? nt : 1) * sizeof(*ord)) : NULL;
 	if (rc == 0 && (!ord || !(x->target_of = malloc((x->plan->n + 1) * sizeof(size_t))) ||
 			!(x->dup_of = malloc((x->plan->n + 1) * sizeof(size_t)))))
@@ -758,6 +691,7 @@ int ckpt_recipe_invert(const ckpt_recipe *r, const ckpt_recipe_target *t, size_t
 				say(why, whylen, "%s: given twice", t[ord[i]].name);
 				rc = -EINVAL;
 			}
+		*stage = 2;
 		/* both lists sorted by name: walk them together; a name the
 		 * recipe does not make is told before what is then missing */
 		const ckpt_rplan *p = x->plan;
@@ -826,13 +760,132 @@ int ckpt_recipe_invert(const ckpt_recipe *r, const ckpt_recipe_target *t, size_t
 		while (x->dup_of[i] != SIZE_MAX && x->dup_of[x->dup_of[i]] != SIZE_MAX)
 			x->dup_of[i] = x->dup_of[x->dup_of[i]];
 	if (rc == 0)
-		rc = check_cover(x, why, whylen);
+		rc = (*stage = 3, check_cover(x, why, whylen));
 	if (rc < 0) {
 		ckpt_rinverse_free(x);
 		return rc;
 	}
 	*out = x;
 	return 0;
+}
+
+int ckpt_recipe_invert(const ckpt_recipe *r, const ckpt_recipe_target *t, size_t nt, const char *config,
+		       size_t clen, ckpt_rinverse **out, char *why, size_t whylen)
+{
+	*out = NULL;
+	int rc = ckpt_recipe_invertible(r, why, whylen);
+	if (rc < 0)
+		return rc;
+	struct solver *s = calloc(1, sizeof(*s));
+	if (!s)
+		return -ENOMEM;
+	s->r = r;
+	s->t = t;
+	s->nt = nt;
+	for (int i = 0; i < r->nvars; i++)
+		ckpt_rx_env_set(&s->env, r->var_name[i], r->var_val[i]);
+	if (config) {
+		cJSON *cj = cJSON_ParseWithLength(config, clen);
+		if (!cj || !cJSON_IsObject(cj)) {
+			cJSON_Delete(cj);
+			free(s);
+			say(why, whylen, "config.json: not a JSON object");
+			return -EINVAL;
+		}
+		for (int i = 0; i < r->nfiles; i++)
+			if (!strcmp(r->files[i].name, "config.json") && r->files[i].json)
+				bind_config(s, r->files[i].json, cj, 0);
+		cJSON_Delete(cj);
+	}
+	/* a name no rule makes is told first (what it should have been is
+	 * then missing) */
+	for (size_t k = 0; k < nt; k++) {
+		int known = 0;
+		for (int i = 0; i < r->nrules && !known; i++) {
+			if (r->rules[i].absent)
+				continue;
+			struct env e = s->env;
+			char vars[8][64];
+			int nv = 0;
+			known = ckpt_rx_match(r->rules[i].name, t[k].name, &e, vars, &nv);
+		}
+		if (!known) {
+			say(why, whylen, "%s: recipe %s makes no tensor of this name", t[k].name, r->name);
+			free(s);
+			return -EINVAL;
+		}
+	}
+	/* loop counts, then shapes, from the names and shapes of the tensors */
+	for (int pass = 0; pass < 4; pass++) {
+		int before = s->env.n;
+		for (int i = 0; i < r->nrules; i++) {
+			const struct rule *ru = &r->rules[i];
+			if (ru->alias || ru->absent)
+				continue;
+			int first = -1;
+			for (size_t k = 0; k < nt; k++) {
+				struct env e;
+				char vars[8][64];
+				int nv;
+				if (!match_target(s, ru, k, &e, vars, &nv))
+					continue;
+				for (int f = 0; f < ru->nfor; f++) {
+					double lv, have;
+					const char *fx = ru->for_expr[f];
+					if (!ckpt_rx_env_get(&e, ru->for_var[f], strlen(ru->for_var[f]),
+							     &lv) ||
+					    !is_ident(fx, strlen(fx)))
+						continue;
+					/* L: one more than the largest l of any tensor */
+					if (!ckpt_rx_env_get(&s->env, fx, strlen(fx), &have)) {
+						bind(s, fx, strlen(fx), lv + 1);
+					} else if (lv + 1 > have) {
+						for (int q = 0; q < s->nnames; q++)
+							if (!strcmp(s->names[q], fx))
+								ckpt_rx_env_set(&s->env, s->names[q], lv + 1);
+					}
+				}
+				if (first < 0)
+					first = (int)k;
+			}
+			if (first >= 0) {
+				struct env e;
+				char vars[8][64];
+				int nv;
+				match_target(s, ru, (size_t)first, &e, vars, &nv);
+				infer_shape(s, ru, &e, &t[first]);
+			}
+		}
+		if (s->env.n == before)
+			break;
+	}
+	/* groups: every group's first rule, then every group's second, ...:
+	 * the first set whose plan makes the folder's tensors is imported */
+	int nalt = 1;
+	for (int i = 0; i < r->nrules; i++)
+		if (r->rules[i].group && group_pos(r, i) + 1 > nalt)
+			nalt = group_pos(r, i) + 1;
+	/* all fail: the reason of the one that got furthest (the first of those) */
+	char first[1024] = "";
+	int frc = 0, best = -1;
+	for (int alt = 0; alt < nalt; alt++) {
+		char w[1024] = "";
+		int stage = 0;
+		rc = build_alt(s, r, alt, &stage, out, w, sizeof(w));
+		if (rc == 0 || rc == -ENOMEM)
+			break;
+		if (stage > best) {
+			best = stage;
+			frc = rc;
+			snprintf(first, sizeof(first), "%s", w);
+		}
+	}
+	free(s);
+	if (rc < 0 && rc != -ENOMEM) {
+		rc = frc;
+		say(why, whylen, "%s", first);
+	}
+	return rc;
 }
 
 size_t ckpt_rinverse_nsrc(const ckpt_rinverse *x)
