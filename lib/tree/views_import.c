@@ -285,22 +285,26 @@ static int import_data(struct staged *s, ckpt_step *step, const ckpt_rinverse *x
 				 strerror(-rc));
 	}
 	const ckpt_rplan *p = ckpt_rinverse_plan(x);
-	uint8_t *buf = NULL, *conv = NULL, *other = NULL, *box = NULL;
-	size_t bcap = 0, boxcap = 0;
+	uint8_t *buf = NULL, *other = NULL, *box = NULL;
+	size_t bcap = 0, ocap = 0, boxcap = 0;
 	for (size_t i = 0; rc == 0 && i < ckpt_rplan_count(p); i++) {
 		const ckpt_rtensor *t = ckpt_rplan_tensor(p, i);
 		const struct tin *in = &s->t[ckpt_rinverse_target_of(x, i)];
 		size_t bytes = (size_t)(in->end - in->begin);
-		if (bytes > bcap) {
-			free(buf);
-			free(conv);
-			free(other);
-			buf = malloc(bytes);
-			conv = malloc(bytes);
-			other = malloc(bytes);
-			bcap = bytes;
-			if (!buf || !conv || !other) {
-				bcap = 0;
+		size_t dup = ckpt_rinverse_dup_of(x, i);
+		/* buffers grow to the largest tensor: one for its bytes, one for
+		 * the values its element ops undo or the tensor it repeats */
+		int second = dup != SIZE_MAX || t->elem;
+		if (bytes > bcap || (second && bytes > ocap)) {
+			if (bytes > bcap) {
+				free(buf);
+				bcap = (buf = malloc(bytes)) ? bytes : 0;
+			}
+			if (second && bytes > ocap) {
+				free(other);
+				ocap = (other = malloc(bytes)) ? bytes : 0;
+			}
+			if (!buf || (second && !other)) {
 				rc = -ENOMEM;
 				break;
 			}
@@ -310,7 +314,6 @@ static int import_data(struct staged *s, ckpt_step *step, const ckpt_rinverse *x
 				 strerror(-rc));
 			break;
 		}
-		size_t dup = ckpt_rinverse_dup_of(x, i);
 		if (dup != SIZE_MAX) { /* tied: the same bytes as the tensor it repeats */
 			const struct tin *o = &s->t[ckpt_rinverse_target_of(x, dup)];
 			if ((rc = read_tensor(s, o, other)) < 0)
@@ -325,8 +328,12 @@ static int import_data(struct staged *s, ckpt_step *step, const ckpt_rinverse *x
 			}
 			continue;
 		}
-		if ((rc = ckpt_rtensor_unconvert(t, buf, (size_t)ckpt_rtensor_count(t), conv)) < 0)
-			break;
+		const uint8_t *vals = buf;
+		if (t->elem) {
+			if ((rc = ckpt_rtensor_unconvert(t, buf, (size_t)ckpt_rtensor_count(t), other)) < 0)
+				break;
+			vals = other;
+		}
 		unsigned is = ckpt_dtype_get(t->src_dtype)->itemsize;
 		for (size_t k = 0; rc == 0 && k < t->nparts; k++) {
 			ckpt_region r;
@@ -344,7 +351,7 @@ static int import_data(struct staged *s, ckpt_step *step, const ckpt_rinverse *x
 					break;
 				}
 			}
-			ckpt_rtensor_scatter(t, k, &r, conv, box);
+			ckpt_rtensor_scatter(t, k, &r, vals, box);
 			rc = ckpt_warray_write(arr[t->parts[k].input], &r, 0, box, (size_t)(cnt * is));
 			if (rc < 0)
 				ckpt_log(CKPT_LOG_ERR, "%s: %s: writing %s: %s", label, t->name,
@@ -352,7 +359,6 @@ static int import_data(struct staged *s, ckpt_step *step, const ckpt_rinverse *x
 		}
 	}
 	free(buf);
-	free(conv);
 	free(other);
 	free(box);
 	if (rc < 0) /* none stays declared: the commit fails, the step stays pending */

@@ -552,3 +552,30 @@ def maxtext_llama(rng, dtype, d=None):
     return {"token_embedder": {"embedding": r(V, E)},
             "decoder": {"layers": layers, "decoder_norm": {"scale": r(E)},
                         "logits_dense": {"kernel": r(E, V)}}}
+
+
+def assert_folder(folder, want):
+    """Every tensor of the safetensors file(s) in folder equals want, bytes,
+    dtype and shape; nothing more, nothing less."""
+    import ml_dtypes  # noqa: F401
+    import pytest
+    from safetensors import safe_open
+    from safetensors.numpy import load_file
+    files = sorted(f for f in os.listdir(folder) if f.endswith(".safetensors"))
+    assert files, os.listdir(folder)
+    got = {}
+    for f in files:
+        with safe_open(str(folder / f), framework="numpy") as st:
+            for k in st.keys():
+                got[k] = st.get_tensor(k)
+        whole = load_file(str(folder / f))
+        for k, t in whole.items():
+            assert t.tobytes() == got[k].tobytes()
+    assert sorted(got) == sorted(want), sorted(set(got) ^ set(want))
+    for k, w in want.items():
+        g = got[k]
+        assert (g.dtype, g.shape) == (w.dtype, w.shape), (k, g.dtype, g.shape, w.dtype, w.shape)
+        if g.tobytes() != w.tobytes():
+            bad = np.flatnonzero(g.view(np.uint8) != w.view(np.uint8))
+            pytest.fail(f"{k}: {bad.size} bytes differ, first at {bad[:5]}")
+    return len(got)

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 import ckfs_util as U
-from ckfs_help import RECIPE_DIMS, maxtext_llama
+from ckfs_help import RECIPE_DIMS, assert_folder, maxtext_llama
 from ckfs_help import recipe_rand as _rand
 from ckfs_help import recipe_save as _save
 
@@ -68,32 +68,6 @@ def expected_llama(p, rope31=False, d=D):
         out[pre + "mlp.down_proj.weight"] = lay["mlp"]["wo"]["kernel"][:, l, :].T
     assert ml_dtypes  # bfloat16 arrays compare by bytes below
     return {k: np.ascontiguousarray(v) for k, v in out.items()}
-
-
-def assert_folder(folder, want):
-    """Every tensor of the safetensors file(s) in folder equals want, bytes,
-    dtype and shape; nothing more, nothing less."""
-    import ml_dtypes  # noqa: F401
-    from safetensors import safe_open
-    from safetensors.numpy import load_file
-    files = sorted(f for f in os.listdir(folder) if f.endswith(".safetensors"))
-    assert files, os.listdir(folder)
-    got = {}
-    for f in files:
-        with safe_open(str(folder / f), framework="numpy") as st:
-            for k in st.keys():
-                got[k] = st.get_tensor(k)
-        whole = load_file(str(folder / f))
-        for k, t in whole.items():
-            assert t.tobytes() == got[k].tobytes()
-    assert sorted(got) == sorted(want), sorted(set(got) ^ set(want))
-    for k, w in want.items():
-        g = got[k]
-        assert (g.dtype, g.shape) == (w.dtype, w.shape), (k, g.dtype, g.shape, w.dtype, w.shape)
-        if g.tobytes() != w.tobytes():
-            bad = np.flatnonzero(g.view(np.uint8) != w.view(np.uint8))
-            pytest.fail(f"{k}: {bad.size} bytes differ, first at {bad[:5]}")
-    return len(got)
 
 
 def stats(m):

@@ -26,7 +26,9 @@ import numpy as np
 import pytest
 
 import ckfs_util as U
-from test_oracle_recipes import _rand, _save, assert_folder
+from ckfs_help import assert_folder
+from ckfs_help import recipe_rand as _rand
+from ckfs_help import recipe_save as _save
 
 pytestmark = pytest.mark.oracle
 
