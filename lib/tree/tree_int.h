@@ -25,7 +25,16 @@
  *   layout.c      source folder -> nodes (root/step/item detection, _METADATA walk);
  *                 the root's list of steps (which names a committing step takes)
  *   prune.c       deleting committed steps of a writable root (rmtree through the mount)
- *   pending.c     the write protocol on the namespace; the ops of pending kinds
+ *   pending/pfile.c  the write protocol's shared helpers (tmp folder paths, key
+ *                 names), N_PDIR's ops; pending/pending_int.h lists the folder
+ *   pending/raw.c  raw copies (stored copies, Orbax saves), the copy-tool watch
+ *   pending/safetensors.c  importing safetensors files into a pending step
+ *   pending/file.c  pending files: N_PFILE's ops, .npy headers and data, JSON
+ *                 and copied metadata files
+ *   pending/step.c  a pending step's life (state table): begin, checks, commit,
+ *                 settle, abort
+ *   pending/namespace.c  mkdir, create, rename, unlink, rmdir, flush, setxattr
+ *                 on pending steps
  *   view.c        open/destroy, lookup, readdir, getattr, read, xattr: dispatch
  *
  * Nodes: a common head (struct node) embedded first in a per-kind struct
@@ -79,7 +88,7 @@
  *     without locks).
  *   - a step's life and refs, a node's kref: atomics; the view's list of
  *     steps a rescan unlinked: scan_mu.
- *   - a pending file's header state: its pfile mutex (pending.c).
+ *   - a pending file's header state: its pfile mutex (pending/).
  *
  * ---- Lock order of libckpt ---------------------------------------------------
  * Outer first: a lock may be taken only while every lock the thread holds
@@ -243,7 +252,7 @@ struct node {
 	char *name;
 	int64_t mtime_ns;
 	int hidden; /* reachable by name (hidden-name map), not listed; set before publication */
-	/* a step of the root committed through this mount (pending.c), whose
+	/* a step of the root committed through this mount (pending/), whose
 	 * nodes accept chmod/chown from the tool that copied it; set before
 	 * publication */
 	int written_here;
@@ -380,11 +389,16 @@ struct ckpt_view {
 	struct node *inval_head, *inval_tail;
 	size_t inval_len; /* nodes on that list */
 	pthread_rwlock_t ns_lock; /* see the lock order above */
-	/* pending.c: the thread that commits stored copies once the processes
-	 * that copied them have exited (started on first need, under ns_lock) */
-	pthread_t copy_thread;
-	int copy_thread_on;
-	atomic_bool copy_stop;
+	/* pending/raw.c: the copy-tool watch, a thread that commits stored
+	 * copies once the processes that copied them have exited (started on
+	 * first need, under ns_lock exclusive) */
+	struct copy_watch *copy_watch;
+	/* run first thing at view destroy (ckpt_view_add_stop_hook) */
+	struct view_stop_hook {
+		void (*fn)(ckpt_view *v, void *arg);
+		void *arg;
+	} stop_hooks[4];
+	int nstop_hooks;
 	char *source; /* what was mounted, as given */
 	ckpt_store *src; /* its root store (also in stores[]): all discovery goes through it */
 	int writable; /* a CheckpointManager root not mounted read-only */
@@ -575,8 +589,6 @@ int ckpt_layout_build_view(ckpt_view *v, const char *source, ckpt_store *src);
  * node of the root (not yet linked into the root's kids).  Takes no view
  * lock but res_lock/alloc_lock: callable without ns_lock. */
 struct node *ckpt_layout_new_step(ckpt_view *v, const char *name);
-/* pending.c: stop its thread (first thing at view destroy). */
-void ckpt_pending_shutdown(ckpt_view *v);
 /* The item folder `path` (relative to the source) read as an item into a
  * new directory node that is linked nowhere (a stored copy checked before
  * its step commits); NULL on ENOMEM. */
@@ -629,6 +641,20 @@ int ckpt_latest_is(ckpt_view *v, ckpt_ino parent, const char *name);
 int ckpt_latest_entry(ckpt_view *v, struct node **out);
 /* A write call on `latest` (what: "remove", "rename", ...): -EPERM, logged. */
 int ckpt_latest_refuse(const char *what);
+
+/* ---- view.c ---------------------------------------------------------------- */
+
+/* A thread of a file below view.c registers fn(v, arg) to be stopped first
+ * thing at ckpt_view_destroy (hooks run last registered first).  Called
+ * under ns_lock exclusive; 0, or -ENOSPC when the table is full. */
+static inline int ckpt_view_add_stop_hook(ckpt_view *v, void (*fn)(ckpt_view *v, void *arg), void *arg)
+{
+	if (v->nstop_hooks == (int)(sizeof(v->stop_hooks) / sizeof(v->stop_hooks[0])))
+		return -ENOSPC;
+	v->stop_hooks[v->nstop_hooks].fn = fn;
+	v->stop_hooks[v->nstop_hooks++].arg = arg;
+	return 0;
+}
 
 /* ---- layout.c (the root's steps) ------------------------------------------- */
 

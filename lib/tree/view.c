@@ -2,7 +2,7 @@
  * view.c - the public read-side calls on the mounted tree: open/destroy,
  * lookup, readdir, getattr, reads and xattrs.  Each one finds the node and
  * dispatches through its kind's ops table (tree_int.h); the write-side
- * calls (mkdir, create, write, ...) are in pending.c.
+ * calls (mkdir, create, write, ...) are in pending/.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -256,7 +256,10 @@ void ckpt_view_destroy(ckpt_view *v)
 {
 	if (!v)
 		return;
-	ckpt_pending_shutdown(v);
+	while (v->nstop_hooks > 0) { /* threads of the files below (the copy-tool watch) */
+		v->nstop_hooks--;
+		v->stop_hooks[v->nstop_hooks].fn(v, v->stop_hooks[v->nstop_hooks].arg);
+	}
 	ckpt_node_release_all(v); /* pending steps, safetensors layouts, ... */
 	for (size_t i = 0; i < v->narefs; i++) {
 		ckpt_array_destroy(v->arefs[i]->arr);

@@ -1,0 +1,273 @@
+/*
+ * pending/pfile.c - the helpers every file of the write protocol shares:
+ * where a pending file lives in its step's tmp folder (ckpt_pf_rel_of, ckpt_pf_raw_path),
+ * the pytree keys a pending folder or file name stands for (ckpt_pf_key_of_name,
+ * ckpt_pf_key_path), the header bytes of a pending file, copied metadata as JSON,
+ * and the ops of pending directories (N_PDIR).
+ * Not here: anything that changes a step's state (step.c), a file's bytes
+ * (file.c, safetensors.c, raw.c) or the namespace (namespace.c).
+ */
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "orbax.h"
+#include "pending_int.h"
+
+/* Refuse a change of committed data (or of a read-only mount), logged. */
+int ckpt_pf_refuse(const char *name, const char *what)
+{
+	ckpt_log(CKPT_LOG_WARN,
+		 "%s: cannot %s: read-only (committed data, or a mount that takes no new steps)", name, what);
+	return -EROFS;
+}
+
+/* commit_success.txt of a committed step of a writable root: creating it
+ * again is a commit that already happened (an idempotent no-op). */
+int ckpt_pf_is_commit_marker(ckpt_view *v, struct node *n)
+{
+	struct node *step = n->kind == N_FILE ? parent_of(v, n) : NULL;
+	return v->writable && step && step->parent == CKPT_ROOT_INO && step->kind != N_PSTEP &&
+	       !strcmp(n->name, CKPT_ORBAX_COMMIT_SUCCESS);
+}
+
+const char *ckpt_pf_step_name_of(ckpt_view *v, struct node *it)
+{
+	struct node *up = parent_of(v, it);
+	return up ? up->name : "?";
+}
+
+/* The item directory (a kid of the step) that n is in, or NULL. */
+struct node *ckpt_pf_item_of(ckpt_view *v, struct node *n)
+{
+	while (n && n->kind == N_PDIR) {
+		struct node *up = parent_of(v, n);
+		if (up && up->kind == N_PSTEP)
+			return n;
+		n = up;
+	}
+	return NULL;
+}
+
+/* The pending step a pending node belongs to (ns_lock held), or NULL. */
+struct node *ckpt_pf_step_of(ckpt_view *v, struct node *n)
+{
+	while (n && n->kind != N_PSTEP && n->ino != CKPT_ROOT_INO)
+		n = parent_of(v, n);
+	return n && n->kind == N_PSTEP ? n : NULL;
+}
+
+/* "<item>/<dirs>/<name>" of `name` in pending directory dir. */
+int ckpt_pf_rel_of(ckpt_view *v, struct node *dir, const char *name, char *buf, size_t cap)
+{
+	const char *parts[CKPT_ORBAX_MAX_DEPTH + 2];
+	int k = 0;
+	parts[k++] = name;
+	for (struct node *d = dir; d && d->kind == N_PDIR; d = parent_of(v, d)) {
+		if (k == CKPT_ORBAX_MAX_DEPTH + 2)
+			return -ENAMETOOLONG;
+		parts[k++] = d->name;
+	}
+	size_t len = 0;
+	for (int i = k - 1; i >= 0; i--) {
+		int m = snprintf(buf + len, cap - len, "%s%s", parts[i], i ? "/" : "");
+		if (m < 0 || (size_t)m >= cap - len)
+			return -ENAMETOOLONG;
+		len += (size_t)m;
+	}
+	return 0;
+}
+
+/* <tmp folder>/<rel> */
+int ckpt_pf_tmp_file(struct pstep *ps, const char *rel, char *buf, size_t cap)
+{
+	ckpt_step_info info;
+	ckpt_step_get_info(ps->step, &info);
+	int m = snprintf(buf, cap, "%s/%s", info.tmp_path, rel);
+	return m < 0 || (size_t)m >= cap ? -ENAMETOOLONG : 0;
+}
+
+/* mkdir -p of the folders of rel (not its last part) in the tmp folder. */
+int ckpt_pf_make_dirs(struct pstep *ps, const char *rel)
+{
+	char path[VIEW_PATH_MAX];
+	int rc = ckpt_pf_tmp_file(ps, rel, path, sizeof(path));
+	if (rc)
+		return rc;
+	ckpt_step_info info;
+	ckpt_step_get_info(ps->step, &info);
+	for (char *p = path + strlen(info.tmp_path) + 1; (p = strchr(p, '/')); p++) {
+		*p = 0;
+		if (mkdir(path, 0755) && errno != EEXIST)
+			rc = -errno;
+		*p = '/';
+		if (rc)
+			return rc;
+	}
+	return 0;
+}
+
+int ckpt_pf_raw_open(struct pstep *ps, const char *rel, int flags)
+{
+	char path[VIEW_PATH_MAX];
+	int rc = ckpt_pf_tmp_file(ps, rel, path, sizeof(path));
+	if (rc)
+		return rc;
+	int fd = open(path, flags | O_CLOEXEC | O_NOFOLLOW, 0644);
+	return fd < 0 ? -errno : fd;
+}
+
+/* The path of raw file f in the tmp folder.  Its name and folders change
+ * only under io_lock exclusive (renames in an Orbax save), so the caller
+ * holds io_lock or ns_lock. */
+int ckpt_pf_raw_path(ckpt_view *v, struct pfile_node *f, char *buf, size_t cap)
+{
+	char rel[VIEW_PATH_MAX];
+	int rc = 0;
+	if (f->pf.rel)
+		snprintf(rel, sizeof(rel), "%s", f->pf.rel);
+	else
+		rc = ckpt_pf_rel_of(v, parent_of(v, &f->n), f->n.name, rel, sizeof(rel));
+	return rc ? rc : ckpt_pf_tmp_file(f->ps, rel, buf, cap);
+}
+
+int ckpt_pf_raw_open_f(ckpt_view *v, struct pfile_node *f, int flags)
+{
+	char path[VIEW_PATH_MAX];
+	int rc = ckpt_pf_raw_path(v, f, path, sizeof(path));
+	if (rc)
+		return rc;
+	int fd = open(path, flags | O_CLOEXEC | O_NOFOLLOW, 0644);
+	return fd < 0 ? -errno : fd;
+}
+
+/* Size and mtime of raw file f from its open descriptor fd (pf->mu held):
+ * what stat answers from now on, unchanged by renames and closes. */
+void ckpt_pf_raw_note_stat(struct pfile *pf, int fd)
+{
+	struct stat sb;
+	if (fstat(fd, &sb) == 0) {
+		pf->size = (uint64_t)sb.st_size;
+		pf->raw_mtime_ns = (int64_t)sb.st_mtim.tv_sec * 1000000000 + sb.st_mtim.tv_nsec;
+	}
+}
+
+/* A pytree key as the tree shows it (the read side's escape): the key into
+ * buf, or -EINVAL (logged) when `name` is no name the read side makes or
+ * the key is not one a step may hold. */
+int ckpt_pf_key_of_name(const char *name, char *buf, size_t cap)
+{
+	const char *why = "";
+	int rc = ckpt_orbax_key_unescape(name, buf, cap);
+	if (rc == -EINVAL)
+		why = "'%' only in the escapes the mount shows: %25 for '%', %2F for '/'";
+	else if (rc >= 0 && !ckpt_orbax_name_ok(CKPT_NAME_KEY, buf, &why))
+		rc = -EINVAL;
+	if (rc < 0)
+		ckpt_log(CKPT_LOG_ERR, "%s: not a usable pytree key name (%s)", name,
+			 rc == -EINVAL ? why : strerror(-rc));
+	return rc < 0 ? (rc == -ENAMETOOLONG ? -ENAMETOOLONG : -EINVAL) : 0;
+}
+
+/* Key path of a file in a pending step: item = first directory below the
+ * step, keys = the directories below it plus the file's stem. */
+int ckpt_pf_key_path(ckpt_view *v, struct node *dir, const char *stem, const char **item, const char **keys,
+		    int *types, int *depth, char *kbuf)
+{
+	const char *rev[CKPT_ORBAX_MAX_DEPTH];
+	int n = 0;
+	rev[n++] = stem;
+	struct node *d = dir;
+	while (d && d->kind == N_PDIR && n < CKPT_ORBAX_MAX_DEPTH) {
+		rev[n++] = d->name;
+		d = parent_of(v, d);
+	}
+	if (!d || d->kind != N_PSTEP || n < 2)
+		return -EINVAL;
+	*item = rev[n - 1];
+	*depth = n - 1;
+	for (int i = 0; i < n - 1; i++) {
+		/* the names are the read side's escapes of the keys */
+		char *k = kbuf + (size_t)i * VIEW_NAME_BUF;
+		int rc = ckpt_pf_key_of_name(rev[n - 2 - i], k, VIEW_NAME_BUF);
+		if (rc < 0)
+			return rc;
+		keys[i] = k;
+		int digits = keys[i][0] != 0;
+		for (const char *p = keys[i]; *p; p++)
+			digits &= *p >= '0' && *p <= '9';
+		types[i] = digits ? CKPT_KEY_SEQ : CKPT_KEY_DICT;
+	}
+	return 0;
+}
+
+/* Header bytes [off, off + n) of a file still collecting its header
+ * (pf->mu held): into pf->hdr, grown as needed. */
+int ckpt_pf_hdr_put(struct pfile *pf, uint64_t off, const uint8_t *data, size_t n)
+{
+	if (off + n > pf->cap) {
+		uint8_t *p = realloc(pf->hdr, (size_t)(off + n));
+		if (!p)
+			return -ENOMEM;
+		pf->hdr = p;
+		pf->cap = (size_t)(off + n);
+	}
+	memcpy(pf->hdr + off, data, n);
+	if (off + n > pf->have)
+		pf->have = (size_t)(off + n);
+	return 0;
+}
+
+/* A read of [off, off + *len) of a pending file (pf->mu held): *len
+ * clipped to the file's size (0 past its end), the part inside the header
+ * bytes written so far copied to dst; returns the bytes copied. */
+size_t ckpt_pf_header_part(const struct pfile *pf, uint64_t off, size_t *len, uint8_t *dst)
+{
+	size_t hl = pf->data_off ? pf->data_off : pf->have;
+	if (off >= pf->size) {
+		*len = 0;
+		return 0;
+	}
+	if (*len > pf->size - off)
+		*len = (size_t)(pf->size - off);
+	if (off >= hl)
+		return 0;
+	size_t done = hl - (size_t)off < *len ? hl - (size_t)off : *len;
+	memcpy(dst, pf->hdr + off, done);
+	return done;
+}
+
+/* The content of a copied metadata file `name` in dir, parsed; NULL if
+ * there is none.  *bad is set when it is there but not JSON. */
+cJSON *ckpt_pf_copied_json(struct node *dir, const char *name, int *bad)
+{
+	struct node *k = ckpt_node_find_kid(dir, name);
+	*bad = 0;
+	if (!k || k->kind != N_PFILE || !to_pfile(k)->pf.is_meta)
+		return NULL;
+	struct pfile *pf = &to_pfile(k)->pf;
+	ckpt_lock(&pf->mu, CKPT_RANK_PF);
+	cJSON *j = pf->hdr ? cJSON_ParseWithLength((const char *)pf->hdr, (size_t)pf->size) : NULL;
+	ckpt_unlock(&pf->mu, CKPT_RANK_PF);
+	*bad = j == NULL;
+	return j;
+}
+
+void ckpt_pdir_attr(ckpt_view *v, struct node *n, ckpt_attr *a)
+{
+	(void)v;
+	(void)n;
+	a->is_dir = 1;
+	a->nlink = 2;
+	a->immutable = 0;
+	a->mode = 0755;
+}
+
+const struct node_ops ckpt_pdir_ops = {
+	.kind = N_PDIR,
+	.size = sizeof(struct pdir_node),
+	.getattr = ckpt_pdir_attr,
+	.readdir = ckpt_node_readdir_kids,
+};
