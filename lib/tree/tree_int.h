@@ -26,11 +26,11 @@
  *                 the root's list of steps (which names a committing step takes)
  *   prune.c       deleting committed steps of a writable root (rmtree through the mount)
  *   pending/pfile.c  the write protocol's shared helpers (tmp folder paths, key
- *                 names), N_PDIR's ops; pending/pending_int.h lists the folder
+ *                 names), the pending file kinds' tables, N_PDIR's and N_PFILE's
+ *                 ops; pending/pending_int.h lists the folder
  *   pending/raw.c  raw copies (stored copies, Orbax saves), the copy-tool watch
  *   pending/safetensors.c  importing safetensors files into a pending step
- *   pending/file.c  pending files: N_PFILE's ops, .npy headers and data, JSON
- *                 and copied metadata files
+ *   pending/file.c  .npy and buffered (JSON, metadata) pending files; write, truncate
  *   pending/step.c  a pending step's life (state table): begin, checks, commit,
  *                 settle, abort
  *   pending/namespace.c  mkdir, create, rename, unlink, rmdir, flush, setxattr

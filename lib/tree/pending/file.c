@@ -1,73 +1,25 @@
 /*
- * pending/file.c - pending files (N_PFILE): their node ops, and the bytes
- * of the files the view keeps or hands to the writer itself: NAME.npy and
- * NAME[slice].npy (the .npy header collected and parsed, the array
- * declared, then data), the JSON file of a JSON item, copied Orbax
- * metadata and the commit marker (buffered).  write, read and truncate of
- * every pending file start here.
- * Not here: raw files' bytes (raw.c), safetensors imports (safetensors.c),
- * which kind a new file is (namespace.c), completeness (step.c).
+ * pending/file.c - the pending files whose bytes the view keeps or hands
+ * to the writer itself, and their kinds' ops (struct pfile_ops):
+ *   PF_ARRAY, PF_SLICE  NAME.npy and NAME[slice].npy: the .npy header is
+ *                       collected and parsed (the header phase, pending_int.h),
+ *                       the array declared, then the data goes to the writer;
+ *   PF_JSON, PF_META, PF_MARKER, PF_INDEX  buffered: the JSON file of a JSON
+ *                       item, copied Orbax metadata, the step's commit
+ *                       marker, a safetensors index; their bytes stay here.
+ * And the write and truncate calls of every pending file: the gate, then
+ * the file's kind (reads dispatch from N_PFILE's node ops, pfile.c).
+ * Not here: raw files (raw.c), safetensors imports (safetensors.c), which
+ * kind a new file is (namespace.c), completeness of the step (step.c).
  */
-#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <unistd.h>
 
 #include "orbax.h"
-#include "sysio.h"
 #include "writer_hosts.h"
 #include "pending_int.h"
 
-static void pfile_attr(ckpt_view *v, struct node *n, ckpt_attr *a)
-{
-	(void)v;
-	struct pfile *pf = &to_pfile(n)->pf;
-	a->immutable = 0;
-	a->mode = 0644;
-	ckpt_lock(&pf->mu, CKPT_RANK_PF);
-	a->size = pf->size;
-	if (pf->raw_mtime_ns)
-		a->mtime_ns = pf->raw_mtime_ns;
-	/* an Orbax save's file: its bytes go straight to the tmp folder and are
-	 * read from there, so the kernel keeps no pages of it (direct I/O) */
-	a->volatile_data = pf->is_raw && to_pfile(n)->ps->as_written;
-	ckpt_unlock(&pf->mu, CKPT_RANK_PF);
-}
-
-static void pfile_destroy(ckpt_view *v, struct node *n)
-{
-	(void)v;
-	struct pfile *pf = &to_pfile(n)->pf;
-	pthread_mutex_destroy(&pf->mu);
-	free(pf->hdr);
-	free(pf->final);
-	free(pf->rel);
-	ckpt_st_import_entries_free(pf->st, pf->nst);
-	free(pf->st_arr);
-}
-
-static ssize_t pending_read(ckpt_view *v, struct node *n, uint64_t off, size_t len, void *dst);
-
-static const struct node_ops pfile_ops = {
-	.kind = N_PFILE,
-	.size = sizeof(struct pfile_node),
-	.getattr = pfile_attr,
-	.read = pending_read,
-	.destroy = pfile_destroy,
-};
-
-/* A new pending file `name` in dir (a folder of a pending step; not added
- * as its kid yet), of dir's step, its mutex ready.  NULL without memory. */
-struct pfile_node *ckpt_pf_node_new(ckpt_view *v, struct node *dir, const char *name)
-{
-	struct node *n = ckpt_node_new(v, &pfile_ops, name, dir);
-	if (!n)
-		return NULL;
-	struct pfile_node *f = to_pfile(n);
-	f->ps = to_pdir(dir)->ps;
-	pthread_mutex_init(&f->pf.mu, NULL);
-	return f;
-}
+/* ---- NAME.npy and NAME[slice].npy -------------------------------------------- */
 
 /* Multi-host: NAME.npy that another host declared (its declaration record,
  * writer_hosts.h) becomes a declared pending file here, as if its header
@@ -91,7 +43,7 @@ struct pfile_node *ckpt_pf_adopt_decl(ckpt_view *v, struct node *dir, const char
 	ckpt_warray_info info;
 	ckpt_warray_get_info(arr, &info);
 	int hl = ckpt_npy_header(info.dtype, info.rank, info.shape, hdr, sizeof(hdr));
-	struct pfile_node *f = hl > 0 ? ckpt_pf_node_new(v, dir, base) : NULL;
+	struct pfile_node *f = hl > 0 ? ckpt_pf_node_new(v, dir, base, &ckpt_pf_array_ops) : NULL;
 	if (!f)
 		return NULL;
 	struct node *n = &f->n;
@@ -103,6 +55,9 @@ struct pfile_node *ckpt_pf_adopt_decl(ckpt_view *v, struct node *dir, const char
 	ckpt_region_full(&f->pf.region, info.rank, info.shape);
 	f->pf.have = f->pf.cap = f->pf.data_off = (size_t)hl;
 	f->pf.size = (uint64_t)hl + info.nbytes;
+	ckpt_lock(&f->pf.mu, CKPT_RANK_PF);
+	ckpt_pf_set_phase(&f->pf, PH_DATA); /* as if its header had been written here */
+	ckpt_unlock(&f->pf.mu, CKPT_RANK_PF);
 	return f;
 }
 
@@ -110,7 +65,7 @@ struct pfile_node *ckpt_pf_adopt_decl(ckpt_view *v, struct node *dir, const char
 static int declare(ckpt_view *v, struct pfile_node *n, const ckpt_npy_info *h)
 {
 	struct pfile *pf = &n->pf;
-	if (pf->is_slice) {
+	if (pf->kind == PF_SLICE) {
 		/* decl->pf.arr is set once and never changes: no need for its mutex */
 		ckpt_warray_info info;
 		ckpt_warray_get_info(pf->decl->pf.arr, &info);
@@ -170,7 +125,7 @@ static int declare(ckpt_view *v, struct pfile_node *n, const ckpt_npy_info *h)
 /* Several files write this array: written bytes must stay as they are. */
 static unsigned same_flag(struct pfile *pf)
 {
-	return pf->is_slice || atomic_load(&pf->nslices) ? CKPT_WRITE_SAME : 0;
+	return pf->kind == PF_SLICE || atomic_load(&pf->nslices) ? CKPT_WRITE_SAME : 0;
 }
 
 /*
@@ -206,7 +161,7 @@ static int collect_header(ckpt_view *v, struct pfile_node *n, uint64_t off, cons
 	 * from user.ckpt.dtype (set before the data) or from the array it
 	 * belongs to.  Named descrs ("float8_e5m2") need no hint. */
 	ckpt_dtype hint = CKPT_DT_BFLOAT16;
-	ckpt_warray *known = pf->is_slice ? pf->decl->pf.arr : pf->arr;
+	ckpt_warray *known = pf->kind == PF_SLICE ? pf->decl->pf.arr : pf->arr;
 	if (known) {
 		ckpt_warray_info info;
 		ckpt_warray_get_info(known, &info);
@@ -240,6 +195,7 @@ static int collect_header(ckpt_view *v, struct pfile_node *n, uint64_t off, cons
 		return rc;
 	}
 	pf->data_off = (size_t)h.data_offset;
+	ckpt_pf_set_phase(pf, PH_DATA);
 	uint64_t count;
 	ckpt_region_count(&pf->region, &count);
 	pf->size = pf->data_off + count * (h.nbytes / (h.nelems ? h.nelems : 1));
@@ -261,29 +217,161 @@ static int collect_header(ckpt_view *v, struct pfile_node *n, uint64_t off, cons
 	return 1;
 }
 
-/* Declared (pf->mu held, released here): header bytes must not change;
- * the rest is array data, written without pf->mu. */
-static ssize_t write_data(struct pfile_node *n, uint64_t off, const uint8_t *data, size_t len)
+/* write of PF_ARRAY, PF_SLICE: the header phase collects the header; once
+ * declared, header bytes must not change and the rest is array data,
+ * written without pf->mu. */
+static ssize_t npy_write(ckpt_view *v, struct pfile_node *f, uint64_t off, const uint8_t *data, size_t len,
+			 int append)
 {
-	struct pfile *pf = &n->pf;
-	size_t hdr_part = off < pf->data_off ? (size_t)(pf->data_off - off) : 0;
-	if (hdr_part > len)
-		hdr_part = len;
-	if (hdr_part && memcmp(pf->hdr + off, data, hdr_part)) {
-		ckpt_unlock(&pf->mu, CKPT_RANK_PF);
-		ckpt_log(CKPT_LOG_ERR, "%s: the .npy header cannot change once written", n->n.name);
-		return -EINVAL;
+	struct pfile *pf = &f->pf;
+	size_t take = 0;
+	ckpt_lock(&pf->mu, CKPT_RANK_PF);
+	ckpt_pf_assert(pf);
+	ckpt_pf_note_write_locked(pf, &off, len, append);
+	if (pf->phase == PH_HEADER) {
+		int rc = collect_header(v, f, off, data, len, &take);
+		if (rc <= 0) {
+			ckpt_unlock(&pf->mu, CKPT_RANK_PF);
+			return rc < 0 ? rc : (ssize_t)len;
+		}
+	} else if (off < pf->data_off) {
+		take = pf->data_off - off < len ? (size_t)(pf->data_off - off) : len;
+		if (memcmp(pf->hdr + off, data, take)) {
+			ckpt_unlock(&pf->mu, CKPT_RANK_PF);
+			ckpt_log(CKPT_LOG_ERR, "%s: the .npy header cannot change once written", f->n.name);
+			return -EINVAL;
+		}
 	}
-	uint64_t doff = off + hdr_part - pf->data_off;
+	/* arr and region are fixed once declared */
+	ckpt_warray *arr = pf->arr;
+	ckpt_region r = pf->region;
+	uint64_t doff = off + take - pf->data_off;
 	ckpt_unlock(&pf->mu, CKPT_RANK_PF);
-	if (len > hdr_part) {
-		int rc = ckpt_warray_write_flags(pf->arr, &pf->region, doff, data + hdr_part, len - hdr_part,
-						 same_flag(pf));
+	if (take < len) {
+		int rc = ckpt_warray_write_flags(arr, &r, doff, data + take, len - take, same_flag(pf));
 		if (rc < 0)
 			return rc;
 	}
 	return (ssize_t)len;
 }
+
+/* Read back: the header bytes, then what the writer holds. */
+static ssize_t npy_read(ckpt_view *v, struct pfile_node *f, uint64_t off, size_t len, uint8_t *dst)
+{
+	(void)v;
+	struct pfile *pf = &f->pf;
+	ckpt_lock(&pf->mu, CKPT_RANK_PF);
+	ckpt_pf_assert(pf);
+	size_t done = ckpt_pf_header_part(pf, off, &len, dst);
+	ckpt_warray *arr = pf->arr;
+	ckpt_region r = pf->region;
+	size_t doff = pf->data_off;
+	ckpt_unlock(&pf->mu, CKPT_RANK_PF);
+	ssize_t rc = 0;
+	if (done < len && arr) {
+		rc = ckpt_warray_read(arr, &r, off + done - doff, dst + done, len - done);
+		if (rc >= 0)
+			done += (size_t)rc;
+	}
+	return rc < 0 ? rc : (ssize_t)done;
+}
+
+static int npy_truncate(ckpt_view *v, struct pfile_node *f, uint64_t size)
+{
+	(void)v;
+	struct pfile *pf = &f->pf;
+	int rc = 0;
+	ckpt_lock(&pf->mu, CKPT_RANK_PF);
+	ckpt_pf_assert(pf);
+	if (size == 0 && pf->phase == PH_HEADER) {
+		pf->have = pf->size = 0;
+		pf->hwm = 0;
+	} else if (size == 0) {
+		/* O_TRUNC of a written file: a writer starting over.  Its bytes
+		 * go (the array is incomplete until written again); the next
+		 * header must repeat the declaration. */
+		rc = ckpt_warray_forget(pf->arr, &pf->region);
+		if (!rc) {
+			pf->data_off = 0;
+			pf->have = pf->size = 0;
+			pf->hwm = 0;
+			ckpt_pf_set_phase(pf, PH_HEADER);
+		}
+	} else if (size != pf->size) {
+		ckpt_log(CKPT_LOG_ERR, "%s: cannot resize to %llu bytes (the .npy header fixes the size)",
+			 f->n.name, (unsigned long long)size);
+		rc = -EINVAL;
+	}
+	ckpt_unlock(&pf->mu, CKPT_RANK_PF);
+	return rc;
+}
+
+static int npy_check(struct pfile_node *f, int copy, char *why, size_t cap)
+{
+	struct pfile *pf = &f->pf;
+	int rc = ckpt_pf_copy_busy(f, copy, why, cap);
+	if (rc)
+		return rc;
+	ckpt_lock(&pf->mu, CKPT_RANK_PF);
+	ckpt_warray *arr = pf->arr;
+	ckpt_unlock(&pf->mu, CKPT_RANK_PF);
+	if (!arr) {
+		snprintf(why, cap,
+			 "created, but its .npy header was never completed (write the file again, or rm it)");
+		return -ENODATA;
+	}
+	if (copy && pf->kind == PF_ARRAY) {
+		ckpt_warray_info info;
+		ckpt_warray_get_info(arr, &info);
+		if (info.bytes_written < info.nbytes) {
+			snprintf(why, cap, "%llu of %llu bytes not written yet",
+				 (unsigned long long)(info.nbytes - info.bytes_written),
+				 (unsigned long long)info.nbytes);
+			return -ENODATA;
+		}
+	}
+	return 0;
+}
+
+/* unlink of NAME.npy: its array's bytes and folder go. */
+static int array_destroy(ckpt_view *v, struct pfile_node *f)
+{
+	(void)v;
+	ckpt_lock(&f->pf.mu, CKPT_RANK_PF);
+	ckpt_warray *arr = f->pf.arr;
+	ckpt_unlock(&f->pf.mu, CKPT_RANK_PF);
+	return arr ? ckpt_warray_remove(arr) : 0;
+}
+
+/* unlink of a slice file: what it wrote stays in the array. */
+static int keep_destroy(ckpt_view *v, struct pfile_node *f)
+{
+	(void)v;
+	(void)f;
+	return 0;
+}
+
+const struct pfile_ops ckpt_pf_array_ops = {
+	.kind = PF_ARRAY,
+	.name = "array",
+	.write = npy_write,
+	.read = npy_read,
+	.truncate = npy_truncate,
+	.check = npy_check,
+	.destroy = array_destroy,
+};
+
+const struct pfile_ops ckpt_pf_slice_ops = {
+	.kind = PF_SLICE,
+	.name = "slice",
+	.write = npy_write,
+	.read = npy_read,
+	.truncate = npy_truncate,
+	.check = npy_check,
+	.destroy = keep_destroy,
+};
+
+/* ---- buffered files: JSON, copied metadata, the marker, an index -------------- */
 
 /* The content of a JSON file changed (pf->mu held): hand it to the writer. */
 static int json_set_locked(ckpt_view *v, struct pfile_node *n)
@@ -316,212 +404,105 @@ static int json_resize_locked(struct pfile *pf, uint64_t size)
 	return 0;
 }
 
-static ssize_t json_write_locked(ckpt_view *v, struct pfile_node *n, uint64_t off, const uint8_t *data,
-				 size_t len)
+static ssize_t buf_write(ckpt_view *v, struct pfile_node *f, uint64_t off, const uint8_t *data, size_t len,
+			 int append)
 {
-	ckpt_assert_held(CKPT_RANK_PF);
-	struct pfile *pf = &n->pf;
+	struct pfile *pf = &f->pf;
+	ckpt_lock(&pf->mu, CKPT_RANK_PF);
+	ckpt_pf_assert(pf);
+	ckpt_pf_note_write_locked(pf, &off, len, append);
 	uint64_t end = off + len;
 	int rc = end < off ? -EFBIG : 0;
 	if (!rc && end > pf->size)
 		rc = json_resize_locked(pf, end);
 	if (!rc) {
 		memcpy(pf->hdr + off, data, len);
-		if (pf->is_json)
-			rc = json_set_locked(v, n);
+		if (pf->kind == PF_JSON)
+			rc = json_set_locked(v, f);
 	}
 	ckpt_unlock(&pf->mu, CKPT_RANK_PF);
 	return rc < 0 ? rc : (ssize_t)len;
 }
 
-static ssize_t write_locked(ckpt_view *v, struct pfile_node *n, uint64_t off, const uint8_t *data, size_t len,
-			    int append)
+static ssize_t buf_read(ckpt_view *v, struct pfile_node *f, uint64_t off, size_t len, uint8_t *dst)
 {
-	ckpt_assert_held(CKPT_RANK_IO);
-	struct pfile *pf = &n->pf;
-	ckpt_lock(&pf->mu, CKPT_RANK_PF);
-	if (append) /* O_APPEND: after the furthest byte written, not the declared size */
-		off = buffered(pf) || pf->is_raw ? pf->size : pf->hwm;
-	pf->dirty = 1;
-	if (off + len > pf->hwm)
-		pf->hwm = off + len;
-	if (pf->is_raw) { /* a stored copy's file: straight to the tmp folder */
-		ckpt_unlock(&pf->mu, CKPT_RANK_PF);
-		int fd = ckpt_pf_raw_open_f(v, n, O_WRONLY);
-		int rc = fd < 0 ? fd : ckpt_pwrite_all(fd, data, len, off);
-		if (rc < 0) {
-			if (fd >= 0)
-				close(fd);
-			ckpt_log(CKPT_LOG_ERR, "%s: write: %s", n->n.name, strerror(-rc));
-			return rc;
-		}
-		ckpt_lock(&pf->mu, CKPT_RANK_PF);
-		if (off + len > pf->size)
-			pf->size = off + len;
-		ckpt_pf_raw_note_stat(pf, fd);
-		ckpt_unlock(&pf->mu, CKPT_RANK_PF);
-		close(fd);
-		return (ssize_t)len;
-	}
-	if (buffered(pf))
-		return json_write_locked(v, n, off, data, len);
-	if (pf->is_st)
-		return ckpt_st_import_write_locked(v, n, off, data, len);
-	if (pf->data_off)
-		return write_data(n, off, data, len);
-	size_t take = 0;
-	int rc = collect_header(v, n, off, data, len, &take);
-	size_t data_off = pf->data_off;
-	ckpt_unlock(&pf->mu, CKPT_RANK_PF);
-	if (rc < 0)
-		return rc;
-	if (rc == 1 && take < len) {
-		/* pf->arr and pf->region are fixed once data_off is set */
-		rc = ckpt_warray_write_flags(pf->arr, &pf->region, off + take - data_off, data + take,
-					     len - take, same_flag(pf));
-		if (rc < 0)
-			return rc;
-	}
-	return (ssize_t)len;
-}
-
-ssize_t ckpt_view_write(ckpt_view *v, ckpt_ino ino, uint64_t off, const void *data, size_t len,
-			unsigned flags)
-{
-	struct node *n = ckpt_node_at(v, ino);
-	if (!n)
-		return -ENOENT;
-	if (n->kind != N_PFILE)
-		return node_has_kids(n) ? -EISDIR : ckpt_pf_refuse(n->name, "write");
-	struct pfile_node *f = to_pfile(n);
-	struct pstep *ps = f->ps;
-	ckpt_raw_note_writer(ps);
-	ckpt_rdlock(&ps->io_lock, CKPT_RANK_IO);
-	ssize_t rc = ps_dead(ps) || atomic_load(&n->orphan)
-			     ? ckpt_pf_refuse(n->name, "write")
-			     : write_locked(v, f, off, data, len, (flags & CKPT_WRITE_APPEND) != 0);
-	ckpt_rwunlock(&ps->io_lock, CKPT_RANK_IO);
-	return rc;
-}
-
-int ckpt_view_truncate(ckpt_view *v, ckpt_ino ino, uint64_t size)
-{
-	struct node *n = ckpt_node_at(v, ino);
-	if (!n)
-		return -ENOENT;
-	if (n->kind != N_PFILE && size == 0 && ckpt_pf_is_commit_marker(v, n))
-		return 0; /* a commit again: nothing changes */
-	if (n->kind != N_PFILE)
-		return n->kind == N_ARRAY || n->kind == N_FILE ? ckpt_pf_refuse(n->name, "truncate") : -EISDIR;
-	struct pfile_node *f = to_pfile(n);
+	(void)v;
 	struct pfile *pf = &f->pf;
-	int rc = 0;
-	ckpt_rdlock(&f->ps->io_lock, CKPT_RANK_IO);
-	ckpt_lock(&pf->mu, CKPT_RANK_PF);
-	if (ps_dead(f->ps) || atomic_load(&n->orphan)) {
-		rc = ckpt_pf_refuse(n->name, "truncate");
-	} else if (pf->is_st && size == 0) {
-		/* a writer starting over: the tensors' bytes go, the same header must come again */
-		for (size_t i = 0; rc == 0 && pf->data_off && i < pf->nst; i++)
-			rc = ckpt_warray_forget(pf->st_arr[i], NULL);
-		if (!rc)
-			pf->data_off = pf->have = pf->size = pf->hwm = 0;
-	} else if (pf->is_st) {
-		rc = size == pf->size ? 0 : -EINVAL;
-		if (rc)
-			ckpt_log(CKPT_LOG_ERR, "%s: cannot resize an imported safetensors file", n->name);
-	} else if (pf->is_raw) {
-		int fd = ckpt_pf_raw_open_f(v, f, O_WRONLY);
-		rc = fd < 0 ? fd : ftruncate(fd, (off_t)size) ? -errno : 0;
-		if (!rc) {
-			pf->size = pf->hwm = size;
-			ckpt_pf_raw_note_stat(pf, fd);
-		}
-		if (fd >= 0)
-			close(fd);
-	} else if (buffered(pf)) {
-		rc = json_resize_locked(pf, size);
-		if (!rc && pf->is_json)
-			rc = json_set_locked(v, f);
-		if (!rc)
-			pf->hwm = size;
-	} else if (size == 0 && !pf->data_off) {
-		pf->have = pf->size = 0;
-		pf->hwm = 0;
-	} else if (size == 0) {
-		/* O_TRUNC of a written file: a writer starting over.  Its bytes
-		 * go (the array is incomplete until written again); the next
-		 * header must repeat the declaration. */
-		rc = ckpt_warray_forget(pf->arr, &pf->region);
-		if (!rc) {
-			pf->data_off = 0;
-			pf->have = pf->size = 0;
-			pf->hwm = 0;
-		}
-	} else if (size == pf->size) {
-		rc = 0;
-	} else {
-		ckpt_log(CKPT_LOG_ERR, "%s: cannot resize to %llu bytes (the .npy header fixes the size)",
-			 n->name, (unsigned long long)size);
-		rc = -EINVAL;
-	}
-	ckpt_unlock(&pf->mu, CKPT_RANK_PF);
-	ckpt_rwunlock(&f->ps->io_lock, CKPT_RANK_IO);
-	return rc;
-}
-
-/* Read back a pending file: the header bytes, then what the writer holds
- * (io_lock shared: never concurrent with the step's commit or abort). */
-static ssize_t pending_read(ckpt_view *v, struct node *node, uint64_t off, size_t len, void *dst)
-{
-	struct pfile_node *n = to_pfile(node);
-	struct pfile *pf = &n->pf;
-	ckpt_rdlock(&n->ps->io_lock, CKPT_RANK_IO);
-	if (ps_dead(n->ps)) {
-		/* committed (the step's files are read from its folder under their
-		 * path now) or aborted: the writer's state is gone */
-		ckpt_rwunlock(&n->ps->io_lock, CKPT_RANK_IO);
-		return -ESTALE;
-	}
 	ckpt_lock(&pf->mu, CKPT_RANK_PF);
 	uint64_t size = pf->size;
-	if (pf->is_st) {
-		ssize_t r = ckpt_st_import_read_locked(pf, off, len, dst);
-		ckpt_rwunlock(&n->ps->io_lock, CKPT_RANK_IO);
-		return r;
-	}
-	if (pf->is_raw) {
-		ckpt_unlock(&pf->mu, CKPT_RANK_PF);
-		size_t k = off < size ? (size_t)(size - off < len ? size - off : len) : 0;
-		int fd = k ? ckpt_pf_raw_open_f(v, n, O_RDONLY) : 0;
-		int rc = fd < 0 ? fd : k ? ckpt_pread_all(fd, dst, k, off) : 0;
-		if (k && fd >= 0)
-			close(fd);
-		ckpt_rwunlock(&n->ps->io_lock, CKPT_RANK_IO);
-		return rc < 0 ? rc : (ssize_t)k;
-	}
-	if (buffered(pf)) {
-		size_t k = off < size ? (size_t)(size - off < len ? size - off : len) : 0;
-		if (k)
-			memcpy(dst, pf->hdr + off, k);
-		ckpt_unlock(&pf->mu, CKPT_RANK_PF);
-		ckpt_rwunlock(&n->ps->io_lock, CKPT_RANK_IO);
-		return (ssize_t)k;
-	}
-	size_t done = ckpt_pf_header_part(pf, off, &len, dst);
-	ckpt_warray *arr = pf->arr;
-	ckpt_region r = pf->region;
-	size_t doff = pf->data_off;
+	size_t k = off < size ? (size_t)(size - off < len ? size - off : len) : 0;
+	if (k)
+		memcpy(dst, pf->hdr + off, k);
 	ckpt_unlock(&pf->mu, CKPT_RANK_PF);
-	ssize_t rc = 0;
-	if (done < len && arr) {
-		rc = ckpt_warray_read(arr, &r, off + done - doff, (uint8_t *)dst + done, len - done);
-		if (rc >= 0)
-			done += (size_t)rc;
-	}
-	ckpt_rwunlock(&n->ps->io_lock, CKPT_RANK_IO);
-	return rc < 0 ? rc : (ssize_t)done;
+	return (ssize_t)k;
 }
+
+static int buf_truncate(ckpt_view *v, struct pfile_node *f, uint64_t size)
+{
+	struct pfile *pf = &f->pf;
+	ckpt_lock(&pf->mu, CKPT_RANK_PF);
+	int rc = json_resize_locked(pf, size);
+	if (!rc && pf->kind == PF_JSON)
+		rc = json_set_locked(v, f);
+	if (!rc)
+		pf->hwm = size;
+	ckpt_unlock(&pf->mu, CKPT_RANK_PF);
+	return rc;
+}
+
+/* unlink of a JSON item's file: the item has no content any more. */
+static int json_destroy(ckpt_view *v, struct pfile_node *f)
+{
+	return ckpt_step_set_json(f->ps->step, parent_of(v, &f->n)->name, NULL, 0);
+}
+
+/* unlink of the marker: the copy's request to commit is withdrawn (ns_lock). */
+static int marker_destroy(ckpt_view *v, struct pfile_node *f)
+{
+	(void)v;
+	f->ps->commit_wanted = 0;
+	return 0;
+}
+
+const struct pfile_ops ckpt_pf_json_ops = {
+	.kind = PF_JSON,
+	.name = "json",
+	.write = buf_write,
+	.read = buf_read,
+	.truncate = buf_truncate,
+	.check = ckpt_pf_copy_busy,
+	.destroy = json_destroy,
+};
+
+const struct pfile_ops ckpt_pf_meta_ops = {
+	.kind = PF_META,
+	.name = "meta",
+	.write = buf_write,
+	.read = buf_read,
+	.truncate = buf_truncate,
+	.check = ckpt_pf_copy_busy,
+	.destroy = keep_destroy,
+};
+
+const struct pfile_ops ckpt_pf_marker_ops = {
+	.kind = PF_MARKER,
+	.name = "marker",
+	.write = buf_write,
+	.read = buf_read,
+	.truncate = buf_truncate,
+	.check = ckpt_pf_copy_busy,
+	.destroy = marker_destroy,
+};
+
+const struct pfile_ops ckpt_pf_index_ops = {
+	.kind = PF_INDEX,
+	.name = "index",
+	.write = buf_write,
+	.read = buf_read,
+	.truncate = buf_truncate,
+	.check = ckpt_pf_copy_busy,
+	.destroy = keep_destroy,
+};
 
 /* user.ckpt.dtype on a pending file: the dtype its .npy header means (for
  * '<V1', which np.save writes for every 1-byte ml_dtypes type). */
@@ -547,7 +528,7 @@ int ckpt_pf_set_dtype(struct pfile_node *f, const char *value, size_t size)
 	ckpt_rdlock(&f->ps->io_lock, CKPT_RANK_IO);
 	ckpt_lock(&pf->mu, CKPT_RANK_PF);
 	int dead = ps_dead(f->ps); /* then the arrays are freed */
-	ckpt_warray *known = dead ? NULL : pf->is_slice ? pf->decl->pf.arr : pf->arr;
+	ckpt_warray *known = dead ? NULL : pf->kind == PF_SLICE ? pf->decl->pf.arr : pf->arr;
 	ckpt_dtype have = CKPT_DT_INVALID;
 	if (known) {
 		ckpt_warray_info info;
@@ -556,7 +537,7 @@ int ckpt_pf_set_dtype(struct pfile_node *f, const char *value, size_t size)
 	}
 	if (dead || atomic_load(&f->n.orphan)) {
 		rc = ckpt_pf_refuse(f->n.name, "set an extended attribute");
-	} else if (buffered(pf)) {
+	} else if (pf_buffered(pf)) {
 		rc = -ENOTSUP;
 	} else if (known && have != dt) {
 		ckpt_log(CKPT_LOG_ERR, "%s: user.ckpt.dtype: the array is declared as %s", f->n.name,
@@ -569,6 +550,45 @@ int ckpt_pf_set_dtype(struct pfile_node *f, const char *value, size_t size)
 		pf->hint = dt;
 	}
 	ckpt_unlock(&pf->mu, CKPT_RANK_PF);
+	ckpt_rwunlock(&f->ps->io_lock, CKPT_RANK_IO);
+	return rc;
+}
+
+/* ---- write and truncate of every pending file: the gate, then its kind -------- */
+
+ssize_t ckpt_view_write(ckpt_view *v, ckpt_ino ino, uint64_t off, const void *data, size_t len,
+			unsigned flags)
+{
+	struct node *n = ckpt_node_at(v, ino);
+	if (!n)
+		return -ENOENT;
+	if (n->kind != N_PFILE)
+		return node_has_kids(n) ? -EISDIR : ckpt_pf_refuse(n->name, "write");
+	struct pfile_node *f = to_pfile(n);
+	struct pstep *ps = f->ps;
+	ckpt_raw_note_writer(ps);
+	ckpt_rdlock(&ps->io_lock, CKPT_RANK_IO);
+	ssize_t rc = ps_dead(ps) || atomic_load(&n->orphan)
+			     ? ckpt_pf_refuse(n->name, "write")
+			     : f->pf.ops->write(v, f, off, data, len, (flags & CKPT_WRITE_APPEND) != 0);
+	ckpt_rwunlock(&ps->io_lock, CKPT_RANK_IO);
+	return rc;
+}
+
+int ckpt_view_truncate(ckpt_view *v, ckpt_ino ino, uint64_t size)
+{
+	struct node *n = ckpt_node_at(v, ino);
+	if (!n)
+		return -ENOENT;
+	if (n->kind != N_PFILE && size == 0 && ckpt_pf_is_commit_marker(v, n))
+		return 0; /* a commit again: nothing changes */
+	if (n->kind != N_PFILE)
+		return n->kind == N_ARRAY || n->kind == N_FILE ? ckpt_pf_refuse(n->name, "truncate")
+							       : -EISDIR;
+	struct pfile_node *f = to_pfile(n);
+	ckpt_rdlock(&f->ps->io_lock, CKPT_RANK_IO);
+	int rc = ps_dead(f->ps) || atomic_load(&n->orphan) ? ckpt_pf_refuse(n->name, "truncate")
+							   : f->pf.ops->truncate(v, f, size);
 	ckpt_rwunlock(&f->ps->io_lock, CKPT_RANK_IO);
 	return rc;
 }

@@ -59,10 +59,11 @@ int ckpt_view_mkdir(ckpt_view *v, ckpt_ino parent, const char *name, ckpt_attr *
 		if (dir->kind == N_PSTEP && !ckpt_orbax_name_ok(CKPT_NAME_ITEM, name, &why)) {
 			ckpt_log(CKPT_LOG_ERR, "%s: not a valid item name (%s)", name, why);
 			rc = -EINVAL;
-		} else if (dir->kind == N_PDIR && !(ckpt_pf_item_of(v, dir) && to_pdir(ckpt_pf_item_of(v, dir))->stored) &&
+		} else if (dir->kind == N_PDIR &&
+			   !(ckpt_pf_item_of(v, dir) && to_pdir(ckpt_pf_item_of(v, dir))->stored) &&
 			   (rc = ckpt_pf_key_of_name(name, key, sizeof(key))) < 0) {
 			/* logged */
-		} else if (jf && jf->kind == N_PFILE && to_pfile(jf)->pf.is_json) {
+		} else if (jf && jf->kind == N_PFILE && to_pfile(jf)->pf.kind == PF_JSON) {
 			ckpt_log(CKPT_LOG_ERR, "%s: %s is a JSON item: it holds only %s", name, dir->name,
 				 jf->name);
 			rc = -EINVAL;
@@ -74,7 +75,8 @@ int ckpt_view_mkdir(ckpt_view *v, ckpt_ino parent, const char *name, ckpt_attr *
 			if (n) /* shards of a safetensors import (before publication) */
 				to_pdir(n)->is_stdir = dir->kind == N_PDIR &&
 						       has_suffix(name, ST_DIR_SUFFIX) &&
-						       !(ckpt_pf_item_of(v, dir) && to_pdir(ckpt_pf_item_of(v, dir))->stored);
+						       !(ckpt_pf_item_of(v, dir) &&
+							 to_pdir(ckpt_pf_item_of(v, dir))->stored);
 			if (rc == 0 && (!n || ckpt_node_add_kid(dir, n) < 0))
 				rc = -ENOMEM;
 			if (rc == 0) {
@@ -127,136 +129,106 @@ static size_t content_kids(struct node *dir)
 	struct dir_node *d = to_dir(dir);
 	size_t k = 0;
 	for (size_t i = 0; i < d->nkids; i++)
-		k += !(d->kids[i]->kind == N_PFILE && to_pfile(d->kids[i])->pf.is_meta);
+		k += !(d->kids[i]->kind == N_PFILE && to_pfile(d->kids[i])->pf.kind == PF_META);
 	return k;
 }
 
-static int new_pfile_as(ckpt_view *v, struct node *dir, const char *name, const char *eff, struct node **out);
-
-static int new_pfile(ckpt_view *v, struct node *dir, const char *name, struct node **out)
+/*
+ * The classifier: what a new file of a pending step that is not an Orbax
+ * save is, from its final name `eff`, its folder and what the item holds
+ * so far: *kind, or -errno (logged).  The only place that looks at a new
+ * file's name to choose its kind.
+ */
+static int classify(ckpt_view *v, struct node *dir, const char *name, const char *eff, enum pfile_kind *kind)
 {
-	if (!to_pdir(dir)->ps->as_written && has_suffix(name, CKPT_ORBAX_LOCK_SUFFIX)) {
-		struct node *sn = dir;
-		while (sn && sn->kind != N_PSTEP)
-			sn = parent_of(v, sn);
-		int rc = sn ? ckpt_aw_convert(v, sn, name) : -EINVAL;
-		if (rc)
-			return rc;
-	}
-	if (to_pdir(dir)->ps->as_written) {
-		struct pfile_node *f = ckpt_pf_node_new(v, dir, name);
-		int rc = f ? ckpt_aw_create(v, f) : -ENOMEM;
-		if (rc == 0)
-			*out = &f->n;
-		return rc;
-	}
-	char fbuf[VIEW_NAME_BUF];
-	const char *fin = temp_final(name, fbuf, sizeof(fbuf));
-	const char *eff = fin ? fin : name;
 	struct node *it = dir->kind == N_PDIR ? ckpt_pf_item_of(v, dir) : NULL;
 	struct node *up = parent_of(v, dir);
-	int meta = it && to_pdir(it)->stored ? 0 : copied_meta_kind(v, dir, eff);
-	size_t el = strlen(eff);
-	int npy = el > 4 && !strcmp(eff + el - 4, ".npy");
-	int json = up && up->kind == N_PSTEP && !strcmp(eff, ckpt_step_json_file(dir->name));
-	int stdir = dir->kind == N_PDIR && to_pdir(dir)->is_stdir;
-	int st = it && !to_pdir(it)->stored && !meta && has_suffix(eff, ST_SUFFIX);
-	int index = stdir && !strcmp(eff, CKPT_ST_INDEX_NAME);
-	if (stdir && !st && !index) {
+	int stored = it && to_pdir(it)->stored;
+	int meta = stored ? 0 : copied_meta_kind(v, dir, eff);
+	int is_npy = has_suffix(eff, ".npy");
+	int is_json = up && up->kind == N_PSTEP && !strcmp(eff, ckpt_step_json_file(dir->name));
+	int in_stdir = dir->kind == N_PDIR && to_pdir(dir)->is_stdir;
+	int is_st = it && !stored && !meta && has_suffix(eff, ST_SUFFIX);
+	int is_index = in_stdir && !strcmp(eff, CKPT_ST_INDEX_NAME);
+	if (in_stdir && !is_st && !is_index) {
 		ckpt_log(CKPT_LOG_ERR, "%s: %s holds only *.safetensors shards and %s", name, dir->name,
 			 CKPT_ST_INDEX_NAME);
 		return -EPERM;
 	}
-	if (st || index) {
-		struct pfile_node *f = ckpt_pf_node_new(v, dir, name);
-		if (!f)
-			return -ENOMEM;
-		struct node *n = &f->n;
-		f->pf.is_st = st;
-		f->pf.is_index = index;
-		if (fin && !(f->pf.final = strdup(fin)))
-			return -ENOMEM;
-		*out = n;
-		return 0;
-	}
-	if (it && !meta && !npy && !json) {
-		int rc = ckpt_raw_make_stored(v, it, eff);
-		if (rc < 0)
-			return rc;
-	}
-	if (it && to_pdir(it)->stored) {
-		char rel[VIEW_PATH_MAX];
-		int rc = ckpt_pf_rel_of(v, dir, eff, rel, sizeof(rel));
-		struct pstep *ps = to_pdir(dir)->ps;
-		if (!rc)
-			rc = ckpt_pf_make_dirs(ps, rel);
-		int fd = rc ? rc : ckpt_pf_raw_open(ps, rel, O_WRONLY | O_CREAT | O_TRUNC);
-		if (fd < 0) {
-			ckpt_log(CKPT_LOG_ERR, "%s: cannot create it in the tmp folder: %s", rel,
-				 strerror(-fd));
-			return fd;
-		}
-		close(fd);
-		struct pfile_node *f = ckpt_pf_node_new(v, dir, name);
-		if (!f)
-			return -ENOMEM;
-		struct node *n = &f->n;
-		f->pf.is_raw = 1;
-		if (!(f->pf.rel = strdup(rel)) || (fin && !(f->pf.final = strdup(fin))))
-			return -ENOMEM;
-		*out = n;
-		return 0;
-	}
-	if (!meta && dir->kind == N_PSTEP) {
+	if (is_st || is_index) {
+		*kind = is_st ? PF_ST : PF_INDEX;
+	} else if (it && (stored || (!meta && !is_npy && !is_json))) {
+		*kind = PF_RAW; /* a file of a stored copy (the item becomes one) */
+	} else if (!meta && dir->kind == N_PSTEP) {
 		ckpt_log(CKPT_LOG_ERR, "%s: files go in an item directory (mkdir %s/ITEM first)", name,
 			 dir->name);
 		return -EPERM;
+	} else if (meta) {
+		*kind = meta == 2 ? PF_MARKER : PF_META;
+	} else if (is_json) {
+		*kind = PF_JSON; /* the JSON file of a JSON item (Orbax's JsonCheckpointHandler) */
+	} else {
+		*kind = is_npy && strchr(eff, '[') ? PF_SLICE : PF_ARRAY;
 	}
-	struct node *n = NULL;
-	int rc = 0;
-	if (meta) {
-		struct pfile_node *f = ckpt_pf_node_new(v, dir, name);
-		if (!f)
-			return -ENOMEM;
-		n = &f->n;
-		f->pf.is_marker = meta == 2;
-		f->pf.is_meta = meta == 1;
-	} else if ((rc = new_pfile_as(v, dir, name, eff, &n)) < 0) {
-		return rc;
-	}
-	if (fin && !(to_pfile(n)->pf.final = strdup(fin)))
-		return -ENOMEM; /* the node is unlinked: freed with the view */
-	*out = n;
 	return 0;
 }
 
-static int new_pfile_as(ckpt_view *v, struct node *dir, const char *name, const char *eff, struct node **out)
+/* PF_RAW: a file of a stored copy, made in the tmp folder under its final name. */
+static int new_stored_file(ckpt_view *v, struct node *dir, const char *name, const char *eff,
+			   struct pfile_node **out)
+{
+	struct node *it = ckpt_pf_item_of(v, dir);
+	int rc = to_pdir(it)->stored ? 0 : ckpt_raw_make_stored(v, it, eff);
+	if (rc < 0)
+		return rc;
+	char rel[VIEW_PATH_MAX];
+	rc = ckpt_pf_rel_of(v, dir, eff, rel, sizeof(rel));
+	struct pstep *ps = to_pdir(dir)->ps;
+	if (!rc)
+		rc = ckpt_pf_make_dirs(ps, rel);
+	int fd = rc ? rc : ckpt_pf_raw_open(ps, rel, O_WRONLY | O_CREAT | O_TRUNC);
+	if (fd < 0) {
+		ckpt_log(CKPT_LOG_ERR, "%s: cannot create it in the tmp folder: %s", rel, strerror(-fd));
+		return fd;
+	}
+	close(fd);
+	struct pfile_node *f = ckpt_pf_node_new(v, dir, name, &ckpt_pf_raw_ops);
+	if (!f || !(f->pf.rel = strdup(rel)))
+		return -ENOMEM;
+	*out = f;
+	return 0;
+}
+
+/* PF_JSON: the JSON file of a JSON item, which holds nothing else. */
+static int new_json(ckpt_view *v, struct node *dir, const char *name, const char *eff,
+		    struct pfile_node **out)
+{
+	struct pstep *ps = to_pdir(dir)->ps;
+	if (content_kids(dir)) {
+		ckpt_log(CKPT_LOG_ERR, "%s/%s: a JSON item holds only its JSON file", dir->name, eff);
+		return -EINVAL;
+	}
+	int rc = ckpt_step_set_json(ps->step, dir->name, "", 0);
+	if (rc < 0)
+		return rc;
+	struct pfile_node *f = ckpt_pf_node_new(v, dir, name, &ckpt_pf_json_ops);
+	if (!f) {
+		ckpt_step_set_json(ps->step, dir->name, NULL, 0);
+		return -ENOMEM;
+	}
+	*out = f;
+	return 0;
+}
+
+/* PF_ARRAY, PF_SLICE: NAME.npy, or NAME[slice].npy of a declared NAME.npy. */
+static int new_npy(ckpt_view *v, struct node *dir, const char *name, const char *eff, enum pfile_kind kind,
+		   struct pfile_node **out)
 {
 	size_t len = strlen(eff);
 	struct node *up = parent_of(v, dir);
-	struct pstep *ps = to_pdir(dir)->ps;
-	if (up && up->kind == N_PSTEP && !strcmp(eff, ckpt_step_json_file(dir->name))) {
-		/* The JSON file of a JSON item (Orbax's JsonCheckpointHandler). */
-		if (content_kids(dir)) {
-			ckpt_log(CKPT_LOG_ERR, "%s/%s: a JSON item holds only its JSON file", dir->name, eff);
-			return -EINVAL;
-		}
-		int rc = ckpt_step_set_json(ps->step, dir->name, "", 0);
-		if (rc < 0)
-			return rc;
-		struct pfile_node *f = ckpt_pf_node_new(v, dir, name);
-		if (!f) {
-			ckpt_step_set_json(ps->step, dir->name, NULL, 0);
-			return -ENOMEM;
-		}
-		struct node *n = &f->n;
-		f->pf.is_json = 1;
-		*out = n;
-		return 0;
-	}
 	struct node *jf =
 		up && up->kind == N_PSTEP ? ckpt_node_find_kid(dir, ckpt_step_json_file(dir->name)) : NULL;
-	if (jf && jf->kind == N_PFILE && to_pfile(jf)->pf.is_json) {
+	if (jf && jf->kind == N_PFILE && to_pfile(jf)->pf.kind == PF_JSON) {
 		ckpt_log(CKPT_LOG_ERR, "%s: %s is a JSON item: it holds only %s", eff, dir->name, jf->name);
 		return -EINVAL;
 	}
@@ -266,7 +238,7 @@ static int new_pfile_as(ckpt_view *v, struct node *dir, const char *name, const 
 			 eff);
 		return -EPERM;
 	}
-	const char *br = strchr(eff, '[');
+	const char *br = kind == PF_SLICE ? strchr(eff, '[') : NULL;
 	struct pfile_node *decl = NULL;
 	ckpt_region region = { 0 };
 	if (br) {
@@ -302,8 +274,7 @@ static int new_pfile_as(ckpt_view *v, struct node *dir, const char *name, const 
 			ckpt_log(CKPT_LOG_ERR, "%s: %s", eff, why);
 			return rc == -ERANGE ? -EINVAL : rc;
 		}
-	}
-	if (!br) {
+	} else {
 		char stem[VIEW_NAME_BUF], key[VIEW_NAME_BUF];
 		memcpy(stem, eff, len - 4);
 		stem[len - 4] = 0;
@@ -311,19 +282,69 @@ static int new_pfile_as(ckpt_view *v, struct node *dir, const char *name, const 
 		if (rc < 0)
 			return rc;
 	}
-	struct pfile_node *f = ckpt_pf_node_new(v, dir, name);
+	struct pfile_node *f = ckpt_pf_node_new(v, dir, name, br ? &ckpt_pf_slice_ops : &ckpt_pf_array_ops);
 	if (!f)
 		return -ENOMEM;
-	struct node *n = &f->n;
 	if (decl) {
-		f->pf.is_slice = 1;
 		f->pf.decl = decl;
 		atomic_fetch_add(&decl->pf.nslices, 1);
 		f->pf.region = region;
 		f->pf.arr = NULL; /* set when this file's own header has been checked */
-		n->hidden = 1; /* slice files are hidden names */
+		f->n.hidden = 1; /* slice files are hidden names */
 	}
-	*out = n;
+	*out = f;
+	return 0;
+}
+
+static int new_pfile(ckpt_view *v, struct node *dir, const char *name, struct node **out)
+{
+	if (!to_pdir(dir)->ps->as_written && has_suffix(name, CKPT_ORBAX_LOCK_SUFFIX)) {
+		struct node *sn = dir;
+		while (sn && sn->kind != N_PSTEP)
+			sn = parent_of(v, sn);
+		int rc = sn ? ckpt_aw_convert(v, sn, name) : -EINVAL;
+		if (rc)
+			return rc;
+	}
+	struct pfile_node *f = NULL;
+	if (to_pdir(dir)->ps->as_written) { /* an Orbax save: every file is stored as written */
+		f = ckpt_pf_node_new(v, dir, name, &ckpt_pf_raw_ops);
+		int rc = f ? ckpt_aw_create(v, f) : -ENOMEM;
+		if (rc == 0)
+			*out = &f->n;
+		return rc;
+	}
+	char fbuf[VIEW_NAME_BUF];
+	const char *fin = temp_final(name, fbuf, sizeof(fbuf));
+	const char *eff = fin ? fin : name;
+	enum pfile_kind kind;
+	int rc = classify(v, dir, name, eff, &kind);
+	if (rc < 0)
+		return rc;
+	switch (kind) {
+	case PF_RAW:
+		rc = new_stored_file(v, dir, name, eff, &f);
+		break;
+	case PF_JSON:
+		rc = new_json(v, dir, name, eff, &f);
+		break;
+	case PF_ARRAY:
+	case PF_SLICE:
+		rc = new_npy(v, dir, name, eff, kind, &f);
+		break;
+	default:
+		f = ckpt_pf_node_new(v, dir, name,
+				     kind == PF_ST	 ? &ckpt_pf_st_ops
+				     : kind == PF_INDEX	 ? &ckpt_pf_index_ops
+				     : kind == PF_MARKER ? &ckpt_pf_marker_ops
+							 : &ckpt_pf_meta_ops);
+		rc = f ? 0 : -ENOMEM;
+	}
+	if (rc < 0)
+		return rc;
+	if (fin && !(f->pf.final = strdup(fin)))
+		return -ENOMEM; /* the node is unlinked: freed with the view */
+	*out = &f->n;
 	return 0;
 }
 
@@ -333,7 +354,7 @@ int ckpt_view_flush(ckpt_view *v, ckpt_ino ino)
 	struct node *n = ckpt_node_at(v, ino);
 	int rc = 0;
 	if (n && n->kind == N_PFILE && atomic_load(&n->orphan)) {
-		rc = to_pfile(n)->pf.is_marker ? to_pfile(n)->pf.commit_err : 0;
+		rc = to_pfile(n)->pf.kind == PF_MARKER ? to_pfile(n)->pf.commit_err : 0;
 	} else if (n && n->kind == N_PFILE) {
 		struct pfile_node *f = to_pfile(n);
 		ckpt_lock(&f->pf.mu, CKPT_RANK_PF);
@@ -348,10 +369,10 @@ int ckpt_view_flush(ckpt_view *v, ckpt_ino ino)
 			    !strcmp(n->name, CKPT_ORBAX_COMMIT_SUCCESS) && f->pf.size)
 				rc = ckpt_ps_commit(v, sn, sn->name, 0, &st);
 		} else if (sn && !frozen(f->ps) && !atomic_load(&sn->orphan)) {
-			if (f->pf.is_meta && n->parent == sn->ino &&
+			if (f->pf.kind == PF_META && n->parent == sn->ino &&
 			    !strcmp(n->name, CKPT_ORBAX_CKPT_METADATA) && ckpt_aw_fresh_meta(&f->pf)) {
 				rc = ckpt_aw_convert(v, sn, n->name);
-			} else if (f->pf.is_marker && !dirty && !f->pf.final) {
+			} else if (f->pf.kind == PF_MARKER && !dirty && !f->pf.final) {
 				rc = ckpt_ps_try_commit(v, sn, 0); /* touch: commit now, or say why not */
 				if (rc < 0 && !atomic_load(&n->orphan)) {
 					/* not committed: no marker is left behind (touch again to retry) */
@@ -361,7 +382,7 @@ int ckpt_view_flush(ckpt_view *v, ckpt_ino ino)
 					atomic_store(&n->orphan, true);
 				}
 			} else {
-				if (f->pf.is_marker)
+				if (f->pf.kind == PF_MARKER)
 					f->ps->commit_wanted = 1;
 				if (f->ps->commit_wanted)
 					rc = ckpt_ps_try_commit(v, sn, 1);
@@ -523,26 +544,10 @@ int ckpt_view_unlink(ckpt_view *v, ckpt_ino parent, const char *name)
 	} else if (frozen(to_pfile(n)->ps)) {
 		rc = ckpt_pf_refuse(name, "remove (the step is committed or committing)");
 	} else {
-		/* No write of the step runs while its array is removed. */
+		/* No write of the step runs while what the file put into it goes. */
 		struct pfile_node *f = to_pfile(n);
-		struct pfile *pf = &f->pf;
 		ckpt_wrlock(&f->ps->io_lock, CKPT_RANK_IO);
-		ckpt_lock(&pf->mu, CKPT_RANK_PF);
-		ckpt_warray *arr = pf->is_slice ? NULL : pf->arr;
-		int json = pf->is_json;
-		char raw[VIEW_PATH_MAX];
-		if (pf->is_raw && ckpt_pf_raw_path(v, f, raw, sizeof(raw)) == 0 && unlink(raw) && errno != ENOENT)
-			ckpt_log(CKPT_LOG_WARN, "%s: unlink: %s", raw, strerror(errno));
-		if (pf->is_marker)
-			f->ps->commit_wanted = 0; /* the copy's request to commit is withdrawn */
-		ckpt_unlock(&pf->mu, CKPT_RANK_PF);
-		rc = 0;
-		for (size_t i = 0; pf->is_st && pf->st_arr && i < pf->nst && rc == 0; i++)
-			rc = ckpt_warray_remove(pf->st_arr[i]); /* an import's tensors go with it */
-		if (arr)
-			rc = ckpt_warray_remove(arr); /* its bytes and folder go */
-		else if (json)
-			rc = ckpt_step_set_json(f->ps->step, dir->name, NULL, 0);
+		rc = f->pf.ops->destroy(v, f);
 		ckpt_rwunlock(&f->ps->io_lock, CKPT_RANK_IO);
 		if (rc == 0) {
 			ckpt_node_remove_kid(dir, n);
@@ -621,7 +626,7 @@ int ckpt_view_setxattr(ckpt_view *v, ckpt_ino ino, const char *name, const char 
 			return -ENOTSUP;
 		return ckpt_pf_refuse(n->name, "set an extended attribute");
 	}
-	if (buffered(&to_pfile(n)->pf))
+	if (pf_buffered(&to_pfile(n)->pf))
 		return -ENOTSUP; /* no attribute of its own (copy tools then skip it) */
 	if (!strcmp(name, "user.ckpt.dtype"))
 		return ckpt_pf_set_dtype(to_pfile(n), value, size);
@@ -643,7 +648,7 @@ int ckpt_view_setxattr(ckpt_view *v, ckpt_ino ino, const char *name, const char 
 	int rc;
 	ckpt_rdlock(&f->ps->io_lock, CKPT_RANK_IO);
 	ckpt_lock(&pf->mu, CKPT_RANK_PF);
-	ckpt_warray *arr = pf->is_slice ? pf->decl->pf.arr : pf->arr;
+	ckpt_warray *arr = pf->kind == PF_SLICE ? pf->decl->pf.arr : pf->arr;
 	ckpt_unlock(&pf->mu, CKPT_RANK_PF);
 	if (ps_dead(f->ps)) {
 		rc = ckpt_pf_refuse(n->name, "set an extended attribute");

@@ -7,16 +7,21 @@
  * The write protocol on the namespace, one job per file (bottom up: each
  * calls only the ones above it):
  *   pfile.c        shared helpers: paths in a step's tmp folder, key names
- *                  of pending folders and files, N_PDIR's ops
- *   raw.c          raw copies: stored copies and Orbax saves (files written
- *                  as they are into the tmp folder); the copy-tool watch
- *   safetensors.c  importing safetensors files
- *   file.c         pending files: N_PFILE's ops, .npy headers and data,
- *                  JSON and copied metadata files
+ *                  of pending folders and files; the pending file's kind
+ *                  and header-phase tables; N_PDIR's and N_PFILE's node ops
+ *                  (reads dispatch through the file's kind)
+ *   raw.c          raw copies (PF_RAW): stored copies and Orbax saves
+ *                  (files written as they are into the tmp folder); the
+ *                  copy-tool watch
+ *   safetensors.c  importing safetensors files (PF_ST)
+ *   file.c         .npy files (PF_ARRAY, PF_SLICE: header, declaration,
+ *                  data) and buffered files (PF_JSON, PF_META, PF_MARKER,
+ *                  PF_INDEX); ckpt_view_write and ckpt_view_truncate
  *   step.c         the life of a pending step (its state table): begin,
  *                  completeness checks, commit, settle, abort
- *   namespace.c    the namespace calls on pending steps: mkdir, create,
- *                  rename, unlink, rmdir, flush, setxattr
+ *   namespace.c    the namespace calls on pending steps: mkdir, create (the
+ *                  classifier: what a new file is), rename, unlink, rmdir,
+ *                  flush, setxattr
  *
  * Locks (the whole order is in tree_int.h): ns_lock -> ps->io_lock
  * (writes, reads and setxattr of the step shared; commit/abort exclusive)
@@ -107,29 +112,89 @@ struct pdir_node {
 	int is_stdir; /* X.safetensors.d/: shards of one safetensors import (set before publication) */
 };
 
-struct pfile {
-	pthread_mutex_t mu;
-	int is_slice;
-	int is_json; /* the JSON file of a JSON item: hdr[0..size) is its content */
+/*
+ * What a pending file is: its kind, fixed when it is made (new_pfile's
+ * classifier, namespace.c) except for the transitions of the table in
+ * pfile.c (ckpt_pf_set_kind: kind and ops change together), and the ops
+ * table of the kind (struct pfile_ops), defined by the file of its job.
+ */
+enum pfile_kind {
+	PF_ARRAY, /* NAME.npy: declares an array from its .npy header, then its data (file.c) */
+	PF_SLICE, /* NAME[slice].npy: a region of a declared NAME.npy's array (file.c) */
+	PF_JSON, /* the JSON file of a JSON item: hdr[0..size) is its content (file.c) */
 	/* A copied Orbax metadata file (the step's _CHECKPOINT_METADATA, an
 	 * item's _METADATA, _sharding or commit_success.txt): hdr[0..size) is
 	 * its content; it describes what the copy holds (step_check) and
 	 * carries the shardings and item handlers into the commit, which writes
-	 * the files anew. */
-	int is_meta;
-	int is_marker; /* the step's commit_success.txt: hdr[0..size) is its content */
-	/* a file of a stored copy: its bytes live in the tmp folder at rel
-	 * (its final name), written and read there; size is its size */
-	int is_raw;
-	char *rel; /* NULL in an Orbax save: the path follows renames (raw_path) */
+	 * the files anew (file.c). */
+	PF_META,
+	PF_MARKER, /* the step's commit_success.txt: hdr[0..size) is its content (file.c) */
+	PF_INDEX, /* model.safetensors.index.json of an X.safetensors.d/ (buffered; file.c) */
+	PF_ST, /* X.safetensors being imported (safetensors.c) */
+	/* a file of a stored copy or of an Orbax save: its bytes live in the
+	 * tmp folder, written and read there; size is its size (raw.c) */
+	PF_RAW,
+	PF_NKINDS
+};
+
+/*
+ * The header phase of the kinds that begin with a header (PF_ARRAY,
+ * PF_SLICE: the .npy header; PF_ST: the safetensors length and JSON);
+ * every change through ckpt_pf_set_phase() (pfile.c), which asserts the
+ * edge; pf->mu held:
+ *
+ *   from     to       by
+ *   HEADER   DATA     the header parsed and declared (collect_header,
+ *                     st_collect); a multi-host adoption (adopt_decl)
+ *   DATA     HEADER   O_TRUNC to 0: a writer starting over (the same
+ *                     header must come again)
+ *
+ * The other kinds have no header: PH_NONE, for good.
+ *   PH_HEADER: data_off 0; hdr[0..have) holds every byte written so far.
+ *   PH_DATA:   data_off is the header's length (have == data_off once the
+ *              bytes past it went to the writer), hdr
+ *              holds the header; the array (arr; st_arr for PF_ST) is declared.
+ */
+enum pf_phase { PH_NONE, PH_HEADER, PH_DATA, PH_NPHASES };
+
+struct pfile_node;
+
+/* What a kind does.  write, read and truncate run with the step's io_lock
+ * held shared and the gate passed (the step not dead; for write and
+ * truncate the file not orphaned); each takes pf->mu itself. */
+struct pfile_ops {
+	enum pfile_kind kind;
+	const char *name; /* for logs and asserts */
+	/* bytes [off, off + len); append: O_APPEND (off is where the kind says) */
+	ssize_t (*write)(ckpt_view *v, struct pfile_node *f, uint64_t off, const uint8_t *data, size_t len,
+			 int append);
+	ssize_t (*read)(ckpt_view *v, struct pfile_node *f, uint64_t off, size_t len, uint8_t *dst);
+	int (*truncate)(ckpt_view *v, struct pfile_node *f, uint64_t size);
+	/* step_check: 0 when the file lets its step commit, else -errno and
+	 * why (into why[cap]); copy: judged for a copy (unfinished files wait).
+	 * ns_lock held. */
+	int (*check)(struct pfile_node *f, int copy, char *why, size_t cap);
+	/* unlink: what the file put into the step goes (its arrays, its bytes
+	 * in the tmp folder, a JSON item's content); 0 or -errno (the file
+	 * stays).  ns_lock and io_lock exclusive held. */
+	int (*destroy)(ckpt_view *v, struct pfile_node *f);
+};
+
+struct pfile {
+	pthread_mutex_t mu;
+	/* Its kind and the kind's ops: set together (ckpt_pf_node_new,
+	 * ckpt_pf_set_kind), changed only with io_lock exclusive and pf->mu
+	 * held, so a call holding either sees one kind throughout. */
+	enum pfile_kind kind;
+	const struct pfile_ops *ops;
+	enum pf_phase phase; /* pf->mu (the table above) */
+	char *rel; /* PF_RAW: its path in the tmp folder; NULL in an Orbax save: the path follows renames (raw_path) */
 	int64_t raw_mtime_ns; /* a raw file's mtime on disk after its last change (0: unknown) */
-	/* X.safetensors being imported: hdr collects the 8-byte length and the
-	 * JSON header until they parse (data_off = 8 + N from then on); each of
-	 * its nst tensors is then an array of the step, st_arr[i], under the key
-	 * path of X plus the tensor's name split on '.'.  Fixed once parsed
-	 * (an O_TRUNC keeps them: the same header must come again). */
-	int is_st;
-	int is_index; /* model.safetensors.index.json of an X.safetensors.d/ (buffered) */
+	/* PF_ST: hdr collects the 8-byte length and the JSON header until they
+	 * parse (data_off = 8 + N from then on); each of its nst tensors is
+	 * then an array of the step, st_arr[i], under the key path of X plus
+	 * the tensor's name split on '.'.  Fixed once parsed (an O_TRUNC keeps
+	 * them: the same header must come again). */
 	ckpt_st_entry *st;
 	size_t nst;
 	ckpt_warray **st_arr;
@@ -139,20 +204,20 @@ struct pfile {
 	 * left the directory); a later close of another descriptor of the
 	 * same open (touch dup2()s its file) reports it again.  ns_lock. */
 	int commit_err;
-	int hwm_valid;
 	uint64_t hwm; /* end of the furthest byte written: where O_APPEND writes go */
 	/* A copy tool's temporary name (rsync's .NAME.XXXXXX): the name the
 	 * file is written as and will be renamed to; NULL for a final name. */
 	char *final;
 	ckpt_dtype hint; /* named by user.ckpt.dtype before the header, else INVALID */
-	struct pfile_node *decl; /* slice files: the NAME.npy node that declared the array */
+	struct pfile_node *decl; /* PF_SLICE: the NAME.npy node that declared the array */
 	/* NAME.npy: slice files made for its array.  Once there is one, every
 	 * write of the array must keep the bytes already written (several
 	 * writers, one value: CKPT_WRITE_SAME); a lone file may rewrite its own. */
 	atomic_int nslices;
 	ckpt_warray *arr; /* NULL until the header has been parsed */
 	ckpt_region region; /* whole array or the slice */
-	uint8_t *hdr; /* header bytes (all bytes written before the header parsed) */
+	uint8_t *
+		hdr; /* header bytes (all bytes written before the header parsed); a buffered file's content */
 	size_t have, cap;
 	size_t data_off; /* header length once parsed; 0 again after O_TRUNC (arr stays) */
 	uint64_t size; /* apparent file size */
@@ -164,7 +229,6 @@ struct pfile_node {
 	struct pstep *ps;
 	struct pfile pf;
 };
-
 
 static inline struct pdir_node *to_pdir(struct node *n)
 {
@@ -206,11 +270,11 @@ static inline int has_suffix(const char *s, const char *suf)
 }
 
 /* Files whose bytes the view keeps itself (a JSON item's file, copied
- * metadata, the commit marker) rather than handing them to the writer as
- * array data. */
-static inline int buffered(const struct pfile *pf)
+ * metadata, the commit marker, a safetensors index) rather than handing
+ * them to the writer as array data. */
+static inline int pf_buffered(const struct pfile *pf)
 {
-	return pf->is_json || pf->is_meta || pf->is_marker || pf->is_index;
+	return pf->kind == PF_JSON || pf->kind == PF_META || pf->kind == PF_MARKER || pf->kind == PF_INDEX;
 }
 
 /* ---- pfile.c ---------------------------------------------------------------- */
@@ -265,6 +329,29 @@ size_t ckpt_pf_header_part(const struct pfile *pf, uint64_t off, size_t *len, ui
  * there is none.  *bad is set when it is there but not JSON. */
 cJSON *ckpt_pf_copied_json(struct node *dir, const char *name, int *bad);
 
+/* A new pending file `name` of kind ops->kind in dir (a folder of a
+ * pending step; not added as its kid yet), of dir's step, its mutex ready,
+ * its header phase the kind's first.  NULL without memory. */
+struct pfile_node *ckpt_pf_node_new(ckpt_view *v, struct node *dir, const char *name,
+				    const struct pfile_ops *ops);
+/* The one kind transition: pf becomes ops->kind (the table in pfile.c,
+ * asserted); io_lock exclusive and pf->mu held. */
+void ckpt_pf_set_kind(struct pfile *pf, const struct pfile_ops *ops);
+/* The header phase moves (the table above, asserted); pf->mu held. */
+void ckpt_pf_set_phase(struct pfile *pf, enum pf_phase to);
+/* The invariants of a pending file in its kind and phase (pf->mu held;
+ * an entry-point check of the kinds' ops). */
+void ckpt_pf_assert(const struct pfile *pf);
+/* A write of [*off, *off + len) begins (pf->mu held, kept): *off moves to
+ * the end for O_APPEND (append); the file is dirty, its high-water mark
+ * moves. */
+void ckpt_pf_note_write_locked(struct pfile *pf, uint64_t *off, size_t len, int append);
+/* pfile_ops.check of a file a copy may still be writing: -EBUSY (why
+ * filled) when copy and it is dirty or under a temporary name, else 0. */
+int ckpt_pf_copy_busy(struct pfile_node *f, int copy, char *why, size_t cap);
+/* Free a parsed safetensors header's entries. */
+void ckpt_pf_st_entries_free(ckpt_st_entry *e, size_t n);
+
 /* ---- raw.c ------------------------------------------------------------------ */
 
 /* Remember the calling process (ckpt_view_set_caller) as a writer of the step. */
@@ -296,20 +383,14 @@ int ckpt_aw_convert(ckpt_view *v, struct node *sn, const char *why);
 /* Step-level _CHECKPOINT_METADATA of a live Orbax save: no commit time. */
 int ckpt_aw_fresh_meta(struct pfile *pf);
 
-/* ---- safetensors.c ---------------------------------------------------------- */
+/* ---- the kinds' ops (raw.c, safetensors.c, file.c) ---------------------------- */
 
-void ckpt_st_import_entries_free(ckpt_st_entry *e, size_t n);
-/* A write of an imported file (io_lock shared, pf->mu held, released here). */
-ssize_t ckpt_st_import_write_locked(ckpt_view *v, struct pfile_node *f, uint64_t off, const uint8_t *data,
-				    size_t len);
-/* Read back an imported file (io_lock shared, pf->mu held, released here). */
-ssize_t ckpt_st_import_read_locked(struct pfile *pf, uint64_t off, size_t len, uint8_t *dst);
+extern const struct pfile_ops ckpt_pf_raw_ops, ckpt_pf_st_ops;
+extern const struct pfile_ops ckpt_pf_array_ops, ckpt_pf_slice_ops, ckpt_pf_json_ops, ckpt_pf_meta_ops,
+	ckpt_pf_marker_ops, ckpt_pf_index_ops;
 
 /* ---- file.c ----------------------------------------------------------------- */
 
-/* A new pending file `name` in dir (a folder of a pending step; not added
- * as its kid yet), of dir's step, its mutex ready.  NULL without memory. */
-struct pfile_node *ckpt_pf_node_new(ckpt_view *v, struct node *dir, const char *name);
 /* Multi-host: NAME.npy that another host declared becomes a declared
  * pending file here.  ns_lock exclusive held; NULL if none. */
 struct pfile_node *ckpt_pf_adopt_decl(ckpt_view *v, struct node *dir, const char *base);

@@ -174,7 +174,7 @@ int ckpt_pf_key_of_name(const char *name, char *buf, size_t cap)
 /* Key path of a file in a pending step: item = first directory below the
  * step, keys = the directories below it plus the file's stem. */
 int ckpt_pf_key_path(ckpt_view *v, struct node *dir, const char *stem, const char **item, const char **keys,
-		    int *types, int *depth, char *kbuf)
+		     int *types, int *depth, char *kbuf)
 {
 	const char *rev[CKPT_ORBAX_MAX_DEPTH];
 	int n = 0;
@@ -245,7 +245,7 @@ cJSON *ckpt_pf_copied_json(struct node *dir, const char *name, int *bad)
 {
 	struct node *k = ckpt_node_find_kid(dir, name);
 	*bad = 0;
-	if (!k || k->kind != N_PFILE || !to_pfile(k)->pf.is_meta)
+	if (!k || k->kind != N_PFILE || to_pfile(k)->pf.kind != PF_META)
 		return NULL;
 	struct pfile *pf = &to_pfile(k)->pf;
 	ckpt_lock(&pf->mu, CKPT_RANK_PF);
@@ -271,3 +271,166 @@ const struct node_ops ckpt_pdir_ops = {
 	.getattr = ckpt_pdir_attr,
 	.readdir = ckpt_node_readdir_kids,
 };
+
+/* ---- pending files: kinds, header phases, dispatch --------------------------- */
+
+static const char *const ph_names[PH_NPHASES] = { "none", "header", "data" };
+
+/* ph_edges[from] has bit `to` set for every legal edge (pending_int.h). */
+static const unsigned ph_edges[PH_NPHASES] = {
+	[PH_HEADER] = 1u << PH_DATA,
+	[PH_DATA] = 1u << PH_HEADER,
+};
+
+/*
+ * The kind of a pending file changes at run time only by these edges
+ * (ckpt_pf_set_kind, which asserts them; io_lock exclusive and pf->mu held):
+ *
+ *   from                 to     by
+ *   META                 RAW    make_stored (raw.c): its item became a
+ *                               stored copy; its content went to the tmp folder
+ *   JSON, META, MARKER   RAW    aw_spill (raw.c): its step became an Orbax
+ *                               save (COMMIT_FILE mode); likewise
+ */
+static const unsigned pf_kind_edges[PF_NKINDS] = {
+	[PF_JSON] = 1u << PF_RAW,
+	[PF_META] = 1u << PF_RAW,
+	[PF_MARKER] = 1u << PF_RAW,
+};
+_Static_assert(PF_NKINDS <= 32 && PH_NPHASES <= 32, "edge tables are 32-bit masks");
+
+/* The kinds whose files begin with a header (the phase table). */
+static int has_header(enum pfile_kind k)
+{
+	return k == PF_ARRAY || k == PF_SLICE || k == PF_ST;
+}
+
+void ckpt_pf_assert(const struct pfile *pf)
+{
+	(void)pf;
+	assert(pf->kind < PF_NKINDS && pf->ops && pf->ops->kind == pf->kind);
+	assert(pf->phase < PH_NPHASES && (pf->phase == PH_NONE) == !has_header(pf->kind));
+	assert(pf->phase != PH_HEADER || pf->data_off == 0);
+	assert(pf->phase != PH_DATA || (pf->data_off > 0 && pf->have >= pf->data_off &&
+					(pf->kind == PF_ST ? pf->st_arr != NULL : pf->arr != NULL)));
+	assert(pf->kind != PF_SLICE || pf->decl != NULL);
+}
+
+void ckpt_pf_set_phase(struct pfile *pf, enum pf_phase to)
+{
+	ckpt_assert_held(CKPT_RANK_PF);
+	enum pf_phase from = pf->phase;
+	if (from >= PH_NPHASES || !(ph_edges[from] & (1u << to))) {
+		ckpt_log(CKPT_LOG_ERR, "pending file: no header phase edge %s -> %s",
+			 from < PH_NPHASES ? ph_names[from] : "?", ph_names[to]);
+		assert(!"pending file header phase edge");
+	}
+	pf->phase = to;
+}
+
+void ckpt_pf_set_kind(struct pfile *pf, const struct pfile_ops *ops)
+{
+	ckpt_assert_held(CKPT_RANK_PF);
+	enum pfile_kind from = pf->kind, to = ops->kind;
+	if (from >= PF_NKINDS || !(pf_kind_edges[from] & (1u << to))) {
+		ckpt_log(CKPT_LOG_ERR, "pending file: no kind edge %s -> %s", pf->ops ? pf->ops->name : "?",
+			 ops->name);
+		assert(!"pending file kind edge");
+	}
+	pf->kind = to;
+	pf->ops = ops;
+	assert(!has_header(to));
+}
+
+void ckpt_pf_note_write_locked(struct pfile *pf, uint64_t *off, size_t len, int append)
+{
+	ckpt_assert_held(CKPT_RANK_PF);
+	if (append) /* O_APPEND: after the furthest byte written, not the declared size */
+		*off = pf_buffered(pf) || pf->kind == PF_RAW ? pf->size : pf->hwm;
+	pf->dirty = 1;
+	if (*off + len > pf->hwm)
+		pf->hwm = *off + len;
+}
+
+int ckpt_pf_copy_busy(struct pfile_node *f, int copy, char *why, size_t cap)
+{
+	ckpt_lock(&f->pf.mu, CKPT_RANK_PF);
+	int dirty = f->pf.dirty;
+	ckpt_unlock(&f->pf.mu, CKPT_RANK_PF);
+	if (copy && (dirty || f->pf.final)) {
+		snprintf(why, cap, "still being copied");
+		return -EBUSY;
+	}
+	return 0;
+}
+
+void ckpt_pf_st_entries_free(ckpt_st_entry *e, size_t n)
+{
+	for (size_t i = 0; e && i < n; i++)
+		free(e[i].name);
+	free(e);
+}
+
+static void pfile_attr(ckpt_view *v, struct node *n, ckpt_attr *a)
+{
+	(void)v;
+	struct pfile *pf = &to_pfile(n)->pf;
+	a->immutable = 0;
+	a->mode = 0644;
+	ckpt_lock(&pf->mu, CKPT_RANK_PF);
+	a->size = pf->size;
+	if (pf->raw_mtime_ns)
+		a->mtime_ns = pf->raw_mtime_ns;
+	/* an Orbax save's file: its bytes go straight to the tmp folder and are
+	 * read from there, so the kernel keeps no pages of it (direct I/O) */
+	a->volatile_data = pf->kind == PF_RAW && to_pfile(n)->ps->as_written;
+	ckpt_unlock(&pf->mu, CKPT_RANK_PF);
+}
+
+static void pfile_destroy(ckpt_view *v, struct node *n)
+{
+	(void)v;
+	struct pfile *pf = &to_pfile(n)->pf;
+	pthread_mutex_destroy(&pf->mu);
+	free(pf->hdr);
+	free(pf->final);
+	free(pf->rel);
+	ckpt_pf_st_entries_free(pf->st, pf->nst);
+	free(pf->st_arr);
+}
+
+/* Read back a pending file (io_lock shared: never concurrent with the
+ * step's commit or abort), through its kind. */
+static ssize_t pending_read(ckpt_view *v, struct node *node, uint64_t off, size_t len, void *dst)
+{
+	struct pfile_node *f = to_pfile(node);
+	ckpt_rdlock(&f->ps->io_lock, CKPT_RANK_IO);
+	/* committed (the step's files are read from its folder under their
+	 * path now) or aborted: the writer's state is gone */
+	ssize_t rc = ps_dead(f->ps) ? -ESTALE : f->pf.ops->read(v, f, off, len, dst);
+	ckpt_rwunlock(&f->ps->io_lock, CKPT_RANK_IO);
+	return rc;
+}
+
+static const struct node_ops pfile_ops = {
+	.kind = N_PFILE,
+	.size = sizeof(struct pfile_node),
+	.getattr = pfile_attr,
+	.read = pending_read,
+	.destroy = pfile_destroy,
+};
+
+struct pfile_node *ckpt_pf_node_new(ckpt_view *v, struct node *dir, const char *name,
+				    const struct pfile_ops *ops)
+{
+	struct node *n = ckpt_node_new(v, &pfile_ops, name, dir);
+	if (!n)
+		return NULL;
+	struct pfile_node *f = to_pfile(n);
+	f->ps = to_pdir(dir)->ps;
+	pthread_mutex_init(&f->pf.mu, NULL);
+	f->pf.kind = ops->kind;
+	f->pf.ops = ops;
+	f->pf.phase = has_header(ops->kind) ? PH_HEADER : PH_NONE;
+	return f;
+}

@@ -1,6 +1,6 @@
 /*
  * pending/raw.c - raw copies: pending files whose bytes go straight to the
- * step's tmp folder as they are written (pfile is_raw), and the copy-tool
+ * step's tmp folder as they are written (the kind PF_RAW), and the copy-tool
  * watch that commits a copied step once the tools that copied it exited.
  * Two kinds of step hold them: a stored copy (an item copied as Orbax
  * stored it: an OCDBT database or zarr folders, read back whole before the
@@ -184,7 +184,7 @@ static int has_arrays(struct node *dir)
 		struct node *k = d->kids[i];
 		if (k->kind == N_PDIR && has_arrays(k))
 			return 1;
-		if (k->kind == N_PFILE && !to_pfile(k)->pf.is_meta && !to_pfile(k)->pf.is_raw)
+		if (k->kind == N_PFILE && to_pfile(k)->pf.kind != PF_META && to_pfile(k)->pf.kind != PF_RAW)
 			return 1;
 	}
 	return 0;
@@ -214,9 +214,11 @@ int ckpt_raw_make_stored(ckpt_view *v, struct node *it, const char *why)
 	}
 	int rc = ckpt_step_add_stored_item(ps->step, it->name);
 	struct dir_node *d = to_dir(it);
+	/* no read or write of the step runs while its files change kind */
+	ckpt_wrlock(&ps->io_lock, CKPT_RANK_IO);
 	for (size_t i = 0; i < d->nkids && !rc; i++) {
 		struct node *k = d->kids[i];
-		if (k->kind != N_PFILE || !to_pfile(k)->pf.is_meta)
+		if (k->kind != N_PFILE || to_pfile(k)->pf.kind != PF_META)
 			continue;
 		struct pfile *pf = &to_pfile(k)->pf;
 		char rel[VIEW_PATH_MAX];
@@ -230,12 +232,11 @@ int ckpt_raw_make_stored(ckpt_view *v, struct node *it, const char *why)
 			close(fd);
 		if (!rc && !(pf->rel = strdup(rel)))
 			rc = -ENOMEM;
-		if (!rc) {
-			pf->is_meta = 0;
-			pf->is_raw = 1;
-		}
+		if (!rc)
+			ckpt_pf_set_kind(pf, &ckpt_pf_raw_ops);
 		ckpt_unlock(&pf->mu, CKPT_RANK_PF);
 	}
+	ckpt_rwunlock(&ps->io_lock, CKPT_RANK_IO);
 	if (rc == 0) {
 		pd->stored = 1;
 		ckpt_log(CKPT_LOG_INFO, "step %s: item %s is a stored copy (%s is not a .npy array)",
@@ -367,7 +368,6 @@ int ckpt_raw_check_stored(ckpt_view *v, struct node *sn, int quiet)
  * the commit makes the step durable.
  */
 
-
 /* mkdir in an Orbax save (ns_lock exclusive). */
 int ckpt_aw_mkdir(ckpt_view *v, struct node *dir, const char *name, ckpt_attr *out)
 {
@@ -396,10 +396,10 @@ int ckpt_aw_mkdir(ckpt_view *v, struct node *dir, const char *name, ckpt_attr *o
 /* A new file in an Orbax save (ns_lock exclusive), made on disk at once. */
 int ckpt_aw_create(ckpt_view *v, struct pfile_node *f)
 {
-	f->pf.is_raw = 1;
 	int fd = ckpt_pf_raw_open_f(v, f, O_RDWR | O_CREAT);
 	if (fd < 0) {
-		ckpt_log(CKPT_LOG_ERR, "%s: cannot create it in the tmp folder: %s", f->n.name, strerror(-fd));
+		ckpt_log(CKPT_LOG_ERR, "%s: cannot create it in the tmp folder: %s", f->n.name,
+			 strerror(-fd));
 		return fd; /* the node is unlinked: freed with the view */
 	}
 	ckpt_pf_raw_note_stat(&f->pf, fd);
@@ -419,7 +419,7 @@ static int aw_below(ckpt_view *v, struct node *dir, struct node *n)
 /* rename inside an Orbax save (ns_lock exclusive): the folder's rename,
  * then the nodes'.  A file replaces a file, a folder an empty folder. */
 int ckpt_aw_rename(ckpt_view *v, struct node *dir, struct node *n, struct node *ndir, const char *newname,
-		     unsigned flags)
+		   unsigned flags)
 {
 	struct pstep *ps = to_pdir(dir)->ps;
 	if (!ndir || (ndir->kind != N_PSTEP && ndir->kind != N_PDIR) || to_pdir(ndir)->ps != ps ||
@@ -514,7 +514,6 @@ int ckpt_aw_rmdir(ckpt_view *v, struct node *dir, struct node *n)
  * The close of its commit_success.txt then commits it (Orbax writes it
  * last, after every item's). */
 
-
 /* A pending file that holds .npy or safetensors data (not convertible). */
 static int aw_npy_kid(struct node *dir)
 {
@@ -525,8 +524,8 @@ static int aw_npy_kid(struct node *dir)
 			return 1;
 		if (k->kind == N_PFILE) {
 			struct pfile *pf = &to_pfile(k)->pf;
-			if (pf->arr || pf->is_slice || pf->is_st || pf->is_index ||
-			    (!pf->is_raw && !buffered(pf)))
+			if (pf->kind != PF_RAW && pf->kind != PF_JSON && pf->kind != PF_META &&
+			    pf->kind != PF_MARKER)
 				return 1;
 		}
 	}
@@ -557,7 +556,7 @@ static int aw_spill(ckpt_view *v, struct node *dir)
 		}
 		struct pfile *pf = &to_pfile(k)->pf;
 		ckpt_lock(&pf->mu, CKPT_RANK_PF);
-		if (!pf->is_raw) {
+		if (pf->kind != PF_RAW) {
 			int fd = open(path, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0644);
 			rc = fd < 0	? -errno
 			     : pf->size ? ckpt_pwrite_all(fd, pf->hdr, (size_t)pf->size, 0)
@@ -568,8 +567,8 @@ static int aw_spill(ckpt_view *v, struct node *dir)
 			}
 		}
 		if (!rc) {
-			pf->is_raw = 1;
-			pf->is_json = pf->is_meta = pf->is_marker = 0;
+			if (pf->kind != PF_RAW)
+				ckpt_pf_set_kind(pf, &ckpt_pf_raw_ops);
 			free(pf->rel);
 			pf->rel = NULL; /* the path follows renames from now on */
 		}
@@ -625,3 +624,80 @@ int ckpt_aw_fresh_meta(struct pfile *pf)
 	cJSON_Delete(j);
 	return fresh;
 }
+
+/* ---- the kind's ops (PF_RAW): bytes in the tmp folder ---------------------------- */
+
+static ssize_t raw_write(ckpt_view *v, struct pfile_node *f, uint64_t off, const uint8_t *data, size_t len,
+			 int append)
+{
+	struct pfile *pf = &f->pf;
+	ckpt_lock(&pf->mu, CKPT_RANK_PF);
+	ckpt_pf_note_write_locked(pf, &off, len, append);
+	ckpt_unlock(&pf->mu, CKPT_RANK_PF);
+	/* the path changes only under io_lock exclusive: it holds without pf->mu */
+	int fd = ckpt_pf_raw_open_f(v, f, O_WRONLY);
+	int rc = fd < 0 ? fd : ckpt_pwrite_all(fd, data, len, off);
+	if (rc < 0) {
+		if (fd >= 0)
+			close(fd);
+		ckpt_log(CKPT_LOG_ERR, "%s: write: %s", f->n.name, strerror(-rc));
+		return rc;
+	}
+	ckpt_lock(&pf->mu, CKPT_RANK_PF);
+	if (off + len > pf->size)
+		pf->size = off + len;
+	ckpt_pf_raw_note_stat(pf, fd);
+	ckpt_unlock(&pf->mu, CKPT_RANK_PF);
+	close(fd);
+	return (ssize_t)len;
+}
+
+static ssize_t raw_read(ckpt_view *v, struct pfile_node *f, uint64_t off, size_t len, uint8_t *dst)
+{
+	ckpt_lock(&f->pf.mu, CKPT_RANK_PF);
+	uint64_t size = f->pf.size;
+	ckpt_unlock(&f->pf.mu, CKPT_RANK_PF);
+	size_t k = off < size ? (size_t)(size - off < len ? size - off : len) : 0;
+	int fd = k ? ckpt_pf_raw_open_f(v, f, O_RDONLY) : 0;
+	int rc = fd < 0 ? fd : k ? ckpt_pread_all(fd, dst, k, off) : 0;
+	if (k && fd >= 0)
+		close(fd);
+	return rc < 0 ? rc : (ssize_t)k;
+}
+
+static int raw_truncate(ckpt_view *v, struct pfile_node *f, uint64_t size)
+{
+	struct pfile *pf = &f->pf;
+	ckpt_lock(&pf->mu, CKPT_RANK_PF);
+	int fd = ckpt_pf_raw_open_f(v, f, O_WRONLY);
+	int rc = fd < 0 ? fd : ftruncate(fd, (off_t)size) ? -errno : 0;
+	if (!rc) {
+		pf->size = pf->hwm = size;
+		ckpt_pf_raw_note_stat(pf, fd);
+	}
+	if (fd >= 0)
+		close(fd);
+	ckpt_unlock(&pf->mu, CKPT_RANK_PF);
+	return rc;
+}
+
+/* unlink: the file leaves the tmp folder (a failure is only logged). */
+static int raw_destroy(ckpt_view *v, struct pfile_node *f)
+{
+	char raw[VIEW_PATH_MAX];
+	ckpt_lock(&f->pf.mu, CKPT_RANK_PF);
+	if (ckpt_pf_raw_path(v, f, raw, sizeof(raw)) == 0 && unlink(raw) && errno != ENOENT)
+		ckpt_log(CKPT_LOG_WARN, "%s: unlink: %s", raw, strerror(errno));
+	ckpt_unlock(&f->pf.mu, CKPT_RANK_PF);
+	return 0;
+}
+
+const struct pfile_ops ckpt_pf_raw_ops = {
+	.kind = PF_RAW,
+	.name = "raw",
+	.write = raw_write,
+	.read = raw_read,
+	.truncate = raw_truncate,
+	.check = ckpt_pf_copy_busy,
+	.destroy = raw_destroy,
+};

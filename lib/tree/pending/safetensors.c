@@ -10,19 +10,13 @@
  * `__metadata__` is not kept (Orbax has no place for it).
  * Not here: the node kind (file.c), the step's checks (step.c).
  */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "orbax.h"
 #include "writer_hosts.h"
 #include "pending_int.h"
-
-void ckpt_st_import_entries_free(ckpt_st_entry *e, size_t n)
-{
-	for (size_t i = 0; e && i < n; i++)
-		free(e[i].name);
-	free(e);
-}
 
 /* The array key path of an imported file: its directory's, then X (from
  * X.safetensors, or from X.safetensors.d/ for a shard). */
@@ -183,7 +177,7 @@ static int st_collect(ckpt_view *v, struct pfile_node *f, uint64_t off, const ui
 			same = !strcmp(e[i].name, pf->st[i].name) && e[i].dtype == pf->st[i].dtype &&
 			       e[i].begin == pf->st[i].begin && e[i].rank == pf->st[i].rank &&
 			       !memcmp(e[i].shape, pf->st[i].shape, sizeof(uint64_t) * (size_t)e[i].rank);
-		ckpt_st_import_entries_free(e, n);
+		ckpt_pf_st_entries_free(e, n);
 		if (!same) {
 			ckpt_log(CKPT_LOG_ERR,
 				 "%s: written again with other tensors; rm it first to import anew",
@@ -196,7 +190,7 @@ static int st_collect(ckpt_view *v, struct pfile_node *f, uint64_t off, const ui
 		pf->st_data = data_size;
 		rc = st_declare(v, f);
 		if (rc < 0) {
-			ckpt_st_import_entries_free(pf->st, pf->nst);
+			ckpt_pf_st_entries_free(pf->st, pf->nst);
 			pf->st = NULL;
 			pf->nst = 0;
 		}
@@ -208,16 +202,18 @@ static int st_collect(ckpt_view *v, struct pfile_node *f, uint64_t off, const ui
 		return rc;
 	}
 	pf->data_off = (size_t)need;
+	ckpt_pf_set_phase(pf, PH_DATA);
 	pf->size = need + pf->st_data;
 	return 1;
 }
 
-/* Data of an imported file: file bytes [off, off+len) past the header go to
- * the tensors they belong to.  pf->st is fixed once data_off is set. */
-static int st_write_data(struct pfile_node *f, uint64_t off, const uint8_t *data, size_t len)
+/* Data of an imported file: file bytes [off, off+len) past the header
+ * (data_off bytes) go to the tensors they belong to.  pf->st is fixed once
+ * the header is parsed. */
+static int st_write_data(struct pfile_node *f, uint64_t off, size_t data_off, const uint8_t *data, size_t len)
 {
 	struct pfile *pf = &f->pf;
-	uint64_t d = off - pf->data_off;
+	uint64_t d = off - data_off;
 	if (d + len > pf->st_data || d + len < d) {
 		ckpt_log(CKPT_LOG_ERR, "%s: write past the end of the data its header declares", f->n.name);
 		return -EFBIG;
@@ -245,15 +241,18 @@ static int st_write_data(struct pfile_node *f, uint64_t off, const uint8_t *data
 	return 0;
 }
 
-ssize_t ckpt_st_import_write_locked(ckpt_view *v, struct pfile_node *f, uint64_t off, const uint8_t *data,
-			       size_t len)
+/* ---- the kind's ops (PF_ST) -------------------------------------------------- */
+
+static ssize_t st_write(ckpt_view *v, struct pfile_node *f, uint64_t off, const uint8_t *data, size_t len,
+			int append)
 {
-	ckpt_assert_held(CKPT_RANK_PF);
 	struct pfile *pf = &f->pf;
 	size_t take = 0;
-	int rc = 0;
-	if (!pf->data_off) {
-		rc = st_collect(v, f, off, data, len, &take);
+	ckpt_lock(&pf->mu, CKPT_RANK_PF);
+	ckpt_pf_assert(pf);
+	ckpt_pf_note_write_locked(pf, &off, len, append);
+	if (pf->phase == PH_HEADER) {
+		int rc = st_collect(v, f, off, data, len, &take);
 		if (rc <= 0) {
 			ckpt_unlock(&pf->mu, CKPT_RANK_PF);
 			return rc < 0 ? rc : (ssize_t)len;
@@ -267,19 +266,25 @@ ssize_t ckpt_st_import_write_locked(ckpt_view *v, struct pfile_node *f, uint64_t
 			return -EINVAL;
 		}
 	}
+	size_t data_off = pf->data_off;
 	ckpt_unlock(&pf->mu, CKPT_RANK_PF);
-	if (take < len && (rc = st_write_data(f, off + take, data + take, len - take)) < 0)
+	int rc;
+	if (take < len && (rc = st_write_data(f, off + take, data_off, data + take, len - take)) < 0)
 		return rc;
 	return (ssize_t)len;
 }
 
-/* Read back an imported file (io_lock shared, pf->mu held, released here). */
-ssize_t ckpt_st_import_read_locked(struct pfile *pf, uint64_t off, size_t len, uint8_t *dst)
+/* Read back an imported file: the header bytes, then the tensors' (never
+ * written bytes read as zeros). */
+static ssize_t st_read(ckpt_view *v, struct pfile_node *f, uint64_t off, size_t len, uint8_t *dst)
 {
-	ckpt_assert_held(CKPT_RANK_PF);
+	(void)v;
+	struct pfile *pf = &f->pf;
+	ckpt_lock(&pf->mu, CKPT_RANK_PF);
+	ckpt_pf_assert(pf);
 	size_t hl = pf->data_off ? pf->data_off : pf->have;
 	size_t done = ckpt_pf_header_part(pf, off, &len, dst);
-	int parsed = pf->data_off != 0;
+	int parsed = pf->phase == PH_DATA;
 	ckpt_unlock(&pf->mu, CKPT_RANK_PF);
 	uint64_t d = off + done - hl;
 	for (size_t i = 0; parsed && done < len && i < pf->nst; i++) {
@@ -297,3 +302,73 @@ ssize_t ckpt_st_import_read_locked(struct pfile *pf, uint64_t off, size_t len, u
 	}
 	return (ssize_t)done;
 }
+
+static int st_truncate(ckpt_view *v, struct pfile_node *f, uint64_t size)
+{
+	(void)v;
+	struct pfile *pf = &f->pf;
+	int rc = 0;
+	ckpt_lock(&pf->mu, CKPT_RANK_PF);
+	ckpt_pf_assert(pf);
+	if (size == 0) {
+		/* a writer starting over: the tensors' bytes go, the same header must come again */
+		for (size_t i = 0; rc == 0 && pf->phase == PH_DATA && i < pf->nst; i++)
+			rc = ckpt_warray_forget(pf->st_arr[i], NULL);
+		if (!rc) {
+			if (pf->phase == PH_DATA)
+				ckpt_pf_set_phase(pf, PH_HEADER);
+			pf->data_off = pf->have = pf->size = pf->hwm = 0;
+		}
+	} else if (size != pf->size) {
+		rc = -EINVAL;
+		ckpt_log(CKPT_LOG_ERR, "%s: cannot resize an imported safetensors file", f->n.name);
+	}
+	ckpt_unlock(&pf->mu, CKPT_RANK_PF);
+	return rc;
+}
+
+static int st_check(struct pfile_node *f, int copy, char *why, size_t cap)
+{
+	struct pfile *pf = &f->pf;
+	ckpt_lock(&pf->mu, CKPT_RANK_PF);
+	int dirty = pf->dirty, parsed = pf->phase == PH_DATA;
+	ckpt_unlock(&pf->mu, CKPT_RANK_PF);
+	if (copy && dirty) {
+		snprintf(why, cap, "still being copied");
+		return -EBUSY;
+	}
+	if (!parsed) {
+		snprintf(why, cap, "created, but its safetensors header was never completed");
+		return -ENODATA;
+	}
+	for (size_t i = 0; copy && i < pf->nst; i++) {
+		ckpt_warray_info info;
+		ckpt_warray_get_info(pf->st_arr[i], &info);
+		if (info.bytes_written < info.nbytes) {
+			snprintf(why, cap, "tensor %s not written yet", pf->st[i].name);
+			return -ENODATA;
+		}
+	}
+	return 0;
+}
+
+/* unlink: an import's tensors go with it. */
+static int st_destroy(ckpt_view *v, struct pfile_node *f)
+{
+	(void)v;
+	struct pfile *pf = &f->pf;
+	int rc = 0;
+	for (size_t i = 0; pf->st_arr && i < pf->nst && rc == 0; i++)
+		rc = ckpt_warray_remove(pf->st_arr[i]);
+	return rc;
+}
+
+const struct pfile_ops ckpt_pf_st_ops = {
+	.kind = PF_ST,
+	.name = "safetensors",
+	.write = st_write,
+	.read = st_read,
+	.truncate = st_truncate,
+	.check = st_check,
+	.destroy = st_destroy,
+};

@@ -466,52 +466,13 @@ static void check_fail(struct check *c, int rc, const char *fmt, ...)
 	ckpt_log(CKPT_LOG_ERR, "%s", msg);
 }
 
-/* A pending file of the step, for step_check (ns_lock held). */
+/* A pending file of the step, for step_check (ns_lock held): its kind says. */
 static void check_file(struct check *c, struct node *dir, struct pfile_node *f)
 {
-	struct pfile *pf = &f->pf;
-	ckpt_lock(&pf->mu, CKPT_RANK_PF);
-	int dirty = pf->dirty, hdr = pf->arr != NULL, slice = pf->is_slice, buf = buffered(pf) || pf->is_raw;
-	ckpt_warray *arr = pf->arr;
-	int st = pf->is_st, st_hdr = pf->data_off != 0;
-	ckpt_unlock(&pf->mu, CKPT_RANK_PF);
-	if (st) {
-		if (c->copy && dirty)
-			check_fail(c, -EBUSY, "%s/%s: still being copied", dir->name, f->n.name);
-		else if (!st_hdr)
-			check_fail(c, -ENODATA,
-				   "%s/%s: created, but its safetensors header was never completed",
-				   dir->name, f->n.name);
-		for (size_t i = 0; c->copy && st_hdr && !c->rc && i < pf->nst; i++) {
-			ckpt_warray_info info;
-			ckpt_warray_get_info(pf->st_arr[i], &info);
-			if (info.bytes_written < info.nbytes)
-				check_fail(c, -ENODATA, "%s/%s: tensor %s not written yet", dir->name,
-					   f->n.name, pf->st[i].name);
-		}
-		return;
-	}
-	if (c->copy && (dirty || pf->final)) {
-		check_fail(c, -EBUSY, "%s/%s: still being copied", dir->name, f->n.name);
-		return;
-	}
-	if (buf)
-		return;
-	if (!hdr) {
-		check_fail(c, -ENODATA,
-			   "%s/%s: created, but its .npy header was never completed (write the file again, "
-			   "or rm it)",
-			   dir->name, f->n.name);
-		return;
-	}
-	if (c->copy && !slice) {
-		ckpt_warray_info info;
-		ckpt_warray_get_info(arr, &info);
-		if (info.bytes_written < info.nbytes)
-			check_fail(c, -ENODATA, "%s/%s: %llu of %llu bytes not written yet", dir->name,
-				   f->n.name, (unsigned long long)(info.nbytes - info.bytes_written),
-				   (unsigned long long)info.nbytes);
-	}
+	char why[512] = "";
+	int rc = f->pf.ops->check(f, c->copy, why, sizeof(why));
+	if (rc)
+		check_fail(c, rc, "%s/%s: %s", dir->name, f->n.name, why);
 }
 
 /* Every tensor the index of an X.safetensors.d/ names was in a shard. */
@@ -571,7 +532,7 @@ static void check_dir(struct check *c, struct node *dir, int *content)
 				check_index(c, k);
 		} else if (k->kind == N_PFILE) {
 			struct pfile *pf = &to_pfile(k)->pf;
-			if (!pf->is_meta && !pf->is_marker && !pf->is_index)
+			if (pf->kind != PF_META && pf->kind != PF_MARKER && pf->kind != PF_INDEX)
 				*content = 1;
 			check_file(c, dir, to_pfile(k));
 		}
