@@ -26,6 +26,7 @@
  * had been written on this mount.  ns_lock exclusive held; NULL if none. */
 struct pfile_node *ckpt_pf_adopt_decl(ckpt_view *v, struct node *dir, const char *base)
 {
+	ckpt_assert_held(CKPT_RANK_NS);
 	const char *item, *keys[CKPT_ORBAX_MAX_DEPTH];
 	int types[CKPT_ORBAX_MAX_DEPTH], depth;
 	char stem[VIEW_NAME_BUF], hdr[CKPT_NPY_HEADER_MAX];
@@ -64,6 +65,7 @@ struct pfile_node *ckpt_pf_adopt_decl(ckpt_view *v, struct node *dir, const char
 /* Declare the array from the parsed header (pf->mu held). */
 static int declare(ckpt_view *v, struct pfile_node *n, const ckpt_npy_info *h)
 {
+	ckpt_assert_held(CKPT_RANK_PF);
 	struct pfile *pf = &n->pf;
 	if (pf->kind == PF_SLICE) {
 		/* decl->pf.arr is set once and never changes: no need for its mutex */
@@ -139,6 +141,7 @@ static unsigned same_flag(struct pfile *pf)
 static int collect_header(ckpt_view *v, struct pfile_node *n, uint64_t off, const uint8_t *data, size_t len,
 			  size_t *take)
 {
+	ckpt_assert_held(CKPT_RANK_PF);
 	struct pfile *pf = &n->pf;
 	if (off > pf->have) {
 		ckpt_log(CKPT_LOG_ERR, "%s: write at %llu before the .npy header is complete", n->n.name,
@@ -223,6 +226,7 @@ static int collect_header(ckpt_view *v, struct pfile_node *n, uint64_t off, cons
 static ssize_t npy_write(ckpt_view *v, struct pfile_node *f, uint64_t off, const uint8_t *data, size_t len,
 			 int append)
 {
+	ckpt_assert_held(CKPT_RANK_IO);
 	struct pfile *pf = &f->pf;
 	size_t take = 0;
 	ckpt_lock(&pf->mu, CKPT_RANK_PF);
@@ -258,6 +262,7 @@ static ssize_t npy_write(ckpt_view *v, struct pfile_node *f, uint64_t off, const
 /* Read back: the header bytes, then what the writer holds. */
 static ssize_t npy_read(ckpt_view *v, struct pfile_node *f, uint64_t off, size_t len, uint8_t *dst)
 {
+	ckpt_assert_held(CKPT_RANK_IO);
 	(void)v;
 	struct pfile *pf = &f->pf;
 	ckpt_lock(&pf->mu, CKPT_RANK_PF);
@@ -278,6 +283,7 @@ static ssize_t npy_read(ckpt_view *v, struct pfile_node *f, uint64_t off, size_t
 
 static int npy_truncate(ckpt_view *v, struct pfile_node *f, uint64_t size)
 {
+	ckpt_assert_held(CKPT_RANK_IO);
 	(void)v;
 	struct pfile *pf = &f->pf;
 	int rc = 0;
@@ -308,6 +314,7 @@ static int npy_truncate(ckpt_view *v, struct pfile_node *f, uint64_t size)
 
 static int npy_check(struct pfile_node *f, int copy, char *why, size_t cap)
 {
+	ckpt_assert_held(CKPT_RANK_NS);
 	struct pfile *pf = &f->pf;
 	int rc = ckpt_pf_copy_busy(f, copy, why, cap);
 	if (rc)
@@ -336,6 +343,7 @@ static int npy_check(struct pfile_node *f, int copy, char *why, size_t cap)
 /* unlink of NAME.npy: its array's bytes and folder go. */
 static int array_destroy(ckpt_view *v, struct pfile_node *f)
 {
+	ckpt_assert_held(CKPT_RANK_IO);
 	(void)v;
 	ckpt_lock(&f->pf.mu, CKPT_RANK_PF);
 	ckpt_warray *arr = f->pf.arr;
@@ -407,6 +415,7 @@ static int json_resize_locked(struct pfile *pf, uint64_t size)
 static ssize_t buf_write(ckpt_view *v, struct pfile_node *f, uint64_t off, const uint8_t *data, size_t len,
 			 int append)
 {
+	ckpt_assert_held(CKPT_RANK_IO);
 	struct pfile *pf = &f->pf;
 	ckpt_lock(&pf->mu, CKPT_RANK_PF);
 	ckpt_pf_assert(pf);
@@ -426,6 +435,7 @@ static ssize_t buf_write(ckpt_view *v, struct pfile_node *f, uint64_t off, const
 
 static ssize_t buf_read(ckpt_view *v, struct pfile_node *f, uint64_t off, size_t len, uint8_t *dst)
 {
+	ckpt_assert_held(CKPT_RANK_IO);
 	(void)v;
 	struct pfile *pf = &f->pf;
 	ckpt_lock(&pf->mu, CKPT_RANK_PF);
@@ -439,6 +449,7 @@ static ssize_t buf_read(ckpt_view *v, struct pfile_node *f, uint64_t off, size_t
 
 static int buf_truncate(ckpt_view *v, struct pfile_node *f, uint64_t size)
 {
+	ckpt_assert_held(CKPT_RANK_IO);
 	struct pfile *pf = &f->pf;
 	ckpt_lock(&pf->mu, CKPT_RANK_PF);
 	int rc = json_resize_locked(pf, size);
@@ -453,12 +464,14 @@ static int buf_truncate(ckpt_view *v, struct pfile_node *f, uint64_t size)
 /* unlink of a JSON item's file: the item has no content any more. */
 static int json_destroy(ckpt_view *v, struct pfile_node *f)
 {
+	ckpt_assert_held(CKPT_RANK_IO);
 	return ckpt_step_set_json(f->ps->step, parent_of(v, &f->n)->name, NULL, 0);
 }
 
 /* unlink of the marker: the copy's request to commit is withdrawn (ns_lock). */
 static int marker_destroy(ckpt_view *v, struct pfile_node *f)
 {
+	ckpt_assert_held(CKPT_RANK_NS);
 	(void)v;
 	f->ps->commit_wanted = 0;
 	return 0;

@@ -30,6 +30,13 @@
  * other here.  A commit holds io_lock exclusive but NOT ns_lock: the step
  * is marked committing under ns_lock, committed, then its node is swapped
  * for the committed step's under ns_lock again.
+ * A function named *_locked is called with the lock its comment names and
+ * returns with it still held (ckpt_assert_held checks it in debug and
+ * sanitizer builds); no function releases a lock its caller took, but the
+ * commit's, which drop ns_lock and take it again (ckpt_ps_commit,
+ * ckpt_ps_settle: said at each).  The kinds' ops take pf->mu themselves:
+ * what they need is copied under it, the writer and the tmp folder are
+ * called without it.
  */
 #ifndef CKPT_PENDING_INT_H
 #define CKPT_PENDING_INT_H

@@ -147,6 +147,7 @@ int ckpt_pf_raw_open_f(ckpt_view *v, struct pfile_node *f, int flags)
  * what stat answers from now on, unchanged by renames and closes. */
 void ckpt_pf_raw_note_stat(struct pfile *pf, int fd)
 {
+	ckpt_assert_held(CKPT_RANK_PF);
 	struct stat sb;
 	if (fstat(fd, &sb) == 0) {
 		pf->size = (uint64_t)sb.st_size;
@@ -207,6 +208,7 @@ int ckpt_pf_key_path(ckpt_view *v, struct node *dir, const char *stem, const cha
  * (pf->mu held): into pf->hdr, grown as needed. */
 int ckpt_pf_hdr_put(struct pfile *pf, uint64_t off, const uint8_t *data, size_t n)
 {
+	ckpt_assert_held(CKPT_RANK_PF);
 	if (off + n > pf->cap) {
 		uint8_t *p = realloc(pf->hdr, (size_t)(off + n));
 		if (!p)
@@ -225,6 +227,7 @@ int ckpt_pf_hdr_put(struct pfile *pf, uint64_t off, const uint8_t *data, size_t 
  * bytes written so far copied to dst; returns the bytes copied. */
 size_t ckpt_pf_header_part(const struct pfile *pf, uint64_t off, size_t *len, uint8_t *dst)
 {
+	ckpt_assert_held(CKPT_RANK_PF);
 	size_t hl = pf->data_off ? pf->data_off : pf->have;
 	if (off >= pf->size) {
 		*len = 0;
@@ -354,6 +357,7 @@ void ckpt_pf_note_write_locked(struct pfile *pf, uint64_t *off, size_t len, int 
 
 int ckpt_pf_copy_busy(struct pfile_node *f, int copy, char *why, size_t cap)
 {
+	ckpt_assert_held(CKPT_RANK_NS);
 	ckpt_lock(&f->pf.mu, CKPT_RANK_PF);
 	int dirty = f->pf.dirty;
 	ckpt_unlock(&f->pf.mu, CKPT_RANK_PF);

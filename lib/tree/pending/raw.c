@@ -147,6 +147,7 @@ static void copy_watch_stop(ckpt_view *v, void *arg)
 
 void ckpt_raw_start_copy_thread(ckpt_view *v, int (*commit)(ckpt_view *v, struct node *sn))
 {
+	ckpt_assert_held(CKPT_RANK_NS);
 	if (v->copy_watch)
 		return;
 	struct copy_watch *w = calloc(1, sizeof(*w));
@@ -194,6 +195,7 @@ static int has_arrays(struct node *dir)
  * copied into it so far go to its folder as they are. */
 int ckpt_raw_make_stored(ckpt_view *v, struct node *it, const char *why)
 {
+	ckpt_assert_held(CKPT_RANK_NS);
 	struct pdir_node *pd = to_pdir(it);
 	struct pstep *ps = pd->ps;
 	if (pd->stored)
@@ -371,6 +373,7 @@ int ckpt_raw_check_stored(ckpt_view *v, struct node *sn, int quiet)
 /* mkdir in an Orbax save (ns_lock exclusive). */
 int ckpt_aw_mkdir(ckpt_view *v, struct node *dir, const char *name, ckpt_attr *out)
 {
+	ckpt_assert_held(CKPT_RANK_NS);
 	struct pstep *ps = to_pdir(dir)->ps;
 	char rel[VIEW_PATH_MAX], path[VIEW_PATH_MAX];
 	if (ckpt_node_find_kid(dir, name))
@@ -402,7 +405,9 @@ int ckpt_aw_create(ckpt_view *v, struct pfile_node *f)
 			 strerror(-fd));
 		return fd; /* the node is unlinked: freed with the view */
 	}
+	ckpt_lock(&f->pf.mu, CKPT_RANK_PF);
 	ckpt_pf_raw_note_stat(&f->pf, fd);
+	ckpt_unlock(&f->pf.mu, CKPT_RANK_PF);
 	close(fd);
 	return 0;
 }
@@ -421,6 +426,7 @@ static int aw_below(ckpt_view *v, struct node *dir, struct node *n)
 int ckpt_aw_rename(ckpt_view *v, struct node *dir, struct node *n, struct node *ndir, const char *newname,
 		   unsigned flags)
 {
+	ckpt_assert_held(CKPT_RANK_NS);
 	struct pstep *ps = to_pdir(dir)->ps;
 	if (!ndir || (ndir->kind != N_PSTEP && ndir->kind != N_PDIR) || to_pdir(ndir)->ps != ps ||
 	    atomic_load(&ndir->orphan))
@@ -485,6 +491,7 @@ int ckpt_aw_rename(ckpt_view *v, struct node *dir, struct node *n, struct node *
 /* rmdir of an empty folder in an Orbax save (ns_lock exclusive). */
 int ckpt_aw_rmdir(ckpt_view *v, struct node *dir, struct node *n)
 {
+	ckpt_assert_held(CKPT_RANK_NS);
 	struct pstep *ps = to_pdir(n)->ps;
 	if (frozen(ps))
 		return ckpt_pf_refuse(n->name, "remove (the step is committed or committing)");
@@ -535,6 +542,7 @@ static int aw_npy_kid(struct node *dir)
 /* Put dir's folders and buffered files in the tmp folder (io_lock exclusive). */
 static int aw_spill(ckpt_view *v, struct node *dir)
 {
+	ckpt_assert_held(CKPT_RANK_IO);
 	struct dir_node *d = to_dir(dir);
 	struct pstep *ps = to_pdir(dir)->ps;
 	int rc = 0;
@@ -583,6 +591,7 @@ static int aw_spill(ckpt_view *v, struct node *dir)
  * exclusive); why: what showed it. */
 int ckpt_aw_convert(ckpt_view *v, struct node *sn, const char *why)
 {
+	ckpt_assert_held(CKPT_RANK_NS);
 	struct pstep *ps = to_pdir(sn)->ps;
 	if (ps->as_written)
 		return 0;
@@ -630,6 +639,7 @@ int ckpt_aw_fresh_meta(struct pfile *pf)
 static ssize_t raw_write(ckpt_view *v, struct pfile_node *f, uint64_t off, const uint8_t *data, size_t len,
 			 int append)
 {
+	ckpt_assert_held(CKPT_RANK_IO);
 	struct pfile *pf = &f->pf;
 	ckpt_lock(&pf->mu, CKPT_RANK_PF);
 	ckpt_pf_note_write_locked(pf, &off, len, append);
@@ -654,6 +664,7 @@ static ssize_t raw_write(ckpt_view *v, struct pfile_node *f, uint64_t off, const
 
 static ssize_t raw_read(ckpt_view *v, struct pfile_node *f, uint64_t off, size_t len, uint8_t *dst)
 {
+	ckpt_assert_held(CKPT_RANK_IO);
 	ckpt_lock(&f->pf.mu, CKPT_RANK_PF);
 	uint64_t size = f->pf.size;
 	ckpt_unlock(&f->pf.mu, CKPT_RANK_PF);
@@ -667,6 +678,7 @@ static ssize_t raw_read(ckpt_view *v, struct pfile_node *f, uint64_t off, size_t
 
 static int raw_truncate(ckpt_view *v, struct pfile_node *f, uint64_t size)
 {
+	ckpt_assert_held(CKPT_RANK_IO);
 	struct pfile *pf = &f->pf;
 	ckpt_lock(&pf->mu, CKPT_RANK_PF);
 	int fd = ckpt_pf_raw_open_f(v, f, O_WRONLY);
@@ -684,6 +696,7 @@ static int raw_truncate(ckpt_view *v, struct pfile_node *f, uint64_t size)
 /* unlink: the file leaves the tmp folder (a failure is only logged). */
 static int raw_destroy(ckpt_view *v, struct pfile_node *f)
 {
+	ckpt_assert_held(CKPT_RANK_IO);
 	char raw[VIEW_PATH_MAX];
 	ckpt_lock(&f->pf.mu, CKPT_RANK_PF);
 	if (ckpt_pf_raw_path(v, f, raw, sizeof(raw)) == 0 && unlink(raw) && errno != ENOENT)

@@ -44,6 +44,7 @@ static int st_prefix(ckpt_view *v, struct pfile_node *f, const char **item, cons
 /* Declare the parsed tensors (pf->mu held): all or none. */
 static int st_declare(ckpt_view *v, struct pfile_node *f)
 {
+	ckpt_assert_held(CKPT_RANK_PF);
 	struct pfile *pf = &f->pf;
 	const char *item, *keys[CKPT_ORBAX_MAX_DEPTH];
 	int types[CKPT_ORBAX_MAX_DEPTH], depth;
@@ -140,6 +141,7 @@ static int st_entries_parse(struct pfile_node *f, const char *json, size_t len, 
 static int st_collect(ckpt_view *v, struct pfile_node *f, uint64_t off, const uint8_t *data, size_t len,
 		      size_t *take)
 {
+	ckpt_assert_held(CKPT_RANK_PF);
 	struct pfile *pf = &f->pf;
 	if (off > pf->have) {
 		ckpt_log(CKPT_LOG_ERR, "%s: write at %llu before the safetensors header is complete",
@@ -246,6 +248,7 @@ static int st_write_data(struct pfile_node *f, uint64_t off, size_t data_off, co
 static ssize_t st_write(ckpt_view *v, struct pfile_node *f, uint64_t off, const uint8_t *data, size_t len,
 			int append)
 {
+	ckpt_assert_held(CKPT_RANK_IO);
 	struct pfile *pf = &f->pf;
 	size_t take = 0;
 	ckpt_lock(&pf->mu, CKPT_RANK_PF);
@@ -278,6 +281,7 @@ static ssize_t st_write(ckpt_view *v, struct pfile_node *f, uint64_t off, const 
  * written bytes read as zeros). */
 static ssize_t st_read(ckpt_view *v, struct pfile_node *f, uint64_t off, size_t len, uint8_t *dst)
 {
+	ckpt_assert_held(CKPT_RANK_IO);
 	(void)v;
 	struct pfile *pf = &f->pf;
 	ckpt_lock(&pf->mu, CKPT_RANK_PF);
@@ -305,6 +309,7 @@ static ssize_t st_read(ckpt_view *v, struct pfile_node *f, uint64_t off, size_t 
 
 static int st_truncate(ckpt_view *v, struct pfile_node *f, uint64_t size)
 {
+	ckpt_assert_held(CKPT_RANK_IO);
 	(void)v;
 	struct pfile *pf = &f->pf;
 	int rc = 0;
@@ -329,6 +334,7 @@ static int st_truncate(ckpt_view *v, struct pfile_node *f, uint64_t size)
 
 static int st_check(struct pfile_node *f, int copy, char *why, size_t cap)
 {
+	ckpt_assert_held(CKPT_RANK_NS);
 	struct pfile *pf = &f->pf;
 	ckpt_lock(&pf->mu, CKPT_RANK_PF);
 	int dirty = pf->dirty, parsed = pf->phase == PH_DATA;
@@ -355,6 +361,7 @@ static int st_check(struct pfile_node *f, int copy, char *why, size_t cap)
 /* unlink: an import's tensors go with it. */
 static int st_destroy(ckpt_view *v, struct pfile_node *f)
 {
+	ckpt_assert_held(CKPT_RANK_IO);
 	(void)v;
 	struct pfile *pf = &f->pf;
 	int rc = 0;

@@ -302,6 +302,7 @@ static int swap_committed(ckpt_view *v, struct node *sn, struct node *n, const c
 
 int ckpt_ps_commit(ckpt_view *v, struct node *sn, const char *final, int copy, struct node **committed)
 {
+	ckpt_assert_held(CKPT_RANK_NS);
 	struct node *root = ckpt_node_at(v, CKPT_ROOT_INO);
 	struct pstep *ps = to_pdir(sn)->ps;
 	assert(sn->kind == N_PSTEP && sn->parent == CKPT_ROOT_INO && !frozen(ps) &&
@@ -397,6 +398,7 @@ static int swap_committed(ckpt_view *v, struct node *sn, struct node *n, const c
  */
 int ckpt_ps_settle(ckpt_view *v, struct node *sn, struct node **committed)
 {
+	ckpt_assert_held(CKPT_RANK_NS);
 	struct pstep *ps = to_pdir(sn)->ps;
 	if (ps->settling)
 		return -EBUSY;
@@ -597,6 +599,7 @@ static void check_item_meta(struct check *c, struct node *it)
  * reason logged when `log`).  ns_lock held. */
 static int step_check(ckpt_view *v, struct node *sn, int copy, int log)
 {
+	ckpt_assert_held(CKPT_RANK_NS);
 	struct check c = { v, to_pdir(sn)->ps, copy, log, 0, 0 };
 	struct dir_node *d = to_dir(sn);
 	for (size_t i = 0; i < d->nkids && !c.rc; i++) {
@@ -702,6 +705,7 @@ static int watch_commit(ckpt_view *v, struct node *sn);
  * step exited. */
 static int try_commit(ckpt_view *v, struct node *sn, int copy, int watch)
 {
+	ckpt_assert_held(CKPT_RANK_NS);
 	int rc = step_check(v, sn, copy, !copy);
 	if (rc)
 		return copy ? 0 : rc; /* a copy waits for its last file */
@@ -730,6 +734,7 @@ int ckpt_ps_try_commit(ckpt_view *v, struct node *sn, int copy)
 /* rmdir of pending step n (OPEN or LOST) of dir (ns_lock exclusive). */
 int ckpt_ps_abort(ckpt_view *v, struct node *dir, struct node *n)
 {
+	ckpt_assert_held(CKPT_RANK_NS);
 	(void)v;
 	struct pstep *ps = to_pdir(n)->ps;
 	if ((atomic_load(&ps->state) == PS_COMMITTING || atomic_load(&ps->state) == PS_SEALED)) {
