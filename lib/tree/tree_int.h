@@ -656,6 +656,13 @@ static inline int ckpt_view_add_stop_hook(ckpt_view *v, void (*fn)(ckpt_view *v,
 	return 0;
 }
 
+/* ---- pending/ --------------------------------------------------------------- */
+
+/* A writable local root shows each <step>.orbax-checkpoint-tmp folder it
+ * holds at open (left by an earlier mount or Orbax run) as a pending step
+ * stored as written (pending/step.c).  Called once by view open. */
+void ckpt_pending_adopt_leftovers(ckpt_view *v);
+
 /* ---- layout.c (the root's steps) ------------------------------------------- */
 
 /* 1 when a committing step of the root takes `name` (ns_lock held): asks

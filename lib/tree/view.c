@@ -213,6 +213,7 @@ static int view_open(const char *source, ckpt_store *src, const ckpt_view_opts *
 		return rc;
 	}
 	v->writable = !strcmp(v->kind, "root") && !v->opts.read_only;
+	ckpt_pending_adopt_leftovers(v); /* before anyone sees the root */
 	/* the listing ckpt_layout_build_view made counts as the first scan */
 	v->scan_mtime = root->mtime_ns;
 	atomic_store(&v->root_mtime, root->mtime_ns);

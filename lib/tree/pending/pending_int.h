@@ -107,6 +107,9 @@ struct pstep {
 	 * that became stored as written (aw_convert); the close of its
 	 * commit_success.txt, written with bytes, commits it.  ns_lock. */
 	int commit_file;
+	/* a <step>.orbax-checkpoint-tmp folder found at open, left by an
+	 * earlier mount or Orbax run (step.c); set before publication */
+	int leftover;
 };
 
 /* N_PSTEP and N_PDIR */

@@ -8,9 +8,12 @@
  * Not here: the bytes of its files (file.c, safetensors.c, raw.c), the
  * copy-tool watch (raw.c), which namespace call does what (namespace.c).
  */
+#include <dirent.h>
+#include <fcntl.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "orbax.h"
@@ -128,6 +131,8 @@ static void pstep_destroy(ckpt_view *v, struct node *n)
 
 /* pstep_ops.reserves: the final name of a committing step (ns_lock held);
  * layout.c's ckpt_name_reserved asks every pending step of the root. */
+static ssize_t pstep_getxattr(ckpt_view *v, struct node *n, const char *name, char *buf, size_t cap);
+
 static const char *pstep_reserves(struct node *k)
 {
 	struct pstep *ps = to_pdir(k)->ps;
@@ -142,6 +147,7 @@ static const struct node_ops pstep_ops = {
 	.readdir = ckpt_node_readdir_kids,
 	.destroy = pstep_destroy,
 	.reserves = pstep_reserves,
+	.getxattr = pstep_getxattr,
 };
 
 /* Upload workers of a step on an object store: one CKPT_UPLOAD_PART buffer
@@ -179,6 +185,20 @@ int ckpt_ps_new(ckpt_view *v, struct node *root, const char *name, ckpt_attr *ou
 			 "mount would stage its own folder); save through one mount",
 			 name);
 		return -EPERM;
+	}
+	/* mkdir S over S.orbax-checkpoint-tmp left over at open (shown as a
+	 * pending step, see below): it is reclaimed, as the writer reclaims a
+	 * stale tmp folder nobody holds. */
+	char tname[VIEW_NAME_BUF];
+	struct node *old = NULL;
+	if (!as_written &&
+	    snprintf(tname, sizeof(tname), "%s%s", name, CKPT_ORBAX_TMP_INFIX) < (int)sizeof(tname))
+		old = ckpt_node_find_kid(root, tname);
+	if (old && old->kind == N_PSTEP && to_pdir(old)->ps->leftover &&
+	    atomic_load(&to_pdir(old)->ps->state) == PS_OPEN) {
+		int rc = ckpt_ps_abort(v, root, old);
+		if (rc)
+			return rc;
 	}
 	ckpt_writer_opts o;
 	ckpt_writer_opts_init(&o);
@@ -240,6 +260,150 @@ int ckpt_ps_new(ckpt_view *v, struct node *root, const char *name, ckpt_attr *ou
 	}
 	ckpt_node_fill_attr(v, n, out);
 	return 0;
+}
+
+/* ---- pending folders left over ------------------------------------------------------
+ *
+ * A <step>.orbax-checkpoint-tmp folder that a writable local root holds
+ * when it is mounted was left by an earlier mount or an earlier Orbax run
+ * (nothing holds its lock).  It is shown as what it is, a pending step
+ * stored as written (the same thing an Orbax save through the mount makes),
+ * its folders and files as they are: rm -r through the mount removes it
+ * from SOURCE (the rmdir of the step aborts it), a rename to <step>
+ * commits it, Orbax may finish it.  Its node answers user.ckpt.leftover,
+ * which `ckptfs status` reads.  A read-only mount, an object-store root
+ * and a mount with process_count leave such folders hidden.
+ */
+
+/* The folders and regular files of dfd (an adopted step's folder, or one
+ * of its folders) as kids of dir; depth: dir's below the step. */
+static int adopt_tree(ckpt_view *v, struct node *dir, int dfd, int depth)
+{
+	DIR *d = fdopendir(dfd);
+	if (!d) {
+		close(dfd);
+		return -errno;
+	}
+	int rc = 0;
+	struct dirent *e;
+	while (!rc && (e = readdir(d))) {
+		struct stat sb;
+		if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..") ||
+		    fstatat(dirfd(d), e->d_name, &sb, AT_SYMLINK_NOFOLLOW))
+			continue;
+		if (S_ISDIR(sb.st_mode) && depth < CKPT_ORBAX_MAX_DEPTH) {
+			struct node *n = ckpt_node_new(v, &ckpt_pdir_ops, e->d_name, dir);
+			if (!n || ckpt_node_add_kid(dir, n) < 0) {
+				rc = -ENOMEM;
+				break;
+			}
+			to_pdir(n)->ps = to_pdir(dir)->ps;
+			int sub =
+				openat(dirfd(d), e->d_name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+			if (sub >= 0)
+				rc = adopt_tree(v, n, sub, depth + 1);
+		} else if (S_ISREG(sb.st_mode)) {
+			/* its path follows renames (pf.rel NULL), as in an Orbax save */
+			struct pfile_node *f = ckpt_pf_node_new(v, dir, e->d_name, &ckpt_pf_raw_ops);
+			if (!f || ckpt_node_add_kid(dir, &f->n) < 0) {
+				rc = -ENOMEM;
+				break;
+			}
+			f->pf.size = (uint64_t)sb.st_size;
+			f->pf.raw_mtime_ns = (int64_t)sb.st_mtim.tv_sec * 1000000000 + sb.st_mtim.tv_nsec;
+		}
+	}
+	closedir(d);
+	return rc;
+}
+
+/* The left-over folder `name` (<sname>.orbax-checkpoint-tmp) as a pending
+ * step of root (ns_lock exclusive, at view open). */
+static void adopt_one(ckpt_view *v, struct node *root, const char *name, const char *sname)
+{
+	ckpt_writer_opts o;
+	ckpt_writer_opts_init(&o);
+	ckpt_step *st;
+	if (ckpt_step_adopt(v->source, sname, &o, &st) < 0)
+		return; /* logged; it stays hidden */
+	ckpt_step_info info;
+	ckpt_step_get_info(st, &info);
+	int dfd = open(info.tmp_path, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+	struct pstep *ps = calloc(1, sizeof(*ps));
+	struct node *n = ps && dfd >= 0 ? ckpt_node_new(v, &pstep_ops, name, root) : NULL;
+	if (!n) {
+		if (dfd >= 0)
+			close(dfd);
+		ckpt_step_destroy(st); /* its folder stays as it is */
+		free(ps);
+		return;
+	}
+	ps->step = st;
+	atomic_init(&ps->as_written, 1);
+	ps->leftover = 1;
+	pthread_rwlock_init(&ps->io_lock, NULL);
+	pthread_mutex_init(&ps->wp_mu, NULL);
+	atomic_init(&ps->last_op_ns, ckpt_now_ns());
+	atomic_init(&ps->state, PS_OPEN);
+	to_pdir(n)->ps = ps; /* the node owns it from here on */
+	int rc = ckpt_node_add_kid(root, n);
+	if (rc == 0)
+		rc = adopt_tree(v, n, dfd, 0);
+	else
+		close(dfd);
+	if (rc < 0) { /* not shown whole: not shown; its folder stays as it is */
+		ckpt_node_remove_kid(root, n);
+		atomic_store(&n->orphan, true);
+		ckpt_step_destroy(st);
+		ps->step = NULL;
+		ps_set(ps, PS_ABORTED);
+		ckpt_log(CKPT_LOG_ERR, "%s: cannot show the pending folder left over: %s", info.tmp_path,
+			 strerror(-rc));
+		return;
+	}
+	ckpt_log(CKPT_LOG_INFO,
+		 "%s: left by an earlier mount or Orbax run; shown as pending step %s (rm -r it through the "
+		 "mount to discard it, or rename it to %s to commit it)",
+		 info.tmp_path, name, sname);
+}
+
+void ckpt_pending_adopt_leftovers(ckpt_view *v)
+{
+	if (!v->writable || v->opts.spool_dir || v->opts.process_count > 1)
+		return;
+	DIR *d = opendir(v->source);
+	if (!d)
+		return;
+	ckpt_wrlock(&v->ns_lock, CKPT_RANK_NS);
+	struct node *root = ckpt_node_at(v, CKPT_ROOT_INO);
+	struct dirent *e;
+	while ((e = readdir(d))) {
+		char sname[CKPT_ORBAX_NAME_MAX + 1], want[VIEW_NAME_BUF];
+		struct stat sb;
+		if (!ckpt_orbax_tmp_step(e->d_name, sname, sizeof(sname)) ||
+		    snprintf(want, sizeof(want), "%s%s", sname, CKPT_ORBAX_TMP_INFIX) < 0 ||
+		    strcmp(want, e->d_name) || fstatat(dirfd(d), e->d_name, &sb, AT_SYMLINK_NOFOLLOW) ||
+		    !S_ISDIR(sb.st_mode) || ckpt_node_find_kid(root, e->d_name) ||
+		    ckpt_node_find_kid(root, sname))
+			continue;
+		adopt_one(v, root, e->d_name, sname);
+	}
+	ckpt_rwunlock(&v->ns_lock, CKPT_RANK_NS);
+	closedir(d);
+}
+
+/* pstep_ops.getxattr: user.ckpt.leftover of a step adopted at open. */
+static ssize_t pstep_getxattr(ckpt_view *v, struct node *n, const char *name, char *buf, size_t cap)
+{
+	(void)v;
+	static const char val[] = "an earlier mount";
+	if (!to_pdir(n)->ps->leftover || strcmp(name, "user.ckpt.leftover"))
+		return -ENODATA;
+	if (cap && cap < sizeof(val) - 1)
+		return -ERANGE;
+	if (cap)
+		memcpy(buf, val, sizeof(val) - 1);
+	return (ssize_t)(sizeof(val) - 1);
 }
 
 /* Object store: send the staged copy of the step committed as `final`,
