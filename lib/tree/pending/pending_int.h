@@ -18,7 +18,8 @@
  *                  data) and buffered files (PF_JSON, PF_META, PF_MARKER,
  *                  PF_INDEX); ckpt_view_write and ckpt_view_truncate
  *   step.c         the life of a pending step (its state table): begin,
- *                  completeness checks, commit, settle, abort
+ *                  completeness checks, commit, settle, abort; the
+ *                  folders left over in SOURCE, adopted at view open
  *   namespace.c    the namespace calls on pending steps: mkdir, create (the
  *                  classifier: what a new file is), rename, unlink, rmdir,
  *                  flush, setxattr

@@ -1,11 +1,15 @@
 /*
- * pending/pfile.c - the helpers every file of the write protocol shares:
- * where a pending file lives in its step's tmp folder (ckpt_pf_rel_of, ckpt_pf_raw_path),
- * the pytree keys a pending folder or file name stands for (ckpt_pf_key_of_name,
- * ckpt_pf_key_path), the header bytes of a pending file, copied metadata as JSON,
- * and the ops of pending directories (N_PDIR).
- * Not here: anything that changes a step's state (step.c), a file's bytes
- * (file.c, safetensors.c, raw.c) or the namespace (namespace.c).
+ * pending/pfile.c - what every file of the write protocol shares: where a
+ * pending file lives in its step's tmp folder (ckpt_pf_rel_of,
+ * ckpt_pf_raw_path), the pytree keys a pending folder or file name stands
+ * for (ckpt_pf_key_of_name, ckpt_pf_key_path), the header bytes of a
+ * pending file, copied metadata as JSON; the pending file's kind and
+ * header-phase tables (ckpt_pf_set_kind, ckpt_pf_set_phase, ckpt_pf_assert);
+ * the node ops of N_PDIR and N_PFILE (a read dispatches through the file's
+ * kind).
+ * Not here: anything that changes a step's state (step.c), a kind's bytes
+ * (file.c, safetensors.c, raw.c), which kind a new file is or the
+ * namespace (namespace.c).
  */
 #include <fcntl.h>
 #include <stdio.h>

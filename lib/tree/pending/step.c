@@ -2,9 +2,10 @@
  * pending/step.c - the life of a pending step (N_PSTEP): mkdir of a step
  * begins it, the checks say when it is complete, the commit (a rename, or
  * its commit marker) seals it and swaps it for the committed step, a
- * settle finds out what an uncertain upload did, rmdir aborts it.  Every
- * state change goes through ps_set(), which asserts the edge (the table
- * below).
+ * settle finds out what an uncertain upload did, rmdir aborts it; a
+ * <step>.orbax-checkpoint-tmp folder left over in SOURCE becomes one at
+ * view open.  Every state change goes through ps_set(), which asserts the
+ * edge (the table below).
  * Not here: the bytes of its files (file.c, safetensors.c, raw.c), the
  * copy-tool watch (raw.c), which namespace call does what (namespace.c).
  */
