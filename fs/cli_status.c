@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/xattr.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -34,7 +35,10 @@ static const char *const counters[] = { "bytes_written", "stored_bytes_written",
 struct pstep {
 	char name[256];
 	uint64_t arrays, declared, stored, stored_files;
-	int leftover; /* no such step in the mount: left by an earlier mount */
+	/* left by an earlier mount: no such step in the mount, or shown there
+	 * as the pending step the mount found at open (user.ckpt.leftover) */
+	int leftover;
+	int shown; /* MNT/<step>.orbax-checkpoint-tmp is there */
 };
 
 static void usage(FILE *f)
@@ -157,6 +161,13 @@ static size_t pending_steps(const char *mnt, const char *source, struct pstep **
 			ps->leftover = stat(p, &st) != 0;
 			walk_step(p, 0, 0, ps);
 		}
+		/* shown under its own name: an Orbax save through the mount, or a
+		 * folder the mount found at open (it says so) */
+		if (ps->leftover && snprintf(p, sizeof(p), "%s/%s", mnt, e->d_name) < (int)sizeof(p) &&
+		    stat(p, &st) == 0) {
+			ps->shown = 1;
+			ps->leftover = getxattr(p, "user.ckpt.leftover", NULL, 0) >= 0;
+		}
 	}
 	closedir(d);
 	*out = v;
@@ -258,6 +269,16 @@ static int show(const char *mnt, const char *source, int json, FILE *f)
 		if (!live)
 			fprintf(f, "no pending step\n");
 		for (size_t i = 0; i < np; i++) {
+			if (ps[i].leftover && ps[i].shown) {
+				fprintf(f,
+					"left over: %s" TMP_SUFFIX
+					" (%s in %llu files), a step an earlier mount "
+					"never committed, shown as a pending step.  Discard it: rm -r "
+					"%s/%s" TMP_SUFFIX "\n",
+					ps[i].name, ckpt_human(ps[i].stored, h2, sizeof(h2)),
+					(unsigned long long)ps[i].stored_files, mnt, ps[i].name);
+				continue;
+			}
 			if (ps[i].leftover) {
 				fprintf(f,
 					"left over: %s" TMP_SUFFIX

@@ -1004,7 +1004,7 @@ static int listed(const struct layout_steps *l, const char *name)
 }
 
 /* The root's list of steps has one owner, this file: a pending step
- * (pending.c) only says, through its ops, which final name it takes while
+ * (pending/step.c) only says, through its ops, which final name it takes while
  * it commits. */
 int ckpt_name_reserved(struct node *root, const char *name)
 {

@@ -27,13 +27,22 @@
  *                 lib/foreign/, foreign.h); the root's list of steps (which names
  *                 a committing step takes)
  *   prune.c       deleting committed steps of a writable root (rmtree through the mount)
- *                 (on top: it changes the root's listing and the source, for pending.c)
+ *                 (on top: it changes the root's listing and the source, for pending/)
  *   views_import.c  view recipes the other way: a folder copied into a pending
  *                 STEP/.views/NAME/ becomes the step's arrays at its commit
- *   pending.c     the write protocol on the namespace; the ops of pending kinds;
- *                 the thread that commits stored copies
+ *   pending/pfile.c  the write protocol's shared helpers (tmp folder paths, key
+ *                 names), the pending file kinds' tables, N_PDIR's and N_PFILE's
+ *                 ops; pending/pending_int.h lists the folder
+ *   pending/raw.c  raw copies (stored copies, Orbax saves), the copy-tool watch
+ *   pending/safetensors.c  importing safetensors files into a pending step
+ *   pending/file.c  .npy and buffered (JSON, metadata) pending files; write, truncate
+ *   pending/step.c  a pending step's life (state table): begin, checks, commit,
+ *                 settle, abort
+ *   pending/namespace.c  mkdir, create, rename, unlink, rmdir, flush, setxattr
+ *                 on pending steps
  *   view.c        open/destroy, lookup, readdir, getattr, read, xattr: dispatch;
- *                 root rescans, and the files of gone steps to invalidate
+ *                 root rescans, and the files of gone steps to invalidate; the
+ *                 stop hooks of threads below it
  * The sections at the end of this header declare each file's calls, in this
  * order; the translators live in lib/foreign/ (foreign.h), and view.c defines
  * only public calls (view.h).
@@ -97,7 +106,7 @@
  *     without locks).
  *   - a step's life and refs, a node's kref: atomics; the view's list of
  *     steps a rescan unlinked: scan_mu.
- *   - a pending file's header state: its pfile mutex (pending.c).
+ *   - a pending file's header state: its pfile mutex (pending/).
  *
  * ---- Lock order of libckpt ---------------------------------------------------
  * Outer first: a lock may be taken only while every lock the thread holds
@@ -267,7 +276,7 @@ struct node {
 	char *name;
 	int64_t mtime_ns;
 	int hidden; /* reachable by name (hidden-name map), not listed; set before publication */
-	/* a step of the root committed through this mount (pending.c), whose
+	/* a step of the root committed through this mount (pending/), whose
 	 * nodes accept chmod/chown from the tool that copied it; set before
 	 * publication */
 	int written_here;
@@ -404,11 +413,16 @@ struct ckpt_view {
 	struct node *inval_head, *inval_tail;
 	size_t inval_len; /* nodes on that list */
 	pthread_rwlock_t ns_lock; /* see the lock order above */
-	/* pending.c: the thread that commits stored copies once the processes
-	 * that copied them have exited (started on first need, under ns_lock) */
-	pthread_t copy_thread;
-	int copy_thread_on;
-	atomic_bool copy_stop;
+	/* pending/raw.c: the copy-tool watch, a thread that commits stored
+	 * copies once the processes that copied them have exited (started on
+	 * first need, under ns_lock exclusive) */
+	struct copy_watch *copy_watch;
+	/* run first thing at view destroy (ckpt_view_add_stop_hook) */
+	struct view_stop_hook {
+		void (*fn)(ckpt_view *v, void *arg);
+		void *arg;
+	} stop_hooks[4];
+	int nstop_hooks;
 	char *source; /* what was mounted, as given */
 	ckpt_store *src; /* its root store (also in stores[]): all discovery goes through it */
 	int writable; /* a CheckpointManager root not mounted read-only */
@@ -687,11 +701,27 @@ int ckpt_vimport_check(ckpt_view *v, const char *step, const char *name);
  * when there is none; else -errno, logged, and nothing declared. */
 int ckpt_vimport_commit(ckpt_view *v, struct ckpt_step *step, const char *stepname);
 
-/* ---- pending.c ------------------------------------------------------------- */
+/* ---- pending/ ---------------------------------------------------------------- */
 /* (also the write-side calls of view.h: ckpt_view_mkdir, ckpt_view_create,
- * ckpt_view_write, ...) */
+ * ckpt_view_write, ...; the folder's own calls are in pending/pending_int.h) */
 
-/* Stop the thread that commits stored copies (first thing at view destroy). */
-void ckpt_pending_shutdown(ckpt_view *v);
+/* A writable local root shows each <step>.orbax-checkpoint-tmp folder it
+ * holds at open (left by an earlier mount or Orbax run) as a pending step
+ * stored as written (pending/step.c).  Called once by view open. */
+void ckpt_pending_adopt_leftovers(ckpt_view *v);
+
+/* ---- view.c's stop hooks ----------------------------------------------------- */
+
+/* A thread of a file below view.c registers fn(v, arg) to be stopped first
+ * thing at ckpt_view_destroy (hooks run last registered first).  Called
+ * under ns_lock exclusive; 0, or -ENOSPC when the table is full. */
+static inline int ckpt_view_add_stop_hook(ckpt_view *v, void (*fn)(ckpt_view *v, void *arg), void *arg)
+{
+	if (v->nstop_hooks == (int)(sizeof(v->stop_hooks) / sizeof(v->stop_hooks[0])))
+		return -ENOSPC;
+	v->stop_hooks[v->nstop_hooks].fn = fn;
+	v->stop_hooks[v->nstop_hooks++].arg = arg;
+	return 0;
+}
 
 #endif

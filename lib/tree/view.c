@@ -2,7 +2,7 @@
  * view.c - the public read-side calls on the mounted tree: open/destroy,
  * lookup, readdir, getattr, reads and xattrs.  Each one finds the node and
  * dispatches through its kind's ops table (tree_int.h); the write-side
- * calls (mkdir, create, write, ...) are in pending.c.
+ * calls (mkdir, create, write, ...) are in pending/.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -213,6 +213,7 @@ static int view_open(const char *source, ckpt_store *src, const ckpt_view_opts *
 		return rc;
 	}
 	v->writable = !strcmp(v->kind, "root") && !v->opts.read_only;
+	ckpt_pending_adopt_leftovers(v); /* before anyone sees the root */
 	/* the listing ckpt_layout_build_view made counts as the first scan */
 	v->scan_mtime = root->mtime_ns;
 	atomic_store(&v->root_mtime, root->mtime_ns);
@@ -256,7 +257,10 @@ void ckpt_view_destroy(ckpt_view *v)
 {
 	if (!v)
 		return;
-	ckpt_pending_shutdown(v);
+	while (v->nstop_hooks > 0) { /* threads of the files below (the copy-tool watch) */
+		v->nstop_hooks--;
+		v->stop_hooks[v->nstop_hooks].fn(v, v->stop_hooks[v->nstop_hooks].arg);
+	}
 	ckpt_node_release_all(v); /* pending steps, safetensors layouts, ... */
 	for (size_t i = 0; i < v->narefs; i++) {
 		ckpt_array_destroy(v->arefs[i]->arr);

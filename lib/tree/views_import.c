@@ -2,7 +2,7 @@
  * views_import.c - view recipes the other way (docs/recipes.md, "The other
  * direction"): `cp -r hf_folder MNT/30/.views/NAME/` into a pending step.
  *
- * pending.c stages the folder's files as they come, unchanged, in the
+ * pending/ stages the folder's files as they come, unchanged, in the
  * step's tmp folder (<tmp>/.views/NAME/, the way it keeps a stored copy's
  * files) and calls ckpt_vimport_commit in the step's commit: the
  * safetensors headers (format/safetensors.c) and config.json give the

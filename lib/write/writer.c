@@ -62,8 +62,9 @@ static void step_free(struct ckpt_step *st)
 	free(st);
 }
 
-int ckpt_step_begin(const char *root_dir, const char *step_name, const ckpt_writer_opts *opts,
-		    ckpt_step **out)
+/* ckpt_step_begin, or (adopt) ckpt_step_adopt. */
+static int step_open(const char *root_dir, const char *step_name, const ckpt_writer_opts *opts, int adopt,
+		     ckpt_step **out)
 {
 	ckpt_writer_opts o;
 	*out = NULL;
@@ -115,6 +116,19 @@ int ckpt_step_begin(const char *root_dir, const char *step_name, const ckpt_writ
 		ckpt_log(CKPT_LOG_ERR, "writer: step %s already exists in %s", step_name, root_dir);
 		goto fail;
 	}
+	if (adopt) { /* the tmp folder as it is: locked, never removed here */
+		st->dirfd = openat(st->rootfd, st->tmpname, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+		rc = st->dirfd < 0 ? -errno : flock(st->dirfd, LOCK_EX | LOCK_NB) ? -EBUSY : 0;
+		if (rc) {
+			ckpt_log(CKPT_LOG_ERR, "writer: step %s: cannot take %s: %s", step_name, st->tmppath,
+				 strerror(-rc));
+			goto fail;
+		}
+		st->as_written = 1;
+		st->init_ns = ckpt_wall_ns();
+		*out = st;
+		return 0;
+	}
 	/* A tmp folder nobody holds the lock of was left by a crash. */
 	int old = openat(st->rootfd, st->tmpname, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
 	if (old >= 0) {
@@ -163,6 +177,18 @@ fail_dir:
 fail:
 	step_free(st);
 	return rc;
+}
+
+int ckpt_step_begin(const char *root_dir, const char *step_name, const ckpt_writer_opts *opts,
+		    ckpt_step **out)
+{
+	return step_open(root_dir, step_name, opts, 0, out);
+}
+
+int ckpt_step_adopt(const char *root_dir, const char *step_name, const ckpt_writer_opts *opts,
+		    ckpt_step **out)
+{
+	return step_open(root_dir, step_name, opts, 1, out);
 }
 
 /* ---- writes ---- */

@@ -132,6 +132,16 @@ typedef struct ckpt_warray ckpt_warray;
 int ckpt_step_begin(const char *root_dir, const char *step_name, const ckpt_writer_opts *opts,
 		    ckpt_step **out);
 
+/* The tmp folder <root_dir>/<step_name>.orbax-checkpoint-tmp that is
+ * already there (left by an earlier process) becomes a pending step
+ * stored as written (ckpt_step_set_as_written), its files as they are:
+ * nothing is written or removed, no compression thread starts; it holds the
+ * folder's flock like a begun step.  Its commit renames it, its abort
+ * removes it.  Returns 0 and *out, -EEXIST (the step is committed), -EBUSY
+ * (its lock is held), -ENOENT or another -errno. */
+int ckpt_step_adopt(const char *root_dir, const char *step_name, const ckpt_writer_opts *opts,
+		    ckpt_step **out);
+
 /* Declare an item (checkpointable) with no arrays yet; idempotent.  Items
  * are also created implicitly by ckpt_step_add_array.  An item that has
  * neither arrays nor JSON at commit makes the commit fail (-EINVAL): Orbax

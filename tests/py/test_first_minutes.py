@@ -4,6 +4,7 @@ a mount says what it mounted and where its log goes, errors reach the user
 without syslog (.ckptfs/log, `ckptfs status`), the GNU long forms and the
 "did you mean" hints."""
 
+import errno
 import os
 import shutil
 import subprocess
@@ -371,20 +372,56 @@ def test_status_labels_a_leftover_pending_folder_and_says_how_to_discard_it(tmp_
     (m.p("50") / "state").mkdir(parents=True)  # a live pending step
     p = run("status", m.path)
     assert p.returncode == 0, p.stderr
-    assert f"left over: 40.orbax-checkpoint-tmp" in p.stdout and f"rm -r {left}" in p.stdout, p.stdout
+    # there at mount time: shown in the mount, and discarded through it
+    assert "left over: 40.orbax-checkpoint-tmp" in p.stdout, p.stdout
+    assert f"rm -r {m.p('40.orbax-checkpoint-tmp')}" in p.stdout, p.stdout
     assert "pending step 50:" in p.stdout and "pending step 40" not in p.stdout
     j = __import__("json").loads(run("status", "--json", m.path).stdout)
     assert {s["step"]: s["leftover"] for s in j["pending"]} == {"40": True, "50": False}
-    assert f"mkdir {m.p('40')} && rmdir {m.p('40')}" in p.stdout
-    subprocess.run(["rm", "-r", str(left)], check=True)  # the command it gives works
+    subprocess.run(["rm", "-r", m.p("40.orbax-checkpoint-tmp")], check=True)  # the command it gives works
+    assert not left.exists()
     assert "left over" not in run("status", m.path).stdout
-    # ... and so does the other, through the mount
+    # made in SOURCE after the mount: hidden, discarded in SOURCE or through a pending step
     (src / "60.orbax-checkpoint-tmp" / "state").mkdir(parents=True)
-    assert "left over: 60.orbax-checkpoint-tmp" in run("status", m.path).stdout
+    p = run("status", m.path)
+    assert "left over: 60.orbax-checkpoint-tmp" in p.stdout and f"rm -r {src / '60.orbax-checkpoint-tmp'}" in p.stdout
+    assert f"mkdir {m.p('60')} && rmdir {m.p('60')}" in p.stdout
     os.mkdir(m.p("60"))
     os.rmdir(m.p("60"))
     assert not (src / "60.orbax-checkpoint-tmp").exists()
     assert "60.orbax" not in run("status", m.path).stdout.split("recent errors")[0]
+
+
+def test_a_leftover_pending_folder_is_a_pending_step_of_a_writable_mount(tmp_path, mount):
+    """A <step>.orbax-checkpoint-tmp folder in SOURCE at mount time (left by
+    an earlier mount or Orbax run) is what an Orbax save through the mount
+    makes: a pending step stored as written.  rm -r through the mount
+    removes it from SOURCE; a rename to <step> commits it; a read-only
+    mount leaves it hidden."""
+    src = manager_copy(tmp_path)
+    left = src / "40.orbax-checkpoint-tmp"
+    (left / "state" / "d").mkdir(parents=True)
+    (left / "state" / "_METADATA").write_text("{}")
+    (left / "state" / "d" / "x").write_bytes(b"abc")
+    shutil.copytree(src / "20", src / "70.orbax-checkpoint-tmp")  # a whole step, never renamed
+    ro = mount(src, "ro")
+    assert sorted(os.listdir(ro.path)) == ["10", "20", "latest"]
+    assert U.errno_of(os.stat, ro.p("40.orbax-checkpoint-tmp")) == errno.ENOENT
+    m = mount(src)
+    assert {"40.orbax-checkpoint-tmp", "70.orbax-checkpoint-tmp"} <= set(os.listdir(m.path))
+    assert sorted(os.listdir(m.p("40.orbax-checkpoint-tmp/state"))) == ["_METADATA", "d"]
+    assert U.read_all(m.p("40.orbax-checkpoint-tmp/state/d/x")) == b"abc"
+    assert os.stat(m.p("40.orbax-checkpoint-tmp/state/d/x")).st_size == 3
+    assert os.getxattr(m.p("40.orbax-checkpoint-tmp"), "user.ckpt.leftover")
+    subprocess.run(["rm", "-r", m.p("40.orbax-checkpoint-tmp")], check=True)
+    assert not left.exists()
+    assert "40.orbax-checkpoint-tmp" not in os.listdir(m.path)
+    # Orbax's finalize: the rename commits it, and it reads as the step it holds
+    os.rename(m.p("70.orbax-checkpoint-tmp"), m.p("70"))
+    assert (src / "70").is_dir() and not (src / "70.orbax-checkpoint-tmp").exists()
+    want = U.read_all(m.p("20/state/params/layer_0/mlp/w1.npy"))
+    assert U.read_all(m.p("70/state/params/layer_0/mlp/w1.npy")) == want
+    assert "left over" not in run("status", m.path).stdout
 
 
 # ---- 8. Python: ckptfs.mount, and bf16 without ml_dtypes --------------------------------------------

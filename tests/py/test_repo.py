@@ -183,3 +183,11 @@ def test_test_modules_do_not_import_each_other():
             if re.match(r"\s*(from|import)\s+test_\w+", line):
                 bad.append(f"{p.name}:{n}: {line.strip()}")
     assert not bad, "test modules import other test modules:\n" + "\n".join(bad)
+
+
+def test_design_folder_block_follows_the_file_map():
+    """docs/design.md's "The tree's folders" names the files of lib/tree/'s
+    file map, in its order (scripts/folder_map --check; counts not compared)."""
+    r = subprocess.run([sys.executable, str(U.REPO / "scripts" / "folder_map"), "--check"],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr

@@ -1527,6 +1527,17 @@ static void test_kill(void)
 	if (d)
 		closedir(d);
 	CHECK_EQ_INT(entries, 2);
+	/* ckpt_step_adopt takes it over as it is (a step stored as written):
+	 * its lock is held meanwhile, and destroy leaves the folder. */
+	ckpt_step *ad;
+	CHECK_EQ_INT(ckpt_step_adopt(root, "2", NULL, &ad), 0);
+	CHECK_EQ_INT(ckpt_step_begin(root, "2", NULL, &st), -EBUSY);
+	CHECK_EQ_INT(ckpt_step_adopt(root, "2", NULL, &st), -EBUSY);
+	CHECK_EQ_INT(ckpt_step_adopt(root, "1", NULL, &st), -EEXIST);
+	CHECK_EQ_INT(ckpt_step_adopt(root, "3", NULL, &st), -ENOENT);
+	ckpt_step_destroy(ad);
+	snprintf(p, sizeof(p), "%s/2.orbax-checkpoint-tmp", root);
+	CHECK(exists(p));
 	/* The stale tmp folder is not a step: a new begin replaces it. */
 	CHECK_EQ_INT(ckpt_step_begin(root, "2", NULL, &st), 0);
 	CHECK_EQ_INT(ckpt_step_add_array(st, "state", k, kt, 1, CKPT_DT_FLOAT32, 1, shape, &a), 0);

@@ -248,7 +248,7 @@ int ckpt_node_kid_index(struct node *dir, const char *name, size_t *pos)
 }
 
 /* Kids stay sorted (binary insertion).  layout.c fills directories before
- * they are linked; pending.c adds and removes kids of the root and of
+ * they are linked; pending/ adds and removes kids of the root and of
  * pending directories at run time, under ns_lock exclusive. */
 void ckpt_node_remove_kid(struct node *dir, struct node *kid)
 {
