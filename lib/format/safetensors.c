@@ -727,6 +727,37 @@ ssize_t ckpt_st_layout_map(const ckpt_st_layout *l, uint64_t off, size_t len, ck
 	return (ssize_t)k;
 }
 
+ssize_t ckpt_st_layout_read(const ckpt_st_layout *l, uint64_t off, size_t len, uint8_t *dst,
+			    ckpt_st_tensor_read_fn tensor, void *arg)
+{
+	size_t hlen;
+	const uint8_t *hdr = ckpt_st_layout_header(l, &hlen);
+	size_t done = 0;
+	while (done < len) {
+		ckpt_st_piece pieces[16];
+		ssize_t np = ckpt_st_layout_map(l, off + done, len - done, pieces, 16);
+		if (np < 0)
+			return np;
+		if (np == 0)
+			break;
+		for (ssize_t i = 0; i < np; i++) {
+			const ckpt_st_piece *p = &pieces[i];
+			uint8_t *to = dst + done + p->dst_off;
+			if (p->tensor == CKPT_ST_PIECE_HEADER) {
+				memcpy(to, hdr + p->src_off, p->len);
+				continue;
+			}
+			ssize_t r = tensor(arg, p->input, p->src_off, p->len, to);
+			if (r < 0)
+				return r;
+			if ((size_t)r != p->len)
+				return -EIO;
+		}
+		done += pieces[np - 1].dst_off + pieces[np - 1].len;
+	}
+	return (ssize_t)done;
+}
+
 /* ---- sharded form ------------------------------------------------------- */
 
 #define SHARD_NAME_MAX 48

@@ -155,6 +155,15 @@ typedef struct ckpt_st_piece {
 ssize_t ckpt_st_layout_map(const ckpt_st_layout *l, uint64_t off, size_t len, ckpt_st_piece *pieces,
 			   size_t cap);
 
+/* Bytes [off, off + len) of the file into dst: header pieces copied from
+ * the header bytes, tensor pieces from tensor(arg, input, src_off, len,
+ * to), which returns the bytes it wrote (exactly len, else the read fails
+ * with -EIO) or -errno.  Returns the bytes read (clamped at the end of the
+ * file) or the first error; pure but for what tensor() does. */
+typedef ssize_t (*ckpt_st_tensor_read_fn)(void *arg, size_t input, uint64_t src_off, size_t len, uint8_t *to);
+ssize_t ckpt_st_layout_read(const ckpt_st_layout *l, uint64_t off, size_t len, uint8_t *dst,
+			    ckpt_st_tensor_read_fn tensor, void *arg);
+
 /*
  * Hugging Face sharded form (huggingface_hub's split_*_into_shards rules):
  * tensors are taken in the caller's order (after skipping unsupported ones

@@ -461,37 +461,18 @@ static void vfile_attr(ckpt_view *v, struct node *n, ckpt_attr *a)
 	a->size = to_vfile(n)->size;
 }
 
+/* ckpt_st_layout_read's tensor reads: target tensor `input` of the file. */
+static ssize_t vfile_tensor_read(void *arg, size_t input, uint64_t src_off, size_t len, uint8_t *to)
+{
+	struct vset *vs = arg;
+	return tensor_read(vs, vs->order[input], src_off, len, to);
+}
+
 static ssize_t vfile_read(ckpt_view *v, struct node *node, uint64_t off, size_t len, void *dst8)
 {
 	(void)v;
 	struct vfile_node *n = to_vfile(node);
-	uint8_t *dst = dst8;
-	size_t hlen;
-	const uint8_t *hdr = ckpt_st_layout_header(n->st, &hlen);
-	size_t done = 0;
-	while (done < len) {
-		ckpt_st_piece pieces[16];
-		ssize_t np = ckpt_st_layout_map(n->st, off + done, len - done, pieces, 16);
-		if (np < 0)
-			return np;
-		if (np == 0)
-			break;
-		for (ssize_t i = 0; i < np; i++) {
-			ckpt_st_piece *p = &pieces[i];
-			if (p->tensor == CKPT_ST_PIECE_HEADER) {
-				memcpy(dst + done + p->dst_off, hdr + p->src_off, p->len);
-				continue;
-			}
-			ssize_t r = tensor_read(n->vs, n->vs->order[p->input], p->src_off, p->len,
-						dst + done + p->dst_off);
-			if (r < 0)
-				return r;
-			if ((size_t)r != p->len)
-				return -EIO;
-		}
-		done += pieces[np - 1].dst_off + pieces[np - 1].len;
-	}
-	return (ssize_t)done;
+	return ckpt_st_layout_read(n->st, off, len, dst8, vfile_tensor_read, n->vs);
 }
 
 /* As the safetensors files of companions: every open revalidates the

@@ -390,39 +390,23 @@ static int st_read_iov(ckpt_view *v, struct node *node, uint64_t off, size_t len
 	return k;
 }
 
+/* ckpt_st_layout_read's tensor reads: the array behind input. */
+static ssize_t st_tensor_read(void *arg, size_t input, uint64_t src_off, size_t len, uint8_t *to)
+{
+	struct array_node *an = st_array(arg, input);
+	return ckpt_array_read(an->ar->arr, &an->region, src_off, len, to);
+}
+
 static ssize_t st_read(ckpt_view *v, struct node *node, uint64_t off, size_t len, void *dst8)
 {
 	(void)v;
 	struct st_node *n = to_st(node);
-	uint8_t *dst = dst8;
 	size_t hlen;
-	const uint8_t *hdr = ckpt_st_layout_header(n->st, &hlen);
-	size_t done = 0;
-	while (done < len) {
-		ckpt_st_piece pieces[ST_PIECES];
-		ssize_t np = ckpt_st_layout_map(n->st, off + done, len - done, pieces, ST_PIECES);
-		if (np < 0)
-			return np;
-		if (np == 0)
-			break;
-		for (ssize_t i = 0; i < np; i++) {
-			ckpt_st_piece *p = &pieces[i];
-			if (p->tensor == CKPT_ST_PIECE_HEADER) {
-				memcpy(dst + done + p->dst_off, hdr + p->src_off, p->len);
-			} else {
-				struct array_node *an = st_array(n, p->input);
-				ssize_t r = ckpt_array_read(an->ar->arr, &an->region, p->src_off, p->len,
-							    dst + done + p->dst_off);
-				if (r < 0)
-					return r;
-				if ((size_t)r != p->len)
-					return -EIO;
-			}
-		}
-		done += pieces[np - 1].dst_off + pieces[np - 1].len;
-	}
-	st_after_read(n, off, done, hlen);
-	return (ssize_t)done;
+	ckpt_st_layout_header(n->st, &hlen);
+	ssize_t done = ckpt_st_layout_read(n->st, off, len, dst8, st_tensor_read, n);
+	if (done >= 0)
+		st_after_read(n, off, (size_t)done, hlen);
+	return done;
 }
 
 static void st_attr(ckpt_view *v, struct node *n, ckpt_attr *a)

@@ -223,36 +223,32 @@ static int collect_header(ckpt_view *v, struct pfile_node *n, uint64_t off, cons
 /* write of PF_ARRAY, PF_SLICE: the header phase collects the header; once
  * declared, header bytes must not change and the rest is array data,
  * written without pf->mu. */
+struct npy_snap {
+	ckpt_warray *arr;
+	ckpt_region region;
+};
+
+/* arr and region are fixed once declared: copied under pf->mu. */
+static void npy_snap(struct pfile *pf, void *arg)
+{
+	struct npy_snap *s = arg;
+	s->arr = pf->arr;
+	s->region = pf->region;
+}
+
 static ssize_t npy_write(ckpt_view *v, struct pfile_node *f, uint64_t off, const uint8_t *data, size_t len,
 			 int append)
 {
 	ckpt_assert_held(CKPT_RANK_IO);
-	struct pfile *pf = &f->pf;
-	size_t take = 0;
-	ckpt_lock(&pf->mu, CKPT_RANK_PF);
-	ckpt_pf_assert(pf);
-	ckpt_pf_note_write_locked(pf, &off, len, append);
-	if (pf->phase == PH_HEADER) {
-		int rc = collect_header(v, f, off, data, len, &take);
-		if (rc <= 0) {
-			ckpt_unlock(&pf->mu, CKPT_RANK_PF);
-			return rc < 0 ? rc : (ssize_t)len;
-		}
-	} else if (off < pf->data_off) {
-		take = pf->data_off - off < len ? (size_t)(pf->data_off - off) : len;
-		if (memcmp(pf->hdr + off, data, take)) {
-			ckpt_unlock(&pf->mu, CKPT_RANK_PF);
-			ckpt_log(CKPT_LOG_ERR, "%s: the .npy header cannot change once written", f->n.name);
-			return -EINVAL;
-		}
-	}
-	/* arr and region are fixed once declared */
-	ckpt_warray *arr = pf->arr;
-	ckpt_region r = pf->region;
-	uint64_t doff = off + take - pf->data_off;
-	ckpt_unlock(&pf->mu, CKPT_RANK_PF);
+	struct npy_snap s;
+	size_t take, data_off;
+	int rc = ckpt_pf_header_write(v, f, &off, data, len, append, collect_header, ".npy", npy_snap, &s,
+				      &take, &data_off);
+	if (rc <= 0)
+		return rc < 0 ? rc : (ssize_t)len;
 	if (take < len) {
-		int rc = ckpt_warray_write_flags(arr, &r, doff, data + take, len - take, same_flag(pf));
+		rc = ckpt_warray_write_flags(s.arr, &s.region, off + take - data_off, data + take, len - take,
+					     same_flag(&f->pf));
 		if (rc < 0)
 			return rc;
 	}

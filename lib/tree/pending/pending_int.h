@@ -361,6 +361,20 @@ void ckpt_pf_assert(const struct pfile *pf);
  * the end for O_APPEND (append); the file is dirty, its high-water mark
  * moves. */
 void ckpt_pf_note_write_locked(struct pfile *pf, uint64_t *off, size_t len, int append);
+/* The header part of a write to a file with a header phase (.npy,
+ * safetensors), under pf->mu, which it takes and drops: while the header
+ * is incomplete, collect (pf->mu held; see file.c's collect_header) takes
+ * the bytes; once parsed, header bytes must not change (what names the
+ * header in the error).  snap(pf, arg), when not NULL, copies what the
+ * data part needs under the same hold.  Returns -errno, 0 when the write
+ * is consumed (the caller returns len), or 1 with *take (the header bytes
+ * of this write) and *data_off. */
+typedef int (*ckpt_pf_collect_fn)(ckpt_view *v, struct pfile_node *f, uint64_t off, const uint8_t *data,
+				  size_t len, size_t *take);
+int ckpt_pf_header_write(ckpt_view *v, struct pfile_node *f, uint64_t *off, const uint8_t *data, size_t len,
+			 int append, ckpt_pf_collect_fn collect, const char *what,
+			 void (*snap)(struct pfile *pf, void *arg), void *arg, size_t *take,
+			 size_t *data_off);
 /* pfile_ops.check of a file a copy may still be writing: -EBUSY (why
  * filled) when copy and it is dirty or under a temporary name, else 0. */
 int ckpt_pf_copy_busy(struct pfile_node *f, int copy, char *why, size_t cap);

@@ -359,6 +359,37 @@ void ckpt_pf_note_write_locked(struct pfile *pf, uint64_t *off, size_t len, int 
 		pf->hwm = *off + len;
 }
 
+int ckpt_pf_header_write(ckpt_view *v, struct pfile_node *f, uint64_t *off, const uint8_t *data, size_t len,
+			 int append, ckpt_pf_collect_fn collect, const char *what,
+			 void (*snap)(struct pfile *pf, void *arg), void *arg, size_t *take, size_t *data_off)
+{
+	struct pfile *pf = &f->pf;
+	*take = 0;
+	ckpt_lock(&pf->mu, CKPT_RANK_PF);
+	ckpt_pf_assert(pf);
+	ckpt_pf_note_write_locked(pf, off, len, append);
+	if (pf->phase == PH_HEADER) {
+		int rc = collect(v, f, *off, data, len, take);
+		if (rc <= 0) {
+			ckpt_unlock(&pf->mu, CKPT_RANK_PF);
+			return rc;
+		}
+	} else if (*off < pf->data_off) {
+		*take = pf->data_off - *off < len ? (size_t)(pf->data_off - *off) : len;
+		if (memcmp(pf->hdr + *off, data, *take)) {
+			ckpt_unlock(&pf->mu, CKPT_RANK_PF);
+			ckpt_log(CKPT_LOG_ERR, "%s: the %s header cannot change once written", f->n.name,
+				 what);
+			return -EINVAL;
+		}
+	}
+	*data_off = pf->data_off;
+	if (snap)
+		snap(pf, arg);
+	ckpt_unlock(&pf->mu, CKPT_RANK_PF);
+	return 1;
+}
+
 int ckpt_pf_copy_busy(struct pfile_node *f, int copy, char *why, size_t cap)
 {
 	ckpt_assert_held(CKPT_RANK_NS);

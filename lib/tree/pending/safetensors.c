@@ -249,29 +249,11 @@ static ssize_t st_write(ckpt_view *v, struct pfile_node *f, uint64_t off, const 
 			int append)
 {
 	ckpt_assert_held(CKPT_RANK_IO);
-	struct pfile *pf = &f->pf;
-	size_t take = 0;
-	ckpt_lock(&pf->mu, CKPT_RANK_PF);
-	ckpt_pf_assert(pf);
-	ckpt_pf_note_write_locked(pf, &off, len, append);
-	if (pf->phase == PH_HEADER) {
-		int rc = st_collect(v, f, off, data, len, &take);
-		if (rc <= 0) {
-			ckpt_unlock(&pf->mu, CKPT_RANK_PF);
-			return rc < 0 ? rc : (ssize_t)len;
-		}
-	} else if (off < pf->data_off) {
-		take = pf->data_off - off < len ? (size_t)(pf->data_off - off) : len;
-		if (memcmp(pf->hdr + off, data, take)) {
-			ckpt_unlock(&pf->mu, CKPT_RANK_PF);
-			ckpt_log(CKPT_LOG_ERR, "%s: the safetensors header cannot change once written",
-				 f->n.name);
-			return -EINVAL;
-		}
-	}
-	size_t data_off = pf->data_off;
-	ckpt_unlock(&pf->mu, CKPT_RANK_PF);
-	int rc;
+	size_t take, data_off;
+	int rc = ckpt_pf_header_write(v, f, &off, data, len, append, st_collect, "safetensors", NULL, NULL,
+				      &take, &data_off);
+	if (rc <= 0)
+		return rc < 0 ? rc : (ssize_t)len;
 	if (take < len && (rc = st_write_data(f, off + take, data_off, data + take, len - take)) < 0)
 		return rc;
 	return (ssize_t)len;
