@@ -281,3 +281,57 @@ def test_s3_root(tmp_path, monkeypatch):
                 n += 1
         assert n and (local / "30" / "commit_success.txt").exists()
     assert_restores(local, 30, by_item(exp), TWO_APIS)
+
+
+# ---------------------------------------------------------------------------
+# STEP/.stored/: the stored files as they are, copied out with standard tools
+
+@pytest.mark.parametrize("tool", sorted(COPIES))
+def test_stored_folder_copy_restores(tool, tmp_path, mount):
+    """cp -r / tar / rsync of MNT/20/.stored into a plain folder is a step
+    that Orbax restores (the tree view's copy is not: its .npy files sit
+    beside metadata that describes other files)."""
+    ro = mount(U.FIXTURES / "manager", "ro")
+    root = fresh_root(tmp_path, "backup")
+    cmd = COPIES[tool].format(src=ro.p("20/.stored"), dst=root / "20")
+    p = subprocess.run(cmd, shell=True, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    ro.unmount()
+    assert not list(root.rglob("*.npy")), "a .stored copy holds the stored files, no .npy view"
+    assert_restores(root, 20, {"state": fixture_state()}, TWO_APIS)
+
+
+def test_stored_folder_from_s3(tmp_path, monkeypatch):
+    """The standard-tool download of a step from s3://: cp -r of
+    MNT/20/.stored of an s3:// mount restores with Orbax, and the copy's
+    progress shows in `ckptfs status`."""
+    sys.path.insert(0, str(U.REPO / "tests" / "s3"))
+    import s3env
+    why = s3env.available()
+    if why:
+        pytest.fail(f"the s3:// read path needs s3rver: {why}")
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "S3RVER")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "S3RVER")
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent")
+    monkeypatch.delenv("AWS_ENDPOINT_URL_S3", raising=False)
+    monkeypatch.delenv("AWS_ENDPOINT_URL", raising=False)
+    with s3env.S3Env(tmp_path / "s3") as env:
+        c = env.client()
+        src = U.FIXTURES / "manager"
+        for f in sorted(src.rglob("*")):
+            if f.is_file():
+                c.put_object(Bucket=s3env.BUCKET, Key="run/" + str(f.relative_to(src)), Body=f.read_bytes())
+        m = U.Mount("placeholder", tmp_path / "mnt", tmp_path / "daemon.log",
+                    options=[f"endpoint={env.endpoint}", "ro"])
+        m.source = f"s3://{s3env.BUCKET}/run"
+        m.start()
+        local = fresh_root(tmp_path, "fetched")
+        try:
+            p = subprocess.run(["cp", "-r", m.p("20/.stored"), str(local / "20")], capture_output=True,
+                               text=True, timeout=300)
+            assert p.returncode == 0, p.stderr
+            st = subprocess.run([str(U.BIN), "status", str(m.path)], capture_output=True, text=True, timeout=60)
+            assert "copied out of STEP/.stored: " in st.stdout, st.stdout
+        finally:
+            m.unmount()
+    assert_restores(local, 20, {"state": fixture_state()}, TWO_APIS)
