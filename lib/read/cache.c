@@ -508,6 +508,7 @@ static int claim_and_fill(ckpt_cache *c, struct ckpt_centry *e, ckpt_cache_fill_
 int ckpt_cache_get(ckpt_cache *c, uint64_t owner, uint64_t idx, size_t size, ckpt_cache_fill_fn fill,
 		   void *arg, ckpt_centry **out)
 {
+	int joined_failed = 0; /* a load this call waited for failed */
 	ckpt_lock(&c->lock, CKPT_RANK_CACHE);
 	for (;;) {
 		struct ckpt_centry *e = c->table[bucket(c, owner, idx)];
@@ -558,11 +559,13 @@ int ckpt_cache_get(ckpt_cache *c, uint64_t owner, uint64_t idx, size_t size, ckp
 		}
 		int err = e->err;
 		put_failed(c, e);
-		if (err != -ECANCELED) {
+		if (err != -ECANCELED && joined_failed++) {
 			ckpt_unlock(&c->lock, CKPT_RANK_CACHE);
 			return err;
 		}
-		/* A cancelled prefetch: look again (and load it ourselves). */
+		/* A cancelled prefetch, or a load that began before this call
+		 * and failed (a store that has recovered since, say): look again,
+		 * and load it ourselves, once. */
 	}
 }
 

@@ -37,8 +37,9 @@ void ckpt_cache_destroy(ckpt_cache *c);
 /* Return a pinned entry for (owner, idx) in *out.  On a miss, takes a
  * `size`-byte buffer and calls fill(arg, buf) once across all threads;
  * others wait.  A failed fill is not cached: its error is returned to the
- * loader and to the waiters of that attempt.  Pinned entries are never
- * evicted.
+ * loader; a waiter of that attempt (which began before the waiter asked)
+ * calls its own fill once, and returns that one's result (a store that
+ * recovered meanwhile serves it).  Pinned entries are never evicted.
  *
  * Budget: buffers of pinned entries and of decodes in flight count against
  * the budget, and are never taken beyond it: a miss that finds no room

@@ -67,6 +67,29 @@ static void *miss_fail(void *p)
 	return NULL;
 }
 
+/* A load that fails after another thread began to wait for it: the
+ * waiter then loads for itself (its fill succeeds). */
+static atomic_int waiter_asked;
+
+static int fill_fail_late(void *arg, void *dst)
+{
+	(void)arg;
+	(void)dst;
+	atomic_fetch_add(&fills, 1);
+	while (!atomic_load(&waiter_asked))
+		usleep(1000);
+	usleep(50000); /* the waiter is waiting on this load by now */
+	return -EIO;
+}
+
+static void *load_fail_late(void *p)
+{
+	struct worker *w = p;
+	ckpt_centry *e;
+	w->ok = ckpt_cache_get(w->c, 11, 1, w->size, fill_fail_late, NULL, &e) == -EIO;
+	return NULL;
+}
+
 struct mixer {
 	ckpt_cache *c;
 	unsigned seed;
@@ -350,6 +373,27 @@ int main(void)
 	}
 	CHECK(!ckpt_cache_contains(c, 9, 1));
 	CHECK_EQ_INT(ckpt_cache_check(c), 0);
+
+	/* a waiter of a load that fails loads once for itself: a store that
+	 * recovered meanwhile serves it */
+	{
+		struct worker loader = { c, size, 0 };
+		pthread_t lt;
+		atomic_store(&fills, 0);
+		atomic_store(&waiter_asked, 0);
+		pthread_create(&lt, NULL, load_fail_late, &loader);
+		while (atomic_load(&fills) == 0)
+			usleep(1000);
+		atomic_store(&waiter_asked, 1);
+		ckpt_centry *got = NULL;
+		CHECK_EQ_INT(ckpt_cache_get(c, 11, 1, size, fill_pattern, &size, &got), 0);
+		pthread_join(lt, NULL);
+		CHECK(loader.ok); /* the loader itself gets its error */
+		CHECK_EQ_INT(atomic_load(&fills), 2);
+		if (got)
+			ckpt_cache_release(c, got);
+		CHECK_EQ_INT(ckpt_cache_check(c), 0);
+	}
 
 	/* pinned entries survive eviction pressure */
 	ckpt_centry *pinned;
