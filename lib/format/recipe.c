@@ -2335,18 +2335,6 @@ int ckpt_rtensor_convert(const ckpt_rtensor *t, const void *src, size_t count, v
 		return -ENOTSUP;
 	const float a = (float)t->scale, b = (float)t->bias, c = (float)t->divisor;
 	const int mul = t->scale != 1, add = t->bias != 0, div = t->divisor != 0;
-	if (in == CKPT_DT_BFLOAT16 && out == CKPT_DT_BFLOAT16 && !div && !add) {
-		/* the common case (a scale folded into a kernel undone): one
-		 * branch-free loop */
-		for (size_t i = 0; i < count; i++) {
-			uint16_t h;
-			memcpy(&h, s + 2 * i, 2);
-			float x = bits_f32((uint32_t)h << 16) * a;
-			h = ckpt_f32_to_bf16(x);
-			memcpy(d + 2 * i, &h, 2);
-		}
-		return 0;
-	}
 	for (size_t i = 0; i < count; i++) {
 		float x;
 		if (in == CKPT_DT_FLOAT32) {
