@@ -24,7 +24,7 @@
 #include <unistd.h>
 
 enum { K_MKDIR, K_FSYNC, K_RENAME, K_UNLINK, K_N };
-static const char *const kind_name[K_N] = {"mkdir", "fsync", "rename", "unlink"};
+static const char *const kind_name[K_N] = { "mkdir", "fsync", "rename", "unlink" };
 static int counts[K_N];
 
 static void on_call(int kind, const char *path)
