@@ -1941,23 +1941,36 @@ struct srow {
 };
 
 #if defined(__SSE2__)
-/* 8 rows of 2-byte elements that are neighbours in the source (row k
- * starts at s + 2k), columns [c0, c1) with c1 - c0 a multiple of 8: each
- * 8x8 block is 8 loads of 16 source bytes, a transpose in registers, and 8
- * stores of 16 bytes. */
-static void transpose8_u16(uint8_t *const *o, const uint8_t *s, uint64_t c0, uint64_t c1, uint64_t st)
+/* 8 neighbouring 2-byte elements of a row step rs (1 or 2) from p: with
+ * rs 2, the even lanes of bytes [0, 16) and the odd lanes of bytes
+ * [14, 30), sign-extended to 32 bits and packed back (exact); no byte
+ * past the last element is read. */
+static inline __m128i load8_u16(const uint8_t *p, int rs)
+{
+	if (rs == 1)
+		return _mm_loadu_si128((const __m128i *)(const void *)p);
+	__m128i lo = _mm_loadu_si128((const __m128i *)(const void *)p);
+	__m128i hi = _mm_loadu_si128((const __m128i *)(const void *)(p + 14));
+	return _mm_packs_epi32(_mm_srai_epi32(_mm_slli_epi32(lo, 16), 16), _mm_srai_epi32(hi, 16));
+}
+
+/* 8 rows of 2-byte elements that are neighbours in the source, rs
+ * elements apart (row k starts at s + 2*rs*k), columns [c0, c1) with
+ * c1 - c0 a multiple of 8: each 8x8 block is 8 loads of 8 elements, a
+ * transpose in registers, and 8 stores of 16 bytes. */
+static void transpose8_u16(uint8_t *const *o, const uint8_t *s, uint64_t c0, uint64_t c1, uint64_t st, int rs)
 {
 	const size_t step = (size_t)(2 * st);
 	for (uint64_t c = c0; c < c1; c += 8) {
 		const uint8_t *p = s + 2 * c * st;
-		__m128i r0 = _mm_loadu_si128((const __m128i *)(const void *)p);
-		__m128i r1 = _mm_loadu_si128((const __m128i *)(const void *)(p + step));
-		__m128i r2 = _mm_loadu_si128((const __m128i *)(const void *)(p + 2 * step));
-		__m128i r3 = _mm_loadu_si128((const __m128i *)(const void *)(p + 3 * step));
-		__m128i r4 = _mm_loadu_si128((const __m128i *)(const void *)(p + 4 * step));
-		__m128i r5 = _mm_loadu_si128((const __m128i *)(const void *)(p + 5 * step));
-		__m128i r6 = _mm_loadu_si128((const __m128i *)(const void *)(p + 6 * step));
-		__m128i r7 = _mm_loadu_si128((const __m128i *)(const void *)(p + 7 * step));
+		__m128i r0 = load8_u16(p, rs);
+		__m128i r1 = load8_u16(p + step, rs);
+		__m128i r2 = load8_u16(p + 2 * step, rs);
+		__m128i r3 = load8_u16(p + 3 * step, rs);
+		__m128i r4 = load8_u16(p + 4 * step, rs);
+		__m128i r5 = load8_u16(p + 5 * step, rs);
+		__m128i r6 = load8_u16(p + 6 * step, rs);
+		__m128i r7 = load8_u16(p + 7 * step, rs);
 		__m128i t0 = _mm_unpacklo_epi16(r0, r1), t1 = _mm_unpackhi_epi16(r0, r1);
 		__m128i t2 = _mm_unpacklo_epi16(r2, r3), t3 = _mm_unpackhi_epi16(r2, r3);
 		__m128i t4 = _mm_unpacklo_epi16(r4, r5), t5 = _mm_unpackhi_epi16(r4, r5);
@@ -1977,16 +1990,27 @@ static void transpose8_u16(uint8_t *const *o, const uint8_t *s, uint64_t c0, uin
 	}
 }
 
+/* 4 neighbouring 4-byte elements of a row step rs (1 or 2) from p: with
+ * rs 2, lanes 0 and 2 of bytes [0, 16) and lanes 1 and 3 of [12, 28). */
+static inline __m128i load4_u32(const uint8_t *p, int rs)
+{
+	if (rs == 1)
+		return _mm_loadu_si128((const __m128i *)(const void *)p);
+	__m128 lo = _mm_loadu_ps((const float *)(const void *)p);
+	__m128 hi = _mm_loadu_ps((const float *)(const void *)(p + 12));
+	return _mm_castps_si128(_mm_shuffle_ps(lo, hi, _MM_SHUFFLE(3, 1, 2, 0)));
+}
+
 /* The same for 4 rows of 4-byte elements, 4x4 blocks. */
-static void transpose4_u32(uint8_t *const *o, const uint8_t *s, uint64_t c0, uint64_t c1, uint64_t st)
+static void transpose4_u32(uint8_t *const *o, const uint8_t *s, uint64_t c0, uint64_t c1, uint64_t st, int rs)
 {
 	const size_t step = (size_t)(4 * st);
 	for (uint64_t c = c0; c < c1; c += 4) {
 		const uint8_t *p = s + 4 * c * st;
-		__m128i r0 = _mm_loadu_si128((const __m128i *)(const void *)p);
-		__m128i r1 = _mm_loadu_si128((const __m128i *)(const void *)(p + step));
-		__m128i r2 = _mm_loadu_si128((const __m128i *)(const void *)(p + 2 * step));
-		__m128i r3 = _mm_loadu_si128((const __m128i *)(const void *)(p + 3 * step));
+		__m128i r0 = load4_u32(p, rs);
+		__m128i r1 = load4_u32(p + step, rs);
+		__m128i r2 = load4_u32(p + 2 * step, rs);
+		__m128i r3 = load4_u32(p + 3 * step, rs);
 		__m128i t0 = _mm_unpacklo_epi32(r0, r1), t1 = _mm_unpackhi_epi32(r0, r1);
 		__m128i t2 = _mm_unpacklo_epi32(r2, r3), t3 = _mm_unpackhi_epi32(r2, r3);
 		_mm_storeu_si128((__m128i *)(void *)(o[0] + 4 * c), _mm_unpacklo_epi64(t0, t2));
@@ -1997,14 +2021,17 @@ static void transpose4_u32(uint8_t *const *o, const uint8_t *s, uint64_t c0, uin
 }
 #endif
 
-/* Rows [k, k+g) of a batch whose sources are neighbours: row k+j starts
- * j elements after row k's first. */
+/* The row step of rows [k, k+g) of a batch: rs (1 or 2) when row k+j
+ * starts j*rs elements after row k's first (neighbours in the source: a
+ * transpose; rs 2: every other one, as a RoPE permutation takes them),
+ * else 0. */
 static int neighbours(const struct srow *rows, int k, int g, unsigned is)
 {
+	int rs = g > 1 && rows[k + 1].s == rows[k].s + 2 * (size_t)is ? 2 : 1;
 	for (int j = 1; j < g; j++)
-		if (rows[k + j].s != rows[k].s + (size_t)j * is)
+		if (rows[k + j].s != rows[k].s + (size_t)(j * rs) * is)
 			return 0;
-	return 1;
+	return rs;
 }
 
 /* cnt elements of each row, source stride st elements, column block by
@@ -2018,8 +2045,10 @@ static void flush_rows(const struct srow *rows, int n, uint64_t cnt, uint64_t st
 	const int g = is == 2 ? 8 : is == 4 ? 4 : 0;
 	const uint64_t cv = g ? cnt - cnt % (uint64_t)g : 0; /* columns the blocks cover */
 	if (g && cv) {
-		int ng = 0; /* groups of g neighbour rows from the first row on */
-		while ((ng + 1) * g <= n && neighbours(rows, ng * g, g, is))
+		/* groups of g neighbour rows from the first row on, all of
+		 * one row step */
+		int ng = 0, rs = neighbours(rows, 0, g, is);
+		while (rs && (ng + 1) * g <= n && neighbours(rows, ng * g, g, is) == rs)
 			ng++;
 		k0 = ng * g;
 		/* column blocks outside, so that the source lines a block loads
@@ -2031,9 +2060,9 @@ static void flush_rows(const struct srow *rows, int n, uint64_t cnt, uint64_t st
 				for (int j = 0; j < g; j++)
 					o[j] = rows[q * g + j].o;
 				if (is == 2)
-					transpose8_u16(o, rows[q * g].s, c0, c1, st);
+					transpose8_u16(o, rows[q * g].s, c0, c1, st, rs);
 				else
-					transpose4_u32(o, rows[q * g].s, c0, c1, st);
+					transpose4_u32(o, rows[q * g].s, c0, c1, st, rs);
 			}
 		}
 		for (int k = 0; k < k0; k++) /* the columns after the blocks */
@@ -2110,7 +2139,57 @@ static void flush_batch(const struct srow *rows, int n, int fact, uint64_t cnt, 
 void ckpt_rtensor_gather(const ckpt_rtensor *t, size_t part, const ckpt_region *box, const void *boxbuf,
 			 uint64_t e0, uint64_t e1, void *dst)
 {
+	ckpt_rpart_gather(t, &t->parts[part], box, boxbuf, e0, e1, dst);
+}
+
+int ckpt_rtensor_clip(const ckpt_rtensor *t, size_t part, const ckpt_region *clip, ckpt_rpart *out)
+{
 	const ckpt_rpart *p = &t->parts[part];
+	if (clip->rank != p->srank)
+		return -EINVAL;
+	*out = *p;
+	int nfac = part_nfactors(p, t->rank);
+	int dim_of[CKPT_RECIPE_MAX_FACTORS];
+	for (int d = 0, j = 0; d < t->rank; d++)
+		for (int k = 0; k < p->nf[d]; k++)
+			dim_of[j++] = d;
+	for (int s = 0; s < p->srank; s++) {
+		uint64_t cs = clip->start[s], ce = clip->stop[s], hi = p->base[s];
+		int nj = 0, j1 = -1;
+		for (int j = 0; j < nfac; j++)
+			if (p->f[j].sdim == s && p->f[j].n > 1) {
+				hi += (p->f[j].n - 1) * p->f[j].stride;
+				nj++;
+				j1 = j;
+			}
+		if (p->base[s] >= cs && hi < ce)
+			continue; /* every element of the part is inside along s */
+		if (nj == 0 || hi < cs || p->base[s] >= ce)
+			return 0; /* none is */
+		const ckpt_rfactor *f = &p->f[j1];
+		int d = dim_of[j1];
+		if (nj > 1 || j1 != fstart(p, d))
+			return -ENOTSUP; /* an inner digit's range: not a box of the target */
+		uint64_t dlo = p->base[s] >= cs ? 0 : (cs - p->base[s] + f->stride - 1) / f->stride;
+		uint64_t dhi = (ce - p->base[s] + f->stride - 1) / f->stride;
+		if (dhi > f->n)
+			dhi = f->n;
+		if (dlo >= dhi)
+			return 0;
+		uint64_t inner = 1;
+		for (int j = j1 + 1; j < j1 + p->nf[d]; j++)
+			inner *= p->f[j].n;
+		out->lo[d] = p->lo[d] + dlo * inner;
+		out->hi[d] = p->lo[d] + dhi * inner;
+		out->f[j1].n = dhi - dlo;
+		out->base[s] = p->base[s] + dlo * f->stride;
+	}
+	return 1;
+}
+
+void ckpt_rpart_gather(const ckpt_rtensor *t, const ckpt_rpart *p, const ckpt_region *box, const void *boxbuf,
+		       uint64_t e0, uint64_t e1, void *dst)
+{
 	unsigned is = ckpt_dtype_get(t->src_dtype)->itemsize;
 	const uint8_t *src = boxbuf;
 	uint8_t *out = dst;
@@ -2290,6 +2369,57 @@ static float f16_to_f32(uint16_t h)
 	return bits_f32(s | ((e + 112) << 23) | (m << 13));
 }
 
+#if defined(__SSE2__)
+/* 4 float32 lanes to bfloat16 bits (to nearest even; NaN stays a quiet
+ * NaN), as ckpt_f32_to_bf16, in the low 16 bits of each 32-bit lane. */
+static inline __m128i bf16_of(__m128 x)
+{
+	const __m128i b = _mm_castps_si128(x);
+	const __m128i one = _mm_set1_epi32(1), round = _mm_set1_epi32(0x7fff);
+	__m128i lsb = _mm_and_si128(_mm_srli_epi32(b, 16), one);
+	__m128i r = _mm_srli_epi32(_mm_add_epi32(b, _mm_add_epi32(round, lsb)), 16);
+	__m128i nan =
+		_mm_cmpgt_epi32(_mm_and_si128(b, _mm_set1_epi32(0x7fffffff)), _mm_set1_epi32(0x7f800000));
+	__m128i q = _mm_or_si128(_mm_srli_epi32(b, 16), _mm_set1_epi32(0x40));
+	return _mm_or_si128(_mm_and_si128(nan, q), _mm_andnot_si128(nan, r));
+}
+
+/* The float32 affine of bfloat16 elements to bfloat16, 8 at a time: the
+ * same operations in the same order as the scalar loop of
+ * ckpt_rtensor_convert (each an IEEE float32 operation, rounded), so the
+ * same bits.  Returns how many elements it did (count rounded down to 8). */
+static size_t affine_bf16_sse2(const uint8_t *s, size_t count, uint8_t *d, const float *mul, const float *div,
+			       const float *add)
+{
+	const __m128i zero = _mm_setzero_si128();
+	const __m128 a = _mm_set1_ps(mul ? *mul : 1), c = _mm_set1_ps(div ? *div : 1),
+		     b = _mm_set1_ps(add ? *add : 0);
+	size_t i = 0;
+	for (; i + 8 <= count; i += 8) {
+		__m128i v = _mm_loadu_si128((const __m128i *)(const void *)(s + 2 * i));
+		__m128 lo = _mm_castsi128_ps(_mm_unpacklo_epi16(zero, v)),
+		       hi = _mm_castsi128_ps(_mm_unpackhi_epi16(zero, v));
+		if (mul) {
+			lo = _mm_mul_ps(lo, a);
+			hi = _mm_mul_ps(hi, a);
+		}
+		if (div) {
+			lo = _mm_div_ps(lo, c);
+			hi = _mm_div_ps(hi, c);
+		}
+		if (add) {
+			lo = _mm_add_ps(lo, b);
+			hi = _mm_add_ps(hi, b);
+		}
+		/* sign-extend the 16-bit results so that the signed pack is exact */
+		__m128i rl = _mm_srai_epi32(_mm_slli_epi32(bf16_of(lo), 16), 16);
+		__m128i rh = _mm_srai_epi32(_mm_slli_epi32(bf16_of(hi), 16), 16);
+		_mm_storeu_si128((__m128i *)(void *)(d + 2 * i), _mm_packs_epi32(rl, rh));
+	}
+	return i;
+}
+#endif
+
 int ckpt_rtensor_convert(const ckpt_rtensor *t, const void *src, size_t count, void *dst)
 {
 	const uint8_t *s = src;
@@ -2335,7 +2465,12 @@ int ckpt_rtensor_convert(const ckpt_rtensor *t, const void *src, size_t count, v
 		return -ENOTSUP;
 	const float a = (float)t->scale, b = (float)t->bias, c = (float)t->divisor;
 	const int mul = t->scale != 1, add = t->bias != 0, div = t->divisor != 0;
-	for (size_t i = 0; i < count; i++) {
+	size_t i = 0;
+#if defined(__SSE2__)
+	if (in == CKPT_DT_BFLOAT16 && out == CKPT_DT_BFLOAT16)
+		i = affine_bf16_sse2(s, count, d, mul ? &a : NULL, div ? &c : NULL, add ? &b : NULL);
+#endif
+	for (; i < count; i++) {
 		float x;
 		if (in == CKPT_DT_FLOAT32) {
 			memcpy(&x, s + 4 * i, 4);

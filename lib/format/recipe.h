@@ -141,6 +141,23 @@ int ckpt_rtensor_region(const ckpt_rtensor *t, size_t part, ckpt_region *r);
 void ckpt_rtensor_gather(const ckpt_rtensor *t, size_t part, const ckpt_region *box, const void *boxbuf,
 			 uint64_t e0, uint64_t e1, void *dst);
 
+/* ckpt_rtensor_gather for part p, which need not be one of t's: a part
+ * that ckpt_rtensor_clip made. */
+void ckpt_rpart_gather(const ckpt_rtensor *t, const ckpt_rpart *p, const ckpt_region *box, const void *boxbuf,
+		       uint64_t e0, uint64_t e1, void *dst);
+
+/* Part `part` of t restricted to the elements whose source index lies in
+ * region clip (one chunk of the source): 1 and *out, a part whose target
+ * box and factors are narrowed (gathering it with ckpt_rpart_gather from
+ * a buffer of any region holding clip writes exactly those elements);
+ * 0 when no element of the part is inside; -ENOTSUP when the elements
+ * inside are not a box of the target (the clip cuts a factor that is not
+ * the outermost of its target dim, or a source dim that several factors
+ * move), -EINVAL when clip's rank is not the source's.  Walking the
+ * chunks of a box and gathering each chunk's clipped part straight from
+ * the cached chunk replaces copying the box out of the chunks first. */
+int ckpt_rtensor_clip(const ckpt_rtensor *t, size_t part, const ckpt_region *clip, ckpt_rpart *out);
+
 /* Apply t's element ops to count src_dtype elements of src, writing count
  * dtype elements to dst (they may not overlap).  0, or -ENOTSUP. */
 int ckpt_rtensor_convert(const ckpt_rtensor *t, const void *src, size_t count, void *dst);

@@ -1012,6 +1012,42 @@ static int read_elems(ckpt_array *a, const ckpt_region *r, uint64_t e0, uint64_t
 	return 0;
 }
 
+int ckpt_array_visit(ckpt_array *a, const ckpt_region *box, ckpt_chunk_fn fn, void *arg)
+{
+	const ckpt_array_meta *m = &a->meta;
+	if (m->rank == 0 || m->order_f || a->streamed)
+		return -ENOTSUP;
+	if (arr_stale(a) || torn_now(a))
+		return -ESTALE;
+	if (atomic_load(&a->zbad))
+		return -EIO;
+	uint64_t lo[CKPT_MAX_RANK], hi[CKPT_MAX_RANK], g[CKPT_MAX_RANK];
+	ckpt_region chunk;
+	chunk.rank = m->rank;
+	for (int d = 0; d < m->rank; d++)
+		if (box->start[d] >= box->stop[d] || box->stop[d] > m->shape[d])
+			return -EINVAL;
+	grid_box(m, box, lo, hi);
+	/* Several chunks: let the pool decode the others while we do the first. */
+	memcpy(g, lo, sizeof(uint64_t) * (size_t)m->rank);
+	while (next_index(m->rank, lo, hi, g))
+		prefetch(a, g);
+	memcpy(g, lo, sizeof(uint64_t) * (size_t)m->rank);
+	int rc;
+	do {
+		ckpt_centry *e;
+		if ((rc = get_chunk(a, g, &e)) < 0)
+			return rc;
+		for (int d = 0; d < m->rank; d++) {
+			chunk.start[d] = g[d] * m->inner_shape[d];
+			chunk.stop[d] = chunk.start[d] + m->inner_shape[d];
+		}
+		rc = fn(arg, ckpt_centry_data(e), &chunk);
+		ckpt_cache_release(a->ctx->cache, e);
+	} while (rc == 0 && next_index(m->rank, lo, hi, g));
+	return rc;
+}
+
 uint64_t ckpt_array_window(const ckpt_array *a)
 {
 	/* At least one chunk per decode thread ahead, so a sequential reader

@@ -147,6 +147,18 @@ int ckpt_array_map(ckpt_array *a, const ckpt_region *r, uint64_t off, size_t len
 		   ckpt_pin **pins, int max);
 void ckpt_ctx_unpin(ckpt_ctx *ctx, ckpt_pin *pin);
 
+/* Visit the decoded chunks that overlap region box (inside the array):
+ * fn(arg, data, chunk) for each, in C order of the chunk grid, where data
+ * holds the chunk's elements in C order over the whole chunk region
+ * `chunk` (its start is the chunk's origin; an edge chunk's region may
+ * reach past the array's shape), pinned for the call.  The other chunks
+ * are queued for decoding before the first is waited for.  A nonzero
+ * return of fn stops the walk and is returned.  0, or -ENOTSUP when the
+ * array's chunks are not kept in the cache (chunks over the cache's unit
+ * cap, which are streamed; Fortran-order chunks; rank 0: the caller then
+ * copies with ckpt_array_read), -EIO, -ESTALE as ckpt_array_read. */
+typedef int (*ckpt_chunk_fn)(void *arg, const void *data, const ckpt_region *chunk);
+int ckpt_array_visit(ckpt_array *a, const ckpt_region *box, ckpt_chunk_fn fn, void *arg);
 /* Queue, without waiting, the decode of the chunks behind bytes
  * [off, off+len) of region r's stream (they land in the cache).  Used to
  * warm the next file of a reader walking a directory. */

@@ -40,7 +40,7 @@
 #include "tree_int.h"
 
 /* Target elements made per step of a read. */
-#define VIEW_BATCH 262144u
+#define VIEW_BATCH 65536u
 /* Default shard size of a view folder (as X.safetensors.d/: 5 GB). */
 #define VIEW_SHARD_BYTES_DEFAULT 5000000000ull
 
@@ -349,6 +349,30 @@ static void *scratch(int slot, size_t size)
 	return s->p[slot];
 }
 
+/* One read_part through the cached chunks of its box. */
+struct chunk_gather {
+	const ckpt_rtensor *t;
+	size_t part;
+	uint64_t a, b;
+	uint8_t *dst;
+};
+
+/* ckpt_array_visit's callback: the part's elements from this chunk,
+ * gathered straight from the cached chunk.  -ENOTSUP when the chunk cuts
+ * the part where its elements are not a box of the target: the caller
+ * then copies the box out and gathers every element of [a, b), writing
+ * again, with the same bytes, those that earlier chunks wrote. */
+static int gather_chunk(void *arg, const void *data, const ckpt_region *chunk)
+{
+	struct chunk_gather *cg = arg;
+	ckpt_rpart sub;
+	int rc = ckpt_rtensor_clip(cg->t, cg->part, chunk, &sub);
+	if (rc <= 0)
+		return rc;
+	ckpt_rpart_gather(cg->t, &sub, chunk, data, cg->a, cg->b, cg->dst);
+	return 0;
+}
+
 /* Elements [a, b) of tensor t's part `part` into dst (src_dtype elements,
  * dst[0] is element a): the box read through the cache, then gathered.
  * A box much larger than the range is split first. */
@@ -373,10 +397,14 @@ static int read_part(struct vset *vs, const ckpt_rtensor *t, size_t part, uint64
 		int rc = read_part(vs, t, part, a, mid, dst);
 		return rc < 0 ? rc : read_part(vs, t, part, mid, b, dst + (mid - a) * is);
 	}
+	ckpt_array *arr = vs->arrs[t->parts[part].input];
+	struct chunk_gather cg = { t, part, a, b, dst };
+	int vr = ckpt_array_visit(arr, &box, gather_chunk, &cg);
+	if (vr != -ENOTSUP)
+		return vr;
 	uint8_t *buf = scratch(0, count ? count * is : 1);
 	if (!buf)
 		return -ENOMEM;
-	ckpt_array *arr = vs->arrs[t->parts[part].input];
 	ssize_t r = ckpt_array_read(arr, &box, 0, count * is, buf);
 	if (r >= 0 && (uint64_t)r != count * is)
 		r = -EIO;
