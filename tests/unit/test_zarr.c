@@ -378,6 +378,79 @@ static void count_log(int level, const char *msg)
 	snprintf(last_log, sizeof(last_log), "%s", msg);
 }
 
+/* ckpt_array_visit: v2 int32 [7,5] in [3,2] chunks (raw), element (i,j) =
+ * 100*i + j.  A box meets the chunks it overlaps, in grid order, each whole
+ * (its region from its origin, edge chunks too) with the stored values;
+ * the callback's nonzero return stops the walk; Fortran-order chunks are
+ * -ENOTSUP (the caller copies instead). */
+struct visit_log {
+	int n, stop_at;
+	uint64_t starts[16][2];
+	int bad;
+};
+
+static int visit_cb(void *arg, const void *data, const ckpt_region *chunk)
+{
+	struct visit_log *l = arg;
+	const int32_t *v = data;
+	if (chunk->rank != 2 || chunk->stop[0] - chunk->start[0] != 3 ||
+	    chunk->stop[1] - chunk->start[1] != 2)
+		l->bad++;
+	for (uint64_t i = chunk->start[0]; i < chunk->stop[0] && i < 7; i++)
+		for (uint64_t j = chunk->start[1]; j < chunk->stop[1] && j < 5; j++)
+			if (v[(i - chunk->start[0]) * 2 + (j - chunk->start[1])] != (int32_t)(100 * i + j))
+				l->bad++;
+	if (l->n < 16) {
+		l->starts[l->n][0] = chunk->start[0];
+		l->starts[l->n][1] = chunk->start[1];
+	}
+	return ++l->n == l->stop_at ? -EINTR : 0;
+}
+
+static void test_visit(ckpt_store *s)
+{
+	const char *json = "{\"zarr_format\":2,\"shape\":[7,5],\"chunks\":[3,2],\"dtype\":\"<i4\","
+			   "\"compressor\":null,\"fill_value\":0,\"filters\":null,\"order\":\"C\"}";
+	const char *jsonf = "{\"zarr_format\":2,\"shape\":[7,5],\"chunks\":[3,2],\"dtype\":\"<i4\","
+			    "\"compressor\":null,\"fill_value\":0,\"filters\":null,\"order\":\"F\"}";
+	put_file("vis/.zarray", json, strlen(json));
+	put_file("visf/.zarray", jsonf, strlen(jsonf));
+	for (int gi = 0; gi < 3; gi++)
+		for (int gj = 0; gj < 3; gj++) {
+			int32_t c[6];
+			for (int i = 0; i < 3; i++)
+				for (int j = 0; j < 2; j++)
+					c[i * 2 + j] = 100 * (gi * 3 + i) + gj * 2 + j;
+			char key[32];
+			snprintf(key, sizeof(key), "vis/%d.%d", gi, gj);
+			put_file(key, c, sizeof(c));
+			snprintf(key, sizeof(key), "visf/%d.%d", gi, gj);
+			put_file(key, c, sizeof(c));
+		}
+	ckpt_ctx *ctx;
+	CHECK_EQ_INT(ckpt_ctx_create(NULL, &ctx), 0);
+	ckpt_array *a, *f;
+	CHECK_EQ_INT(ckpt_array_open(ctx, s, "vis", 2, &a), 0);
+	CHECK_EQ_INT(ckpt_array_open(ctx, s, "visf", 2, &f), 0);
+	ckpt_region box = { .rank = 2, .start = { 1, 1 }, .stop = { 7, 4 } };
+	struct visit_log l = { 0 };
+	CHECK_EQ_INT(ckpt_array_visit(a, &box, visit_cb, &l), 0);
+	CHECK_EQ_INT(l.n, 6); /* chunk rows 0..2, columns 0..1 */
+	CHECK_EQ_INT(l.bad, 0);
+	static const uint64_t want[6][2] = { { 0, 0 }, { 0, 2 }, { 3, 0 }, { 3, 2 }, { 6, 0 }, { 6, 2 } };
+	for (int i = 0; i < 6; i++)
+		CHECK(l.starts[i][0] == want[i][0] && l.starts[i][1] == want[i][1]);
+	struct visit_log l2 = { .stop_at = 2 };
+	CHECK_EQ_INT(ckpt_array_visit(a, &box, visit_cb, &l2), -EINTR);
+	CHECK_EQ_INT(l2.n, 2);
+	ckpt_region out = { .rank = 2, .start = { 0, 0 }, .stop = { 8, 5 } };
+	CHECK_EQ_INT(ckpt_array_visit(a, &out, visit_cb, &l), -EINVAL);
+	CHECK_EQ_INT(ckpt_array_visit(f, &box, visit_cb, &l), -ENOTSUP);
+	ckpt_array_destroy(a);
+	ckpt_array_destroy(f);
+	ckpt_ctx_destroy(ctx);
+}
+
 static void test_missing(ckpt_store *s)
 {
 	/* v2 float32 [4] in [2] chunks, fill 0 or null */
@@ -751,6 +824,7 @@ int main(void)
 	CHECK_RUN_CALL(test_compressors, (s));
 	CHECK_RUN_CALL(test_transpose, (s));
 	CHECK_RUN_CALL(test_missing, (s));
+	CHECK_RUN_CALL(test_visit, (s));
 	CHECK_RUN_CALL(test_large_chunks, (s));
 	ckpt_store_destroy(s);
 	char cmd[300];
