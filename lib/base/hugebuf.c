@@ -29,6 +29,26 @@ void *ckpt_hugebuf_alloc(size_t len, size_t *cap)
 	return p;
 }
 
+void *ckpt_hugebuf_resize(void *p, size_t cap, size_t len, size_t *newcap)
+{
+	if (!p || cap < CKPT_HUGEBUF_MIN || len < CKPT_HUGEBUF_MIN)
+		return NULL;
+	size_t n = (len + HUGE_ALIGN - 1) & ~(HUGE_ALIGN - 1);
+	if (n < len)
+		return NULL;
+	if (n == cap) {
+		*newcap = cap;
+		return p;
+	}
+	void *q = mremap(p, cap, n, MREMAP_MAYMOVE);
+	if (q == MAP_FAILED)
+		return NULL;
+	if (n > cap)
+		madvise(q, n, MADV_HUGEPAGE);
+	*newcap = n;
+	return q;
+}
+
 void ckpt_hugebuf_free(void *p, size_t cap)
 {
 	if (!p)

@@ -23,6 +23,15 @@
  * memory. */
 void *ckpt_hugebuf_alloc(size_t len, size_t *cap);
 
+/* Resize buffer p of capacity cap (from ckpt_hugebuf_alloc) to hold len
+ * bytes, keeping the pages already touched: the first min(cap, len) bytes
+ * keep their contents (the rest of a grown buffer is zero-filled), a
+ * shrunk buffer gives its tail back.  Returns the buffer (perhaps moved;
+ * p is then invalid) with *newcap, or NULL when p cannot be resized in
+ * place of a new allocation (either size under CKPT_HUGEBUF_MIN, or the
+ * remapping failed): p is then unchanged and still owned by the caller. */
+void *ckpt_hugebuf_resize(void *p, size_t cap, size_t len, size_t *newcap);
+
 /* Free a buffer from ckpt_hugebuf_alloc; cap is the *cap it returned.
  * NULL is allowed. */
 void ckpt_hugebuf_free(void *p, size_t cap);

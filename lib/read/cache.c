@@ -244,6 +244,20 @@ static void make_room(ckpt_cache *c, size_t need)
 			return;
 		}
 		assert(c->bytes >= ecap);
+		/* A buffer of another size whose resizing fits the budget: its
+		 * touched pages serve the new chunk (fresh pages cost a fault
+		 * and zeroing each). */
+		size_t ncap;
+		void *q = need && c->bytes - ecap + cap <= c->budget
+				  ? ckpt_hugebuf_resize(data, ecap, need, &ncap)
+				  : NULL;
+		if (q) {
+			assert(ncap == cap);
+			c->bytes = c->bytes - ecap + ncap;
+			atomic_store(&ckpt_g_stats.cache_bytes, c->bytes);
+			give_back(c, q, ncap);
+			return;
+		}
 		buf_free(data, ecap);
 		c->bytes -= ecap;
 		atomic_store(&ckpt_g_stats.cache_bytes, c->bytes);

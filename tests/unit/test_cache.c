@@ -1,7 +1,7 @@
 /* Unit tests of the decoded-chunk cache: hits and misses, single-flight
  * loading under concurrent misses, the byte budget (in-flight decodes
  * counted, waits, -EAGAIN for pin holders, units over the budget), failed
- * loads, reuse of consumed chunks' buffers, and the cache's invariants (ckpt_cache_check) after every step and after
+ * loads, reuse of consumed chunks' buffers, resized buffers, and the cache's invariants (ckpt_cache_check) after every step and after
  * a concurrent mix of hits, misses, failures and reservations. */
 #include <errno.h>
 #include <pthread.h>
@@ -12,6 +12,7 @@
 
 #include "cache.h"
 #include "check.h"
+#include "hugebuf.h"
 
 static atomic_int fills;
 
@@ -274,6 +275,53 @@ static void test_budget(void)
 	ckpt_cache_destroy(budget_cache);
 }
 
+/* A buffer resized keeps its first bytes (a grown one is zero past
+ * them); sizes under CKPT_HUGEBUF_MIN are not resized.  In the cache, a
+ * chunk of another size reuses an evicted buffer resized when the budget
+ * allows, within the budget and with the new chunk's bytes. */
+static void test_resize(void)
+{
+	size_t cap, ncap, four = 4u << 20, eight = 8u << 20;
+	uint8_t *p = ckpt_hugebuf_alloc(four, &cap);
+	CHECK(p && cap == four);
+	memset(p, 0x77, four);
+	uint8_t *q = ckpt_hugebuf_resize(p, cap, 10u << 20, &ncap);
+	CHECK(q && ncap == (10u << 20));
+	int kept = 1, zero = 1;
+	for (size_t i = 0; q && i < four; i += 4093)
+		kept &= q[i] == 0x77;
+	for (size_t i = four; q && i < ncap; i += 4093)
+		zero &= q[i] == 0;
+	CHECK(kept && zero);
+	uint8_t *r = ckpt_hugebuf_resize(q, ncap, 3u << 20, &cap);
+	CHECK(r && cap == four && r[0] == 0x77 && r[cap - 1] == 0x77);
+	CHECK(ckpt_hugebuf_resize(r, cap, 4096, &ncap) == NULL); /* unchanged, still ours */
+	CHECK(r[0] == 0x77);
+	ckpt_hugebuf_free(r, cap);
+	uint8_t *small = ckpt_hugebuf_alloc(4096, &cap);
+	CHECK(ckpt_hugebuf_resize(small, cap, four, &ncap) == NULL);
+	ckpt_hugebuf_free(small, cap);
+
+	ckpt_cache *c;
+	ckpt_centry *e;
+	CHECK_EQ_INT(ckpt_cache_create(16u << 20, &c), 0);
+	for (uint64_t i = 0; i < 4; i++) {
+		CHECK_EQ_INT(ckpt_cache_get(c, 1, i, four, fill_pattern, &four, &e), 0);
+		ckpt_cache_release(c, e);
+	}
+	CHECK(ckpt_cache_bytes(c) == (16u << 20));
+	for (uint64_t i = 10; i < 13; i++) {
+		CHECK_EQ_INT(ckpt_cache_get(c, 1, i, eight, fill_pattern, &eight, &e), 0);
+		const uint8_t *d = ckpt_centry_data(e);
+		CHECK(d[0] == 0x5a && d[eight - 1] == 0x5a);
+		ckpt_cache_release(c, e);
+		CHECK(ckpt_cache_bytes(c) <= (16u << 20));
+		CHECK_EQ_INT(ckpt_cache_check(c), 0);
+	}
+	CHECK(ckpt_cache_contains(c, 1, 12) && !ckpt_cache_contains(c, 1, 0));
+	ckpt_cache_destroy(c);
+}
+
 /* Dropping owners (a deleted step's arrays): idle entries are freed at
  * once and their bytes leave ckpt_cache_bytes; pinned and reserved ones
  * stay readable and are freed at their last release; other owners stay. */
@@ -464,6 +512,7 @@ int main(void)
 	ckpt_cache_destroy(c);
 
 	CHECK_RUN(test_budget);
+	CHECK_RUN(test_resize);
 	CHECK_RUN(test_drop_owners);
 	return CHECK_DONE();
 }
