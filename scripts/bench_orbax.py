@@ -113,6 +113,7 @@ def child(cfg):
         jax.block_until_ready(tree)
         # OCDBT + zarr3 (StandardCheckpointHandler alone would write zarr v2)
         mgr = ocp.CheckpointManager(root, item_handlers=ocp.PyTreeCheckpointHandler(use_ocdbt=True, use_zarr3=True))
+        bench.warm_memory(cfg.get('warm', 0))
         t0, c0 = time.monotonic(), cpu_s()
         mgr.save(STEP, args=ocp.args.PyTreeSave(tree))
         mgr.wait_until_finished()
@@ -123,6 +124,7 @@ def child(cfg):
     if cfg['job'] == 'orbax_restore':
         item = os.path.join(root, str(STEP), 'default')
         ckptr = ocp.PyTreeCheckpointer()
+        bench.warm_memory(cfg.get('warm', 0))
         t0, c0 = time.monotonic(), cpu_s()
         meta = ckptr.metadata(item)
         tree_meta = meta.item_metadata.tree if hasattr(meta, 'item_metadata') else meta.tree
@@ -143,6 +145,7 @@ def child(cfg):
         from orbax.checkpoint._src.serialization import tensorstore_utils as tsu
         from orbax.checkpoint._src.serialization.types import ParamInfo
         item = os.path.join(root, str(STEP), 'default')
+        bench.warm_memory(cfg.get('warm', 0))
         t0, c0 = time.monotonic(), cpu_s()
         ctx = tsu.get_ts_context(use_ocdbt=True)
         futs = []
@@ -186,11 +189,12 @@ def writer(cfg):
     print(json.dumps({'prepared': ready, 'done': time.monotonic()}))
 
 
-def mount_read_all(daemon, root, mnt, logp, spec):
+def mount_read_all(daemon, root, mnt, logp, spec, warm=0):
     """np.load every array through a fresh mount, as a restore to numpy
     does (the arrays kept); (seconds, CPU seconds of reader + daemon,
     sha256 of the arrays, taken after the clock stopped)."""
     import numpy as np
+    bench.warm_memory(warm)
     t0, c0 = time.monotonic(), cpu_s()
     with bench.Mount(daemon, root, mnt, '', logp).start() as m:
         arrays = [np.load(mnt / str(STEP) / 'default' / (k + '.npy')) for k in sorted(spec)]
@@ -210,6 +214,8 @@ def main():
     ap.add_argument('--writers', type=int, default=2)
     ap.add_argument('--work', default=os.environ.get('WORK', '/var/tmp/ckptfs-bench-orbax'))
     ap.add_argument('--keep', action='store_true')
+    ap.add_argument('--warm', type=float, default=4.0,
+                    help='GiB touched and freed right before each timed section (scripts/bench warm_memory; 0: none)')
     ap.add_argument('--child', help=argparse.SUPPRESS)
     ap.add_argument('--writer', help=argparse.SUPPRESS)
     a = ap.parse_args()
@@ -246,7 +252,8 @@ def main():
             root = work / ('orbax' if i == 0 else f'orbax{i}')
             shutil.rmtree(root, ignore_errors=True)
             bench.drop_caches()
-            save_s.append(run_child({'job': 'save', 'root': str(root), 'spec': jspec, 'seed': 0})['seconds'])
+            save_s.append(run_child({'job': 'save', 'root': str(root), 'spec': jspec, 'seed': 0,
+                                     'warm': a.warm})['seconds'])
             if i:
                 shutil.rmtree(root)
         root = work / 'orbax'
@@ -259,18 +266,18 @@ def main():
         want = None
         for i in range(runs):
             bench.drop_caches()
-            r = run_child({'job': 'orbax_restore', 'root': str(root), 'spec': jspec})
+            r = run_child({'job': 'orbax_restore', 'root': str(root), 'spec': jspec, 'warm': a.warm})
             orbax_s.append(r['seconds'])
             orbax_c.append(r['cpu'])
             want = want or r['sha256']
             assert r['sha256'] == want
             bench.drop_caches()
-            r = run_child({'job': 'ts_read', 'root': str(root), 'spec': jspec})
+            r = run_child({'job': 'ts_read', 'root': str(root), 'spec': jspec, 'warm': a.warm})
             ts_s.append(r['seconds'])
             ts_c.append(r['cpu'])
             assert r['sha256'] == want, 'TensorStore read other bytes'
             bench.drop_caches()
-            dt, cpu, dcpu, h = mount_read_all(daemon, root, work / 'mnt', logs / 'read.log', spec)
+            dt, cpu, dcpu, h = mount_read_all(daemon, root, work / 'mnt', logs / 'read.log', spec, a.warm)
             assert h == want, 'the mount served other bytes than Orbax restores'
             mount_s.append(dt)
             mount_c.append(cpu)
@@ -325,12 +332,14 @@ def main():
         v_s, p_s = [], []
         for _ in range(runs):
             bench.drop_caches()
+            bench.warm_memory(a.warm)
             t0 = time.monotonic()
             with bench.Mount(daemon, root, work / 'mnt', '', logs / 'st.log').start() as sm:
                 got = load_file(str(sm.mnt / str(STEP) / 'default' / 'params.safetensors'))
                 v_s.append(time.monotonic() - t0)
             del got
             bench.drop_caches()
+            bench.warm_memory(a.warm)
             t0 = time.monotonic()
             got = load_file(str(plain))
             p_s.append(time.monotonic() - t0)
