@@ -1012,15 +1012,26 @@ static int read_elems(ckpt_array *a, const ckpt_region *r, uint64_t e0, uint64_t
 	return 0;
 }
 
-int ckpt_array_visit(ckpt_array *a, const ckpt_region *box, ckpt_chunk_fn fn, void *arg)
+/* Whether a's chunks can be handed out pinned from the cache (visit,
+ * map): 0, -ENOTSUP (rank 0, Fortran-order chunks, units streamed instead
+ * of cached), or a's read error (-ESTALE, -EIO). */
+static int pinned_access(ckpt_array *a)
 {
-	const ckpt_array_meta *m = &a->meta;
-	if (m->rank == 0 || m->order_f || a->streamed)
+	if (a->meta.rank == 0 || a->meta.order_f || a->streamed)
 		return -ENOTSUP;
 	if (arr_stale(a) || torn_now(a))
 		return -ESTALE;
 	if (atomic_load(&a->zbad))
 		return -EIO;
+	return 0;
+}
+
+int ckpt_array_visit(ckpt_array *a, const ckpt_region *box, ckpt_chunk_fn fn, void *arg)
+{
+	const ckpt_array_meta *m = &a->meta;
+	int st = pinned_access(a);
+	if (st < 0)
+		return st;
 	uint64_t lo[CKPT_MAX_RANK], hi[CKPT_MAX_RANK], g[CKPT_MAX_RANK];
 	ckpt_region chunk;
 	chunk.rank = m->rank;
@@ -1167,12 +1178,9 @@ int ckpt_array_map(ckpt_array *a, const ckpt_region *r, uint64_t off, size_t len
 		   ckpt_pin **pins, int max)
 {
 	const ckpt_array_meta *m = &a->meta;
-	if (m->rank == 0 || m->order_f || a->streamed)
-		return -ENOTSUP;
-	if (arr_stale(a) || torn_now(a))
-		return -ESTALE;
-	if (atomic_load(&a->zbad))
-		return -EIO;
+	int st = pinned_access(a);
+	if (st < 0)
+		return st;
 	for (int d = 0; d < m->rank; d++)
 		if (r->start[d] != 0 || r->stop[d] != m->shape[d])
 			return -ENOTSUP;
