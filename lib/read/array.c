@@ -1293,6 +1293,11 @@ void ckpt_array_prefetch(ckpt_array *a, const ckpt_region *r, uint64_t off, uint
 	} while (--budget > 0 && next_index(a->meta.rank, lo, hi, g));
 }
 
+uint64_t ckpt_array_cache_budget(const ckpt_array *a)
+{
+	return ckpt_cache_budget(a->ctx->cache);
+}
+
 int ckpt_array_stored_bytes(ckpt_array *a, uint64_t *out)
 {
 	if (atomic_load(&a->stored_known)) {

@@ -164,6 +164,8 @@ int ckpt_array_visit(ckpt_array *a, const ckpt_region *box, ckpt_chunk_fn fn, vo
  * warm the next file of a reader walking a directory. */
 void ckpt_array_prefetch(ckpt_array *a, const ckpt_region *r, uint64_t off, uint64_t len);
 
+/* The decoded-chunk cache's budget in bytes (-o cache_size). */
+uint64_t ckpt_array_cache_budget(const ckpt_array *a);
 /* Bytes a sequential reader is read ahead by (the context's window). */
 uint64_t ckpt_array_window(const ckpt_array *a);
 

@@ -340,3 +340,31 @@ def test_raw_unit_larger_than_the_cache(big_item, mount):
     if U.sanitized():
         return
     assert grew <= 16 * MiB + DECODE_SLACK, f"VmHWM grew by {grew / MiB:.0f} MiB (cache_size 16 MiB + slack)"
+
+
+def test_a_reader_of_a_folder_has_the_next_files_decoding(tmp_path, mount):
+    """A reader at the start of one array file of a folder (np.load, cp -r
+    walking it) has the first chunks of the next files decoding on the
+    decode threads, not only the next one's, as far as half the cache
+    holds them: six arrays of one 4 MiB chunk, cache_size=64M: reading the
+    first bytes of a0 decodes a0 and queues a1..a5, with nothing else
+    read.  (Before, only a1 was queued: the threads decoded one file at a
+    time behind a reader of one-chunk files.)"""
+    item = tmp_path / "item"
+    item.mkdir()
+    tree = {f"('a{k}',)": write_one_chunk_array(item, f"a{k}", 16, COLS) for k in range(6)}
+    (item / "_METADATA").write_text(json.dumps({
+        "tree_metadata": tree, "use_ocdbt": False, "use_zarr3": False,
+        "store_array_data_equal_to_fill_value": True, "custom_metadata": None}))
+    m = mount(item, "cache_size=64M")
+    assert stats(m)["chunks_decoded"] == 0
+    p = m.p("a0.npy")
+    hl = header_len(p, 16 * COLS * 4)
+    with open(p, "rb") as f:
+        assert os.pread(f.fileno(), 16, hl) == expected_bytes(0, 16)
+    U.wait_until(lambda: stats(m)["chunks_decoded"] >= 6, timeout=30)
+    assert stats(m)["chunks_decoded"] == 6, stats(m)
+    for k in range(6):  # and they hold the right bytes
+        with open(m.p(f"a{k}.npy"), "rb") as f:
+            assert os.pread(f.fileno(), 16, hl + MiB) == expected_bytes(MiB, 16)
+    assert stats(m)["chunks_decoded"] == 6, stats(m)

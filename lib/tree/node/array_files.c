@@ -187,11 +187,20 @@ static void array_destroy(ckpt_view *v, struct node *n)
 	free(to_array(n)->hdr);
 }
 
+/* Files warmed ahead of a reader at most, and the share of the cache
+ * their first windows may take. */
+#define WARM_FILES_MAX 8
+#define WARM_CACHE_SHARE 2 /* 1/2 */
+
 /* A reader near the end of an array file probably goes on with the next
- * file of the directory (cp -r, tar, a loader walking the tree): start
- * decoding its first chunks now, once.  The kids of a directory that holds
- * array files never change (only the root of a step mount and pending
- * directories change, and those hold no N_ARRAY), so no lock is needed. */
+ * files of the directory (cp -r, tar, a loader walking the tree): start
+ * decoding their first chunks now, once per file.  The next files, not
+ * only the next one: while the reader copies one file out the decode
+ * threads work on the next ones side by side (a file of one large chunk
+ * is one decode, on one thread), as long as their first windows take at
+ * most half of the cache.  The kids of a directory that holds array files
+ * never change (only the root of a step mount and pending directories
+ * change, and those hold no N_ARRAY), so no lock is needed. */
 static void warm_next_file(ckpt_view *v, struct array_node *n)
 {
 	if (n->n.hidden || atomic_exchange(&n->next_warmed, 1))
@@ -203,13 +212,21 @@ static void warm_next_file(ckpt_view *v, struct array_node *n)
 	if (!ckpt_node_kid_index(dir, n->n.name, &pos))
 		return;
 	struct dir_node *d = to_dir(dir);
-	for (size_t i = pos + 1; i < d->nkids; i++) {
+	uint64_t room = ckpt_array_cache_budget(n->ar->arr) / WARM_CACHE_SHARE;
+	int files = 0;
+	for (size_t i = pos + 1; i < d->nkids && files < WARM_FILES_MAX; i++) {
 		struct node *k = d->kids[i];
-		if (k->kind == N_ARRAY) {
-			struct array_node *an = to_array(k);
-			ckpt_array_prefetch(an->ar->arr, &an->region, 0, ckpt_array_window(an->ar->arr));
+		if (k->kind != N_ARRAY)
+			continue;
+		struct array_node *an = to_array(k);
+		uint64_t w = ckpt_array_window(an->ar->arr), bytes = ckpt_array_meta_of(an->ar->arr)->nbytes;
+		if (w > bytes)
+			w = bytes;
+		if (files > 0 && w > room)
 			return;
-		}
+		ckpt_array_prefetch(an->ar->arr, &an->region, 0, w);
+		room = w < room ? room - w : 0;
+		files++;
 	}
 }
 
