@@ -1298,6 +1298,41 @@ uint64_t ckpt_array_cache_budget(const ckpt_array *a)
 	return ckpt_cache_budget(a->ctx->cache);
 }
 
+void ckpt_array_prefetch_box(ckpt_array *a, const ckpt_region *box, uint64_t max_bytes)
+{
+	const ckpt_array_meta *m = &a->meta;
+	if (pinned_access(a) < 0 || m->unit_bytes == 0)
+		return;
+	for (int d = 0; d < m->rank; d++)
+		if (box->start[d] >= box->stop[d] || box->stop[d] > m->shape[d])
+			return;
+	uint64_t lo[CKPT_MAX_RANK], hi[CKPT_MAX_RANK], g[CKPT_MAX_RANK];
+	grid_box(m, box, lo, hi);
+	memcpy(g, lo, sizeof(uint64_t) * (size_t)m->rank);
+	uint64_t n = max_bytes / ckpt_cache_charge((size_t)m->unit_bytes);
+	if (n > 64)
+		n = 64; /* bound the work queued by one call */
+	for (uint64_t i = 0; i < n; i++) {
+		prefetch(a, g);
+		if (!next_index(m->rank, lo, hi, g))
+			break;
+	}
+}
+
+void ckpt_array_cool(ckpt_array *a)
+{
+	ckpt_cache_cool_owner(a->ctx->cache, atomic_load(&a->owner));
+}
+
+uint64_t ckpt_array_cached_bytes(const ckpt_array *a)
+{
+	const ckpt_array_meta *m = &a->meta;
+	uint64_t n = 1;
+	for (int d = 0; d < m->rank; d++)
+		n *= (m->shape[d] + m->inner_shape[d] - 1) / m->inner_shape[d];
+	return n * ckpt_cache_charge((size_t)m->unit_bytes);
+}
+
 int ckpt_array_stored_bytes(ckpt_array *a, uint64_t *out)
 {
 	if (atomic_load(&a->stored_known)) {

@@ -164,6 +164,22 @@ int ckpt_array_visit(ckpt_array *a, const ckpt_region *box, ckpt_chunk_fn fn, vo
  * warm the next file of a reader walking a directory. */
 void ckpt_array_prefetch(ckpt_array *a, const ckpt_region *r, uint64_t off, uint64_t len);
 
+/* Queue, without waiting, the decode of the first chunks (in grid order)
+ * of region box, at most max_bytes of the cache's budget (at most 64
+ * chunks): the next array a reader that walks arrays in turn will need,
+ * decoded while it still reads the current one.  Chunks already cached
+ * or queued are not queued again (they count against max_bytes).  Making
+ * room for them evicts the least recently used idle chunks, so a caller
+ * keeps max_bytes within what the cache holds beside the chunks still in
+ * use. */
+void ckpt_array_prefetch_box(ckpt_array *a, const ckpt_region *box, uint64_t max_bytes);
+/* A reader that walks arrays in turn is done with a: its cached chunks
+ * go to the cold end of the cache (evicted first, ckpt_cache_cool_owner),
+ * ahead of chunks queued for the next arrays. */
+void ckpt_array_cool(ckpt_array *a);
+/* The budget all of a's chunks take when cached (chunks times the
+ * charge of one, ckpt_cache_charge). */
+uint64_t ckpt_array_cached_bytes(const ckpt_array *a);
 /* The decoded-chunk cache's budget in bytes (-o cache_size). */
 uint64_t ckpt_array_cache_budget(const ckpt_array *a);
 /* Bytes a sequential reader is read ahead by (the context's window). */

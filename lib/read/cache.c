@@ -179,6 +179,11 @@ static size_t cap_for(size_t size)
 	return (size + align - 1) & ~(align - 1);
 }
 
+size_t ckpt_cache_charge(size_t size)
+{
+	return cap_for(size);
+}
+
 static void *buf_alloc(size_t size, size_t *cap)
 {
 	void *p = ckpt_hugebuf_alloc(size, cap);
@@ -310,17 +315,35 @@ static void *take_consumed(ckpt_cache *c, size_t size, size_t *cap)
  * buffers however large the budget; then idle entries are evicted and
  * fresh memory is taken.  NULL with *err = -EAGAIN when there is no room
  * (every byte pinned or being filled), -ENOMEM.  Lock held. */
+/* A reused buffer larger than size needs gives its tail back (its bytes
+ * leave the budget): a chunk is charged its own capacity, not that of the
+ * larger chunk the buffer held before.  Lock held. */
+static void *trim(ckpt_cache *c, void *p, size_t size, size_t *cap)
+{
+	size_t ncap;
+	if (*cap <= cap_for(size))
+		return p;
+	void *q = ckpt_hugebuf_resize(p, *cap, size, &ncap);
+	if (!q)
+		return p;
+	assert(ncap == cap_for(size) && c->bytes >= *cap - ncap);
+	c->bytes -= *cap - ncap;
+	atomic_store(&ckpt_g_stats.cache_bytes, c->bytes);
+	*cap = ncap;
+	return q;
+}
+
 static void *take_buffer(ckpt_cache *c, size_t size, size_t *cap, int *err)
 {
 	void *p = take_spare(c, size, cap);
 	if (!p)
 		p = take_consumed(c, size, cap);
 	if (p)
-		return p;
+		return trim(c, p, size, cap);
 	make_room(c, size);
 	p = take_spare(c, size, cap);
 	if (p)
-		return p;
+		return trim(c, p, size, cap);
 	size_t need = cap_for(size);
 	if (c->bytes + need > c->budget && (need <= c->budget || c->bytes > 0)) {
 		/* (a unit larger than the budget runs when nothing else is held) */
@@ -659,6 +682,24 @@ static int owner_listed(const uint64_t *owners, size_t n, uint64_t owner)
 			hi = mid;
 	}
 	return 0;
+}
+
+size_t ckpt_cache_cool_owner(ckpt_cache *c, uint64_t owner)
+{
+	size_t moved = 0;
+	ckpt_lock(&c->lock, CKPT_RANK_CACHE);
+	for (size_t i = 0; i < c->nbuckets; i++)
+		for (struct ckpt_centry *e = c->table[i]; e; e = e->hnext) {
+			if (e->owner != owner || e->state != READY || e->refs > 0 || e->consumed ||
+			    !recyclable(e))
+				continue;
+			lru_unlink(e);
+			e->consumed = 1;
+			lru_push(c, e);
+			moved++;
+		}
+	ckpt_unlock(&c->lock, CKPT_RANK_CACHE);
+	return moved;
 }
 
 size_t ckpt_cache_drop_owners(ckpt_cache *c, const uint64_t *owners, size_t n)

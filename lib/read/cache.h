@@ -31,6 +31,9 @@ typedef int (*ckpt_cache_fill_fn)(void *arg, void *dst);
 
 int ckpt_cache_create(uint64_t budget_bytes, ckpt_cache **out);
 uint64_t ckpt_cache_budget(const ckpt_cache *c);
+/* The bytes of the budget a chunk of `size` bytes takes (its buffer's
+ * capacity: large buffers are rounded up to 2 MiB). */
+size_t ckpt_cache_charge(size_t size);
 /* All entries must have been released. */
 void ckpt_cache_destroy(ckpt_cache *c);
 
@@ -87,6 +90,12 @@ void ckpt_cache_mark_used(ckpt_cache *c, ckpt_centry *e);
 /* 1 if (owner, idx) is cached or being loaded, else 0.  Never blocks on a load. */
 int ckpt_cache_contains(ckpt_cache *c, uint64_t owner, uint64_t idx);
 
+/* Move the idle entries of owner to the cold end of the LRU, as consumed
+ * (evicted first, their buffers reused first): its reader is done with
+ * them, though another reader may still hit them.  Entries of owner that
+ * are pinned, loading or too small to recycle stay where they are.
+ * Returns how many moved. */
+size_t ckpt_cache_cool_owner(ckpt_cache *c, uint64_t owner);
 /* Drop every entry of the listed owners (owners sorted ascending, n of
  * them), e.g. the arrays of a step that was deleted: idle entries at once,
  * their buffers freed (not kept for reuse), so ckpt_cache_bytes goes down;

@@ -320,6 +320,62 @@ static void test_resize(void)
 	}
 	CHECK(ckpt_cache_contains(c, 1, 12) && !ckpt_cache_contains(c, 1, 0));
 	ckpt_cache_destroy(c);
+
+	/* A buffer reused for a smaller chunk is trimmed to it: 4 chunks of
+	 * 8 MiB, consumed, then 8 chunks of 4 MiB fill the same 32 MiB budget
+	 * (untrimmed, each would hold an 8 MiB buffer: 4 of them). */
+	CHECK_EQ_INT(ckpt_cache_create(32u << 20, &c), 0);
+	for (uint64_t i = 0; i < 4; i++) {
+		CHECK_EQ_INT(ckpt_cache_get(c, 1, i, eight, fill_pattern, &eight, &e), 0);
+		ckpt_cache_release_used(c, e, 1);
+	}
+	for (uint64_t i = 10; i < 18; i++) {
+		CHECK_EQ_INT(ckpt_cache_get(c, 1, i, four, fill_pattern, &four, &e), 0);
+		ckpt_cache_release(c, e);
+		CHECK_EQ_INT(ckpt_cache_check(c), 0);
+	}
+	for (uint64_t i = 10; i < 18; i++)
+		CHECK(ckpt_cache_contains(c, 1, i));
+	CHECK(ckpt_cache_bytes(c) <= (32u << 20));
+	ckpt_cache_destroy(c);
+}
+
+/* ckpt_cache_cool_owner: the idle entries of one owner go to the cold end
+ * as consumed, so making room evicts them before the older entries of
+ * another owner; pinned ones and other owners stay. */
+static void test_cool_owner(void)
+{
+	size_t four = 4u << 20;
+	ckpt_cache *c;
+	ckpt_centry *e, *pinned;
+	CHECK_EQ_INT(ckpt_cache_create(32u << 20, &c), 0);
+	for (uint64_t i = 0; i < 4; i++) { /* owner 1: the oldest */
+		CHECK_EQ_INT(ckpt_cache_get(c, 1, i, four, fill_pattern, &four, &e), 0);
+		ckpt_cache_release(c, e);
+	}
+	for (uint64_t i = 0; i < 4; i++) { /* owner 2, one kept pinned */
+		CHECK_EQ_INT(ckpt_cache_get(c, 2, i, four, fill_pattern, &four, &e), 0);
+		if (i == 3)
+			pinned = e;
+		else
+			ckpt_cache_release(c, e);
+	}
+	CHECK_EQ_INT((int)ckpt_cache_cool_owner(c, 2), 3);
+	CHECK_EQ_INT((int)ckpt_cache_cool_owner(c, 2), 0); /* already cold */
+	CHECK_EQ_INT(ckpt_cache_check(c), 0);
+	/* three new chunks: owner 2's idle ones make the room */
+	for (uint64_t i = 0; i < 3; i++) {
+		CHECK_EQ_INT(ckpt_cache_get(c, 3, i, four, fill_pattern, &four, &e), 0);
+		ckpt_cache_release(c, e);
+		CHECK_EQ_INT(ckpt_cache_check(c), 0);
+	}
+	for (uint64_t i = 0; i < 4; i++)
+		CHECK(ckpt_cache_contains(c, 1, i));
+	for (uint64_t i = 0; i < 3; i++)
+		CHECK(!ckpt_cache_contains(c, 2, i));
+	CHECK(ckpt_cache_contains(c, 2, 3));
+	ckpt_cache_release(c, pinned);
+	ckpt_cache_destroy(c);
 }
 
 /* Dropping owners (a deleted step's arrays): idle entries are freed at
@@ -513,6 +569,7 @@ int main(void)
 
 	CHECK_RUN(test_budget);
 	CHECK_RUN(test_resize);
+	CHECK_RUN(test_cool_owner);
 	CHECK_RUN(test_drop_owners);
 	return CHECK_DONE();
 }

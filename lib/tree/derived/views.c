@@ -57,6 +57,11 @@ struct vset {
 	ckpt_st_layout *st; /* model.safetensors, or */
 	ckpt_st_sharded *sts; /* the shards */
 	size_t *order; /* layout input i is plan tensor order[i] */
+	/* file order runs: the tensors of one source array in a row; for
+	 * layout input i, the first input of its run and of the next run
+	 * (n when none), and whether the run's read-ahead was done */
+	size_t *run_start, *next_run;
+	atomic_uchar *ahead;
 };
 
 /* N_DIR of a view folder */
@@ -489,10 +494,64 @@ static void vfile_attr(ckpt_view *v, struct node *n, ckpt_attr *a)
 	a->size = to_vfile(n)->size;
 }
 
+/* The source array of tensor ti's first part (NULL: no part). */
+static ckpt_array *first_source(const struct vset *vs, size_t ti)
+{
+	const ckpt_rtensor *t = ckpt_rplan_tensor(vs->plan, ti);
+	return t->nparts ? vs->arrs[t->parts[0].input] : NULL;
+}
+
+/* A read of layout input i (ending at byte src_end of the tensor), the
+ * second or later tensor of its run (or a run of one, a quarter in): the
+ * run before is done, and the source of the next run is queued for
+ * decoding while this run's tensors are still read, when all its chunks
+ * fit in the cache beside this run's (a quarter of the budget kept
+ * free).  Else the first read of a run waits for all the chunks its first
+ * rows span (a transposed kernel's rows span every chunk of a sharded
+ * array).  The run before goes to the cold end of the cache first, so
+ * that making room evicts it, not chunks queued ahead and not read yet;
+ * this late into the run, the kernel's read-ahead has left it.  Once per
+ * run. */
+static void read_next_source(struct vset *vs, size_t i, uint64_t src_end)
+{
+	size_t r = vs->run_start[i], nx = vs->next_run[i];
+	size_t n = ckpt_rplan_count(vs->plan);
+	if (atomic_load(&vs->ahead[r]))
+		return;
+	if (i == r) {
+		const ckpt_rtensor *t = ckpt_rplan_tensor(vs->plan, vs->order[i]);
+		uint64_t bytes = ckpt_rtensor_count(t) * ckpt_dtype_get(t->dtype)->itemsize;
+		if (nx != i + 1 || src_end < bytes / 4)
+			return;
+	}
+	if (atomic_exchange(&vs->ahead[r], 1))
+		return;
+	ckpt_array *cur = first_source(vs, vs->order[i]);
+	if (!cur)
+		return;
+	if (r > 0) {
+		ckpt_array *prev = first_source(vs, vs->order[r - 1]);
+		if (prev && prev != cur)
+			ckpt_array_cool(prev);
+	}
+	if (nx >= n)
+		return;
+	ckpt_array *next = first_source(vs, vs->order[nx]);
+	const ckpt_rtensor *t = ckpt_rplan_tensor(vs->plan, vs->order[nx]);
+	uint64_t budget = ckpt_array_cache_budget(cur), held = ckpt_array_cached_bytes(cur);
+	uint64_t count = ckpt_rtensor_count(t), first = count < VIEW_BATCH ? count : VIEW_BATCH;
+	ckpt_region box;
+	if (!next || next == cur || held + ckpt_array_cached_bytes(next) + budget / 4 > budget ||
+	    !ckpt_rtensor_box(t, 0, 0, first, &box))
+		return;
+	ckpt_array_prefetch_box(next, &box, ckpt_array_cached_bytes(next));
+}
+
 /* ckpt_st_layout_read's tensor reads: target tensor `input` of the file. */
 static ssize_t vfile_tensor_read(void *arg, size_t input, uint64_t src_off, size_t len, uint8_t *to)
 {
 	struct vset *vs = arg;
+	read_next_source(vs, input, src_off + len);
 	return tensor_read(vs, vs->order[input], src_off, len, to);
 }
 
@@ -545,6 +604,9 @@ static void vset_free(struct vset *vs)
 	ckpt_rplan_free(vs->plan);
 	free(vs->arrs);
 	free(vs->order);
+	free(vs->run_start);
+	free(vs->next_run);
+	free(vs->ahead);
 	ckpt_st_layout_destroy(vs->st);
 	ckpt_st_sharded_destroy(vs->sts);
 	free(vs);
@@ -652,6 +714,20 @@ static int make_folder(ckpt_view *v, struct node *views, const char *name, ckpt_
 	for (size_t i = 0; i < n; i++)
 		vs->order[i] = i;
 	qsort_r(vs->order, n, sizeof(*vs->order), cmp_source_order, p);
+	vs->run_start = malloc((n ? n : 1) * sizeof(size_t));
+	vs->next_run = malloc((n ? n : 1) * sizeof(size_t));
+	vs->ahead = calloc(n ? n : 1, sizeof(atomic_uchar));
+	if (!vs->run_start || !vs->next_run || !vs->ahead) {
+		free(tl);
+		return -ENOMEM;
+	}
+	for (size_t i = 0; i < n; i++)
+		vs->run_start[i] = i && first_source(vs, vs->order[i]) == first_source(vs, vs->order[i - 1])
+					   ? vs->run_start[i - 1]
+					   : i;
+	for (size_t i = n; i-- > 0;)
+		vs->next_run[i] =
+			i + 1 < n && vs->run_start[i + 1] == vs->run_start[i] ? vs->next_run[i + 1] : i + 1;
 	uint64_t total = 0;
 	for (size_t i = 0; i < n; i++) {
 		const ckpt_rtensor *t = ckpt_rplan_tensor(p, vs->order[i]);
