@@ -216,8 +216,8 @@ static void warm_next_file(ckpt_view *v, struct array_node *n)
 	int files = 0;
 	for (size_t i = pos + 1; i < d->nkids && files < WARM_FILES_MAX; i++) {
 		struct node *k = d->kids[i];
-		if (k->kind != N_ARRAY)
-			continue;
+		if (k->kind != N_ARRAY || k->hidden)
+			continue; /* (slices and other names made on lookup: not in a listing) */
 		struct array_node *an = to_array(k);
 		uint64_t w = ckpt_array_window(an->ar->arr), bytes = ckpt_array_meta_of(an->ar->arr)->nbytes;
 		if (w > bytes)
