@@ -28,7 +28,9 @@
  * decoded chunks land in reused memory whenever possible: buffers come from
  * ckpt_hugebuf_alloc (2 MiB-rounded huge-page mappings for large chunks) and
  * an evicted buffer is reused for any chunk that fits it without wasting
- * more than half.
+ * more than half (then trimmed to the chunk's own capacity, so a chunk is
+ * charged what it holds); an evicted buffer of another size is resized
+ * for the next chunk when the budget allows (the pages it keeps are warm).
  */
 #include <assert.h>
 #include <pthread.h>
