@@ -275,6 +275,18 @@ static void test_budget(void)
 	ckpt_cache_destroy(budget_cache);
 }
 
+/* Load chunks [first, first+n) of owner, each `size` bytes, and release
+ * them (consumed or not), checking the invariants after each. */
+static void load_chunks(ckpt_cache *c, uint64_t owner, uint64_t first, uint64_t n, size_t size, int consumed)
+{
+	ckpt_centry *e;
+	for (uint64_t i = first; i < first + n; i++) {
+		CHECK_EQ_INT(ckpt_cache_get(c, owner, i, size, fill_pattern, &size, &e), 0);
+		ckpt_cache_release_used(c, e, consumed);
+		CHECK_EQ_INT(ckpt_cache_check(c), 0);
+	}
+}
+
 /* A buffer resized keeps its first bytes (a grown one is zero past
  * them); sizes under CKPT_HUGEBUF_MIN are not resized.  In the cache, a
  * chunk of another size reuses an evicted buffer resized when the budget
@@ -325,15 +337,8 @@ static void test_resize(void)
 	 * 8 MiB, consumed, then 8 chunks of 4 MiB fill the same 32 MiB budget
 	 * (untrimmed, each would hold an 8 MiB buffer: 4 of them). */
 	CHECK_EQ_INT(ckpt_cache_create(32u << 20, &c), 0);
-	for (uint64_t i = 0; i < 4; i++) {
-		CHECK_EQ_INT(ckpt_cache_get(c, 1, i, eight, fill_pattern, &eight, &e), 0);
-		ckpt_cache_release_used(c, e, 1);
-	}
-	for (uint64_t i = 10; i < 18; i++) {
-		CHECK_EQ_INT(ckpt_cache_get(c, 1, i, four, fill_pattern, &four, &e), 0);
-		ckpt_cache_release(c, e);
-		CHECK_EQ_INT(ckpt_cache_check(c), 0);
-	}
+	load_chunks(c, 1, 0, 4, eight, 1);
+	load_chunks(c, 1, 10, 8, four, 0);
 	for (uint64_t i = 10; i < 18; i++)
 		CHECK(ckpt_cache_contains(c, 1, i));
 	CHECK(ckpt_cache_bytes(c) <= (32u << 20));
@@ -347,28 +352,15 @@ static void test_cool_owner(void)
 {
 	size_t four = 4u << 20;
 	ckpt_cache *c;
-	ckpt_centry *e, *pinned;
+	ckpt_centry *pinned;
 	CHECK_EQ_INT(ckpt_cache_create(32u << 20, &c), 0);
-	for (uint64_t i = 0; i < 4; i++) { /* owner 1: the oldest */
-		CHECK_EQ_INT(ckpt_cache_get(c, 1, i, four, fill_pattern, &four, &e), 0);
-		ckpt_cache_release(c, e);
-	}
-	for (uint64_t i = 0; i < 4; i++) { /* owner 2, one kept pinned */
-		CHECK_EQ_INT(ckpt_cache_get(c, 2, i, four, fill_pattern, &four, &e), 0);
-		if (i == 3)
-			pinned = e;
-		else
-			ckpt_cache_release(c, e);
-	}
+	load_chunks(c, 1, 0, 4, four, 0); /* owner 1: the oldest */
+	load_chunks(c, 2, 0, 3, four, 0); /* owner 2, and a fourth kept pinned */
+	CHECK_EQ_INT(ckpt_cache_get(c, 2, 3, four, fill_pattern, &four, &pinned), 0);
 	CHECK_EQ_INT((int)ckpt_cache_cool_owner(c, 2), 3);
 	CHECK_EQ_INT((int)ckpt_cache_cool_owner(c, 2), 0); /* already cold */
 	CHECK_EQ_INT(ckpt_cache_check(c), 0);
-	/* three new chunks: owner 2's idle ones make the room */
-	for (uint64_t i = 0; i < 3; i++) {
-		CHECK_EQ_INT(ckpt_cache_get(c, 3, i, four, fill_pattern, &four, &e), 0);
-		ckpt_cache_release(c, e);
-		CHECK_EQ_INT(ckpt_cache_check(c), 0);
-	}
+	load_chunks(c, 3, 0, 3, four, 0); /* three new chunks: owner 2's idle ones make the room */
 	for (uint64_t i = 0; i < 4; i++)
 		CHECK(ckpt_cache_contains(c, 1, i));
 	for (uint64_t i = 0; i < 3; i++)

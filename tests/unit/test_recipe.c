@@ -554,6 +554,14 @@ static void test_lazy_vs_eager(void)
 
 /* ---- transposes of 2- and 4-byte elements ------------------------------------ */
 
+/* Element i of got (is bytes each) holds the low is bytes of v. */
+static int holds_low(const uint8_t *got, uint64_t i, unsigned is, uint64_t v)
+{
+	uint64_t w = 0;
+	memcpy(&w, got + i * is, is);
+	return w == (v & (is == 2 ? 0xffffu : 0xffffffffu));
+}
+
 /* A scan-stacked kernel (E, L, F) taken at one layer and transposed to
  * (F, E), as the Hugging Face views do, for element widths 2 and 4 (the
  * widths the gather moves in register blocks) and shapes with and without
@@ -604,9 +612,8 @@ static void one_transpose(ckpt_dtype dt, unsigned is, uint64_t E, uint64_t L, ui
 			ckpt_rtensor_gather(t, 0, &box, bb, e0, e1, got);
 		int same = 1;
 		for (uint64_t e = e0; e < e1 && same; e++) {
-			uint64_t f = e / E, x = e % E, v = (x * L + l) * F + f, w = 0;
-			memcpy(&w, got + (e - e0) * is, is);
-			same = w == (v & (is == 2 ? 0xffffu : 0xffffffffu));
+			uint64_t f = e / E, x = e % E;
+			same = holds_low(got, e - e0, is, (x * L + l) * F + f);
 			if (!same)
 				fprintf(stderr, "transpose width %u (%llu, %llu, %llu): element %llu\n", is,
 					(unsigned long long)E, (unsigned long long)L, (unsigned long long)F,
@@ -673,9 +680,7 @@ static void one_merge(ckpt_dtype dt, unsigned is, uint64_t H, uint64_t L, uint64
 		int same = 1;
 		for (uint64_t e = e0; e < e1 && same; e++) {
 			uint64_t x = e / (H * D), hd = e % (H * D), h = hd / D, d = hd % D;
-			uint64_t v = ((h * L + l) * D + d) * E + x, w = 0;
-			memcpy(&w, got + (e - e0) * is, is);
-			same = w == (v & (is == 2 ? 0xffffu : 0xffffffffu));
+			same = holds_low(got, e - e0, is, ((h * L + l) * D + d) * E + x);
 			if (!same)
 				fprintf(stderr, "merge width %u (%llu, %llu, %llu, %llu): element %llu\n", is,
 					(unsigned long long)H, (unsigned long long)L, (unsigned long long)D,
@@ -735,9 +740,7 @@ static void one_rope(ckpt_dtype dt, unsigned is, uint64_t E, uint64_t L, uint64_
 		for (uint64_t e = e0; e < e1 && same; e++) {
 			uint64_t row = e / E, x = e % E, h = row / D, dd = row % D;
 			uint64_t d = dd < D / 2 ? 2 * dd : 2 * (dd - D / 2) + 1;
-			uint64_t v = ((x * L + l) * H + h) * D + d, w = 0;
-			memcpy(&w, got + (e - e0) * is, is);
-			same = w == (v & (is == 2 ? 0xffffu : 0xffffffffu));
+			same = holds_low(got, e - e0, is, ((x * L + l) * H + h) * D + d);
 			if (!same)
 				fprintf(stderr, "rope width %u (%llu, %llu, %llu, %llu): element %llu\n", is,
 					(unsigned long long)E, (unsigned long long)L, (unsigned long long)H,
