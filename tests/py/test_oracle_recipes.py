@@ -476,6 +476,57 @@ def test_fsdp_sharded_source(mount, tmp_path, cache):
     assert warned == (cache == "32K"), m.log()[-2000:]
 
 
+def test_the_next_source_is_decoded_ahead(mount, tmp_path):
+    """A view file holds the tensors of one source array in a row (a run).
+    A read of the second tensor of a run queues the decode of the next
+    run's source, so its chunks are decoded before any of its bytes is
+    read, and reading them decodes nothing more: every chunk is decoded
+    once (FSDP source over 4 devices: 4 chunks per array, each spanning
+    every layer)."""
+    p = maxtext_llama(np.random.default_rng(12), "float32")
+    np.save(tmp_path / "src.npy", p, allow_pickle=True)
+    root = tmp_path / "ck"
+    import sys
+    subprocess.run([sys.executable, "-c", SHARDED_SAVE, str(root), str(tmp_path / "src.npy")], check=True,
+                   timeout=300)
+    table = subprocess.run([str(U.BIN), "info", "--recipe", "maxtext-llama-hf", str(root), "30"],
+                           capture_output=True, text=True, check=True).stdout.splitlines()[1:]
+    source = {ln.split()[0]: ln.split()[3] for ln in table if ln.strip()}
+    m = mount(root, "ro", "cache_size=64M", "direct_read")  # no kernel read-ahead: reads as made
+    f = m.path / "30/.views/maxtext-llama-hf/model.safetensors"
+    with open(f, "rb", buffering=0) as fh:  # (a buffered read would take st_blksize, 1 MiB: all of it)
+        hlen = int.from_bytes(fh.read(8), "little")
+        header = json.loads(fh.read(hlen))
+    order = sorted((v["data_offsets"][0] + 8 + hlen, k) for k, v in header.items() if k != "__metadata__")
+    runs = []
+    for off, name in order:
+        if runs and source[runs[-1][0][1]] == source[name]:
+            runs[-1].append((off, name))
+        else:
+            runs.append([(off, name)])
+    # the gate_proj run (wi_0: transposed, every row spans its 4 chunks) and the run after it
+    i = next(k for k, r in enumerate(runs) if r[0][1].endswith("mlp.gate_proj.weight"))
+    run, nxt = runs[i], runs[i + 1]
+    assert len(run) == L and source[nxt[0][1]] != source[run[0][1]]
+    want = expected_llama(p)
+
+    def read_tensor(fh, off, name):
+        n = header[name]["data_offsets"][1] - header[name]["data_offsets"][0]
+        assert os.pread(fh.fileno(), n, off) == np.ascontiguousarray(want[name]).tobytes(), name
+
+    with open(f, "rb", buffering=0) as fh:
+        read_tensor(fh, *run[0])  # the first tensor of the run: its source's 4 chunks
+        d0 = stats(m)["chunks_decoded"]
+        read_tensor(fh, *run[1])  # the second: from the cache, and the next source is queued
+        U.wait_until(lambda: stats(m)["chunks_decoded"] >= d0 + 4, timeout=30)
+        assert stats(m)["chunks_decoded"] == d0 + 4, (d0, stats(m))
+        # the rest of the run and the next run's first tensor: nothing more
+        # to decode (its second tensor would queue the run after)
+        for off, name in run[2:] + nxt[:1]:
+            read_tensor(fh, off, name)
+    assert stats(m)["chunks_decoded"] == d0 + 4, (d0, stats(m))
+
+
 def test_maxtext_llama_unscanned_to_hf(mount, tmp_path):
     """scan_layers: false: decoder/layers_{l}/... without the layer axis;
     the same HF tensors as the scanned tree they are cut from."""
