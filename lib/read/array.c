@@ -1026,18 +1026,26 @@ static int pinned_access(ckpt_array *a)
 	return 0;
 }
 
+/* 1 when box is a non-empty region inside the array. */
+static int box_inside(const ckpt_array_meta *m, const ckpt_region *box)
+{
+	for (int d = 0; d < m->rank; d++)
+		if (box->start[d] >= box->stop[d] || box->stop[d] > m->shape[d])
+			return 0;
+	return 1;
+}
+
 int ckpt_array_visit(ckpt_array *a, const ckpt_region *box, ckpt_chunk_fn fn, void *arg)
 {
 	const ckpt_array_meta *m = &a->meta;
 	int st = pinned_access(a);
 	if (st < 0)
 		return st;
+	if (!box_inside(m, box))
+		return -EINVAL;
 	uint64_t lo[CKPT_MAX_RANK], hi[CKPT_MAX_RANK], g[CKPT_MAX_RANK];
 	ckpt_region chunk;
 	chunk.rank = m->rank;
-	for (int d = 0; d < m->rank; d++)
-		if (box->start[d] >= box->stop[d] || box->stop[d] > m->shape[d])
-			return -EINVAL;
 	grid_box(m, box, lo, hi);
 	/* Several chunks: let the pool decode the others while we do the first. */
 	memcpy(g, lo, sizeof(uint64_t) * (size_t)m->rank);
@@ -1301,11 +1309,8 @@ uint64_t ckpt_array_cache_budget(const ckpt_array *a)
 void ckpt_array_prefetch_box(ckpt_array *a, const ckpt_region *box, uint64_t max_bytes)
 {
 	const ckpt_array_meta *m = &a->meta;
-	if (pinned_access(a) < 0 || m->unit_bytes == 0)
+	if (pinned_access(a) < 0 || m->unit_bytes == 0 || !box_inside(m, box))
 		return;
-	for (int d = 0; d < m->rank; d++)
-		if (box->start[d] >= box->stop[d] || box->stop[d] > m->shape[d])
-			return;
 	uint64_t lo[CKPT_MAX_RANK], hi[CKPT_MAX_RANK], g[CKPT_MAX_RANK];
 	grid_box(m, box, lo, hi);
 	memcpy(g, lo, sizeof(uint64_t) * (size_t)m->rank);
@@ -1329,7 +1334,7 @@ uint64_t ckpt_array_cached_bytes(const ckpt_array *a)
 	const ckpt_array_meta *m = &a->meta;
 	uint64_t n = 1;
 	for (int d = 0; d < m->rank; d++)
-		n *= (m->shape[d] + m->inner_shape[d] - 1) / m->inner_shape[d];
+		n *= m->grid[d];
 	return n * ckpt_cache_charge((size_t)m->unit_bytes);
 }
 

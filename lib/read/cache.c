@@ -311,12 +311,6 @@ static void *take_consumed(ckpt_cache *c, size_t size, size_t *cap)
 	return NULL;
 }
 
-/* A buffer for `size` bytes within the budget.  Memory that was touched
- * before comes first (a spare, then the buffer of a chunk its reader has
- * consumed), so a streaming reader cycles through a few pre-faulted
- * buffers however large the budget; then idle entries are evicted and
- * fresh memory is taken.  NULL with *err = -EAGAIN when there is no room
- * (every byte pinned or being filled), -ENOMEM.  Lock held. */
 /* A reused buffer larger than size needs gives its tail back (its bytes
  * leave the budget): a chunk is charged its own capacity, not that of the
  * larger chunk the buffer held before.  Lock held. */
@@ -335,6 +329,12 @@ static void *trim(ckpt_cache *c, void *p, size_t size, size_t *cap)
 	return q;
 }
 
+/* A buffer for `size` bytes within the budget.  Memory that was touched
+ * before comes first (a spare, then the buffer of a chunk its reader has
+ * consumed), so a streaming reader cycles through a few pre-faulted
+ * buffers however large the budget; then idle entries are evicted and
+ * fresh memory is taken.  NULL with *err = -EAGAIN when there is no room
+ * (every byte pinned or being filled), -ENOMEM.  Lock held. */
 static void *take_buffer(ckpt_cache *c, size_t size, size_t *cap, int *err)
 {
 	void *p = take_spare(c, size, cap);

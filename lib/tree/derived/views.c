@@ -538,13 +538,15 @@ static void read_next_source(struct vset *vs, size_t i, uint64_t src_end)
 		return;
 	ckpt_array *next = first_source(vs, vs->order[nx]);
 	const ckpt_rtensor *t = ckpt_rplan_tensor(vs->plan, vs->order[nx]);
+	if (!next || next == cur)
+		return;
 	uint64_t budget = ckpt_array_cache_budget(cur), held = ckpt_array_cached_bytes(cur);
+	uint64_t need = ckpt_array_cached_bytes(next);
 	uint64_t count = ckpt_rtensor_count(t), first = count < VIEW_BATCH ? count : VIEW_BATCH;
 	ckpt_region box;
-	if (!next || next == cur || held + ckpt_array_cached_bytes(next) + budget / 4 > budget ||
-	    !ckpt_rtensor_box(t, 0, 0, first, &box))
+	if (held + need + budget / 4 > budget || !ckpt_rtensor_box(t, 0, 0, first, &box))
 		return;
-	ckpt_array_prefetch_box(next, &box, ckpt_array_cached_bytes(next));
+	ckpt_array_prefetch_box(next, &box, need);
 }
 
 /* ckpt_st_layout_read's tensor reads: target tensor `input` of the file. */
