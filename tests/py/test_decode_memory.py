@@ -368,3 +368,39 @@ def test_a_reader_of_a_folder_has_the_next_files_decoding(tmp_path, mount):
         with open(m.p(f"a{k}.npy"), "rb") as f:
             assert os.pread(f.fileno(), 16, hl + MiB) == expected_bytes(MiB, 16)
     assert stats(m)["chunks_decoded"] == 6, stats(m)
+
+
+def test_the_next_files_decode_across_folders(tmp_path, mount):
+    """Orbax keeps each layer's arrays in a folder of their own
+    (params/layer_0/w.npy, params/layer_1/w.npy, ...), so a reader's next
+    file is often in the next folder: a reader at the start of layer_0/w
+    has the files of the folders after it decoding too, in the order cp -r
+    and a loader in key order walk them (layer_10 after layer_1).  Six
+    layers of one 4 MiB array each, cache_size=64M: the first bytes of
+    layer_0/w decode it and queue the other five.  (Before, the warm-up
+    stopped at the end of its folder: nothing more was queued, and the
+    decode threads waited for the reader at every folder.)"""
+    item = tmp_path / "item"
+    item.mkdir()
+    tree = {}
+    names = [f"layer_{k}" for k in (0, 1, 2, 3, 10, 11)]
+    for layer in names:
+        meta = write_one_chunk_array(item, f"params.{layer}.w", 16, COLS)
+        meta["key_metadata"] = [{"key": k, "key_type": 2} for k in ("params", layer, "w")]
+        tree[f"('params', '{layer}', 'w')"] = meta
+    (item / "_METADATA").write_text(json.dumps({
+        "tree_metadata": tree, "use_ocdbt": False, "use_zarr3": False,
+        "store_array_data_equal_to_fill_value": True, "custom_metadata": None}))
+    m = mount(item, "cache_size=64M")
+    assert sorted(os.listdir(m.p("params"))) == sorted(names)
+    assert stats(m)["chunks_decoded"] == 0
+    p = m.p("params/layer_0/w.npy")
+    hl = header_len(p, 16 * COLS * 4)
+    with open(p, "rb") as f:
+        assert os.pread(f.fileno(), 16, hl) == expected_bytes(0, 16)
+    U.wait_until(lambda: stats(m)["chunks_decoded"] >= len(names), timeout=30)
+    assert stats(m)["chunks_decoded"] == len(names), stats(m)
+    for layer in names:  # and they hold the right bytes
+        with open(m.p(f"params/{layer}/w.npy"), "rb") as f:
+            assert os.pread(f.fileno(), 16, hl + MiB) == expected_bytes(MiB, 16)
+    assert stats(m)["chunks_decoded"] == len(names), stats(m)

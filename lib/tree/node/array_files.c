@@ -192,30 +192,57 @@ static void array_destroy(ckpt_view *v, struct node *n)
 #define WARM_FILES_MAX 8
 #define WARM_CACHE_SHARE 2 /* 1/2 */
 
+/* The node after x in the order a reader walking the tree takes (cp -r,
+ * tar, a loader in key order): a folder's kids in name order, a folder's
+ * files before its next sibling; NULL at the end of the walk.  The walk
+ * descends only into folders below a kid of the root: those are built
+ * whole when their step is loaded (layout.c) and never change after; the
+ * root's kids change (steps come and go), and a step's own kids may not
+ * be built yet.  It goes up to the root only from an array file (a root
+ * that holds array files is no changing root), not from a folder. */
+static struct node *walk_next(ckpt_view *v, struct node *x)
+{
+	if (x->kind == N_DIR && x->ino != CKPT_ROOT_INO && x->parent != CKPT_ROOT_INO && to_dir(x)->nkids)
+		return to_dir(x)->kids[0];
+	for (;;) {
+		struct node *p = x->ino == CKPT_ROOT_INO ? NULL : ckpt_node_at(v, x->parent);
+		if (!p || p->kind != N_DIR || (p->ino == CKPT_ROOT_INO && x->kind != N_ARRAY))
+			return NULL;
+		size_t pos;
+		if (!ckpt_node_kid_index(p, x->name, &pos))
+			return NULL;
+		if (pos + 1 < to_dir(p)->nkids)
+			return to_dir(p)->kids[pos + 1];
+		x = p;
+	}
+}
+
+/* Files warmed ahead of a reader at most, the share of the cache their
+ * first windows may take, and the nodes one warm-up looks at at most. */
+#define WARM_FILES_MAX 8
+#define WARM_CACHE_SHARE 2 /* 1/2 */
+#define WARM_WALK_MAX 256
+
 /* A reader near the end of an array file probably goes on with the next
- * files of the directory (cp -r, tar, a loader walking the tree): start
+ * files of the tree (cp -r, tar, a loader walking the tree): start
  * decoding their first chunks now, once per file.  The next files, not
  * only the next one: while the reader copies one file out the decode
  * threads work on the next ones side by side (a file of one large chunk
  * is one decode, on one thread), as long as their first windows take at
- * most half of the cache.  The kids of a directory that holds array files
- * never change (only the root of a step mount and pending directories
- * change, and those hold no N_ARRAY), so no lock is needed. */
+ * most half of the cache.  The next files of the folder first, then those
+ * of the folders after it (walk_next): an Orbax tree keeps a layer's
+ * arrays in a folder of their own, so the next file of the reader is
+ * often in the next folder. */
 static void warm_next_file(ckpt_view *v, struct array_node *n)
 {
 	if (n->n.hidden || atomic_exchange(&n->next_warmed, 1))
 		return;
-	struct node *dir = ckpt_node_at(v, n->n.parent);
-	if (!dir || dir->kind != N_DIR)
-		return;
-	size_t pos;
-	if (!ckpt_node_kid_index(dir, n->n.name, &pos))
-		return;
-	struct dir_node *d = to_dir(dir);
 	uint64_t room = ckpt_array_cache_budget(n->ar->arr) / WARM_CACHE_SHARE;
 	int files = 0;
-	for (size_t i = pos + 1; i < d->nkids && files < WARM_FILES_MAX; i++) {
-		struct node *k = d->kids[i];
+	struct node *k = &n->n;
+	for (int seen = 0; files < WARM_FILES_MAX && seen < WARM_WALK_MAX; seen++) {
+		if (!(k = walk_next(v, k)))
+			return;
 		if (k->kind != N_ARRAY || k->hidden)
 			continue; /* (slices and other names made on lookup: not in a listing) */
 		struct array_node *an = to_array(k);
