@@ -7,12 +7,14 @@ of --runs.
 
   (a) read every array:
       - mount: `np.load` of every `.npy` through a fresh ckptfs mount of the
-        root (mount start included);
+        root (mount start included), in a fresh process that imports numpy
+        and ml_dtypes; --mount-opts adds -o options to that mount;
       - Orbax: `PyTreeCheckpointer.restore` of the step's item to numpy
         (`RestoreArgs(restore_type=np.ndarray)`, its metadata read included), in a fresh process after
         JAX is imported (import time excluded);
       - TensorStore: `ts.open` + `read` of every array with the spec Orbax
         builds, in the same kind of process.
+      The readers' order turns by one each run, so each takes each place.
       Target: the mount at least as fast as Orbax's restore (ratio >= 1.00).
   (b) write the same arrays:
       - mount: --writers processes `np.save` their share of the arrays into
@@ -100,7 +102,15 @@ def proc_cpu_s(pid):
 
 
 def child(cfg):
-    """A fresh process: JAX/Orbax/TensorStore imported, then one timed job; prints JSON."""
+    """A fresh process: JAX/Orbax/TensorStore imported, then one timed job; prints JSON.
+    The mount's reader imports numpy and ml_dtypes only, as a user's np.load script does."""
+    if cfg['job'] == 'mount_read':
+        import ml_dtypes  # noqa: F401  (numpy learns bfloat16, as a user's loader does)
+        spec = {k: (d, tuple(s)) for k, (d, s) in cfg['spec'].items()}
+        dt, cpu, dcpu, h = mount_read_all(cfg['daemon'], Path(cfg['root']), Path(cfg['mnt']), Path(cfg['log']),
+                                          spec, cfg.get('warm', 0), cfg.get('opts', ''))
+        print(json.dumps({'seconds': dt, 'cpu': cpu, 'daemon_cpu': dcpu, 'sha256': h}))
+        return
     os.environ.setdefault('JAX_PLATFORMS', 'cpu')
     import jax  # noqa: F401
     import numpy as np
@@ -189,14 +199,14 @@ def writer(cfg):
     print(json.dumps({'prepared': ready, 'done': time.monotonic()}))
 
 
-def mount_read_all(daemon, root, mnt, logp, spec, warm=0):
+def mount_read_all(daemon, root, mnt, logp, spec, warm=0, opts=''):
     """np.load every array through a fresh mount, as a restore to numpy
     does (the arrays kept); (seconds, CPU seconds of reader + daemon,
     sha256 of the arrays, taken after the clock stopped)."""
     import numpy as np
     bench.warm_memory(warm)
     t0, c0 = time.monotonic(), cpu_s()
-    with bench.Mount(daemon, root, mnt, '', logp).start() as m:
+    with bench.Mount(daemon, root, mnt, opts, logp).start() as m:
         arrays = [np.load(mnt / str(STEP) / 'default' / (k + '.npy')) for k in sorted(spec)]
         dt = time.monotonic() - t0
         dcpu = proc_cpu_s(m.proc.pid)
@@ -216,6 +226,7 @@ def main():
     ap.add_argument('--keep', action='store_true')
     ap.add_argument('--warm', type=float, default=4.0,
                     help='GiB touched and freed right before each timed section (scripts/bench warm_memory; 0: none)')
+    ap.add_argument('--mount-opts', default='', help='-o options of the mount that row (a) reads through')
     ap.add_argument('--child', help=argparse.SUPPRESS)
     ap.add_argument('--writer', help=argparse.SUPPRESS)
     a = ap.parse_args()
@@ -278,15 +289,19 @@ def main():
             hashes.setdefault('ts', set()).add(r['sha256'])
 
         def read_mount():
-            dt, cpu, dcpu, h = mount_read_all(daemon, root, work / 'mnt', logs / 'read.log', spec, a.warm)
-            hashes.setdefault('mount', set()).add(h)
-            mount_s.append(dt)
-            mount_c.append(cpu)
-            mount_d.append(dcpu)
+            r = run_child({'job': 'mount_read', 'daemon': str(daemon), 'root': str(root), 'mnt': str(work / 'mnt'),
+                           'log': str(logs / 'read.log'), 'spec': jspec, 'warm': a.warm,
+                           'opts': a.mount_opts})
+            hashes.setdefault('mount', set()).add(r['sha256'])
+            mount_s.append(r['seconds'])
+            mount_c.append(r['cpu'])
+            mount_d.append(r['daemon_cpu'])
 
-        # the order turns by one each run: every reader takes every place
-        # (a reader's time depends on what ran just before it: this
-        # machine's host takes freed memory back on its own schedule)
+        # Every reader in a fresh process of its own, as a user's script
+        # (the peers' children import JAX, the mount's numpy); the order
+        # turns by one each run: every reader takes every place (a reader's
+        # time depends on what ran just before it: this machine's host
+        # takes freed memory back on its own schedule)
         order = [read_orbax, read_ts, read_mount]
         for i in range(runs):
             for f in order[i % 3:] + order[:i % 3]:
@@ -296,7 +311,8 @@ def main():
         assert hashes['ts'] == hashes['orbax'], 'TensorStore read other bytes'
         assert hashes['mount'] == hashes['orbax'], 'the mount served other bytes than Orbax restores'
         m, o, t = bench.median(mount_s), bench.median(orbax_s), bench.median(ts_s)
-        table.add('(a) read every array: np.load through a fresh mount vs Orbax restore to numpy',
+        table.add('(a) read every array: np.load through a fresh mount%s vs Orbax restore to numpy'
+                  % (' (-o %s)' % a.mount_opts if a.mount_opts else ''),
                   '%.2f s (%.2f GB/s)' % (m, total / m / 1e9), 'Orbax %.2f s' % o, o / m, '≥ 1.00', o / m >= 1.0)
         table.add('(a) the same vs TensorStore reading every array directly', '%.2f s' % m,
                   'TensorStore %.2f s' % t, t / m)
