@@ -56,6 +56,11 @@ struct ckfs {
 
 extern const struct fuse_lowlevel_ops ckfs_ops;
 
+/* -o direct_read: the session's /dev/fuse I/O through devio.c, whose INIT
+ * reply also asks for DIRECT_IO_ALLOW_MMAP (shared mmap of direct-I/O files)
+ * when the kernel offers it.  After fuse_session_mount; 0 or -errno. */
+int ckfs_devio_install(struct fuse_session *se);
+
 /* Entry invalidations of transient names, sent by a thread of their own
  * (inval.c): start after daemonizing, stop after the session is unmounted. */
 int ckfs_inval_start(struct fuse_session *se, ckpt_view *view);

@@ -103,7 +103,8 @@ static void usage(const char *prog)
 	       "    -o read_ahead_kb=N      kernel read-ahead of the mount (default 1024; 0 keeps the "
 	       "kernel's)\n"
 	       "    -o direct_read          read-only opens bypass the kernel page cache (less CPU per\n"
-	       "                            byte for streaming readers; no shared mmap, no warm re-reads)\n"
+	       "                            byte for streaming readers; no warm re-reads; shared mmap\n"
+	       "                            only where the kernel allows it, as logged at mount)\n"
 	       "    -o safetensors_shard_size=SIZE  shard size of X.safetensors.d/ (default 5G)\n"
 	       "    -o recipes=DIR          view recipes of DIR too (before the shipped ones)\n"
 	       "    -o zstd_level=N         zstd level of written chunks (default 1)\n"
@@ -977,6 +978,10 @@ int main(int argc, char *argv[])
 		goto out_view;
 	if (fuse_session_mount(se, cl.mountpoint) != 0)
 		goto out_signals;
+	if (fs.opts.direct_read && ckfs_devio_install(se) != 0) {
+		fprintf(stderr, "ckptfs: cannot set the session's device I/O for -o direct_read\n");
+		goto out_unmount;
+	}
 	if (!fs.opts.quiet)
 		mount_line(&fs, cl.mountpoint, log_dest);
 	/* No thread may start before this fork (the child would not have it). */
