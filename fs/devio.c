@@ -21,36 +21,10 @@
 #include <unistd.h>
 
 #include "ckfs.h"
-
-/* The wire layout of INIT, as the kernel's include/uapi/linux/fuse.h. */
-enum { OP_INIT = 26 };
-#define INIT_EXT (1u << 30)
-#define INIT2_DIRECT_IO_ALLOW_MMAP (1u << (36 - 32))
-
-struct in_header {
-	uint32_t len, opcode;
-	uint64_t unique, nodeid;
-	uint32_t uid, gid, pid;
-	uint16_t total_extlen, padding;
-};
-struct init_in {
-	uint32_t major, minor, max_readahead, flags, flags2;
-};
-struct out_header {
-	uint32_t len;
-	int32_t error;
-	uint64_t unique;
-};
-struct init_out { /* up to flags2 (7.36) */
-	uint32_t major, minor, max_readahead, flags;
-	uint16_t max_background, congestion_threshold;
-	uint32_t max_write, time_gran;
-	uint16_t max_pages, map_alignment;
-	uint32_t flags2;
-};
+#include "fuse_wire.h"
 
 /* The INIT request seen, until its reply went out: its unique (0: none
- * pending) and the kernel's second flag word (0 unless it sent INIT_EXT).
+ * pending) and the kernel's second flag word (0 unless it sent FUSE_WIRE_INIT_EXT).
  * Atomics: the reply may leave on another thread than the one that read
  * the request. */
 static _Atomic uint64_t init_unique;
@@ -60,14 +34,14 @@ static ssize_t dev_read(int fd, void *buf, size_t len, void *userdata)
 {
 	(void)userdata;
 	ssize_t n = read(fd, buf, len);
-	const size_t hl = sizeof(struct in_header);
-	if (n >= (ssize_t)(hl + offsetof(struct init_in, flags2))) {
-		const struct in_header *h = buf;
-		const struct init_in *in = (const void *)((const char *)buf + hl);
-		if (h->opcode == OP_INIT) {
-			/* flags2 exists from 7.36 on, and counts with INIT_EXT */
-			int ext = in->minor >= 36 && (in->flags & INIT_EXT) &&
-				  n >= (ssize_t)(hl + sizeof(struct init_in));
+	const size_t hl = sizeof(struct fuse_wire_in_header);
+	if (n >= (ssize_t)(hl + offsetof(struct fuse_wire_init_in, flags2))) {
+		const struct fuse_wire_in_header *h = buf;
+		const struct fuse_wire_init_in *in = (const void *)((const char *)buf + hl);
+		if (h->opcode == FUSE_WIRE_OP_INIT) {
+			/* flags2 exists from 7.36 on, and counts with FUSE_WIRE_INIT_EXT */
+			int ext = in->minor >= 36 && (in->flags & FUSE_WIRE_INIT_EXT) &&
+				  n >= (ssize_t)(hl + sizeof(struct fuse_wire_init_in));
 			atomic_store(&init_offer2, ext ? in->flags2 : 0);
 			atomic_store(&init_unique, h->unique);
 		}
@@ -79,19 +53,19 @@ static ssize_t dev_read(int fd, void *buf, size_t len, void *userdata)
  * so in the log either way. */
 static void amend_init(const struct iovec *iov, int count)
 {
-	if (count < 2 || iov[0].iov_len < sizeof(struct out_header))
+	if (count < 2 || iov[0].iov_len < sizeof(struct fuse_wire_out_header))
 		return;
-	const struct out_header *oh = iov[0].iov_base;
+	const struct fuse_wire_out_header *oh = iov[0].iov_base;
 	uint64_t want = atomic_load(&init_unique);
 	if (!want || oh->unique != want || !atomic_compare_exchange_strong(&init_unique, &want, 0))
 		return;
 	uint32_t offer2 = atomic_load(&init_offer2);
-	if (oh->error != 0 || iov[1].iov_len < offsetof(struct init_out, flags2) + sizeof(uint32_t))
+	if (oh->error != 0 || iov[1].iov_len < offsetof(struct fuse_wire_init_out, flags2) + sizeof(uint32_t))
 		return;
-	struct init_out *out = iov[1].iov_base;
-	if (offer2 & INIT2_DIRECT_IO_ALLOW_MMAP) {
-		out->flags |= INIT_EXT;
-		out->flags2 |= INIT2_DIRECT_IO_ALLOW_MMAP;
+	struct fuse_wire_init_out *out = iov[1].iov_base;
+	if (offer2 & FUSE_WIRE_INIT2_DIRECT_IO_ALLOW_MMAP) {
+		out->flags |= FUSE_WIRE_INIT_EXT;
+		out->flags2 |= FUSE_WIRE_INIT2_DIRECT_IO_ALLOW_MMAP;
 		ckpt_log(CKPT_LOG_INFO, "direct_read: the kernel maps direct-I/O files shared too "
 					"(DIRECT_IO_ALLOW_MMAP)");
 	} else {

@@ -27,22 +27,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-/* The wire layout of the INIT request (include/uapi/linux/fuse.h). */
-struct in_header {
-	uint32_t len, opcode;
-	uint64_t unique, nodeid;
-	uint32_t uid, gid, pid;
-	uint16_t total_extlen, padding;
-};
-struct init_in {
-	uint32_t major, minor, max_readahead, flags, flags2, unused[11];
-};
-struct out_header {
-	uint32_t len;
-	int32_t error;
-	uint64_t unique;
-};
-enum { OP_INIT = 26 };
+#include "../fs/fuse_wire.h"
 
 /* Init flag bits, as numbered by the kernel's uapi header up to 7.44. */
 static const char *const flag_names[64] = {
@@ -115,10 +100,11 @@ int main(int argc, char **argv)
 	static uint8_t buf[1 << 17];
 	ssize_t n = read(fd, buf, sizeof(buf));
 	int rc = 1;
-	const struct in_header *h = (const void *)buf;
-	if (n >= (ssize_t)(sizeof(*h) + offsetof(struct init_in, flags2)) && h->opcode == OP_INIT) {
-		const struct init_in *in = (const void *)(buf + sizeof(*h));
-		int ext = in->minor >= 36 && n >= (ssize_t)(sizeof(*h) + offsetof(struct init_in, unused));
+	const struct fuse_wire_in_header *h = (const void *)buf;
+	if (n >= (ssize_t)(sizeof(*h) + offsetof(struct fuse_wire_init_in, flags2)) &&
+	    h->opcode == FUSE_WIRE_OP_INIT) {
+		const struct fuse_wire_init_in *in = (const void *)(buf + sizeof(*h));
+		int ext = in->minor >= 36 && n >= (ssize_t)(sizeof(*h) + sizeof(struct fuse_wire_init_in));
 		uint64_t flags = in->flags | (ext ? (uint64_t)in->flags2 << 32 : 0);
 		printf("kernel FUSE protocol %" PRIu32 ".%" PRIu32 ", max_readahead %" PRIu32 " bytes\n",
 		       in->major, in->minor, in->max_readahead);
@@ -134,7 +120,7 @@ int main(int argc, char **argv)
 		}
 		rc = 0;
 		/* refuse the connection: the mount then fails every request */
-		struct out_header oh = { sizeof(oh), -EPROTO, h->unique };
+		struct fuse_wire_out_header oh = { sizeof(oh), -EPROTO, h->unique };
 		if (write(fd, &oh, sizeof(oh)) < 0) {
 			/* nothing to do: the detach below ends it either way */
 		}
