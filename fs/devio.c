@@ -16,7 +16,6 @@
 #include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
-#include <string.h>
 #include <sys/uio.h>
 #include <unistd.h>
 

@@ -345,7 +345,7 @@ struct array_node {
 	char *hdr; /* the .npy header (hdrlen bytes) */
 	size_t hdrlen;
 	uint64_t size;
-	atomic_int next_warmed; /* the next file of the directory was prefetched */
+	atomic_int next_warmed; /* the next files of the tree walk were prefetched (once) */
 	atomic_uint seen_changes; /* the array's change count at the last open (ckpt_array_open_check) */
 	int widen; /* NAME.f32.npy: the region served as float32 (bfloat16, float8 widened exactly) */
 };

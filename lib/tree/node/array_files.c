@@ -187,11 +187,6 @@ static void array_destroy(ckpt_view *v, struct node *n)
 	free(to_array(n)->hdr);
 }
 
-/* Files warmed ahead of a reader at most, and the share of the cache
- * their first windows may take. */
-#define WARM_FILES_MAX 8
-#define WARM_CACHE_SHARE 2 /* 1/2 */
-
 /* The node after x in the order a reader walking the tree takes (cp -r,
  * tar, a loader in key order): a folder's kids in name order, a folder's
  * files before its next sibling; NULL at the end of the walk.  The walk
