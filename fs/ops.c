@@ -296,9 +296,10 @@ static void ckfs_op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *
 	fi->keep_cache = a.immutable && changed == 0;
 	/* -o direct_read: replies go straight into the reader's buffer, not
 	 * through the mount's page cache (one kernel copy less per byte), at
-	 * the price of shared mmap (ENODEV: libfuse 3.14 cannot ask for
-	 * FUSE_DIRECT_IO_ALLOW_MMAP) and of warm re-reads (each goes to the
-	 * daemon's chunk cache). */
+	 * the price of warm re-reads (each goes to the daemon's chunk cache),
+	 * of one request per read() (tar's 10 KiB reads), and of shared mmap
+	 * where the kernel does not grant DIRECT_IO_ALLOW_MMAP (devio.c asks).
+	 * Not the default: docs/benchmarks.md, "The streaming path". */
 	fi->direct_io = a.volatile_data || (writing && write_only(fi)) || (!writing && fs->opts.direct_read);
 	fi->noflush = !writing;
 	fuse_reply_open(req, fi);
