@@ -59,7 +59,9 @@ struct unit_rec {
  *   STALE    RETIRED  ckpt_arrays_retire
  *
  * LIVE serves reads; STALE and RETIRED answer every read -ESTALE; RETIRED
- * also caches nothing (its chunks' owner was dropped from the cache).
+ * also dropped its chunks' owner from the cache (and drops it again, with
+ * the fresh one, when the array is freed: a read that passed its state
+ * check just before the retire may have cached a chunk since).
  * Within LIVE, `owner`, `epoch`, `changes` and `torn` are counters, not
  * states: a new owner when a stored unit changed (its cached chunks are
  * unreachable), an epoch per open check, changes for the kernel's pages,
@@ -86,6 +88,7 @@ struct ckpt_array {
 	 * stored unit changed, which makes every cached chunk unreachable (they
 	 * age out of the LRU). */
 	atomic_uint_least64_t owner;
+	uint64_t retired_owner; /* the owner ckpt_arrays_retire replaced (under mu) */
 	atomic_uint epoch; /* ckpt_array_revalidate */
 	/* Bumped whenever served bytes may have changed or their unit records
 	 * were dropped (forget_all, stale): see ckpt_array_open_check. */
@@ -397,20 +400,42 @@ void ckpt_arrays_retire(ckpt_ctx *ctx, ckpt_array *const *arrs, size_t n)
 	size_t k = 0;
 	for (size_t i = 0; i < n; i++) {
 		ckpt_array *a = arrs[i];
-		if (!arr_set(a, ARR_RETIRED))
-			continue; /* retired already */
 		pthread_mutex_lock(&a->mu);
-		uint64_t old = atomic_load(&a->owner);
-		forget_all(a); /* a fresh owner: nothing reaches the old chunks */
-		pthread_mutex_unlock(&a->mu);
-		ckpt_streams_forget(ctx->streams, (const void *)(uintptr_t)old);
-		owners[k++] = old;
-		if (k == sizeof(owners) / sizeof(owners[0])) {
+		if (arr_set(a, ARR_RETIRED)) {
+			uint64_t old = atomic_load(&a->owner);
+			forget_all(a); /* a fresh owner: nothing reaches the old chunks */
+			a->retired_owner = old;
+			pthread_mutex_unlock(&a->mu);
+			ckpt_streams_forget(ctx->streams, (const void *)(uintptr_t)old);
+			owners[k++] = old;
+		} else if (atomic_load(&a->state) == ARR_RETIRED) {
+			/* Retired before, and called again as the array is freed: a
+			 * read or read-ahead that passed its state check just before
+			 * that retire may have cached chunks since, under the owner
+			 * it replaced or under the fresh one.  Nothing asks for
+			 * either any more: drop both. */
+			owners[k++] = a->retired_owner;
+			owners[k++] = atomic_load(&a->owner);
+			pthread_mutex_unlock(&a->mu);
+		} else {
+			pthread_mutex_unlock(&a->mu);
+		}
+		if (k + 2 > sizeof(owners) / sizeof(owners[0])) {
 			drop_owners(ctx, owners, k);
 			k = 0;
 		}
 	}
 	drop_owners(ctx, owners, k);
+}
+
+uint64_t ckpt_array_cache_owner(const ckpt_array *a)
+{
+	return atomic_load(&a->owner);
+}
+
+ckpt_cache *ckpt_ctx_cache(ckpt_ctx *ctx)
+{
+	return ctx->cache;
 }
 
 /* Insert or update the record of su.  Caller holds a->mu. */

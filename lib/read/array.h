@@ -115,9 +115,17 @@ unsigned ckpt_array_open_check(ckpt_array *a, int *budget);
 /* The stored data of these arrays went for good (their step was deleted
  * from the source): their decoded chunks leave the cache now (those in
  * use at their release) and their stream cursors are dropped; from then on
- * nothing of them is cached and every read is -ESTALE.  The arrays stay
- * valid until ckpt_array_destroy.  Idempotent; thread-safe. */
+ * every read is -ESTALE.  A read that passed its state check just before
+ * may still cache a chunk; calling this again for arrays retired already
+ * (as their step is freed, once nothing reads them) drops those too.  The
+ * arrays stay valid until ckpt_array_destroy.  Thread-safe. */
 void ckpt_arrays_retire(ckpt_ctx *ctx, ckpt_array *const *arrs, size_t n);
+
+/* The cache owner a's chunks are cached under now: a fresh one after a
+ * stored unit changed or a retire (tests look entries up with it). */
+uint64_t ckpt_array_cache_owner(const ckpt_array *a);
+/* The context's decoded-chunk cache. */
+struct ckpt_cache *ckpt_ctx_cache(ckpt_ctx *ctx);
 
 const ckpt_array_meta *ckpt_array_meta_of(const ckpt_array *a);
 ckpt_store *ckpt_array_store(const ckpt_array *a);

@@ -24,6 +24,7 @@
 #include <zstd.h>
 
 #include "array.h"
+#include "cache.h"
 #include "check.h"
 #include "crc32c.h"
 #include "fwd_store.h"
@@ -451,6 +452,55 @@ static void test_visit(ckpt_store *s)
 	ckpt_ctx_destroy(ctx);
 }
 
+static int fill_ones(void *arg, void *dst)
+{
+	(void)arg;
+	memset(dst, 1, 8);
+	return 0;
+}
+
+/* A read that passed its state check just before its array was retired
+ * (its step pruned) may cache a chunk after the retire dropped the
+ * array's chunks, under the owner the retire replaced or the fresh one.
+ * The retire when the array is freed drops those too (before, they
+ * stayed in the cache until the LRU reached them). */
+static void test_retire_drops_late_fills(ckpt_store *s)
+{
+	const char *json = "{\"zarr_format\":2,\"shape\":[4],\"chunks\":[2],\"dtype\":\"<i4\","
+			   "\"compressor\":null,\"fill_value\":0,\"filters\":null,\"order\":\"C\"}";
+	int32_t c0[2] = { 1, 2 }, c1[2] = { 3, 4 };
+	put_file("ret/.zarray", json, strlen(json));
+	put_file("ret/0", c0, sizeof(c0));
+	put_file("ret/1", c1, sizeof(c1));
+	ckpt_ctx *ctx;
+	CHECK_EQ_INT(ckpt_ctx_create(NULL, &ctx), 0);
+	ckpt_cache *cache = ckpt_ctx_cache(ctx);
+	ckpt_array *a;
+	CHECK_EQ_INT(ckpt_array_open(ctx, s, "ret", 2, &a), 0);
+	ckpt_region all = { .rank = 1, .start = { 0 }, .stop = { 4 } };
+	int32_t out[4];
+	CHECK_EQ_INT(ckpt_array_read(a, &all, 0, sizeof(out), out), (int)sizeof(out));
+	CHECK(out[0] == 1 && out[3] == 4);
+	CHECK(ckpt_cache_bytes(cache) > 0);
+	uint64_t old = ckpt_array_cache_owner(a);
+	ckpt_arrays_retire(ctx, &a, 1);
+	CHECK_EQ_INT(ckpt_cache_bytes(cache), 0);
+	CHECK_EQ_INT(ckpt_array_read(a, &all, 0, sizeof(out), out), -ESTALE);
+	uint64_t fresh = ckpt_array_cache_owner(a);
+	CHECK(fresh != old);
+	/* the late fills of a read that raced the retire */
+	ckpt_centry *e;
+	CHECK_EQ_INT(ckpt_cache_get(cache, old, 0, 8, fill_ones, NULL, &e), 0);
+	ckpt_cache_release(cache, e);
+	CHECK_EQ_INT(ckpt_cache_get(cache, fresh, 1, 8, fill_ones, NULL, &e), 0);
+	ckpt_cache_release(cache, e);
+	CHECK(ckpt_cache_bytes(cache) > 0);
+	ckpt_arrays_retire(ctx, &a, 1); /* as its step is freed */
+	CHECK_EQ_INT(ckpt_cache_bytes(cache), 0);
+	ckpt_array_destroy(a);
+	ckpt_ctx_destroy(ctx);
+}
+
 static void test_missing(ckpt_store *s)
 {
 	/* v2 float32 [4] in [2] chunks, fill 0 or null */
@@ -825,6 +875,7 @@ int main(void)
 	CHECK_RUN_CALL(test_transpose, (s));
 	CHECK_RUN_CALL(test_missing, (s));
 	CHECK_RUN_CALL(test_visit, (s));
+	CHECK_RUN_CALL(test_retire_drops_late_fills, (s));
 	CHECK_RUN_CALL(test_large_chunks, (s));
 	ckpt_store_destroy(s);
 	char cmd[300];
