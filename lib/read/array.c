@@ -408,16 +408,14 @@ void ckpt_arrays_retire(ckpt_ctx *ctx, ckpt_array *const *arrs, size_t n)
 			pthread_mutex_unlock(&a->mu);
 			ckpt_streams_forget(ctx->streams, (const void *)(uintptr_t)old);
 			owners[k++] = old;
-		} else if (atomic_load(&a->state) == ARR_RETIRED) {
-			/* Retired before, and called again as the array is freed: a
-			 * read or read-ahead that passed its state check just before
-			 * that retire may have cached chunks since, under the owner
-			 * it replaced or under the fresh one.  Nothing asks for
-			 * either any more: drop both. */
+		} else {
+			/* Retired before (every other state leads here), and called
+			 * again as the array is freed: a read or read-ahead that
+			 * passed its state check just before that retire may have
+			 * cached chunks since, under the owner it replaced or under
+			 * the fresh one.  Nothing asks for either any more: drop both. */
 			owners[k++] = a->retired_owner;
 			owners[k++] = atomic_load(&a->owner);
-			pthread_mutex_unlock(&a->mu);
-		} else {
 			pthread_mutex_unlock(&a->mu);
 		}
 		if (k + 2 > sizeof(owners) / sizeof(owners[0])) {
