@@ -1,4 +1,5 @@
 /* hugebuf.c - see hugebuf.h. */
+#include <assert.h>
 #include <stdlib.h>
 #include <sys/mman.h>
 
@@ -47,6 +48,15 @@ void *ckpt_hugebuf_resize(void *p, size_t cap, size_t len, size_t *newcap)
 		madvise(q, n, MADV_HUGEPAGE);
 	*newcap = n;
 	return q;
+}
+
+void *ckpt_hugebuf_split(void *p, size_t cap, size_t head)
+{
+	/* any page range of an anonymous mapping can be unmapped or
+	 * remapped by itself: the two parts need no system call yet */
+	assert(p && cap >= CKPT_HUGEBUF_MIN && head > 0 && head < cap && head % HUGE_ALIGN == 0);
+	(void)cap;
+	return (char *)p + head;
 }
 
 void ckpt_hugebuf_free(void *p, size_t cap)

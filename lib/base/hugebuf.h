@@ -8,7 +8,9 @@
  * calloc.  Either way the memory is zero-filled.
  *
  * Ownership: the caller keeps *cap and passes it back to
- * ckpt_hugebuf_free; a buffer may be reused for any len <= cap.
+ * ckpt_hugebuf_free; a buffer may be reused for any len <= cap.  Mapped
+ * buffers (capacity >= CKPT_HUGEBUF_MIN) can also be split in two, so
+ * that memory touched once serves smaller chunks.
  * Thread-safety: both functions may be called from any thread.
  */
 #ifndef CKPT_HUGEBUF_H
@@ -31,6 +33,13 @@ void *ckpt_hugebuf_alloc(size_t len, size_t *cap);
  * place of a new allocation (either size under CKPT_HUGEBUF_MIN, or the
  * remapping failed): p is then unchanged and still owned by the caller. */
 void *ckpt_hugebuf_resize(void *p, size_t cap, size_t len, size_t *newcap);
+
+/* Split a mapped buffer p of capacity cap (>= CKPT_HUGEBUF_MIN) after
+ * its first head bytes (a multiple of 2 MiB, 0 < head < cap): p keeps
+ * [0, head) as a buffer of capacity head, and the tail, returned, is a
+ * buffer of capacity cap - head.  Each is resized or freed on its
+ * own.  No page is touched or given back: the tail's pages stay warm. */
+void *ckpt_hugebuf_split(void *p, size_t cap, size_t head);
 
 /* Free a buffer from ckpt_hugebuf_alloc; cap is the *cap it returned.
  * NULL is allowed. */

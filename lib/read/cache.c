@@ -27,10 +27,12 @@
  * Buffers: a first touch of fresh memory costs a page fault per page, so
  * decoded chunks land in reused memory whenever possible: buffers come from
  * ckpt_hugebuf_alloc (2 MiB-rounded huge-page mappings for large chunks) and
- * an evicted buffer is reused for any chunk that fits it without wasting
- * more than half (then trimmed to the chunk's own capacity, so a chunk is
- * charged what it holds); an evicted buffer of another size is resized
- * for the next chunk when the budget allows (the pages it keeps are warm).
+ * an evicted buffer is reused for any smaller chunk: a mapped one is split,
+ * the chunk takes its own capacity (so a chunk is charged what it holds)
+ * and the rest stays a spare with its pages touched; a small one (calloc)
+ * only when that wastes at most half of it.  An evicted buffer too small
+ * for the next chunk is resized when the budget allows (the pages it
+ * keeps are warm).
  */
 #include <assert.h>
 #include <pthread.h>
@@ -64,7 +66,7 @@ struct spare {
 	size_t cap;
 };
 
-#define NSPARE 8
+#define NSPARE 16
 
 struct ckpt_cache {
 	pthread_mutex_t lock;
@@ -198,11 +200,23 @@ static void buf_free(void *p, size_t cap)
 	ckpt_hugebuf_free(p, cap);
 }
 
-/* A spare of capacity `cap` can hold a chunk of `size` bytes without
- * wasting more than half of itself. */
+/* 1 for a mapped buffer (capacity >= CKPT_HUGEBUF_MIN): it can be split
+ * and joined. */
+static int mapped(size_t cap)
+{
+	return cap >= CKPT_HUGEBUF_MIN;
+}
+
+/* A spare of capacity `cap` can hold a chunk of `size` bytes: a mapped
+ * one of any larger capacity (trim splits the rest off as a spare), a
+ * small one without wasting more than half of itself. */
 static int fits(size_t cap, size_t size)
 {
-	return cap >= size && cap - size <= cap / 2;
+	if (cap < size)
+		return 0;
+	if (mapped(cap) && mapped(cap_for(size)))
+		return 1;
+	return cap - size <= cap / 2;
 }
 
 static void drop_spare(ckpt_cache *c, int i)
@@ -311,14 +325,21 @@ static void *take_consumed(ckpt_cache *c, size_t size, size_t *cap)
 	return NULL;
 }
 
-/* A reused buffer larger than size needs gives its tail back (its bytes
- * leave the budget): a chunk is charged its own capacity, not that of the
- * larger chunk the buffer held before.  Lock held. */
+/* A reused buffer larger than size needs is cut to the chunk's own
+ * capacity, so that a chunk is charged what it holds, not the capacity of
+ * the larger chunk the buffer held before: a mapped buffer's tail becomes
+ * a spare (its pages stay touched, its bytes counted), a small one's goes
+ * back.  Lock held. */
 static void *trim(ckpt_cache *c, void *p, size_t size, size_t *cap)
 {
-	size_t ncap;
-	if (*cap <= cap_for(size))
+	size_t ncap, want = cap_for(size);
+	if (*cap <= want)
 		return p;
+	if (mapped(want)) {
+		give_back(c, ckpt_hugebuf_split(p, *cap, want), *cap - want);
+		*cap = want;
+		return p;
+	}
 	void *q = ckpt_hugebuf_resize(p, *cap, size, &ncap);
 	if (!q)
 		return p;

@@ -345,6 +345,54 @@ static void test_resize(void)
 	ckpt_cache_destroy(c);
 }
 
+/* A fill that records whether its buffer held bytes before (memory
+ * touched before reads 0x5a here; fresh memory reads 0). */
+struct warm_fill {
+	size_t size;
+	int warm;
+};
+
+static int fill_note_warm(void *arg, void *dst)
+{
+	struct warm_fill *w = arg;
+	const uint8_t *d = dst;
+	w->warm = d[0] == 0x5a && d[w->size - 1] == 0x5a;
+	memset(dst, 0x5a, w->size);
+	return 0;
+}
+
+/* A mapped buffer reused for a smaller chunk keeps the rest of its pages
+ * as a spare: an 8 MiB chunk's buffer, once consumed, serves two 4 MiB
+ * chunks (the first still pinned when the second loads), with no fresh
+ * memory; and a 16 MiB one serves a 4 MiB chunk however much it wastes
+ * (the rest, 12 MiB, then serves an 8 MiB one). */
+static void test_split_spare(void)
+{
+	size_t eight = 8u << 20, sixteen = 16u << 20;
+	ckpt_cache *c;
+	ckpt_centry *a, *b;
+	CHECK_EQ_INT(ckpt_cache_create(64u << 20, &c), 0);
+	load_chunks(c, 1, 0, 1, eight, 1);
+	struct warm_fill w1 = { 4u << 20, 0 }, w2 = { 4u << 20, 0 };
+	CHECK_EQ_INT(ckpt_cache_get(c, 1, 10, w1.size, fill_note_warm, &w1, &a), 0);
+	CHECK_EQ_INT(ckpt_cache_get(c, 1, 11, w2.size, fill_note_warm, &w2, &b), 0);
+	CHECK(w1.warm && w2.warm);
+	CHECK(ckpt_cache_bytes(c) == eight);
+	CHECK_EQ_INT(ckpt_cache_check(c), 0);
+	ckpt_cache_release(c, a);
+	ckpt_cache_release(c, b);
+	load_chunks(c, 2, 0, 1, sixteen, 1);
+	struct warm_fill w3 = { 4u << 20, 0 }, w4 = { eight, 0 };
+	CHECK_EQ_INT(ckpt_cache_get(c, 3, 0, w3.size, fill_note_warm, &w3, &a), 0);
+	CHECK_EQ_INT(ckpt_cache_get(c, 3, 1, w4.size, fill_note_warm, &w4, &b), 0);
+	CHECK(w3.warm && w4.warm);
+	CHECK(ckpt_cache_bytes(c) == eight + sixteen);
+	CHECK_EQ_INT(ckpt_cache_check(c), 0);
+	ckpt_cache_release(c, a);
+	ckpt_cache_release(c, b);
+	ckpt_cache_destroy(c);
+}
+
 /* ckpt_cache_cool_owner: the idle entries of one owner go to the cold end
  * as consumed, so making room evicts them before the older entries of
  * another owner; pinned ones and other owners stay. */
@@ -561,6 +609,7 @@ int main(void)
 
 	CHECK_RUN(test_budget);
 	CHECK_RUN(test_resize);
+	CHECK_RUN(test_split_spare);
 	CHECK_RUN(test_cool_owner);
 	CHECK_RUN(test_drop_owners);
 	return CHECK_DONE();
