@@ -11,7 +11,7 @@
  * ckpt_hugebuf_free; a buffer may be reused for any len <= cap.  Mapped
  * buffers (capacity >= CKPT_HUGEBUF_MIN) can also be split in two, so
  * that memory touched once serves smaller chunks.
- * Thread-safety: both functions may be called from any thread.
+ * Thread-safety: every function may be called from any thread.
  */
 #ifndef CKPT_HUGEBUF_H
 #define CKPT_HUGEBUF_H

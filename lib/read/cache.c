@@ -201,7 +201,7 @@ static void buf_free(void *p, size_t cap)
 }
 
 /* 1 for a mapped buffer (capacity >= CKPT_HUGEBUF_MIN): it can be split
- * and joined. */
+ * and resized. */
 static int mapped(size_t cap)
 {
 	return cap >= CKPT_HUGEBUF_MIN;
@@ -328,26 +328,17 @@ static void *take_consumed(ckpt_cache *c, size_t size, size_t *cap)
 /* A reused buffer larger than size needs is cut to the chunk's own
  * capacity, so that a chunk is charged what it holds, not the capacity of
  * the larger chunk the buffer held before: a mapped buffer's tail becomes
- * a spare (its pages stay touched, its bytes counted), a small one's goes
- * back.  Lock held. */
+ * a spare (its pages stay touched, its bytes counted).  A small one
+ * (calloc, which fits allowed only up to twice the chunk) stays whole.
+ * Lock held. */
 static void *trim(ckpt_cache *c, void *p, size_t size, size_t *cap)
 {
-	size_t ncap, want = cap_for(size);
-	if (*cap <= want)
-		return p;
-	if (mapped(want)) {
+	size_t want = cap_for(size);
+	if (*cap > want && mapped(want)) {
 		give_back(c, ckpt_hugebuf_split(p, *cap, want), *cap - want);
 		*cap = want;
-		return p;
 	}
-	void *q = ckpt_hugebuf_resize(p, *cap, size, &ncap);
-	if (!q)
-		return p;
-	assert(ncap == cap_for(size) && c->bytes >= *cap - ncap);
-	c->bytes -= *cap - ncap;
-	atomic_store(&ckpt_g_stats.cache_bytes, c->bytes);
-	*cap = ncap;
-	return q;
+	return p;
 }
 
 /* A buffer for `size` bytes within the budget.  Memory that was touched
