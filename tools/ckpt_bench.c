@@ -32,6 +32,17 @@
  *       their order, balanced by size.  Timed from a common start (after
  *       fork) to the last exit.  -H also hashes each .npy's data bytes.
  *
+ *   ckpt_bench vread SOURCE PATH [-c CACHE_MIB] [-t THREADS] [-b BYTES]
+ *       The daemon's work for one file of a mount, without FUSE or a
+ *       reader: open a view of SOURCE (shipped recipes found as the
+ *       daemon finds them), look PATH up from the root (e.g.
+ *       30/.views/NAME/model.safetensors or 30/items/params.safetensors)
+ *       and read it front to back in BYTES pieces (default 1 MiB, the
+ *       mount's requests), zero-copy where the daemon replies zero-copy;
+ *       each piece is then copied once into a reused buffer, as the
+ *       kernel copies a reply.  Prints the seconds, the process CPU
+ *       seconds and the decode counters.
+ *
  *   ckpt_bench wlimit OUTFILE [-t THREADS] [-l LEVEL] [-c CHUNK] FILE...
  *       The write-path limit: load FILEs into memory, compress them in
  *       CHUNK pieces (default 4 MiB) with zstd LEVEL (default 1) on
@@ -53,6 +64,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
+#include <sys/uio.h>
 #include <sys/stat.h>
 #include <sys/types.h>
 #include <sys/wait.h>
@@ -66,6 +79,7 @@
  * directly (decode without the daemon, read contexts, the metadata model). */
 #include "ckpt.h"
 #include "base/crc32c.h"
+#include "base/stats.h"
 #include "format/zarr_meta.h"
 #include "read/array.h"
 #include "read/zarr_chunk.h"
@@ -1099,10 +1113,100 @@ static int cmd_wlimit(int argc, char **argv)
 	return 0;
 }
 
+/* ---- vread: one file of a view, in process ------------------------------ */
+
+static double cpu_s(void)
+{
+	struct rusage ru;
+	getrusage(RUSAGE_SELF, &ru);
+	return (double)ru.ru_utime.tv_sec + (double)ru.ru_utime.tv_usec * 1e-6 + (double)ru.ru_stime.tv_sec +
+	       (double)ru.ru_stime.tv_usec * 1e-6;
+}
+
+static int cmd_vread(int argc, char **argv)
+{
+	long cache_mib = 256, piece = 1 << 20;
+	int threads = 2, opt;
+	while ((opt = getopt(argc, argv, "c:t:b:")) != -1) {
+		if (opt == 'c')
+			cache_mib = atol(optarg);
+		else if (opt == 't')
+			threads = atoi(optarg);
+		else if (opt == 'b')
+			piece = atol(optarg);
+		else
+			return 2;
+	}
+	if (argc - optind != 2 || cache_mib < 1 || piece < 4096 || threads < 1 || threads > 64)
+		die("usage: %s", "vread SOURCE PATH [-c CACHE_MIB] [-t THREADS] [-b BYTES]");
+	ckpt_view_opts o;
+	memset(&o, 0, sizeof(o));
+	o.ctx.cache_bytes = (uint64_t)cache_mib << 20;
+	o.ctx.threads = threads;
+	o.read_only = 1;
+	ckpt_view *v;
+	if (ckpt_view_open(argv[optind], &o, &v) < 0)
+		die("cannot open %s", argv[optind]);
+	/* PATH, one name at a time from the root */
+	char *path = strdup(argv[optind + 1]), *save = NULL;
+	ckpt_attr a = { .ino = CKPT_ROOT_INO, .is_dir = 1 };
+	for (char *name = strtok_r(path, "/", &save); name; name = strtok_r(NULL, "/", &save))
+		if (ckpt_view_lookup(v, a.ino, name, &a) < 0)
+			die("no %s in the view", argv[optind + 1]);
+	if (a.is_dir)
+		die("%s is a folder", argv[optind + 1]);
+	uint8_t *buf = alloc_touched((size_t)piece);
+	struct iovec iov[1023];
+	ckpt_pin *pins[1023];
+	uint64_t d0 = atomic_load(&ckpt_g_stats.chunks_decoded),
+		 b0 = atomic_load(&ckpt_g_stats.decoded_bytes);
+	double c0 = cpu_s(), t0 = now_s();
+	uint64_t off = 0, zc = 0;
+	while (off < a.size) {
+		int npins, k = ckpt_view_read_iov(v, a.ino, off, (size_t)piece, iov, 1023, pins, &npins);
+		ssize_t n = 0;
+		if (k >= 0) {
+			for (int i = 0; i < k; i++) {
+				memcpy(buf + n, iov[i].iov_base, iov[i].iov_len);
+				n += (ssize_t)iov[i].iov_len;
+			}
+			ckpt_view_unpin(v, a.ino, pins, npins);
+			zc += (uint64_t)n;
+		} else if (k == -ENOTSUP) {
+			n = ckpt_view_read(v, a.ino, off, (size_t)piece, buf);
+		} else {
+			n = k;
+		}
+		if (n <= 0)
+			die("read of %s failed", argv[optind + 1]);
+		off += (uint64_t)n;
+	}
+	double secs = now_s() - t0, cpu = cpu_s() - c0;
+	cJSON *out = cJSON_CreateObject();
+	cJSON_AddStringToObject(out, "path", argv[optind + 1]);
+	cJSON_AddNumberToObject(out, "bytes", (double)off);
+	cJSON_AddNumberToObject(out, "zero_copy_bytes", (double)zc);
+	cJSON_AddNumberToObject(out, "seconds", secs);
+	cJSON_AddNumberToObject(out, "cpu_seconds", cpu);
+	cJSON_AddNumberToObject(out, "gbps", secs > 0 ? (double)off / secs / 1e9 : 0);
+	cJSON_AddNumberToObject(out, "chunks_decoded",
+				(double)(atomic_load(&ckpt_g_stats.chunks_decoded) - d0));
+	cJSON_AddNumberToObject(out, "decoded_bytes",
+				(double)(atomic_load(&ckpt_g_stats.decoded_bytes) - b0));
+	char *txt = cJSON_PrintUnformatted(out);
+	printf("%s\n", txt);
+	free(txt);
+	cJSON_Delete(out);
+	free(buf);
+	free(path);
+	ckpt_view_destroy(v);
+	return 0;
+}
+
 int main(int argc, char **argv)
 {
 	if (argc < 2) {
-		fprintf(stderr, "usage: ckpt_bench gen|decode|read|wlimit ...\n");
+		fprintf(stderr, "usage: ckpt_bench gen|decode|read|vread|wlimit ...\n");
 		return 2;
 	}
 	const char *cmd = argv[1];
@@ -1116,6 +1220,8 @@ int main(int argc, char **argv)
 		return cmd_read(argc, argv);
 	if (strcmp(cmd, "wlimit") == 0)
 		return cmd_wlimit(argc, argv);
+	if (strcmp(cmd, "vread") == 0)
+		return cmd_vread(argc, argv);
 	fprintf(stderr, "ckpt_bench: unknown command %s\n", cmd);
 	return 2;
 }
