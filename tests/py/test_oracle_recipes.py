@@ -527,6 +527,32 @@ def test_the_next_source_is_decoded_ahead(mount, tmp_path):
     assert stats(m)["chunks_decoded"] == d0 + 4, (d0, stats(m))
 
 
+def test_in_process_read_matches_the_mount(mount, tmp_path):
+    """`ckpt_bench vread` (the benchmarks' in-process reader: the library's
+    view API without FUSE, in 1 MiB pieces and in odd-sized ones) gives the
+    same bytes as the view file read through the mount, and decodes every
+    stored chunk once with a cache that holds a source array."""
+    tool = U.BIN.parent / "ckpt_bench"
+    assert tool.exists(), f"{tool}: the build's tools (CKPT_TOOLS) are missing"
+    p = maxtext_llama(np.random.default_rng(13), "bfloat16")
+    np.save(tmp_path / "src.npy", p, allow_pickle=True)
+    root = tmp_path / "ck"
+    import sys
+    subprocess.run([sys.executable, "-c", SHARDED_SAVE, str(root), str(tmp_path / "src.npy")], check=True,
+                   timeout=300)
+    rel = "30/.views/maxtext-llama-hf/model.safetensors"
+    m = mount(root, "ro", "cache_size=64M")
+    through_mount = (m.path / rel).read_bytes()
+    for piece in ("1048576", "65537"):
+        out = tmp_path / f"in-process-{piece}"
+        r = subprocess.run([str(tool), "vread", str(root), rel, "-c", "64", "-b", piece, "-o", str(out)],
+                           capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stderr[-2000:]
+        res = json.loads(r.stdout)
+        assert res["bytes"] == len(through_mount) and out.read_bytes() == through_mount, piece
+        assert res["chunks_decoded"] == stored_chunks(m.path / "30" / "items"), res
+
+
 def test_maxtext_llama_unscanned_to_hf(mount, tmp_path):
     """scan_layers: false: decoder/layers_{l}/... without the layer axis;
     the same HF tensors as the scanned tree they are cut from."""
