@@ -1164,14 +1164,15 @@ static int cmd_vread(int argc, char **argv)
 	if (outpath && !outf)
 		die("cannot create %s", outpath);
 	double spent = 0, spent_cpu = 0; /* in writing OUT, taken off the clocks */
-	struct iovec iov[1023];
-	ckpt_pin *pins[1023];
+	enum { NIOV = 1023 }; /* the daemon's bound: IOV_MAX with libfuse's header */
+	struct iovec iov[NIOV];
+	ckpt_pin *pins[NIOV];
 	uint64_t d0 = atomic_load(&ckpt_g_stats.chunks_decoded),
 		 b0 = atomic_load(&ckpt_g_stats.decoded_bytes);
 	double c0 = cpu_s(), t0 = now_s();
 	uint64_t off = 0, zc = 0;
 	while (off < a.size) {
-		int npins, k = ckpt_view_read_iov(v, a.ino, off, (size_t)piece, iov, 1023, pins, &npins);
+		int npins, k = ckpt_view_read_iov(v, a.ino, off, (size_t)piece, iov, NIOV, pins, &npins);
 		ssize_t n = 0;
 		if (k >= 0) {
 			for (int i = 0; i < k; i++) {
