@@ -46,6 +46,7 @@ struct ckfs {
 	struct ckfs_opts opts;
 	double ttl_immutable; /* entry/attr timeout of committed nodes */
 	int no_opendir; /* the kernel opens directories without asking */
+	int init_done; /* INIT answered (main.c answers it before the loop) */
 	uid_t owner_uid; /* the mounting user: the only uid that may write */
 	uid_t show_uid;
 	gid_t show_gid;

@@ -4,7 +4,6 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <limits.h>
-#include <pthread.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -226,12 +225,12 @@ static void signal_ready(int fd, char c)
 /* Raise the mount's kernel read-ahead so buffered reads arrive as 1 MiB
  * requests: the kernel sizes buffered reads by the mount's bdi read_ahead_kb
  * (128 by default) and the daemon can only lower it through
- * conn->max_readahead.  Best effort (needs root).  The device
- * number comes from /proc/self/mountinfo: stat() of the mountpoint would
- * ask this very daemon.  The kernel lowers the bdi value to the INIT
- * reply's max_readahead when INIT completes, so this runs on a helper
- * thread shortly after the loop has answered INIT. */
-static void set_read_ahead_now(const char *mnt, int kb)
+ * conn->max_readahead.  Best effort (needs root).  The device number comes
+ * from /proc/self/mountinfo: stat() of the mountpoint would ask this very
+ * daemon.  The kernel lowers the bdi value to the INIT reply's
+ * max_readahead while that reply is written, so this runs after
+ * answer_init. */
+static void set_read_ahead(const char *mnt, int kb)
 {
 	if (kb <= 0)
 		return;
@@ -272,37 +271,23 @@ static void set_read_ahead_now(const char *mnt, int kb)
 	close(fd);
 }
 
-struct ra_arg {
-	char *mnt;
-	int kb;
-};
-
-static void *read_ahead_thread(void *p)
+/* Answer the kernel's INIT request here, before the loop starts and before
+ * fuse_daemonize forks (no thread is started): once its reply is written
+ * the kernel has applied it to the mount, so set_read_ahead can follow at
+ * once, before anyone is told the mount is ready.  (Set from a thread after
+ * the loop had answered INIT, a reader that began right away read its first
+ * tenths of a second in 128 KiB requests.)  0, or -1 when no INIT came. */
+static int answer_init(struct fuse_session *se, const struct ckfs *fs)
 {
-	struct ra_arg *a = p;
-	for (int i = 0; i < 3; i++) {
-		usleep(100000);
-		set_read_ahead_now(a->mnt, a->kb);
-	}
-	free(a->mnt);
-	free(a);
-	return NULL;
-}
-
-static void set_read_ahead(const char *mnt, int kb)
-{
-	struct ra_arg *a = malloc(sizeof(*a));
-	if (!a)
-		return;
-	a->mnt = strdup(mnt);
-	a->kb = kb;
-	pthread_t t;
-	if (!a->mnt || pthread_create(&t, NULL, read_ahead_thread, a) != 0) {
-		free(a->mnt);
-		free(a);
-		return;
-	}
-	pthread_detach(t);
+	struct fuse_buf buf = { .mem = NULL };
+	int rc;
+	do
+		rc = fuse_session_receive_buf(se, &buf);
+	while (rc == -EINTR);
+	if (rc > 0)
+		fuse_session_process_buf(se, &buf);
+	free(buf.mem);
+	return rc > 0 && fs->init_done ? 0 : -1;
 }
 
 /* ---- log sinks: a file (log_file=) or syslog once daemonized ---- */
@@ -982,6 +967,11 @@ int main(int argc, char *argv[])
 		fprintf(stderr, "ckptfs: cannot set the session's device I/O for -o direct_read\n");
 		goto out_unmount;
 	}
+	if (answer_init(se, &fs) != 0) {
+		fprintf(stderr, "ckptfs: the kernel's INIT request could not be answered\n");
+		goto out_unmount;
+	}
+	set_read_ahead(cl.mountpoint, fs.opts.read_ahead_kb);
 	if (!fs.opts.quiet)
 		mount_line(&fs, cl.mountpoint, log_dest);
 	/* No thread may start before this fork (the child would not have it). */
@@ -1000,7 +990,6 @@ int main(int argc, char *argv[])
 	ckpt_log(CKPT_LOG_INFO, "%s: mounted on %s as a checkpoint %s%s; log: %s", fs.opts.source,
 		 cl.mountpoint, ckpt_view_kind(fs.view), fs.writable ? " (writable)" : " (read-only)",
 		 log_dest ? log_dest : "none (no syslog, no file: add -o log_file=PATH)");
-	set_read_ahead(cl.mountpoint, fs.opts.read_ahead_kb);
 	if (fs.opts.ready_file)
 		write_ready_file(fs.opts.ready_file);
 	signal_ready(fs.opts.ready_fd, 's');

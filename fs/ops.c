@@ -117,6 +117,7 @@ static void ckfs_op_init(void *userdata, struct fuse_conn_info *conn)
 	conn->congestion_threshold = 48;
 	if (conn->capable & FUSE_CAP_EXPORT_SUPPORT)
 		conn->want |= FUSE_CAP_EXPORT_SUPPORT;
+	fs->init_done = 1;
 }
 
 static void ckfs_op_lookup(fuse_req_t req, fuse_ino_t parent, const char *name)

@@ -109,6 +109,10 @@ struct ckpt_array {
 	atomic_int stored_known;
 	uint64_t stored;
 	int streamed; /* units over CKPT_CACHE_UNIT_CAP: read as streams, never cached */
+	/* Raw units (decode_is_copy), not sharded, in a store with readv: reads
+	 * of the whole array go straight from the store (direct_read); other
+	 * regions and pinned access (visit) go through the cache. */
+	int direct;
 	/* A stored ZIP member (meta.zip_has_crc, not streamed): the CRC-32 of
 	 * each decode unit's stored bytes as decoded (zcrc, zknown; zn of the
 	 * zunits known), combined in unit order with the member's header CRC
@@ -203,6 +207,13 @@ int ckpt_array_open(ckpt_ctx *ctx, ckpt_store *store, const char *prefix, int fo
 	return ckpt_array_open_ex(ctx, store, prefix, &o, out);
 }
 
+/* 1 when decoding a unit of a is a copy of its stored bytes. */
+static int decode_is_copy(const ckpt_array *a)
+{
+	const ckpt_array_meta *m = &a->meta;
+	return m->nb2b == 0 && !m->order_f && !(m->big_endian && m->itemsize > 1);
+}
+
 int ckpt_array_open_ex(ckpt_ctx *ctx, ckpt_store *store, const char *prefix, const ckpt_array_open_opts *o,
 		       ckpt_array **out)
 {
@@ -262,6 +273,8 @@ int ckpt_array_open_ex(ckpt_ctx *ctx, ckpt_store *store, const char *prefix, con
 		a->meta_id.absent = 1;
 	a->streamed = ckpt_stream_ok(&a->meta) &&
 		      a->meta.unit_bytes > CKPT_CACHE_UNIT_CAP(ckpt_cache_budget(ctx->cache));
+	a->direct = !a->streamed && decode_is_copy(a) && !a->meta.sharded && a->meta.rank > 0 &&
+		    !a->meta.zip_has_crc && ckpt_store_has_readv(store);
 	if (a->meta.zip_has_crc && !a->streamed && !a->meta.sharded) {
 		uint64_t units = 1;
 		for (int d = 0; d < a->meta.rank; d++)
@@ -1135,6 +1148,8 @@ static void read_ahead(ckpt_array *a, const ckpt_region *r, uint64_t e1, uint64_
 	} while (--budget > 0 && next_index(m->rank, lo, hi, g));
 }
 
+static int direct_read(ckpt_array *a, uint64_t off, size_t len, uint8_t *dst);
+
 ssize_t ckpt_array_read(ckpt_array *a, const ckpt_region *r, uint64_t off, size_t len, void *dst)
 {
 	const ckpt_array_meta *m = &a->meta;
@@ -1150,6 +1165,15 @@ ssize_t ckpt_array_read(ckpt_array *a, const ckpt_region *r, uint64_t off, size_
 		return 0;
 	if (len > total - off)
 		len = (size_t)(total - off);
+	if (a->direct && whole_region(m, r)) {
+		int rc = direct_read(a, off, len, dst);
+		if (rc < 0 && rc != -ENOTSUP)
+			return rc;
+		if (rc == 0) {
+			CKPT_STAT_ADD(bytes_served, len);
+			return (ssize_t)len;
+		}
+	}
 	uint64_t e0 = off / m->itemsize, e1 = (off + len + m->itemsize - 1) / m->itemsize;
 	int rc;
 	if (off % m->itemsize == 0 && len % m->itemsize == 0) {
@@ -1202,8 +1226,179 @@ static uint64_t chunk_stream_end(const ckpt_array_meta *m, const uint64_t *g)
 	return (li + 1) * m->itemsize;
 }
 
+/* The piece of the whole-array stream that starts at byte p (< end), in
+ * map_layout's terms (row: the stream bytes of one position of dims < d0):
+ * its decode unit (g), where it starts in the unit (*uoff), and its length
+ * (to the end of its segment, or end). */
+static uint64_t map_piece(const ckpt_array_meta *m, int d0, uint64_t seg, uint64_t row, uint64_t p,
+			  uint64_t end, uint64_t *g, uint64_t *uoff)
+{
+	uint64_t rowi = p / row, in = p % row;
+	uint64_t j = in / seg, s0 = in % seg, slen = seg - s0;
+	if (j * seg + seg > row)
+		slen = row - j * seg - s0; /* the clipped last segment of the row */
+	if (slen > end - p)
+		slen = end - p;
+	/* chunk coordinates: dims < d0 from the row index, d0 = j, the rest 0 */
+	uint64_t local = 0, rem = rowi, mul = 1;
+	memset(g, 0, sizeof(uint64_t) * CKPT_MAX_RANK);
+	for (int d = d0 - 1; d >= 0; d--) {
+		uint64_t c = rem % m->shape[d];
+		rem /= m->shape[d];
+		g[d] = c / m->inner_shape[d];
+		local += (c % m->inner_shape[d]) * mul;
+		mul *= m->inner_shape[d];
+	}
+	if (d0 >= 0)
+		g[d0] = j;
+	*uoff = local * seg + s0;
+	return slen;
+}
+
 /* At most this many distinct chunks behind one mapped read (pinned at once). */
 #define MAP_MAX_CHUNKS 64
+
+/* ---- direct reads ------------------------------------------------------ */
+
+/* Pieces one direct read takes at most; more go through the cache. */
+#define DIRECT_MAX_PIECES 4096
+
+struct dpiece {
+	uint64_t uoff; /* where it starts in its unit */
+	uint8_t *dst;
+	size_t len;
+	int c; /* its unit's slot */
+};
+
+/* The pieces of one unit that a direct read could not take from the store
+ * (missing, or not the size its shape implies): copied from the unit
+ * decoded into the cache, whose fill says what is wrong. */
+static int direct_fallback(ckpt_array *a, const uint64_t *g, const struct dpiece *const *ps, int k)
+{
+	ckpt_centry *e;
+	int rc = get_chunk(a, g, &e);
+	if (rc < 0)
+		return rc;
+	const uint8_t *data = ckpt_centry_data(e);
+	for (int i = 0; i < k; i++)
+		memcpy(ps[i]->dst, data + ps[i]->uoff, ps[i]->len);
+	ckpt_cache_release(a->ctx->cache, e);
+	return 0;
+}
+
+/* The pieces ps[0..k) of unit g (ascending offsets in the unit), each
+ * stretch of adjacent ones in one readv.  Every stretch must come from the
+ * same version of the unit: one that changed in between is -ESTALE, as a
+ * stream's change is (stream_copy). */
+static int direct_unit(ckpt_array *a, const uint64_t *g, const struct dpiece *const *ps, int k,
+		       struct iovec *iov)
+{
+	const ckpt_array_meta *m = &a->meta;
+	char key[4096];
+	uint64_t sg[CKPT_MAX_RANK];
+	ckpt_zarr_storage_index(m, g, sg);
+	if (ckpt_zarr_unit_key(m, a->prefix, sg, key, sizeof(key)) < 0)
+		return -ENAMETOOLONG;
+	unsigned ep = atomic_load(&a->epoch);
+	uint64_t owner = atomic_load(&a->owner);
+	struct ckpt_store_stat first = { 0 }, st;
+	for (int i = 0; i < k;) {
+		int j = i, n = 0;
+		size_t want = 0;
+		do {
+			iov[n].iov_base = ps[j]->dst;
+			iov[n].iov_len = ps[j]->len;
+			want += ps[j]->len;
+			n++;
+			j++;
+		} while (j < k && ps[j]->uoff == ps[j - 1]->uoff + ps[j - 1]->len);
+		ssize_t got = ckpt_store_readv(a->store, key, ps[i]->uoff, iov, n, &st);
+		if (got == -ENOENT || (got >= 0 && (st.size != m->unit_bytes || (size_t)got != want)))
+			return i == 0 ? direct_fallback(a, g, ps, k) : -ESTALE;
+		if (got < 0)
+			return (int)got;
+		if (i == 0) {
+			first = st;
+		} else if (st.size != first.size || st.mtime_ns != first.mtime_ns) {
+			pthread_mutex_lock(&a->mu);
+			forget_all(a);
+			mark_torn(a, ep);
+			pthread_mutex_unlock(&a->mu);
+			return -ESTALE;
+		}
+		i = j;
+	}
+	struct ckpt_zarr_unit_id id = { 0, first.size, first.mtime_ns };
+	uint64_t su = storage_linear(m, g);
+	pthread_mutex_lock(&a->mu);
+	int changed = unit_check_locked(a, su, &id, ep);
+	if (changed >= 0 && (changed || atomic_load(&a->owner) == owner))
+		rec_put(a, su, &id, ep);
+	pthread_mutex_unlock(&a->mu);
+	return changed < 0 ? -ESTALE : 0;
+}
+
+/* Bytes [off, off + len) of the whole array straight from the stored units
+ * into dst (a->direct: raw units in a store that reads as cheaply as it
+ * copies), one readv per unit and stretch: the bytes are copied once, no
+ * cache entry is filled, and nothing is read ahead (the kernel's read-ahead
+ * asks for the next bytes itself).  0, the error, or -ENOTSUP when the
+ * read has too many pieces (the caller goes through the cache). */
+static int direct_read(ckpt_array *a, uint64_t off, size_t len, uint8_t *dst)
+{
+	const ckpt_array_meta *m = &a->meta;
+	int d0;
+	uint64_t seg;
+	map_layout(m, &d0, &seg);
+	uint64_t row = d0 >= 0 ? seg / m->inner_shape[d0] * m->shape[d0] : m->nbytes;
+	uint64_t end = off + len;
+	if (seg && len / seg + 2 > DIRECT_MAX_PIECES)
+		return -ENOTSUP;
+	size_t per = sizeof(struct dpiece) + sizeof(struct dpiece *) + sizeof(struct iovec);
+	uint8_t *mem = ckpt_tls_buf(CKPT_TLS_PIECES, DIRECT_MAX_PIECES * per);
+	if (!mem)
+		return -ENOMEM;
+	struct dpiece *pc = (struct dpiece *)mem;
+	const struct dpiece **order = (const struct dpiece **)(pc + DIRECT_MAX_PIECES);
+	struct iovec *iov = (struct iovec *)(order + DIRECT_MAX_PIECES);
+	uint64_t cli[MAP_MAX_CHUNKS], cg[MAP_MAX_CHUNKS][CKPT_MAX_RANK];
+	int count[MAP_MAX_CHUNKS + 1] = { 0 };
+	int nch = 0, n = 0;
+	for (uint64_t p = off; p < end; n++) {
+		if (n == DIRECT_MAX_PIECES)
+			return -ENOTSUP;
+		uint64_t g[CKPT_MAX_RANK];
+		pc[n].len = (size_t)map_piece(m, d0, seg, row, p, end, g, &pc[n].uoff);
+		pc[n].dst = dst + (p - off);
+		uint64_t li = linear_index(m, g);
+		int c;
+		for (c = nch - 1; c >= 0 && cli[c] != li; c--)
+			;
+		if (c < 0) {
+			if (nch == MAP_MAX_CHUNKS)
+				return -ENOTSUP;
+			c = nch++;
+			cli[c] = li;
+			memcpy(cg[c], g, sizeof(g));
+		}
+		pc[n].c = c;
+		count[c + 1]++;
+		p += pc[n].len;
+	}
+	/* The pieces by unit, each unit's in stream order (ascending offsets). */
+	for (int c = 0; c < nch; c++)
+		count[c + 1] += count[c];
+	int at[MAP_MAX_CHUNKS];
+	memcpy(at, count, sizeof(int) * (size_t)nch);
+	for (int i = 0; i < n; i++)
+		order[at[pc[i].c]++] = &pc[i];
+	for (int c = 0; c < nch; c++) {
+		int rc = direct_unit(a, cg[c], order + count[c], count[c + 1] - count[c], iov);
+		if (rc < 0)
+			return rc;
+	}
+	return 0;
+}
 
 int ckpt_array_map(ckpt_array *a, const ckpt_region *r, uint64_t off, size_t len, struct iovec *iov,
 		   ckpt_pin **pins, int max)
@@ -1212,6 +1407,8 @@ int ckpt_array_map(ckpt_array *a, const ckpt_region *r, uint64_t off, size_t len
 	int st = pinned_access(a);
 	if (st < 0)
 		return st;
+	if (a->direct)
+		return -ENOTSUP; /* ckpt_array_read copies straight from the store */
 	for (int d = 0; d < m->rank; d++)
 		if (r->start[d] != 0 || r->stop[d] != m->shape[d])
 			return -ENOTSUP;
@@ -1234,23 +1431,8 @@ int ckpt_array_map(ckpt_array *a, const ckpt_region *r, uint64_t off, size_t len
 	for (uint64_t p = off; p < end; n++) {
 		if (n == max)
 			return -ENOTSUP;
-		uint64_t rowi = p / row, in = p % row;
-		uint64_t j = in / seg, s0 = in % seg, slen = seg - s0;
-		if (j * seg + seg > row)
-			slen = row - j * seg - s0; /* the clipped last segment of the row */
-		if (slen > end - p)
-			slen = end - p;
-		/* chunk coordinates: dims < d0 from the row index, d0 = j, the rest 0 */
-		uint64_t g[CKPT_MAX_RANK] = { 0 }, local = 0, rem = rowi, mul = 1;
-		for (int d = d0 - 1; d >= 0; d--) {
-			uint64_t c = rem % m->shape[d];
-			rem /= m->shape[d];
-			g[d] = c / m->inner_shape[d];
-			local += (c % m->inner_shape[d]) * mul;
-			mul *= m->inner_shape[d];
-		}
-		if (d0 >= 0)
-			g[d0] = j;
+		uint64_t g[CKPT_MAX_RANK], uoff;
+		uint64_t slen = map_piece(m, d0, seg, row, p, end, g, &uoff);
 		uint64_t li = linear_index(m, g);
 		int c;
 		for (c = nch - 1; c >= 0 && cli[c] != li; c--)
@@ -1265,7 +1447,7 @@ int ckpt_array_map(ckpt_array *a, const ckpt_region *r, uint64_t off, size_t len
 		/* for now: the chunk slot and the offset inside the chunk */
 		iov[n].iov_base = (void *)(uintptr_t)c;
 		iov[n].iov_len = (size_t)slen;
-		pins[n] = (ckpt_pin *)(uintptr_t)(local * seg + s0);
+		pins[n] = (ckpt_pin *)(uintptr_t)uoff;
 		p += slen;
 	}
 	/* Pass 2: queue the later chunks, take them all in order. */
@@ -1305,6 +1487,8 @@ void ckpt_ctx_unpin(ckpt_ctx *ctx, ckpt_pin *pin)
 void ckpt_array_prefetch(ckpt_array *a, const ckpt_region *r, uint64_t off, uint64_t len)
 {
 	uint64_t count;
+	if (a->direct && whole_region(&a->meta, r))
+		return; /* read straight from the store when asked for */
 	if (ckpt_region_count(r, &count) < 0 || count == 0)
 		return;
 	uint64_t e0 = off / a->meta.itemsize;

@@ -45,6 +45,26 @@ ssize_t ckpt_store_read(ckpt_store *s, const char *key, uint64_t off, size_t len
 	return n;
 }
 
+ssize_t ckpt_store_readv(ckpt_store *s, const char *key, uint64_t off, const struct iovec *iov, int n,
+			 struct ckpt_store_stat *st)
+{
+	if (!s->ops->readv)
+		return -ENOTSUP;
+	if (!ckpt_store_key_ok(key))
+		return -ENOENT;
+	ssize_t r = s->ops->readv(s, key, off, iov, n, st);
+	if (r > 0) {
+		CKPT_STAT_ADD(backing_bytes_read, (uint64_t)r);
+		CKPT_STAT_ADD(backing_reads, 1);
+	}
+	return r;
+}
+
+int ckpt_store_has_readv(const ckpt_store *s)
+{
+	return s->ops->readv != NULL;
+}
+
 int ckpt_store_list(ckpt_store *s, const char *prefix, ckpt_store_list_cb cb, void *ctx)
 {
 	return s->ops->list(s, prefix, cb, ctx);
@@ -196,6 +216,18 @@ static ssize_t sub_read(ckpt_store *s, const char *key, uint64_t off, size_t len
 	return rc;
 }
 
+static ssize_t sub_readv(ckpt_store *s, const char *key, uint64_t off, const struct iovec *iov, int n,
+			 struct ckpt_store_stat *st)
+{
+	struct sub_store *u = (struct sub_store *)s;
+	char *k = sub_key(u, key);
+	if (!k)
+		return -ENOMEM;
+	ssize_t rc = u->parent->ops->readv(u->parent, k, off, iov, n, st);
+	free(k);
+	return rc;
+}
+
 struct sub_list_ctx {
 	size_t strip;
 	ckpt_store_list_cb cb;
@@ -274,12 +306,29 @@ static const struct ckpt_store_ops sub_ops = {
 	.connections = sub_connections,
 };
 
+/* The same over a parent that offers readv. */
+static const struct ckpt_store_ops sub_ops_readv = {
+	.size = sub_size,
+	.read = sub_read,
+	.list = sub_list,
+	.listdir = sub_listdir,
+	.stat = sub_stat,
+	.destroy = sub_destroy,
+	.connections = sub_connections,
+	.readv = sub_readv,
+};
+
+static int is_sub(const ckpt_store *s)
+{
+	return s->ops == &sub_ops || s->ops == &sub_ops_readv;
+}
+
 int ckpt_store_unwrap(ckpt_store *s, const char *key, ckpt_store **base, char **full)
 {
 	char *k = strdup(key ? key : "");
 	if (!k)
 		return -ENOMEM;
-	while (s->ops == &sub_ops) {
+	while (is_sub(s)) {
 		struct sub_store *u = (struct sub_store *)s;
 		char *nk = ckpt_store_join(u->prefix, k);
 		free(k);
@@ -305,7 +354,7 @@ int ckpt_store_sub(ckpt_store *parent, const char *prefix, ckpt_store **out)
 	struct sub_store *u = calloc(1, sizeof(*u));
 	if (!u)
 		return -ENOMEM;
-	u->base.ops = &sub_ops;
+	u->base.ops = parent->ops->readv ? &sub_ops_readv : &sub_ops;
 	u->prefix = strdup(prefix);
 	u->plen = strlen(prefix);
 	u->base.root = ckpt_store_join(parent->root, prefix);

@@ -45,6 +45,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <sys/types.h>
+#include <sys/uio.h>
 
 #include "support.h"
 
@@ -88,6 +89,16 @@ struct ckpt_store_ops {
 	 * connections, a view's (sub-store, OCDBT) those of the store below it.
 	 * NULL: CKPT_STORE_FOLDER_CONNECTIONS. */
 	unsigned (*connections)(ckpt_store *s);
+	/* Optional (NULL: not offered).  Copy the bytes of key's value from off
+	 * on into iov[0..n) in order (their lengths add up to the bytes asked
+	 * for), all from one open of the value, whose identity at that open
+	 * goes to *st.  Returns bytes copied (short only at the end of the
+	 * value), -ENOENT when absent, -EIO on a read error (logged).  Offered
+	 * only where a read is as cheap as a copy from memory (a local folder:
+	 * the system's page cache), so that callers may read pieces of values
+	 * where they would otherwise keep whole values in memory. */
+	ssize_t (*readv)(ckpt_store *s, const char *key, uint64_t off, const struct iovec *iov, int n,
+			 struct ckpt_store_stat *st);
 };
 
 #define CKPT_STORE_FOLDER_CONNECTIONS 4 /* a folder: a few reads at once */
@@ -179,6 +190,11 @@ int ckpt_store_ocdbt_open_pool(ckpt_store *base, const char *dir, struct ckpt_po
 int ckpt_store_size(ckpt_store *s, const char *key, uint64_t *size);
 
 ssize_t ckpt_store_read(ckpt_store *s, const char *key, uint64_t off, size_t len, void *dst);
+/* ops->readv (counted like read), or -ENOTSUP where the store does not
+ * offer it; ckpt_store_has_readv says which beforehand. */
+ssize_t ckpt_store_readv(ckpt_store *s, const char *key, uint64_t off, const struct iovec *iov, int n,
+			 struct ckpt_store_stat *st);
+int ckpt_store_has_readv(const ckpt_store *s);
 int ckpt_store_list(ckpt_store *s, const char *prefix, ckpt_store_list_cb cb, void *ctx);
 int ckpt_store_listdir(ckpt_store *s, const char *dir, ckpt_store_dir_cb cb, void *ctx);
 int ckpt_store_stat(ckpt_store *s, const char *key, struct ckpt_store_stat *st);

@@ -29,6 +29,7 @@
 #include "crc32c.h"
 #include "fwd_store.h"
 #include "pool.h"
+#include "stats.h"
 #include "zarr_chunk.h"
 
 static char dir[256];
@@ -478,9 +479,11 @@ static void test_retire_drops_late_fills(ckpt_store *s)
 	ckpt_array *a;
 	CHECK_EQ_INT(ckpt_array_open(ctx, s, "ret", 2, &a), 0);
 	ckpt_region all = { .rank = 1, .start = { 0 }, .stop = { 4 } };
+	/* (a part: a whole raw array is read straight from the folder, uncached) */
+	ckpt_region part = { .rank = 1, .start = { 0 }, .stop = { 3 } };
 	int32_t out[4];
-	CHECK_EQ_INT(ckpt_array_read(a, &all, 0, sizeof(out), out), (int)sizeof(out));
-	CHECK(out[0] == 1 && out[3] == 4);
+	CHECK_EQ_INT(ckpt_array_read(a, &part, 0, 3 * sizeof(int32_t), out), 3 * (int)sizeof(int32_t));
+	CHECK(out[0] == 1 && out[2] == 3);
 	/* the read-ahead the read queued holds its entry until its task ran
 	 * (then freed at that release, dropped or not): let it end first */
 	ckpt_ctx_quiesce(ctx);
@@ -590,6 +593,85 @@ static void test_missing(ckpt_store *s)
 	ckpt_log_set_sink(count_log);
 	CHECK_EQ_INT(ckpt_array_read(a, &all, 0, sizeof(out), out), -EIO);
 	ckpt_log_set_sink(NULL);
+	ckpt_array_destroy(a);
+	ckpt_ctx_destroy(ctx);
+}
+
+/* A whole raw array in a folder is read straight from the chunk files
+ * (direct_read): the bytes of any range, pieces of several chunks in one
+ * reply, nothing decoded or cached; a missing chunk still reads as the
+ * fill value, a chunk of the wrong size is EIO, and a chunk that changed
+ * after this epoch served it is ESTALE for the rest of the epoch, then
+ * read anew. */
+static void test_direct(ckpt_store *s)
+{
+	/* int32 [6, 4] in chunks [4, 2]: each row of the array is 2 pieces,
+	 * each chunk file holds 4 x 2 elements (the last row of chunks padded) */
+	const char *json = "{\"zarr_format\":2,\"shape\":[6,4],\"chunks\":[4,2],\"dtype\":\"<i4\","
+			   "\"compressor\":null,\"fill_value\":-1,\"filters\":null,\"order\":\"C\"}";
+	put_file("dr/.zarray", json, strlen(json));
+	for (int ci = 0; ci < 2; ci++)
+		for (int cj = 0; cj < 2; cj++) {
+			int32_t c[8];
+			for (int k = 0; k < 8; k++) {
+				int i = ci * 4 + k / 2, j = cj * 2 + k % 2;
+				c[k] = i < 6 ? i * 4 + j : 999;
+			}
+			char key[32];
+			snprintf(key, sizeof(key), "dr/%d.%d", ci, cj);
+			if (ci == 1 && cj == 1)
+				continue; /* missing: the fill value */
+			put_file(key, c, sizeof(c));
+		}
+	int32_t want[24];
+	for (int k = 0; k < 24; k++)
+		want[k] = k >= 16 && k % 4 >= 2 ? -1 : k;
+	ckpt_ctx *ctx;
+	CHECK_EQ_INT(ckpt_ctx_create(NULL, &ctx), 0);
+	ckpt_cache *cache = ckpt_ctx_cache(ctx);
+	ckpt_array *a;
+	CHECK_EQ_INT(ckpt_array_open(ctx, s, "dr", 2, &a), 0);
+	ckpt_region all;
+	uint64_t shape[2] = { 6, 4 };
+	ckpt_region_full(&all, 2, shape);
+	uint64_t decoded = atomic_load(&ckpt_g_stats.chunks_decoded);
+	/* the first 4 rows (chunks 0.0 and 0.1 only): every byte range */
+	uint8_t out[96];
+	for (size_t off = 0; off < 64; off += 3)
+		for (size_t len = 1; off + len <= 64; len += 5) {
+			memset(out, 0x55, sizeof(out));
+			CHECK_EQ_INT(ckpt_array_read(a, &all, off, len, out), (int)len);
+			CHECK(memcmp(out, (const uint8_t *)want + off, len) == 0);
+			CHECK(out[len] == 0x55);
+		}
+	CHECK_EQ_INT(ckpt_cache_bytes(cache), 0);
+	CHECK(atomic_load(&ckpt_g_stats.chunks_decoded) == decoded);
+	/* the whole array: the missing chunk through the cache, as the fill value */
+	CHECK_EQ_INT(ckpt_array_read(a, &all, 0, sizeof(want), out), (int)sizeof(want));
+	CHECK(memcmp(out, want, sizeof(want)) == 0);
+	/* a chunk of the wrong size: EIO (logged), as decoding it says */
+	int32_t shortc[7] = { 0 };
+	put_file("dr/1.0", shortc, sizeof(shortc));
+	ckpt_array_revalidate(a);
+	ckpt_log_set_sink(count_log);
+	CHECK_EQ_INT(ckpt_array_read(a, &all, 64, 32, out), -EIO);
+	/* changed after this epoch served it: ESTALE until the next epoch */
+	int32_t c00[8];
+	for (int k = 0; k < 8; k++)
+		c00[k] = (k / 2) * 4 + k % 2;
+	CHECK_EQ_INT(ckpt_array_read(a, &all, 0, 16, out), 16);
+	c00[0] = 100;
+	put_file("dr/0.0", c00, sizeof(c00));
+	struct timespec ts[2] = { { 0, UTIME_OMIT }, { 2000, 0 } };
+	char p[512];
+	snprintf(p, sizeof(p), "%s/dr/0.0", dir);
+	utimensat(AT_FDCWD, p, ts, 0);
+	CHECK_EQ_INT(ckpt_array_read(a, &all, 0, 16, out), -ESTALE);
+	CHECK_EQ_INT(ckpt_array_read(a, &all, 32, 16, out), -ESTALE);
+	ckpt_log_set_sink(NULL);
+	ckpt_array_revalidate(a);
+	CHECK_EQ_INT(ckpt_array_read(a, &all, 0, 16, out), 16);
+	CHECK(out[0] == 100 && out[4] == 1);
 	ckpt_array_destroy(a);
 	ckpt_ctx_destroy(ctx);
 }
@@ -879,6 +961,7 @@ int main(void)
 	CHECK_RUN_CALL(test_missing, (s));
 	CHECK_RUN_CALL(test_visit, (s));
 	CHECK_RUN_CALL(test_retire_drops_late_fills, (s));
+	CHECK_RUN_CALL(test_direct, (s));
 	CHECK_RUN_CALL(test_large_chunks, (s));
 	ckpt_store_destroy(s);
 	char cmd[300];
