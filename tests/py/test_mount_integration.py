@@ -130,6 +130,28 @@ def test_daemonized_logs_to_log_file(daemonized, tmp_path):
     assert any(str(src) in line and "params.layer_0.mlp.b1" in line for line in err), log
 
 
+def bdi_read_ahead_kb(mnt):
+    st = os.stat(mnt)
+    return int(Path(f"/sys/class/bdi/{os.major(st.st_dev)}:{os.minor(st.st_dev)}/read_ahead_kb").read_text())
+
+
+def test_read_ahead_is_raised_before_ready(mount, daemonized):
+    """The mount's kernel read-ahead is 1 MiB (or read_ahead_kb=) by the time
+    the daemon says it is ready, and by the time ckptfs returns when it goes
+    to the background: a reader that starts at once gets 1 MiB requests.
+    (Raised from a thread a tenth of a second after the loop answered INIT,
+    a reader starting at once read its first tenths of a second in 128 KiB
+    requests.)"""
+    m = mount(U.FIXTURES / "pytree_zarr3")
+    assert bdi_read_ahead_kb(m.path) == 1024
+    m2 = mount(U.FIXTURES / "pytree_zarr3", "read_ahead_kb=4096")
+    assert bdi_read_ahead_kb(m2.path) == 4096
+    d = daemonized(U.FIXTURES / "pytree_zarr3")
+    assert d.proc.returncode == 0, d.proc.stderr
+    assert bdi_read_ahead_kb(d.mnt) == 1024
+    d.unmount()
+
+
 def test_ready_file_relative_path(tmp_path):
     mnt = tmp_path / "mnt"
     mnt.mkdir()

@@ -7,7 +7,9 @@ with clipped edge chunks and with chunks larger than the array.  Layouts
 with too many pieces per read fall back to copying.  Every byte of every
 layout is checked here, with reads of many sizes at unaligned offsets
 (through the page cache, and with -o direct_read, where the daemon gets
-the reader's own offsets and sizes), zstd-compressed and raw.
+the reader's own offsets and sizes), zstd-compressed and raw.  Raw chunks
+in a local folder are copied from their files straight into each reply,
+without a decode or a cache entry.
 """
 
 import errno
@@ -63,7 +65,7 @@ def write_array(item, name, dtype, shape, chunks, compressed):
                                   "write_shape": shape}}
 
 
-@pytest.fixture(scope="module", params=["zstd", "raw", "zstd-direct_read"])
+@pytest.fixture(scope="module", params=["zstd", "raw", "zstd-direct_read", "raw-direct_read"])
 def layouts(request, tmp_path_factory, module_mount):
     item = tmp_path_factory.mktemp("layouts") / "item"
     item.mkdir()
@@ -133,3 +135,32 @@ def test_direct_read_maps_shared_where_the_kernel_allows_and_reads_stay_right(la
     assert np.load(path).tobytes() == data
     if shared:
         assert np.load(path, mmap_mode="r").tobytes() == data
+
+
+def stats(m):
+    return json.loads((m.path / ".ckptfs" / "stats").read_text())
+
+
+def test_raw_chunks_are_copied_from_their_files_without_decoding(layouts):
+    """A whole-file read of a raw array decodes nothing: its pieces are read
+    from the chunk files straight into the reply (one preadv per chunk and
+    stretch); a slice still goes through the decoded-chunk cache."""
+    m, want = layouts
+    if json.loads((m.source / "wide" / ".zarray").read_text())["compressor"] is not None:
+        pytest.skip("raw layouts only")
+    path = m.path / "wide.npy"
+    data = want["wide"].tobytes()
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)  # the bytes come from the daemon
+        before = stats(m)
+        got = b"".join(iter(lambda: os.read(fd, 1 << 20), b""))
+    finally:
+        os.close(fd)
+    after = stats(m)
+    assert got[-len(data):] == data
+    assert after["bytes_served"] - before["bytes_served"] >= len(data)
+    assert after["chunks_decoded"] == before["chunks_decoded"]
+    part = np.load(m.path / "wide[0:4,0:4].npy")
+    assert part.tobytes() == want["wide"][0:4, 0:4].tobytes()
+    assert stats(m)["chunks_decoded"] - after["chunks_decoded"] == 1
