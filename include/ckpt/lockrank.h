@@ -53,7 +53,8 @@
 	CKPT_RANK(ALLOC, "v->alloc_lock", "node table appends, and the frees of a pruned step's nodes", P(LOAD) | P(UNITS) | P(IO)) \
 	CKPT_RANK(CACHE, "cache->lock", "decoded-chunk cache entries; the fill callback runs without it", P(LOAD) | P(UNITS) | P(IO)) \
 	CKPT_RANK(INVAL, "v->inval_mu", "inodes to invalidate in the kernel; filled by a rescan", P(SCAN)) \
-	CKPT_RANK(FS_INVAL, "iq.mu", "fs/inval.c: the daemon's invalidation queue (kicked by a rescan)", P(SCAN))
+	CKPT_RANK(FS_INVAL, "iq.mu", "fs/inval.c: the daemon's invalidation queue (kicked by a rescan)", P(SCAN)) \
+	CKPT_RANK(VRUN, "vs->run_mu", "a view's tensor reads in flight per run of one source; a leaf, taken with no other lock held", 0)
 /* clang-format on */
 
 #define CKPT_RANK_ENUM_(id, lock, what, parents) CKPT_RANK_##id,

@@ -147,6 +147,8 @@
  * |       '-> cache->lock  (decoded-chunk cache entries; the fill callback runs without it)
  * |-> v->inval_mu  (inodes to invalidate in the kernel; filled by a rescan)
  * '-> iq.mu  (fs/inval.c: the daemon's invalidation queue (kicked by a rescan))
+ * vs->run_mu  (a view's tensor reads in flight per run of one source; a leaf, taken with no other
+ *              lock held)
  */
 
 /*

@@ -32,6 +32,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "orbax.h"
@@ -62,6 +63,11 @@ struct vset {
 	 * (n when none), and whether the run's read-ahead was done */
 	size_t *run_start, *next_run;
 	atomic_uchar *ahead;
+	/* per run (its first input): tensor reads in flight; the first read of
+	 * a run waits on run_done for the run before (vfile_tensor_read) */
+	unsigned *active;
+	pthread_mutex_t run_mu; /* active (CKPT_RANK_VRUN) */
+	pthread_cond_t run_done;
 };
 
 /* N_DIR of a view folder */
@@ -550,11 +556,58 @@ static void read_next_source(struct vset *vs, size_t i, uint64_t src_end)
 }
 
 /* ckpt_st_layout_read's tensor reads: target tensor `input` of the file. */
+/* How long the first read of a run waits at most for the run before. */
+#define RUN_WAIT_NS (200 * 1000000L)
+
+/* Tensor reads in flight on run r (its first input): +1 / -1. */
+static void run_enter(struct vset *vs, size_t r, int d)
+{
+	ckpt_lock(&vs->run_mu, CKPT_RANK_VRUN);
+	vs->active[r] += (unsigned)d;
+	if (d < 0 && vs->active[r] == 0)
+		pthread_cond_broadcast(&vs->run_done);
+	ckpt_unlock(&vs->run_mu, CKPT_RANK_VRUN);
+}
+
+/* The first tensor of a run waits (at most RUN_WAIT_NS) for the reads of
+ * the run before that other threads still serve, when the cache cannot
+ * hold both runs' sources: the kernel's read-ahead asks for the next bytes
+ * while the last ones are served, and this run's first decodes make room by
+ * evicting the run before's chunks, which a read of its last rows still
+ * needs (every chunk of a scan-stacked kernel holds a piece of its last
+ * layer: all of them decoded again, and the chunks of this run they then
+ * evict, once more). */
+static void wait_run_before(struct vset *vs, size_t r)
+{
+	size_t pr = vs->run_start[r - 1];
+	ckpt_array *prev = first_source(vs, vs->order[pr]), *cur = first_source(vs, vs->order[r]);
+	if (!prev || !cur || prev == cur ||
+	    ckpt_array_cached_bytes(prev) + ckpt_array_cached_bytes(cur) <= ckpt_array_cache_budget(cur))
+		return;
+	struct timespec until;
+	clock_gettime(CLOCK_REALTIME, &until);
+	until.tv_nsec += RUN_WAIT_NS;
+	if (until.tv_nsec >= 1000000000L) {
+		until.tv_sec++;
+		until.tv_nsec -= 1000000000L;
+	}
+	ckpt_lock(&vs->run_mu, CKPT_RANK_VRUN);
+	while (vs->active[pr] > 0 && pthread_cond_timedwait(&vs->run_done, &vs->run_mu, &until) == 0)
+		;
+	ckpt_unlock(&vs->run_mu, CKPT_RANK_VRUN);
+}
+
 static ssize_t vfile_tensor_read(void *arg, size_t input, uint64_t src_off, size_t len, uint8_t *to)
 {
 	struct vset *vs = arg;
+	size_t r = vs->run_start[input];
+	if (input == r && r > 0)
+		wait_run_before(vs, r);
+	run_enter(vs, r, 1);
 	read_next_source(vs, input, src_off + len);
-	return tensor_read(vs, vs->order[input], src_off, len, to);
+	ssize_t n = tensor_read(vs, vs->order[input], src_off, len, to);
+	run_enter(vs, r, -1);
+	return n;
 }
 
 static ssize_t vfile_read(ckpt_view *v, struct node *node, uint64_t off, size_t len, void *dst8)
@@ -609,6 +662,9 @@ static void vset_free(struct vset *vs)
 	free(vs->run_start);
 	free(vs->next_run);
 	free(vs->ahead);
+	free(vs->active);
+	pthread_mutex_destroy(&vs->run_mu);
+	pthread_cond_destroy(&vs->run_done);
 	ckpt_st_layout_destroy(vs->st);
 	ckpt_st_sharded_destroy(vs->sts);
 	free(vs);
@@ -694,6 +750,8 @@ static int make_folder(ckpt_view *v, struct node *views, const char *name, ckpt_
 		free(arrs);
 		return -ENOMEM;
 	}
+	pthread_mutex_init(&vs->run_mu, NULL);
+	pthread_cond_init(&vs->run_done, NULL);
 	vs->plan = p;
 	vs->arrs = arrs;
 	vs->narrs = narrs;
@@ -719,7 +777,8 @@ static int make_folder(ckpt_view *v, struct node *views, const char *name, ckpt_
 	vs->run_start = malloc((n ? n : 1) * sizeof(size_t));
 	vs->next_run = malloc((n ? n : 1) * sizeof(size_t));
 	vs->ahead = calloc(n ? n : 1, sizeof(atomic_uchar));
-	if (!vs->run_start || !vs->next_run || !vs->ahead) {
+	vs->active = calloc(n ? n : 1, sizeof(unsigned));
+	if (!vs->run_start || !vs->next_run || !vs->ahead || !vs->active) {
 		free(tl);
 		return -ENOMEM;
 	}
