@@ -1258,6 +1258,26 @@ static uint64_t map_piece(const ckpt_array_meta *m, int d0, uint64_t seg, uint64
 /* At most this many distinct chunks behind one mapped read (pinned at once). */
 #define MAP_MAX_CHUNKS 64
 
+/* The slot of decode unit g among the *nch distinct units of a read
+ * (linear indices cli, coordinates cg), added when new; -1 when the read
+ * already has MAP_MAX_CHUNKS. */
+static int chunk_slot(const ckpt_array_meta *m, const uint64_t *g, uint64_t *cli,
+		      uint64_t (*cg)[CKPT_MAX_RANK], int *nch)
+{
+	uint64_t li = linear_index(m, g);
+	int c;
+	for (c = *nch - 1; c >= 0 && cli[c] != li; c--)
+		;
+	if (c < 0) {
+		if (*nch == MAP_MAX_CHUNKS)
+			return -1;
+		c = (*nch)++;
+		cli[c] = li;
+		memcpy(cg[c], g, sizeof(uint64_t) * CKPT_MAX_RANK);
+	}
+	return c;
+}
+
 /* ---- direct reads ------------------------------------------------------ */
 
 /* Pieces one direct read takes at most; more go through the cache. */
@@ -1370,17 +1390,9 @@ static int direct_read(ckpt_array *a, uint64_t off, size_t len, uint8_t *dst)
 		uint64_t g[CKPT_MAX_RANK];
 		pc[n].len = (size_t)map_piece(m, d0, seg, row, p, end, g, &pc[n].uoff);
 		pc[n].dst = dst + (p - off);
-		uint64_t li = linear_index(m, g);
-		int c;
-		for (c = nch - 1; c >= 0 && cli[c] != li; c--)
-			;
-		if (c < 0) {
-			if (nch == MAP_MAX_CHUNKS)
-				return -ENOTSUP;
-			c = nch++;
-			cli[c] = li;
-			memcpy(cg[c], g, sizeof(g));
-		}
+		int c = chunk_slot(m, g, cli, cg, &nch);
+		if (c < 0)
+			return -ENOTSUP;
 		pc[n].c = c;
 		count[c + 1]++;
 		p += pc[n].len;
@@ -1433,17 +1445,9 @@ int ckpt_array_map(ckpt_array *a, const ckpt_region *r, uint64_t off, size_t len
 			return -ENOTSUP;
 		uint64_t g[CKPT_MAX_RANK], uoff;
 		uint64_t slen = map_piece(m, d0, seg, row, p, end, g, &uoff);
-		uint64_t li = linear_index(m, g);
-		int c;
-		for (c = nch - 1; c >= 0 && cli[c] != li; c--)
-			;
-		if (c < 0) {
-			if (nch == MAP_MAX_CHUNKS)
-				return -ENOTSUP;
-			c = nch++;
-			cli[c] = li;
-			memcpy(cg[c], g, sizeof(g));
-		}
+		int c = chunk_slot(m, g, cli, cg, &nch);
+		if (c < 0)
+			return -ENOTSUP;
 		/* for now: the chunk slot and the offset inside the chunk */
 		iov[n].iov_base = (void *)(uintptr_t)c;
 		iov[n].iov_len = (size_t)slen;

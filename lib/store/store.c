@@ -296,27 +296,13 @@ static void sub_destroy(ckpt_store *s)
 	free(u);
 }
 
-static const struct ckpt_store_ops sub_ops = {
-	.size = sub_size,
-	.read = sub_read,
-	.list = sub_list,
-	.listdir = sub_listdir,
-	.stat = sub_stat,
-	.destroy = sub_destroy,
-	.connections = sub_connections,
-};
+#define SUB_OPS                                                                                              \
+	.size = sub_size, .read = sub_read, .list = sub_list, .listdir = sub_listdir, .stat = sub_stat,      \
+	.destroy = sub_destroy, .connections = sub_connections
 
+static const struct ckpt_store_ops sub_ops = { SUB_OPS };
 /* The same over a parent that offers readv. */
-static const struct ckpt_store_ops sub_ops_readv = {
-	.size = sub_size,
-	.read = sub_read,
-	.list = sub_list,
-	.listdir = sub_listdir,
-	.stat = sub_stat,
-	.destroy = sub_destroy,
-	.connections = sub_connections,
-	.readv = sub_readv,
-};
+static const struct ckpt_store_ops sub_ops_readv = { SUB_OPS, .readv = sub_readv };
 
 static int is_sub(const ckpt_store *s)
 {

@@ -210,27 +210,13 @@ static ssize_t dir_readv(ckpt_store *s, const char *key, uint64_t off, const str
 	memset(out, 0, sizeof(*out));
 	out->size = (uint64_t)st.st_size;
 	out->mtime_ns = (int64_t)st.st_mtim.tv_sec * 1000000000 + st.st_mtim.tv_nsec;
-	size_t done = 0, skip = 0; /* bytes copied; of them, in iov[0] */
+	/* done: bytes copied; skip: of them, those already in iov[0] (a short
+	 * read stopped inside it: the rest of it is read alone) */
+	size_t done = 0, skip = 0;
 	while (n > 0) {
-		if (skip) { /* a short read stopped inside iov[0]: the rest of it first */
-			ssize_t k = pread(fd, (char *)iov[0].iov_base + skip, iov[0].iov_len - skip,
-					  (off_t)(off + done));
-			if (k < 0 && errno == EINTR)
-				continue;
-			if (k < 0)
-				goto fail;
-			if (k == 0)
-				break;
-			done += (size_t)k;
-			skip += (size_t)k;
-			if (skip == iov[0].iov_len) {
-				skip = 0;
-				iov++;
-				n--;
-			}
-			continue;
-		}
-		ssize_t k = preadv(fd, iov, n < IOV_MAX ? n : IOV_MAX, (off_t)(off + done));
+		ssize_t k = skip ? pread(fd, (char *)iov[0].iov_base + skip, iov[0].iov_len - skip,
+					 (off_t)(off + done))
+				 : preadv(fd, iov, n < IOV_MAX ? n : IOV_MAX, (off_t)(off + done));
 		if (k < 0 && errno == EINTR)
 			continue;
 		if (k < 0)
@@ -238,12 +224,13 @@ static ssize_t dir_readv(ckpt_store *s, const char *key, uint64_t off, const str
 		if (k == 0)
 			break;
 		done += (size_t)k;
-		while (n > 0 && (size_t)k >= iov[0].iov_len) {
-			k -= (ssize_t)iov[0].iov_len;
+		size_t got = skip + (size_t)k;
+		while (n > 0 && got >= iov[0].iov_len) {
+			got -= iov[0].iov_len;
 			iov++;
 			n--;
 		}
-		skip = (size_t)k;
+		skip = got;
 	}
 	close(fd);
 	return (ssize_t)done;
