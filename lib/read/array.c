@@ -1360,9 +1360,9 @@ static int direct_unit(ckpt_array *a, const uint64_t *g, const struct dpiece *co
 
 /* Bytes [off, off + len) of the whole array straight from the stored units
  * into dst (a->direct: raw units in a store that reads as cheaply as it
- * copies), one readv per unit and stretch: the bytes are copied once, no
- * cache entry is filled, and nothing is read ahead (the kernel's read-ahead
- * asks for the next bytes itself).  0, the error, or -ENOTSUP when the
+ * copies), one readv per unit and stretch: the daemon copies each byte once
+ * (from the store's page cache into the reply), fills no cache entry, and
+ * reads nothing ahead (the kernel's read-ahead asks for the next bytes).  0, the error, or -ENOTSUP when the
  * read has too many pieces (the caller goes through the cache). */
 static int direct_read(ckpt_array *a, uint64_t off, size_t len, uint8_t *dst)
 {
