@@ -784,6 +784,23 @@ static int zip_note(ckpt_array *a, uint64_t li, uint32_t crc)
 	return rc;
 }
 
+/* Decode unit g was just read as version id, in epoch ep, by a read that
+ * began under cache owner `owner`: check it against the unit's record
+ * (unit_check_locked: a different version drops the array's chunks, and is
+ * -ESTALE when this epoch served the old one) and record it.  0 or
+ * -ESTALE. */
+static int record_unit(ckpt_array *a, const uint64_t *g, const struct ckpt_zarr_unit_id *id, unsigned ep,
+		       uint64_t owner)
+{
+	uint64_t su = storage_linear(&a->meta, g);
+	pthread_mutex_lock(&a->mu);
+	int changed = unit_check_locked(a, su, id, ep); /* 1: not the unit other cached chunks came from */
+	if (changed >= 0 && (changed || atomic_load(&a->owner) == owner))
+		rec_put(a, su, id, ep);
+	pthread_mutex_unlock(&a->mu);
+	return changed < 0 ? -ESTALE : 0;
+}
+
 static int fill_chunk(void *arg, void *dst)
 {
 	struct fill_arg *f = arg;
@@ -807,17 +824,7 @@ static int fill_chunk(void *arg, void *dst)
 	}
 	if (rc < 0 || id.absent < 0)
 		return rc;
-	uint64_t su = storage_linear(&a->meta, f->g);
-	pthread_mutex_lock(&a->mu);
-	int changed = unit_check_locked(a, su, &id, ep); /* 1: not the unit other cached chunks came from */
-	if (changed < 0) {
-		pthread_mutex_unlock(&a->mu);
-		return -ESTALE;
-	}
-	if (changed || atomic_load(&a->owner) == f->owner)
-		rec_put(a, su, &id, ep);
-	pthread_mutex_unlock(&a->mu);
-	return 0;
+	return record_unit(a, f->g, &id, ep, f->owner);
 }
 
 static int get_chunk(ckpt_array *a, const uint64_t *g, ckpt_centry **e)
@@ -1349,21 +1356,16 @@ static int direct_unit(ckpt_array *a, const uint64_t *g, const struct dpiece *co
 		i = j;
 	}
 	struct ckpt_zarr_unit_id id = { 0, first.size, first.mtime_ns };
-	uint64_t su = storage_linear(m, g);
-	pthread_mutex_lock(&a->mu);
-	int changed = unit_check_locked(a, su, &id, ep);
-	if (changed >= 0 && (changed || atomic_load(&a->owner) == owner))
-		rec_put(a, su, &id, ep);
-	pthread_mutex_unlock(&a->mu);
-	return changed < 0 ? -ESTALE : 0;
+	return record_unit(a, g, &id, ep, owner);
 }
 
 /* Bytes [off, off + len) of the whole array straight from the stored units
  * into dst (a->direct: raw units in a store that reads as cheaply as it
  * copies), one readv per unit and stretch: the daemon copies each byte once
  * (from the store's page cache into the reply), fills no cache entry, and
- * reads nothing ahead (the kernel's read-ahead asks for the next bytes).  0, the error, or -ENOTSUP when the
- * read has too many pieces (the caller goes through the cache). */
+ * reads nothing ahead (the kernel's read-ahead asks for the next bytes).
+ * 0, the error, or -ENOTSUP when the read has too many pieces (the caller
+ * goes through the cache). */
 static int direct_read(ckpt_array *a, uint64_t off, size_t len, uint8_t *dst)
 {
 	const ckpt_array_meta *m = &a->meta;

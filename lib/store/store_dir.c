@@ -109,6 +109,11 @@ static int open_err(dir_store *d, const char *key, int rc)
 	return -EIO;
 }
 
+static int64_t mtime_ns(const struct stat *st)
+{
+	return (int64_t)st->st_mtim.tv_sec * 1000000000 + st->st_mtim.tv_nsec;
+}
+
 /* Open a regular file for reading; its stat in *st. */
 static int open_reg(dir_store *d, const char *key, struct stat *st)
 {
@@ -148,7 +153,7 @@ static int dir_stat(ckpt_store *s, const char *key, struct ckpt_store_stat *out)
 		return -EIO;
 	}
 	memset(out, 0, sizeof(*out));
-	out->mtime_ns = (int64_t)st.st_mtim.tv_sec * 1000000000 + st.st_mtim.tv_nsec;
+	out->mtime_ns = mtime_ns(&st);
 	if (S_ISDIR(st.st_mode)) {
 		out->is_dir = 1;
 		return 0;
@@ -174,31 +179,6 @@ static int dir_size(ckpt_store *s, const char *key, uint64_t *size)
 	return 0;
 }
 
-static ssize_t dir_read(ckpt_store *s, const char *key, uint64_t off, size_t len, void *dst)
-{
-	dir_store *d = (dir_store *)s;
-	struct stat st;
-	int fd = open_reg(d, key, &st);
-	if (fd < 0)
-		return fd;
-	size_t done = 0;
-	while (done < len) {
-		ssize_t n = pread(fd, (char *)dst + done, len - done, (off_t)(off + done));
-		if (n < 0) {
-			if (errno == EINTR)
-				continue;
-			ckpt_log(CKPT_LOG_ERR, "%s/%s: read failed: %s", s->root, key, strerror(errno));
-			close(fd);
-			return -EIO;
-		}
-		if (n == 0)
-			break;
-		done += (size_t)n;
-	}
-	close(fd);
-	return (ssize_t)done;
-}
-
 static ssize_t dir_readv(ckpt_store *s, const char *key, uint64_t off, const struct iovec *iov, int n,
 			 struct ckpt_store_stat *out)
 {
@@ -209,7 +189,7 @@ static ssize_t dir_readv(ckpt_store *s, const char *key, uint64_t off, const str
 		return fd;
 	memset(out, 0, sizeof(*out));
 	out->size = (uint64_t)st.st_size;
-	out->mtime_ns = (int64_t)st.st_mtim.tv_sec * 1000000000 + st.st_mtim.tv_nsec;
+	out->mtime_ns = mtime_ns(&st);
 	/* done: bytes copied; skip: of them, those already in iov[0] (a short
 	 * read stopped inside it: the rest of it is read alone) */
 	size_t done = 0, skip = 0;
@@ -240,6 +220,14 @@ fail:
 	return -EIO;
 }
 
+/* One piece: the read is readv's (one open, short only at the end). */
+static ssize_t dir_read(ckpt_store *s, const char *key, uint64_t off, size_t len, void *dst)
+{
+	struct iovec iov = { dst, len };
+	struct ckpt_store_stat st;
+	return dir_readv(s, key, off, &iov, 1, &st);
+}
+
 static int dir_listdir(ckpt_store *s, const char *dir, ckpt_store_dir_cb cb, void *ctx)
 {
 	dir_store *d = (dir_store *)s;
@@ -262,7 +250,7 @@ static int dir_listdir(ckpt_store *s, const char *dir, ckpt_store_dir_cb cb, voi
 		if (fstatat(dirfd(dp), de->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0)
 			continue; /* vanished meanwhile */
 		struct ckpt_store_stat cs = { 0, 0, 0 };
-		cs.mtime_ns = (int64_t)st.st_mtim.tv_sec * 1000000000 + st.st_mtim.tv_nsec;
+		cs.mtime_ns = mtime_ns(&st);
 		if (S_ISDIR(st.st_mode))
 			cs.is_dir = 1;
 		else if (S_ISREG(st.st_mode))

@@ -555,7 +555,6 @@ static void read_next_source(struct vset *vs, size_t i, uint64_t src_end)
 	ckpt_array_prefetch_box(next, &box, need);
 }
 
-/* ckpt_st_layout_read's tensor reads: target tensor `input` of the file. */
 /* How long the first read of a run waits at most for the run before. */
 #define RUN_WAIT_NS (200 * 1000000L)
 
@@ -597,6 +596,7 @@ static void wait_run_before(struct vset *vs, size_t r)
 	ckpt_unlock(&vs->run_mu, CKPT_RANK_VRUN);
 }
 
+/* ckpt_st_layout_read's tensor reads: target tensor `input` of the file. */
 static ssize_t vfile_tensor_read(void *arg, size_t input, uint64_t src_off, size_t len, uint8_t *to)
 {
 	struct vset *vs = arg;
