@@ -15,6 +15,7 @@ enum ckpt_tls_slot {
 	CKPT_TLS_REPLY = 0, /* the daemon's reply buffer */
 	CKPT_TLS_BOUNCE = 1, /* array.c: unaligned byte ranges */
 	CKPT_TLS_PIECES = 2, /* array.c: the pieces of a direct read */
+	CKPT_TLS_TILE = 3, /* recipe.c: a transpose's tile of target rows */
 	CKPT_TLS_NSLOTS
 };
 

@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "recipe.h"
+#include "tlsbuf.h"
 
 #if defined(__SSE2__)
 #include <emmintrin.h>
@@ -1932,8 +1933,10 @@ static inline void copy_el(uint8_t *dst, const uint8_t *src, unsigned is)
 }
 
 /* Rows gathered together, and columns per step of a batch. */
-#define GATHER_ROWS 32
+#define GATHER_ROWS 256
 #define GATHER_COLS 64
+/* Bytes of each target row a transpose's tile holds: two cache lines. */
+#define TILE_BYTES 128
 
 struct srow {
 	uint8_t *o;
@@ -1958,7 +1961,8 @@ static inline __m128i load8_u16(const uint8_t *p, int rs)
  * elements apart (row k starts at s + 2*rs*k), columns [c0, c1) with
  * c1 - c0 a multiple of 8: each 8x8 block is 8 loads of 8 elements, a
  * transpose in registers, and 8 stores of 16 bytes. */
-static void transpose8_u16(uint8_t *const *o, const uint8_t *s, uint64_t c0, uint64_t c1, uint64_t st, int rs)
+static inline void transpose8_u16(uint8_t *const *o, const uint8_t *s, uint64_t c0, uint64_t c1, uint64_t st,
+				  int rs)
 {
 	const size_t step = (size_t)(2 * st);
 	for (uint64_t c = c0; c < c1; c += 8) {
@@ -2002,7 +2006,8 @@ static inline __m128i load4_u32(const uint8_t *p, int rs)
 }
 
 /* The same for 4 rows of 4-byte elements, 4x4 blocks. */
-static void transpose4_u32(uint8_t *const *o, const uint8_t *s, uint64_t c0, uint64_t c1, uint64_t st, int rs)
+static inline void transpose4_u32(uint8_t *const *o, const uint8_t *s, uint64_t c0, uint64_t c1, uint64_t st,
+				  int rs)
 {
 	const size_t step = (size_t)(4 * st);
 	for (uint64_t c = c0; c < c1; c += 4) {
@@ -2034,6 +2039,42 @@ static int neighbours(const struct srow *rows, int k, int g, unsigned is)
 	return rs;
 }
 
+#if defined(__SSE2__)
+/* Columns [0, cv) of the ng groups of g neighbour rows (row step rs),
+ * through a tile of TILE_BYTES per row: for each g source rows (g target
+ * columns) the register blocks of every group in turn, so that each
+ * source row is read in one run of k0 elements (the lines the hardware
+ * streams in), the transposed blocks landing in the tile; then each
+ * target row's share of the tile is copied out whole.  Written straight
+ * into the target rows instead, a block's 16-byte stores go to g lines one
+ * target row apart, and with long rows those lines share a cache set with
+ * each other and with the source lines (both strides multiples of 4 KiB),
+ * so the source had to be read in short pieces, row by row. */
+static void flush_tiled(const struct srow *rows, int ng, int g, uint64_t cv, uint64_t st, unsigned is, int rs,
+			uint8_t *tile)
+{
+	const uint64_t tw = TILE_BYTES / is; /* columns per tile: a multiple of g */
+	const int k0 = ng * g;
+	for (uint64_t c0 = 0; c0 < cv; c0 += tw) {
+		uint64_t c1 = c0 + tw < cv ? c0 + tw : cv;
+		for (uint64_t cb = c0; cb < c1; cb += (uint64_t)g)
+			for (int q = 0; q < ng; q++) {
+				uint8_t *o[8];
+				for (int j = 0; j < g; j++)
+					o[j] = tile + (size_t)(q * g + j) * TILE_BYTES + is * (cb - c0);
+				const uint8_t *s = rows[q * g].s + is * cb * st;
+				if (is == 2)
+					transpose8_u16(o, s, 0, 8, st, rs);
+				else
+					transpose4_u32(o, s, 0, 4, st, rs);
+			}
+		for (int k = 0; k < k0; k++)
+			memcpy(rows[k].o + is * c0, tile + (size_t)k * TILE_BYTES, (c1 - c0) * is);
+	}
+}
+
+#endif
+
 /* cnt elements of each row, source stride st elements, column block by
  * column block over all the rows.  Groups of rows whose sources are
  * neighbours (a transpose) go through register transposes where the CPU
@@ -2051,9 +2092,13 @@ static void flush_rows(const struct srow *rows, int n, uint64_t cnt, uint64_t st
 		while (rs && (ng + 1) * g <= n && neighbours(rows, ng * g, g, is) == rs)
 			ng++;
 		k0 = ng * g;
-		/* column blocks outside, so that the source lines a block loads
-		 * serve every group while they are in the first-level cache */
-		for (uint64_t c0 = 0; c0 < cv && ng; c0 += GATHER_COLS) {
+		uint8_t *tile = ng ? ckpt_tls_buf(CKPT_TLS_TILE, (size_t)k0 * TILE_BYTES) : NULL;
+		if (tile)
+			flush_tiled(rows, ng, g, cv, st, is, rs, tile);
+		/* without a tile: column blocks outside, so that the source
+		 * lines a block loads serve every group while they are in the
+		 * first-level cache */
+		for (uint64_t c0 = 0; c0 < cv && ng && !tile; c0 += GATHER_COLS) {
 			uint64_t c1 = c0 + GATHER_COLS < cv ? c0 + GATHER_COLS : cv;
 			for (int q = 0; q < ng; q++) {
 				uint8_t *o[8];

@@ -755,8 +755,11 @@ static void one_rope(ckpt_dtype dt, unsigned is, uint64_t E, uint64_t L, uint64_
 
 static void test_transpose_widths(void)
 {
-	static const uint64_t shapes[][3] = { { 64, 2, 128 }, { 37, 3, 45 }, { 8, 1, 8 },   { 9, 4, 17 },
-					      { 256, 1, 40 }, { 5, 2, 300 }, { 128, 3, 64 } };
+	/* the last two: batches of up to 256 rows, tiles of 64 or 32 columns
+	 * and what is left of both */
+	static const uint64_t shapes[][3] = { { 64, 2, 128 }, { 37, 3, 45 },   { 8, 1, 8 },
+					      { 9, 4, 17 },   { 256, 1, 40 },  { 5, 2, 300 },
+					      { 128, 3, 64 }, { 300, 2, 520 }, { 70, 1, 264 } };
 	uint64_t seed = 0x7a11;
 	for (size_t i = 0; i < sizeof(shapes) / sizeof(shapes[0]); i++) {
 		one_transpose(CKPT_DT_BFLOAT16, 2, shapes[i][0], shapes[i][1], shapes[i][2], &seed);

@@ -41,7 +41,7 @@
 #include "tree_int.h"
 
 /* Target elements made per step of a read. */
-#define VIEW_BATCH 262144u
+#define VIEW_BATCH 524288u
 /* Default shard size of a view folder (as X.safetensors.d/: 5 GB). */
 #define VIEW_SHARD_BYTES_DEFAULT 5000000000ull
 
