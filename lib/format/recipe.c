@@ -1957,41 +1957,37 @@ static inline __m128i load8_u16(const uint8_t *p, int rs)
 	return _mm_packs_epi32(_mm_srai_epi32(_mm_slli_epi32(lo, 16), 16), _mm_srai_epi32(hi, 16));
 }
 
-/* 8 rows of 2-byte elements that are neighbours in the source, rs
- * elements apart (row k starts at s + 2*rs*k), columns [c0, c1) with
- * c1 - c0 a multiple of 8: each 8x8 block is 8 loads of 8 elements, a
- * transpose in registers, and 8 stores of 16 bytes. */
-static inline void transpose8_u16(uint8_t *const *o, const uint8_t *s, uint64_t c0, uint64_t c1, uint64_t st,
-				  int rs)
+/* One 8x8 block of 2-byte elements: 8 rows that are neighbours in the
+ * source, rs elements apart (row k starts at p + 2*rs*k), 8 columns st
+ * elements apart; 8 loads of 8 elements, a transpose in registers, and 8
+ * stores of 16 bytes, row j's at o[j]. */
+static inline void transpose8_u16(uint8_t *const *o, const uint8_t *p, uint64_t st, int rs)
 {
 	const size_t step = (size_t)(2 * st);
-	for (uint64_t c = c0; c < c1; c += 8) {
-		const uint8_t *p = s + 2 * c * st;
-		__m128i r0 = load8_u16(p, rs);
-		__m128i r1 = load8_u16(p + step, rs);
-		__m128i r2 = load8_u16(p + 2 * step, rs);
-		__m128i r3 = load8_u16(p + 3 * step, rs);
-		__m128i r4 = load8_u16(p + 4 * step, rs);
-		__m128i r5 = load8_u16(p + 5 * step, rs);
-		__m128i r6 = load8_u16(p + 6 * step, rs);
-		__m128i r7 = load8_u16(p + 7 * step, rs);
-		__m128i t0 = _mm_unpacklo_epi16(r0, r1), t1 = _mm_unpackhi_epi16(r0, r1);
-		__m128i t2 = _mm_unpacklo_epi16(r2, r3), t3 = _mm_unpackhi_epi16(r2, r3);
-		__m128i t4 = _mm_unpacklo_epi16(r4, r5), t5 = _mm_unpackhi_epi16(r4, r5);
-		__m128i t6 = _mm_unpacklo_epi16(r6, r7), t7 = _mm_unpackhi_epi16(r6, r7);
-		__m128i u0 = _mm_unpacklo_epi32(t0, t2), u1 = _mm_unpackhi_epi32(t0, t2);
-		__m128i u2 = _mm_unpacklo_epi32(t1, t3), u3 = _mm_unpackhi_epi32(t1, t3);
-		__m128i u4 = _mm_unpacklo_epi32(t4, t6), u5 = _mm_unpackhi_epi32(t4, t6);
-		__m128i u6 = _mm_unpacklo_epi32(t5, t7), u7 = _mm_unpackhi_epi32(t5, t7);
-		_mm_storeu_si128((__m128i *)(void *)(o[0] + 2 * c), _mm_unpacklo_epi64(u0, u4));
-		_mm_storeu_si128((__m128i *)(void *)(o[1] + 2 * c), _mm_unpackhi_epi64(u0, u4));
-		_mm_storeu_si128((__m128i *)(void *)(o[2] + 2 * c), _mm_unpacklo_epi64(u1, u5));
-		_mm_storeu_si128((__m128i *)(void *)(o[3] + 2 * c), _mm_unpackhi_epi64(u1, u5));
-		_mm_storeu_si128((__m128i *)(void *)(o[4] + 2 * c), _mm_unpacklo_epi64(u2, u6));
-		_mm_storeu_si128((__m128i *)(void *)(o[5] + 2 * c), _mm_unpackhi_epi64(u2, u6));
-		_mm_storeu_si128((__m128i *)(void *)(o[6] + 2 * c), _mm_unpacklo_epi64(u3, u7));
-		_mm_storeu_si128((__m128i *)(void *)(o[7] + 2 * c), _mm_unpackhi_epi64(u3, u7));
-	}
+	__m128i r0 = load8_u16(p, rs);
+	__m128i r1 = load8_u16(p + step, rs);
+	__m128i r2 = load8_u16(p + 2 * step, rs);
+	__m128i r3 = load8_u16(p + 3 * step, rs);
+	__m128i r4 = load8_u16(p + 4 * step, rs);
+	__m128i r5 = load8_u16(p + 5 * step, rs);
+	__m128i r6 = load8_u16(p + 6 * step, rs);
+	__m128i r7 = load8_u16(p + 7 * step, rs);
+	__m128i t0 = _mm_unpacklo_epi16(r0, r1), t1 = _mm_unpackhi_epi16(r0, r1);
+	__m128i t2 = _mm_unpacklo_epi16(r2, r3), t3 = _mm_unpackhi_epi16(r2, r3);
+	__m128i t4 = _mm_unpacklo_epi16(r4, r5), t5 = _mm_unpackhi_epi16(r4, r5);
+	__m128i t6 = _mm_unpacklo_epi16(r6, r7), t7 = _mm_unpackhi_epi16(r6, r7);
+	__m128i u0 = _mm_unpacklo_epi32(t0, t2), u1 = _mm_unpackhi_epi32(t0, t2);
+	__m128i u2 = _mm_unpacklo_epi32(t1, t3), u3 = _mm_unpackhi_epi32(t1, t3);
+	__m128i u4 = _mm_unpacklo_epi32(t4, t6), u5 = _mm_unpackhi_epi32(t4, t6);
+	__m128i u6 = _mm_unpacklo_epi32(t5, t7), u7 = _mm_unpackhi_epi32(t5, t7);
+	_mm_storeu_si128((__m128i *)(void *)o[0], _mm_unpacklo_epi64(u0, u4));
+	_mm_storeu_si128((__m128i *)(void *)o[1], _mm_unpackhi_epi64(u0, u4));
+	_mm_storeu_si128((__m128i *)(void *)o[2], _mm_unpacklo_epi64(u1, u5));
+	_mm_storeu_si128((__m128i *)(void *)o[3], _mm_unpackhi_epi64(u1, u5));
+	_mm_storeu_si128((__m128i *)(void *)o[4], _mm_unpacklo_epi64(u2, u6));
+	_mm_storeu_si128((__m128i *)(void *)o[5], _mm_unpackhi_epi64(u2, u6));
+	_mm_storeu_si128((__m128i *)(void *)o[6], _mm_unpacklo_epi64(u3, u7));
+	_mm_storeu_si128((__m128i *)(void *)o[7], _mm_unpackhi_epi64(u3, u7));
 }
 
 /* 4 neighbouring 4-byte elements of a row step rs (1 or 2) from p: with
@@ -2005,24 +2001,20 @@ static inline __m128i load4_u32(const uint8_t *p, int rs)
 	return _mm_castps_si128(_mm_shuffle_ps(lo, hi, _MM_SHUFFLE(3, 1, 2, 0)));
 }
 
-/* The same for 4 rows of 4-byte elements, 4x4 blocks. */
-static inline void transpose4_u32(uint8_t *const *o, const uint8_t *s, uint64_t c0, uint64_t c1, uint64_t st,
-				  int rs)
+/* The same for a 4x4 block of 4-byte elements. */
+static inline void transpose4_u32(uint8_t *const *o, const uint8_t *p, uint64_t st, int rs)
 {
 	const size_t step = (size_t)(4 * st);
-	for (uint64_t c = c0; c < c1; c += 4) {
-		const uint8_t *p = s + 4 * c * st;
-		__m128i r0 = load4_u32(p, rs);
-		__m128i r1 = load4_u32(p + step, rs);
-		__m128i r2 = load4_u32(p + 2 * step, rs);
-		__m128i r3 = load4_u32(p + 3 * step, rs);
-		__m128i t0 = _mm_unpacklo_epi32(r0, r1), t1 = _mm_unpackhi_epi32(r0, r1);
-		__m128i t2 = _mm_unpacklo_epi32(r2, r3), t3 = _mm_unpackhi_epi32(r2, r3);
-		_mm_storeu_si128((__m128i *)(void *)(o[0] + 4 * c), _mm_unpacklo_epi64(t0, t2));
-		_mm_storeu_si128((__m128i *)(void *)(o[1] + 4 * c), _mm_unpackhi_epi64(t0, t2));
-		_mm_storeu_si128((__m128i *)(void *)(o[2] + 4 * c), _mm_unpacklo_epi64(t1, t3));
-		_mm_storeu_si128((__m128i *)(void *)(o[3] + 4 * c), _mm_unpackhi_epi64(t1, t3));
-	}
+	__m128i r0 = load4_u32(p, rs);
+	__m128i r1 = load4_u32(p + step, rs);
+	__m128i r2 = load4_u32(p + 2 * step, rs);
+	__m128i r3 = load4_u32(p + 3 * step, rs);
+	__m128i t0 = _mm_unpacklo_epi32(r0, r1), t1 = _mm_unpackhi_epi32(r0, r1);
+	__m128i t2 = _mm_unpacklo_epi32(r2, r3), t3 = _mm_unpackhi_epi32(r2, r3);
+	_mm_storeu_si128((__m128i *)(void *)o[0], _mm_unpacklo_epi64(t0, t2));
+	_mm_storeu_si128((__m128i *)(void *)o[1], _mm_unpackhi_epi64(t0, t2));
+	_mm_storeu_si128((__m128i *)(void *)o[2], _mm_unpacklo_epi64(t1, t3));
+	_mm_storeu_si128((__m128i *)(void *)o[3], _mm_unpackhi_epi64(t1, t3));
 }
 #endif
 
@@ -2064,9 +2056,9 @@ static void flush_tiled(const struct srow *rows, int ng, int g, uint64_t cv, uin
 					o[j] = tile + (size_t)(q * g + j) * TILE_BYTES + is * (cb - c0);
 				const uint8_t *s = rows[q * g].s + is * cb * st;
 				if (is == 2)
-					transpose8_u16(o, s, 0, 8, st, rs);
+					transpose8_u16(o, s, st, rs);
 				else
-					transpose4_u32(o, s, 0, 4, st, rs);
+					transpose4_u32(o, s, st, rs);
 			}
 		for (int k = 0; k < k0; k++)
 			memcpy(rows[k].o + is * c0, tile + (size_t)k * TILE_BYTES, (c1 - c0) * is);
@@ -2091,24 +2083,11 @@ static void flush_rows(const struct srow *rows, int n, uint64_t cnt, uint64_t st
 		int ng = 0, rs = neighbours(rows, 0, g, is);
 		while (rs && (ng + 1) * g <= n && neighbours(rows, ng * g, g, is) == rs)
 			ng++;
-		k0 = ng * g;
-		uint8_t *tile = ng ? ckpt_tls_buf(CKPT_TLS_TILE, (size_t)k0 * TILE_BYTES) : NULL;
-		if (tile)
+		/* (without memory for the tile, every row element by element) */
+		uint8_t *tile = ng ? ckpt_tls_buf(CKPT_TLS_TILE, (size_t)(ng * g) * TILE_BYTES) : NULL;
+		if (tile) {
+			k0 = ng * g;
 			flush_tiled(rows, ng, g, cv, st, is, rs, tile);
-		/* without a tile: column blocks outside, so that the source
-		 * lines a block loads serve every group while they are in the
-		 * first-level cache */
-		for (uint64_t c0 = 0; c0 < cv && ng && !tile; c0 += GATHER_COLS) {
-			uint64_t c1 = c0 + GATHER_COLS < cv ? c0 + GATHER_COLS : cv;
-			for (int q = 0; q < ng; q++) {
-				uint8_t *o[8];
-				for (int j = 0; j < g; j++)
-					o[j] = rows[q * g + j].o;
-				if (is == 2)
-					transpose8_u16(o, rows[q * g].s, c0, c1, st, rs);
-				else
-					transpose4_u32(o, rows[q * g].s, c0, c1, st, rs);
-			}
 		}
 		for (int k = 0; k < k0; k++) /* the columns after the blocks */
 			for (uint64_t c = cv; c < cnt; c++)
