@@ -12,6 +12,8 @@
 typedef struct ckpt_stats {
 	atomic_uint_least64_t backing_bytes_read; /* bytes read from the backing store */
 	atomic_uint_least64_t backing_reads; /* read calls on the backing store */
+	atomic_uint_least64_t backing_opens; /* files of a local backing folder opened to read */
+	atomic_int_least64_t kept_files; /* gauge: of them, held open across reads (raw arrays) */
 	atomic_uint_least64_t chunks_decoded; /* chunk decodes (cache misses that decoded) */
 	atomic_uint_least64_t decoded_bytes; /* bytes produced by chunk decodes */
 	atomic_uint_least64_t cache_hits;

@@ -2,6 +2,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -27,6 +28,33 @@ int ckpt_pread_all(int fd, void *buf, size_t len, uint64_t off)
 		off += (uint64_t)n;
 	}
 	return 0;
+}
+
+ssize_t ckpt_preadv_all(int fd, const struct iovec *iov, int n, uint64_t off)
+{
+	/* done: bytes read; skip: of them, those already in iov[0] (a short
+	 * read stopped inside it: the rest of it is read alone) */
+	size_t done = 0, skip = 0;
+	while (n > 0) {
+		ssize_t k = skip ? pread(fd, (char *)iov[0].iov_base + skip, iov[0].iov_len - skip,
+					 (off_t)(off + done))
+				 : preadv(fd, iov, n < IOV_MAX ? n : IOV_MAX, (off_t)(off + done));
+		if (k < 0 && errno == EINTR)
+			continue;
+		if (k < 0)
+			return -errno;
+		if (k == 0)
+			break;
+		done += (size_t)k;
+		size_t got = skip + (size_t)k;
+		while (n > 0 && got >= iov[0].iov_len) {
+			got -= iov[0].iov_len;
+			iov++;
+			n--;
+		}
+		skip = got;
+	}
+	return (ssize_t)done;
 }
 
 int ckpt_pwrite_all(int fd, const void *buf, size_t len, uint64_t off)

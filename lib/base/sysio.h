@@ -15,12 +15,19 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/types.h>
+#include <sys/uio.h>
 
 #include "support.h"
 
 /* Read exactly len bytes at off.  0, -EIO when the file ends first, or
  * -errno. */
 int ckpt_pread_all(int fd, void *buf, size_t len, uint64_t off);
+
+/* Read into the n buffers of iov (n >= 1) at off, continuing after
+ * short reads, until they are full or the file ends: the bytes read, or
+ * -errno.  iov is not changed. */
+ssize_t ckpt_preadv_all(int fd, const struct iovec *iov, int n, uint64_t off);
 
 /* Write exactly len bytes at off.  0 or -errno (-EIO if the kernel
  * reports writing 0 bytes). */

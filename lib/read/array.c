@@ -10,6 +10,7 @@
 #include "array.h"
 #include "cache.h"
 #include "crc32c.h"
+#include "kept.h"
 #include "pool.h"
 #include "stats.h"
 #include "stream.h"
@@ -39,6 +40,7 @@ struct ckpt_ctx {
 	pthread_mutex_t sc_lock; /* sc_free */
 	ckpt_zarr_scratch *sc_free[SCRATCH_KEEP]; /* idle decode scratch */
 	int nsc;
+	ckpt_kept_limit kept_lim; /* unit files its arrays keep open */
 };
 
 /* Identity of one storage unit as last seen, and the epoch it was checked in. */
@@ -113,6 +115,7 @@ struct ckpt_array {
 	 * of the whole array go straight from the store (direct_read); other
 	 * regions and pinned access (visit) go through the cache. */
 	int direct;
+	ckpt_kept *kept; /* direct: unit files kept open across one epoch's reads (kept.h), or NULL */
 	/* A stored ZIP member (meta.zip_has_crc, not streamed): the CRC-32 of
 	 * each decode unit's stored bytes as decoded (zcrc, zknown; zn of the
 	 * zunits known), combined in unit order with the member's header CRC
@@ -180,6 +183,7 @@ int ckpt_ctx_create(const ckpt_ctx_opts *opts, ckpt_ctx **out)
 	pthread_mutex_init(&ctx->drain_lock, NULL);
 	pthread_cond_init(&ctx->drained, NULL);
 	pthread_mutex_init(&ctx->sc_lock, NULL);
+	ctx->kept_lim.max = KEPT_MAX;
 	*out = ctx;
 	return 0;
 }
@@ -275,6 +279,8 @@ int ckpt_array_open_ex(ckpt_ctx *ctx, ckpt_store *store, const char *prefix, con
 		      a->meta.unit_bytes > CKPT_CACHE_UNIT_CAP(ckpt_cache_budget(ctx->cache));
 	a->direct = !a->streamed && decode_is_copy(a) && !a->meta.sharded && a->meta.rank > 0 &&
 		    !a->meta.zip_has_crc && ckpt_store_has_readv(store);
+	if (a->direct)
+		a->kept = ckpt_kept_create(&ctx->kept_lim); /* NULL: a unit opened per read */
 	if (a->meta.zip_has_crc && !a->streamed && !a->meta.sharded) {
 		uint64_t units = 1;
 		for (int d = 0; d < a->meta.rank; d++)
@@ -311,6 +317,7 @@ void ckpt_array_destroy(ckpt_array *a)
 		pthread_cond_wait(&ctx->drained, &ctx->drain_lock);
 	pthread_mutex_unlock(&ctx->drain_lock);
 	ckpt_streams_forget(ctx->streams, (const void *)(uintptr_t)atomic_load(&a->owner));
+	ckpt_kept_destroy(a->kept);
 	pthread_mutex_destroy(&a->mu);
 	free(a->recs);
 	free(a->logged);
@@ -413,6 +420,8 @@ void ckpt_arrays_retire(ckpt_ctx *ctx, ckpt_array *const *arrs, size_t n)
 	size_t k = 0;
 	for (size_t i = 0; i < n; i++) {
 		ckpt_array *a = arrs[i];
+		if (a->kept)
+			ckpt_kept_drop(a->kept); /* its step went: hold none of its files open */
 		pthread_mutex_lock(&a->mu);
 		if (arr_set(a, ARR_RETIRED)) {
 			uint64_t old = atomic_load(&a->owner);
@@ -1313,23 +1322,58 @@ static int direct_fallback(ckpt_array *a, const uint64_t *g, const struct dpiece
 	return 0;
 }
 
+/* Done with unit descriptor fd (kept in slot, or -1: fd is the caller's);
+ * drop: a unit changed or failed, so every kept one is opened again. */
+static void unit_fd_done(ckpt_array *a, int slot, int fd, int drop)
+{
+	if (slot >= 0)
+		ckpt_kept_release(a->kept, slot);
+	else
+		close(fd);
+	if (drop && a->kept)
+		ckpt_kept_drop(a->kept);
+}
+
 /* The pieces ps[0..k) of unit g (ascending offsets in the unit), each
- * stretch of adjacent ones in one readv.  Every stretch must come from the
- * same version of the unit: one that changed in between is -ESTALE, as a
- * stream's change is (stream_copy). */
+ * stretch of adjacent ones in one readv, all through one descriptor of the
+ * unit: kept from an earlier read of this epoch, or opened now (and kept
+ * when there is room, see kept.h), its identity taken (fstat) before and
+ * after.  A unit not the size its shape implies, or missing, goes through
+ * the cache (direct_fallback), whose fill says what is wrong; one that
+ * changed while read is -ESTALE, and so is the rest of the epoch. */
 static int direct_unit(ckpt_array *a, const uint64_t *g, const struct dpiece *const *ps, int k,
 		       struct iovec *iov)
 {
 	const ckpt_array_meta *m = &a->meta;
-	char key[4096];
-	uint64_t sg[CKPT_MAX_RANK];
-	ckpt_zarr_storage_index(m, g, sg);
-	if (ckpt_zarr_unit_key(m, a->prefix, sg, key, sizeof(key)) < 0)
-		return -ENAMETOOLONG;
 	unsigned ep = atomic_load(&a->epoch);
 	uint64_t owner = atomic_load(&a->owner);
-	struct ckpt_store_stat first = { 0 }, st;
-	for (int i = 0; i < k;) {
+	uint64_t su = storage_linear(m, g);
+	struct ckpt_store_stat st = { 0 };
+	int fd = -1;
+	int slot = a->kept ? ckpt_kept_take(a->kept, su, ep, &fd) : -1;
+	if (slot >= 0 && ckpt_store_fd_stat(fd, &st) < 0) {
+		ckpt_kept_release(a->kept, slot);
+		return -EIO;
+	}
+	if (slot < 0) {
+		char key[4096];
+		uint64_t sg[CKPT_MAX_RANK];
+		ckpt_zarr_storage_index(m, g, sg);
+		if (ckpt_zarr_unit_key(m, a->prefix, sg, key, sizeof(key)) < 0)
+			return -ENAMETOOLONG;
+		fd = ckpt_store_open_fd(a->store, key, &st);
+		if (fd == -ENOENT)
+			return direct_fallback(a, g, ps, k);
+		if (fd < 0)
+			return fd;
+		slot = a->kept ? ckpt_kept_add(a->kept, su, ep, fd) : -1;
+	}
+	if (st.size != m->unit_bytes) { /* rewritten in place, or never its size */
+		unit_fd_done(a, slot, fd, 1);
+		return direct_fallback(a, g, ps, k);
+	}
+	int rc = 0;
+	for (int i = 0; i < k && rc == 0;) {
 		int j = i, n = 0;
 		size_t want = 0;
 		do {
@@ -1339,24 +1383,36 @@ static int direct_unit(ckpt_array *a, const uint64_t *g, const struct dpiece *co
 			n++;
 			j++;
 		} while (j < k && ps[j]->uoff == ps[j - 1]->uoff + ps[j - 1]->len);
-		ssize_t got = ckpt_store_readv(a->store, key, ps[i]->uoff, iov, n, &st);
-		if (got == -ENOENT || (got >= 0 && (st.size != m->unit_bytes || (size_t)got != want)))
-			return i == 0 ? direct_fallback(a, g, ps, k) : -ESTALE;
-		if (got < 0)
-			return (int)got;
-		if (i == 0) {
-			first = st;
-		} else if (st.size != first.size || st.mtime_ns != first.mtime_ns) {
-			pthread_mutex_lock(&a->mu);
-			forget_all(a);
-			mark_torn(a, ep);
-			pthread_mutex_unlock(&a->mu);
-			return -ESTALE;
+		ssize_t got = ckpt_store_fd_readv(fd, ps[i]->uoff, iov, n);
+		if (got < 0) {
+			ckpt_log(CKPT_LOG_ERR, "%s/%s: unit %llu: read failed: %s", a->store->root, a->prefix,
+				 (unsigned long long)su, strerror((int)-got));
+			rc = -EIO;
+		} else if ((size_t)got != want) {
+			rc = i == 0 ? 1 : -ESTALE; /* shorter than when it was opened */
 		}
 		i = j;
 	}
-	struct ckpt_zarr_unit_id id = { 0, first.size, first.mtime_ns };
-	return record_unit(a, g, &id, ep, owner);
+	struct ckpt_store_stat after;
+	if (rc == 0 && ckpt_store_fd_stat(fd, &after) == 0 &&
+	    (after.size != st.size || after.mtime_ns != st.mtime_ns)) {
+		/* written while these bytes were read: none of them is served */
+		pthread_mutex_lock(&a->mu);
+		forget_all(a);
+		mark_torn(a, ep);
+		pthread_mutex_unlock(&a->mu);
+		rc = -ESTALE;
+	}
+	unit_fd_done(a, slot, fd, rc != 0);
+	if (rc == 1)
+		return direct_fallback(a, g, ps, k);
+	if (rc < 0)
+		return rc;
+	struct ckpt_zarr_unit_id id = { 0, st.size, st.mtime_ns };
+	rc = record_unit(a, g, &id, ep, owner);
+	if (rc < 0 && a->kept)
+		ckpt_kept_drop(a->kept);
+	return rc;
 }
 
 /* Bytes [off, off + len) of the whole array straight from the stored units
@@ -1411,6 +1467,8 @@ static int direct_read(ckpt_array *a, uint64_t off, size_t len, uint8_t *dst)
 		if (rc < 0)
 			return rc;
 	}
+	if (end >= m->nbytes && a->kept)
+		ckpt_kept_drop(a->kept); /* read to its end: hold no file open */
 	return 0;
 }
 

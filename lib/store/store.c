@@ -13,6 +13,7 @@
 #include "stats.h"
 #include "store.h"
 #include "store_int.h"
+#include "sysio.h"
 
 /*
  * The one key check: every key a dispatcher passes to a store's ops is well
@@ -63,6 +64,25 @@ ssize_t ckpt_store_readv(ckpt_store *s, const char *key, uint64_t off, const str
 int ckpt_store_has_readv(const ckpt_store *s)
 {
 	return s->ops->readv != NULL;
+}
+
+int ckpt_store_open_fd(ckpt_store *s, const char *key, struct ckpt_store_stat *st)
+{
+	if (!s->ops->open_fd)
+		return -ENOTSUP;
+	if (!ckpt_store_key_ok(key))
+		return -ENOENT;
+	return s->ops->open_fd(s, key, st);
+}
+
+ssize_t ckpt_store_fd_readv(int fd, uint64_t off, const struct iovec *iov, int n)
+{
+	ssize_t r = ckpt_preadv_all(fd, iov, n, off);
+	if (r > 0) {
+		CKPT_STAT_ADD(backing_bytes_read, (uint64_t)r);
+		CKPT_STAT_ADD(backing_reads, 1);
+	}
+	return r;
 }
 
 int ckpt_store_list(ckpt_store *s, const char *prefix, ckpt_store_list_cb cb, void *ctx)
@@ -228,6 +248,19 @@ static ssize_t sub_readv(ckpt_store *s, const char *key, uint64_t off, const str
 	return rc;
 }
 
+static int sub_open_fd(ckpt_store *s, const char *key, struct ckpt_store_stat *st)
+{
+	struct sub_store *u = (struct sub_store *)s;
+	if (!u->parent->ops->open_fd)
+		return -ENOTSUP;
+	char *k = sub_key(u, key);
+	if (!k)
+		return -ENOMEM;
+	int rc = u->parent->ops->open_fd(u->parent, k, st);
+	free(k);
+	return rc;
+}
+
 struct sub_list_ctx {
 	size_t strip;
 	ckpt_store_list_cb cb;
@@ -302,7 +335,7 @@ static void sub_destroy(ckpt_store *s)
 
 static const struct ckpt_store_ops sub_ops = { SUB_OPS };
 /* The same over a parent that offers readv. */
-static const struct ckpt_store_ops sub_ops_readv = { SUB_OPS, .readv = sub_readv };
+static const struct ckpt_store_ops sub_ops_readv = { SUB_OPS, .readv = sub_readv, .open_fd = sub_open_fd };
 
 static int is_sub(const ckpt_store *s)
 {

@@ -99,6 +99,11 @@ struct ckpt_store_ops {
 	 * where they would otherwise keep whole values in memory. */
 	ssize_t (*readv)(ckpt_store *s, const char *key, uint64_t off, const struct iovec *iov, int n,
 			 struct ckpt_store_stat *st);
+	/* Offered by every store that offers readv.  Open key's value for reads at any
+	 * offset (ckpt_store_fd_readv, from any thread): a descriptor the
+	 * caller closes, the value's identity at the open in *st.  -ENOENT when
+	 * absent, -EIO (logged) for anything but a regular file or an error. */
+	int (*open_fd)(ckpt_store *s, const char *key, struct ckpt_store_stat *st);
 };
 
 #define CKPT_STORE_FOLDER_CONNECTIONS 4 /* a folder: a few reads at once */
@@ -195,6 +200,15 @@ ssize_t ckpt_store_read(ckpt_store *s, const char *key, uint64_t off, size_t len
 ssize_t ckpt_store_readv(ckpt_store *s, const char *key, uint64_t off, const struct iovec *iov, int n,
 			 struct ckpt_store_stat *st);
 int ckpt_store_has_readv(const ckpt_store *s);
+/* ops->open_fd, or -ENOTSUP where the store does not offer it. */
+int ckpt_store_open_fd(ckpt_store *s, const char *key, struct ckpt_store_stat *st);
+/* The identity (size, mtime) of an open_fd descriptor's file now: 0, or
+ * -EIO (logged) when fstat fails. */
+int ckpt_store_fd_stat(int fd, struct ckpt_store_stat *st);
+/* Bytes of an open_fd descriptor from off into iov[0..n) (counted like
+ * read): the bytes copied (short only at the end of the value), or -errno
+ * (not logged: the caller names the value). */
+ssize_t ckpt_store_fd_readv(int fd, uint64_t off, const struct iovec *iov, int n);
 int ckpt_store_list(ckpt_store *s, const char *prefix, ckpt_store_list_cb cb, void *ctx);
 int ckpt_store_listdir(ckpt_store *s, const char *dir, ckpt_store_dir_cb cb, void *ctx);
 int ckpt_store_stat(ckpt_store *s, const char *key, struct ckpt_store_stat *st);

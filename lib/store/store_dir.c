@@ -22,6 +22,8 @@
 #include "common.h"
 #include "store.h"
 #include "store_int.h"
+#include "stats.h"
+#include "sysio.h"
 
 typedef struct dir_store {
 	struct ckpt_store base;
@@ -120,6 +122,7 @@ static int open_reg(dir_store *d, const char *key, struct stat *st)
 	int fd = safe_open(d, key, O_RDONLY | O_NONBLOCK);
 	if (fd < 0)
 		return open_err(d, key, fd);
+	CKPT_STAT_ADD(backing_opens, 1);
 	if (fstat(fd, st) != 0) {
 		int rc = -errno;
 		close(fd);
@@ -179,45 +182,44 @@ static int dir_size(ckpt_store *s, const char *key, uint64_t *size)
 	return 0;
 }
 
+static void stat_out(const struct stat *st, struct ckpt_store_stat *out)
+{
+	memset(out, 0, sizeof(*out));
+	out->size = (uint64_t)st->st_size;
+	out->mtime_ns = mtime_ns(st);
+}
+
+static int dir_open_fd(ckpt_store *s, const char *key, struct ckpt_store_stat *out)
+{
+	struct stat st;
+	int fd = open_reg((dir_store *)s, key, &st);
+	if (fd >= 0)
+		stat_out(&st, out);
+	return fd;
+}
+
+int ckpt_store_fd_stat(int fd, struct ckpt_store_stat *out)
+{
+	struct stat st;
+	if (fstat(fd, &st) != 0) {
+		ckpt_log(CKPT_LOG_ERR, "fstat of a kept descriptor: %s", strerror(errno));
+		return -EIO;
+	}
+	stat_out(&st, out);
+	return 0;
+}
+
 static ssize_t dir_readv(ckpt_store *s, const char *key, uint64_t off, const struct iovec *iov, int n,
 			 struct ckpt_store_stat *out)
 {
-	dir_store *d = (dir_store *)s;
-	struct stat st;
-	int fd = open_reg(d, key, &st);
+	int fd = dir_open_fd(s, key, out);
 	if (fd < 0)
 		return fd;
-	memset(out, 0, sizeof(*out));
-	out->size = (uint64_t)st.st_size;
-	out->mtime_ns = mtime_ns(&st);
-	/* done: bytes copied; skip: of them, those already in iov[0] (a short
-	 * read stopped inside it: the rest of it is read alone) */
-	size_t done = 0, skip = 0;
-	while (n > 0) {
-		ssize_t k = skip ? pread(fd, (char *)iov[0].iov_base + skip, iov[0].iov_len - skip,
-					 (off_t)(off + done))
-				 : preadv(fd, iov, n < IOV_MAX ? n : IOV_MAX, (off_t)(off + done));
-		if (k < 0 && errno == EINTR)
-			continue;
-		if (k < 0)
-			goto fail;
-		if (k == 0)
-			break;
-		done += (size_t)k;
-		size_t got = skip + (size_t)k;
-		while (n > 0 && got >= iov[0].iov_len) {
-			got -= iov[0].iov_len;
-			iov++;
-			n--;
-		}
-		skip = got;
-	}
+	ssize_t done = ckpt_preadv_all(fd, iov, n, off);
+	if (done < 0)
+		ckpt_log(CKPT_LOG_ERR, "%s/%s: read failed: %s", s->root, key, strerror((int)-done));
 	close(fd);
-	return (ssize_t)done;
-fail:
-	ckpt_log(CKPT_LOG_ERR, "%s/%s: read failed: %s", s->root, key, strerror(errno));
-	close(fd);
-	return -EIO;
+	return done < 0 ? -EIO : done;
 }
 
 /* One piece: the read is readv's (one open, short only at the end). */
@@ -340,6 +342,7 @@ static const struct ckpt_store_ops ckpt_dir_ops = {
 	.stat = dir_stat,
 	.destroy = dir_destroy,
 	.readv = dir_readv,
+	.open_fd = dir_open_fd,
 };
 
 int ckpt_store_dir_open(const char *dir, ckpt_store **out)

@@ -675,3 +675,75 @@ def test_live_root_under_load_prunes_promptly_and_stays_bounded(tmp_path, mount)
         pytest.skip("memory bound not checked under sanitizers (prunes and cache checked)")
     assert grew <= LOAD_RSS_BOUND, (f"the daemon's VmHWM grew by {grew / 2**20:.1f} MiB under the load "
                                     f"(bound {LOAD_RSS_BOUND >> 20} MiB)")
+
+
+def _raw_step(step_dir, seed):
+    """A committed step whose item `state` holds array `w`: raw float32
+    [256, 1024] in 8 column chunks of [256, 128], so every row of a read
+    comes from 8 files."""
+    import json
+    item = step_dir / "state"
+    (item / "w").mkdir(parents=True)
+    (item / "w" / ".zarray").write_text(json.dumps({
+        "chunks": [256, 128], "compressor": None, "dimension_separator": ".", "dtype": "<f4",
+        "fill_value": None, "filters": None, "order": "C", "shape": [256, 1024], "zarr_format": 2}))
+    a = np.arange(256 * 1024, dtype="<f4").reshape(256, 1024) + seed
+    for j in range(8):
+        (item / "w" / f"0.{j}").write_bytes(np.ascontiguousarray(a[:, j * 128:(j + 1) * 128]).tobytes())
+    (item / "_METADATA").write_text(json.dumps({
+        "tree_metadata": {"('w',)": {"key_metadata": [{"key": "w", "key_type": 2}],
+                                      "value_metadata": {"value_type": "jax.Array", "skip_deserialize": False,
+                                                         "write_shape": [256, 1024]}}},
+        "use_ocdbt": False, "use_zarr3": False,
+        "store_array_data_equal_to_fill_value": True, "custom_metadata": None}))
+    shutil.copy(U.FIXTURES / "manager" / "10" / "_CHECKPOINT_METADATA", step_dir / "_CHECKPOINT_METADATA")
+    commit(step_dir)
+    return a
+
+
+def _daemon_files_under(pid, folder):
+    """The daemon's open descriptors of files under folder (the link of a
+    deleted one ends in ' (deleted)')."""
+    out = []
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            t = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if t.startswith(str(folder) + "/"):
+            out.append(t)
+    return out
+
+
+def test_raw_unit_files_kept_open_for_one_open_and_let_go_with_their_step(tmp_path, mount):
+    """Reads of a raw array through one open descriptor open each of its
+    chunk files once (the daemon keeps them open between requests, where it
+    used to open, check and close 8 files per request), and pruning the step
+    leaves none of its deleted files held open by the daemon."""
+    root = tmp_path / "root"
+    root.mkdir()
+    a = _raw_step(root / "10", 0.0)
+    _raw_step(root / "20", 5.0)
+    m = mount(root)
+    p = m.p("10/state/w.npy")
+    hl = os.stat(p).st_size - a.nbytes
+    fd = os.open(p, os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)  # every pread reaches the daemon
+        before = json.loads(U.read_all(m.p(".ckptfs/stats")))
+        got = b"".join(os.pread(fd, 64 << 10, hl + off) for off in range(0, 512 << 10, 64 << 10))
+        after = json.loads(U.read_all(m.p(".ckptfs/stats")))
+        assert got == a.tobytes()[:512 << 10]
+        assert after["backing_opens"] - before["backing_opens"] == 8, "each chunk file opened once"
+        assert after["backing_reads"] - before["backing_reads"] >= 64
+        assert len(_daemon_files_under(m.pid, root / "10")) == 8
+        shutil.rmtree(root / "10")
+        assert wait_listing(m, ["20"]) == ["20"]
+        assert U.wait_until(lambda: not _daemon_files_under(m.pid, root / "10"), timeout=10), \
+            _daemon_files_under(m.pid, root / "10")
+        assert U.errno_of(os.pread, fd, 4096, hl) in GONE
+    finally:
+        os.close(fd)
+    w20 = np.load(m.p("20/state/w.npy"))
+    assert np.array_equal(w20, a + 5.0)
+    assert not _daemon_files_under(m.pid, root / "20"), "a read to the end keeps no file open"

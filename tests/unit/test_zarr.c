@@ -28,6 +28,7 @@
 #include "check.h"
 #include "crc32c.h"
 #include "fwd_store.h"
+#include "kept.h"
 #include "pool.h"
 #include "stats.h"
 #include "zarr_chunk.h"
@@ -676,6 +677,132 @@ static void test_direct(ckpt_store *s)
 	ckpt_ctx_destroy(ctx);
 }
 
+/* A direct read keeps its unit files open for the later reads of the same
+ * epoch (lib/read/kept.h): ten reads of the first rows open each of their
+ * 2 chunk files once.  A file renamed over one of them is not seen by that
+ * epoch (its reads get the bytes of the file they first opened), and is by
+ * the next; a read that reaches the array's end, a retirement and destroy
+ * leave no file open. */
+static void test_direct_kept(ckpt_store *s)
+{
+	/* int32 [8, 4] in chunks [4, 2]: element (i, j) = 10 i + j */
+	const char *json = "{\"zarr_format\":2,\"shape\":[8,4],\"chunks\":[4,2],\"dtype\":\"<i4\","
+			   "\"compressor\":null,\"fill_value\":-1,\"filters\":null,\"order\":\"C\"}";
+	put_file("dk/.zarray", json, strlen(json));
+	int32_t want[32];
+	for (int k = 0; k < 32; k++)
+		want[k] = k / 4 * 10 + k % 4;
+	for (int ci = 0; ci < 2; ci++)
+		for (int cj = 0; cj < 2; cj++) {
+			int32_t c[8];
+			for (int k = 0; k < 8; k++)
+				c[k] = want[(ci * 4 + k / 2) * 4 + cj * 2 + k % 2];
+			char key[32];
+			snprintf(key, sizeof(key), "dk/%d.%d", ci, cj);
+			put_file(key, c, sizeof(c));
+		}
+	ckpt_ctx *ctx;
+	CHECK_EQ_INT(ckpt_ctx_create(NULL, &ctx), 0);
+	ckpt_array *a;
+	CHECK_EQ_INT(ckpt_array_open(ctx, s, "dk", 2, &a), 0);
+	ckpt_region all;
+	uint64_t shape[2] = { 8, 4 };
+	ckpt_region_full(&all, 2, shape);
+	uint64_t opens = atomic_load(&ckpt_g_stats.backing_opens);
+	int64_t kept = atomic_load(&ckpt_g_stats.kept_files);
+	uint8_t out[128];
+	for (int i = 0; i < 10; i++) {
+		CHECK_EQ_INT(ckpt_array_read(a, &all, 0, 64, out), 64);
+		CHECK(memcmp(out, want, 64) == 0);
+	}
+	CHECK(atomic_load(&ckpt_g_stats.backing_opens) - opens == 2);
+	CHECK(atomic_load(&ckpt_g_stats.kept_files) - kept == 2);
+	/* chunk 0.0 replaced by rename: this epoch keeps reading the file it opened */
+	int32_t c00[8];
+	for (int k = 0; k < 8; k++)
+		c00[k] = 1000 + k;
+	put_file("dk/new", c00, sizeof(c00));
+	char from[512], to[512];
+	snprintf(from, sizeof(from), "%s/dk/new", dir);
+	snprintf(to, sizeof(to), "%s/dk/0.0", dir);
+	CHECK_EQ_INT(rename(from, to), 0);
+	CHECK_EQ_INT(ckpt_array_read(a, &all, 0, 64, out), 64);
+	CHECK(memcmp(out, want, 64) == 0);
+	/* the next epoch (an open of a file backed by the array) opens it anew */
+	ckpt_array_revalidate(a);
+	CHECK_EQ_INT(ckpt_array_read(a, &all, 0, 64, out), 64);
+	int32_t got[16];
+	memcpy(got, out, sizeof(got));
+	CHECK(got[0] == 1000 && got[1] == 1001 && got[4] == 1002 && got[2] == 2);
+	CHECK(atomic_load(&ckpt_g_stats.backing_opens) - opens == 4);
+	CHECK(atomic_load(&ckpt_g_stats.kept_files) - kept == 2);
+	/* read to the end: nothing held open */
+	CHECK_EQ_INT(ckpt_array_read(a, &all, 64, 64, out), 64);
+	CHECK(memcmp(out, want + 16, 64) == 0);
+	CHECK(atomic_load(&ckpt_g_stats.kept_files) == kept);
+	/* retired (its step went): nothing held open, every read ESTALE */
+	CHECK_EQ_INT(ckpt_array_read(a, &all, 0, 64, out), 64);
+	CHECK(atomic_load(&ckpt_g_stats.kept_files) - kept == 2);
+	ckpt_arrays_retire(ctx, &a, 1);
+	CHECK(atomic_load(&ckpt_g_stats.kept_files) == kept);
+	CHECK_EQ_INT(ckpt_array_read(a, &all, 0, 64, out), -ESTALE);
+	ckpt_array_destroy(a);
+	/* destroy closes what a read kept */
+	CHECK_EQ_INT(ckpt_array_open(ctx, s, "dk", 2, &a), 0);
+	CHECK_EQ_INT(ckpt_array_read(a, &all, 0, 64, out), 64);
+	CHECK(atomic_load(&ckpt_g_stats.kept_files) - kept == 2);
+	ckpt_array_destroy(a);
+	CHECK(atomic_load(&ckpt_g_stats.kept_files) == kept);
+	ckpt_ctx_destroy(ctx);
+}
+
+/* kept.h's slots on their own: the context's limit, the least recently
+ * used idle slot giving way, a slot dropped while in use closed by its last
+ * release, and slots of an older epoch dropped by the next take. */
+static int fd_open(int fd)
+{
+	return fcntl(fd, F_GETFD) != -1;
+}
+
+static void test_kept_slots(void)
+{
+	ckpt_kept_limit lim = { 0 };
+	lim.max = 3;
+	ckpt_kept *k = ckpt_kept_create(&lim);
+	CHECK(k != NULL);
+	int fds[5], fd;
+	for (int i = 0; i < 5; i++)
+		fds[i] = open("/dev/null", O_RDONLY | O_CLOEXEC);
+	int s0 = ckpt_kept_add(k, 0, 7, fds[0]), s1 = ckpt_kept_add(k, 1, 7, fds[1]);
+	int s2 = ckpt_kept_add(k, 2, 7, fds[2]);
+	CHECK(s0 >= 0 && s1 >= 0 && s2 >= 0 && atomic_load(&lim.open) == 3);
+	CHECK_EQ_INT(ckpt_kept_add(k, 3, 7, fds[3]), -1); /* the limit: the caller keeps fds[3] */
+	CHECK(fd_open(fds[3]));
+	ckpt_kept_release(k, s1);
+	ckpt_kept_release(k, s0);
+	ckpt_kept_release(k, s2);
+	CHECK_EQ_INT(ckpt_kept_take(k, 1, 7, &fd), s1); /* 1 used last now; 0 then 2 before it */
+	CHECK(fd == fds[1]);
+	ckpt_kept_release(k, s1);
+	int s3 = ckpt_kept_add(k, 3, 7, fds[3]); /* in place of the least recently used (0) */
+	CHECK(s3 == s0 && !fd_open(fds[0]) && atomic_load(&lim.open) == 3);
+	ckpt_kept_release(k, s3);
+	CHECK_EQ_INT(ckpt_kept_take(k, 0, 7, &fd), -1);
+	CHECK_EQ_INT(ckpt_kept_take(k, 2, 7, &fd), s2);
+	ckpt_kept_drop(k); /* 1 and 3 closed; 2, in use, when released */
+	CHECK(!fd_open(fds[1]) && !fd_open(fds[3]) && fd_open(fds[2]));
+	CHECK_EQ_INT(ckpt_kept_take(k, 2, 7, &fd), -1);
+	ckpt_kept_release(k, s2);
+	CHECK(!fd_open(fds[2]) && atomic_load(&lim.open) == 0);
+	/* another epoch: the next take drops the older slots */
+	int s4 = ckpt_kept_add(k, 4, 7, fds[4]);
+	CHECK(s4 >= 0);
+	ckpt_kept_release(k, s4);
+	CHECK_EQ_INT(ckpt_kept_take(k, 4, 8, &fd), -1);
+	CHECK(!fd_open(fds[4]) && atomic_load(&lim.open) == 0);
+	ckpt_kept_destroy(k);
+}
+
 /* The context's pool, started before a fork (an OCDBT item opened while the
  * daemon built its view): the child gets a pool of its own whose tasks run,
  * the parent keeps its own. */
@@ -962,6 +1089,8 @@ int main(void)
 	CHECK_RUN_CALL(test_visit, (s));
 	CHECK_RUN_CALL(test_retire_drops_late_fills, (s));
 	CHECK_RUN_CALL(test_direct, (s));
+	CHECK_RUN_CALL(test_direct_kept, (s));
+	CHECK_RUN(test_kept_slots);
 	CHECK_RUN_CALL(test_large_chunks, (s));
 	ckpt_store_destroy(s);
 	char cmd[300];
