@@ -94,7 +94,7 @@ int ckpt_kept_take(ckpt_kept *k, uint64_t unit, unsigned ep, int *fd)
 			continue;
 		if (s->epoch != ep) {
 			slot_drop(k, s);
-		} else if (s->unit1 == unit + 1) {
+		} else if (s->unit1 == unit + 1 && got < 0) { /* two reads may have added it */
 			s->refs++;
 			s->used = ++k->tick;
 			*fd = s->fd;

@@ -260,10 +260,25 @@ static void test_readv(void)
 	CHECK(ckpt_store_has_readv(sub));
 	CHECK_EQ_INT(ckpt_store_readv(sub, "v.bin", 0, iov, 1, &st), 3);
 	CHECK(memcmp(a, "012", 3) == 0 && st.size == 16);
+	/* open_fd: a descriptor for reads at any offset, its identity now */
+	int fd = ckpt_store_open_fd(sub, "v.bin", &st);
+	CHECK(fd >= 0 && st.size == 16 && st.mtime_ns == want.mtime_ns);
+	CHECK_EQ_INT(ckpt_store_fd_readv(fd, 13, iov, 3), 3);
+	CHECK(memcmp(a, "def", 3) == 0);
+	CHECK_EQ_INT(ckpt_store_fd_readv(fd, 16, iov, 3), 0);
+	put("rv/v.bin", "0123456789abcdefgh"); /* written in place (fopen "w"): the same file */
+	struct ckpt_store_stat now;
+	CHECK_EQ_INT(ckpt_store_fd_stat(fd, &now), 0);
+	CHECK(now.size == 18);
+	close(fd);
+	CHECK_EQ_INT(ckpt_store_open_fd(s, "rv/none", &st), -ENOENT);
+	CHECK_EQ_INT(ckpt_store_open_fd(s, "../rv/v.bin", &st), -ENOENT);
+	CHECK_EQ_INT(ckpt_store_open_fd(s, "rv", &st), -ENOENT); /* a folder */
 	CHECK_EQ_INT(ckpt_store_mem_open(NULL, &mem), 0);
 	CHECK_EQ_INT(ckpt_store_mem_put(mem, "k", "xyz", 3), 0);
 	CHECK(!ckpt_store_has_readv(mem));
 	CHECK_EQ_INT(ckpt_store_readv(mem, "k", 0, iov, 1, &st), -ENOTSUP);
+	CHECK_EQ_INT(ckpt_store_open_fd(mem, "k", &st), -ENOTSUP);
 	ckpt_store_destroy(mem);
 	ckpt_store_destroy(sub);
 	ckpt_store_destroy(s);

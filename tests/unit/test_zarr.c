@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -756,6 +757,82 @@ static void test_direct_kept(ckpt_store *s)
 	ckpt_ctx_destroy(ctx);
 }
 
+/* Reads of one raw array from 4 threads while another starts epochs: the
+ * kept descriptors are taken, added, dropped and released concurrently
+ * (run under TSan by the test command); every read gets the right bytes
+ * and nothing stays open at the end. */
+struct kept_reader {
+	ckpt_array *a;
+	const int32_t *want;
+	unsigned seed;
+	atomic_int *stop;
+	int bad;
+};
+
+static void *kept_read_loop(void *arg)
+{
+	struct kept_reader *r = arg;
+	ckpt_region all;
+	uint64_t shape[2] = { 64, 64 };
+	ckpt_region_full(&all, 2, shape);
+	uint8_t out[64 * 64 * 4];
+	for (int i = 0; i < 400 && !atomic_load(r->stop); i++) {
+		r->seed = r->seed * 1103515245u + 12345u;
+		size_t off = (r->seed >> 8) % sizeof(out), len = 1 + (r->seed >> 3) % 4096;
+		if (i % 50 == 49)
+			off = sizeof(out) - len; /* to the end: drops what the set keeps */
+		if (off + len > sizeof(out))
+			len = sizeof(out) - off;
+		if (ckpt_array_read(r->a, &all, off, len, out) != (ssize_t)len ||
+		    memcmp(out, (const uint8_t *)r->want + off, len) != 0)
+			r->bad++;
+	}
+	return NULL;
+}
+
+static void test_direct_kept_threads(ckpt_store *s)
+{
+	/* int32 [64, 64] in chunks [16, 8]: 32 files, more than a set keeps */
+	const char *json = "{\"zarr_format\":2,\"shape\":[64,64],\"chunks\":[16,8],\"dtype\":\"<i4\","
+			   "\"compressor\":null,\"fill_value\":-1,\"filters\":null,\"order\":\"C\"}";
+	put_file("dt/.zarray", json, strlen(json));
+	static int32_t want[64 * 64];
+	for (int k = 0; k < 64 * 64; k++)
+		want[k] = k * 3 + 1;
+	for (int ci = 0; ci < 4; ci++)
+		for (int cj = 0; cj < 8; cj++) {
+			int32_t c[16 * 8];
+			for (int k = 0; k < 16 * 8; k++)
+				c[k] = want[(ci * 16 + k / 8) * 64 + cj * 8 + k % 8];
+			char key[32];
+			snprintf(key, sizeof(key), "dt/%d.%d", ci, cj);
+			put_file(key, c, sizeof(c));
+		}
+	ckpt_ctx *ctx;
+	CHECK_EQ_INT(ckpt_ctx_create(NULL, &ctx), 0);
+	ckpt_array *a;
+	CHECK_EQ_INT(ckpt_array_open(ctx, s, "dt", 2, &a), 0);
+	int64_t kept = atomic_load(&ckpt_g_stats.kept_files);
+	atomic_int stop = 0;
+	struct kept_reader r[4];
+	pthread_t t[4];
+	for (int i = 0; i < 4; i++) {
+		r[i] = (struct kept_reader){ a, want, 77u * (unsigned)i + 1, &stop, 0 };
+		CHECK_EQ_INT(pthread_create(&t[i], NULL, kept_read_loop, &r[i]), 0);
+	}
+	for (int i = 0; i < 200; i++) {
+		ckpt_array_revalidate(a);
+		usleep(100);
+	}
+	for (int i = 0; i < 4; i++) {
+		pthread_join(t[i], NULL);
+		CHECK_EQ_INT(r[i].bad, 0);
+	}
+	ckpt_array_destroy(a);
+	CHECK(atomic_load(&ckpt_g_stats.kept_files) == kept);
+	ckpt_ctx_destroy(ctx);
+}
+
 /* kept.h's slots on their own: the context's limit, the least recently
  * used idle slot giving way, a slot dropped while in use closed by its last
  * release, and slots of an older epoch dropped by the next take. */
@@ -800,6 +877,17 @@ static void test_kept_slots(void)
 	ckpt_kept_release(k, s4);
 	CHECK_EQ_INT(ckpt_kept_take(k, 4, 8, &fd), -1);
 	CHECK(!fd_open(fds[4]) && atomic_load(&lim.open) == 0);
+	/* two reads that missed at once both add the unit: a take takes one */
+	int d0 = open("/dev/null", O_RDONLY | O_CLOEXEC), d1 = open("/dev/null", O_RDONLY | O_CLOEXEC);
+	int a0 = ckpt_kept_add(k, 5, 8, d0), a1 = ckpt_kept_add(k, 5, 8, d1);
+	CHECK(a0 >= 0 && a1 >= 0 && a0 != a1);
+	ckpt_kept_release(k, a0);
+	ckpt_kept_release(k, a1);
+	int t5 = ckpt_kept_take(k, 5, 8, &fd);
+	CHECK(t5 >= 0);
+	ckpt_kept_release(k, t5);
+	ckpt_kept_drop(k); /* every slot idle: all closed now */
+	CHECK(!fd_open(d0) && !fd_open(d1) && atomic_load(&lim.open) == 0);
 	ckpt_kept_destroy(k);
 }
 
@@ -1091,6 +1179,7 @@ int main(void)
 	CHECK_RUN_CALL(test_direct, (s));
 	CHECK_RUN_CALL(test_direct_kept, (s));
 	CHECK_RUN(test_kept_slots);
+	CHECK_RUN_CALL(test_direct_kept_threads, (s));
 	CHECK_RUN_CALL(test_large_chunks, (s));
 	ckpt_store_destroy(s);
 	char cmd[300];
