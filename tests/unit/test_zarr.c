@@ -678,6 +678,28 @@ static void test_direct(ckpt_store *s)
 	ckpt_ctx_destroy(ctx);
 }
 
+/* A raw int32 zarr v2 array `name` of rows x cols values `want`, in chunks
+ * of cr x cc that divide it: its .zarray and chunk files. */
+static void put_raw_i32(const char *name, const int32_t *want, int rows, int cols, int cr, int cc)
+{
+	char json[320], key[64];
+	snprintf(json, sizeof(json),
+		 "{\"zarr_format\":2,\"shape\":[%d,%d],\"chunks\":[%d,%d],\"dtype\":\"<i4\","
+		 "\"compressor\":null,\"fill_value\":-1,\"filters\":null,\"order\":\"C\"}",
+		 rows, cols, cr, cc);
+	snprintf(key, sizeof(key), "%s/.zarray", name);
+	put_file(key, json, strlen(json));
+	int32_t *c = malloc(sizeof(int32_t) * (size_t)(cr * cc));
+	for (int ci = 0; ci < rows / cr; ci++)
+		for (int cj = 0; cj < cols / cc; cj++) {
+			for (int k = 0; k < cr * cc; k++)
+				c[k] = want[(ci * cr + k / cc) * cols + cj * cc + k % cc];
+			snprintf(key, sizeof(key), "%s/%d.%d", name, ci, cj);
+			put_file(key, c, sizeof(int32_t) * (size_t)(cr * cc));
+		}
+	free(c);
+}
+
 /* A direct read keeps its unit files open for the later reads of the same
  * epoch (lib/read/kept.h): ten reads of the first rows open each of their
  * 2 chunk files once.  A file renamed over one of them is not seen by that
@@ -687,21 +709,10 @@ static void test_direct(ckpt_store *s)
 static void test_direct_kept(ckpt_store *s)
 {
 	/* int32 [8, 4] in chunks [4, 2]: element (i, j) = 10 i + j */
-	const char *json = "{\"zarr_format\":2,\"shape\":[8,4],\"chunks\":[4,2],\"dtype\":\"<i4\","
-			   "\"compressor\":null,\"fill_value\":-1,\"filters\":null,\"order\":\"C\"}";
-	put_file("dk/.zarray", json, strlen(json));
 	int32_t want[32];
 	for (int k = 0; k < 32; k++)
 		want[k] = k / 4 * 10 + k % 4;
-	for (int ci = 0; ci < 2; ci++)
-		for (int cj = 0; cj < 2; cj++) {
-			int32_t c[8];
-			for (int k = 0; k < 8; k++)
-				c[k] = want[(ci * 4 + k / 2) * 4 + cj * 2 + k % 2];
-			char key[32];
-			snprintf(key, sizeof(key), "dk/%d.%d", ci, cj);
-			put_file(key, c, sizeof(c));
-		}
+	put_raw_i32("dk", want, 8, 4, 4, 2);
 	ckpt_ctx *ctx;
 	CHECK_EQ_INT(ckpt_ctx_create(NULL, &ctx), 0);
 	ckpt_array *a;
@@ -793,21 +804,10 @@ static void *kept_read_loop(void *arg)
 static void test_direct_kept_threads(ckpt_store *s)
 {
 	/* int32 [64, 64] in chunks [16, 8]: 32 files, more than a set keeps */
-	const char *json = "{\"zarr_format\":2,\"shape\":[64,64],\"chunks\":[16,8],\"dtype\":\"<i4\","
-			   "\"compressor\":null,\"fill_value\":-1,\"filters\":null,\"order\":\"C\"}";
-	put_file("dt/.zarray", json, strlen(json));
 	static int32_t want[64 * 64];
 	for (int k = 0; k < 64 * 64; k++)
 		want[k] = k * 3 + 1;
-	for (int ci = 0; ci < 4; ci++)
-		for (int cj = 0; cj < 8; cj++) {
-			int32_t c[16 * 8];
-			for (int k = 0; k < 16 * 8; k++)
-				c[k] = want[(ci * 16 + k / 8) * 64 + cj * 8 + k % 8];
-			char key[32];
-			snprintf(key, sizeof(key), "dt/%d.%d", ci, cj);
-			put_file(key, c, sizeof(c));
-		}
+	put_raw_i32("dt", want, 64, 64, 16, 8);
 	ckpt_ctx *ctx;
 	CHECK_EQ_INT(ckpt_ctx_create(NULL, &ctx), 0);
 	ckpt_array *a;
