@@ -12,8 +12,9 @@
  * docs/design.md is that output (tests/py/test_repo.py compares them).
  *
  * Leaf locks of store/ and base/ (OCDBT node cache, HTTP handles, decode
- * pool, stats) and the read context's pool locks stay plain pthread calls:
- * each is taken with nothing of its own layer held and calls out of nothing.
+ * pool, stats) and of read/ (the read context's pool locks, an array's
+ * set of kept descriptors in kept.c) stay plain pthread calls: each is
+ * taken with nothing of its own layer held and calls out of nothing.
  *
  * With NDEBUG defined (Release, RelWithDebInfo) the wrappers are the plain
  * pthread calls and the assertions vanish.  Without it (Debug, and the ASan
