@@ -111,7 +111,7 @@ struct ckpt_array {
 	atomic_int stored_known;
 	uint64_t stored;
 	int streamed; /* units over CKPT_CACHE_UNIT_CAP: read as streams, never cached */
-	/* Raw units (decode_is_copy), not sharded, in a store with readv: reads
+	/* Raw units (decode_is_copy), not sharded, in a store with open_fd: reads
 	 * of the whole array go straight from the store (direct_read); other
 	 * regions and pinned access (visit) go through the cache. */
 	int direct;
@@ -278,7 +278,7 @@ int ckpt_array_open_ex(ckpt_ctx *ctx, ckpt_store *store, const char *prefix, con
 	a->streamed = ckpt_stream_ok(&a->meta) &&
 		      a->meta.unit_bytes > CKPT_CACHE_UNIT_CAP(ckpt_cache_budget(ctx->cache));
 	a->direct = !a->streamed && decode_is_copy(a) && !a->meta.sharded && a->meta.rank > 0 &&
-		    !a->meta.zip_has_crc && ckpt_store_has_readv(store);
+		    !a->meta.zip_has_crc && ckpt_store_has_open_fd(store);
 	if (a->direct)
 		a->kept = ckpt_kept_create(&ctx->kept_lim); /* NULL: a unit opened per read */
 	if (a->meta.zip_has_crc && !a->streamed && !a->meta.sharded) {

@@ -46,24 +46,9 @@ ssize_t ckpt_store_read(ckpt_store *s, const char *key, uint64_t off, size_t len
 	return n;
 }
 
-ssize_t ckpt_store_readv(ckpt_store *s, const char *key, uint64_t off, const struct iovec *iov, int n,
-			 struct ckpt_store_stat *st)
+int ckpt_store_has_open_fd(const ckpt_store *s)
 {
-	if (!s->ops->readv)
-		return -ENOTSUP;
-	if (!ckpt_store_key_ok(key))
-		return -ENOENT;
-	ssize_t r = s->ops->readv(s, key, off, iov, n, st);
-	if (r > 0) {
-		CKPT_STAT_ADD(backing_bytes_read, (uint64_t)r);
-		CKPT_STAT_ADD(backing_reads, 1);
-	}
-	return r;
-}
-
-int ckpt_store_has_readv(const ckpt_store *s)
-{
-	return s->ops->readv != NULL;
+	return s->ops->open_fd != NULL;
 }
 
 int ckpt_store_open_fd(ckpt_store *s, const char *key, struct ckpt_store_stat *st)
@@ -236,23 +221,9 @@ static ssize_t sub_read(ckpt_store *s, const char *key, uint64_t off, size_t len
 	return rc;
 }
 
-static ssize_t sub_readv(ckpt_store *s, const char *key, uint64_t off, const struct iovec *iov, int n,
-			 struct ckpt_store_stat *st)
-{
-	struct sub_store *u = (struct sub_store *)s;
-	char *k = sub_key(u, key);
-	if (!k)
-		return -ENOMEM;
-	ssize_t rc = u->parent->ops->readv(u->parent, k, off, iov, n, st);
-	free(k);
-	return rc;
-}
-
 static int sub_open_fd(ckpt_store *s, const char *key, struct ckpt_store_stat *st)
 {
 	struct sub_store *u = (struct sub_store *)s;
-	if (!u->parent->ops->open_fd)
-		return -ENOTSUP;
 	char *k = sub_key(u, key);
 	if (!k)
 		return -ENOMEM;
@@ -334,12 +305,12 @@ static void sub_destroy(ckpt_store *s)
 	.destroy = sub_destroy, .connections = sub_connections
 
 static const struct ckpt_store_ops sub_ops = { SUB_OPS };
-/* The same over a parent that offers readv. */
-static const struct ckpt_store_ops sub_ops_readv = { SUB_OPS, .readv = sub_readv, .open_fd = sub_open_fd };
+/* The same over a parent that offers open_fd. */
+static const struct ckpt_store_ops sub_ops_fd = { SUB_OPS, .open_fd = sub_open_fd };
 
 static int is_sub(const ckpt_store *s)
 {
-	return s->ops == &sub_ops || s->ops == &sub_ops_readv;
+	return s->ops == &sub_ops || s->ops == &sub_ops_fd;
 }
 
 int ckpt_store_unwrap(ckpt_store *s, const char *key, ckpt_store **base, char **full)
@@ -373,7 +344,7 @@ int ckpt_store_sub(ckpt_store *parent, const char *prefix, ckpt_store **out)
 	struct sub_store *u = calloc(1, sizeof(*u));
 	if (!u)
 		return -ENOMEM;
-	u->base.ops = parent->ops->readv ? &sub_ops_readv : &sub_ops;
+	u->base.ops = parent->ops->open_fd ? &sub_ops_fd : &sub_ops;
 	u->prefix = strdup(prefix);
 	u->plen = strlen(prefix);
 	u->base.root = ckpt_store_join(parent->root, prefix);

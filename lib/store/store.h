@@ -89,20 +89,13 @@ struct ckpt_store_ops {
 	 * connections, a view's (sub-store, OCDBT) those of the store below it.
 	 * NULL: CKPT_STORE_FOLDER_CONNECTIONS. */
 	unsigned (*connections)(ckpt_store *s);
-	/* Optional (NULL: not offered).  Copy the bytes of key's value from off
-	 * on into iov[0..n) in order (their lengths add up to the bytes asked
-	 * for), all from one open of the value, whose identity at that open
-	 * goes to *st.  Returns bytes copied (short only at the end of the
-	 * value), -ENOENT when absent, -EIO on a read error (logged).  Offered
-	 * only where a read is as cheap as a copy from memory (a local folder:
-	 * the system's page cache), so that callers may read pieces of values
-	 * where they would otherwise keep whole values in memory. */
-	ssize_t (*readv)(ckpt_store *s, const char *key, uint64_t off, const struct iovec *iov, int n,
-			 struct ckpt_store_stat *st);
-	/* Offered by every store that offers readv.  Open key's value for reads at any
+	/* Optional (NULL: not offered).  Open key's value for reads at any
 	 * offset (ckpt_store_fd_readv, from any thread): a descriptor the
 	 * caller closes, the value's identity at the open in *st.  -ENOENT when
-	 * absent, -EIO (logged) for anything but a regular file or an error. */
+	 * absent, -EIO (logged) for anything but a regular file or an error.
+	 * Offered only where a read is as cheap as a copy from memory (a local
+	 * folder: the system's page cache), so that callers may read pieces of
+	 * values where they would otherwise keep whole values in memory. */
 	int (*open_fd)(ckpt_store *s, const char *key, struct ckpt_store_stat *st);
 };
 
@@ -195,13 +188,10 @@ int ckpt_store_ocdbt_open_pool(ckpt_store *base, const char *dir, struct ckpt_po
 int ckpt_store_size(ckpt_store *s, const char *key, uint64_t *size);
 
 ssize_t ckpt_store_read(ckpt_store *s, const char *key, uint64_t off, size_t len, void *dst);
-/* ops->readv (counted like read), or -ENOTSUP where the store does not
- * offer it; ckpt_store_has_readv says which beforehand. */
-ssize_t ckpt_store_readv(ckpt_store *s, const char *key, uint64_t off, const struct iovec *iov, int n,
-			 struct ckpt_store_stat *st);
-int ckpt_store_has_readv(const ckpt_store *s);
-/* ops->open_fd, or -ENOTSUP where the store does not offer it. */
+/* ops->open_fd, or -ENOTSUP where the store does not offer it;
+ * ckpt_store_has_open_fd says which beforehand. */
 int ckpt_store_open_fd(ckpt_store *s, const char *key, struct ckpt_store_stat *st);
+int ckpt_store_has_open_fd(const ckpt_store *s);
 /* The identity (size, mtime) of an open_fd descriptor's file now: 0, or
  * -EIO (logged) when fstat fails. */
 int ckpt_store_fd_stat(int fd, struct ckpt_store_stat *st);

@@ -209,25 +209,19 @@ int ckpt_store_fd_stat(int fd, struct ckpt_store_stat *out)
 	return 0;
 }
 
-static ssize_t dir_readv(ckpt_store *s, const char *key, uint64_t off, const struct iovec *iov, int n,
-			 struct ckpt_store_stat *out)
+/* One open, one preadv (short only at the end of the value). */
+static ssize_t dir_read(ckpt_store *s, const char *key, uint64_t off, size_t len, void *dst)
 {
-	int fd = dir_open_fd(s, key, out);
+	struct ckpt_store_stat st;
+	int fd = dir_open_fd(s, key, &st);
 	if (fd < 0)
 		return fd;
-	ssize_t done = ckpt_preadv_all(fd, iov, n, off);
+	struct iovec iov = { dst, len };
+	ssize_t done = ckpt_preadv_all(fd, &iov, 1, off);
 	if (done < 0)
 		ckpt_log(CKPT_LOG_ERR, "%s/%s: read failed: %s", s->root, key, strerror((int)-done));
 	close(fd);
 	return done < 0 ? -EIO : done;
-}
-
-/* One piece: the read is readv's (one open, short only at the end). */
-static ssize_t dir_read(ckpt_store *s, const char *key, uint64_t off, size_t len, void *dst)
-{
-	struct iovec iov = { dst, len };
-	struct ckpt_store_stat st;
-	return dir_readv(s, key, off, &iov, 1, &st);
 }
 
 static int dir_listdir(ckpt_store *s, const char *dir, ckpt_store_dir_cb cb, void *ctx)
@@ -341,7 +335,6 @@ static const struct ckpt_store_ops ckpt_dir_ops = {
 	.listdir = dir_listdir,
 	.stat = dir_stat,
 	.destroy = dir_destroy,
-	.readv = dir_readv,
 	.open_fd = dir_open_fd,
 };
 
