@@ -3,8 +3,10 @@
  * steady stream of requests allocates (and page-faults) nothing.
  *
  * Each thread has one buffer per slot; a buffer stays valid until the
- * next call for the same slot on the same thread, and is freed when the
- * thread exits.  Thread-safe by construction (nothing is shared).
+ * next call for the same slot on the same thread (its bytes are not kept
+ * when it grows), and is freed when the thread exits.  One of more than
+ * 64 KiB is a huge-page mapping (hugebuf.h) of at least 2 MiB.
+ * Thread-safe by construction (nothing is shared).
  */
 #ifndef CKPT_TLSBUF_H
 #define CKPT_TLSBUF_H

@@ -2,7 +2,15 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "hugebuf.h"
 #include "tlsbuf.h"
+
+/* A buffer of up to this many bytes is plain heap memory; a larger one is
+ * a huge-page mapping of 2 MiB or more (ckpt_hugebuf_alloc).  A reply
+ * buffer is handed to the kernel, which pins it page by page
+ * (get_user_pages) and copies out of it: over a huge page each pin is a
+ * shorter walk, and the copies miss the TLB less. */
+#define TLS_SMALL ((size_t)64 << 10)
 
 struct tls_bufs {
 	void *p[CKPT_TLS_NSLOTS];
@@ -16,7 +24,7 @@ static void bufs_free(void *arg)
 {
 	struct tls_bufs *b = arg;
 	for (int i = 0; i < CKPT_TLS_NSLOTS; i++)
-		free(b->p[i]);
+		ckpt_hugebuf_free(b->p[i], b->cap[i]);
 	free(b);
 }
 
@@ -36,11 +44,17 @@ void *ckpt_tls_buf(enum ckpt_tls_slot slot, size_t need)
 		pthread_setspecific(key, b);
 	}
 	if (need > b->cap[slot]) {
-		size_t cap = need < (1u << 20) + 4096 ? (1u << 20) + 4096 : need;
-		void *p = realloc(b->p[slot], cap);
+		size_t want = need;
+		if (want <= TLS_SMALL)
+			want = TLS_SMALL;
+		else if (want < CKPT_HUGEBUF_MIN)
+			want = CKPT_HUGEBUF_MIN;
+		size_t cap;
+		void *p = ckpt_hugebuf_alloc(want, &cap);
 		if (!p)
 			return NULL;
 		memset(p, 0, cap);
+		ckpt_hugebuf_free(b->p[slot], b->cap[slot]);
 		b->p[slot] = p;
 		b->cap[slot] = cap;
 	}

@@ -1,8 +1,10 @@
 /* Unit tests of the decoded-chunk cache: hits and misses, single-flight
  * loading under concurrent misses, the byte budget (in-flight decodes
  * counted, waits, -EAGAIN for pin holders, units over the budget), failed
- * loads, reuse of consumed chunks' buffers, resized buffers, and the cache's invariants (ckpt_cache_check) after every step and after
- * a concurrent mix of hits, misses, failures and reservations. */
+ * loads, reuse of consumed chunks' buffers, resized buffers, the per-thread
+ * scratch buffers (tlsbuf.h), and the cache's invariants (ckpt_cache_check)
+ * after every step and after a concurrent mix of hits, misses, failures and
+ * reservations. */
 #include <errno.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -13,6 +15,7 @@
 #include "cache.h"
 #include "check.h"
 #include "hugebuf.h"
+#include "tlsbuf.h"
 
 static atomic_int fills;
 
@@ -291,6 +294,69 @@ static void load_chunks(ckpt_cache *c, uint64_t owner, uint64_t first, uint64_t 
  * them); sizes under CKPT_HUGEBUF_MIN are not resized.  In the cache, a
  * chunk of another size reuses an evicted buffer resized when the budget
  * allows, within the budget and with the new chunk's bytes. */
+/* The smaps entry of the mapping that starts at p: its size in KiB and
+ * whether it carries MADV_HUGEPAGE ("hg" in VmFlags); 0 when no mapping
+ * starts there. */
+static int mapping_at(const void *p, unsigned long *kib, int *hg)
+{
+	FILE *f = fopen("/proc/self/smaps", "r");
+	if (!f)
+		return 0;
+	char line[512];
+	int found = 0;
+	while (fgets(line, sizeof(line), f)) {
+		unsigned long lo, hi;
+		if (sscanf(line, "%lx-%lx ", &lo, &hi) == 2 && strchr(line, '-') < strchr(line, ' ')) {
+			if (found)
+				break;
+			if (lo == (unsigned long)(uintptr_t)p) {
+				found = 1;
+				*kib = (hi - lo) >> 10;
+				*hg = 0;
+			}
+		} else if (found && strncmp(line, "VmFlags:", 8) == 0) {
+			*hg = strstr(line, " hg") != NULL;
+		}
+	}
+	fclose(f);
+	return found;
+}
+
+static void *tls_other_thread(void *arg)
+{
+	(void)arg;
+	return ckpt_tls_buf(CKPT_TLS_REPLY, 1u << 20);
+}
+
+/* Per-thread buffers: a large one (a 1 MiB reply) is a mapping of its own
+ * of 2 MiB advised for huge pages, reused while it is large enough and
+ * replaced when it is not; a small one is heap memory. */
+static void test_tls_bufs(void)
+{
+	size_t reply = (1u << 20) + 4096;
+	uint8_t *big = ckpt_tls_buf(CKPT_TLS_REPLY, reply);
+	CHECK(big != NULL);
+	unsigned long kib = 0;
+	int hg = 0;
+	CHECK(mapping_at(big, &kib, &hg));
+	CHECK(kib == 2048 && hg);
+	memset(big, 0x3c, reply);
+	CHECK(ckpt_tls_buf(CKPT_TLS_REPLY, 4096) == big); /* large enough: the same */
+	uint8_t *bigger = ckpt_tls_buf(CKPT_TLS_REPLY, (3u << 20) + 1);
+	CHECK(bigger != NULL && mapping_at(bigger, &kib, &hg) && kib == 4096 && hg);
+	memset(bigger, 0x3d, (3u << 20) + 1);
+	uint8_t *small = ckpt_tls_buf(CKPT_TLS_TILE, 100);
+	CHECK(small != NULL);
+	memset(small, 0x3e, 64u << 10);
+	CHECK(ckpt_tls_buf(CKPT_TLS_TILE, 64u << 10) == small);
+	pthread_t t;
+	void *theirs = NULL;
+	CHECK_EQ_INT(pthread_create(&t, NULL, tls_other_thread, NULL), 0);
+	pthread_join(t, &theirs);
+	CHECK(theirs != NULL && theirs != (void *)bigger);
+	CHECK(!mapping_at(theirs, &kib, &hg)); /* freed when its thread exited */
+}
+
 static void test_resize(void)
 {
 	size_t cap, ncap, four = 4u << 20, eight = 8u << 20;
@@ -609,6 +675,7 @@ int main(void)
 
 	CHECK_RUN(test_budget);
 	CHECK_RUN(test_resize);
+	CHECK_RUN(test_tls_bufs);
 	CHECK_RUN(test_split_spare);
 	CHECK_RUN(test_cool_owner);
 	CHECK_RUN(test_drop_owners);
