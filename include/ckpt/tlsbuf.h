@@ -18,6 +18,9 @@ enum ckpt_tls_slot {
 	CKPT_TLS_BOUNCE = 1, /* array.c: unaligned byte ranges */
 	CKPT_TLS_PIECES = 2, /* array.c: the pieces of a direct read */
 	CKPT_TLS_TILE = 3, /* recipe.c: a transpose's tile of target rows */
+	CKPT_TLS_VIEW_BOX = 4, /* views.c: a source box read whole, then gathered */
+	CKPT_TLS_VIEW_GATHER = 5, /* views.c: a batch of target elements, gathered */
+	CKPT_TLS_VIEW_CONVERT = 6, /* views.c: the same batch after element ops */
 	CKPT_TLS_NSLOTS
 };
 

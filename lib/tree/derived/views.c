@@ -17,8 +17,8 @@
  * the bounding box of the source elements a range needs is read through
  * the shared decoded-chunk cache (ckpt_array_read), gathered, then the
  * element ops run.  Memory per read is bounded by VIEW_BATCH elements and
- * a box at most a few times that, in per-thread scratch buffers kept
- * between reads; decoded chunks live in the cache only,
+ * a box at most a few times that, in per-thread buffers kept between
+ * reads (tlsbuf.h); decoded chunks live in the cache only,
  * so a scan-stacked chunk that spans all layers is decoded once while the
  * cache holds it, whichever layer's tensor is read.
  *
@@ -38,6 +38,7 @@
 #include "orbax.h"
 #include "recipe.h"
 #include "sysio.h"
+#include "tlsbuf.h"
 #include "tree_int.h"
 
 /* Target elements made per step of a read. */
@@ -311,55 +312,6 @@ static void srcs_free(struct srcs *c)
 
 /* ---- reading target tensors ------------------------------------------------ */
 
-/* Per-thread scratch buffers of reads, kept between reads (grow only; freed
- * at thread exit): a fresh large buffer per read would be fresh pages the
- * kernel zeroes every time. */
-#define SCRATCH_SLOTS 3
-struct scratch {
-	void *p[SCRATCH_SLOTS];
-	size_t cap[SCRATCH_SLOTS];
-};
-static pthread_key_t scratch_key;
-static pthread_once_t scratch_once = PTHREAD_ONCE_INIT;
-
-static void scratch_free(void *arg)
-{
-	struct scratch *s = arg;
-	for (int i = 0; i < SCRATCH_SLOTS; i++)
-		free(s->p[i]);
-	free(s);
-}
-
-static void scratch_init(void)
-{
-	if (pthread_key_create(&scratch_key, scratch_free) != 0)
-		abort();
-}
-
-/* Slot `slot` of this thread's scratch, at least size bytes, or NULL. */
-static void *scratch(int slot, size_t size)
-{
-	pthread_once(&scratch_once, scratch_init);
-	struct scratch *s = pthread_getspecific(scratch_key);
-	if (!s) {
-		if (!(s = calloc(1, sizeof(*s))))
-			return NULL;
-		if (pthread_setspecific(scratch_key, s) != 0) {
-			free(s);
-			return NULL;
-		}
-	}
-	if (s->cap[slot] < size) {
-		void *n = malloc(size);
-		if (!n)
-			return NULL;
-		free(s->p[slot]);
-		s->p[slot] = n;
-		s->cap[slot] = size;
-	}
-	return s->p[slot];
-}
-
 /* One read_part through the cached chunks of its box. */
 struct chunk_gather {
 	const ckpt_rtensor *t;
@@ -413,7 +365,7 @@ static int read_part(struct vset *vs, const ckpt_rtensor *t, size_t part, uint64
 	int vr = ckpt_array_visit(arr, &box, gather_chunk, &cg);
 	if (vr != -ENOTSUP)
 		return vr;
-	uint8_t *buf = scratch(0, count ? count * is : 1);
+	uint8_t *buf = ckpt_tls_buf(CKPT_TLS_VIEW_BOX, count ? count * is : 1);
 	if (!buf)
 		return -ENOMEM;
 	ssize_t r = ckpt_array_read(arr, &box, 0, count * is, buf);
@@ -449,7 +401,8 @@ static ssize_t tensor_read(struct vset *vs, size_t ti, uint64_t off, size_t len,
 		len = (size_t)(total - off);
 	uint64_t want = (off + len + os - 1) / os - off / os;
 	size_t batch = want < VIEW_BATCH ? (size_t)want : VIEW_BATCH;
-	uint8_t *gath = scratch(1, batch * is), *conv = t->elem ? scratch(2, batch * os) : NULL;
+	uint8_t *gath = ckpt_tls_buf(CKPT_TLS_VIEW_GATHER, batch * is);
+	uint8_t *conv = t->elem ? ckpt_tls_buf(CKPT_TLS_VIEW_CONVERT, batch * os) : NULL;
 	int rc = gath && (!t->elem || conv) ? 0 : -ENOMEM;
 	size_t done = 0;
 	while (rc == 0 && done < len) {
