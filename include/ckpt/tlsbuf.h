@@ -4,8 +4,9 @@
  *
  * Each thread has one buffer per slot; a buffer stays valid until the
  * next call for the same slot on the same thread (its bytes are not kept
- * when it grows), and is freed when the thread exits.  One of more than
- * 64 KiB is a huge-page mapping (hugebuf.h) of at least 2 MiB.
+ * when it grows), and is freed when the thread exits.  The reply buffer,
+ * once over 64 KiB, is a huge-page mapping (hugebuf.h) of at least 2 MiB;
+ * the others are as large as asked (huge-page mappings from 2 MiB on).
  * Thread-safe by construction (nothing is shared).
  */
 #ifndef CKPT_TLSBUF_H

@@ -5,11 +5,13 @@
 #include "hugebuf.h"
 #include "tlsbuf.h"
 
-/* A buffer of up to this many bytes is plain heap memory; a larger one is
- * a huge-page mapping of 2 MiB or more (ckpt_hugebuf_alloc).  A reply
- * buffer is handed to the kernel, which pins it page by page
- * (get_user_pages) and copies out of it: over a huge page each pin is a
- * shorter walk, and the copies miss the TLB less. */
+/* Every buffer holds at least TLS_SMALL bytes.  The reply buffer, once it
+ * holds more, is a huge-page mapping of 2 MiB or more (ckpt_hugebuf_alloc):
+ * the kernel pins a reply page by page (get_user_pages) and copies out of
+ * it, and over a huge page each pin is a shorter walk and the copy misses
+ * the TLB less.  The other slots take what they need (ckpt_hugebuf_alloc:
+ * heap memory below 2 MiB), so that a thread's buffers stay the size of
+ * its reads. */
 #define TLS_SMALL ((size_t)64 << 10)
 
 struct tls_bufs {
@@ -47,7 +49,7 @@ void *ckpt_tls_buf(enum ckpt_tls_slot slot, size_t need)
 		size_t want = need;
 		if (want <= TLS_SMALL)
 			want = TLS_SMALL;
-		else if (want < CKPT_HUGEBUF_MIN)
+		else if (slot == CKPT_TLS_REPLY && want < CKPT_HUGEBUF_MIN)
 			want = CKPT_HUGEBUF_MIN;
 		size_t cap;
 		void *p = ckpt_hugebuf_alloc(want, &cap);

@@ -328,9 +328,9 @@ static void *tls_other_thread(void *arg)
 	return ckpt_tls_buf(CKPT_TLS_REPLY, 1u << 20);
 }
 
-/* Per-thread buffers: a large one (a 1 MiB reply) is a mapping of its own
- * of 2 MiB advised for huge pages, reused while it is large enough and
- * replaced when it is not; a small one is heap memory. */
+/* Per-thread buffers: the reply buffer, large (1 MiB), is a mapping of its
+ * own of 2 MiB advised for huge pages, reused while it is large enough and
+ * replaced when it is not; the other slots' buffers are as large as asked. */
 static void test_tls_bufs(void)
 {
 	size_t reply = (1u << 20) + 4096;
@@ -345,6 +345,10 @@ static void test_tls_bufs(void)
 	uint8_t *bigger = ckpt_tls_buf(CKPT_TLS_REPLY, (3u << 20) + 1);
 	CHECK(bigger != NULL && mapping_at(bigger, &kib, &hg) && kib == 4096 && hg);
 	memset(bigger, 0x3d, (3u << 20) + 1);
+	/* another slot takes what it asks for: no huge-page mapping for 1 MiB */
+	uint8_t *gath = ckpt_tls_buf(CKPT_TLS_VIEW_GATHER, 1u << 20);
+	CHECK(gath != NULL && (!mapping_at(gath, &kib, &hg) || !hg));
+	memset(gath, 0x3f, 1u << 20);
 	uint8_t *small = ckpt_tls_buf(CKPT_TLS_TILE, 100);
 	CHECK(small != NULL);
 	memset(small, 0x3e, 64u << 10);
