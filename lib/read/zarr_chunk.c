@@ -13,8 +13,8 @@
 #include <zstd.h>
 
 #include "crc32c.h"
-#include "stats.h"
 #include "hugebuf.h"
+#include "stats.h"
 #include "zarr_chunk.h"
 
 #define MAX_TOTAL_BYTES (1ull << 62)
