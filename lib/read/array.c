@@ -1294,6 +1294,74 @@ static int chunk_slot(const ckpt_array_meta *m, const uint64_t *g, uint64_t *cli
 	return c;
 }
 
+/* The pieces of stream bytes [p, end) of the whole array, in order, each
+ * with its decode unit's slot among the distinct units met so far (linear
+ * indices cli, coordinates cg; at most MAP_MAX_CHUNKS).  map_piece's
+ * divisions run once per row: the next pieces of a row are the next
+ * segments, and a row whose units are those of the row before (the same
+ * coordinates below d0) takes their slots (jslot) without a search. */
+struct piece_walk {
+	const ckpt_array_meta *m;
+	int d0, nch;
+	uint64_t seg, row, p, end;
+	uint64_t rowend; /* stream byte where the current row ends (0: before the first) */
+	uint64_t ubase; /* where the current row starts in its units */
+	uint64_t g[CKPT_MAX_RANK]; /* the current piece's unit */
+	int jslot[MAP_MAX_CHUNKS]; /* the slot of segment j of this row's units, or -1 */
+	uint64_t cli[MAP_MAX_CHUNKS], cg[MAP_MAX_CHUNKS][CKPT_MAX_RANK];
+};
+
+static void walk_start(struct piece_walk *w, const ckpt_array_meta *m, uint64_t p, uint64_t end)
+{
+	w->m = m;
+	map_layout(m, &w->d0, &w->seg);
+	w->row = w->d0 >= 0 ? w->seg / m->inner_shape[w->d0] * m->shape[w->d0] : m->nbytes;
+	w->p = p;
+	w->end = end;
+	w->rowend = 0;
+	w->nch = 0;
+}
+
+/* The next piece: its length (0 past the end), where it starts in its
+ * unit (*uoff) and its unit's slot (*c; -1 when the read has more than
+ * MAP_MAX_CHUNKS units). */
+static uint64_t walk_next(struct piece_walk *w, uint64_t *uoff, int *c)
+{
+	const ckpt_array_meta *m = w->m;
+	uint64_t p = w->p, len;
+	if (p >= w->end)
+		return 0;
+	if (p >= w->rowend) { /* a new row: its first piece from the divisions */
+		uint64_t prev[CKPT_MAX_RANK];
+		int first = w->rowend == 0, d0 = w->d0 > 0 ? w->d0 : 0;
+		memcpy(prev, w->g, sizeof(uint64_t) * (size_t)d0);
+		len = map_piece(m, w->d0, w->seg, w->row, p, w->end, w->g, uoff);
+		w->rowend = (p / w->row + 1) * w->row;
+		w->ubase = *uoff - p % w->row % w->seg;
+		if (first || memcmp(prev, w->g, sizeof(uint64_t) * (size_t)d0) != 0)
+			for (int j = 0; j < MAP_MAX_CHUNKS; j++)
+				w->jslot[j] = -1;
+	} else { /* the row's next segment (so d0 >= 0: a row of one segment ended above) */
+		w->g[w->d0]++;
+		*uoff = w->ubase;
+		len = w->seg;
+		if (len > w->rowend - p)
+			len = w->rowend - p;
+		if (len > w->end - p)
+			len = w->end - p;
+	}
+	uint64_t j = w->d0 >= 0 ? w->g[w->d0] : 0;
+	if (j < MAP_MAX_CHUNKS && w->jslot[j] >= 0) {
+		*c = w->jslot[j];
+	} else {
+		*c = chunk_slot(m, w->g, w->cli, w->cg, &w->nch);
+		if (j < MAP_MAX_CHUNKS)
+			w->jslot[j] = *c;
+	}
+	w->p = p + len;
+	return len;
+}
+
 /* ---- direct reads ------------------------------------------------------ */
 
 /* Pieces one direct read takes at most; more go through the cache. */
@@ -1425,12 +1493,10 @@ static int direct_unit(ckpt_array *a, const uint64_t *g, const struct dpiece *co
 static int direct_read(ckpt_array *a, uint64_t off, size_t len, uint8_t *dst)
 {
 	const ckpt_array_meta *m = &a->meta;
-	int d0;
-	uint64_t seg;
-	map_layout(m, &d0, &seg);
-	uint64_t row = d0 >= 0 ? seg / m->inner_shape[d0] * m->shape[d0] : m->nbytes;
 	uint64_t end = off + len;
-	if (seg && len / seg + 2 > DIRECT_MAX_PIECES)
+	struct piece_walk w;
+	walk_start(&w, m, off, end);
+	if (w.seg && len / w.seg + 2 > DIRECT_MAX_PIECES)
 		return -ENOTSUP;
 	size_t per = sizeof(struct dpiece) + sizeof(struct dpiece *) + sizeof(struct iovec);
 	uint8_t *mem = ckpt_tls_buf(CKPT_TLS_PIECES, DIRECT_MAX_PIECES * per);
@@ -1439,22 +1505,16 @@ static int direct_read(ckpt_array *a, uint64_t off, size_t len, uint8_t *dst)
 	struct dpiece *pc = (struct dpiece *)mem;
 	const struct dpiece **order = (const struct dpiece **)(pc + DIRECT_MAX_PIECES);
 	struct iovec *iov = (struct iovec *)(order + DIRECT_MAX_PIECES);
-	uint64_t cli[MAP_MAX_CHUNKS], cg[MAP_MAX_CHUNKS][CKPT_MAX_RANK];
 	int count[MAP_MAX_CHUNKS + 1] = { 0 };
-	int nch = 0, n = 0;
-	for (uint64_t p = off; p < end; n++) {
-		if (n == DIRECT_MAX_PIECES)
+	int n = 0, slot;
+	uint64_t uoff;
+	for (uint64_t p = off, l; (l = walk_next(&w, &uoff, &slot)) > 0; n++, p += l) {
+		if (slot < 0 || n == DIRECT_MAX_PIECES)
 			return -ENOTSUP;
-		uint64_t g[CKPT_MAX_RANK];
-		pc[n].len = (size_t)map_piece(m, d0, seg, row, p, end, g, &pc[n].uoff);
-		pc[n].dst = dst + (p - off);
-		int c = chunk_slot(m, g, cli, cg, &nch);
-		if (c < 0)
-			return -ENOTSUP;
-		pc[n].c = c;
-		count[c + 1]++;
-		p += pc[n].len;
+		pc[n] = (struct dpiece){ uoff, dst + (p - off), (size_t)l, slot };
+		count[slot + 1]++;
 	}
+	int nch = w.nch;
 	/* The pieces by unit, each unit's in stream order (ascending offsets). */
 	for (int c = 0; c < nch; c++)
 		count[c + 1] += count[c];
@@ -1463,7 +1523,7 @@ static int direct_read(ckpt_array *a, uint64_t off, size_t len, uint8_t *dst)
 	for (int i = 0; i < n; i++)
 		order[at[pc[i].c]++] = &pc[i];
 	for (int c = 0; c < nch; c++) {
-		int rc = direct_unit(a, cg[c], order + count[c], count[c + 1] - count[c], iov);
+		int rc = direct_unit(a, w.cg[c], order + count[c], count[c + 1] - count[c], iov);
 		if (rc < 0)
 			return rc;
 	}
@@ -1489,31 +1549,23 @@ int ckpt_array_map(ckpt_array *a, const ckpt_region *r, uint64_t off, size_t len
 		return 0;
 	if (len > total - off)
 		len = (size_t)(total - off);
-	int d0;
-	uint64_t seg;
-	map_layout(m, &d0, &seg);
-	/* A row: the stream bytes of one position of dims < d0, cut into
-	 * segments of seg bytes (the last one clipped), one per chunk along d0. */
-	uint64_t row = d0 >= 0 ? seg / m->inner_shape[d0] * m->shape[d0] : total;
 	uint64_t end = off + len;
 	/* Pass 1: the pieces and their chunks (linear decode-unit index), or
 	 * -ENOTSUP when they do not fit (the caller copies instead). */
-	uint64_t cli[MAP_MAX_CHUNKS], cg[MAP_MAX_CHUNKS][CKPT_MAX_RANK];
-	int nch = 0, n = 0;
-	for (uint64_t p = off; p < end; n++) {
-		if (n == max)
-			return -ENOTSUP;
-		uint64_t g[CKPT_MAX_RANK], uoff;
-		uint64_t slen = map_piece(m, d0, seg, row, p, end, g, &uoff);
-		int c = chunk_slot(m, g, cli, cg, &nch);
-		if (c < 0)
+	struct piece_walk w;
+	walk_start(&w, m, off, end);
+	int n = 0, slot;
+	uint64_t uoff;
+	for (uint64_t slen; (slen = walk_next(&w, &uoff, &slot)) > 0; n++) {
+		if (slot < 0 || n == max)
 			return -ENOTSUP;
 		/* for now: the chunk slot and the offset inside the chunk */
-		iov[n].iov_base = (void *)(uintptr_t)c;
+		iov[n].iov_base = (void *)(uintptr_t)slot;
 		iov[n].iov_len = (size_t)slen;
 		pins[n] = (ckpt_pin *)(uintptr_t)uoff;
-		p += slen;
 	}
+	int nch = w.nch;
+	uint64_t(*cg)[CKPT_MAX_RANK] = w.cg;
 	/* Pass 2: queue the later chunks, take them all in order. */
 	for (int c = nch - 1; c > 0; c--)
 		prefetch(a, cg[c]);
