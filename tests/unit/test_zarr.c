@@ -678,79 +678,123 @@ static void test_direct(ckpt_store *s)
 	ckpt_ctx_destroy(ctx);
 }
 
-/* A raw int32 zarr v2 array `name` of shape sh (rank 3) in chunks ch, its
- * element at (i, j, k) the C-order index; chunk files full size (edge
- * chunks padded with 999), zlib-compressed when zl. */
-static void put_i32_3d(const char *name, const int *sh, const int *ch, int zl)
+/* An int32 zarr v2 array `name` of shape sh (rank r, 1 to 4) in chunks
+ * ch, its element at index i the C-order position i; chunk files full
+ * size (edge chunks padded with 999), zlib-compressed when zl. */
+static void put_i32_nd(const char *name, int r, const int *sh, const int *ch, int zl)
 {
-	char json[400], key[96];
+	char json[512], key[128], dims[2][64];
+	for (int k = 0; k < 2; k++) {
+		const int *v = k ? ch : sh;
+		int w = 0;
+		for (int d = 0; d < r; d++)
+			w += snprintf(dims[k] + w, sizeof(dims[k]) - (size_t)w, "%s%d", d ? "," : "", v[d]);
+	}
 	snprintf(json, sizeof(json),
-		 "{\"zarr_format\":2,\"shape\":[%d,%d,%d],\"chunks\":[%d,%d,%d],\"dtype\":\"<i4\","
+		 "{\"zarr_format\":2,\"shape\":[%s],\"chunks\":[%s],\"dtype\":\"<i4\","
 		 "\"compressor\":%s,\"fill_value\":-1,\"filters\":null,\"order\":\"C\"}",
-		 sh[0], sh[1], sh[2], ch[0], ch[1], ch[2], zl ? "{\"id\":\"zlib\",\"level\":1}" : "null");
+		 dims[0], dims[1], zl ? "{\"id\":\"zlib\",\"level\":1}" : "null");
 	snprintf(key, sizeof(key), "%s/.zarray", name);
 	put_file(key, json, strlen(json));
-	int n = ch[0] * ch[1] * ch[2];
+	int n = 1, grid[4], g[4] = { 0 };
+	for (int d = 0; d < r; d++) {
+		n *= ch[d];
+		grid[d] = (sh[d] + ch[d] - 1) / ch[d];
+	}
 	int32_t *c = malloc(sizeof(int32_t) * (size_t)n);
 	uLongf zcap = compressBound(sizeof(int32_t) * (uLong)n);
 	uint8_t *z = malloc(zcap);
-	for (int g0 = 0; g0 * ch[0] < sh[0]; g0++)
-		for (int g1 = 0; g1 * ch[1] < sh[1]; g1++)
-			for (int g2 = 0; g2 * ch[2] < sh[2]; g2++) {
-				for (int e = 0; e < n; e++) {
-					int i = g0 * ch[0] + e / (ch[1] * ch[2]),
-					    j = g1 * ch[1] + e / ch[2] % ch[1], k = g2 * ch[2] + e % ch[2];
-					c[e] = i < sh[0] && j < sh[1] && k < sh[2]
-						       ? (i * sh[1] + j) * sh[2] + k
-						       : 999;
-				}
-				snprintf(key, sizeof(key), "%s/%d.%d.%d", name, g0, g1, g2);
-				uLongf zl_len = zcap;
-				if (zl && compress2(z, &zl_len, (const Bytef *)c, sizeof(int32_t) * (uLong)n,
-						    1) == Z_OK)
-					put_file(key, z, zl_len);
-				else
-					put_file(key, c, sizeof(int32_t) * (size_t)n);
+	for (;;) {
+		for (int e = 0; e < n; e++) {
+			int rest = e, inside = 1;
+			int64_t pos = 0;
+			int idx[4];
+			for (int d = r - 1; d >= 0; d--) {
+				idx[d] = g[d] * ch[d] + rest % ch[d];
+				rest /= ch[d];
+				inside &= idx[d] < sh[d];
 			}
+			for (int d = 0; d < r; d++)
+				pos = pos * sh[d] + idx[d];
+			c[e] = inside ? (int32_t)pos : 999;
+		}
+		int w = snprintf(key, sizeof(key), "%s/", name);
+		for (int d = 0; d < r; d++)
+			w += snprintf(key + w, sizeof(key) - (size_t)w, "%s%d", d ? "." : "", g[d]);
+		uLongf zl_len = zcap;
+		if (zl && compress2(z, &zl_len, (const Bytef *)c, sizeof(int32_t) * (uLong)n, 1) == Z_OK)
+			put_file(key, z, zl_len);
+		else
+			put_file(key, c, sizeof(int32_t) * (size_t)n);
+		int d = r - 1;
+		while (d >= 0 && ++g[d] == grid[d])
+			g[d--] = 0;
+		if (d < 0)
+			break;
+	}
 	free(z);
 	free(c);
 }
 
-/* Whole-array reads of rank-3 arrays whose chunks cut several dimensions
- * (edge chunks clipped in each): every range read straight from the raw
- * chunk files (direct_read) and mapped onto the cached chunks of the same
- * array compressed (ckpt_array_map) gives the C-order bytes: the pieces of
- * a row follow each other, and a row in other chunks than the one before
- * finds its own. */
-static void test_pieces_3d(ckpt_store *s)
+/* Whole-array reads of arrays whose chunks cut one or several dimensions
+ * (edge chunks clipped in each): ranges read straight from the raw chunk
+ * files (direct_read) and mapped onto the cached chunks of the same array
+ * compressed (ckpt_array_map) give the C-order bytes: the pieces of a row
+ * follow each other, and a row in other chunks than the one before finds
+ * its own.  Fixed layouts, then 40 drawn with a fixed seed (rank 1 to 4,
+ * dimensions 1 to 7). */
+static void test_pieces(ckpt_store *s)
 {
-	static const int layouts[][6] = {
-		{ 5, 3, 7, 2, 2, 3 }, /* cut in every dimension: rows of 3 pieces */
-		{ 4, 6, 5, 2, 4, 5 }, /* the last dimension whole: rows along dimension 1 */
-		{ 3, 4, 9, 3, 4, 2 }, /* one chunk along dimensions 0 and 1 */
+	static const int fixed[][9] = {
+		{ 3, 5, 3, 7, 2, 2, 3 }, /* cut in every dimension: rows of 3 pieces */
+		{ 3, 4, 6, 5, 2, 4, 5 }, /* the last dimension whole: rows along dimension 1 */
+		{ 3, 3, 4, 9, 3, 4, 2 }, /* one chunk along dimensions 0 and 1 */
+		{ 1, 10, 3 }, /* one row, 4 pieces */
+		{ 2, 4, 4, 4, 4 }, /* one chunk */
 	};
-	for (size_t li = 0; li < sizeof(layouts) / sizeof(layouts[0]); li++) {
-		const int *sh = layouts[li], *ch = layouts[li] + 3;
-		uint64_t shape[3] = { (uint64_t)sh[0], (uint64_t)sh[1], (uint64_t)sh[2] };
-		size_t count = shape[0] * shape[1] * shape[2], nb = count * sizeof(int32_t);
+	unsigned seed = 12345;
+	int nfixed = (int)(sizeof(fixed) / sizeof(fixed[0]));
+	for (int li = 0; li < nfixed + 40; li++) {
+		int r, sh[4], ch[4];
+		if (li < nfixed) {
+			r = fixed[li][0];
+			for (int d = 0; d < r; d++) {
+				sh[d] = fixed[li][1 + d];
+				ch[d] = fixed[li][1 + r + d];
+			}
+		} else {
+			r = 1 + (int)(rand_r(&seed) % 4);
+			for (int d = 0; d < r; d++) {
+				sh[d] = 1 + (int)(rand_r(&seed) % 7);
+				ch[d] = 1 + (int)(rand_r(&seed) % (unsigned)sh[d]);
+			}
+		}
+		uint64_t shape[4];
+		size_t count = 1;
+		for (int d = 0; d < r; d++) {
+			shape[d] = (uint64_t)sh[d];
+			count *= (size_t)sh[d];
+		}
+		size_t nb = count * sizeof(int32_t);
 		int32_t *want = malloc(nb);
 		uint8_t *out = malloc(nb + 1), *w8 = (uint8_t *)want;
 		for (size_t e = 0; e < count; e++)
 			want[e] = (int32_t)e;
 		char raw[32], zl[32];
-		snprintf(raw, sizeof(raw), "p3raw%zu", li);
-		snprintf(zl, sizeof(zl), "p3zl%zu", li);
-		put_i32_3d(raw, sh, ch, 0);
-		put_i32_3d(zl, sh, ch, 1);
+		snprintf(raw, sizeof(raw), "pcraw%d", li);
+		snprintf(zl, sizeof(zl), "pczl%d", li);
+		put_i32_nd(raw, r, sh, ch, 0);
+		put_i32_nd(zl, r, sh, ch, 1);
 		ckpt_ctx *ctx;
 		CHECK_EQ_INT(ckpt_ctx_create(NULL, &ctx), 0);
 		ckpt_array *a, *b;
 		CHECK_EQ_INT(ckpt_array_open(ctx, s, raw, 2, &a), 0);
 		CHECK_EQ_INT(ckpt_array_open(ctx, s, zl, 2, &b), 0);
 		ckpt_region all;
-		ckpt_region_full(&all, 3, shape);
+		ckpt_region_full(&all, r, shape);
 		uint64_t decoded = atomic_load(&ckpt_g_stats.chunks_decoded);
-		for (size_t off = 0; off < nb; off += 7)
+		size_t step = nb > 400 ? 7 : 3;
+		for (size_t off = 0; off < nb; off += step)
 			for (size_t len = 1; off + len <= nb; len += 13) {
 				memset(out, 0x55, nb + 1);
 				CHECK_EQ_INT(ckpt_array_read(a, &all, off, len, out), (int)len);
@@ -758,11 +802,11 @@ static void test_pieces_3d(ckpt_store *s)
 				CHECK(out[len] == 0x55);
 			}
 		CHECK(atomic_load(&ckpt_g_stats.chunks_decoded) == decoded); /* all direct */
-		struct iovec iov[256];
-		ckpt_pin *pins[256];
-		for (size_t off = 0; off < nb; off += 11)
+		struct iovec iov[512];
+		ckpt_pin *pins[512];
+		for (size_t off = 0; off < nb; off += step + 4)
 			for (size_t len = 1; off + len <= nb; len += 17) {
-				int n = ckpt_array_map(b, &all, off, len, iov, pins, 256);
+				int n = ckpt_array_map(b, &all, off, len, iov, pins, 512);
 				CHECK(n > 0);
 				if (n <= 0)
 					continue;
@@ -1286,7 +1330,7 @@ int main(void)
 	CHECK_RUN_CALL(test_retire_drops_late_fills, (s));
 	CHECK_RUN_CALL(test_direct, (s));
 	CHECK_RUN_CALL(test_direct_kept, (s));
-	CHECK_RUN_CALL(test_pieces_3d, (s));
+	CHECK_RUN_CALL(test_pieces, (s));
 	CHECK_RUN(test_kept_slots);
 	CHECK_RUN_CALL(test_direct_kept_threads, (s));
 	CHECK_RUN_CALL(test_large_chunks, (s));
