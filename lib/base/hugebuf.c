@@ -1,11 +1,33 @@
 /* hugebuf.c - see hugebuf.h. */
 #include <assert.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <sys/mman.h>
 
 #include "hugebuf.h"
 
 #define HUGE_ALIGN ((size_t)2 << 20)
+
+/* A fresh anonymous mapping of n bytes (a multiple of HUGE_ALIGN) that
+ * starts on a HUGE_ALIGN boundary, so that every 2 MiB of it can be one
+ * huge page (kernels before 6.7 place a mapping of that size anywhere):
+ * mapped HUGE_ALIGN larger, then the ends trimmed.  NULL when out of
+ * memory. */
+static void *aligned_area(size_t n)
+{
+	size_t span = n + HUGE_ALIGN;
+	if (span < n)
+		return NULL;
+	char *p = mmap(NULL, span, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	if (p == MAP_FAILED)
+		return NULL;
+	uintptr_t at = ((uintptr_t)p + HUGE_ALIGN - 1) & ~(uintptr_t)(HUGE_ALIGN - 1);
+	size_t head = (size_t)(at - (uintptr_t)p);
+	if (head)
+		munmap(p, head);
+	munmap((char *)at + n, span - head - n);
+	return (void *)at;
+}
 
 void *ckpt_hugebuf_alloc(size_t len, size_t *cap)
 {
@@ -20,8 +42,8 @@ void *ckpt_hugebuf_alloc(size_t len, size_t *cap)
 		*cap = 0;
 		return NULL;
 	}
-	void *p = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-	if (p == MAP_FAILED) {
+	void *p = aligned_area(n);
+	if (!p) {
 		*cap = 0;
 		return NULL;
 	}
@@ -41,9 +63,17 @@ void *ckpt_hugebuf_resize(void *p, size_t cap, size_t len, size_t *newcap)
 		*newcap = cap;
 		return p;
 	}
-	void *q = mremap(p, cap, n, MREMAP_MAYMOVE);
-	if (q == MAP_FAILED)
-		return NULL;
+	void *q = mremap(p, cap, n, 0); /* in place: the start stays aligned */
+	if (q == MAP_FAILED) { /* moved, to an aligned area of its own */
+		void *to = aligned_area(n);
+		if (!to)
+			return NULL;
+		q = mremap(p, cap, n, MREMAP_MAYMOVE | MREMAP_FIXED, to);
+		if (q == MAP_FAILED) {
+			munmap(to, n);
+			return NULL;
+		}
+	}
 	if (n > cap)
 		madvise(q, n, MADV_HUGEPAGE);
 	*newcap = n;

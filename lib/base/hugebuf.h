@@ -2,9 +2,12 @@
  * hugebuf.h - large, zero-filled buffers backed by transparent huge pages.
  *
  * A buffer of CKPT_HUGEBUF_MIN bytes or more is its own anonymous mapping,
- * rounded up to a multiple of 2 MiB and advised MADV_HUGEPAGE, so its
- * first touch faults 2 MiB at a time instead of 4 KiB, and freeing it
- * returns the memory to the system at once.  Smaller buffers come from
+ * rounded up to a multiple of 2 MiB, starting on a 2 MiB boundary (also
+ * after a resize that moved it; kernels before 6.7 do not align such
+ * mappings themselves, and an unaligned one gets no huge page) and
+ * advised MADV_HUGEPAGE, so its first touch faults 2 MiB at a time
+ * instead of 4 KiB, and freeing it returns the memory to the system at
+ * once.  Smaller buffers come from
  * calloc.  Either way the memory is zero-filled.
  *
  * Ownership: the caller keeps *cap and passes it back to

@@ -202,7 +202,8 @@ int ckpt_store_fd_stat(int fd, struct ckpt_store_stat *out)
 {
 	struct stat st;
 	if (fstat(fd, &st) != 0) {
-		ckpt_log(CKPT_LOG_ERR, "fstat of a kept descriptor: %s", strerror(errno));
+		ckpt_log(CKPT_LOG_ERR, "fstat of an open stored file (descriptor %d): %s", fd,
+			 strerror(errno));
 		return -EIO;
 	}
 	stat_out(&st, out);

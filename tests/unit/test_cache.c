@@ -10,6 +10,7 @@
 #include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include "cache.h"
@@ -383,6 +384,22 @@ static void test_resize(void)
 	uint8_t *small = ckpt_hugebuf_alloc(4096, &cap);
 	CHECK(ckpt_hugebuf_resize(small, cap, four, &ncap) == NULL);
 	ckpt_hugebuf_free(small, cap);
+	/* every mapped buffer starts on a 2 MiB boundary (each 2 MiB of it can
+	 * be one huge page), also one that had to move to grow: a page mapped
+	 * right after it keeps it from growing in place */
+	const uintptr_t huge = (uintptr_t)2 << 20;
+	p = ckpt_hugebuf_alloc(four + 1, &cap);
+	CHECK(p && cap == 6u << 20 && (uintptr_t)p % huge == 0);
+	memset(p, 0x5a, cap);
+	void *block =
+		mmap(p + cap, 4096, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE, -1, 0);
+	CHECK(block == (void *)(p + cap));
+	q = ckpt_hugebuf_resize(p, cap, eight + 1, &ncap);
+	CHECK(q && q != p && ncap == 10u << 20 && (uintptr_t)q % huge == 0);
+	CHECK(q && q[0] == 0x5a && q[cap - 1] == 0x5a && q[cap] == 0 && q[ncap - 1] == 0);
+	if (block != MAP_FAILED)
+		munmap(block, 4096);
+	ckpt_hugebuf_free(q ? q : p, q ? ncap : cap);
 
 	ckpt_cache *c;
 	ckpt_centry *e;
