@@ -198,9 +198,20 @@ static void ckfs_op_opendir(fuse_req_t req, fuse_ino_t ino, struct fuse_file_inf
 	fuse_reply_open(req, fi);
 }
 
+/* The most bytes of entries one READDIR reply carries.  The kernel asks
+ * for up to its max_pages (1 MiB here) per request; a reply may carry
+ * less, and the kernel asks for the rest.  Filling 1 MiB buffers would
+ * make each thread that lists a folder hold a 2 MiB reply buffer (the
+ * reply buffer is a huge page past 64 KiB, tlsbuf.c): a tree walk of a
+ * small checkpoint then cost the daemon 8-12 MiB, varying with how many
+ * threads served it. */
+#define READDIR_REPLY_MAX (64u << 10)
+
 static void do_readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, int plus)
 {
 	struct ckfs *fs = fs_of(req);
+	if (size > READDIR_REPLY_MAX)
+		size = READDIR_REPLY_MAX;
 	char *buf = thread_buf(size);
 	if (!buf) {
 		reply_err(req, -ENOMEM);
