@@ -708,7 +708,7 @@ static void put_i32_nd(const char *name, int r, const int *sh, const int *ch, in
 		for (int e = 0; e < n; e++) {
 			int rest = e, inside = 1;
 			int64_t pos = 0;
-			int idx[4];
+			int idx[4] = { 0 };
 			for (int d = r - 1; d >= 0; d--) {
 				idx[d] = g[d] * ch[d] + rest % ch[d];
 				rest /= ch[d];
