@@ -7,8 +7,8 @@
  * mappings themselves, and an unaligned one gets no huge page) and
  * advised MADV_HUGEPAGE, so its first touch faults 2 MiB at a time
  * instead of 4 KiB, and freeing it returns the memory to the system at
- * once.  Smaller buffers come from
- * calloc.  Either way the memory is zero-filled.
+ * once.  Smaller buffers come from calloc.  Either way the memory is
+ * zero-filled.
  *
  * Ownership: the caller keeps *cap and passes it back to
  * ckpt_hugebuf_free; a buffer may be reused for any len <= cap.  Mapped
